@@ -41,7 +41,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmax_gym.core.aio import run_coroutine
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.tasks import ListTasks, Task
@@ -156,7 +155,7 @@ class BenchmaxEnv(ToolEnv):
             raise ValueError("rows must not be empty")
         self.benchmax_env = benchmax_env
         self._legacy_reward = _uses_legacy_reward(benchmax_env)
-        definitions = run_coroutine(benchmax_env.list_tools())
+        definitions = self.aio.run(benchmax_env.list_tools())
         tools = [
             Tool.from_schema(
                 d.name, d.description, d.input_schema, functools.partial(self._call_tool, d.name), wants_episode=True
@@ -201,10 +200,10 @@ class BenchmaxEnv(ToolEnv):
         await self.benchmax_env.release_rollout(episode.rollout_id)
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
-        run_coroutine(self.aopen_episode(episode, options))
+        self.aio.run(self.aopen_episode(episode, options))
 
     def close_episode(self, episode: Episode) -> None:
-        run_coroutine(self.aclose_episode(episode))
+        self.aio.run(self.aclose_episode(episode))
 
 
 def register_benchmax_env(

@@ -23,6 +23,7 @@ at ``gym.make``) with a message naming the argument.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import time
@@ -32,7 +33,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from benchmax_gym.core.aio import run_coroutine
+from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, get_format
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.sandbox import Sandbox, SandboxConfig, resolve_level
@@ -167,6 +168,12 @@ class ToolEnv(gym.Env[str, str]):
         self.set_toolset(toolset)
         self.episode: Episode | None = None
 
+    @functools.cached_property
+    def aio(self) -> OwnLoop:
+        """The environment's own event loop: async tools, rewards and resources (an MCP session)
+        run on it, driven by the thread that calls ``reset``/``step`` (see :mod:`core.aio`)."""
+        return OwnLoop()
+
     # -- what families may override -------------------------------------------------------------
 
     def set_toolset(self, toolset: Toolset) -> None:
@@ -243,14 +250,14 @@ class ToolEnv(gym.Env[str, str]):
             plan.results.append(
                 self.toolset.run(
                     call.name, call.arguments, episode=plan.episode, timeout=self.tool_timeout,
-                    max_chars=self.max_tool_output_chars, run_coroutine=run_coroutine,
+                    max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run,
                 )
             )
         plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter()
-            plan.score = self.rubric.score(run_coroutine=run_coroutine, **self._reward_context(plan))
+            plan.score = self.rubric.score(run_coroutine=self.aio.run, **self._reward_context(plan))
             plan.reward_s = time.perf_counter() - t
         return self._finish_step(plan)
 
@@ -287,6 +294,8 @@ class ToolEnv(gym.Env[str, str]):
     def close(self):
         self._end_episode()
         self.toolset.close()
+        if "aio" in self.__dict__:  # only envs that ran async work have a loop to close
+            self.aio.close()
         super().close()
 
     @property

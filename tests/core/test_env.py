@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import threading
 import time
 
 import gymnasium as gym
@@ -264,6 +265,26 @@ def test_async_episodes_interleave():
     elapsed, results = asyncio.run(main())
     assert all(r[0] == "<tool_response>\nrested\n</tool_response>" for r in results)
     assert elapsed < 2.0  # 20 x 0.2 s sequentially would be 4 s
+
+
+@tool
+async def which_thread() -> str:
+    """The thread the tool's coroutine runs in."""
+    return str(threading.get_ident())
+
+
+def test_sync_step_runs_async_tools_in_the_calling_thread():
+    # No hop to a loop in another thread: the thread that calls step() drives the env's loop.
+    env = make_env()
+    env.set_toolset(Toolset([which_thread]))
+    env.reset(seed=0)
+    assert str(threading.get_ident()) in env.step(call("which_thread"))[0]
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(env.step(call("which_thread"))[0]))
+    worker.start()
+    worker.join(10)
+    assert str(worker.ident) in seen[0]
+    env.close()
 
 
 def test_every_format_runs_an_episode():

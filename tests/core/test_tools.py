@@ -504,7 +504,7 @@ def test_async_tool_timeout_in_arun():
 def test_async_tool_timeout_in_run_with_background_loop():
     slow, state = _async_sleeper()
     ts = Toolset([slow])
-    result = ts.run("slow", {"seconds": 5}, timeout=0.1, max_chars=100, run_coroutine=aio.run_coroutine)
+    result = ts.run("slow", {"seconds": 5}, timeout=0.1, max_chars=100, run_coroutine=aio.OwnLoop().run)
     assert result.error == "tool_timeout"
     assert "timed out" in result.content
     assert state["cancelled"] is True and state["finished"] is False
@@ -520,7 +520,7 @@ def test_async_tool_returns_value():
     assert add.is_async
     ts = Toolset([add])
     assert asyncio.run(ts.arun("add", {"a": 2, "b": 3}, **RUN)) == ToolResult("5")
-    assert ts.run("add", {"a": 2, "b": 3}, run_coroutine=aio.run_coroutine, **RUN) == ToolResult("5")
+    assert ts.run("add", {"a": 2, "b": 3}, run_coroutine=aio.OwnLoop().run, **RUN) == ToolResult("5")
     # Validation applies to async tools too.
     assert asyncio.run(ts.arun("add", {"a": "x", "b": 3}, **RUN)).error == "bad_arguments"
 
@@ -532,7 +532,7 @@ def test_async_tool_gets_the_episode():
 
     ts = Toolset([where])
     assert asyncio.run(ts.arun("where", {}, episode="ep-1", **RUN)).content == "ep-1"
-    assert ts.run("where", {}, episode="ep-2", run_coroutine=aio.run_coroutine, **RUN).content == "ep-2"
+    assert ts.run("where", {}, episode="ep-2", run_coroutine=aio.OwnLoop().run, **RUN).content == "ep-2"
 
 
 def test_async_tool_in_run_without_runner_is_an_error_result():
@@ -550,7 +550,7 @@ def test_async_tool_raising_in_run_with_background_loop():
     async def bad() -> str:
         raise ToolError("nope", code="denied")
 
-    result = Toolset([bad]).run("bad", {}, run_coroutine=aio.run_coroutine, **RUN)
+    result = Toolset([bad]).run("bad", {}, run_coroutine=aio.OwnLoop().run, **RUN)
     assert result == ToolResult("Error: nope", "denied")
 
 

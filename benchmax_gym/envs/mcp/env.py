@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmax_gym.core.aio import run_coroutine
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.tasks import TaskSource
@@ -81,7 +80,7 @@ class MCPEnv(ToolEnv):
             **engine_kwargs,
         )
         self.isolation = isolation
-        self.connections = {spec.name: Connection(spec, float(init_timeout)) for spec in specs}
+        self.connections = {spec.name: Connection(spec, float(init_timeout), self.aio) for spec in specs}
         self._root = Path(tempfile.mkdtemp(prefix="benchmax-mcp-"))
         self.workspace = self._root / "workspace"
         self._started = False
@@ -124,7 +123,7 @@ class MCPEnv(ToolEnv):
         episode.state["workspace"] = self.workspace
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
-        run_coroutine(self.aopen_episode(episode, options))
+        self.aio.run(self.aopen_episode(episode, options))
 
     def reward_context(self, episode: Episode) -> dict[str, Any]:
         return {"client": ServerClient(self)}
@@ -133,10 +132,11 @@ class MCPEnv(ToolEnv):
         return MCPSolver(self)
 
     def close(self):
-        super().close()
+        self._end_episode()
         for connection in self.connections.values():
             try:
-                run_coroutine(connection.close(), 30)
+                self.aio.run(connection.close(), 30)
             except Exception:
                 pass
+        super().close()  # closes the loop the sessions lived on
         shutil.rmtree(self._root, ignore_errors=True)

@@ -7,7 +7,6 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from benchmax_gym.core.aio import on_background_loop, run_coroutine
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.tools import ToolError
 
@@ -28,10 +27,10 @@ class ServerClient:
         tool = self._env.toolset.tools.get(name)
         if tool is None:
             raise ToolError(f"no tool named {name!r}; the tools are {list(self._env.toolset.tools)}")
-        return await on_background_loop(tool.fn(episode=None, **(arguments or {})))
+        return await tool.fn(episode=None, **(arguments or {}))  # the call reaches the server's loop itself
 
     def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
-        return run_coroutine(self.acall_tool(name, arguments), self._env.tool_timeout)
+        return self._env.aio.run(self.acall_tool(name, arguments), self._env.tool_timeout)
 
     @property
     def tools(self) -> list[str]:

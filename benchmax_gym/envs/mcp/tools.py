@@ -2,7 +2,7 @@
 
 A :class:`ServerSpec` says how to reach a server (a stdio command or a streamable-HTTP URL);
 :func:`parse_servers` reads every accepted form, including the common ``mcpServers`` config file.
-A :class:`Connection` keeps one live client session on the process's background event loop (the
+A :class:`Connection` keeps one live client session on its environment's own event loop (the
 SDK's context managers must be entered and left in one task, so a holder task owns them), and
 tools from ``list_tools`` become :class:`~benchmax_gym.core.tools.Tool` objects whose calls go
 through ``call_tool``. A crashed server is restarted and the call becomes a tool error.
@@ -25,7 +25,7 @@ from typing import Any
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from benchmax_gym.core.aio import on_background_loop
+from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.tools import Tool, ToolError
 
 WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episode's directory
@@ -144,16 +144,17 @@ def _kill_tree(pid: int) -> None:
 
 
 class Connection:
-    """One live client session to one server, owned by a task on the background loop.
+    """One live client session to one server, owned by a task on the environment's own loop.
 
     The server's process is remembered when it starts and killed, with its children, whenever
     the connection closes: a server still busy (say, writing a huge result) can outlive the
     SDK's own shutdown, and no server may outlive its environment.
     """
 
-    def __init__(self, spec: ServerSpec, init_timeout: float):
+    def __init__(self, spec: ServerSpec, init_timeout: float, aio: OwnLoop):
         self.spec = spec
         self.init_timeout = init_timeout
+        self.aio = aio
         self.client: Client | None = None
         self._task: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
@@ -176,7 +177,7 @@ class Connection:
 
     async def start(self, workspace: Path) -> None:
         """Start the server (in ``workspace``) and finish MCP's initialize, or raise clearly."""
-        await on_background_loop(self._start(workspace))
+        await self.aio.arun(self._start(workspace))
 
     async def _start(self, workspace: Path) -> None:
         await self._close()
@@ -213,15 +214,15 @@ class Connection:
                 if not cursor:
                     return tools
 
-        return await on_background_loop(go())
+        return await self.aio.arun(go())
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         if not self.alive:
             raise ConnectionError("the server is not running")
-        return await on_background_loop(self.client.call_tool(name, arguments, read_timeout_seconds=timeout))
+        return await self.aio.arun(self.client.call_tool(name, arguments, read_timeout_seconds=timeout))
 
     async def close(self) -> None:
-        await on_background_loop(self._close())
+        await self.aio.arun(self._close())
 
     async def _close(self) -> None:
         task, self._task = self._task, None

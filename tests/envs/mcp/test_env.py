@@ -1,5 +1,6 @@
 """benchmax/MCP-v0 against real MCP servers: the bundled one, a PyPI one, HTTP, and broken ones."""
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -95,6 +96,46 @@ def test_restart_isolation_starts_a_fresh_process():
     second = {p.pid for p in server_processes()} - others
     assert first and second and not first & second
     env.close()
+
+
+def test_bundled_example_solved_through_the_async_api():
+    # The example's note reward is a sync function calling the live client from inside astep.
+    env = gym.make("benchmax/MCP-v0")
+    api, solver = env.unwrapped, env.unwrapped.reference_solver()
+
+    async def episode(seed):
+        obs, info = await api.areset(seed=seed)
+        while True:
+            obs, reward, terminated, truncated, info = await api.astep(solver(obs, info))
+            if terminated or truncated:
+                return reward, info
+
+    for seed in range(2):
+        reward, info = asyncio.run(episode(seed))  # a new event loop each time
+        assert reward == 1.0 and info["reward_components"] == {"answer": 1.0, "note": 1.0}
+    env.close()
+
+
+def test_sync_and_async_calls_share_one_episode_and_one_server():
+    env = gym.make("benchmax/MCP-v0")
+    api = env.unwrapped
+    asyncio.run(api.areset(seed=0))
+    asyncio.run(api.astep(call("add_note", title="kept", text="across loops")))
+    obs, _, _, _, info = api.step(call("read_note", title="kept"))
+    assert info["error"] is None and "across loops" in obs
+    assert api.connections["server"].starts == 1  # the server state was never lost
+    env.close()
+
+
+def test_sync_api_inside_a_running_event_loop():
+    # A notebook cell or an async trainer calling the plain Gymnasium API.
+    async def main():
+        env = gym.make("benchmax/MCP-v0")
+        reward, info = play(env, env.unwrapped.reference_solver(), seed=0)
+        env.close()
+        return reward
+
+    assert asyncio.run(main()) == 1.0
 
 
 def test_third_party_server_from_pypi_over_stdio():

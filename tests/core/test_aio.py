@@ -1,0 +1,188 @@
+"""An environment's own event loop: driven by whichever thread waits, never left undriven."""
+
+import asyncio
+import multiprocessing
+import threading
+import time
+
+import pytest
+
+from benchmax_gym.core.aio import OwnLoop
+
+
+async def where_and_what(value, delay=0.0):
+    await asyncio.sleep(delay)
+    return threading.get_ident(), value
+
+
+def test_sync_callers_drive_the_loop_in_their_own_thread():
+    own = OwnLoop()
+    thread, value = own.run(where_and_what(7))
+    assert thread == threading.get_ident() and value == 7  # no hop to another thread
+    own.close()
+
+
+def test_state_on_the_loop_survives_between_calls():
+    own = OwnLoop()
+
+    async def open_queue():
+        q = asyncio.Queue()
+        await q.put("kept")
+        return q
+
+    q = own.run(open_queue())
+    assert own.run(q.get()) == "kept"  # a loop-bound object opened in one call, used in the next
+    own.close()
+
+
+def test_timeout_cancels_the_coroutine():
+    own = OwnLoop()
+    cancelled = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    with pytest.raises(TimeoutError):
+        own.run(slow(), timeout=0.05)
+    assert cancelled == [True]
+    own.close()
+
+
+def test_sync_call_from_inside_a_running_loop_drives_elsewhere():
+    own = OwnLoop()
+
+    async def notebook_cell():  # a sync API used inside an async program (Jupyter, a trainer)
+        return own.run(where_and_what("ok"))
+
+    thread, value = asyncio.run(notebook_cell())
+    assert value == "ok" and thread != threading.get_ident()
+    own.close()
+
+
+def test_blocking_call_from_inside_the_own_loop_is_a_clear_error():
+    own = OwnLoop()
+
+    async def reenter():
+        return own.run(where_and_what(1))
+
+    with pytest.raises(RuntimeError, match="await it instead"):
+        own.run(reenter())
+    own.close()
+
+
+def test_async_callers_reach_the_loop_from_any_loop_and_keep_its_state():
+    own = OwnLoop()
+    q = own.run(_make_queue())
+    asyncio.run(own.arun(q.put("from one asyncio.run")))
+    assert asyncio.run(own.arun(q.get())) == "from one asyncio.run"  # a second, separate loop
+    assert own.run(_size(q)) == 0
+    own.close()
+
+
+async def _make_queue():
+    return asyncio.Queue()
+
+
+async def _size(q):
+    return q.qsize()
+
+
+def test_cancelling_an_async_caller_cancels_the_coroutine_on_the_own_loop():
+    own = OwnLoop()
+    cancelled = threading.Event()
+
+    async def slow():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async def caller():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(own.arun(slow()), 0.1)
+
+    asyncio.run(caller())
+    assert cancelled.wait(5)
+    own.close()
+
+
+def test_a_call_handed_to_a_driver_that_stops_first_still_finishes():
+    # Thread A drives the loop for a short call; thread B arrives meanwhile with a longer one.
+    # A stops when its call is done; B must then drive the loop itself, not wait forever.
+    own = OwnLoop()
+    results = {}
+
+    def call(name, delay):
+        results[name] = own.run(where_and_what(name, delay))
+
+    a = threading.Thread(target=call, args=("a", 0.2))
+    a.start()
+    time.sleep(0.05)
+    b = threading.Thread(target=call, args=("b", 0.5))
+    b.start()
+    a.join(5)
+    b.join(5)
+    assert results["a"][1] == "a" and results["b"][1] == "b"
+
+
+def test_many_threads_at_once():
+    own = OwnLoop()
+    out = []
+
+    def worker(i):
+        out.append(own.run(where_and_what(i, 0.01 * (i % 5)))[1])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert sorted(out) == list(range(16))
+    own.close()
+
+
+def _child(own, q):
+    async def main():
+        return await own.arun(where_and_what("child"))
+
+    q.put(asyncio.run(main())[1])
+
+
+def test_a_forked_child_gets_a_working_loop_and_helpers():
+    own = OwnLoop()
+    asyncio.run(own.arun(where_and_what("parent")))  # the parent now has a loop and helper threads
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(own, q))
+    p.start()
+    assert q.get(timeout=20) == "child"
+    p.join(10)
+    own.close()
+
+
+def test_close_cancels_what_is_left_and_a_later_call_opens_a_fresh_loop():
+    own = OwnLoop()
+    cancelled = []
+
+    async def forever():
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def start_background():
+        asyncio.get_running_loop().create_task(forever())
+        await asyncio.sleep(0)
+
+    own.run(start_background())
+    first = own.loop
+    own.close()
+    assert cancelled == [True] and first.is_closed()
+    assert own.run(where_and_what(3))[1] == 3 and own.loop is not first
+    own.close()
