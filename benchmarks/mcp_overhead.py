@@ -6,7 +6,9 @@
   the environment's own live session, awaited inside the loop that owns it (a loop of awaits,
   as an async program would make them), and the same bare call made one at a time from
   synchronous code. Env steps and bare calls alternate in rounds, so drift in the machine's
-  speed affects both alike; the episode is reset every 100 steps (not timed).
+  speed affects both alike; the episode is reset every 100 steps (not timed);
+* the same call through the SDK's own ``stdio_client`` on a second server process, for the
+  transport (the environment reads stdio with its own linear-time transport).
 
     python benchmarks/mcp_overhead.py [--calls 2000]
 """
@@ -42,6 +44,15 @@ async def bare_start() -> float:
         start = time.perf_counter()
         async with Client(params):
             return time.perf_counter() - start
+
+
+async def sdk_transport_calls(n: int) -> list[float]:
+    """The same calls through the SDK's own ``stdio_client`` (the env uses its own stdio
+    transport, see envs/mcp/stdio.py): shows that transport costs nothing on small messages."""
+    with tempfile.TemporaryDirectory() as tmp:
+        async with Client(SERVER.model_copy(update={"cwd": tmp})) as client:
+            await floor_calls(client, 50)
+            return await floor_calls(client, n)
 
 
 async def floor_calls(client, n: int) -> list[float]:
@@ -90,6 +101,7 @@ def main() -> None:
             floor += f
             from_sync += y
     env.close()
+    sdk_transport = asyncio.run(sdk_transport_calls(args.calls))
 
     result = {
         "benchmark": "mcp_overhead",
@@ -98,6 +110,7 @@ def main() -> None:
         "tool_call_env": stats(steps),
         "tool_call_floor_sdk": stats(floor),
         "tool_call_floor_sdk_from_sync": stats(from_sync),
+        "tool_call_sdk_stdio_client": stats(sdk_transport),
     }
     result["overhead_ms_p50"] = result["tool_call_env"]["p50_ms"] - result["tool_call_floor_sdk"]["p50_ms"]
     result["overhead_over_sync_floor_ms_p50"] = (

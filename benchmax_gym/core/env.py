@@ -74,7 +74,7 @@ def positive_int(name: str, value: Any) -> int:
 
 def positive_number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmax_gym.core.env import Episode, ToolEnv
+from benchmax_gym.core.env import Episode, ToolEnv, positive_number
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.tasks import TaskSource
 from benchmax_gym.core.tools import Toolset
@@ -42,6 +42,9 @@ class MCPEnv(ToolEnv):
             working directory emptied between episodes; ``"restart"``: a fresh server process for
             every episode (for servers that keep state in memory).
         init_timeout: seconds a server may take to start and answer MCP's initialize.
+        max_message_mb: a stdio server's message over this size is dropped as it arrives and
+            its call becomes a tool error (the server keeps running); smaller results are cut
+            to ``max_tool_output_chars`` as usual.
         system_prompt: the instructions before the tools (a generic one by default).
         **engine_kwargs: the engine's options (``max_turns``, ``tool_timeout``, ...).
 
@@ -57,6 +60,7 @@ class MCPEnv(ToolEnv):
         *,
         isolation: str = "shared",
         init_timeout: float = 30.0,
+        max_message_mb: float = 16.0,
         system_prompt: str | None = None,
         max_turns: int = 10,
         **engine_kwargs: Any,
@@ -68,8 +72,8 @@ class MCPEnv(ToolEnv):
             raise ValueError("with server=, give tasks= and reward= too")
         if isolation not in ISOLATION:
             raise ValueError(f"isolation must be one of {ISOLATION}, got {isolation!r}")
-        if isinstance(init_timeout, bool) or not isinstance(init_timeout, (int, float)) or init_timeout <= 0:
-            raise ValueError(f"init_timeout must be a positive number of seconds, got {init_timeout!r}")
+        init_timeout = positive_number("init_timeout", init_timeout)
+        max_message_bytes = int(positive_number("max_message_mb", max_message_mb) * 1e6)
         specs = parse_servers(EXAMPLE_SERVER if example else server)
         super().__init__(
             tasks=example_tasks() if example else user_tasks(tasks),
@@ -80,7 +84,7 @@ class MCPEnv(ToolEnv):
             **engine_kwargs,
         )
         self.isolation = isolation
-        self.connections = {spec.name: Connection(spec, float(init_timeout), self.aio) for spec in specs}
+        self.connections = {spec.name: Connection(spec, init_timeout, self.aio, max_message_bytes) for spec in specs}
         self._root = Path(tempfile.mkdtemp(prefix="benchmax-mcp-"))
         self.workspace = self._root / "workspace"
         self._started = False

@@ -17,16 +17,19 @@ import os
 import shutil
 import signal
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from mcp.client.stdio import StdioServerParameters
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.tools import Tool, ToolError
+from benchmax_gym.envs.mcp.stdio import stdio_transport
 
 WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episode's directory
 
@@ -42,16 +45,18 @@ class ServerSpec:
     cwd: str | None = None
     url: str | None = None
 
-    def target(self, workspace: Path) -> StdioServerParameters | str:
+    def target(self, workspace: Path, max_message_bytes: int, on_spawn: Callable[[int], None]) -> Any:
+        """What the SDK's ``Client`` connects to: the URL, or our stdio transport (see stdio.py)."""
         if self.url:
             return self.url
         fill = lambda text: text.replace(WORKSPACE, str(workspace))  # noqa: E731
-        return StdioServerParameters(
+        params = StdioServerParameters(
             command=self.command,
             args=[fill(a) for a in self.args],
             env={k: fill(v) for k, v in self.env.items()} or None,
             cwd=fill(self.cwd) if self.cwd else str(workspace),
         )
+        return stdio_transport(params, max_message_bytes, on_spawn)
 
 
 def _spec(name: str, entry: Any) -> ServerSpec:
@@ -151,10 +156,11 @@ class Connection:
     SDK's own shutdown, and no server may outlive its environment.
     """
 
-    def __init__(self, spec: ServerSpec, init_timeout: float, aio: OwnLoop):
+    def __init__(self, spec: ServerSpec, init_timeout: float, aio: OwnLoop, max_message_bytes: int):
         self.spec = spec
         self.init_timeout = init_timeout
         self.aio = aio
+        self.max_message_bytes = max_message_bytes
         self.client: Client | None = None
         self._task: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
@@ -164,7 +170,7 @@ class Connection:
 
     async def _hold(self, workspace: Path, ready: asyncio.Future) -> None:
         try:
-            async with Client(self.spec.target(workspace)) as client:
+            async with Client(self.spec.target(workspace, self.max_message_bytes, self.pids.add)) as client:
                 self.client = client
                 if not ready.done():
                     ready.set_result(None)
@@ -184,21 +190,18 @@ class Connection:
         self.starts += 1
         self._stop = asyncio.Event()
         ready = asyncio.get_running_loop().create_future()
-        before = _children(os.getpid()) if self.spec.command else set()
         self._task = asyncio.get_running_loop().create_task(self._hold(workspace, ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.init_timeout)
         except asyncio.TimeoutError:
-            self.pids = _children(os.getpid()) - before
+            self._task.cancel()  # never initialized: nothing to close gracefully
             await self._close()
             raise RuntimeError(
                 f"MCP server {self.spec.name!r} did not finish initialize within {self.init_timeout:g} s"
             ) from None
         except Exception as exc:
-            self.pids = _children(os.getpid()) - before
             await self._close()
             raise RuntimeError(f"MCP server {self.spec.name!r} failed to start: {_describe(exc)}") from None
-        self.pids = _children(os.getpid()) - before
 
     @property
     def alive(self) -> bool:
@@ -256,6 +259,9 @@ def _kill_all_servers() -> None:
             _kill_tree(pid)
 
 
+_CONNECTION_LOST = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
+
+
 def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
     """A toolset entry for ``remote`` (an MCP ``Tool``) of ``server``, exposed to the model as ``name``."""
 
@@ -264,6 +270,10 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
         try:
             result = await connection.call(remote.name, arguments, env.tool_timeout)  # the SDK enforces the timeout
         except Exception as exc:
+            if isinstance(exc, MCPError) and exc.code not in _CONNECTION_LOST and connection.alive:
+                # An error answer (an unknown tool, an oversized reply): the server keeps its state.
+                raise ToolError(f"the MCP server {server.name!r} answered {name!r} with an error: "
+                                f"{exc.message}") from None
             # A crashed server, or one still busy past the timeout (a stdio stream is in order, so
             # nothing else gets through until it finishes): start it again so the episode goes on.
             timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(exc).lower()

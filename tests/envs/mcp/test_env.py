@@ -138,6 +138,28 @@ def test_sync_api_inside_a_running_event_loop():
     assert asyncio.run(main()) == 1.0
 
 
+def test_vector_rollouts_each_env_with_its_own_server():
+    # Two workers, two MCP envs each: a worker's event loop steps both envs' servers at once.
+    envs = gym.make_vec("benchmax/MCP-v0", num_envs=4, num_workers=2)
+    envs.reset(seed=0)
+    envs.step(tuple(call("add_note", title=f"env{i}", text=f"note of {i}") for i in range(4)))
+    obs, *_ = envs.step(tuple([call("list_notes")] * 4))
+    for i, seen in enumerate(obs):
+        assert f"env{i}" in seen and not any(f"env{j}" in seen for j in range(4) if j != i)
+    envs.close()
+
+
+def test_closing_one_env_leaves_the_others_servers_alone():
+    first, second = gym.make("benchmax/MCP-v0"), gym.make("benchmax/MCP-v0")
+    first.reset(seed=0)
+    second.reset(seed=0)
+    first.close()
+    obs, _, _, _, info = second.step(call("calculate", expression="6*7"))
+    assert info["error"] is None and "42" in obs
+    assert second.unwrapped.connections["server"].starts == 1
+    second.close()
+
+
 def test_third_party_server_from_pypi_over_stdio():
     """mcp-server-time (the MCP project's reference time server), installed from PyPI."""
 
@@ -233,6 +255,14 @@ BROKEN = textwrap.dedent('''
         """Answer pong."""
         return "pong"
 
+    bumps = [0]
+
+    @server.tool()
+    def bump() -> int:
+        """Count calls (state that a restart would lose)."""
+        bumps[0] += 1
+        return bumps[0]
+
     server.run()
 ''')
 
@@ -288,15 +318,26 @@ def test_big_results_are_capped(broken_server):
     env.close()
 
 
-def test_fifty_megabyte_result_times_out_and_the_episode_goes_on(broken_server):
-    # The SDK needs far longer than any tool timeout to move 50 MB through stdio (about 100 s
-    # here), so it is a tool_timeout, the server is restarted, and the next call is answered.
-    env = make_broken(broken_server("ok"), tool_timeout=3)
+def test_fifty_megabyte_result_is_a_tool_error_and_the_server_keeps_its_state(broken_server):
+    # The message is dropped as it streams in (over max_message_mb, 16 by default): the call
+    # fails with a clear error at once, not by timeout, and the same server process goes on.
+    env = make_broken(broken_server("ok"), tool_timeout=60)
     env.reset(seed=0)
+    assert "1" in env.step(call("bump"))[0]
     obs, _, terminated, _, info = env.step(call("huge", megabytes=50))
-    assert info["error"] == "tool_timeout" and "restarted" in obs and not terminated
-    obs, _, _, _, info = env.step(call("ping"))
-    assert info["error"] is None and "pong" in obs
+    assert info["error"] == "tool_error" and not terminated
+    assert "MB, over the 16 MB limit" in obs
+    obs, _, _, _, info = env.step(call("bump"))
+    assert info["error"] is None and "2" in obs  # not restarted: its state survived
+    assert env.unwrapped.connections["server"].starts == 1
+    env.close()
+
+
+def test_results_under_the_message_limit_arrive_and_are_cut(broken_server):
+    env = make_broken(broken_server("ok"), max_message_mb=40, max_tool_output_chars=500, tool_timeout=60)
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(call("huge", megabytes=12))
+    assert info["error"] is None and "[truncated: 11999" in obs
     env.close()
 
 
@@ -308,6 +349,8 @@ def test_fifty_megabyte_result_times_out_and_the_episode_goes_on(broken_server):
         ({"server": {"url": "http://x"}, "tasks": [{"no": 1}], "reward": len}, "prompt"),
         ({"server": "nope.json", "tasks": [{"prompt": "p"}], "reward": len}, "nope.json"),
         ({"isolation": "sometimes"}, "isolation"),
+        ({"max_message_mb": 0}, "max_message_mb"),
+        ({"init_timeout": "soon"}, "init_timeout"),
         ({"server": {"command": sys.executable, "colour": 1}, "tasks": [{"prompt": "p"}], "reward": len}, "colour"),
     ],
 )

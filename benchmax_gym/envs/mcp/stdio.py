@@ -1,0 +1,165 @@
+"""A stdio transport for the SDK's ``Client`` that reads a server's output in linear time, with a
+size limit per message.
+
+Why not the SDK's own ``stdio_client``: its reader joins the whole pending line to every 64 KB
+chunk it reads, so one 50 MB tool result takes about 100 s to arrive (quadratic) and the call can
+only end in a timeout and a server restart, losing the server's state. This reader keeps chunks
+in a list; a message over the limit is dropped as it streams past (memory stays bounded) and its
+request gets a JSON-RPC error at once, so the call fails with a clear message and the server
+lives on. Everything above the byte stream (parsing, the session) is the SDK's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+
+import anyio
+import mcp_types as types
+from mcp.client.stdio import StdioServerParameters, get_default_environment
+from mcp.shared.message import SessionMessage
+
+_KEEP = 512  # bytes kept from each end of a dropped message, to find its request id
+_ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+_GRACE_S = 2.0  # a server gets this long to exit after its stdin closes, then it is killed
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:  # the session surfaces it; the connection goes on
+        return exc
+
+
+class _Oversized:
+    """What is kept of a message too big to deliver: its size and both ends."""
+
+    def __init__(self, parts: list[bytes]):
+        joined = b"".join(parts)
+        self.size = len(joined)
+        self.head, self.tail = joined[:_KEEP], joined[-_KEEP:]
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        self.tail = (self.tail + data)[-_KEEP:]
+
+    def request_id(self, outstanding: dict[str, types.RequestId]) -> types.RequestId | None:
+        """The id of the request this answers: the only one waiting, or one named at either end."""
+        if len(outstanding) == 1:
+            return next(iter(outstanding.values()))
+        for end in (self.head, self.tail):
+            for raw in _ID.findall(end):
+                key = raw.decode("utf-8", "replace").strip('"')
+                if key in outstanding:
+                    return outstanding[key]
+        return None
+
+
+@asynccontextmanager
+async def stdio_transport(
+    server: StdioServerParameters, max_message_bytes: int, on_spawn: Callable[[int], None] = lambda pid: None
+) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
+    """Start ``server`` in its own session and yield the SDK's (read, write) message streams.
+
+    ``on_spawn(pid)`` learns the server's process id (its process group's id too) at once.
+    """
+    command = shutil.which(server.command) or server.command
+    process = await anyio.open_process(
+        [command, *server.args],
+        env=get_default_environment() | (server.env or {}),
+        cwd=server.cwd,
+        stderr=None,  # the server's log goes where ours does
+        start_new_session=True,  # its own process group: the whole tree is killed at the end
+    )
+    on_spawn(process.pid)
+    to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
+    outstanding: dict[str, types.RequestId] = {}  # requests sent and not yet answered
+
+    async def deliver(line: bytes) -> None:
+        message = _parse(line)
+        if isinstance(message, SessionMessage) and isinstance(
+            message.message, (types.JSONRPCResponse, types.JSONRPCError)
+        ):
+            outstanding.pop(str(message.message.id), None)
+        await to_session.send(message)
+
+    async def refuse(big: _Oversized) -> None:
+        request_id = big.request_id(outstanding)
+        if request_id is None:
+            return  # a notification, or nothing we asked for: nobody is waiting on it
+        outstanding.pop(str(request_id), None)
+        text = (f"the server's reply was {big.size / 1e6:.1f} MB, over the {max_message_bytes / 1e6:g} MB "
+                f"limit for one message; it was dropped")
+        error = types.JSONRPCError(jsonrpc="2.0", id=request_id,
+                                   error=types.ErrorData(code=types.INTERNAL_ERROR, message=text))
+        await to_session.send(SessionMessage(error))
+
+    async def read() -> None:
+        parts: list[bytes] = []
+        size = 0
+        big: _Oversized | None = None
+        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            async with to_session:
+                async for chunk in process.stdout:
+                    start = 0
+                    while (end := chunk.find(b"\n", start)) != -1:
+                        piece = chunk[start:end]
+                        start = end + 1
+                        if big is None and size + len(piece) <= max_message_bytes:
+                            await deliver(b"".join(parts) + piece if parts else piece)
+                        else:
+                            big = big or _Oversized(parts)
+                            big.add(piece)
+                            await refuse(big)
+                        parts, size, big = [], 0, None
+                    rest = chunk[start:]
+                    if big is not None:
+                        big.add(rest)
+                    elif rest:
+                        parts.append(rest)
+                        size += len(rest)
+                        if size > max_message_bytes:
+                            big, parts, size = _Oversized(parts), [], 0
+
+    async def write() -> None:
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            async with from_session:
+                async for message in from_session:
+                    if isinstance(message.message, types.JSONRPCRequest):
+                        outstanding[str(message.message.id)] = message.message.id
+                    data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                    await process.stdin.send(data.encode())
+        await to_session.aclose()  # the server stopped reading: end the session, do not hang it
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read)
+        tasks.start_soon(write)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop(process)
+            tasks.cancel_scope.cancel()
+            await read_stream.aclose()
+            await write_stream.aclose()
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    """Close stdin, give the server a grace period, then kill its process group."""
+    with suppress(Exception):
+        await process.stdin.aclose()
+    with anyio.move_on_after(_GRACE_S):
+        await process.wait()
+    if process.returncode is None:
+        with suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with anyio.move_on_after(_GRACE_S):
+            await process.wait()
+    with suppress(Exception):
+        await process.aclose()
+
