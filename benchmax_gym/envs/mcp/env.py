@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import tempfile
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.mcp.rubric import ServerClient, example_rubric, user_rubric
 from benchmax_gym.envs.mcp.solver import MCPSolver
 from benchmax_gym.envs.mcp.tasks import example_tasks, user_tasks
-from benchmax_gym.envs.mcp.tools import Connection, mcp_tool, parse_servers
+from benchmax_gym.envs.mcp.tools import Connection, kill_servers, mcp_tool, parse_servers
 
 EXAMPLE_SERVER = {"command": sys.executable, "args": ["-m", "benchmax_gym.envs.mcp.example_server"]}
 SYSTEM_PROMPT = "You are an assistant with tools. Use them to complete the task, then reply without a tool call."
@@ -85,6 +86,8 @@ class MCPEnv(ToolEnv):
         )
         self.isolation = isolation
         self.connections = {spec.name: Connection(spec, init_timeout, self.aio, max_message_bytes) for spec in specs}
+        # An environment dropped without close() takes its servers with it when collected.
+        weakref.finalize(self, kill_servers, tuple(self.connections.values()))
         self._root = Path(tempfile.mkdtemp(prefix="benchmax-mcp-"))
         self.workspace = self._root / "workspace"
         self._started = False

@@ -251,12 +251,14 @@ def _describe(exc: BaseException) -> str:
 _LIVE: "weakref.WeakSet[Connection]" = weakref.WeakSet()
 
 
-@atexit.register
-def _kill_all_servers() -> None:
-    """No server outlives the interpreter, even when an environment was never closed."""
-    for connection in list(_LIVE):
+def kill_servers(connections) -> None:
+    """Kill the server processes of ``connections`` (for an environment that was never closed)."""
+    for connection in list(connections):
         for pid in connection.pids:
             _kill_tree(pid)
+
+
+atexit.register(lambda: kill_servers(_LIVE))  # no server outlives the interpreter
 
 
 _CONNECTION_LOST = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)

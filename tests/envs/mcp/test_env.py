@@ -1,6 +1,7 @@
 """benchmax/MCP-v0 against real MCP servers: the bundled one, a PyPI one, HTTP, and broken ones."""
 
 import asyncio
+import gc
 import json
 import socket
 import subprocess
@@ -158,6 +159,19 @@ def test_closing_one_env_leaves_the_others_servers_alone():
     assert info["error"] is None and "42" in obs
     assert second.unwrapped.connections["server"].starts == 1
     second.close()
+
+
+def test_an_env_dropped_without_close_takes_its_server_with_it():
+    others = {p.pid for p in server_processes()}
+    env = gym.make("benchmax/MCP-v0")
+    env.reset(seed=0)
+    assert {p.pid for p in server_processes()} - others
+    del env
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while {p.pid for p in server_processes()} - others and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not {p.pid for p in server_processes()} - others
 
 
 def test_third_party_server_from_pypi_over_stdio():
