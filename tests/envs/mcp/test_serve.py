@@ -85,3 +85,27 @@ def test_http_modern_stateless_client_works(excel_server):
 def test_unknown_env_id_is_a_clear_error():
     out = subprocess.run([*CLI, "mcp-serve", "benchmax/Nope-v0"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "benchmax-gym list" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "env_id, tool, arguments, expect",
+    [
+        ("benchmax/CRM-v0", "query", {"sql": 'SELECT COUNT(*) AS open_cases FROM "Case"'}, "open_cases"),
+        ("benchmax/Wikipedia-v0", "search", {"query": "Paris", "limit": 3}, "Paris"),
+    ],
+)
+def test_every_family_serves_its_tools(env_id, tool, arguments, expect):
+    from benchmax_gym.envs.mcp.serve import build_server
+
+    server = build_server(env_id)
+
+    async def main():
+        async with Client(server) as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+            return names, await client.call_tool(tool, arguments)
+
+    try:
+        names, result = asyncio.run(main())
+    finally:
+        server.sessions.close()
+    assert tool in names and not result.is_error and expect in text(result)
