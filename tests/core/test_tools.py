@@ -501,7 +501,7 @@ def test_async_tool_timeout_in_arun():
     assert state == {"cancelled": True, "finished": False}
 
 
-def test_async_tool_timeout_in_run_with_background_loop():
+def test_async_tool_timeout_in_run_with_an_own_loop():
     slow, state = _async_sleeper()
     ts = Toolset([slow])
     result = ts.run("slow", {"seconds": 5}, timeout=0.1, max_chars=100, run_coroutine=aio.OwnLoop().run)
@@ -545,7 +545,7 @@ def test_async_tool_in_run_without_runner_is_an_error_result():
     assert result.content.startswith("Error")
 
 
-def test_async_tool_raising_in_run_with_background_loop():
+def test_async_tool_raising_in_run_with_an_own_loop():
     @tool
     async def bad() -> str:
         raise ToolError("nope", code="denied")
