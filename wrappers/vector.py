@@ -47,6 +47,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from multiprocess.connection import wait as wait_for_connections
 
+from benchmax_gym.core.aio import OwnLoop
+
 # Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
 _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
 ENV_ERROR, WORKER_RESTARTED = "env_error", "worker_restarted"
@@ -66,10 +68,14 @@ def _async_api(env: gym.Env) -> Any | None:
 
 
 def _sync_is_enough(api: Any) -> bool:
-    """True when no tool or reward can wait on I/O: then a plain ``step`` is cheaper than a coroutine."""
+    """True when no tool or reward can wait on I/O: then a plain ``step`` is cheaper than a coroutine.
+
+    An environment with no tools yet (MCP-v0 learns its tools from its servers at the first
+    reset) is not known to be plain.
+    """
     toolset, rubric = getattr(api, "toolset", None), getattr(api, "rubric", None)
     return (
-        toolset is not None and rubric is not None and not rubric.has_async
+        toolset is not None and len(toolset) > 0 and rubric is not None and not rubric.has_async
         and all(t.inline and not t.is_async for t in toolset)
     )
 
@@ -89,11 +95,11 @@ class _Worker:
         self.envs: dict[int, gym.Env] = {}
         self.api: dict[int, Any] = {}
         self.plain: dict[int, bool] = {}
+        self.loop = asyncio.new_event_loop()
         for i in env_fns:
             self._build(i)
         # A restarted worker's environments were never reset: the next step resets them.
         self.needs_reset = {i: fresh for i in env_fns}
-        self.loop = asyncio.new_event_loop()
         self.outbox: list[tuple[int, Any]] = []
         self.flush_scheduled = False
 
@@ -102,6 +108,9 @@ class _Worker:
         self.envs[i] = env
         self.api[i] = _async_api(env)
         self.plain[i] = self.api[i] is None or _sync_is_enough(self.api[i])
+        own = getattr(self.api[i], "aio", None) if not self.plain[i] else None
+        if isinstance(own, OwnLoop):  # its async resources live on this loop: no hop per call
+            own.adopt(self.loop)
 
     def send(self, message: Any) -> None:
         self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))

@@ -41,6 +41,9 @@ class OwnLoop:
     say) are paused and their pipes and sockets simply buffer. A thread that wants the loop while
     another drives it hands its coroutine over, and takes over the driving if the other thread
     stops first: no call is ever left on a loop nobody runs.
+
+    A host that runs one loop for the environment's whole life (a vector worker) can
+    :meth:`adopt` it instead: the async API then needs no hop at all.
     """
 
     def __init__(self) -> None:
@@ -48,15 +51,28 @@ class OwnLoop:
         self._pid = 0
         self._cond = threading.Condition()
         self._driving = False
+        self._adopted = False
+
+    def adopt(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Live on ``loop``, which its owner keeps for this environment's whole life (and runs).
+
+        Only before the environment's first async work: resources opened on another loop
+        cannot move.
+        """
+        if self._loop is not None and self._loop is not loop and self._pid == os.getpid():
+            raise RuntimeError("adopt() must come before the environment's first async work")
+        self._loop, self._pid, self._adopted = loop, os.getpid(), True
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         # A forked child has none of its parent's loop's threads or tasks: it starts afresh.
         loop = self._loop
         if loop is None or loop.is_closed() or self._pid != os.getpid():
+            if self._adopted and self._pid == os.getpid():
+                raise RuntimeError("the event loop this environment was given (adopt) has been closed")
             with _create_lock:
                 if self._loop is loop:
-                    self._cond, self._driving = threading.Condition(), False
+                    self._cond, self._driving, self._adopted = threading.Condition(), False, False
                     self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
             loop = self._loop
         return loop
@@ -80,6 +96,8 @@ class OwnLoop:
 
     def _drive(self, coro: Any) -> Any:
         loop = self.loop
+        if self._adopted and loop.is_running():  # its owner runs it: hand the call over
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
         if self._take():
             try:
                 return loop.run_until_complete(coro)
@@ -149,6 +167,8 @@ class OwnLoop:
         """Await ``coro`` on this loop from any event loop; cancelling the caller cancels it."""
         if asyncio.get_running_loop() is self._loop:
             return await coro
+        if self._adopted and self.loop.is_running():
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
         outcome, cancel = self._start(coro)
         _helpers.submit(self._until_done, outcome)
         try:
@@ -161,6 +181,9 @@ class OwnLoop:
         """Cancel what is left on the loop and close it (a later call opens a fresh one)."""
         loop = self._loop
         if loop is None or loop.is_closed() or self._pid != os.getpid():
+            return
+        if self._adopted:  # its owner closes it
+            self._loop, self._adopted = None, False
             return
         running = asyncio._get_running_loop()
         if running is loop:
@@ -180,6 +203,7 @@ class OwnLoop:
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
             if self._loop is loop:
                 self._loop = None

@@ -186,3 +186,36 @@ def test_close_cancels_what_is_left_and_a_later_call_opens_a_fresh_loop():
     assert cancelled == [True] and first.is_closed()
     assert own.run(where_and_what(3))[1] == 3 and own.loop is not first
     own.close()
+
+
+def test_an_adopted_loop_is_used_where_it_runs_and_never_closed_by_us():
+    # A vector worker's loop runs for the environment's whole life: calls from it need no hop,
+    # and calls from other threads are handed to it.
+    host = asyncio.new_event_loop()
+    runner = threading.Thread(target=host.run_forever)
+    runner.start()
+    own = OwnLoop()
+    own.adopt(host)
+
+    async def from_inside():
+        return await own.arun(where_and_what("in"))
+
+    inside = asyncio.run_coroutine_threadsafe(from_inside(), host).result(5)
+    assert inside == (runner.ident, "in")
+    assert own.run(where_and_what("sync")) == (runner.ident, "sync")
+    assert asyncio.run(own.arun(where_and_what("other loop"))) == (runner.ident, "other loop")
+    own.close()
+    assert not host.is_closed() and host.is_running()
+    host.call_soon_threadsafe(host.stop)
+    runner.join(5)
+    host.close()
+
+
+def test_adopt_comes_before_any_async_work():
+    own = OwnLoop()
+    own.run(where_and_what(1))
+    other = asyncio.new_event_loop()
+    with pytest.raises(RuntimeError, match="before the environment's first async work"):
+        own.adopt(other)
+    other.close()
+    own.close()

@@ -3,11 +3,13 @@ server) and the bundled example's, which checks the server's state as well as th
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
 
-from benchmax_gym.core.rubric import Rubric
+from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.tools import ToolError
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
@@ -54,13 +56,33 @@ def example_note(answer: dict, client: ServerClient) -> float:
         return 0.0
 
 
+def _with_client(funcs: list) -> Rubric:
+    """A rubric offering ``client``, each sync function that takes it run in a thread.
+
+    A sync function blocks while its ``client.call_tool`` waits for the server; run inline in
+    the event loop that holds the server's session (a vector worker's), it could never finish.
+    """
+    funcs = [
+        RewardFn(f.name, _in_a_thread(f.fn), f.weight, f.context) if "client" in f.params and not f.is_async else f
+        for f in Rubric(funcs, context=("client",)).funcs
+    ]
+    return Rubric(funcs, context=("client",))
+
+
+def _in_a_thread(fn: Callable) -> Callable:
+    @functools.wraps(fn)  # keeps the signature: the rubric reads which arguments it wants
+    async def run(**kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, **kwargs)
+
+    return run
+
+
 def example_rubric() -> Rubric:
     """``answer`` and ``note`` (the server really holds the note), half the reward each."""
-    return Rubric([("answer", example_answer, 0.5), ("note", example_note, 0.5)], context=("client",))
+    return _with_client([("answer", example_answer, 0.5), ("note", example_note, 0.5)])
 
 
 def user_rubric(reward: Rubric | Callable | list | tuple) -> Rubric:
     if isinstance(reward, Rubric):
-        return Rubric(reward.funcs, context=("client",))
-    funcs = list(reward) if isinstance(reward, (list, tuple)) else [reward]
-    return Rubric(funcs, context=("client",))
+        return _with_client(reward.funcs)
+    return _with_client(list(reward) if isinstance(reward, (list, tuple)) else [reward])

@@ -147,6 +147,11 @@ def test_vector_rollouts_each_env_with_its_own_server():
     obs, *_ = envs.step(tuple([call("list_notes")] * 4))
     for i, seen in enumerate(obs):
         assert f"env{i}" in seen and not any(f"env{j}" in seen for j in range(4) if j != i)
+    # The example's note reward (a sync function calling the live client) runs in the worker,
+    # whose event loop holds the sessions: it must query the server, not fail.
+    _, _, terminated, _, infos = envs.step(("<answer>0</answer>",) * 4)
+    assert terminated.all() and "reward_errors" not in infos
+    assert infos["_reward_components"].all() and (infos["reward_components"]["note"] == 0.0).all()
     envs.close()
 
 
@@ -269,6 +274,12 @@ BROKEN = textwrap.dedent('''
         """Answer pong."""
         return "pong"
 
+    @server.tool()
+    def nap(seconds: float) -> str:
+        """Sleep, then answer."""
+        time.sleep(seconds)
+        return "rested"
+
     bumps = [0]
 
     @server.tool()
@@ -353,6 +364,20 @@ def test_results_under_the_message_limit_arrive_and_are_cut(broken_server):
     obs, _, _, _, info = env.step(call("huge", megabytes=12))
     assert info["error"] is None and "[truncated: 11999" in obs
     env.close()
+
+
+def test_one_worker_waits_on_its_envs_servers_at_once(broken_server):
+    # Two envs in one worker, each calling a tool that takes 0.6 s: the worker's event loop
+    # waits on both servers together (one after the other would take 1.2 s).
+    envs = gym.make_vec("benchmax/MCP-v0", num_envs=2, num_workers=1, server=broken_server("ok"),
+                        tasks=[{"prompt": "p"}], reward=lambda completion: 0.0)
+    envs.reset(seed=0)
+    envs.step((call("ping"),) * 2)
+    start = time.monotonic()
+    obs, *_ = envs.step((call("nap", seconds=0.6),) * 2)
+    elapsed = time.monotonic() - start
+    envs.close()
+    assert all("rested" in o for o in obs) and elapsed < 1.1
 
 
 @pytest.mark.parametrize(
