@@ -10,6 +10,9 @@
 * the same call through the SDK's own ``stdio_client`` on a second server process, for the
   transport (the environment reads stdio with its own linear-time transport).
 
+* rollout throughput: steps/s of one env stepped in this thread, and of 4 envs in 2
+  ``SubprocVectorEnv`` workers (each worker's event loop holds its envs' sessions).
+
     python benchmarks/mcp_overhead.py [--calls 2000]
 """
 
@@ -64,6 +67,25 @@ async def floor_calls(client, n: int) -> list[float]:
     return out
 
 
+def throughput(num_envs: int, workers: int, rounds: int) -> float:
+    if num_envs == 1:
+        env = gym.make("benchmax/MCP-v0", max_turns=10**9)
+        step, close = env.step, env.close
+    else:
+        envs = gym.make_vec("benchmax/MCP-v0", num_envs=num_envs, num_workers=workers, max_turns=10**9)
+        step, close = (lambda action: envs.step((action,) * num_envs)), envs.close
+        env = envs
+    env.reset(seed=0)
+    for _ in range(20):
+        step(ACTION)
+    start = time.perf_counter()
+    for _ in range(rounds):
+        step(ACTION)
+    elapsed = time.perf_counter() - start
+    close()
+    return rounds * num_envs / elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
@@ -102,6 +124,7 @@ def main() -> None:
             from_sync += y
     env.close()
     sdk_transport = asyncio.run(sdk_transport_calls(args.calls))
+    single, vector = throughput(1, 1, 500), throughput(4, 2, 250)
 
     result = {
         "benchmark": "mcp_overhead",
@@ -111,6 +134,8 @@ def main() -> None:
         "tool_call_floor_sdk": stats(floor),
         "tool_call_floor_sdk_from_sync": stats(from_sync),
         "tool_call_sdk_stdio_client": stats(sdk_transport),
+        "steps_per_s_one_env": single,
+        "steps_per_s_4_envs_2_workers": vector,
     }
     result["overhead_ms_p50"] = result["tool_call_env"]["p50_ms"] - result["tool_call_floor_sdk"]["p50_ms"]
     result["overhead_over_sync_floor_ms_p50"] = (
