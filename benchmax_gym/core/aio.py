@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -99,8 +100,16 @@ class OwnLoop:
         if self._adopted and loop.is_running():  # its owner runs it: hand the call over
             return asyncio.run_coroutine_threadsafe(coro, loop).result()
         if self._take():
+            task = None
             try:
-                return loop.run_until_complete(coro)
+                task = loop.create_task(coro)
+                return loop.run_until_complete(task)
+            except BaseException:
+                if task is not None and not task.done():  # Ctrl-C while waiting: the call is abandoned,
+                    task.cancel()  # so cancel it now rather than let it run on at the next call
+                    with contextlib.suppress(BaseException):
+                        loop.run_until_complete(task)
+                raise
             finally:
                 self._release()
         return self._until_done(self._start(coro)[0])  # the current driver runs it

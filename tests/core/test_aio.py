@@ -2,6 +2,8 @@
 
 import asyncio
 import multiprocessing
+import os
+import signal
 import threading
 import time
 
@@ -218,4 +220,23 @@ def test_adopt_comes_before_any_async_work():
     with pytest.raises(RuntimeError, match="before the environment's first async work"):
         own.adopt(other)
     other.close()
+    own.close()
+
+
+def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on():
+    own = OwnLoop()
+    cancelled = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        own.run(slow())
+    assert cancelled == [True]  # not left to run on at the next call
+    assert own.run(where_and_what(5))[1] == 5
     own.close()

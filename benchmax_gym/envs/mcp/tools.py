@@ -190,6 +190,7 @@ class Connection:
         self.starts += 1
         self._stop = asyncio.Event()
         ready = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if nobody waits
         self._task = asyncio.get_running_loop().create_task(self._hold(workspace, ready))
         try:
             await asyncio.wait_for(asyncio.shield(ready), self.init_timeout)
