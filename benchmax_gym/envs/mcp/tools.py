@@ -24,8 +24,8 @@ from typing import Any
 
 import mcp_types as types
 from mcp import Client
-from mcp.shared.exceptions import MCPError
 from mcp.client.stdio import StdioServerParameters
+from mcp.shared.exceptions import MCPError
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.tools import Tool, ToolError
