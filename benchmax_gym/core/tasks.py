@@ -146,6 +146,13 @@ def given_tasks(tasks: Any) -> TaskSource | None:
     return None
 
 
+def source_name(tasks: Any, choices: tuple[str, ...]) -> str:
+    """``tasks`` checked as one of a family's named sources; the error names every accepted form."""
+    if not isinstance(tasks, str) or tasks not in choices:
+        raise ValueError(f"tasks must be one of {choices}, a TaskSource or a list of tasks, got {tasks!r}")
+    return tasks
+
+
 class GeneratedTasks(TaskSource):
     """Tasks made on demand by ``make(rng, index) -> Task``.
 

@@ -17,6 +17,14 @@ async def where_and_what(value, delay=0.0):
     return threading.get_ident(), value
 
 
+async def sleep_until_cancelled(cancelled: threading.Event):
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
 def test_sync_callers_drive_the_loop_in_their_own_thread():
     own = OwnLoop()
     thread, value = own.run(where_and_what(7))
@@ -39,18 +47,11 @@ def test_state_on_the_loop_survives_between_calls():
 
 def test_timeout_cancels_the_coroutine():
     own = OwnLoop()
-    cancelled = []
-
-    async def slow():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
+    cancelled = threading.Event()
 
     with pytest.raises(TimeoutError):
-        own.run(slow(), timeout=0.05)
-    assert cancelled == [True]
+        own.run(sleep_until_cancelled(cancelled), timeout=0.05)
+    assert cancelled.is_set()
     own.close()
 
 
@@ -97,16 +98,9 @@ def test_cancelling_an_async_caller_cancels_the_coroutine_on_the_own_loop():
     own = OwnLoop()
     cancelled = threading.Event()
 
-    async def slow():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
     async def caller():
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(own.arun(slow()), 0.1)
+            await asyncio.wait_for(own.arun(sleep_until_cancelled(cancelled)), 0.1)
 
     asyncio.run(caller())
     assert cancelled.wait(5)
@@ -169,23 +163,16 @@ def test_a_forked_child_gets_a_working_loop_and_helpers():
 
 def test_close_cancels_what_is_left_and_a_later_call_opens_a_fresh_loop():
     own = OwnLoop()
-    cancelled = []
-
-    async def forever():
-        try:
-            await asyncio.sleep(3600)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
+    cancelled = threading.Event()
 
     async def start_background():
-        asyncio.get_running_loop().create_task(forever())
+        asyncio.get_running_loop().create_task(sleep_until_cancelled(cancelled))
         await asyncio.sleep(0)
 
     own.run(start_background())
     first = own.loop
     own.close()
-    assert cancelled == [True] and first.is_closed()
+    assert cancelled.is_set() and first.is_closed()
     assert own.run(where_and_what(3))[1] == 3 and own.loop is not first
     own.close()
 
@@ -225,18 +212,11 @@ def test_adopt_comes_before_any_async_work():
 
 def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on():
     own = OwnLoop()
-    cancelled = []
-
-    async def slow():
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
+    cancelled = threading.Event()
 
     threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
     with pytest.raises(KeyboardInterrupt):
-        own.run(slow())
-    assert cancelled == [True]  # not left to run on at the next call
+        own.run(sleep_until_cancelled(cancelled))
+    assert cancelled.is_set()  # not left to run on at the next call
     assert own.run(where_and_what(5))[1] == 5
     own.close()

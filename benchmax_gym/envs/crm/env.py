@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv, positive_int, positive_number
-from benchmax_gym.core.tasks import Task, TaskSource, given_tasks
+from benchmax_gym.core.tasks import Task, TaskSource, given_tasks, source_name
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.crm.org import DEFAULT_SIZE, MAX_SIZE, MIN_SIZE, Org, cached_org
 from benchmax_gym.envs.crm.rubric import crm_rubric
@@ -94,10 +94,7 @@ class CRMEnv(ToolEnv):
         given = given_tasks(tasks)
         if given is not None:
             return given
-        if not isinstance(tasks, str):
-            raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of tasks, got {tasks!r}")
-        if tasks not in TASK_SOURCES:
-            raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of Task, got {tasks!r}")
+        source_name(tasks, TASK_SOURCES)
         if tasks == "crmarena":
             if dataset is None:
                 raise ValueError("tasks='crmarena' needs dataset= (a task file in CRMArena's format)")

@@ -11,7 +11,7 @@ from typing import Any
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.sandbox import sandboxed_python
-from benchmax_gym.core.tasks import Task, TaskSource, generator_config, given_tasks
+from benchmax_gym.core.tasks import Task, TaskSource, generator_config, given_tasks, source_name
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.rubric import RECALC_MODES, grade
 from benchmax_gym.envs.excel.solver import ExcelSolver
@@ -152,10 +152,7 @@ def _task_source(tasks, dataset, limit, difficulty, num_tasks, task_seed) -> Tas
     given = given_tasks(tasks)
     if given is not None:
         return given
-    if not isinstance(tasks, str):
-        raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of tasks, got {tasks!r}")
-    if tasks not in TASK_SOURCES:
-        raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of Task, got {tasks!r}")
+    source_name(tasks, TASK_SOURCES)
     if tasks == "spreadsheetbench":
         if difficulty is not None or num_tasks is not None or task_seed != 0:
             raise ValueError("difficulty, num_tasks and task_seed apply only to tasks='generated'")

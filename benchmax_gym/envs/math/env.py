@@ -7,7 +7,7 @@ from typing import Any
 
 from benchmax_gym.core.env import ToolEnv
 from benchmax_gym.core.sandbox import sandboxed_python
-from benchmax_gym.core.tasks import Task, TaskSource, generator_config, given_tasks
+from benchmax_gym.core.tasks import Task, TaskSource, generator_config, given_tasks, source_name
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.math.rubric import math_rubric
 from benchmax_gym.envs.math.solver import MathSolver
@@ -71,10 +71,8 @@ class MathEnv(ToolEnv):
             raise ValueError("difficulty, num_tasks and task_seed apply only to tasks='generated'")
         source = given_tasks(tasks)
         if source is None:
-            if not isinstance(tasks, str):
-                raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of tasks, got {tasks!r}")
-            source = _task_source(tasks, dataset, split, limit, numeric_only, question_field, answer_field,
-                                  difficulty, num_tasks, task_seed)
+            source = _task_source(source_name(tasks, TASK_SOURCES), dataset, split, limit, numeric_only,
+                                  question_field, answer_field, difficulty, num_tasks, task_seed)
         python, sandbox_config, level = sandboxed_python(
             "benchmax/Math-v0", enabled=python_tool, mode=sandbox, limits=sandbox_limits,
             timeout=engine_kwargs.get("tool_timeout", 10.0), preload=PRELOAD,
@@ -96,8 +94,6 @@ class MathEnv(ToolEnv):
 
 def _task_source(kind, dataset, split, limit, numeric_only, question_field, answer_field,
                  difficulty, num_tasks, task_seed) -> TaskSource:
-    if kind not in TASK_SOURCES:
-        raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of Task, got {kind!r}")
     if kind != "math500" and numeric_only:
         raise ValueError("numeric_only applies only to tasks='math500'")
     if kind == "generated":

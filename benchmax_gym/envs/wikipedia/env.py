@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv
-from benchmax_gym.core.tasks import Task, TaskSource, generator_config, given_tasks
+from benchmax_gym.core.tasks import Task, TaskSource, generator_config, given_tasks, source_name
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.wikipedia.backends import USER_AGENT, CorpusBackend, CorpusIndex, LiveBackend
 from benchmax_gym.envs.wikipedia.rubric import wikipedia_rubric
@@ -88,8 +88,8 @@ class WikipediaEnv(ToolEnv):
         **engine_kwargs: Any,
     ):
         kind = tasks if isinstance(tasks, str) else None
-        if kind is not None and kind not in TASK_SOURCES:
-            raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of Task, got {tasks!r}")
+        if kind is not None:
+            source_name(kind, TASK_SOURCES)
         backend = backend if backend is not None else DEFAULT_BACKEND.get(kind, "generated")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -159,8 +159,7 @@ def _task_source(tasks, kind, dataset, limit, config, num_tasks, task_seed) -> T
     given = given_tasks(tasks)
     if given is not None:
         return given
-    if kind is None:
-        raise ValueError(f"tasks must be one of {TASK_SOURCES}, a TaskSource or a list of tasks, got {tasks!r}")
+    source_name(tasks, TASK_SOURCES)
     if kind == "generated":
         if dataset is not None or limit is not None:
             raise ValueError("dataset and limit apply only to tasks='hotpotqa' or 'bamboogle'")

@@ -3,8 +3,6 @@
 import asyncio
 import gc
 import json
-import socket
-import subprocess
 import sys
 import textwrap
 import time
@@ -219,34 +217,16 @@ def test_mcp_servers_config_file_with_name_collisions(tmp_path):
     env.close()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_streamable_http_server():
-    port = free_port()
-    server = subprocess.Popen([*EXAMPLE, "--http", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        env = gym.make("benchmax/MCP-v0", server=f"http://127.0.0.1:{port}/mcp",
-                       tasks=[{"prompt": "compute"}], reward=lambda completion: float("391" in completion))
-        env.reset(seed=0)
-        obs, *_ = env.step(call("calculate", expression="17*23"))
-        assert "391" in obs
-        _, reward, *_ = env.step("391")
-        assert reward == 1.0
-        env.close()
-    finally:
-        server.kill()
-        server.wait()
+def test_streamable_http_server(http_server):
+    url = http_server(lambda port: [*EXAMPLE, "--http", str(port)])
+    env = gym.make("benchmax/MCP-v0", server=url,
+                   tasks=[{"prompt": "compute"}], reward=lambda completion: float("391" in completion))
+    env.reset(seed=0)
+    obs, *_ = env.step(call("calculate", expression="17*23"))
+    assert "391" in obs
+    _, reward, *_ = env.step("391")
+    assert reward == 1.0
+    env.close()
 
 
 BROKEN = textwrap.dedent('''

@@ -2,10 +2,8 @@
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from mcp import Client
@@ -32,27 +30,10 @@ def test_stdio_math_tools():
     assert bad.is_error and "bad arguments" in text(bad)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
-def excel_server():
-    port = free_port()
-    proc = subprocess.Popen([*CLI, "mcp-serve", "benchmax/Excel-v0", "--transport", "http", "--port", str(port),
-                             "--env-arg", "python_tool=false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}/mcp"
-    proc.kill()
-    proc.wait()
+def excel_server(http_server):
+    return http_server(lambda port: [*CLI, "mcp-serve", "benchmax/Excel-v0", "--transport", "http",
+                                     "--port", str(port), "--env-arg", "python_tool=false"])
 
 
 def test_http_sessions_get_separate_workspaces(excel_server):
