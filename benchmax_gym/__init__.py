@@ -25,6 +25,7 @@ from benchmax_gym.core import (
     tool,
 )
 from benchmax_gym.core.benchmax import BaseEnv, BenchmaxEnv, ToolDefinition, extract_completion_text, register_benchmax_env
+from benchmax_gym.core.rubric import final_answer
 from benchmax_gym.registry import register_envs, register_tool_env
 
 __version__ = "0.1.0"
@@ -34,5 +35,5 @@ register_envs()
 __all__ = [
     "BaseEnv", "BenchmaxEnv", "DatasetTasks", "Episode", "GeneratedTasks", "ListTasks", "RewardFn", "Rubric",
     "Task", "TaskSource", "Tool", "ToolDefinition", "ToolEnv", "ToolError", "Toolset", "UnicodeText",
-    "extract_completion_text", "register_benchmax_env", "register_envs", "register_tool_env", "tool",
+    "extract_completion_text", "final_answer", "register_benchmax_env", "register_envs", "register_tool_env", "tool",
 ]

@@ -15,10 +15,16 @@ function's weight. A component that raises scores 0, is logged
 with its traceback, and never breaks the episode; ``info["reward_components"]`` shows each
 score and ``info["reward_errors"]`` says which failed and why.
 
+Every family finds the model's answer by one rule, :func:`final_answer`: the content of the last
+closed ``<answer>...</answer>`` of the final reply. A reply without one has no answer and scores
+0 (it is not graded on its prose, which would reward saying many things). Math also accepts
+``\\boxed{}``, which takes precedence.
+
 Example::
 
     def exact(completion: str, answer: str) -> float:
-        return float(completion.strip() == answer)
+        given = final_answer(completion)
+        return float(given is not None and given == answer)
 
     rubric = Rubric([exact])                       # name "exact", weight 1.0
     rubric = Rubric([("exact", exact, 0.9), ("short", lambda completion: len(completion) < 99, 0.1)])
@@ -29,6 +35,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +43,19 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CONTEXT_NAMES = ("completion", "answer", "task", "messages", "episode")
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+
+
+def final_answer(completion: str | None) -> str | None:
+    """The answer a reply gives: its last ``<answer>...</answer>`` (any case), stripped.
+
+    None when there is no closed tag: the reply has not stated an answer, and every family's
+    rubric scores it 0 (see the module docstring).
+    """
+    if not isinstance(completion, str):
+        return None
+    found = ANSWER_TAG.findall(completion)
+    return found[-1].strip() if found else None
 
 
 @dataclass

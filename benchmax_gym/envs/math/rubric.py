@@ -5,6 +5,13 @@
 uses ``signal.alarm``, which only works in the main thread, while reward functions also run in
 worker threads (vectorised and async environments); so outside the main thread the check runs
 in a daemon thread that is abandoned after the timeout.
+
+Before the check both sides go through :func:`normalize_answer`, which removes what math-verify
+reads as part of the mathematics though a reader would not: a leading "The answer is", a
+sentence's full stop, a trailing unit or word (``18 dollars``), the degree sign, currency
+signs, and the space of an implicit product (``4 i``). It removes nothing that can turn a wrong
+answer into a right one: a trailing phrase that hedges or negates (``18 is wrong``, ``18 or
+more``) stays, and the whole answer then fails to parse as mathematics.
 """
 
 from __future__ import annotations
@@ -15,12 +22,11 @@ import re
 import threading
 from fractions import Fraction
 
-from benchmax_gym.core.rubric import RewardFn, Rubric
+from benchmax_gym.core.rubric import ANSWER_TAG, RewardFn, Rubric, final_answer
 
 # -- extracting the final answer -------------------------------------------------------------
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 
 
 def _boxed_contents(text: str) -> list[str]:
@@ -45,20 +51,19 @@ def _clean(answer: str) -> str:
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer: the last ``\\boxed{...}``, else the last ``<answer>...</answer>``.
+    """The final answer: the last ``\\boxed{...}``, else the shared rule of
+    :func:`~benchmax_gym.core.rubric.final_answer` (the last ``<answer>...</answer>``).
 
     A boxed answer inside answer tags counts as boxed. Surrounding white space and ``$`` are
-    stripped. None when the text has neither.
+    stripped. None when the text has neither (the reply scores 0).
     """
     if not isinstance(text, str):
         return None
     boxed = _boxed_contents(text)
     if boxed:
         return _clean(boxed[-1])
-    tags = _ANSWER_TAG.findall(text)
-    if tags:
-        return _clean(tags[-1])
-    return None
+    tagged = final_answer(text)
+    return None if tagged is None else _clean(tagged)
 
 
 def well_formed(text: str) -> bool:
@@ -70,7 +75,7 @@ def well_formed(text: str) -> bool:
     if not isinstance(text, str):
         return False
     answers = len(_BOXED.findall(text))
-    answers += sum(1 for tag in _ANSWER_TAG.findall(text) if not _BOXED.search(tag))
+    answers += sum(1 for tag in ANSWER_TAG.findall(text) if not _BOXED.search(tag))
     return answers == 1 and bool(extract_answer(text))
 
 
@@ -81,6 +86,48 @@ MAX_ANSWER_CHARS = 1000
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
 _BARE_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
+
+
+# -- normalising an answer before the comparison (see the module docstring) -----------------
+
+_CURRENCY = re.compile(r"\\?\$|[€£¥₹]")
+_DEGREE = re.compile(r"\s*(?:°|\\degree\b|\\textdegree\b)\s*(?:[CF](?![A-Za-z]))?")
+_ANSWER_IS = re.compile(
+    r"^(?:(?:so|thus|therefore|hence)\s*,?\s*)?(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*:?|:|=)\s*", re.IGNORECASE
+)
+_FULL_STOP = re.compile(r"(?<=[\w})])\.\s*$")
+# a value (ending in a digit, brace, bracket, percent sign or command), a space, and up to four
+# words: the first a word of three letters or more, or a short unit ("4 ab" is a product, kept)
+_UNIT_TAIL = re.compile(
+    r"^(?P<value>.*?(?:\d|\}|\)|%|\\[A-Za-z]+))\s+"
+    r"(?P<unit>(?:[A-Za-z]{3,}|cm|mm|km|kg|mg|ml|ft|lb|oz|hr|yd|mi)\.?"
+    r"(?:(?:\s+|\s*/\s*)[A-Za-z]+\.?(?:\^\{?[23]\}?|[²³])?){0,3})$"
+)
+# words that make a trailing phrase part of the answer (a hedge, a negation, a function): kept
+_NOT_UNITS = frozenset(
+    "is are was were be not no nor or and but than wrong incorrect false true maybe perhaps probably "
+    "approximately approx about around roughly nearly almost least most more less fewer over under "
+    "above below plus minus times divided pi sqrt sin cos tan cot csc log ln exp inf infty infinity "
+    "mod choose".split()
+)
+# an implicit product written with a space: "4 i", "b i", "\\frac{1}{2} x" (not after a command or word)
+_PRODUCT_SPACE = re.compile(r"(\\[A-Za-z]+|[A-Za-z]+|[0-9})])\s+(?=[A-Za-z](?![A-Za-z]))")
+
+
+def normalize_answer(answer: str) -> str:
+    """What is left of an answer once reading conventions are gone; both sides are normalised.
+
+    ``"The answer is 18."`` -> ``"18"``, ``"18 dollars"`` -> ``"18"``, ``"$18$"`` -> ``"18"``,
+    ``"30°"`` -> ``"30^\\circ"``, ``"3 + 4 i"`` -> ``"3 + 4i"``. ``"18 is wrong"`` stays as it is.
+    """
+    text = _CURRENCY.sub("", str(answer)).strip()
+    text = _DEGREE.sub(r"^\\circ ", text).strip()
+    text = _ANSWER_IS.sub("", text)
+    text = _FULL_STOP.sub("", text).strip()
+    tail = _UNIT_TAIL.match(text)
+    if tail and not {w.strip(".").lower() for w in re.findall(r"[A-Za-z]+\.?", tail["unit"])} & _NOT_UNITS:
+        text = tail["value"].strip()
+    return _PRODUCT_SPACE.sub(lambda m: m[1] if len(m[1]) == 1 else m[0], text)
 
 
 def _plain_number(text: str) -> Fraction | None:
@@ -121,7 +168,8 @@ def _verify(gold: str, predicted: str, timeout: int | None) -> bool:
 def is_equivalent(gold: str, predicted: str, timeout: float = 5.0) -> bool:
     """Whether ``predicted`` is mathematically the same answer as ``gold``; never raises.
 
-    Plain numbers (``"18"`` / ``"18.0"`` / ``"1,600"``) are compared exactly without sympy.
+    Both sides are normalised first (:func:`normalize_answer`). Plain numbers (``"18"`` /
+    ``"18.0"`` / ``"1,600"``) are then compared exactly without sympy.
     Everything else goes through math-verify, bounded by ``timeout`` seconds in any thread;
     a timeout, any error, or an answer longer than :data:`MAX_ANSWER_CHARS` counts as not
     equivalent.
@@ -131,6 +179,9 @@ def is_equivalent(gold: str, predicted: str, timeout: float = 5.0) -> bool:
         if not _clean(gold) or not _clean(predicted):
             return False
         if max(len(gold), len(predicted)) > MAX_ANSWER_CHARS:
+            return False
+        gold, predicted = normalize_answer(gold), normalize_answer(predicted)
+        if not gold or not predicted:
             return False
         a, b = _plain_number(gold), _plain_number(predicted)
         if a is not None and b is not None:

@@ -167,3 +167,99 @@ def test_math500_gold_answers_match_themselves_and_their_solution_box():
         if not (is_equivalent(r["answer"], r["answer"]) and is_equivalent(r["answer"], boxed)):
             mismatches.append((r["answer"], boxed))
     assert len(mismatches) <= 3, mismatches
+
+
+# -- grading final replies through the environment: units, words, degrees, spacing ------------
+
+RIGHT = [
+    ("18", "\\boxed{18 dollars}"),
+    ("18", "<answer>18 dollars</answer>"),
+    ("18", "\\boxed{18 \\text{ dollars}}"),
+    ("18", "<answer>The answer is 18</answer>"),
+    ("18", "<answer>The answer is 18.</answer>"),
+    ("18", "<answer>So the final answer is $18$.</answer>"),
+    ("1600", "<answer>$1,600$ dollars</answer>"),
+    ("5", "<answer>5 cm</answer>"),
+    ("12", "\\boxed{12 square feet}"),
+    ("\\frac{3}{2}", "<answer>3/2 cups</answer>"),
+    ("90^\\circ", "\\boxed{90°}"),
+    ("30", "\\boxed{30°}"),
+    ("90^\\circ", "<answer>90 degrees</answer>"),
+    ("6 - 5i", "\\boxed{6 - 5 i}"),
+    ("-2 + 7i", "<answer>-2 + 7 i</answer>"),
+    ("a+bi", "\\boxed{a + b i}"),
+    ("2\\pi", "\\boxed{2\\pi \\text{ radians}}"),
+]
+WRONG = [
+    ("180", "\\boxed{18 dollars}"),
+    ("18", "\\boxed{180 dollars}"),
+    ("18", "<answer>181 dollars</answer>"),
+    ("3-4i", "\\boxed{3 + 4i}"),
+    ("3-4i", "\\boxed{3 + 4 i}"),
+    ("a+bi", "\\boxed{a - b i}"),
+    ("90^\\circ", "\\boxed{9°}"),
+    ("18", "<answer>18 is wrong, it is 19</answer>"),
+    ("18", "<answer>The answer is not 18</answer>"),
+    ("18", "<answer>18 is not the answer</answer>"),
+    ("18", "<answer>18 dollars is wrong</answer>"),
+    ("18", "<answer>18 or more</answer>"),
+    ("18", "<answer>The answer is 18 or 19</answer>"),
+    ("18", "<answer>Not 18 but 19</answer>"),
+    ("18", "<answer>between 17 and 18</answer>"),
+    ("18", "<answer>I think 17, not 18.</answer>"),
+    ("18", "<answer>maybe 18</answer>"),
+    ("18", "<answer>17 18 19</answer>"),
+    ("18", "18 dollars"),  # no \boxed{} and no <answer>: no answer
+    ("18", "The answer is 18"),
+]
+
+
+def _final_rewards(cases):
+    """Each (gold, reply) played as a one-step episode of Math-v0; the rewards, in order."""
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401
+
+    env = gym.make("benchmax/Math-v0", tasks=[{"prompt": "?", "answer": gold} for gold, _ in cases],
+                   python_tool=False)
+    rewards = []
+    for i, (_, reply) in enumerate(cases):
+        env.reset(seed=i, options={"task_index": i})
+        _, reward, terminated, _, info = env.step(reply)
+        assert terminated
+        rewards.append(info["reward_components"]["correct"])
+    env.close()
+    return rewards
+
+
+def test_right_answers_in_words_units_degrees_and_spaced_complex_numbers_score_1():
+    rewards = _final_rewards(RIGHT)
+    assert [case for case, r in zip(RIGHT, rewards) if r != 1.0] == []
+
+
+def test_wrong_answers_stay_at_0_whatever_words_surround_them():
+    rewards = _final_rewards(WRONG)
+    assert [case for case, r in zip(WRONG, rewards) if r != 0.0] == []
+
+
+def _natural_forms(gold: str, gsm8k: bool) -> list[str]:
+    forms = [f"\\boxed{{{gold}}}", f"<answer>{gold}</answer>", f"<answer>${gold}$</answer>",
+             f"<answer>The answer is ${gold}$.</answer>", f"So the final answer is $\\boxed{{{gold}}}$."]
+    if gsm8k:
+        forms += [f"<answer>{gold} dollars</answer>", f"\\boxed{{\\${gold}}}", f"<answer>The answer is {gold}</answer>"]
+        if "." not in gold and abs(int(gold)) >= 1000:
+            forms.append(f"\\boxed{{{int(gold):,}}}")
+    return forms
+
+
+def test_every_benchmark_gold_grades_1_against_itself_in_its_natural_forms(shared_data):
+    """No gold answer of the GSM8K and MATH-500 samples may fail against itself, however it is written."""
+    from benchmax_gym.envs.math.rubric import correct
+    from benchmax_gym.envs.math.tasks import gsm8k_gold
+
+    math500 = [json.loads(x)["answer"] for x in (shared_data / "math500" / "test_first100.jsonl").read_text().splitlines()]
+    gsm8k = [gsm8k_gold(json.loads(x)["answer"])
+             for x in (shared_data / "gsm8k" / "train_sample500.jsonl").read_text().splitlines()]
+    failures = [(gold, reply) for golds, is_gsm8k in ((math500, False), (gsm8k, True)) for gold in golds
+                for reply in _natural_forms(gold, is_gsm8k) if correct(reply, gold) != 1.0]
+    assert failures == []
