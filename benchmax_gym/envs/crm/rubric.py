@@ -11,7 +11,8 @@
   Only the cases ``update_case`` touched can differ (the model's SQL cannot write), so only their
   rows are compared; any write SQLite counts beyond ``update_case``'s own is collateral too.
 
-The answer is the last ``<answer>...</answer>`` of the final reply, else the whole reply.
+The answer is the last ``<answer>...</answer>`` of the final reply, the rule every family shares
+(:func:`~benchmax_gym.core.rubric.final_answer`); a reply without one scores 0 on a question.
 """
 
 from __future__ import annotations
@@ -22,17 +23,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from benchmax_gym.core.rubric import RewardFn, Rubric
+from benchmax_gym.core.rubric import RewardFn, Rubric, final_answer
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 WRITABLE_TABLES = {"Case": "Id", "CaseHistory__c": "CaseId__c"}  # table -> the column naming its case
 STAMPED_COLUMNS = ("ClosedDate",)
-
-
-def extract_answer(completion: str | None) -> str:
-    tags = _ANSWER_TAG.findall(completion or "")
-    return (tags[-1] if tags else completion or "").strip()
 
 
 def normalize(text: str) -> str:
@@ -120,7 +115,8 @@ def grade(completion: str | None, episode) -> dict[str, float]:
         ))
     else:
         metric = METRIC_FUNCTIONS[task.metadata.get("reward_metric", "exact_match")]
-        score = metric(extract_answer(completion), task.answer)
+        prediction = final_answer(completion)
+        score = 0.0 if prediction is None else metric(prediction, task.answer)
     state["grade"] = {"correct": score, "untouched": float(collateral == 0)}
     return state["grade"]
 

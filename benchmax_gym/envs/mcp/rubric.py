@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
 from collections.abc import Callable
 from typing import Any
 
-from benchmax_gym.core.rubric import RewardFn, Rubric
+from benchmax_gym.core.rubric import RewardFn, Rubric, final_answer
 from benchmax_gym.core.tools import ToolError
-
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 
 
 class ServerClient:
@@ -39,14 +36,9 @@ class ServerClient:
         return list(self._env.toolset.tools)
 
 
-def answer_text(completion: str) -> str:
-    """The content of the last ``<answer>`` tag, else the whole reply, stripped."""
-    found = _ANSWER.findall(completion or "")
-    return (found[-1] if found else completion or "").strip()
-
-
 def example_answer(completion: str, answer: dict) -> float:
-    return float(answer_text(completion) == answer["value"])
+    """The last ``<answer>`` is the value (the shared rule, :func:`final_answer`; no tag, 0)."""
+    return float(final_answer(completion) == answer["value"])
 
 
 def example_note(answer: dict, client: ServerClient) -> float:

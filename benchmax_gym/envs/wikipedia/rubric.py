@@ -1,6 +1,7 @@
 """Grading answers the way HotpotQA's official evaluation script does.
 
-The answer is the last ``<answer>...</answer>`` of the final reply (no tags, no answer). Both it and
+The answer is the last ``<answer>...</answer>`` of the final reply, the rule every family shares
+(:func:`~benchmax_gym.core.rubric.final_answer`; no tags, no answer, score 0). Both it and
 the gold are normalised as in SQuAD (lower-case, punctuation and the articles a/an/the removed,
 white space collapsed); ``em`` is equality, ``f1`` the token-overlap F1, except that when either
 side is ``yes``, ``no`` or ``noanswer`` and they differ F1 is 0 (so "no" never earns credit
@@ -14,21 +15,12 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 
-from benchmax_gym.core.rubric import RewardFn, Rubric
+from benchmax_gym.core.rubric import RewardFn, Rubric, final_answer
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _SPECIAL = ("yes", "no", "noanswer")
 MAX_ANSWER_CHARS = 1_000
-
-
-def extract_answer(completion: str) -> str | None:
-    """The last ``<answer>...</answer>`` in ``completion``, stripped; None when there is none."""
-    if not isinstance(completion, str):
-        return None
-    found = _ANSWER_TAG.findall(completion)
-    return found[-1].strip() if found else None
 
 
 def normalize_answer(text: str) -> str:
@@ -59,7 +51,7 @@ def _golds(answer: str | Sequence[str]) -> list[str]:
 
 
 def _best(metric, completion: str, answer) -> float:
-    prediction = extract_answer(completion)
+    prediction = final_answer(completion)
     if prediction is None or len(prediction) > MAX_ANSWER_CHARS:
         return 0.0
     return max(metric(prediction, gold) for gold in _golds(answer))

@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import benchmax_gym  # noqa: F401
+from benchmax_gym.core.rubric import final_answer
 from benchmax_gym.envs.crm.org import Org, build_org, cached_org, sf_id
-from benchmax_gym.envs.crm.rubric import exact_match, extract_answer, fuzzy_match
+from benchmax_gym.envs.crm.rubric import exact_match, fuzzy_match
 from benchmax_gym.envs.crm.tasks import QA_TYPES, TASK_TYPES, UPDATE_TYPES
 
 SMALL = 600  # cases: big enough for every task type, quick to build
@@ -281,7 +282,7 @@ def test_crmarena_task_files_run_against_your_own_org(cache, tmp_path):
 
 
 def test_metrics():
-    assert extract_answer("Thinking... <answer> The May </answer>") == "The May"
+    assert final_answer("Thinking... <answer> The May </answer>") == "The May"
     assert exact_match("the May.", "may") == 1.0 and exact_match("June", "May") == 0.0
     assert exact_match("b, a", ["a", "b"]) == 1.0
     assert fuzzy_match("36 months", "36 months") == 1.0 and fuzzy_match("36", "36 months") == pytest.approx(2 / 3)

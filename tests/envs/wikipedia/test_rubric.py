@@ -2,7 +2,8 @@
 
 import pytest
 
-from benchmax_gym.envs.wikipedia.rubric import em, exact_match, extract_answer, f1, f1_score, normalize_answer
+from benchmax_gym.core.rubric import final_answer
+from benchmax_gym.envs.wikipedia.rubric import em, exact_match, f1, f1_score, normalize_answer
 
 
 @pytest.mark.parametrize(
@@ -45,10 +46,11 @@ def test_yes_no_rule(prediction, gold, score):
 
 
 def test_answer_extraction():
-    assert extract_answer("I think <answer>1875</answer>.") == "1875"
-    assert extract_answer("<answer>a</answer> then <ANSWER> b </ANSWER>") == "b"
-    assert extract_answer("1875") is None
-    assert extract_answer(None) is None
+    assert final_answer("I think <answer>1875</answer>.") == "1875"
+    assert final_answer("<answer>a</answer> then <ANSWER> b </ANSWER>") == "b"
+    assert final_answer("1875") is None
+    assert final_answer("<answer>1875") is None
+    assert final_answer(None) is None
 
 
 def test_components_from_completions():
