@@ -4,7 +4,7 @@
     benchmax-gym doctor
     benchmax-gym run benchmax/Math-v0 --policy solver --episodes 20
     benchmax-gym run benchmax/Math-v0 --policy random --episodes 5 --seed 1 --jsonl out.jsonl
-    benchmax-gym run benchmax/Math-v0 --env-arg tasks=gsm8k --env-arg dataset=train.jsonl
+    benchmax-gym run benchmax/Math-v0 --env-arg tasks=gsm8k --env-arg dataset=train.jsonl -k 4
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
 """
 
@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
-from typing import Any
+from collections import Counter
+from typing import Any, NoReturn
 
 import gymnasium as gym
 
@@ -74,8 +76,40 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def play(env: gym.Env, policy: str, episodes: int, seed: int, progress: bool = True) -> list[dict[str, Any]]:
-    """Play ``episodes`` episodes; episode ``i`` is reset with seed ``seed + i``."""
+def usage_error(message: Any) -> NoReturn:
+    """A bad command line or configuration: one line on stderr, exit status 2 (argparse's)."""
+    print(f"benchmax-gym run: error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def episode_plan(args: argparse.Namespace, num_tasks: int | None) -> tuple[str, list[tuple[int, int | None]]]:
+    """``(mode, [(seed, task_index or None), ...])`` for ``run``.
+
+    ``--episodes N`` draws N tasks at random (with replacement, as ``reset(seed=SEED+i)`` does).
+    Otherwise, when the task list is finite (or ``--first-tasks`` bounds it), each task runs
+    exactly once, in order, or ``-k`` times; episode ``j`` is reset with seed ``SEED+j``. An
+    unbounded list (the generated default) without either is sampled, 10 episodes.
+    """
+    k, first = args.rollouts_per_task, args.first_tasks
+    if args.episodes is not None:
+        if k is not None or first is not None:
+            usage_error("--episodes draws tasks at random; -k/--rollouts-per-task and --first-tasks run each "
+                        "task in order: use one or the other")
+        return "sampled", [(args.seed + i, None) for i in range(args.episodes)]
+    if num_tasks is None and first is None:
+        if k is not None:
+            usage_error("this environment's task list is unbounded: say how many tasks -k applies to with "
+                        "--first-tasks N (or sample tasks with --episodes N)")
+        return "sampled", [(args.seed + i, None) for i in range(10)]
+    count = min(n for n in (num_tasks, first) if n is not None)
+    k = k or 1
+    plan = [(args.seed + j, i) for j, i in enumerate(i for i in range(count) for _ in range(k))]
+    return ("each task once" if k == 1 else f"each task {k} times"), plan
+
+
+def play(env: gym.Env, policy: str, plan: list[tuple[int, int | None]], seed: int,
+         progress: bool = True) -> list[dict[str, Any]]:
+    """Play one episode per ``(seed, task_index)`` of ``plan`` (``task_index`` None: the seed picks)."""
     from tqdm import tqdm
 
     base = env.unwrapped
@@ -88,68 +122,126 @@ def play(env: gym.Env, policy: str, episodes: int, seed: int, progress: bool = T
             return env.action_space.sample()
 
     results = []
-    for i in tqdm(range(episodes), desc=env.spec.id if env.spec else "episodes", disable=not progress, unit="ep"):
+    for episode_seed, task_index in tqdm(plan, desc=env.spec.id if env.spec else "episodes",
+                                         disable=not progress, unit="ep"):
         start = time.perf_counter()
-        obs, info = env.reset(seed=seed + i)
+        options = None if task_index is None else {"task_index": task_index}
+        obs, info = env.reset(seed=episode_seed, options=options)
         reward, terminated, truncated = 0.0, False, False
+        errors: Counter[str] = Counter()
         while not (terminated or truncated):
             obs, reward, terminated, truncated, info = env.step(act(obs, info))
+            errors.update(info.get("errors") or ([info["error"]] if info.get("error") else []))
         results.append({
             "task_id": base.episode.task.id,
             "reward": reward,
             "terminated": terminated,
             "turns": base.episode.turn,
-            "tool_errors": base.episode.tool_errors,
+            "errors": dict(errors),
             "seconds": time.perf_counter() - start,
         })
     return results
 
 
-def summarize(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+def summarize(results: list[dict[str, Any]], wall: float, rollouts_per_task: int = 1) -> dict[str, Any]:
+    """Means over episodes; ``errors`` counts every ``info["error"]`` code of every step (parse
+    errors, unknown tools, timeouts...), ``errors_by_code`` per code; with several rollouts per
+    task, ``pass_at_k`` is the share of tasks that any of their rollouts solved."""
     rewards = [r["reward"] for r in results]
-    return {
+    errors: Counter[str] = Counter()
+    for r in results:
+        errors.update(r["errors"])
+    by_task: dict[str, list[float]] = {}
+    for r in results:
+        by_task.setdefault(r["task_id"], []).append(r["reward"])
+    summary = {
         "episodes": len(results),
+        "tasks": len(by_task),
         "mean_reward": statistics.fmean(rewards),
         "success_rate": sum(r >= 1.0 for r in rewards) / len(rewards),
         "mean_turns": statistics.fmean(r["turns"] for r in results),
-        "tool_errors": sum(r["tool_errors"] for r in results),
+        "errors": sum(errors.values()),
+        "errors_by_code": dict(sorted(errors.items())),
         "wall_seconds": wall,
         "episodes_per_second": len(results) / wall if wall > 0 else float("inf"),
     }
+    if rollouts_per_task > 1:
+        summary["pass_at_k"] = sum(max(r) >= 1.0 for r in by_task.values()) / len(by_task)
+    return summary
+
+
+def _check_jsonl(args: argparse.Namespace) -> None:
+    """Refuse, before any episode runs, a ``--jsonl`` path that exists (unless ``--append`` or
+    ``--overwrite``) or cannot be written."""
+    path = args.jsonl
+    if args.append and args.overwrite:
+        usage_error("--append and --overwrite exclude each other")
+    if os.path.isdir(path):
+        usage_error(f"--jsonl {path}: is a directory")
+    if os.path.lexists(path):
+        if not (args.append or args.overwrite):
+            usage_error(f"--jsonl {path} exists: pass --append to add to it or --overwrite to replace it")
+        if not os.access(path, os.W_OK):
+            usage_error(f"--jsonl {path}: not writable")
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        usage_error(f"--jsonl {path}: no such directory: {folder}")
+    if not os.access(folder, os.W_OK):
+        usage_error(f"--jsonl {path}: cannot create a file in {folder}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import benchmax_gym  # noqa: F401  (registers the ids)
+    from benchmax_gym.core.tasks import INFINITE
     from benchmax_gym.wrappers import RecordEpisodes
 
-    if args.episodes <= 0:
-        raise SystemExit("--episodes must be a positive number")
+    for flag, value in (("--episodes", args.episodes), ("-k/--rollouts-per-task", args.rollouts_per_task),
+                        ("--first-tasks", args.first_tasks)):
+        if value is not None and value <= 0:
+            usage_error(f"{flag} must be a positive number, got {value}")
+    if args.jsonl:
+        _check_jsonl(args)
     try:
         env = gym.make(args.env_id, **_parse_env_args(args.env_arg))
     except gym.error.Error as exc:
-        raise SystemExit(f"{exc}\nRun `benchmax-gym list` for the available ids.") from None
-    except (TypeError, ValueError) as exc:
-        raise SystemExit(f"cannot make {args.env_id}: {exc}") from None
+        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+    except (TypeError, ValueError, OSError) as exc:
+        usage_error(f"cannot make {args.env_id}: {exc}")
+    num_tasks = len(env.unwrapped.tasks)
+    mode, plan = episode_plan(args, num_tasks if num_tasks < INFINITE else None)
     if args.jsonl:
-        env = RecordEpisodes(env, args.jsonl)
+        try:
+            if args.overwrite:
+                open(args.jsonl, "w").close()
+            env = RecordEpisodes(env, args.jsonl)
+        except OSError as exc:
+            env.close()
+            usage_error(f"--jsonl {args.jsonl}: {exc.strerror or exc}")
     try:
         start = time.perf_counter()
-        results = play(env, args.policy, args.episodes, args.seed, progress=not args.quiet)
-        summary = summarize(results, time.perf_counter() - start)
+        results = play(env, args.policy, plan, args.seed, progress=not args.quiet)
+        summary = summarize(results, time.perf_counter() - start, args.rollouts_per_task or 1)
     finally:
         env.close()
-    summary = {"env_id": args.env_id, "policy": args.policy, **summary}
+    summary = {"env_id": args.env_id, "policy": args.policy, "mode": mode, **summary}
     if args.json:
         print(json.dumps(summary))
     else:
+        errors = summary["errors_by_code"]
         rows = [
             ("environment", args.env_id),
             ("policy", args.policy),
-            ("episodes", summary["episodes"]),
+            ("episodes", f"{summary['episodes']} ({mode}; {summary['tasks']} distinct tasks)"),
             ("mean reward", f"{summary['mean_reward']:.3f}"),
             ("success rate", f"{summary['success_rate']:.1%}"),
+        ]
+        if "pass_at_k" in summary:
+            rows.append(("pass@k", f"{summary['pass_at_k']:.1%} (a task counts when any rollout solves it)"))
+        rows += [
             ("mean turns", f"{summary['mean_turns']:.2f}"),
-            ("tool errors", summary["tool_errors"]),
+            ("errors", f"{summary['errors']}" + (" (" + ", ".join(f"{c} {n}" for c, n in errors.items()) + ")"
+                                                  if errors else "")),
             ("wall time", f"{summary['wall_seconds']:.2f} s ({summary['episodes_per_second']:.1f} episodes/s)"),
         ]
         width = max(len(k) for k, _ in rows)
@@ -182,9 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("env_id", help="an id from `benchmax-gym list`, e.g. benchmax/Math-v0")
     run.add_argument("--policy", choices=("solver", "random"), default="solver",
                      help="solver: the reference solver (reads the solution); random: random text actions")
-    run.add_argument("--episodes", type=int, default=10)
+    run.add_argument("--episodes", type=int, help="play N episodes on tasks drawn at random, with replacement "
+                     "(default: each task once when the task list is finite, else 10 such episodes)")
+    run.add_argument("-k", "--rollouts-per-task", type=int, metavar="K",
+                     help="run each task K times, in order (no --episodes); the summary adds pass@k")
+    run.add_argument("--first-tasks", type=int, metavar="N", help="only the first N tasks (needed with -k when "
+                     "the task list is unbounded, as the generated default is)")
     run.add_argument("--seed", type=int, default=0, help="episode i is reset with seed SEED+i")
-    run.add_argument("--jsonl", help="write each episode's messages and rewards to this JSON Lines file")
+    run.add_argument("--jsonl", help="write each episode's messages and rewards to this JSON Lines file "
+                     "(an existing file is refused unless --append or --overwrite)")
+    run.add_argument("--append", action="store_true", help="--jsonl: add to an existing file")
+    run.add_argument("--overwrite", action="store_true", help="--jsonl: replace an existing file")
     run.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for gym.make (VALUE parsed as JSON when it can be)")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -1,10 +1,16 @@
 """The benchmax-gym command, run as a user runs it."""
 
 import json
+import socket
 import subprocess
 import sys
+import time
+from collections import Counter
 
+import gymnasium as gym
 import pytest
+
+import benchmax_gym  # noqa: F401
 
 CLI = [sys.executable, "-m", "benchmax_gym.cli"]
 
@@ -33,7 +39,7 @@ def test_doctor_reports_the_sandbox_level():
 def test_run_solver_prints_a_summary_table():
     out = run("run", "benchmax/Math-v0", "--policy", "solver", "--episodes", "20").stdout
     assert "mean reward   1.000" in out and "success rate  100.0%" in out
-    assert "tool errors   0" in out and "wall time" in out
+    assert "errors        0" in out and "wall time" in out
 
 
 def test_run_random_writes_jsonl(tmp_path):
@@ -60,7 +66,7 @@ def test_same_seed_same_episodes(tmp_path):
 
 def test_run_mcp_example_out_of_the_box():
     summary = json.loads(run("run", "benchmax/MCP-v0", "--policy", "solver", "--episodes", "3", "--json", "--quiet").stdout)
-    assert summary["mean_reward"] == 1.0 and summary["tool_errors"] == 0
+    assert summary["mean_reward"] == 1.0 and summary["errors"] == 0
 
 
 def test_env_args_reach_gym_make(shared_data):
@@ -81,3 +87,155 @@ def test_bad_input_is_a_clear_error(args, says):
     out = run(*args, check=False)
     assert out.returncode != 0 and says in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_python_dash_m_benchmax_gym_is_the_command():
+    out = subprocess.run([sys.executable, "-m", "benchmax_gym", "list"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "benchmax/Math-v0" in out.stdout
+
+
+# -- which episodes run: each task once, k rollouts per task, or sampled ------------------------
+
+
+def _records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_finite_task_list_runs_each_task_exactly_once_by_default(shared_data, tmp_path):
+    path = tmp_path / "gsm8k.jsonl"
+    out = run("run", "benchmax/Math-v0", "--env-arg", "tasks=gsm8k", "--json", "--quiet", "--jsonl", str(path),
+              "--env-arg", f"dataset={shared_data / 'gsm8k' / 'train_sample500.jsonl'}").stdout
+    summary = json.loads(out)
+    assert summary["episodes"] == summary["tasks"] == 500 and summary["mode"] == "each task once"
+    ids = [r["task_id"] for r in _records(path)]
+    assert len(set(ids)) == 500 and ids == [f"gsm8k-{i}" for i in range(500)]
+    assert summary["mean_reward"] == 1.0
+
+
+def test_rollouts_per_task_run_each_task_k_times(tmp_path):
+    path = tmp_path / "k.jsonl"
+    out = run("run", "benchmax/Math-v0", "--policy", "random", "--env-arg", "num_tasks=4", "-k", "3",
+              "--json", "--quiet", "--jsonl", str(path)).stdout
+    summary = json.loads(out)
+    assert summary["episodes"] == 12 and summary["tasks"] == 4 and summary["mode"] == "each task 3 times"
+    assert "pass_at_k" in summary
+    records = _records(path)
+    assert Counter(r["task_id"] for r in records) == {r["task_id"]: 3 for r in records}
+    assert [r["seed"] for r in records] == list(range(12))
+    assert len({json.dumps(r["messages"]) for r in records}) > 4  # rollouts of a task differ
+
+
+def test_an_unbounded_task_list_takes_first_tasks_with_k():
+    summary = json.loads(run("run", "benchmax/Math-v0", "-k", "2", "--first-tasks", "5", "--json", "--quiet").stdout)
+    assert summary["episodes"] == 10 and summary["tasks"] == 5 and summary["pass_at_k"] == 1.0
+    # the README's first command: 20 sampled episodes of the unbounded generated tasks
+    summary = json.loads(run("run", "benchmax/Math-v0", "--policy", "solver", "--episodes", "20", "--json").stdout)
+    assert summary["episodes"] == 20 and summary["mode"] == "sampled" and summary["mean_reward"] == 1.0
+
+
+# -- every error code counts in the summary ------------------------------------------------------
+
+
+def test_summary_counts_every_step_error_per_code():
+    summary = json.loads(run("run", "benchmax/Math-v0", "--policy", "random", "--episodes", "12", "--seed", "3",
+                             "--json", "--quiet").stdout)
+    env = gym.make("benchmax/Math-v0")  # the same episodes, counted here
+    env.action_space.seed(3)
+    counts: Counter = Counter()
+    for i in range(12):
+        env.reset(seed=3 + i)
+        done = False
+        while not done:
+            _, _, terminated, truncated, info = env.step(env.action_space.sample())
+            counts.update(info["errors"])
+            done = terminated or truncated
+    env.close()
+    assert counts["parse_error"] > 0
+    assert summary["errors_by_code"] == dict(counts) and summary["errors"] == sum(counts.values())
+
+
+# -- --jsonl never appends by surprise; bad paths and arguments are one clear line ---------------
+
+
+def _one_line_error(out, *says):
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    for text in says:
+        assert text in lines[0], lines[0]
+
+
+def test_jsonl_refuses_an_existing_file_unless_append_or_overwrite(tmp_path):
+    path = tmp_path / "e.jsonl"
+    path.write_text("keep me\n")
+    base = ("run", "benchmax/Math-v0", "--episodes", "2", "--quiet", "--jsonl", str(path))
+    _one_line_error(run(*base, check=False), "exists", "--append", "--overwrite")
+    assert path.read_text() == "keep me\n"
+    run(*base, "--append")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "keep me" and len(lines) == 3
+    run(*base, "--overwrite")
+    assert [r["seed"] for r in _records(path)] == [0, 1]
+    _one_line_error(run(*base, "--append", "--overwrite", check=False), "--append", "--overwrite")
+
+
+@pytest.mark.parametrize("where", ["missing/dir/e.jsonl", "."])
+def test_jsonl_bad_path_is_one_line_exit_2(tmp_path, where):
+    path = tmp_path / where
+    _one_line_error(run("run", "benchmax/Math-v0", "--episodes", "1", "--jsonl", str(path), check=False), "--jsonl")
+    assert not (tmp_path / "missing").exists()
+
+
+def test_misspelt_env_arg_suggests_the_argument():
+    _one_line_error(run("run", "benchmax/Math-v0", "--env-arg", "task=gsm8k", check=False), "did you mean 'tasks'")
+    with pytest.raises(TypeError, match="did you mean 'max_turns'"):
+        gym.make("benchmax/CRM-v0", max_turn=3)
+    with pytest.raises(TypeError, match="did you mean 'difficulty'"):
+        gym.make("benchmax/Excel-v0", dificulty={"rows": 5})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'zzz' was"):
+        gym.make("benchmax/Wikipedia-v0", zzz=1)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (("-k", "2", "--episodes", "4"), "--episodes"),
+        (("-k", "2"), "--first-tasks"),
+        (("-k", "0", "--first-tasks", "3"), "-k"),
+    ],
+)
+def test_episode_selection_errors_are_one_line(args, says):
+    _one_line_error(run("run", "benchmax/Math-v0", *args, check=False), says)
+
+
+# -- a hub dataset while offline or unreachable: one line, at once -------------------------------
+
+
+def test_hub_dataset_while_offline_fails_fast_in_one_line():
+    start = time.perf_counter()
+    out = run("run", "benchmax/Math-v0", "--env-arg", "tasks=gsm8k", check=False)  # conftest: HF_HUB_OFFLINE=1
+    _one_line_error(out, "openai/gsm8k", "offline")
+    assert time.perf_counter() - start < 60
+
+
+def test_hub_dataset_with_an_unreachable_endpoint_fails_fast_in_one_line(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in __import__("os").environ.items() if not k.endswith("_OFFLINE")}
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"))
+    script = (
+        "import time, gymnasium as gym, benchmax_gym, datasets\n"
+        "start = time.perf_counter()\n"
+        "try:\n"
+        "    gym.make('benchmax/Math-v0', tasks='gsm8k')\n"
+        "except ConnectionError as exc:\n"
+        "    print(round(time.perf_counter() - start, 2), exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    seconds, message = out.stdout.split(" ", 1)
+    assert "unreachable" in message and f"127.0.0.1:{port}" in message and "\n" not in message.strip()
+    assert float(seconds) < 10  # datasets alone retries for ~25 s
+    cli = subprocess.run([*CLI, "run", "benchmax/Math-v0", "--env-arg", "tasks=gsm8k"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    _one_line_error(cli, "unreachable")

@@ -23,7 +23,9 @@ at ``gym.make``) with a message naming the argument.
 from __future__ import annotations
 
 import copy
+import difflib
 import functools
+import inspect
 import json
 import logging
 import time
@@ -76,6 +78,20 @@ def positive_number(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def unknown_arguments_message(cls: type, unknown: dict[str, Any]) -> str:
+    """``"MathEnv got an unexpected keyword argument 'task' (did you mean 'tasks'?)"``: the
+    suggestions come from the arguments of ``cls`` and of the classes it passes the rest to."""
+    known = {name for klass in cls.__mro__ if "__init__" in vars(klass)
+             for name, p in inspect.signature(vars(klass)["__init__"]).parameters.items()
+             if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, sorted(known), n=3)
+        parts.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+    noun = "argument" if len(parts) == 1 else "arguments"
+    return f"{cls.__name__} got an unexpected keyword {noun} {', '.join(parts)}"
 
 
 class ToolEnv(gym.Env[str, str]):
@@ -132,7 +148,10 @@ class ToolEnv(gym.Env[str, str]):
         info_timings: bool = False,
         sandbox: SandboxConfig | None = None,
         render_mode: str | None = None,
+        **unknown: Any,
     ):
+        if unknown:
+            raise TypeError(unknown_arguments_message(type(self), unknown))
         if not isinstance(tasks, TaskSource):
             raise TypeError(f"tasks must be a TaskSource, got {type(tasks).__name__}")
         if not isinstance(toolset, Toolset):

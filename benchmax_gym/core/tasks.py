@@ -260,5 +260,49 @@ def load_records(
         builder = kinds.pop()
         ds = datasets.load_dataset(builder, data_files=expanded, split=split or "train", **load_kwargs)
     else:
-        ds = datasets.load_dataset(files[0], name, split=split or "train", **load_kwargs)
+        ds = _load_from_hub(datasets, files[0], name, split or "train", load_kwargs)
     return ds
+
+
+HUB_CONNECT_TIMEOUT = 3.0  # seconds a TCP connect to the hub may take before it counts as unreachable
+
+
+def _load_from_hub(datasets: Any, hub_id: str, name: str | None, split: str, load_kwargs: dict[str, Any]):
+    """``datasets.load_dataset`` for a hub id, failing fast with a one-line ConnectionError when the
+    hub cannot serve it: offline mode (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) without a
+    cached copy, or an endpoint that refuses a TCP connect or lets it time out (``datasets``
+    would otherwise retry for ~25 s and raise through 50 lines of its internals)."""
+    offline = datasets.config.HF_HUB_OFFLINE
+    remedy = "pass local files (JSON, JSON Lines, Parquet) as dataset= instead"
+    if not offline:
+        from huggingface_hub import constants
+
+        problem = _unreachable(constants.ENDPOINT)
+        if problem:
+            raise ConnectionError(
+                f"dataset {hub_id!r}: the Hugging Face hub at {constants.ENDPOINT} is unreachable ({problem}); "
+                f"set HF_HUB_OFFLINE=1 to use a cached copy, or {remedy}"
+            )
+    try:
+        return datasets.load_dataset(hub_id, name, split=split, **load_kwargs)
+    except ConnectionError as exc:  # datasets' own, e.g. offline with nothing cached
+        why = "offline mode is on (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and it is not cached" if offline else exc
+        raise ConnectionError(f"dataset {hub_id!r}: {why}; {remedy}") from None
+
+
+def _unreachable(url: str) -> str | None:
+    """Why a TCP connection to ``url``'s host (or the proxy for it) fails; None when it opens."""
+    import socket
+    import urllib.parse
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
+        parts = urllib.parse.urlsplit(proxy if "//" in proxy else f"http://{proxy}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((parts.hostname, port), timeout=HUB_CONNECT_TIMEOUT).close()
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
