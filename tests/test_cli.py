@@ -233,6 +233,7 @@ def test_hub_dataset_with_an_unreachable_endpoint_fails_fast_in_one_line(tmp_pat
         "    print(round(time.perf_counter() - start, 2), exc)\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert out.stdout, out.stderr[-2000:]
     seconds, message = out.stdout.split(" ", 1)
     assert "unreachable" in message and f"127.0.0.1:{port}" in message and "\n" not in message.strip()
     assert float(seconds) < 10  # datasets alone retries for ~25 s

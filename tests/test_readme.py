@@ -17,7 +17,7 @@ def _code_block(heading: str, contains: str) -> str:
 
 def test_add_an_environment_example_rewards_the_answer_not_a_guess_list():
     namespace: dict = {}
-    exec(compile(_code_block("Add an environment", "register_tool_env("), str(README), "exec"), namespace)
+    exec(compile(_code_block("Add an environment", "register_tool_env("), str(README), "exec"), namespace)  # noqa: S102
     env = namespace["env"]
     try:
         def final_reward(reply: str) -> float:

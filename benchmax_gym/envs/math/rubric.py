@@ -103,12 +103,15 @@ _UNIT_TAIL = re.compile(
     r"(?P<unit>(?:[A-Za-z]{3,}|cm|mm|km|kg|mg|ml|ft|lb|oz|hr|yd|mi)\.?"
     r"(?:(?:\s+|\s*/\s*)[A-Za-z]+\.?(?:\^\{?[23]\}?|[²³])?){0,3})$"
 )
-# words that make a trailing phrase part of the answer (a hedge, a negation, a function): kept
+# words that make a trailing phrase part of the answer (a hedge, a negation, an operation, a
+# multiplier or a fraction: "18 is wrong", "5 squared", "18 thousand", "3 quarters"): kept
 _NOT_UNITS = frozenset(
     "is are was were be not no nor or and but than wrong incorrect false true maybe perhaps probably "
     "approximately approx about around roughly nearly almost least most more less fewer over under "
     "above below plus minus times divided pi sqrt sin cos tan cot csc log ln exp inf infty infinity "
-    "mod choose".split()
+    "mod choose squared cubed factorial power tens hundred hundreds thousand thousands million millions "
+    "billion billions trillion trillions dozen dozens half halves third thirds fourth fourths quarter "
+    "quarters fifths sixths sevenths eighths ninths tenths hundredths thousandths".split()
 )
 # an implicit product written with a space: "4 i", "b i", "\\frac{1}{2} x" (not after a command or word)
 _PRODUCT_SPACE = re.compile(r"(\\[A-Za-z]+|[A-Za-z]+|[0-9})])\s+(?=[A-Za-z](?![A-Za-z]))")

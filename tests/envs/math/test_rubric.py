@@ -209,6 +209,9 @@ WRONG = [
     ("18", "<answer>I think 17, not 18.</answer>"),
     ("18", "<answer>maybe 18</answer>"),
     ("18", "<answer>17 18 19</answer>"),
+    ("18", "<answer>18 thousand</answer>"),
+    ("5", "\\boxed{5 squared}"),
+    ("3", "<answer>3 quarters</answer>"),
     ("18", "18 dollars"),  # no \boxed{} and no <answer>: no answer
     ("18", "The answer is 18"),
 ]
@@ -225,7 +228,7 @@ def _final_rewards(cases):
     rewards = []
     for i, (_, reply) in enumerate(cases):
         env.reset(seed=i, options={"task_index": i})
-        _, reward, terminated, _, info = env.step(reply)
+        _, _, terminated, _, info = env.step(reply)
         assert terminated
         rewards.append(info["reward_components"]["correct"])
     env.close()
