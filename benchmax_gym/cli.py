@@ -208,7 +208,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
     except (TypeError, ValueError, OSError) as exc:
         usage_error(f"cannot make {args.env_id}: {exc}")
-    num_tasks = len(env.unwrapped.tasks)
+    tasks = getattr(env.unwrapped, "tasks", None)
+    num_tasks = len(tasks) if tasks is not None else INFINITE
     mode, plan = episode_plan(args, num_tasks if num_tasks < INFINITE else None)
     if args.jsonl:
         try:
