@@ -41,6 +41,8 @@ from openpyxl.styles.numbers import is_date_format, is_timedelta_format
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.datetime import from_excel, to_excel
 
+from benchmax_gym.envs.excel import formulas_fixes
+
 __all__ = [
     "RECALC_MODES",
     "GradeResult",
@@ -172,8 +174,9 @@ def normalize(value: Any) -> Any:
     * ``datetime``/``date`` -> Excel serial day as a float rounded to whole days (upstream's
       ``round(serial, 0)``: the time of day does not count);
     * ``time`` -> ``"HH:MM"`` (seconds ignored, as upstream's ``str(t)[:-3]``);
-    * ``timedelta`` (``[h]:mm`` cells; not handled upstream) -> ``"H:MM"`` total hours, by the
-      same reasoning as times;
+    * ``timedelta`` (``[h]:mm`` cells; not handled upstream) -> ``"HH:MM"`` total hours, by the
+      same reasoning as times, so a duration under a day equals the time of day Excel stores
+      as the same number;
     * ``None`` -> ``""`` (an empty cell equals an empty string);
     * other strings are compared exactly, not stripped and case-sensitive, as upstream does;
       ``"nan"``/``"inf"`` stay strings (upstream would make a NaN that never equals itself).
@@ -195,7 +198,7 @@ def normalize(value: Any) -> Any:
         return value.strftime("%H:%M")
     if isinstance(value, dt.timedelta):
         minutes = math.floor(value.total_seconds() / 60)
-        return f"{minutes // 60}:{minutes % 60:02d}"
+        return f"{minutes // 60:02d}:{minutes % 60:02d}"
     if isinstance(value, str):
         try:
             number = float(value)
@@ -315,7 +318,8 @@ def _formulas_module() -> Any:
     * its tqdm progress bar (one per workbook, on stderr) is silenced: at one grade per RL
       episode it is pure noise, and tqdm reads ``TQDM_DISABLE`` only at import time;
     * its "Error in loading" warnings become notes (:class:`_CollectWarnings`);
-    * ``HYPERLINK``, used by real SpreadsheetBench answers, is added.
+    * ``HYPERLINK``, used by real SpreadsheetBench answers, is added;
+    * :mod:`.formulas_fixes`: no external workbooks, ``--x``, Excel's text length cap.
     """
     import formulas
     import formulas.excel
@@ -329,6 +333,7 @@ def _formulas_module() -> Any:
         input_parser=lambda *args: args,
         args_parser=lambda *args: map(functools.partial(replace_empty, empty=""), args),
     )
+    formulas_fixes.apply()
     return formulas
 
 
@@ -439,16 +444,17 @@ def _formulas_values(data: bytes, keys: set[CellKey]) -> tuple[dict[CellKey, Any
         with tempfile.TemporaryDirectory(prefix="benchmax-excel-") as tmp:
             path = Path(tmp) / "book.xlsx"
             wb.save(path)
-            try:
-                solution = _solve(formulas, path, keys)
-            except Exception:
-                # Usually a requested formula that formulas cannot parse (a table reference
-                # such as ``Data[Cost]``): leave those out, so they alone use cached values.
-                bad = {key for key in keys if not _parses(formulas, wb[key[0]][key[1]].value)}
-                if not bad:
-                    raise
-                messages.append(f"cannot parse {len(bad)} formula(s), e.g. at {min(bad)}")
-                solution = _solve(formulas, path, keys - bad)
+            with formulas_fixes.only_book(path):  # formulas naming other files load none
+                try:
+                    solution = _solve(formulas, path, keys)
+                except Exception:
+                    # Usually a requested formula that formulas cannot parse (a table reference
+                    # such as ``Data[Cost]``): leave those out, so they alone use cached values.
+                    bad = {key for key in keys if not _parses(formulas, wb[key[0]][key[1]].value)}
+                    if not bad:
+                        raise
+                    messages.append(f"cannot parse {len(bad)} formula(s), e.g. at {min(bad)}")
+                    solution = _solve(formulas, path, keys - bad)
     finally:
         _formulas_log.messages = None
     return _solution_values(solution, keys, wb.sheetnames), messages
