@@ -339,21 +339,39 @@ def _formulas_module() -> Any:
 
 _WHOLE_COLUMNS_RE = re.compile(r"(\$?)([A-Za-z]{1,3}):(\$?)([A-Za-z]{1,3})")
 _WHOLE_ROWS_RE = re.compile(r"(\$?)([0-9]+):(\$?)([0-9]+)")
+_AREA_RE = re.compile(r"(\$?)([A-Za-z]{1,3})(\$?)([0-9]+):(\$?)([A-Za-z]{1,3})(\$?)([0-9]+)")
 # A cheap test that a formula may hold one (false hits, e.g. in strings, are sorted out by the
 # tokenizer): tokenizing every formula would cost more than the recalculation of most.
 _WHOLE_HINT_RE = re.compile(
     r"(?<![\w$.])\$?(?:[A-Za-z]{1,3}:\$?[A-Za-z]{1,3}|[0-9]+:\$?[0-9]+)(?![\w(])"
 )
+MAX_RANGE_CELLS = 100_000
+"""A range with more cells than this is cut to the workbook's used area before recalculation:
+``formulas`` holds ~300 bytes per cell of a range, so ``SUMPRODUCT(A1:Z100000,A1:Z100000)``
+took 1.7 GB. Cut ranges keep the work proportional to the workbook's own size."""
+
+
+def _huge(ref: str) -> bool:
+    m = _AREA_RE.fullmatch(ref)
+    if not m:
+        return False
+    min_col, min_row, max_col, max_row = range_boundaries(f"{m[2]}{m[4]}:{m[6]}{m[8]}".upper())
+    return (abs(max_col - min_col) + 1) * (abs(max_row - min_row) + 1) > MAX_RANGE_CELLS
+
+
+def _may_be_huge(formula: str) -> bool:
+    return ":" in formula and any(_huge(m[0]) for m in _AREA_RE.finditer(formula))
 
 
 def _bound_formula(formula: str, max_row: int, max_col: int) -> str:
-    """``formula`` with whole-column/row references (``$E:$E``, ``3:3``) cut to the used area.
+    """``formula`` with whole-column/row references (``$E:$E``, ``3:3``) and ranges of more than
+    :data:`MAX_RANGE_CELLS` cells cut to the used area.
 
     ``formulas`` materializes ``E:E`` as 1,048,576 cells: one ``SUMIFS($E:$E, ...)`` takes
     minutes. Cells past the used area are empty, so for the usual aggregates the result is the
     same (functions that count the blanks or the rows themselves could differ).
     """
-    if not _WHOLE_HINT_RE.search(formula):
+    if not _WHOLE_HINT_RE.search(formula) and not _may_be_huge(formula):
         return formula
     try:
         tokens = Tokenizer(formula)
@@ -371,6 +389,11 @@ def _bound_formula(formula: str, max_row: int, max_col: int) -> str:
         elif m := _WHOLE_ROWS_RE.fullmatch(ref):
             last = get_column_letter(max_col)
             token.value = f"{prefix}$A{m[1]}{m[2]}:${last}{m[3]}{m[4]}"
+            changed = True
+        elif _huge(ref):
+            min_col, min_row, max_c, max_r = range_boundaries(ref.replace("$", "").upper())
+            last_col, last_row = min(max_c, max(max_col, min_col)), min(max_r, max(max_row, min_row))
+            token.value = f"{prefix}{get_column_letter(min_col)}{min_row}:{get_column_letter(last_col)}{last_row}"
             changed = True
     return tokens.render() if changed else formula
 
