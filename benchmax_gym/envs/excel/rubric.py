@@ -533,6 +533,50 @@ def _solution_values(
     return values
 
 
+_SHEET_PREFIX_EXTERNAL = re.compile(r"[\[\]/\\]")  # never in a sheet name; always in a file's
+_BOOK_NAME = re.compile(r"^\[[^\]\[@#]+\][A-Za-z_\\]")  # [1]Name, [Book.xlsx]Name; not [@Col]
+
+
+def external_reference(formula: str) -> str | None:
+    """The first reference of ``formula`` to another workbook (``'../[b.xlsx]S'!A1``), if any."""
+    if "[" not in formula and "!" not in formula:
+        return None
+    try:
+        tokens = Tokenizer(formula).items
+    except Exception:
+        return None  # Excel would refuse it; the recalculation makes it an error
+    for token in tokens:
+        if token.type != Token.OPERAND or token.subtype != Token.RANGE:
+            continue
+        prefix, bang, _ = token.value.rpartition("!")
+        if (bang and _SHEET_PREFIX_EXTERNAL.search(prefix)) or _BOOK_NAME.match(token.value):
+            return token.value
+    return None
+
+
+def _without_external_references(data: bytes) -> bytes:
+    """``data`` with every formula that refers to another workbook made ``=#REF!`` and its
+    ``externalLink`` parts dropped: LibreOffice, unlike our ``formulas`` loader, could follow them."""
+    wb = _open(data, data_only=False, read_only=False)
+    found = bool(wb._external_links)
+    wb._external_links = []
+    for ws in wb.worksheets:
+        for row in ws.iter_rows():
+            for cell in row:
+                formula = getattr(cell.value, "text", cell.value)  # ArrayFormula keeps .text
+                if cell.data_type == "f" and isinstance(formula, str) and external_reference(formula):
+                    cell.value, found = "=#REF!", True
+    for name, defined in list(wb.defined_names.items()):
+        if defined.attr_text and external_reference("=" + defined.attr_text):
+            del wb.defined_names[name]
+            found = True
+    if not found:
+        return data
+    buffer = io.BytesIO()
+    wb.save(buffer)
+    return buffer.getvalue()
+
+
 def _libreoffice_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
     """Let headless LibreOffice load (and so recalculate) the workbook, then read ``keys``."""
     exe = _soffice()
@@ -542,7 +586,7 @@ def _libreoffice_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
         source, outdir = Path(tmp) / "in" / "book.xlsx", Path(tmp) / "out"
         source.parent.mkdir()
         outdir.mkdir()
-        source.write_bytes(data)
+        source.write_bytes(_without_external_references(data))
         profile = (Path(tmp) / "profile").as_uri()  # own profile: parallel runs do not collide
         subprocess.run(
             [exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",

@@ -20,12 +20,11 @@ from typing import Any
 
 import openpyxl
 from openpyxl.cell.cell import MergedCell
-from openpyxl.formula.tokenizer import Token, Tokenizer
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import IllegalCharacterError
 
 from benchmax_gym.core.tools import ToolError, tool
-from benchmax_gym.envs.excel.rubric import recalculate
+from benchmax_gym.envs.excel.rubric import external_reference, recalculate
 
 WORKBOOK = "workbook.xlsx"
 MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's own limits
@@ -204,27 +203,6 @@ class _Text(str):
     """Text written with Excel's leading apostrophe: stored as is, never a formula or a date."""
 
 
-_SHEET_PREFIX_EXTERNAL = re.compile(r"[\[\]/\\]")  # never in a sheet name; always in a file's
-_BOOK_NAME = re.compile(r"^\[[^\]\[@#]+\][A-Za-z_\\]")  # [1]Name, [Book.xlsx]Name; not [@Col]
-
-
-def _external_reference(formula: str) -> str | None:
-    """The first reference of ``formula`` to another workbook (``'../[b.xlsx]S'!A1``), if any."""
-    if "[" not in formula and "!" not in formula:
-        return None
-    try:
-        tokens = Tokenizer(formula).items
-    except Exception:
-        return None  # Excel would refuse it; the recalculation makes it an error
-    for token in tokens:
-        if token.type != Token.OPERAND or token.subtype != Token.RANGE:
-            continue
-        prefix, bang, _ = token.value.rpartition("!")
-        if (bang and _SHEET_PREFIX_EXTERNAL.search(prefix)) or _BOOK_NAME.match(token.value):
-            return token.value
-    return None
-
-
 def _time_value(match: re.Match) -> dt.time | dt.timedelta:
     hours, minutes = int(match[1]), int(match[2])
     seconds, micro = int(match[3] or 0), int((match[4] or "0").ljust(6, "0"))
@@ -243,7 +221,7 @@ def _cell_value(coordinate: str, value: Any) -> Any:
             raise ToolError(f"{coordinate}: text longer than {MAX_TEXT} characters")
         if value.startswith("'"):
             return _Text(value[1:])
-        if value.startswith("=") and (ref := _external_reference(value)):
+        if value.startswith("=") and (ref := external_reference(value)):
             raise ToolError(f"{coordinate}: {ref!r} refers to another workbook; formulas may only refer to this workbook's sheets")
         if ISO_DATE.match(value):
             try:

@@ -277,3 +277,36 @@ def test_read_range_shows_external_references_as_errors(tmp_path, host_secret):
     wb.save(path)
     obs, *_ = env.step(call("read_range", sheet="Sheet1", range="E1:F1"))
     assert str(SECRET) not in obs and obs.count("#REF!") == 2
+
+
+def test_workbooks_for_libreoffice_lose_their_external_references(tmp_path):
+    """recalc="libreoffice" (not installed here) gets a copy without external references."""
+    import io
+    import zipfile
+
+    from openpyxl.packaging.relationship import Relationship
+    from openpyxl.workbook.defined_name import DefinedName
+    from openpyxl.workbook.external_link.external import ExternalBook, ExternalLink
+
+    from benchmax_gym.envs.excel.rubric import _without_external_references
+
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.title = "Sheet1"
+    link = ExternalLink(externalBook=ExternalBook(id="rId1"))
+    link.file_link = Relationship(Type="externalLinkPath", Target="../secret.xlsx", TargetMode="External", Id="rId1")
+    wb._external_links.append(link)
+    ws["A1"], ws["A2"], ws["A3"], ws["A4"] = 5, "=[1]Sheet1!A1", "='../[secret.xlsx]Sheet1'!A1+A1", "=A1*2"
+    wb.defined_names["Leak"] = DefinedName("Leak", attr_text="'../[secret.xlsx]Sheet1'!$A$1")
+    buffer = io.BytesIO()
+    wb.save(buffer)
+    assert any("externalLink" in n for n in zipfile.ZipFile(buffer).namelist())
+
+    cleaned = _without_external_references(buffer.getvalue())
+    assert not any("externalLink" in n for n in zipfile.ZipFile(io.BytesIO(cleaned)).namelist())
+    out = openpyxl.load_workbook(io.BytesIO(cleaned))
+    assert [c.value for c in out["Sheet1"]["A"]] == [5, "=#REF!", "=#REF!", "=A1*2"]
+    assert "Leak" not in out.defined_names
+    plain = io.BytesIO()
+    openpyxl.Workbook().save(plain)
+    assert _without_external_references(plain.getvalue()) == plain.getvalue()  # untouched: no copy
