@@ -85,7 +85,7 @@ class WorkbookFile:
         the loaded workbook (not the file again); cached until the workbook changes."""
         book = self.book()
         key = (self._version, sheet, rng)
-        cache = self.__dict__.setdefault("_recalculated", {})
+        cache = self.__dict__.setdefault("_recalculated", {})  # made on first use: reads rarely need it
         if key not in cache:
             buffer = io.BytesIO()
             book.save(buffer)
@@ -126,8 +126,9 @@ def _show(value: Any) -> str:
     if isinstance(value, (dt.date, dt.time)):
         return value.isoformat()
     if isinstance(value, dt.timedelta):  # an [h]:mm:ss duration
-        minutes, seconds = divmod(round(value.total_seconds()), 60)
-        return f"{'-' if minutes < 0 else ''}{abs(minutes) // 60}:{abs(minutes) % 60:02d}:{seconds:02d}"
+        total = round(value.total_seconds())
+        minutes, seconds = divmod(abs(total), 60)
+        return f"{'-' if total < 0 else ''}{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
     if isinstance(value, str):
         return repr(value) if value != value.strip() or not value else value
     return str(value)
