@@ -49,7 +49,7 @@ def apply() -> None:
     from formulas.functions import Error, XlError, get_functions, replace_empty, wrap_func, wrap_ufunc
     from formulas.functions import text as ftext
     from formulas.functions.operators import OPERATORS
-    from formulas.tokens.operator import Operator, OperatorToken
+    from formulas.tokens.operator import Operator
 
     # --- one book only
     load_workbook = xlreader.load_workbook
@@ -81,7 +81,6 @@ def apply() -> None:
 
     Operator.update_name = fixed_update_name
     Operator.set_expr = fixed_set_expr
-    assert OperatorToken.update_name is fixed_update_name
 
     # --- text cap
     too_long = Error.errors["#VALUE!"]
