@@ -41,6 +41,8 @@ from openpyxl.styles.numbers import is_date_format, is_timedelta_format
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.datetime import from_excel, to_excel
 
+from benchmax_gym.envs.excel import formulas_fixes
+
 __all__ = [
     "RECALC_MODES",
     "GradeResult",
@@ -172,8 +174,9 @@ def normalize(value: Any) -> Any:
     * ``datetime``/``date`` -> Excel serial day as a float rounded to whole days (upstream's
       ``round(serial, 0)``: the time of day does not count);
     * ``time`` -> ``"HH:MM"`` (seconds ignored, as upstream's ``str(t)[:-3]``);
-    * ``timedelta`` (``[h]:mm`` cells; not handled upstream) -> ``"H:MM"`` total hours, by the
-      same reasoning as times;
+    * ``timedelta`` (``[h]:mm`` cells; not handled upstream) -> ``"HH:MM"`` total hours, by the
+      same reasoning as times, so a duration under a day equals the time of day Excel stores
+      as the same number;
     * ``None`` -> ``""`` (an empty cell equals an empty string);
     * other strings are compared exactly, not stripped and case-sensitive, as upstream does;
       ``"nan"``/``"inf"`` stay strings (upstream would make a NaN that never equals itself).
@@ -195,7 +198,7 @@ def normalize(value: Any) -> Any:
         return value.strftime("%H:%M")
     if isinstance(value, dt.timedelta):
         minutes = math.floor(value.total_seconds() / 60)
-        return f"{minutes // 60}:{minutes % 60:02d}"
+        return f"{minutes // 60:02d}:{minutes % 60:02d}"
     if isinstance(value, str):
         try:
             number = float(value)
@@ -315,7 +318,8 @@ def _formulas_module() -> Any:
     * its tqdm progress bar (one per workbook, on stderr) is silenced: at one grade per RL
       episode it is pure noise, and tqdm reads ``TQDM_DISABLE`` only at import time;
     * its "Error in loading" warnings become notes (:class:`_CollectWarnings`);
-    * ``HYPERLINK``, used by real SpreadsheetBench answers, is added.
+    * ``HYPERLINK``, used by real SpreadsheetBench answers, is added;
+    * :mod:`.formulas_fixes`: no external workbooks, ``--x``, Excel's text length cap.
     """
     import formulas
     import formulas.excel
@@ -329,26 +333,45 @@ def _formulas_module() -> Any:
         input_parser=lambda *args: args,
         args_parser=lambda *args: map(functools.partial(replace_empty, empty=""), args),
     )
+    formulas_fixes.apply()
     return formulas
 
 
 _WHOLE_COLUMNS_RE = re.compile(r"(\$?)([A-Za-z]{1,3}):(\$?)([A-Za-z]{1,3})")
 _WHOLE_ROWS_RE = re.compile(r"(\$?)([0-9]+):(\$?)([0-9]+)")
+_AREA_RE = re.compile(r"(\$?)([A-Za-z]{1,3})(\$?)([0-9]+):(\$?)([A-Za-z]{1,3})(\$?)([0-9]+)")
 # A cheap test that a formula may hold one (false hits, e.g. in strings, are sorted out by the
 # tokenizer): tokenizing every formula would cost more than the recalculation of most.
 _WHOLE_HINT_RE = re.compile(
     r"(?<![\w$.])\$?(?:[A-Za-z]{1,3}:\$?[A-Za-z]{1,3}|[0-9]+:\$?[0-9]+)(?![\w(])"
 )
+MAX_RANGE_CELLS = 100_000
+"""A range with more cells than this is cut to the workbook's used area before recalculation:
+``formulas`` holds ~300 bytes per cell of a range, so ``SUMPRODUCT(A1:Z100000,A1:Z100000)``
+took 1.7 GB. Cut ranges keep the work proportional to the workbook's own size."""
+
+
+def _huge(ref: str) -> bool:
+    m = _AREA_RE.fullmatch(ref)
+    if not m:
+        return False
+    min_col, min_row, max_col, max_row = range_boundaries(f"{m[2]}{m[4]}:{m[6]}{m[8]}".upper())
+    return (abs(max_col - min_col) + 1) * (abs(max_row - min_row) + 1) > MAX_RANGE_CELLS
+
+
+def _may_be_huge(formula: str) -> bool:
+    return ":" in formula and any(_huge(m[0]) for m in _AREA_RE.finditer(formula))
 
 
 def _bound_formula(formula: str, max_row: int, max_col: int) -> str:
-    """``formula`` with whole-column/row references (``$E:$E``, ``3:3``) cut to the used area.
+    """``formula`` with whole-column/row references (``$E:$E``, ``3:3``) and ranges of more than
+    :data:`MAX_RANGE_CELLS` cells cut to the used area.
 
     ``formulas`` materializes ``E:E`` as 1,048,576 cells: one ``SUMIFS($E:$E, ...)`` takes
     minutes. Cells past the used area are empty, so for the usual aggregates the result is the
     same (functions that count the blanks or the rows themselves could differ).
     """
-    if not _WHOLE_HINT_RE.search(formula):
+    if not _WHOLE_HINT_RE.search(formula) and not _may_be_huge(formula):
         return formula
     try:
         tokens = Tokenizer(formula)
@@ -366,6 +389,11 @@ def _bound_formula(formula: str, max_row: int, max_col: int) -> str:
         elif m := _WHOLE_ROWS_RE.fullmatch(ref):
             last = get_column_letter(max_col)
             token.value = f"{prefix}$A{m[1]}{m[2]}:${last}{m[3]}{m[4]}"
+            changed = True
+        elif _huge(ref):
+            min_col, min_row, max_c, max_r = range_boundaries(ref.replace("$", "").upper())
+            last_col, last_row = min(max_c, max(max_col, min_col)), min(max_r, max(max_row, min_row))
+            token.value = f"{prefix}{get_column_letter(min_col)}{min_row}:{get_column_letter(last_col)}{last_row}"
             changed = True
     return tokens.render() if changed else formula
 
@@ -439,16 +467,17 @@ def _formulas_values(data: bytes, keys: set[CellKey]) -> tuple[dict[CellKey, Any
         with tempfile.TemporaryDirectory(prefix="benchmax-excel-") as tmp:
             path = Path(tmp) / "book.xlsx"
             wb.save(path)
-            try:
-                solution = _solve(formulas, path, keys)
-            except Exception:
-                # Usually a requested formula that formulas cannot parse (a table reference
-                # such as ``Data[Cost]``): leave those out, so they alone use cached values.
-                bad = {key for key in keys if not _parses(formulas, wb[key[0]][key[1]].value)}
-                if not bad:
-                    raise
-                messages.append(f"cannot parse {len(bad)} formula(s), e.g. at {min(bad)}")
-                solution = _solve(formulas, path, keys - bad)
+            with formulas_fixes.only_book(path):  # formulas naming other files load none
+                try:
+                    solution = _solve(formulas, path, keys)
+                except Exception:
+                    # Usually a requested formula that formulas cannot parse (a table reference
+                    # such as ``Data[Cost]``): leave those out, so they alone use cached values.
+                    bad = {key for key in keys if not _parses(formulas, wb[key[0]][key[1]].value)}
+                    if not bad:
+                        raise
+                    messages.append(f"cannot parse {len(bad)} formula(s), e.g. at {min(bad)}")
+                    solution = _solve(formulas, path, keys - bad)
     finally:
         _formulas_log.messages = None
     return _solution_values(solution, keys, wb.sheetnames), messages
@@ -504,6 +533,50 @@ def _solution_values(
     return values
 
 
+_SHEET_PREFIX_EXTERNAL = re.compile(r"[\[\]/\\]")  # never in a sheet name; always in a file's
+_BOOK_NAME = re.compile(r"^\[[^\]\[@#]+\][A-Za-z_\\]")  # [1]Name, [Book.xlsx]Name; not [@Col]
+
+
+def external_reference(formula: str) -> str | None:
+    """The first reference of ``formula`` to another workbook (``'../[b.xlsx]S'!A1``), if any."""
+    if "[" not in formula and "!" not in formula:
+        return None
+    try:
+        tokens = Tokenizer(formula).items
+    except Exception:
+        return None  # Excel would refuse it; the recalculation makes it an error
+    for token in tokens:
+        if token.type != Token.OPERAND or token.subtype != Token.RANGE:
+            continue
+        prefix, bang, _ = token.value.rpartition("!")
+        if (bang and _SHEET_PREFIX_EXTERNAL.search(prefix)) or _BOOK_NAME.match(token.value):
+            return token.value
+    return None
+
+
+def _without_external_references(data: bytes) -> bytes:
+    """``data`` with every formula that refers to another workbook made ``=#REF!`` and its
+    ``externalLink`` parts dropped: LibreOffice, unlike our ``formulas`` loader, could follow them."""
+    wb = _open(data, data_only=False, read_only=False)
+    found = bool(wb._external_links)
+    wb._external_links = []
+    for ws in wb.worksheets:
+        for row in ws.iter_rows():
+            for cell in row:
+                formula = getattr(cell.value, "text", cell.value)  # ArrayFormula keeps .text
+                if cell.data_type == "f" and isinstance(formula, str) and external_reference(formula):
+                    cell.value, found = "=#REF!", True
+    for name, defined in list(wb.defined_names.items()):
+        if defined.attr_text and external_reference("=" + defined.attr_text):
+            del wb.defined_names[name]
+            found = True
+    if not found:
+        return data
+    buffer = io.BytesIO()
+    wb.save(buffer)
+    return buffer.getvalue()
+
+
 def _libreoffice_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
     """Let headless LibreOffice load (and so recalculate) the workbook, then read ``keys``."""
     exe = _soffice()
@@ -513,7 +586,7 @@ def _libreoffice_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
         source, outdir = Path(tmp) / "in" / "book.xlsx", Path(tmp) / "out"
         source.parent.mkdir()
         outdir.mkdir()
-        source.write_bytes(data)
+        source.write_bytes(_without_external_references(data))
         profile = (Path(tmp) / "profile").as_uri()  # own profile: parallel runs do not collide
         subprocess.run(
             [exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",

@@ -14,22 +14,25 @@ import openpyxl
 from openpyxl.cell.cell import MergedCell
 
 from benchmax_gym.envs.excel.rubric import expected_values
-from benchmax_gym.envs.excel.tools import ISO_DATE
+from benchmax_gym.envs.excel.tools import ISO_DATE, TIME
 
 BATCH = 2_000  # cells per write_cells call (the tool takes at most 5,000)
 
 
 def _json_value(value: Any) -> Any:
-    """A cell value as write_cells takes it; text that would be read as a formula or a date gets
-    Excel's leading apostrophe."""
-    if isinstance(value, str) and (value.startswith(("=", "'")) or ISO_DATE.match(value)):
+    """A cell value as write_cells takes it; text that would be read as a formula, a date or a time
+    gets Excel's leading apostrophe."""
+    if isinstance(value, str) and (value.startswith(("=", "'")) or ISO_DATE.match(value) or TIME.match(value)):
         return "'" + value
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, dt.date):
         return value.isoformat()
     if isinstance(value, dt.time):
-        return value.strftime("%H:%M:%S")
+        return value.replace(tzinfo=None).isoformat()
+    if isinstance(value, dt.timedelta) and value >= dt.timedelta(0):
+        minutes, seconds = divmod(value.total_seconds(), 60)
+        return f"{int(minutes // 60)}:{int(minutes % 60):02d}:{seconds:09.6f}".rstrip("0").rstrip(".")
     return value
 
 

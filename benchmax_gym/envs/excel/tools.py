@@ -12,6 +12,7 @@ cannot store - is a clear tool error and leaves the workbook as it was.
 from __future__ import annotations
 
 import datetime as dt
+import io
 import os
 import re
 from pathlib import Path
@@ -23,6 +24,7 @@ from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import IllegalCharacterError
 
 from benchmax_gym.core.tools import ToolError, tool
+from benchmax_gym.envs.excel.rubric import external_reference, recalculate
 
 WORKBOOK = "workbook.xlsx"
 MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's own limits
@@ -30,6 +32,8 @@ MAX_READ_CELLS = 2_000
 MAX_WRITE_CELLS = 5_000
 MAX_TEXT = 32_767  # the most characters an Excel cell holds
 ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?$")
+TIME = re.compile(r"^(\d{1,5}):([0-5]\d)(?::([0-5]\d)(?:\.(\d{1,6}))?)?$")
+"""``H:MM[:SS[.ffffff]]``: a time of day below 24 hours, a duration (Excel's ``[h]:mm:ss``) from 24."""
 
 
 class WorkbookFile:
@@ -76,6 +80,19 @@ class WorkbookFile:
         """Forget in-memory changes (a failed write): the next access reloads the file."""
         self._book = self._values = self._version = None
 
+    def recalculated(self, sheet: str, rng: str) -> dict[tuple[str, str], Any]:
+        """Values of the formula cells of ``sheet!rng`` computed as the grader computes them, from
+        the loaded workbook (not the file again); cached until the workbook changes."""
+        book = self.book()
+        key = (self._version, sheet, rng)
+        cache = self.__dict__.setdefault("_recalculated", {})  # made on first use: reads rarely need it
+        if key not in cache:
+            buffer = io.BytesIO()
+            book.save(buffer)
+            cache.clear()  # only the current version's results are worth keeping
+            cache[key] = recalculate(buffer.getvalue(), ranges=[(sheet, rng)])
+        return cache[key]
+
     def sheet(self, name: str):
         book = self.book()
         if name in book.sheetnames:
@@ -108,6 +125,10 @@ def _show(value: Any) -> str:
         return value.isoformat(sep=" ") if value.time() != dt.time() else value.date().isoformat()
     if isinstance(value, (dt.date, dt.time)):
         return value.isoformat()
+    if isinstance(value, dt.timedelta):  # an [h]:mm:ss duration
+        total = round(value.total_seconds())
+        minutes, seconds = divmod(abs(total), 60)
+        return f"{'-' if total < 0 else ''}{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
     if isinstance(value, str):
         return repr(value) if value != value.strip() or not value else value
     return str(value)
@@ -143,7 +164,7 @@ def list_sheets(episode) -> list[dict[str, Any]]:
 
 @tool(inline=True)
 def read_range(sheet: str, range: str, episode) -> str:  # noqa: A002 - the name the model sees
-    """Read cells: one line per row, each non-empty cell as COORD: value; formulas as =FORMULA (-> saved value).
+    """Read cells: one line per row, each non-empty cell as COORD: value; formulas as =FORMULA -> value.
 
     Args:
         sheet: the sheet name, e.g. "Sheet1"
@@ -155,7 +176,7 @@ def read_range(sheet: str, range: str, episode) -> str:  # noqa: A002 - the name
     count = (max_col - min_col + 1) * (max_row - min_row + 1)
     if count > MAX_READ_CELLS:
         raise ToolError(f"{range!r} has {count} cells; read at most {MAX_READ_CELLS} at a time")
-    values = None
+    values = computed = None
     lines = []
     for row in ws.iter_rows(min_row=min_row, max_row=max_row, min_col=min_col, max_col=max_col):
         cells = []
@@ -166,7 +187,13 @@ def read_range(sheet: str, range: str, episode) -> str:  # noqa: A002 - the name
             if isinstance(c.value, str) and c.value.startswith("="):
                 values = values or workbook.cached_values()
                 saved = values[sheet][c.coordinate].value if values is not None else None
-                text = f"{c.value} -> {_show(saved)}" if saved is not None else f"{c.value} (not yet calculated)"
+                if saved is None:  # written since Excel saved the file: compute it as the grader will
+                    if computed is None:
+                        rng = f"{get_column_letter(min_col)}{min_row}:{get_column_letter(max_col)}{max_row}"
+                        computed = workbook.recalculated(sheet, rng)
+                    saved = computed.get((sheet, c.coordinate))
+                    saved = "" if saved is None else saved
+                text = f"{c.value} -> {_show(saved)}"
             cells.append(f"{c.coordinate}: {text}")
         if cells:
             lines.append(" | ".join(cells))
@@ -177,19 +204,33 @@ class _Text(str):
     """Text written with Excel's leading apostrophe: stored as is, never a formula or a date."""
 
 
+def _time_value(match: re.Match) -> dt.time | dt.timedelta:
+    hours, minutes = int(match[1]), int(match[2])
+    seconds, micro = int(match[3] or 0), int((match[4] or "0").ljust(6, "0"))
+    if hours < 24:
+        return dt.time(hours, minutes, seconds, micro)
+    return dt.timedelta(hours=hours, minutes=minutes, seconds=seconds, microseconds=micro)
+
+
 def _cell_value(coordinate: str, value: Any) -> Any:
     """JSON value -> what openpyxl stores, as Excel reads what you type: "=..." is a formula, an
-    ISO date becomes a date, and a leading apostrophe keeps the rest as literal text."""
+    ISO date becomes a date (with a time, a datetime), ``H:MM[:SS]`` a time of day (a duration
+    from 24 hours), and a leading apostrophe keeps the rest as literal text. Formulas that refer
+    to other workbooks are refused: the grader never opens files a formula names."""
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
             raise ToolError(f"{coordinate}: text longer than {MAX_TEXT} characters")
         if value.startswith("'"):
             return _Text(value[1:])
+        if value.startswith("=") and (ref := external_reference(value)):
+            raise ToolError(f"{coordinate}: {ref!r} refers to another workbook; formulas may only refer to this workbook's sheets")
         if ISO_DATE.match(value):
             try:
                 return dt.datetime.fromisoformat(value)
             except ValueError:
                 pass
+        if match := TIME.match(value):
+            return _time_value(match)
         return value
     if value is None or isinstance(value, (bool, int, float)):
         if isinstance(value, float) and value != value:
@@ -204,9 +245,10 @@ def write_cells(sheet: str, cells: dict[str, Any], episode, create_sheet: bool =
 
     Args:
         sheet: the sheet name
-        cells: {"B2": 42, "C2": "text", "D2": "=SUM(B2:B9)", "E2": "2024-03-01", "F2": null}; as when
-            typing in Excel, "=" starts a formula, ISO dates become dates, a leading ' keeps the
-            rest as plain text ("'2024-03-01"), and null clears the cell
+        cells: {"B2": 42, "C2": "text", "D2": "=SUM(B2:B9)", "E2": "2024-03-01", "F2": "9:30", "G2": null};
+            as when typing in Excel, "=" starts a formula, ISO dates become dates ("2024-03-01 09:30"
+            a datetime), "H:MM[:SS]" a time (from 24 hours, a duration), a leading ' keeps the rest
+            as plain text ("'2024-03-01"), and null clears the cell
         create_sheet: create the sheet first if it does not exist
     """
     workbook = _workbook(episode)
