@@ -286,6 +286,19 @@ def _user_process_count() -> int:
 
 
 @functools.lru_cache(maxsize=1)
+def _interpreter() -> str:
+    """The binary this process runs, resolved (``sys.executable`` may hold ``..`` or be a venv
+    symlink into a directory this user cannot reach); else its base prefix's ``pythonX.Y``."""
+    candidates = [os.path.realpath(sys.executable),
+                  os.path.join(os.path.realpath(sys.base_prefix), "bin", "python%d.%d" % sys.version_info[:2])]
+    try:
+        candidates.insert(0, os.readlink("/proc/self/exe"))
+    except OSError:
+        pass
+    return next((c for c in candidates if os.access(c, os.X_OK)), candidates[-1])
+
+
+@functools.lru_cache(maxsize=1)
 def _python_layout() -> tuple[tuple[tuple[str, str], ...], str, dict[str, str]]:
     """Where this interpreter appears inside the sandbox, at neutral paths rather than the host's:
     ``(binds (host, inside), executable inside, environment)``. Host paths are resolved first
@@ -295,7 +308,7 @@ def _python_layout() -> tuple[tuple[tuple[str, str], ...], str, dict[str, str]]:
     venv = os.path.realpath(sys.prefix)
     if venv != base:
         binds.append((venv, "/sandbox/venv"))
-    exe = os.path.realpath(sys.executable)
+    exe = _interpreter()
     if _inside(exe, binds) is None:  # an interpreter outside its prefix: bind its directory
         binds.append((os.path.dirname(exe), "/sandbox/bin"))
     env = {}
@@ -360,7 +373,8 @@ def _spawn(level: str, workspace: Path, uid: int | None, limits: SandboxLimits,
             argv += ["--seccomp", str(read)]
         argv += [exe, "-I", "-S", "-B", "/sandbox/server.py", json.dumps(config)]
     else:
-        argv = [sys.executable, "-I", "-B", str(SERVER), json.dumps(config)]
+        config["path"] = [os.path.realpath(p) for p in sys.path if p]
+        argv = [_interpreter(), "-I", "-S", "-B", str(SERVER), json.dumps(config)]
     try:
         return subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -629,7 +643,7 @@ class Sandbox:
                     log.error("the sandbox failed to start: %s", why or "no message")
                     return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
                                       error_override="tool_error")
-            self._request += 1
+            self._request = secrets.randbits(62)  # not guessable: a forged reply cannot match it
             started = time.monotonic()
             try:
                 self._proc.stdin.write((json.dumps({"id": self._request, "code": code, "timeout": timeout}) + "\n").encode())
