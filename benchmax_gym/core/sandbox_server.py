@@ -1,10 +1,11 @@
 """The warm process inside an episode's sandbox (standard library only; runs as a script).
 
 It imports the family's common modules once, then serves one request per line on stdin:
-``{"id": int, "code": str, "timeout": float}``, and answers each with the same ``id``. For each request it forks a fresh child that drops to an
-unprivileged uid, sets resource limits, runs the code in the workspace and exits; the server
-collects its capped stdout/stderr, enforces the wall-clock timeout by killing the child's whole
-process tree, sweeps away anything the code left running, and answers one JSON line on stdout.
+``{"id": int, "code": str, "timeout": float}``, each answered with its ``id``. For each request it
+forks a fresh child that drops to an unprivileged uid (root hosts), sets resource limits, runs the
+code in the workspace and exits; the server collects its capped stdout/stderr, enforces the
+wall-clock timeout by killing the child's whole process tree, sweeps away anything the code left
+running, and answers one JSON line on stdout.
 
 Calls are thus isolated from each other except through the workspace files, and a crash, a
 hang or a fork bomb in the code never takes the server down.
@@ -35,12 +36,15 @@ LIMITS = CONFIG["limits"]
 if CONFIG.get("path"):
     sys.path[:] = CONFIG["path"]
 PR_SET_DUMPABLE = 4
+_libc = []
 
 
 def set_dumpable(value):
-    import ctypes
+    if not _libc:
+        import ctypes
 
-    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, ctypes.c_ulong(value), 0, 0, 0)
+        _libc.append(ctypes.CDLL(None).prctl)
+    _libc[0](PR_SET_DUMPABLE, value, 0, 0, 0)
 
 
 def preload():
