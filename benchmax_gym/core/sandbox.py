@@ -287,14 +287,15 @@ def _user_process_count() -> int:
 
 @functools.lru_cache(maxsize=1)
 def _interpreter() -> str:
-    """The binary this process runs, resolved (``sys.executable`` may hold ``..`` or be a venv
-    symlink into a directory this user cannot reach); else its base prefix's ``pythonX.Y``."""
-    candidates = [os.path.realpath(sys.executable),
-                  os.path.join(os.path.realpath(sys.base_prefix), "bin", "python%d.%d" % sys.version_info[:2])]
+    """The base installation's ``pythonX.Y`` (a venv's packages come through ``sys.path``), else
+    the binary this process runs, resolved: ``sys.executable`` may hold ``..``, be a venv's copy
+    or a symlink into a directory this user cannot reach."""
+    candidates = [os.path.join(os.path.realpath(sys.base_prefix), "bin", "python%d.%d" % sys.version_info[:2])]
     try:
-        candidates.insert(0, os.readlink("/proc/self/exe"))
+        candidates.append(os.readlink("/proc/self/exe"))
     except OSError:
         pass
+    candidates.append(os.path.realpath(sys.executable))
     return next((c for c in candidates if os.access(c, os.X_OK)), candidates[-1])
 
 
