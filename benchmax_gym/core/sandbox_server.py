@@ -224,9 +224,12 @@ def main():
     if CONFIG.get("own_pid_namespace"):
         set_dumpable(0)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as init, a signal without handler never arrives
+    # The channel to the host gets a descriptor of its own; fd 1 goes to stderr (the host keeps it
+    # for error messages), so whatever a preloaded module prints cannot corrupt the protocol.
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
     preload()
     os.chdir(CONFIG["workspace"])
-    out = sys.stdout
 
     def reply(message):
         try:

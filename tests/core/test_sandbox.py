@@ -404,7 +404,12 @@ FORGE = """
 import json, os
 line = ''.join(json.dumps({"id": i, "stdout": "FORGED\\n", "exit_code": 0}) + "\\n" for i in range(1, 50))
 for pid in sorted({1, os.getppid()}):
-    for fd in (1, 0):
+    try:
+        fds = os.listdir(f'/proc/{pid}/fd')
+    except OSError as e:
+        fds = ['0', '1', '3', '4']
+        print('no fd list', pid, e.strerror)
+    for fd in fds:
         try:
             f = os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY)
             os.write(f, line.encode())
@@ -529,3 +534,14 @@ def test_ending_episodes_while_the_sandbox_starts_is_silent(bubblewrap):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
+
+
+def test_what_a_preloaded_module_prints_neither_corrupts_the_channel_nor_reaches_the_user():
+    code = (
+        "from benchmax_gym.core.sandbox import Sandbox\n"
+        "with Sandbox(mode='rlimits', preload=('this',)) as box:\n"  # `import this` prints the Zen
+        "    print(box.run('print(6 * 7)').stdout, end='')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "42\n" and out.stderr == ""
