@@ -52,7 +52,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from importlib import metadata
 
     from benchmax_gym import registry
-    from benchmax_gym.core.sandbox import BUBBLEWRAP, bubblewrap_status, resolve_level
+    from benchmax_gym.core.sandbox import BUBBLEWRAP, bubblewrap_status, resolve_level, seccomp_filter
 
     rows = [("python", f"{platform.python_version()} ({sys.executable})")]
     for dist in ("benchmax-gym", "gymnasium", "numpy", "datasets", "math-verify", "mcp", "openpyxl"):
@@ -64,8 +64,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     ok, detail = bubblewrap_status()
     if level == BUBBLEWRAP:
         who = ("root: each sandbox runs its code as its own unprivileged uid" if os.geteuid() == 0
-               else "unprivileged: user namespace; the process limit counts all of this user's processes")
-        sandbox = f"{level} ({detail}); {who}"
+               else "unprivileged: code runs as this uid in a user namespace, its server shielded (PID-namespace "
+                    "init, non-dumpable); the process limit counts all of this user's processes")
+        filtered = "seccomp filter on" if seccomp_filter() else f"no seccomp filter for {platform.machine()}"
+        sandbox = f"{level} ({detail}, checked by running code in it); {who}; {filtered}"
     else:
         sandbox = (f"{level}: {detail}. Tools that run model code are left out; install bubblewrap, "
                    "or opt in to resource limits only with sandbox='rlimits'")

@@ -9,11 +9,20 @@ through the workspace files.
 What the code can and cannot do, at level ``bubblewrap`` (the default where it works):
 
 * files: it sees its private workspace (read-write, mounted at ``/workspace``), a private
-  ``/tmp``, and read-only system and Python directories - nothing of the host's other files, no
+  writable size-limited ``/tmp``, and read-only system and Python directories - nothing of the host's other files, no
   answer files, no other episode's workspace;
 * network: none (its own network namespace; connecting anywhere fails);
-* processes: its own PID namespace (``/proc`` shows only the sandbox); it runs as an
-  unprivileged uid, so it cannot signal the server that started it;
+* processes: its own PID namespace (``/proc`` shows only the sandbox), whose init is the server
+  itself, so the kernel drops any SIGKILL/SIGSTOP the code sends it; the server is non-dumpable, so
+  code running as the same uid (non-root hosts, where no second uid can be had without a setuid
+  helper) cannot read its memory or open its file descriptors, and the code's process never holds
+  the host channel; replies carry request ids, so a desynchronised channel is detected and the
+  server restarted. On root hosts the code also runs as its own unprivileged uid;
+* system calls: a seccomp filter refuses what normal code never needs (io_uring, keyctl, bpf,
+  perf_event_open, ptrace, mount, new namespaces, kernel modules, ...);
+* host layout: the interpreter and its packages appear at neutral paths (``/sandbox/python``,
+  ``/sandbox/venv``), not at their host paths (``/proc/self/mountinfo`` still names the bind
+  sources: the kernel shows a bind mount's source directory);
 * limits per call: wall-clock timeout that kills the whole process tree (anything the code
   leaves running is swept away after every call), CPU seconds, address space, number of
   processes (a fork bomb is contained), size of any file written, workspace quota, and
@@ -38,8 +47,10 @@ import secrets
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -150,21 +161,81 @@ class SandboxUnavailable(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def bubblewrap_status() -> tuple[bool, str]:
-    """Whether bubblewrap can create the namespaces we need here, and why not if it cannot."""
+    """Whether the real sandbox works here - bubblewrap starts the server with this interpreter and
+    it runs one call - and why not if it does not (what ``doctor`` and the warnings show)."""
     bwrap = shutil.which("bwrap")
     if not bwrap:
         return False, "bwrap not found (install Debian's bubblewrap package)"
-    cmd = [bwrap, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent"]
-    if os.geteuid() != 0:
-        cmd.append("--unshare-user")
+    workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=_workspace_root()))
+    proc = None
     try:
-        probe = subprocess.run([*cmd, "true"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return False, f"bwrap failed to start: {exc}"
-    if probe.returncode != 0:
-        return False, f"bwrap cannot create namespaces here: {probe.stderr.strip()[:200]}"
+        proc = _spawn(BUBBLEWRAP, workspace, _own_workspace(workspace), SandboxLimits(timeout=20), ())
+        out, err = proc.communicate(json.dumps({"id": 1, "code": "print('ok')"}).encode() + b"\n", timeout=60)
+        replies = [json.loads(line) for line in out.splitlines()[1:2]]
+        if not replies or replies[0].get("stdout") != "ok\n":
+            detail = err.decode(errors="replace").strip() or (replies[0] if replies else "no reply")
+            return False, f"the sandbox cannot start here: {str(detail)[:300]}"
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return False, f"the sandbox cannot start here: {exc}"
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _remove_tree(workspace)
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
     return True, f"{version} at {bwrap}"
+
+
+# -- seccomp filter: refuse the system calls normal code never needs ----------------------------
+
+# name: (x86_64, aarch64) numbers
+_BLOCKED_SYSCALLS = {
+    "ptrace": (101, 117), "syslog": (103, 116), "acct": (163, 89), "pivot_root": (155, 41),
+    "mount": (165, 40), "umount2": (166, 39), "swapon": (167, 224), "swapoff": (168, 225),
+    "reboot": (169, 142), "init_module": (175, 105), "delete_module": (176, 106),
+    "finit_module": (313, 273), "quotactl": (179, 60), "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294), "add_key": (248, 217), "request_key": (249, 218),
+    "keyctl": (250, 219), "unshare": (272, 97), "setns": (308, 268), "perf_event_open": (298, 241),
+    "name_to_handle_at": (303, 264), "open_by_handle_at": (304, 265),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "bpf": (321, 280),
+    "userfaultfd": (323, 282), "io_uring_setup": (425, 425), "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427), "open_tree": (428, 428), "move_mount": (429, 429),
+    "fsopen": (430, 430), "fsconfig": (431, 431), "fsmount": (432, 432), "fspick": (433, 433),
+    "pidfd_getfd": (438, 438), "mount_setattr": (442, 442),
+}
+_ARCHES = {"x86_64": (0, 0xC000003E, 56), "aarch64": (1, 0xC00000B7, 220)}  # column, AUDIT_ARCH, clone
+_CLONE3 = 435
+_CLONE_NEW_NAMESPACES = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_filter() -> bytes | None:
+    """The classic-BPF program bubblewrap loads with ``--seccomp`` (None on other architectures):
+    the calls above fail with EPERM, ``clone`` with a new-namespace flag too, ``clone3`` with
+    ENOSYS (its flags are behind a pointer; libc then falls back to ``clone``), and so does any
+    call through a foreign ABI (x32, i386)."""
+    import platform
+    import struct
+
+    arch = _ARCHES.get(platform.machine())
+    if arch is None:
+        return None
+    column, audit_arch, clone = arch
+    eperm, enosys, allow = 0x00050000 | 1, 0x00050000 | 38, 0x7FFF0000
+    prog: list[tuple[int, Any, Any, int]] = [(0x20, 0, 0, 4), (0x15, 1, 0, audit_arch), (0x06, 0, 0, eperm),
+                                             (0x20, 0, 0, 0)]  # arch check, then load the number
+    if column == 0:
+        prog.append((0x35, "deny", 0, 0x40000000))  # x32 ABI
+    prog += [(0x15, "deny", 0, numbers[column]) for numbers in _BLOCKED_SYSCALLS.values()]
+    prog += [(0x15, "enosys", 0, _CLONE3), (0x15, 0, "allow", clone),
+             (0x20, 0, 0, 16), (0x45, "deny", 0, _CLONE_NEW_NAMESPACES)]  # clone: args[0], low 32 bits
+    labels = {"allow": len(prog), "deny": len(prog) + 1, "enosys": len(prog) + 2}
+    prog += [(0x06, 0, 0, allow), (0x06, 0, 0, eperm), (0x06, 0, 0, enosys)]
+    out = b""
+    for i, (code, jt, jf, k) in enumerate(prog):
+        jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out += struct.pack("=HBBI", code, jt, jf, k)
+    return out
 
 
 def resolve_level(mode: str) -> str:
@@ -186,6 +257,18 @@ def _workspace_root() -> Path:
     return root
 
 
+def _own_workspace(workspace: Path) -> int | None:
+    """Give a fresh workspace to the uid its code will run as: on root hosts a fresh unprivileged
+    uid per sandbox (its process limit then counts only its own processes); None elsewhere."""
+    if os.geteuid() != 0:
+        os.chmod(workspace, 0o700)
+        return None
+    uid = 200_000 + secrets.randbelow(800_000)
+    os.chown(workspace, uid, 0)  # group root, so the capability-less server can enter it too
+    os.chmod(workspace, 0o770)
+    return uid
+
+
 def _user_process_count() -> int:
     uid = str(os.getuid())
     count = 0
@@ -202,15 +285,196 @@ def _user_process_count() -> int:
     return count
 
 
-def _dir_size(path: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
+@functools.lru_cache(maxsize=1)
+def _interpreter() -> str:
+    """The base installation's ``pythonX.Y`` (a venv's packages come through ``sys.path``), else
+    the binary this process runs, resolved: ``sys.executable`` may hold ``..``, be a venv's copy
+    or a symlink into a directory this user cannot reach."""
+    candidates = [os.path.join(os.path.realpath(sys.base_prefix), "bin", "python%d.%d" % sys.version_info[:2])]
+    try:
+        candidates.append(os.readlink("/proc/self/exe"))
+    except OSError:
+        pass
+    candidates.append(os.path.realpath(sys.executable))
+    return next((c for c in candidates if os.access(c, os.X_OK)), candidates[-1])
+
+
+@functools.lru_cache(maxsize=1)
+def _python_layout() -> tuple[tuple[tuple[str, str], ...], str, dict[str, str]]:
+    """Where this interpreter appears inside the sandbox, at neutral paths rather than the host's:
+    ``(binds (host, inside), executable inside, environment)``. Host paths are resolved first
+    (``..``, symlinks), so what is bound is what is executed."""
+    base = os.path.realpath(sys.base_prefix)
+    binds = [(base, "/sandbox/python")]
+    venv = os.path.realpath(sys.prefix)
+    if venv != base:
+        binds.append((venv, "/sandbox/venv"))
+    exe = _interpreter()
+    if _inside(exe, binds) is None:  # an interpreter outside its prefix: bind its directory
+        binds.append((os.path.dirname(exe), "/sandbox/bin"))
+    env = {}
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir and _inside(libdir, binds):
+        env["LD_LIBRARY_PATH"] = _inside(libdir, binds)  # its RUNPATH names the host path
+    return tuple(binds), _inside(exe, binds), env
+
+
+def _inside(path: str, binds) -> str | None:
+    real = os.path.realpath(path)
+    for host, dest in sorted(binds, key=lambda b: -len(b[0])):
+        if real == host or real.startswith(host.rstrip("/") + "/"):
+            return dest + real[len(host.rstrip("/")):]
+    return None
+
+
+def _spawn(level: str, workspace: Path, uid: int | None, limits: SandboxLimits,
+           preload: tuple[str, ...]) -> subprocess.Popen:
+    """Start a sandbox server for ``workspace`` (requests on stdin, JSON lines on stdout, its own
+    errors - bubblewrap's included - on a captured stderr, never the user's)."""
+    inside = level == BUBBLEWRAP
+    config = {
+        "uid": uid,
+        "gid": uid,
+        "nproc": limits.max_processes if uid is not None else _user_process_count() + limits.max_processes,
+        "workspace": SANDBOX_WORKSPACE if inside else str(workspace),
+        "own_pid_namespace": inside,
+        "preload": list(preload),
+        "limits": asdict(limits),
+    }
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": config["workspace"],
+           "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
+    pass_fds: tuple[int, ...] = ()
+    if inside:
+        binds, exe, extra_env = _python_layout()
+        config["path"] = [p for p in (_inside(p, binds) for p in sys.path if p) if p]
+        argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--as-pid-1",
+                "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if uid is not None:
+            argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
+        else:
+            argv += ["--unshare-user"]
+        argv += ["--perms", "1777", "--size", str(limits.workspace_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        for path in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
+                     "/etc/alternatives"):
+            argv += ["--ro-bind-try", path, path]
+        argv += ["--perms", "0755", "--dir", "/sandbox"]  # bwrap would create it closed (0700)
+        for host, dest in binds:
+            argv += ["--ro-bind", host, dest]
+        argv += ["--ro-bind", str(SERVER), "/sandbox/server.py",
+                 "--bind", str(workspace), SANDBOX_WORKSPACE,
+                 "--proc", "/proc", "--dev", "/dev", "--chdir", SANDBOX_WORKSPACE, "--clearenv"]
+        for key, value in {**env, **extra_env}.items():
+            argv += ["--setenv", key, value]
+        program = seccomp_filter()
+        if program:
+            read, write = os.pipe()
+            os.write(write, program)
+            os.close(write)
+            pass_fds = (read,)
+            argv += ["--seccomp", str(read)]
+        argv += [exe, "-I", "-S", "-B", "/sandbox/server.py", json.dumps(config)]
+    else:
+        config["path"] = [os.path.realpath(p) for p in sys.path if p]
+        argv = [_interpreter(), "-I", "-S", "-B", str(SERVER), json.dumps(config)]
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=str(workspace), env=env, start_new_session=True, close_fds=True, pass_fds=pass_fds,
+        )
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
+
+
+_MAX_DEPTH = 128  # deeper directories are moved up to the workspace's top level when walked
+
+
+def _walk(root: Path, visit=None, remove: bool = False) -> None:
+    """Visit every entry under ``root`` as ``visit(parts, stat)``, or delete them all: iterative,
+    one directory fd per level (any name length), never following a symlink, opening up modes
+    the code closed. A directory nested deeper than ``_MAX_DEPTH`` is moved up to ``root`` first."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        root_fd = os.open(root, flags)
+    except OSError:
+        return
+    stack: list[tuple[int, tuple[str, ...], list[str]]] = []
+    try:
+        stack.append((root_fd, (), _listdir(root_fd)))
+        moved = 0
+        while stack:
+            fd, parts, names = stack[-1]
+            if not names:
+                stack.pop()
+                if stack:
+                    os.close(fd)
+                    if remove:
+                        _quietly(os.rmdir, parts[-1], dir_fd=stack[-1][0])
+                continue
+            name = names.pop()
             try:
-                total += os.lstat(os.path.join(root, name)).st_size
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
-                pass
+                continue
+            if visit is not None:
+                visit(parts + (name,), st)
+            if not stat.S_ISDIR(st.st_mode):
+                if remove:
+                    _quietly(os.unlink, name, dir_fd=fd)
+                continue
+            if len(stack) > _MAX_DEPTH:
+                moved += 1
+                target = f".deep-{secrets.token_hex(4)}-{moved}"
+                if _quietly(os.rename, name, target, src_dir_fd=fd, dst_dir_fd=root_fd):
+                    stack[0][2].append(target)
+                continue
+            if st.st_mode & 0o700 != 0o700:
+                _quietly(os.chmod, name, st.st_mode & 0o7777 | 0o700, dir_fd=fd)
+            try:
+                child = os.open(name, flags, dir_fd=fd)
+            except OSError:
+                continue
+            stack.append((child, parts + (name,), _listdir(child)))
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _listdir(fd: int) -> list[str]:
+    try:
+        return os.listdir(fd)
+    except OSError:
+        return []
+
+
+def _quietly(fn, *args, **kwargs) -> bool:
+    try:
+        fn(*args, **kwargs)
+        return True
+    except OSError:
+        return False
+
+
+def _usage(st: os.stat_result) -> int:
+    """Bytes an entry counts against the quota: its size or its blocks, whichever is larger."""
+    return max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512)
+
+
+def _workspace_usage(root: Path) -> int:
+    total = 0
+
+    def add(parts, st):
+        nonlocal total
+        total += _usage(st)
+
+    _walk(root, add)
     return total
+
+
+def _remove_tree(root: Path) -> None:
+    """Delete a workspace whatever the code made of it (any depth, modes, names)."""
+    _walk(root, remove=True)
+    _quietly(os.rmdir, root)
 
 
 class Sandbox:
@@ -242,7 +506,9 @@ class Sandbox:
         self._buffer = b""
         self._lock = threading.Lock()
         self._closed = False
+        self._request = 0
         self.restarts = 0
+        self.uid = _own_workspace(self.workspace)
         self.start()
         _LIVE.add(self)
 
@@ -250,39 +516,9 @@ class Sandbox:
 
     def start(self) -> None:
         """Spawn the warm process without waiting for it (it boots while the model thinks)."""
-        root = os.geteuid() == 0
-        uid = gid = None
-        if root:  # a fresh unprivileged uid per sandbox: its process limit counts only its own processes
-            uid = gid = 200_000 + secrets.randbelow(800_000)
-        self.uid = uid
-        if root:
-            # owner: the code's uid; group root, so the capability-less server can enter it too
-            os.chown(self.workspace, uid, 0)
-            os.chmod(self.workspace, 0o770)
-            nproc = self.limits.max_processes
-        else:
-            os.chmod(self.workspace, 0o700)
-            nproc = _user_process_count() + self.limits.max_processes
-        inside = self.level == BUBBLEWRAP
-        config = {
-            "uid": uid,
-            "gid": gid,
-            "nproc": nproc,
-            "workspace": SANDBOX_WORKSPACE if inside else str(self.workspace),
-            "own_pid_namespace": inside,
-            "preload": list(self.preload),
-            "limits": asdict(self.limits),
-        }
-        server = "/sandbox/server.py" if inside else str(SERVER)
-        python = [sys.executable, "-I", "-B", server, json.dumps(config)]
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": config["workspace"],
-               "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
-        argv = self._bwrap_argv(root, env) + python if inside else python
-        self._proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-            cwd=str(self.workspace), env=env, start_new_session=True, close_fds=True,
-        )
+        self._proc = _spawn(self.level, self.workspace, self.uid, self.limits, self.preload)
         os.set_blocking(self._proc.stdout.fileno(), False)
+        os.set_blocking(self._proc.stderr.fileno(), False)
         self._buffer = b""
         self._ready = False
 
@@ -304,32 +540,6 @@ class Sandbox:
                 os.chown(path, self.uid, self.uid)
         return target
 
-    def _bwrap_argv(self, root: bool, env: dict[str, str]) -> list[str]:
-        argv = [shutil.which("bwrap"), "--die-with-parent", "--new-session",
-                "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        if root:
-            argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
-        else:
-            argv += ["--unshare-user"]
-        argv += ["--size", str(self.limits.workspace_mb * 1024 * 1024), "--tmpfs", "/tmp"]
-        for path in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
-                     "/etc/alternatives"):
-            argv += ["--ro-bind-try", path, path]
-        prefixes = sorted({sys.base_prefix, sys.prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable))})
-        # Parent directories bwrap creates copy the host's modes (a 0700 /root would lock the
-        # unprivileged code out of a Python installed under it), so create them traversable.
-        parents = {str(p) for prefix in prefixes for p in Path(prefix).parents} - {"/", "/tmp", "/usr"}
-        for parent in sorted(parents):
-            argv += ["--perms", "0755", "--dir", parent]
-        for prefix in prefixes:
-            argv += ["--ro-bind", prefix, prefix]
-        argv += ["--ro-bind", str(SERVER), "/sandbox/server.py",
-                 "--bind", str(self.workspace), SANDBOX_WORKSPACE,
-                 "--proc", "/proc", "--dev", "/dev", "--chdir", SANDBOX_WORKSPACE, "--clearenv"]
-        for key, value in env.items():
-            argv += ["--setenv", key, value]
-        return argv
-
     def _read_line(self, deadline: float) -> dict[str, Any] | None:
         """One JSON line from the server, or None if it died or the deadline passed."""
         fd = self._proc.stdout.fileno()
@@ -347,7 +557,11 @@ class Sandbox:
                     return None
                 self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        return reply if isinstance(reply, dict) else {"id": "garbled"}
 
     def _wait_ready(self) -> bool:
         if self._ready:
@@ -355,6 +569,18 @@ class Sandbox:
         hello = self._read_line(time.monotonic() + 60)
         self._ready = bool(hello and hello.get("ready"))
         return self._ready
+
+    def _server_errors(self) -> str:
+        """What the server (or bubblewrap) wrote to its stderr, for the message of a failure."""
+        if self._proc is None:
+            return ""
+        data = b""
+        try:
+            while len(data) < 4096 and (chunk := os.read(self._proc.stderr.fileno(), 4096)):
+                data += chunk
+        except OSError:
+            pass
+        return data.decode(errors="replace").strip()[-1000:]
 
     def _kill(self) -> None:
         proc, self._proc = self._proc, None
@@ -368,7 +594,7 @@ class Sandbox:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             log.error("sandbox process %s did not exit after SIGKILL", proc.pid)
-        for stream in (proc.stdin, proc.stdout):
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
             try:
                 stream.close()
             except OSError:
@@ -385,7 +611,7 @@ class Sandbox:
             return
         self._closed = True
         self._kill()
-        shutil.rmtree(self.workspace, ignore_errors=True)
+        _remove_tree(self.workspace)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -414,10 +640,14 @@ class Sandbox:
             if not self._wait_ready():
                 self.restart()
                 if not self._wait_ready():
-                    return ExecResult(notes=["the sandbox failed to start"], error_override="tool_error")
+                    why = self._server_errors()
+                    log.error("the sandbox failed to start: %s", why or "no message")
+                    return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
+                                      error_override="tool_error")
+            self._request = secrets.randbits(62)  # not guessable: a forged reply cannot match it
             started = time.monotonic()
             try:
-                self._proc.stdin.write((json.dumps({"code": code, "timeout": timeout}) + "\n").encode())
+                self._proc.stdin.write((json.dumps({"id": self._request, "code": code, "timeout": timeout}) + "\n").encode())
                 self._proc.stdin.flush()
             except (BrokenPipeError, OSError):
                 self.restart()
@@ -430,34 +660,55 @@ class Sandbox:
                 self.restart()
                 return ExecResult(timed_out=True, seconds=time.monotonic() - started,
                                   notes=["the sandbox stopped responding and was restarted"])
+            if reply.get("id") != self._request:
+                # Only the server writes this channel; a reply for another request means something
+                # else did. Trust nothing more from this process.
+                log.error("sandbox reply channel out of step (expected request %s); restarting", self._request)
+                self.restart()
+                return ExecResult(seconds=time.monotonic() - started, error_override="tool_error",
+                                  notes=["the sandbox's reply channel was out of step; the sandbox was restarted"])
             result = ExecResult(**{k: reply[k] for k in ExecResult.__dataclass_fields__ if k in reply})
-            used = _dir_size(self.workspace)
-            if used > self.limits.workspace_mb * 1024 * 1024:
+            if _workspace_usage(self.workspace) > self.limits.workspace_mb * 1024 * 1024:
                 self._enforce_quota(started)
                 result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB exceeded: files written by this call were deleted")
                 result.error_override = "file_size_limit"
             return result
 
     def _enforce_quota(self, since: float) -> None:
-        """Delete files modified during the call that broke the quota (newest first)."""
+        """Delete files changed during the call that broke the quota, newest first. Change time,
+        not modification time: code can set the latter (``os.utime``), never the former."""
         cutoff = time.time() - (time.monotonic() - since) - 1
-        changed = []
-        for root, _, files in os.walk(self.workspace):
-            for name in files:
-                path = os.path.join(root, name)
-                try:
-                    st = os.lstat(path)
-                except OSError:
-                    continue
-                if st.st_mtime >= cutoff:
-                    changed.append((st.st_mtime, path))
-        for _, path in sorted(changed, reverse=True):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-            if _dir_size(self.workspace) <= self.limits.workspace_mb * 1024 * 1024:
+        changed, total = [], 0
+
+        def collect(parts, st):
+            nonlocal total
+            total += _usage(st)
+            if not stat.S_ISDIR(st.st_mode) and st.st_ctime >= cutoff:
+                changed.append((st.st_ctime, _usage(st), parts))
+
+        _walk(self.workspace, collect)
+        quota = self.limits.workspace_mb * 1024 * 1024
+        for _, size, parts in sorted(changed, reverse=True):
+            if total <= quota:
                 break
+            if _unlink_at(self.workspace, parts):
+                total -= size
+
+
+def _unlink_at(root: Path, parts: tuple[str, ...]) -> bool:
+    """Unlink ``root/parts...`` one directory at a time (no symlink followed, any path length)."""
+    fds = []
+    try:
+        fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+        os.unlink(parts[-1], dir_fd=fds[-1])
+        return True
+    except OSError:
+        return False
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 _LIVE: "weakref.WeakSet[Sandbox]" = weakref.WeakSet()

@@ -1,17 +1,22 @@
 """The warm process inside an episode's sandbox (standard library only; runs as a script).
 
 It imports the family's common modules once, then serves one request per line on stdin:
-``{"code": str, "timeout": float}``. For each request it forks a fresh child that drops to an
-unprivileged uid, sets resource limits, runs the code in the workspace and exits; the server
-collects its capped stdout/stderr, enforces the wall-clock timeout by killing the child's whole
-process tree, sweeps away anything the code left running, and answers one JSON line on stdout.
+``{"id": int, "code": str, "timeout": float}``, each answered with its ``id``. For each request it
+forks a fresh child that drops to an unprivileged uid (root hosts), sets resource limits, runs the
+code in the workspace and exits; the server collects its capped stdout/stderr, enforces the
+wall-clock timeout by killing the child's whole process tree, sweeps away anything the code left
+running, and answers one JSON line on stdout.
 
 Calls are thus isolated from each other except through the workspace files, and a crash, a
 hang or a fork bomb in the code never takes the server down.
 
 Configuration comes as one JSON argument: uid/gid to drop to (or null), limits, modules to
-preload, the workspace path, and whether this server owns its PID namespace (then every other
-process it can see, except its ancestors, belongs to model code).
+preload, the workspace path, ``sys.path`` (inside bubblewrap the interpreter runs with ``-S`` at a
+neutral path), and whether this server owns its PID namespace: it is then that namespace's init,
+so every other process in it belongs to model code, and the kernel drops the SIGKILL/SIGSTOP code
+sends it. The server is non-dumpable (code running as the same uid cannot read its memory or open
+its descriptors, hence cannot write into the host channel), and the code's process keeps none of
+its descriptors.
 """
 
 import json
@@ -28,6 +33,18 @@ import traceback
 EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_PROCESSES = 120, 121, 122
 CONFIG = json.loads(sys.argv[1])
 LIMITS = CONFIG["limits"]
+if CONFIG.get("path"):
+    sys.path[:] = CONFIG["path"]
+PR_SET_DUMPABLE = 4
+_libc = []
+
+
+def set_dumpable(value):
+    if not _libc:
+        import ctypes
+
+        _libc.append(ctypes.CDLL(None).prctl)
+    _libc[0](PR_SET_DUMPABLE, value, 0, 0, 0)
 
 
 def preload():
@@ -48,6 +65,7 @@ def run_child(code, write_out, write_err):
         os.dup2(write_err, 2)
         os.closerange(3, 1024)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes fail with EFBIG instead
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         mb = 1024 * 1024
         for which, value in (
             (resource.RLIMIT_CPU, LIMITS["cpu_seconds"]),
@@ -61,6 +79,8 @@ def run_child(code, write_out, write_err):
             os.setgroups([])
             os.setgid(CONFIG["gid"])
             os.setuid(CONFIG["uid"])
+        if CONFIG.get("own_pid_namespace"):
+            set_dumpable(1)  # the channel is closed; the code may see its own /proc entries
         os.chdir(CONFIG["workspace"])
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
@@ -94,44 +114,33 @@ def run_child(code, write_out, write_err):
 
 
 def sweep(child):
-    """Kill what the call left behind: its process group, and in our own PID namespace every
-    process that is not an ancestor of this server (grandchildren that called setsid included)."""
+    """Kill what the call left behind: its process group, and as init of our own PID namespace
+    every other process in it (grandchildren that called setsid included)."""
     try:
         os.killpg(child, signal.SIGKILL)
     except OSError:
         pass
-    if not CONFIG.get("own_pid_namespace"):
+    if os.getpid() != 1:
         return
-    keep = {os.getpid()}
-    pid = os.getpid()
-    while pid > 1:  # our ancestors (bwrap's init) stay
+    for _ in range(1000):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            os.kill(-1, signal.SIGKILL)  # everything but init
         except OSError:
-            break
-        keep.add(pid)
-    for _ in range(3):
-        others = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) not in keep and int(p) != 1]
-        if not others:
-            break
-        for p in others:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-        reap()
+            pass
+        if reap():
+            return
         time.sleep(0.001)
 
 
 def reap():
+    """Collect exited children; True once none is left."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return True
         if pid == 0:
-            return
+            return False
 
 
 def serve_one(request):
@@ -212,18 +221,33 @@ def serve_one(request):
 
 
 def main():
+    if CONFIG.get("own_pid_namespace"):
+        set_dumpable(0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # as init, a signal without handler never arrives
+    # The channel to the host gets a descriptor of its own; fd 1 goes to stderr (the host keeps it
+    # for error messages), so whatever a preloaded module prints cannot corrupt the protocol.
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
     preload()
     os.chdir(CONFIG["workspace"])
-    out = sys.stdout
-    out.write(json.dumps({"ready": True, "pid": os.getpid()}) + "\n")
-    out.flush()
-    for line in sys.stdin:
+
+    def reply(message):
         try:
-            result = serve_one(json.loads(line))
+            out.write(json.dumps(message) + "\n")
+            out.flush()
+        except (BrokenPipeError, OSError):  # the host is gone (the episode ended): leave quietly
+            os._exit(0)
+
+    reply({"ready": True, "pid": os.getpid()})
+    for line in sys.stdin:
+        request = {}
+        try:
+            request = json.loads(line)
+            result = serve_one(request)
         except Exception:
             result = {"internal_error": traceback.format_exc()}
-        out.write(json.dumps(result) + "\n")
-        out.flush()
+        result["id"] = request.get("id") if isinstance(request, dict) else None
+        reply(result)
 
 
 if __name__ == "__main__":

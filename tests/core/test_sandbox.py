@@ -4,9 +4,11 @@ must fail, and the sandbox must serve a normal call right after. No mocks of the
 import gc
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 
 import gymnasium as gym
@@ -279,3 +281,267 @@ def test_put_file_gives_the_code_a_writable_file(bubblewrap):
         assert (box.workspace / "data" / "input.txt").read_text() == "FROM THE HOST"
         with pytest.raises(ValueError, match="outside the workspace"):
             box.put_file("../escape.txt", b"x")
+
+
+# -- the issue's items: each through Math-v0's python tool, each failed before its fix ---------
+
+def test_tmp_is_private_writable_and_kept_for_the_episode(env):
+    obs, info = run_python(env, "open('/tmp/scratch', 'w').write('private tmp'); print(open('/tmp/scratch').read())")
+    assert info["error"] is None and "stdout:\nprivate tmp" in obs
+    obs, info = run_python(env, "print(open('/tmp/scratch').read())")
+    assert info["error"] is None and "stdout:\nprivate tmp" in obs
+    assert not os.path.exists("/tmp/scratch")
+
+
+def test_no_host_paths_inside(env):
+    code = ("import os, sys\n"
+            "print(open('/proc/1/cmdline').read().replace('\\0', ' '))\n"
+            "print(os.environ, sys.path, sys.executable, sys.prefix, os.listdir('/'), os.listdir('/sandbox'))")
+    obs, info = run_python(env, code)
+    assert info["error"] is None
+    workspace = str(env.unwrapped.episode.state["sandbox"].workspace)
+    host = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable))}
+    for path in host | {workspace, os.getcwd(), "/work/", "/root", "'work'"}:
+        assert path not in obs, path
+    assert "/sandbox/python" in obs
+
+
+def test_seccomp_refuses_what_normal_code_never_needs(env):
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def err(rc): return ctypes.get_errno() if rc == -1 else 'ALLOWED'\n"
+        "import platform\n"
+        "print('io_uring', err(libc.syscall(425, 8, ctypes.create_string_buffer(120))))\n"  # same number on both
+        "print('keyctl', err(libc.syscall(250 if platform.machine() == 'x86_64' else 219, 0, -1, 0)))\n"
+        "print('userns', err(libc.unshare(0x10000000)))\n"
+        "import os\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(w, b'forked'); os._exit(0)\n"
+        "os.waitpid(pid, 0); print(os.read(r, 6).decode())\n"
+        "import threading, subprocess, sys, numpy, openpyxl\n"
+        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout.strip())\n"
+        "wb = openpyxl.Workbook(); wb.active['A1'] = int(numpy.arange(5).sum()); wb.save('w.xlsx')\n"
+        "print('A1', openpyxl.load_workbook('w.xlsx').active['A1'].value)\n"
+    )
+    obs, info = run_python(env, code)
+    assert info["error"] is None, obs
+    assert "io_uring 1\nkeyctl 1\nuserns 1\nforked\nthread\n42\nA1 10" in obs
+
+
+def test_quota_holds_whatever_the_timestamps_say(bubblewrap):
+    env = gym.make("benchmax/Math-v0", tool_timeout=10, sandbox_limits={"max_file_mb": 8, "workspace_mb": 20})
+    env.reset(seed=0)
+    try:
+        workspace = env.unwrapped.episode.state["sandbox"].workspace
+        for call in range(5):
+            code = (f"import os\nfor i in range(3):\n    name = 'c{call}_' + str(i)\n"
+                    "    open(name, 'wb').write(b'0' * 7 * 1024 * 1024)\n"
+                    "    os.utime(name, (946684800, 946684800))  # back to 2000")
+            obs, info = run_python(env, code)
+            assert info["error"] == "file_size_limit" and "quota" in obs
+            assert sum(p.stat().st_size for p in workspace.iterdir()) <= 20 * 1024 * 1024
+        assert_still_serves(env)
+    finally:
+        env.close()
+
+
+def test_deep_directories_neither_break_calls_nor_cleanup(env):
+    workspace = env.unwrapped.episode.state["sandbox"].workspace
+    code = ("import os\nfor i in range(1500):\n    os.mkdir('d' * 200)\n    os.chdir('d' * 200)\n"
+            "open('leaf.bin', 'wb').write(b'x' * 1000)\nos.chmod('.', 0)\nprint('deep')")
+    obs, info = run_python(env, code)
+    assert "stdout:\ndeep" in obs
+    assert_still_serves(env)
+    obs, info = run_python(env, "print('still here')")
+    assert "still here" in obs
+    env.reset(seed=1)  # the old workspace goes, whatever is in it
+    assert not workspace.exists()
+    assert_still_serves(env)
+
+
+def test_deep_directories_count_against_the_quota(bubblewrap):
+    with Sandbox(limits=SandboxLimits(max_file_mb=8, workspace_mb=20)) as box:
+        code = ("import os\nfor i in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\n"
+                "for i in range(4):\n    open(f'f{i}', 'wb').write(b'0' * 7 * 1024 * 1024)")
+        result = box.run(code)
+        assert result.error == "file_size_limit" and "quota" in result.text
+        assert box.run("print('ok')").stdout == "ok\n"
+
+
+def _drop_privileges_and_run(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` with this interpreter as uid/gid 65534 (CI runs as root; the issue is about
+    non-root hosts). Skips where the tests do not run as root (they then are non-root already)."""
+    home = tempfile.mkdtemp(prefix="benchmax-nobody-")  # pytest's tmp_path is closed to other users
+    try:
+        script = os.path.join(home, "as_nobody.py")
+        with open(script, "w") as f:
+            f.write(code)
+        os.chmod(home, 0o755)
+        argv = [sys.executable, script]
+        if os.geteuid() == 0:
+            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": "/tmp"}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=home)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+NON_ROOT_ATTACKS = r'''
+import json, os, sys, time
+import gymnasium as gym, benchmax_gym
+
+def call(env, code):
+    action = '<tool_call>' + json.dumps({"name": "python", "arguments": {"code": code}}) + '</tool_call>'
+    t = time.monotonic()
+    obs, reward, terminated, truncated, info = env.step(action)
+    return obs, info["error"], time.monotonic() - t
+
+FORGE = """
+import json, os
+line = ''.join(json.dumps({"id": i, "stdout": "FORGED\\n", "exit_code": 0}) + "\\n" for i in range(1, 50))
+for pid in sorted({1, os.getppid()}):
+    try:
+        fds = os.listdir(f'/proc/{pid}/fd')
+    except OSError as e:
+        fds = ['0', '1', '3', '4']
+        print('no fd list', pid, e.strerror)
+    for fd in fds:
+        try:
+            f = os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY)
+            os.write(f, line.encode())
+            print('forged through', pid, fd)
+        except OSError as e:
+            print('no', pid, fd, e.strerror)
+    try:
+        open(f'/proc/{pid}/mem', 'rb').read(1)
+        print('read memory of', pid)
+    except OSError as e:
+        print('no mem', pid, e.strerror)
+"""
+STOP = "import os, signal\nfor pid in sorted({1, os.getppid()}):\n    os.kill(pid, signal.SIGSTOP)\nprint('sent')"
+
+SANDBOX = "auto"
+out = {"uid": os.getuid()}
+env = gym.make("benchmax/Math-v0", sandbox=SANDBOX, tool_timeout=5)
+obs, info = env.reset(seed=0)
+out["level"] = info["sandbox"]
+out["forge"] = call(env, FORGE)
+out["after_forge"] = [call(env, f"print({i} * 7)") for i in range(2, 5)]
+out["stop"] = call(env, STOP)
+out["after_stop"] = call(env, "print(6 * 7)")
+env.close()
+print(json.dumps(out))
+'''
+
+
+def test_non_root_host_code_cannot_reach_its_server(bubblewrap):
+    """Non-root: the code runs as the server's uid (no second uid without a setuid helper). It
+    must still not be able to forge replies into the host channel, read the server's memory, or
+    stop it."""
+    out = _drop_privileges_and_run(NON_ROOT_ATTACKS)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["uid"] != 0 and result["level"] == BUBBLEWRAP
+    forge_obs = result["forge"][0]
+    assert "forged through" not in forge_obs and "read memory" not in forge_obs
+    for i, (obs, error, _) in zip(range(2, 5), result["after_forge"]):
+        assert error is None and f"stdout:\n{i * 7}\n" in obs and "FORGED" not in obs
+    obs, error, seconds = result["stop"]
+    assert "sent" in obs and seconds < 4  # the kernel drops SIGSTOP sent to the namespace's init
+    obs, error, seconds = result["after_stop"]
+    assert error is None and "stdout:\n42\n" in obs and seconds < 4
+    assert "Traceback" not in out.stderr
+
+
+def test_host_detects_a_desynchronised_channel():
+    """At the ``rlimits`` level (no isolation, opted into) non-root code can write into the host
+    channel; the request ids catch the forged replies and the sandbox starts afresh."""
+    out = _drop_privileges_and_run(NON_ROOT_ATTACKS.replace("sandbox=SANDBOX", 'sandbox="rlimits"'))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["level"] == "rlimits"
+    obs, error, _ = result["forge"]
+    assert error == "tool_error" and "out of step" in obs and "FORGED" not in obs  # the forgery got in ...
+    for i, (obs, error, _) in zip(range(2, 5), result["after_forge"]):
+        assert error is None and f"stdout:\n{i * 7}\n" in obs and "FORGED" not in obs  # ... and was caught
+
+
+def test_interpreter_path_with_dotdot_and_doctor(bubblewrap, tmp_path):
+    """`../repo/.venv/bin/python script.py`: what is bound must be what is executed, and a
+    working sandbox is what `doctor` reports; nothing reaches the user's stderr."""
+    dotted = os.path.relpath(sys.executable, tmp_path)  # ../../..
+    assert dotted.startswith("..")
+    code = (
+        "import gymnasium as gym, benchmax_gym, json, sys\n"
+        "assert '..' in sys.executable, sys.executable\n"
+        "env = gym.make('benchmax/Math-v0')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "print(info['sandbox'])\n"
+        "print(env.step('<tool_call>' + json.dumps({'name': 'python', 'arguments': {'code': 'print(6 * 7)'}}) + '</tool_call>')[0])\n"
+    )
+    out = subprocess.run([dotted, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("bubblewrap\n") and "stdout:\n42" in out.stdout
+    assert out.stderr == ""
+    doctor = subprocess.run([dotted, "-m", "benchmax_gym.cli", "doctor"], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    line = next(l for l in doctor.stdout.splitlines() if l.startswith("sandbox"))
+    assert doctor.returncode == 0 and line.split()[1] == "bubblewrap", doctor.stdout
+
+
+def test_a_sandbox_that_cannot_start_is_reported(tmp_path):
+    """bubblewrap is there but the sandbox cannot run (here: a bwrap on PATH that breaks only the
+    real server command, as a broken interpreter layout would): `doctor`, the warning at make and
+    info["sandbox"] say so, with bubblewrap's own message."""
+    wrapper = tmp_path / "bwrap"
+    wrapper.write_text('#!/bin/sh\ncase "$*" in *server.py*) exec /usr/bin/bwrap --ro-bind /no-such-dir-xyz /x "$@";; esac\n'
+                       'exec /usr/bin/bwrap "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    code = (
+        "import warnings, gymnasium as gym, benchmax_gym\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    env = gym.make('benchmax/Math-v0')\n"
+        "obs, info = env.reset(seed=0)\n"
+        "print(info['sandbox'])\n"
+        "print([str(w.message) for w in caught])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("unavailable\n") and "no-such-dir-xyz" in out.stdout
+    doctor = subprocess.run([sys.executable, "-m", "benchmax_gym.cli", "doctor"], capture_output=True, text=True,
+                            timeout=120, env=env)
+    line = next(l for l in doctor.stdout.splitlines() if l.startswith("sandbox"))
+    assert "unavailable" in line and "no-such-dir-xyz" in line
+
+
+def test_ending_episodes_while_the_sandbox_starts_is_silent(bubblewrap):
+    """Episodes that end while their sandbox boots (resets in a quick loop, then exit) write
+    nothing to the user's stderr."""
+    code = (
+        "import time, gymnasium as gym, benchmax_gym\n"
+        "env = gym.make('benchmax/Excel-v0')\n"
+        "for i in range(12):\n"
+        "    env.reset(seed=i)\n"
+        "    time.sleep(0.01 * (i % 4))\n"
+        "env.reset(seed=99)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""
+
+
+def test_what_a_preloaded_module_prints_neither_corrupts_the_channel_nor_reaches_the_user():
+    code = (
+        "from benchmax_gym.core.sandbox import Sandbox\n"
+        "with Sandbox(mode='rlimits', preload=('this',)) as box:\n"  # `import this` prints the Zen
+        "    print(box.run('print(6 * 7)').stdout, end='')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "42\n" and out.stderr == ""
