@@ -35,7 +35,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +42,21 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CONTEXT_NAMES = ("completion", "answer", "task", "messages", "episode")
-ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.IGNORECASE | re.DOTALL)
+
+
+def answer_tags(completion: str) -> list[str]:
+    """The contents of every closed ``<answer>...</answer>`` (any case), left to right.
+
+    Linear in the text (a regex's lazy ``.*?`` is quadratic on thousands of unclosed tags).
+    """
+    lowered, found, position = completion.lower(), [], 0
+    while (start := lowered.find("<answer>", position)) >= 0:
+        end = lowered.find("</answer>", start + 8)
+        if end < 0:
+            break
+        found.append(completion[start + 8:end])
+        position = end + 9
+    return found
 
 
 def final_answer(completion: str | None) -> str | None:
@@ -54,7 +67,7 @@ def final_answer(completion: str | None) -> str | None:
     """
     if not isinstance(completion, str):
         return None
-    found = ANSWER_TAG.findall(completion)
+    found = answer_tags(completion)
     return found[-1].strip() if found else None
 
 
