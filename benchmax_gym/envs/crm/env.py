@@ -107,7 +107,8 @@ class CRMEnv(ToolEnv):
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
         episode.state["org"] = self.org
         episode.state["db"] = EpisodeDB(self.org.episode_copy(), self.query_max_rows,
-                                        min(self.query_timeout, self.tool_timeout), self.org.today())
+                                        min(self.query_timeout, self.tool_timeout), self.org.today(),
+                                        max_chars=self.max_tool_output_chars)
 
     def close_episode(self, episode: Episode) -> None:
         db = episode.state.pop("db", None)

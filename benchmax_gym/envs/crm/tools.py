@@ -2,10 +2,16 @@
 
 ``query`` runs the model's SQL read-only, enforced by SQLite itself, not by looking at the text:
 an authorizer allows only reads (no writes, ``ATTACH``, ``PRAGMA``, ``VACUUM``, ``load_extension``)
-and ``PRAGMA query_only`` is on while it runs; a progress handler stops it at a deadline (a
-recursive CTE that never ends); rows are fetched with ``fetchmany`` up to a cap, so a 10^7-row
-result costs no more than the cap; strings and blobs are limited to 1 MB. Typed tools run
-parameterized SQL. Every failure is a :class:`ToolError` and leaves the database as it was.
+and ``PRAGMA query_only`` is on while it runs. Its cost is bounded two ways. Across steps, a
+progress handler stops it at a deadline (a recursive CTE that never ends). Within one step, where
+SQLite never looks at the clock, the string functions whose built-in cost is the product of their
+arguments' lengths (``instr``, ``replace``, ``trim``: a 500 KB needle in a 1 MB haystack took 10 s
+a row) are replaced by linear ones with the same results, and LIKE/GLOB patterns are limited to
+256 characters (one 1 MB value times a 40,000-character pattern took 51 s). Strings and blobs are
+limited to 1 MB. Rows are read one at a time and reading stops at the row cap or once the
+output would pass the tool-output cap, so 200 rows of 1 MB never sit in memory together. Typed
+tools run parameterized SQL. Every failure is a :class:`ToolError` and leaves the database as it
+was.
 """
 
 from __future__ import annotations
@@ -22,6 +28,52 @@ from benchmax_gym.envs.crm.org import CASE_PRIORITIES, CASE_STATUSES, RESOLUTION
 _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 _FORBIDDEN_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts5"}
 MAX_VALUE_BYTES = 1_000_000
+MAX_PATTERN_CHARS = 256
+_as_text = sqlite3.connect(":memory:", check_same_thread=False)  # SQLite's own number-to-text
+
+
+def _text(value: Any) -> Any:
+    """A function argument as SQLite's string functions see it (str, bytes or None)."""
+    if value is None or isinstance(value, (str, bytes)):
+        return value
+    return _as_text.execute("SELECT CAST(? AS TEXT)", (value,)).fetchone()[0]
+
+
+def _instr(haystack: Any, needle: Any) -> int | None:
+    haystack, needle = _text(haystack), _text(needle)
+    if haystack is None or needle is None:
+        return None
+    if isinstance(haystack, bytes) != isinstance(needle, bytes):  # SQLite compares them as text
+        haystack = haystack.decode("utf-8", "replace") if isinstance(haystack, bytes) else haystack
+        needle = needle.decode("utf-8", "replace") if isinstance(needle, bytes) else needle
+    return haystack.find(needle) + 1
+
+
+def _replace(text: Any, old: Any, new: Any) -> Any:
+    text, old, new = (_text(v) for v in (text, old, new))
+    if text is None or old is None or new is None:
+        return None
+    text, old, new = (v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in (text, old, new))
+    if not old:
+        return text
+    if len(text) + max(0, len(new) - len(old)) * text.count(old) > MAX_VALUE_BYTES:
+        raise sqlite3.DataError("string or blob too big")
+    return text.replace(old, new)
+
+
+def _trimmer(method: str):
+    def trim(text: Any, chars: Any = " ") -> Any:
+        text, chars = _text(text), _text(chars)
+        if text is None or chars is None:
+            return None
+        text, chars = (v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in (text, chars))
+        return getattr(text, method)(chars)
+    return trim
+
+
+_LINEAR_FUNCTIONS = [("instr", 2, _instr), ("replace", 3, _replace)] + [
+    (name, n, _trimmer(method)) for name, method in (("trim", "strip"), ("ltrim", "lstrip"), ("rtrim", "rstrip"))
+    for n in (1, 2)]
 
 
 def _read_only(action: int, arg1: str | None, arg2: str | None, db_name: str | None, source: str | None) -> int:
@@ -53,29 +105,46 @@ class EpisodeDB:
             write that bypassed the tools (graders count it as collateral).
     """
 
-    def __init__(self, con: sqlite3.Connection, max_rows: int, timeout: float, today: str | None):
+    def __init__(self, con: sqlite3.Connection, max_rows: int, timeout: float, today: str | None,
+                 max_chars: int = 8_000):
         self.con = con
         self.max_rows = max_rows
         self.timeout = timeout
+        self.max_chars = max_chars
         self.today = today
         self.touched: set[str] = set()
         self.tool_changes = 0
         con.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
         con.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, 100_000)
         con.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        con.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_PATTERN_CHARS)
+        for name, n_args, function in _LINEAR_FUNCTIONS:
+            con.create_function(name, n_args, function, deterministic=True)
 
     def read(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple], bool]:
-        """Run ``sql`` read-only within the limits: ``(columns, rows, truncated)``."""
+        """Run ``sql`` read-only within the limits: ``(columns, rows, truncated)``.
+
+        Rows are read one at a time; reading stops after ``max_rows`` rows or once the text of
+        the rows read passes ``max_chars`` (the rest could not be shown anyway).
+        """
         deadline = time.monotonic() + self.timeout
         self.con.execute("PRAGMA query_only = ON")
         self.con.set_authorizer(_read_only)
         self.con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         try:
             cur = self.con.execute(sql, params)
-            rows = cur.fetchmany(self.max_rows + 1)
+            rows, size, truncated = [], 0, False
+            for row in cur:
+                if len(rows) == self.max_rows or size > self.max_chars:
+                    truncated = True
+                    break
+                rows.append(row)
+                size += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in row)
             columns = [d[0] for d in cur.description or ()]
             cur.close()
         except sqlite3.OperationalError as exc:
+            if "pattern too complex" in str(exc):
+                raise ToolError(f"LIKE and GLOB patterns are limited to {MAX_PATTERN_CHARS} characters") from None
             if str(exc) == "interrupted":
                 raise ToolError(f"the query ran longer than {self.timeout:g} s and was stopped") from None
             raise ToolError(_sql_message(exc)) from None
@@ -85,8 +154,7 @@ class EpisodeDB:
             self.con.set_progress_handler(None, 0)
             self.con.set_authorizer(None)
             self.con.execute("PRAGMA query_only = OFF")
-        truncated = len(rows) > self.max_rows
-        return columns, rows[: self.max_rows], truncated
+        return columns, rows, truncated
 
     def row(self, sql: str, params: tuple = ()) -> dict[str, Any] | None:
         cur = self.con.execute(sql, params)
@@ -125,10 +193,15 @@ def query(sql: str, episode) -> str:
     """
     db = _db(episode)
     columns, rows, truncated = db.read(sql)
-    out: dict[str, Any] = {"columns": columns, "rows": [[_jsonable(v) for v in r] for r in rows]}
-    if truncated:
+    cut = db.max_chars  # a longer value could not be shown whole anyway
+    out: dict[str, Any] = {}
+    if truncated:  # first, so it survives when the output is cut to the tool-output cap
         out["truncated"] = True
-        out["note"] = f"only the first {db.max_rows} rows are shown; aggregate or add LIMIT/WHERE to see the rest"
+        out["note"] = (f"only the first {len(rows)} rows are shown (at most {db.max_rows} rows and "
+                       f"{db.max_chars} characters); aggregate or add LIMIT/WHERE to see the rest")
+    out["columns"] = columns
+    out["rows"] = [[v[:cut] + "...[cut]" if isinstance(v, str) and len(v) > cut else _jsonable(v) for v in r]
+                   for r in rows]
     return json.dumps(out, ensure_ascii=False, default=str)
 
 

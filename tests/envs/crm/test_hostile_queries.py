@@ -1,0 +1,83 @@
+"""Queries written to exhaust the host: each runs through ``env.step`` with the real ``query``
+tool and must come back quickly, bounded in memory, with the same answers SQLite gives."""
+
+import json
+import sqlite3
+import time
+import tracemalloc
+
+import gymnasium as gym
+import pytest
+
+import benchmax_gym  # noqa: F401
+
+# one 1 MB text value per row, built inside the query (no special data needed)
+MEGA = "WITH big(x) AS (SELECT replace(hex(zeroblob(499000)), '0', 'a')) "
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    env = gym.make("benchmax/CRM-v0", cache_dir=str(tmp_path_factory.mktemp("crm")), org_size=200)
+    env.reset(seed=0)
+    yield env
+    env.close()
+
+
+def query(env, sql):
+    action = env.unwrapped.format.render_calls([("query", {"sql": sql})])
+    started = time.perf_counter()
+    obs, _, _, _, info = env.step(action)
+    return obs, info, time.perf_counter() - started
+
+
+@pytest.mark.parametrize("sql", [
+    # a 500 KB needle in a 1 MB haystack: SQLite's instr compares at every position (5 s a row)
+    MEGA + ", rows(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM rows WHERE n < 4) "
+           "SELECT instr(x, substr(x, 1, 500000) || 'b') FROM big, rows",
+    MEGA + "SELECT length(replace(x, substr(x, 1, 400000) || 'b', '')) FROM big",
+    MEGA + "SELECT length(trim(x, substr(x, 1, 400000) || 'b')) FROM big",
+])
+def test_quadratic_string_functions_are_linear(env, sql):
+    obs, info, took = query(env, sql)
+    assert info["error"] is None, obs
+    assert took < 3, took  # was 5 s and more a row
+
+
+def test_long_like_patterns_are_refused_at_once(env):
+    sql = MEGA + "SELECT x LIKE '%' || substr(x, 1, 40000) || 'b' FROM big"  # 51 s before
+    obs, info, took = query(env, sql)
+    assert info["error"] == "tool_error" and "LIKE and GLOB patterns are limited" in obs
+    assert took < 3, took
+    obs, info, _ = query(env, "SELECT COUNT(*) FROM \"Case\" WHERE Subject LIKE '%order%'")
+    assert info["error"] is None
+
+
+def test_rows_of_a_megabyte_are_not_all_held_at_once(env):
+    sql = MEGA + ", rows(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM rows WHERE n < 200) SELECT n, x FROM big, rows"
+    tracemalloc.start()
+    try:
+        obs, info, _ = query(env, sql)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info["error"] is None
+    assert peak < 40e6, peak  # 200 rows of 1 MB held together was ~200 MB of Python strings (600 MB RSS)
+    assert '{"truncated": true, "note": "only the first 1 rows are shown' in obs, obs[:300]
+
+
+CASES = [("hello world", "o"), ("hello", ""), ("", "x"), (None, "a"), ("a", None), (12345, 3), (1.5, "."),
+         (b"ab\x00cd", b"cd"), ("naïve café", "é"), ("aaa", "aa"), ("x", "xyz")]
+
+
+def test_linear_functions_give_sqlites_own_results(env):
+    """The replacements answer exactly as the built-in functions they replace."""
+    con = env.unwrapped.episode.state["db"].con
+    plain = sqlite3.connect(":memory:")
+    for a, b in CASES:
+        for sql, args in [("SELECT instr(?, ?)", (a, b)), ("SELECT replace(?, ?, 'Z')", (a, b)),
+                          ("SELECT replace(?, ?, ?)", (a, b, a)), ("SELECT trim(?, ?)", (a, b)),
+                          ("SELECT ltrim(?, ?)", (a, b)), ("SELECT rtrim(?, ?)", (a, b)),
+                          ("SELECT trim(?)", (a,)), ("SELECT rtrim(?)", (b,))]:
+            if isinstance(a, bytes) and "instr" not in sql:
+                continue  # blobs through replace/trim come back as text here, as blobs in SQLite
+            assert con.execute(sql, args).fetchone() == plain.execute(sql, args).fetchone(), (sql, args)
