@@ -1,6 +1,7 @@
 """Tool-call formats: render -> parse round trips, final answers and malformed actions."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -692,3 +693,41 @@ def test_openai_non_message_json_is_the_final_answer():
 
 def test_json_empty_list_is_a_final_answer():
     assert get_format("json").parse("[]", 1).is_final
+
+
+@pytest.mark.parametrize("tool_format, junk", [
+    ("hermes", "<tool_call>"), ("hermes", "<tool_call>{"), ("xml", "<function="), ("xml", "<function=a>"),
+    ("xml", "<function=a><parameter=b>"), ("xml", "<function=a\n>"), ("json", "{\"name\": "),
+    ("openai", "{\"tool_calls\": ["),
+])
+def test_hostile_actions_parse_in_linear_time(tool_format, junk):
+    """Repeated opening tags that never close: 256k characters took 48 s with a lazy regex."""
+    import time
+
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401
+
+    env = gym.make("benchmax/Math-v0", tool_format=tool_format, max_action_chars=300_000, python_tool=False)
+    env.reset(seed=0)
+    started = time.perf_counter()
+    env.step(junk * (256_000 // len(junk)))
+    assert time.perf_counter() - started < 2
+    env.close()
+
+
+TAG_SOUP = st.lists(st.sampled_from(["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=",
+                                     "</parameter>", ">", "\n", "a", "{\"name\": \"calculator\", \"arguments\": {}}",
+                                     " "]), max_size=30).map("".join)
+
+
+@given(TAG_SOUP)
+@settings(max_examples=400, deadline=None)
+def test_tag_scanner_finds_what_the_lazy_regexes_find(text):
+    from benchmax_gym.core.formats import _tagged
+
+    plain = [(m.group(1), m.start(), m.end()) for m in re.finditer(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)]
+    assert [(b, s, e) for _, b, s, e in _tagged(text, "<tool_call>", "</tool_call>")] == plain
+    named = [(m.group(1), m.group(2), m.start(), m.end())
+             for m in re.finditer(r"<function=([^>\n]*)>(.*?)</function>", text, re.DOTALL)]
+    assert list(_tagged(text, "<function=", "</function>", named=True)) == named
