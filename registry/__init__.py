@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,21 +67,60 @@ ENVS: dict[str, EnvEntry] = {
 }
 
 
-def _vector_entry_point(env_id: str) -> Callable[..., Any]:
-    """``gym.make_vec(env_id, num_envs=n, **kwargs)`` builds a SubprocVectorEnv (imported on use)."""
+# What user-registered ids are built from (toolsets, task sources, rubrics, classes, rows). These
+# hold locks, queues and live objects, so the Gymnasium spec names them instead of holding them:
+# Gymnasium deep-copies specs in make_vec, and vector envs pickle entry points to their workers.
+_PARTS: dict[str, tuple[Callable[..., gym.Env], dict[str, Any]]] = {}
 
-    def make(num_envs: int = 1, **kwargs: Any):
+
+@dataclass(frozen=True)
+class RegisteredFactory:
+    """The entry point of an id registered in Python (:func:`register_tool_env`,
+    ``register_benchmax_env``): picklable and deep-copyable, since it holds only the id.
+
+    A worker process finds the parts in this module's table: forked workers inherit it; a spawned
+    process (or a CLI run) must import the module that registers the id first.
+    """
+
+    env_id: str
+
+    def __call__(self, **kwargs: Any) -> gym.Env:
+        try:
+            factory, bound = _PARTS[self.env_id]
+        except KeyError:
+            raise gym.error.Error(
+                f"{self.env_id!r} was registered in Python in another process; import the module that "
+                "registers it before making it here (the CLI takes --import MODULE)") from None
+        return factory(**bound, **kwargs)
+
+
+def register_parts(env_id: str, factory: Callable[..., gym.Env], description: str,
+                   defaults: Mapping[str, Any] | None = None, **parts: Any) -> str:
+    """Register ``env_id`` as ``factory(**parts, **kwargs)`` with a picklable entry point."""
+    _PARTS[env_id] = (factory, parts)
+    entry = EnvEntry(env_id, RegisteredFactory(env_id), description)
+    ENVS[env_id] = entry
+    _register(entry, defaults)
+    return env_id
+
+
+@dataclass(frozen=True)
+class VectorFactory:
+    """``gym.make_vec(env_id, num_envs=n, **kwargs)`` builds a SubprocVectorEnv (imported on use).
+    A small picklable object, like every part of a spec."""
+
+    env_id: str
+
+    def __call__(self, num_envs: int = 1, **kwargs: Any):
         from benchmax_gym.wrappers.vector import SubprocVectorEnv
 
-        return SubprocVectorEnv(env_id, num_envs, **kwargs)
-
-    return make
+        return SubprocVectorEnv(self.env_id, num_envs, **kwargs)
 
 
 def _register(entry: EnvEntry, kwargs: Mapping[str, Any] | None = None) -> None:
     # The engine enforces its own turn limit (truncated=True), so no TimeLimit wrapper is added.
     gym.register(
-        id=entry.id, entry_point=entry.entry_point, vector_entry_point=_vector_entry_point(entry.id),
+        id=entry.id, entry_point=entry.entry_point, vector_entry_point=VectorFactory(entry.id),
         kwargs=dict(kwargs or {}), max_episode_steps=None,
     )
 
@@ -145,11 +183,6 @@ def register_tool_env(
     tasks = source
     if not isinstance(rubric, Rubric):
         rubric = Rubric(rubric if isinstance(rubric, (list, tuple)) else [rubric])
-    entry_point = functools.partial(
-        ToolEnv, tasks=tasks, toolset=toolset, rubric=rubric, system_prompt=system_prompt
-    )
-    entry = EnvEntry(env_id, entry_point, description or system_prompt.split("\n")[0][:80])
-    ENVS[env_id] = entry
-    _register(entry, defaults)
-    return env_id
+    return register_parts(env_id, ToolEnv, description or system_prompt.split("\n")[0][:80], defaults,
+                          tasks=tasks, toolset=toolset, rubric=rubric, system_prompt=system_prompt)
 

@@ -215,14 +215,8 @@ def register_benchmax_env(
     **defaults: Any,
 ) -> str:
     """Register a benchmax environment class plus its rows as a Gymnasium id; returns the id."""
-    from benchmax_gym.registry import EnvEntry, ENVS, _register
+    from benchmax_gym.registry import register_parts
 
-    rows = [dict(r) for r in rows]
-    entry = EnvEntry(
-        env_id,
-        functools.partial(BenchmaxEnv, benchmax_env, rows),
-        description or f"benchmax environment {getattr(benchmax_env, '__name__', type(benchmax_env).__name__)}",
-    )
-    ENVS[env_id] = entry
-    _register(entry, defaults)
-    return env_id
+    name = getattr(benchmax_env, "__name__", type(benchmax_env).__name__)
+    return register_parts(env_id, BenchmaxEnv, description or f"benchmax environment {name}", defaults,
+                          benchmax_env=benchmax_env, rows=[dict(r) for r in rows])

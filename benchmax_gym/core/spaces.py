@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import string
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from gymnasium.spaces import Text
+from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
 
 # Characters that ``sample(mask=...)`` indexes; contains() does not depend on them.
 _CHARSET = string.ascii_letters + string.digits + string.punctuation + " \n\téßüñøπλ漢字😀"
@@ -88,3 +90,56 @@ class UnicodeText(Text):
             and self.min_length == other.min_length
             and self.max_length == other.max_length
         )
+
+
+# Gymnasium's AsyncVectorEnv passes observations through shared memory. For ``Text`` it stores
+# indices into the space's charset (prose outside it came back as garbage) and reads the batch
+# once, at construction, as a tuple of str: every later step returned that first batch. A
+# UnicodeText row is its length followed by its code points, so any str round-trips, and the
+# batch read is a live view whose copy (what AsyncVectorEnv hands out each step) is a tuple of
+# the current strings.
+
+
+class SharedTextBatch(Sequence):
+    """A live view of a batch of strings in shared memory; ``copy.deepcopy`` gives a tuple."""
+
+    def __init__(self, rows: np.ndarray):
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        row = self._rows[index]
+        return row[1:1 + row[0]].tobytes().decode("utf-32-le", "surrogatepass")
+
+    def __deepcopy__(self, memo) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __eq__(self, other: Any) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, Sequence) else other)
+
+    def __repr__(self) -> str:
+        return f"SharedTextBatch({tuple(self)!r})"
+
+
+@create_shared_memory.register(UnicodeText)
+def _create_unicode_shared_memory(space: UnicodeText, n: int = 1, ctx: Any = None):
+    import multiprocessing
+
+    return (ctx or multiprocessing).Array("i", n * (space.max_length + 1), lock=True)
+
+
+@read_from_shared_memory.register(UnicodeText)
+def _read_unicode_from_shared_memory(space: UnicodeText, shared_memory: Any, n: int = 1) -> SharedTextBatch:
+    return SharedTextBatch(np.frombuffer(shared_memory.get_obj(), dtype=np.int32).reshape((n, space.max_length + 1)))
+
+
+@write_to_shared_memory.register(UnicodeText)
+def _write_unicode_to_shared_memory(space: UnicodeText, index: int, value: str, shared_memory: Any) -> None:
+    codes = np.frombuffer(value.encode("utf-32-le", "surrogatepass"), dtype=np.int32)
+    row = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)[index * (space.max_length + 1):]
+    row[0] = len(codes)
+    row[1:1 + len(codes)] = codes

@@ -105,3 +105,43 @@ def test_register_tool_env_in_one_call():
 def test_register_tool_env_rejects_bad_tasks():
     with pytest.raises(ValueError, match="tasks\\[0\\]"):
         benchmax_gym.register_tool_env("testing/Bad-v0", tools=[], tasks=[{"question": "?"}], rubric=[lambda completion: 0.0])
+
+
+def country(city: str) -> str:
+    """Look up a city's country.
+
+    Args:
+        city: the city's English name
+    """
+    return {"Paris": "France", "Lima": "Perú 🇵🇪"}.get(city, "unknown")
+
+
+def stated(completion: str, answer: str) -> float:
+    return float((benchmax_gym.final_answer(completion) or "").casefold() == answer.casefold())
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", None])
+def test_make_vec_runs_envs_registered_in_python(mode):
+    """Specs of register_tool_env ids are deep-copied by make_vec and pickled to workers: they
+    once held the toolset itself (locks, queues) and failed in every mode."""
+    import copy
+    import pickle
+
+    env_id = registry.register_tool_env(
+        f"test/GeoVec{mode or ''}-v0", tools=[country], tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}],
+        rubric=[stated], system_prompt="Answer in <answer> tags.", max_turns=3)
+    gym.make(env_id).reset(seed=0)  # a made env must not leave unpicklable state behind in the spec
+    spec = gym.spec(env_id)
+    assert pickle.loads(pickle.dumps(spec)).entry_point == copy.deepcopy(spec).entry_point
+    single_obs, _ = gym.make(env_id).reset(seed=0)
+    envs = gym.make_vec(env_id, num_envs=2, **({} if mode is None else {"vectorization_mode": mode}))
+    try:
+        obs, _ = envs.reset(seed=0)
+        assert tuple(obs) == (single_obs, single_obs)  # async once returned charset garbage, then ''
+        action = '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>'
+        obs, rewards, terminated, _, _ = envs.step([action, action])
+        assert "Perú 🇵🇪" in obs[0] and "Perú 🇵🇪" in obs[1] and not terminated.any()
+        _, rewards, terminated, _, _ = envs.step(["<answer>Peru</answer>", "<answer>France</answer>"])
+        assert terminated.all() and list(rewards) == [1.0, 0.0]
+    finally:
+        envs.close()
