@@ -18,8 +18,10 @@ class RecordEpisodes(gym.Wrapper):
     """Append one JSON object per finished episode to ``path``.
 
     Each line holds ``env_id``, ``task_id``, ``seed``, ``messages`` (the whole OpenAI-style
-    transcript, assistant turns included), ``reward``, ``reward_components``, ``turns``,
-    ``terminated``, ``truncated`` and ``tool_errors``. The ground truth is not written.
+    transcript, assistant turns included), ``actions`` (the model's raw text of each turn,
+    reasoning and malformed calls included), ``reward``, ``reward_components``, ``turns``,
+    ``terminated``, ``truncated``, ``errors`` (every step's error codes, parse errors included)
+    and ``tool_errors`` (tool results that were errors). The ground truth is not written.
     """
 
     def __init__(self, env: gym.Env, path: str | os.PathLike):
@@ -30,10 +32,12 @@ class RecordEpisodes(gym.Wrapper):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self._seed = seed
+        self._errors: list[str] = []
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)
+        self._errors += info.get("errors") or []
         if terminated or truncated:
             episode = self.env.unwrapped.episode
             record = {
@@ -41,11 +45,13 @@ class RecordEpisodes(gym.Wrapper):
                 "task_id": episode.task.id,
                 "seed": self._seed,
                 "messages": episode.messages,
+                "actions": episode.actions,
                 "reward": reward,
                 "reward_components": info.get("reward_components", {}),
                 "turns": episode.turn,
                 "terminated": terminated,
                 "truncated": truncated,
+                "errors": self._errors,
                 "tool_errors": episode.tool_errors,
             }
             self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")

@@ -36,7 +36,7 @@ from typing import Any
 import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, get_format
+from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.sandbox import Sandbox, SandboxConfig, resolve_level
 from benchmax_gym.core.spaces import UnicodeText
@@ -62,6 +62,7 @@ class Episode:
     rollout_id: str
     index: int
     messages: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)  # the model's raw text, one per turn, reasoning kept
     turn: int = 0
     state: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -118,6 +119,10 @@ class ToolEnv(gym.Env[str, str]):
         sandbox: when tools run model-written code, how each episode's :class:`Sandbox` is made;
             it is started at reset (``episode.state["sandbox"]``) and killed when the episode ends.
         render_mode: ``"ansi"`` (``render()`` returns the transcript) or ``"human"`` (prints it).
+        reasoning_tags: the tags around a reasoning model's thinking, ``("<think>", "</think>")``
+            by default. Tool calls and the final answer are read only outside them (a call or a
+            ``\\boxed{}`` inside the thinking is not acted on); the raw reply, thinking
+            included, is kept in ``episode.actions``. ``None``: the whole reply is read.
 
     Example::
 
@@ -148,10 +153,17 @@ class ToolEnv(gym.Env[str, str]):
         info_timings: bool = False,
         sandbox: SandboxConfig | None = None,
         render_mode: str | None = None,
+        reasoning_tags: tuple[str, str] | list[str] | None = ("<think>", "</think>"),
         **unknown: Any,
     ):
         if unknown:
             raise TypeError(unknown_arguments_message(type(self), unknown))
+        if reasoning_tags is not None and not (
+                isinstance(reasoning_tags, (tuple, list)) and len(reasoning_tags) == 2
+                and all(isinstance(t, str) and t for t in reasoning_tags)):
+            raise ValueError(f"reasoning_tags must be None or two non-empty strings (opening, closing), "
+                             f"got {reasoning_tags!r}")
+        self.reasoning_tags = None if reasoning_tags is None else tuple(reasoning_tags)
         if not isinstance(tasks, TaskSource):
             raise TypeError(f"tasks must be a TaskSource, got {type(tasks).__name__}")
         if not isinstance(toolset, Toolset):
@@ -387,6 +399,7 @@ class ToolEnv(gym.Env[str, str]):
         if not isinstance(action, str):
             raise TypeError(f"action must be a str (the model's reply), got {type(action).__name__}")
         episode.turn += 1
+        episode.actions.append(action)
         plan = _StepPlan(episode=episode, t0=t0)
         if len(action) > self.max_action_chars:
             plan.errors.append(ACTION_TOO_LONG)
@@ -397,7 +410,8 @@ class ToolEnv(gym.Env[str, str]):
             )
             plan.parse_s = time.perf_counter() - t0
             return plan
-        parsed: Parsed = self.format.parse(action, episode.turn, self._tool_params)
+        _, visible = split_reasoning(action, self.reasoning_tags)
+        parsed: Parsed = self.format.parse(visible, episode.turn, self._tool_params)
         plan.parse_s = time.perf_counter() - t0
         plan.parsed = parsed
         if parsed.is_final:
@@ -407,7 +421,9 @@ class ToolEnv(gym.Env[str, str]):
             return plan
         plan.to_run = parsed.calls[: self.max_calls_per_action]
         plan.skipped = parsed.calls[self.max_calls_per_action :]
-        assistant = {"role": "assistant", "content": parsed.content}
+        # a reply that did not parse keeps its text (outside reasoning), so the next turn shows
+        # the model what it wrote and the transcript loses nothing
+        assistant = {"role": "assistant", "content": visible.strip() if parsed.errors else parsed.content}
         if parsed.calls:
             assistant["tool_calls"] = [c.to_openai() for c in parsed.calls]
         episode.messages.append(assistant)

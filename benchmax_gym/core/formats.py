@@ -122,6 +122,36 @@ def _tagged(text: str, open_tag: str, close_tag: str, named: bool = False):
         pos = end + len(close_tag)
 
 
+def split_reasoning(text: str, tags: tuple[str, str] | None = ("<think>", "</think>")) -> tuple[str, str]:
+    """``(reasoning, visible)``: a reply's reasoning blocks and the rest, where calls and the
+    answer are read. Linear in the text.
+
+    Every ``<think>...</think>`` block is reasoning; so is everything before a first ``</think>``
+    that has no opening tag (templates such as Qwen3's put ``<think>`` in the prompt), and
+    everything after an opening tag that never closes (the model was cut off while thinking).
+    ``tags=None`` treats the whole reply as visible.
+    """
+    if not tags:
+        return "", text
+    open_tag, close_tag = tags
+    reasoning, visible, pos = [], [], 0
+    first_close, first_open = text.find(close_tag), text.find(open_tag)
+    if first_close >= 0 and (first_open < 0 or first_close < first_open):
+        reasoning.append(text[:first_close])
+        pos = first_close + len(close_tag)
+    while (start := text.find(open_tag, pos)) >= 0:
+        visible.append(text[pos:start])
+        end = text.find(close_tag, start + len(open_tag))
+        if end < 0:
+            reasoning.append(text[start + len(open_tag):])
+            pos = len(text)
+            break
+        reasoning.append(text[start + len(open_tag):end])
+        pos = end + len(close_tag)
+    visible.append(text[pos:])
+    return "\n".join(reasoning), "".join(visible)
+
+
 def _outside(text: str, spans: list[tuple[int, int]]) -> str:
     """``text`` without the given (start, end) spans, which are sorted and disjoint."""
     pieces, pos = [], 0
