@@ -110,7 +110,10 @@ class _Worker:
         self.plain[i] = self.api[i] is None or _sync_is_enough(self.api[i])
         own = getattr(self.api[i], "aio", None) if not self.plain[i] else None
         if isinstance(own, OwnLoop):  # its async resources live on this loop: no hop per call
-            own.adopt(self.loop)
+            try:
+                own.adopt(self.loop)
+            except RuntimeError:  # async work already alive on its own loop: it stays there (a hop per call)
+                pass
 
     def send(self, message: Any) -> None:
         self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
@@ -246,7 +249,13 @@ class _Worker:
 
 def _worker_main(conn, env_fns, mode_value, fresh) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _Worker(conn, env_fns, AutoresetMode(mode_value), fresh).serve()
+    try:
+        worker = _Worker(conn, env_fns, AutoresetMode(mode_value), fresh)
+    except BaseException as exc:  # the parent raises this, not a bare EOFError
+        tail = "".join(traceback.format_exception(exc)[-6:]).rstrip()
+        conn.send_bytes(pickle.dumps(("failed", f"{type(exc).__name__}: {exc}\n{tail}")))
+        return
+    worker.serve()
 
 
 # -- the parent side -----------------------------------------------------------------------------
@@ -334,6 +343,7 @@ class SubprocVectorEnv(VectorEnv):
     ):
         fns = _env_fns(env, num_envs, env_kwargs)
         self.num_envs = len(fns)
+        self._env_name = repr(env) if isinstance(env, str) else "its environments"
         try:
             self.autoreset_mode = AutoresetMode(autoreset_mode)
         except ValueError:
@@ -389,7 +399,15 @@ class SubprocVectorEnv(VectorEnv):
     def _expect(self, worker: _Process, kind: str, timeout: float = 120.0) -> Any:
         if not worker.conn.poll(timeout):
             raise RuntimeError(f"worker {worker.process.pid} did not answer {kind!r} within {timeout:g} s")
-        got, payload = worker.recv()
+        try:
+            got, payload = worker.recv()
+        except (EOFError, OSError):
+            worker.process.join(timeout=5)
+            raise RuntimeError(f"the worker for {self._env_name} exited (code {worker.process.exitcode}) "
+                               f"before answering {kind!r}") from None
+        if got == "failed":
+            worker.kill()  # it is exiting by itself: reap it
+            raise RuntimeError(f"the worker could not build {self._env_name}: {payload}")
         if got != kind:
             raise RuntimeError(f"worker sent {got!r}, expected {kind!r}")
         return payload

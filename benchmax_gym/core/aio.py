@@ -57,11 +57,15 @@ class OwnLoop:
     def adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """Live on ``loop``, which its owner keeps for this environment's whole life (and runs).
 
-        Only before the environment's first async work: resources opened on another loop
-        cannot move.
+        Only before the environment's first async work that is still alive: resources opened on
+        another loop cannot move. A loop of its own that ran to completion and holds no task (an
+        environment that listed its tools at construction) is closed and replaced.
         """
-        if self._loop is not None and self._loop is not loop and self._pid == os.getpid():
-            raise RuntimeError("adopt() must come before the environment's first async work")
+        old = self._loop
+        if old is not None and old is not loop and self._pid == os.getpid():
+            if self._driving or old.is_running() or asyncio.all_tasks(old):
+                raise RuntimeError("adopt() must come before the environment's first async work")
+            old.close()
         self._loop, self._pid, self._adopted = loop, os.getpid(), True
 
     @property

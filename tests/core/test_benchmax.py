@@ -150,3 +150,21 @@ def test_extract_completion_text():
     assert extract_completion_text(messages) == "first\nsecond"
     assert extract_completion_text("plain") == "plain"
     assert extract_completion_text([]) == ""
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", None])
+def test_benchmax_envs_run_in_every_vector_mode(mode):
+    """A BaseEnv lists its tools at construction; SubprocVectorEnv's workers then crashed
+    ("adopt() must come before...") and the parent raised a bare EOFError."""
+    env_id = register_benchmax_env(f"test/NotesVec{mode or ''}-v0", NotesEnv,
+                                   [{"prompt": "Remember 42, then answer it.", "ground_truth": "42"}])
+    envs = gym.make_vec(env_id, num_envs=2, **({} if mode is None else {"vectorization_mode": mode}))
+    try:
+        envs.reset(seed=0)
+        write = '<tool_call>{"name": "write_note", "arguments": {"text": "42"}}</tool_call>'
+        obs, _, terminated, _, _ = envs.step([write, write])
+        assert "saved" in obs[0] and not terminated.any()
+        _, rewards, terminated, _, _ = envs.step(["<answer>42</answer>", "<answer>41</answer>"])
+        assert terminated.all() and list(rewards) == [2.0, 1.0]  # correct + used_tools
+    finally:
+        envs.close()

@@ -285,3 +285,16 @@ def test_gc_and_interpreter_exit_leave_no_process():
 def test_bad_configuration(kwargs, says):
     with pytest.raises(ValueError, match=says):
         SubprocVectorEnv("benchmax/Math-v0", 4, **kwargs)
+
+
+def _env_that_cannot_be_built():
+    raise ValueError("the org database at /nowhere/org.sqlite does not exist")
+
+
+def test_a_worker_that_cannot_build_its_envs_says_why():
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RuntimeError, match="could not build.*ValueError: the org database at /nowhere"):
+        SubprocVectorEnv([_env_that_cannot_be_built] * 2, num_workers=2)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
