@@ -200,14 +200,25 @@ def test_an_adopted_loop_is_used_where_it_runs_and_never_closed_by_us():
     host.close()
 
 
-def test_adopt_comes_before_any_async_work():
+def test_adopt_replaces_a_finished_loop_but_never_live_work():
+    """An env that ran async work at construction (a benchmax BaseEnv listing its tools) can
+    still be adopted by a vector worker; one with a live task on its loop cannot."""
     own = OwnLoop()
-    own.run(where_and_what(1))
+    own.run(where_and_what(1))  # ran to completion: nothing lives on it
     other = asyncio.new_event_loop()
-    with pytest.raises(RuntimeError, match="before the environment's first async work"):
-        own.adopt(other)
-    other.close()
+    own.adopt(other)
+    assert own.loop is other
     own.close()
+
+    async def start_background():
+        asyncio.get_running_loop().create_task(asyncio.sleep(60))  # a session's reader, say
+
+    busy = OwnLoop()
+    busy.run(start_background())
+    with pytest.raises(RuntimeError, match="before the environment's first async work"):
+        busy.adopt(other)
+    other.close()
+    busy.close()
 
 
 def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on():
