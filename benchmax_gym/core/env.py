@@ -81,6 +81,16 @@ def positive_number(name: str, value: Any) -> float:
     return float(value)
 
 
+def _chat_tool_call(call: dict[str, Any], style: str) -> dict[str, Any]:
+    function = dict(call["function"])
+    if style == "hf":
+        try:
+            function["arguments"] = json.loads(function["arguments"])
+        except (TypeError, ValueError):
+            pass  # not JSON: a template shows the string as it is
+    return {**call, "function": function}
+
+
 def unknown_arguments_message(cls: type, unknown: dict[str, Any]) -> str:
     """``"MathEnv got an unexpected keyword argument 'task' (did you mean 'tasks'?)"``: the
     suggestions come from the arguments of ``cls`` and of the classes it passes the rest to."""
@@ -331,8 +341,41 @@ class ToolEnv(gym.Env[str, str]):
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The whole transcript of the current episode as OpenAI chat messages."""
+        """The whole transcript of the current episode as OpenAI chat messages (the engine's
+        own record: tool messages also carry the tool's ``name``). To send it to a model, use
+        :meth:`chat_messages`."""
         return self.episode.messages if self.episode else []
+
+    def chat_messages(self, style: str = "openai") -> list[dict[str, Any]]:
+        """The conversation so far, ready for the model's next turn (fresh dicts, safe to extend).
+
+        ``info["messages"]`` holds only one turn's messages; a chat API needs the whole
+        conversation, the model's own turns included. Example::
+
+            obs, info = env.reset(seed=0)
+            while not done:
+                reply = client.chat.completions.create(model=..., messages=env.unwrapped.chat_messages())
+                obs, reward, terminated, truncated, info = env.step(reply.choices[0].message.content)
+
+        ``style="openai"``: exactly the Chat Completions schema (OpenAI, vLLM, SGLang servers):
+        tool-call ``arguments`` are JSON strings; tool results are ``{role, tool_call_id, content}``.
+        ``style="hf"``: for ``tokenizer.apply_chat_template(messages, tools=info["tools"])``:
+        ``arguments`` are dicts (templates such as Qwen2.5's apply ``tojson`` to them, so a
+        string would be encoded twice) and tool results keep their ``name``.
+        """
+        if style not in ("openai", "hf"):
+            raise ValueError(f"style must be 'openai' or 'hf', got {style!r}")
+        out = []
+        for message in self.messages:
+            message = dict(message)
+            if message["role"] == "tool" and style == "openai":
+                message.pop("name", None)
+            if message.get("tool_calls"):
+                message["tool_calls"] = [_chat_tool_call(c, style) for c in message["tool_calls"]]
+                if not message.get("content") and style == "openai":
+                    message["content"] = None
+            out.append(message)
+        return out
 
     # -- internals ------------------------------------------------------------------------------
 
