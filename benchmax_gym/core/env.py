@@ -142,7 +142,8 @@ class ToolEnv(gym.Env[str, str]):
             '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>')
     """
 
-    metadata = {"render_modes": ["ansi", "human"]}
+    # render_fps only quiets Gymnasium's checker: a transcript has no frame rate (toy_text uses 4 too)
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
 
     def __init__(
         self,
@@ -491,6 +492,11 @@ class ToolEnv(gym.Env[str, str]):
             plan.errors.append(TOO_MANY_CALLS)
         episode.tool_errors += sum(1 for r in plan.results if r.error)
         plan.truncated = not plan.final and episode.turn >= self.max_turns
+        if plan.truncated:
+            plan.notes.append(f"The turn limit ({self.max_turns}) is reached: the episode is over and is graded as it stands.")
+        elif not plan.final and episode.turn == self.max_turns - 1:
+            plan.notes.append("This is your last turn: tool calls in your next reply still run, but the episode "
+                              "then ends, so give your final answer in it.")
         plan.grade = plan.final or plan.truncated
 
     def _reward_context(self, plan: "_StepPlan") -> dict[str, Any]:

@@ -76,3 +76,24 @@ def test_reasoning_tags_are_configurable_or_off():
     assert info["tool_calls"] == [] and terminated
     with pytest.raises(ValueError, match="reasoning_tags"):
         gym.make("benchmax/Math-v0", reasoning_tags="<think>")
+
+
+def test_the_model_is_told_before_its_last_turn_and_when_the_limit_is_hit():
+    env = math_env(max_turns=3)
+    obs, _, _, _, _ = env.step(CALC)
+    assert "last turn" not in obs
+    obs, _, _, truncated, info = env.step(CALC)
+    assert "42" in obs and "This is your last turn" in obs and not truncated
+    assert info["messages"][-1] == {"role": "user", "content": obs.split("</tool_response>\n")[-1]}
+    obs, _, _, truncated, _ = env.step(CALC)
+    assert truncated and "The turn limit (3) is reached" in obs
+
+
+def test_render_needs_no_fps_warning():
+    import warnings
+
+    env = gym.make("benchmax/Math-v0", python_tool=False, render_mode="ansi")
+    env.reset(seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "[user]" in env.render()
