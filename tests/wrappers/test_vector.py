@@ -285,3 +285,45 @@ def test_gc_and_interpreter_exit_leave_no_process():
 def test_bad_configuration(kwargs, says):
     with pytest.raises(ValueError, match=says):
         SubprocVectorEnv("benchmax/Math-v0", 4, **kwargs)
+
+
+def workspace_dirs(root):
+    """Episode workspaces under ``root``: sandboxes' ``ws-*`` and MCP-v0's ``benchmax-mcp-*``."""
+    return sorted(p for pattern in ("**/ws-*", "**/benchmax-mcp-*") for p in root.glob(pattern) if p.is_dir())
+
+
+def processes_in(root):
+    """Live processes whose working directory is under ``root`` (sandboxes, MCP servers)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.cwd().startswith(str(root)):
+                found.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+@pytest.mark.parametrize("env_id, kwargs", [("benchmax/Math-v0", {"python_tool": True}), ("benchmax/MCP-v0", {})])
+def test_restarts_after_sigkill_leave_no_workspace_behind(env_id, kwargs, tmp_path, monkeypatch):
+    # Workers are forked with this temp dir, so every workspace they make is under tmp_path.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    envs = gym.make_vec(env_id, num_envs=3, num_workers=2, **kwargs)
+    envs.reset(seed=0)
+    live = len(workspace_dirs(tmp_path))
+    assert live >= 3  # one per episode at least (a sandbox's, or the MCP env's)
+    for _ in range(4):
+        os.kill(envs.worker_pids[0], signal.SIGKILL)
+        _, _, _, truncated, info = envs.step([CALC] * 3)
+        assert truncated[0] and "worker_restarted" in info["error"][0]
+        envs.step([CALC] * 3)  # the restarted worker's envs reset: new workspaces
+        assert len(workspace_dirs(tmp_path)) == live
+    assert envs.faults == 4
+    envs.close()
+    deadline = time.monotonic() + 10
+    while (processes_in(tmp_path) or list(tmp_path.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_in(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
