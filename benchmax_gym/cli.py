@@ -257,9 +257,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_mcp_serve(args: argparse.Namespace) -> int:
     from benchmax_gym.envs.mcp.serve import serve
 
+    if args.max_sessions < 1:
+        raise SystemExit(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if not 0 < args.idle_timeout < float("inf"):
+        raise SystemExit(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
     try:
         serve(args.env_id, args.transport, host=args.host, port=args.port,
-              env_kwargs=_parse_env_args(args.env_arg), seed=args.seed)
+              env_kwargs=_parse_env_args(args.env_arg), seed=args.seed, idle_timeout=args.idle_timeout,
+              max_sessions=args.max_sessions, auth_token=args.auth_token)
     except gym.error.Error as exc:
         raise SystemExit(f"{exc}\nRun `benchmax-gym list` for the available ids.") from None
     except KeyboardInterrupt:
@@ -297,7 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     mcp.add_argument("env_id", help="an id from `benchmax-gym list`")
     mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="http: the address to listen on (loopback by default)")
-    mcp.add_argument("--port", type=int, default=8000)
+    mcp.add_argument("--port", type=int, default=8000, help="http: the port (0: any free one; the URL is printed)")
+    mcp.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
+                     help="http: a session with no request in flight this long is closed with its environment")
+    mcp.add_argument("--max-sessions", type=int, default=64,
+                     help="http: sessions open at once; one more gets HTTP 503 until one ends")
+    mcp.add_argument("--auth-token", default=None,
+                     help="http: require 'Authorization: Bearer TOKEN' (401 without it); "
+                          "prefer the BENCHMAX_GYM_MCP_TOKEN variable, which `ps` does not show")
     mcp.add_argument("--seed", type=int, default=0, help="each session's environment is reset with this seed")
     mcp.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for gym.make (VALUE parsed as JSON when it can be)")

@@ -33,7 +33,9 @@ import atexit
 import functools
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 import time
 import traceback
 import weakref
@@ -247,6 +249,14 @@ class _Worker:
                 pass
 
 
+def _in_own_tmp(tmp: str, *args) -> None:
+    """Run a worker with its own temp root: every workspace it makes (sandboxes, MCP
+    servers' directories, copies of workbooks) lands there, so the parent can delete them all
+    when the worker dies, even by SIGKILL, and when the vector env closes."""
+    tempfile.tempdir = os.environ["TMPDIR"] = tmp
+    _worker_main(*args)
+
+
 def _worker_main(conn, env_fns, mode_value, fresh) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     try:
@@ -268,7 +278,9 @@ class _Process:
         self.env_ids = list(env_fns)
         parent, child = ctx.Pipe()
         self.conn = parent
-        self.process = ctx.Process(target=_worker_main, args=(child, env_fns, mode.value, fresh), daemon=True)
+        self.tmp = tempfile.mkdtemp(prefix="benchmax-worker-")  # removed by kill()
+        os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
+        self.process = ctx.Process(target=_in_own_tmp, args=(self.tmp, child, env_fns, mode.value, fresh), daemon=True)
         self.process.start()
         child.close()
 
@@ -279,10 +291,12 @@ class _Process:
         return pickle.loads(self.conn.recv_bytes())
 
     def kill(self) -> None:
+        """Kill the worker and delete its temp root (what a dead worker's envs never cleaned up)."""
         if self.process.is_alive():
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.join(timeout=10)
         self.conn.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class _InfoBatch:

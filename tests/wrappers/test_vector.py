@@ -298,3 +298,45 @@ def test_a_worker_that_cannot_build_its_envs_says_why():
     with pytest.raises(RuntimeError, match="could not build.*ValueError: the org database at /nowhere"):
         SubprocVectorEnv([_env_that_cannot_be_built] * 2, num_workers=2)
     assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
+
+
+def workspace_dirs(root):
+    """Episode workspaces under ``root``: sandboxes' ``ws-*`` and MCP-v0's ``benchmax-mcp-*``."""
+    return sorted(p for pattern in ("**/ws-*", "**/benchmax-mcp-*") for p in root.glob(pattern) if p.is_dir())
+
+
+def processes_in(root):
+    """Live processes whose working directory is under ``root`` (sandboxes, MCP servers)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.cwd().startswith(str(root)):
+                found.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+@pytest.mark.parametrize("env_id, kwargs", [("benchmax/Math-v0", {"python_tool": True}), ("benchmax/MCP-v0", {})])
+def test_restarts_after_sigkill_leave_no_workspace_behind(env_id, kwargs, tmp_path, monkeypatch):
+    # Workers are forked with this temp dir, so every workspace they make is under tmp_path.
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    envs = gym.make_vec(env_id, num_envs=3, num_workers=2, **kwargs)
+    envs.reset(seed=0)
+    live = len(workspace_dirs(tmp_path))
+    assert live >= 3  # one per episode at least (a sandbox's, or the MCP env's)
+    for _ in range(4):
+        os.kill(envs.worker_pids[0], signal.SIGKILL)
+        _, _, _, truncated, info = envs.step([CALC] * 3)
+        assert truncated[0] and "worker_restarted" in info["error"][0]
+        envs.step([CALC] * 3)  # the restarted worker's envs reset: new workspaces
+        assert len(workspace_dirs(tmp_path)) == live
+    assert envs.faults == 4
+    envs.close()
+    deadline = time.monotonic() + 10
+    while (processes_in(tmp_path) or list(tmp_path.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_in(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []

@@ -2,16 +2,29 @@
 
 Any MCP client or agent framework can then use a family's tools (Math's calculator and sandboxed
 python, Excel's workbook tools, CRM's database tools, ...). Each MCP session gets its own
-environment, reset once: its own workspace, workbook, database copy or sandbox, so sessions never
-see each other's changes. Over stdio the session is the process; over HTTP it is the
-``mcp-session-id`` of the initialize-handshake era (the modern stateless protocol has no session,
-so its requests share one environment). The server's instructions are the environment's system
-prompt.
+environment, reset once at its first tool call: its own workspace, workbook, database copy or
+sandbox, so sessions never see each other's changes. The server's instructions are the
+environment's system prompt.
+
+Sessions: over stdio the session is the process. Over HTTP it is the ``mcp-session-id`` of the
+initialize-handshake era; its environment is closed (sandbox killed, workspace deleted) when the
+session ends: the client's DELETE, or ``idle_timeout`` seconds with no request in flight (a
+client that vanished without a DELETE), or the server's shutdown. At most ``max_sessions`` are
+open at once; one more is refused with HTTP 503 "Too many open sessions" until one ends. The
+modern stateless protocol has no session, so its requests share one environment.
+
+HTTP binds to 127.0.0.1 unless told otherwise; ``auth_token`` (or ``BENCHMAX_GYM_MCP_TOKEN``)
+makes every request need ``Authorization: Bearer <token>`` (401 without it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
+import os
+import sys
+import threading
 from typing import Any
 
 import gymnasium as gym
@@ -20,34 +33,80 @@ from mcp.server.lowlevel import Server
 
 import benchmax_gym  # noqa: F401  (registers the ids)
 
+TOKEN_ENV = "BENCHMAX_GYM_MCP_TOKEN"
+_ENV_KEY = "benchmax_gym.env"  # where a session's environment (a future of it) lives in its connection state
+
 
 class SessionEnvs:
-    """One reset environment per MCP session (HTTP: per ``mcp-session-id``; stdio: the one
-    connection the process serves)."""
+    """One reset environment per MCP session, closed when the session ends.
+
+    A session's environment lives in its SDK connection's ``state`` and is closed by the
+    connection's ``exit_stack``, which the SDK unwinds however the session ends (DELETE, idle
+    timeout, shutdown). Requests without a session id (stdio's one connection, the modern
+    stateless protocol) share one environment, closed by :meth:`close`.
+    """
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], seed: int | None):
         self.env_id, self.env_kwargs, self.seed = env_id, env_kwargs, seed
-        self._envs: dict[str, gym.Env] = {}
-        self._lock = asyncio.Lock()
+        self.live: set[gym.Env] = set()  # made and not yet closed
+        self._lock = threading.Lock()
+        self._shared: asyncio.Future | None = None
 
     def make(self) -> gym.Env:
         env = gym.make(self.env_id, **self.env_kwargs)
-        env.reset(seed=self.seed)
+        self.live.add(env)
+        try:
+            env.reset(seed=self.seed)
+        except BaseException:
+            self._close(env)
+            raise
         return env
 
-    async def for_session(self, session_id: str | None) -> gym.Env:
-        key = session_id or "stdio"
-        async with self._lock:
-            env = self._envs.get(key)
-            if env is None:
-                env = await asyncio.to_thread(self.make)  # a reset may start a sandbox or a server
-                self._envs[key] = env
-            return env
+    def _close(self, env: gym.Env) -> None:
+        with self._lock:  # a session's release and the server's shutdown may race: close once
+            if env not in self.live:
+                return
+            self.live.discard(env)
+        env.close()
+
+    async def for_request(self, ctx: Any) -> gym.Env:
+        connection = _connection(ctx)
+        if connection is None or connection.session_id is None:  # stdio, or stateless HTTP
+            if self._shared is None:
+                self._shared = asyncio.ensure_future(asyncio.to_thread(self.make))
+            return await asyncio.shield(self._shared)
+        made = connection.state.get(_ENV_KEY)
+        if made is None:  # a reset may start a sandbox or a server: off the event loop
+            made = connection.state[_ENV_KEY] = asyncio.ensure_future(asyncio.to_thread(self.make))
+            connection.exit_stack.push_async_callback(self._release, made)
+        try:
+            return await asyncio.shield(made)
+        except Exception:
+            if connection.state.get(_ENV_KEY) is made:
+                del connection.state[_ENV_KEY]  # the next call tries again
+            raise
+
+    async def _release(self, made: asyncio.Future) -> None:
+        """The session ended: close its environment (in a thread; the SDK bounds the wait)."""
+        try:
+            env = await made
+        except Exception:
+            return
+        await asyncio.to_thread(self._close, env)
 
     def close(self) -> None:
-        for env in self._envs.values():
-            env.close()
-        self._envs.clear()
+        """Close every environment still open (the server is stopping)."""
+        for env in list(self.live):
+            try:
+                self._close(env)
+            except Exception:
+                pass
+
+
+def _connection(ctx: Any) -> Any:
+    """The SDK's per-connection object (``state``, ``exit_stack``, ``session_id``). The low-level
+    request context reaches it only through its session until the SDK's Context rework lands."""
+    return getattr(getattr(ctx, "session", None), "_connection", None)
 
 
 def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: int | None = 0) -> Server:
@@ -61,15 +120,13 @@ def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: in
         for s in base.tool_schemas
     ]
     instructions = base._family_prompt
-    probe.close()
+    sessions._close(probe)
 
     async def on_list_tools(ctx, params) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
 
     async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        request = getattr(ctx, "request", None)  # the HTTP request, on streamable HTTP
-        session_id = request.headers.get("mcp-session-id") if request is not None else None
-        env = (await sessions.for_session(session_id)).unwrapped
+        env = (await sessions.for_request(ctx)).unwrapped
         result = await env.toolset.arun(
             params.name, dict(params.arguments or {}), episode=env.episode,
             timeout=env.tool_timeout, max_chars=env.max_tool_output_chars,
@@ -85,27 +142,91 @@ def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: in
 
 
 def serve(env_id: str, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000,
-          env_kwargs: dict[str, Any] | None = None, seed: int | None = 0) -> None:
-    """Run the server until interrupted (stdio: until the client closes stdin)."""
+          env_kwargs: dict[str, Any] | None = None, seed: int | None = 0, idle_timeout: float = 600.0,
+          max_sessions: int = 64, auth_token: str | None = None) -> None:
+    """Run the server until interrupted (stdio: until the client closes stdin).
+
+    HTTP options: ``idle_timeout`` (seconds a session may have no request in flight before it
+    and its environment are closed), ``max_sessions`` (open at once), ``auth_token`` (a bearer
+    token every request must carry; default: the ``BENCHMAX_GYM_MCP_TOKEN`` variable, if set).
+    """
+    if transport not in ("stdio", "http"):
+        raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+        raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
+    if not isinstance(idle_timeout, (int, float)) or not 0 < idle_timeout < float("inf"):
+        raise ValueError(f"idle_timeout must be a positive number of seconds, got {idle_timeout!r}")
+    auth_token = auth_token if auth_token is not None else os.environ.get(TOKEN_ENV) or None
     server = build_server(env_id, env_kwargs, seed)
     try:
-        _run(server, transport, host, port)
+        if transport == "stdio":
+            _run_stdio(server)
+        else:
+            _run_http(server, host, port, idle_timeout, max_sessions, auth_token)
     finally:
         server.sessions.close()
 
 
-def _run(server: Server, transport: str, host: str, port: int) -> None:
-    if transport == "stdio":
-        from mcp.server.stdio import stdio_server
+def _run_stdio(server: Server) -> None:
+    from mcp.server.stdio import stdio_server
 
-        async def main() -> None:
-            async with stdio_server() as (read, write):
-                await server.run(read, write, server.create_initialization_options())
+    async def main() -> None:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
 
-        asyncio.run(main())
-    elif transport == "http":
-        import uvicorn
+    asyncio.run(main())
 
-        uvicorn.run(server.streamable_http_app(host=host), host=host, port=port, log_level="warning")
-    else:
-        raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
+
+def _run_http(server: Server, host: str, port: int, idle_timeout: float, max_sessions: int,
+              auth_token: str | None) -> None:
+    import uvicorn
+
+    app = server.streamable_http_app(host=host, session_idle_timeout=idle_timeout, max_sessions=max_sessions)
+    if auth_token:
+        app = BearerToken(app, auth_token)
+    elif not _is_loopback(host):
+        print(f"warning: serving on {host} with no --auth-token: anyone who can reach it can run the tools",
+              file=sys.stderr, flush=True)
+
+    class Announcing(uvicorn.Server):
+        """Says where it listens (stderr) once the socket is open, so scripts can wait for it."""
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                bound = self.servers[0].sockets[0].getsockname()[1] if self.servers else port
+                shown = f"[{host}]" if ":" in host else host
+                print(f"benchmax-gym mcp-serve: listening on http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
+
+    Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+class BearerToken:
+    """ASGI wrapper: every HTTP request needs ``Authorization: Bearer <token>`` (compared in
+    constant time), else 401 with ``WWW-Authenticate: Bearer``."""
+
+    def __init__(self, app: Any, token: str):
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                from starlette.responses import JSONResponse
+
+                response = JSONResponse(
+                    {"error": "invalid_token",
+                     "error_description": "this server needs an 'Authorization: Bearer <token>' header"},
+                    status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -7,16 +7,23 @@ only end in a timeout and a server restart, losing the server's state. This read
 in a list; a message over the limit is dropped as it streams past (memory stays bounded) and its
 request gets a JSON-RPC error at once, so the call fails with a clear message and the server
 lives on. Everything above the byte stream (parsing, the session) is the SDK's.
+
+The server's stderr is captured, not passed to ours (a chatty or crashing server could flood the
+user's terminal): its last few KB are kept in a :class:`StderrTail` for error messages, and each
+chunk is logged at debug level.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
+
+import subprocess
 
 import anyio
 import mcp_types as types
@@ -26,6 +33,34 @@ from mcp.shared.message import SessionMessage
 _KEEP = 512  # bytes kept from each end of a dropped message, to find its request id
 _ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 _GRACE_S = 2.0  # a server gets this long to exit after its stdin closes, then it is killed
+_STDERR_DRAIN_S = 1.0  # after the server exits, how long to wait for the rest of its stderr
+
+log = logging.getLogger(__name__)
+
+
+class StderrTail:
+    """The last ``limit`` bytes a server wrote to stderr (memory stays bounded however much it writes)."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self.size = 0
+        self._tail = bytearray()
+
+    def add(self, data: bytes) -> None:
+        self.size += len(data)
+        self._tail += data
+        if len(self._tail) > 2 * self.limit:  # trim now and then: linear in what is written
+            del self._tail[: -self.limit]
+
+    def text(self) -> str:
+        """The tail as text (``...`` in front when earlier output was dropped), or ``""``."""
+        text = bytes(self._tail[-self.limit:]).decode("utf-8", "replace").strip()
+        return f"...{text}" if text and self.size > self.limit else text
+
+    def describe(self) -> str:
+        """A sentence for an error message: what the server said last on stderr, if anything."""
+        text = self.text()
+        return f"; its stderr ended with:\n{text}" if text else ""
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:
@@ -61,18 +96,21 @@ class _Oversized:
 
 @asynccontextmanager
 async def stdio_transport(
-    server: StdioServerParameters, max_message_bytes: int, on_spawn: Callable[[int], None] = lambda pid: None
+    server: StdioServerParameters, max_message_bytes: int, on_spawn: Callable[[int], None] = lambda pid: None,
+    stderr: StderrTail | None = None,
 ) -> AsyncIterator[tuple[anyio.abc.ObjectReceiveStream, anyio.abc.ObjectSendStream]]:
     """Start ``server`` in its own session and yield the SDK's (read, write) message streams.
 
-    ``on_spawn(pid)`` learns the server's process id (its process group's id too) at once.
+    ``on_spawn(pid)`` learns the server's process id (its process group's id too) at once;
+    ``stderr`` collects the tail of what the server writes there (complete once this exits).
     """
+    stderr = stderr if stderr is not None else StderrTail()
     command = shutil.which(server.command) or server.command
     process = await anyio.open_process(
         [command, *server.args],
         env=get_default_environment() | (server.env or {}),
         cwd=server.cwd,
-        stderr=None,  # the server's log goes where ours does
+        stderr=subprocess.PIPE,  # read into ``stderr``, never passed to ours
         start_new_session=True,  # its own process group: the whole tree is killed at the end
     )
     on_spawn(process.pid)
@@ -126,6 +164,18 @@ async def stdio_transport(
                         if size > max_message_bytes:
                             big, parts, size = _Oversized(parts), [], 0
 
+    stderr_done = anyio.Event()
+
+    async def read_stderr() -> None:
+        try:
+            with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                async for chunk in process.stderr:
+                    stderr.add(chunk)
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("MCP server %s stderr: %s", server.command, chunk.decode("utf-8", "replace")[:2000])
+        finally:
+            stderr_done.set()
+
     async def write() -> None:
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             async with from_session:
@@ -139,11 +189,14 @@ async def stdio_transport(
     async with anyio.create_task_group() as tasks:
         tasks.start_soon(read)
         tasks.start_soon(write)
+        tasks.start_soon(read_stderr)
         try:
             yield read_stream, write_stream
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop(process)
+                with anyio.move_on_after(_STDERR_DRAIN_S):  # its last words, for the error message
+                    await stderr_done.wait()
             tasks.cancel_scope.cancel()
             await read_stream.aclose()
             await write_stream.aclose()

@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.tools import Tool, ToolError
-from benchmax_gym.envs.mcp.stdio import stdio_transport
+from benchmax_gym.envs.mcp.stdio import StderrTail, stdio_transport
 
 WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episode's directory
 
@@ -45,7 +45,8 @@ class ServerSpec:
     cwd: str | None = None
     url: str | None = None
 
-    def target(self, workspace: Path, max_message_bytes: int, on_spawn: Callable[[int], None]) -> Any:
+    def target(self, workspace: Path, max_message_bytes: int, on_spawn: Callable[[int], None],
+               stderr: StderrTail) -> Any:
         """What the SDK's ``Client`` connects to: the URL, or our stdio transport (see stdio.py)."""
         if self.url:
             return self.url
@@ -56,7 +57,7 @@ class ServerSpec:
             env={k: fill(v) for k, v in self.env.items()} or None,
             cwd=fill(self.cwd) if self.cwd else str(workspace),
         )
-        return stdio_transport(params, max_message_bytes, on_spawn)
+        return stdio_transport(params, max_message_bytes, on_spawn, stderr)
 
 
 def _spec(name: str, entry: Any) -> ServerSpec:
@@ -153,7 +154,8 @@ class Connection:
 
     The server's process is remembered when it starts and killed, with its children, whenever
     the connection closes: a server still busy (say, writing a huge result) can outlive the
-    SDK's own shutdown, and no server may outlive its environment.
+    SDK's own shutdown, and no server may outlive its environment. ``stderr`` keeps the tail of
+    what the current (or last) server process wrote there, for error messages.
     """
 
     def __init__(self, spec: ServerSpec, init_timeout: float, aio: OwnLoop, max_message_bytes: int):
@@ -166,11 +168,13 @@ class Connection:
         self._stop: asyncio.Event | None = None
         self.starts = 0
         self.pids: set[int] = set()
+        self.stderr = StderrTail()
         _LIVE.add(self)
 
     async def _hold(self, workspace: Path, ready: asyncio.Future) -> None:
         try:
-            async with Client(self.spec.target(workspace, self.max_message_bytes, self.pids.add)) as client:
+            target = self.spec.target(workspace, self.max_message_bytes, self.pids.add, self.stderr)
+            async with Client(target) as client:
                 self.client = client
                 if not ready.done():
                     ready.set_result(None)
@@ -188,6 +192,7 @@ class Connection:
     async def _start(self, workspace: Path) -> None:
         await self._close()
         self.starts += 1
+        self.stderr = StderrTail()
         self._stop = asyncio.Event()
         ready = asyncio.get_running_loop().create_future()
         ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if nobody waits
@@ -199,10 +204,13 @@ class Connection:
             await self._close()
             raise RuntimeError(
                 f"MCP server {self.spec.name!r} did not finish initialize within {self.init_timeout:g} s"
+                f"{self.stderr.describe()}"
             ) from None
         except Exception as exc:
-            await self._close()
-            raise RuntimeError(f"MCP server {self.spec.name!r} failed to start: {_describe(exc)}") from None
+            await self._close()  # the server has exited: its stderr is complete
+            raise RuntimeError(
+                f"MCP server {self.spec.name!r} failed to start: {_describe(exc)}{self.stderr.describe()}"
+            ) from None
 
     @property
     def alive(self) -> bool:
@@ -280,12 +288,18 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             # A crashed server, or one still busy past the timeout (a stdio stream is in order, so
             # nothing else gets through until it finishes): start it again so the episode goes on.
             timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(exc).lower()
-            await connection.start(env.workspace)
+            await connection.close()
+            said = "" if timed_out else connection.stderr.describe()  # a crashed server's last words
+            try:
+                await connection.start(env.workspace)
+            except RuntimeError as failed:
+                raise ToolError(f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}){said}"
+                                f"\nRestarting it failed: {failed}") from None
             if timed_out:
                 raise ToolError(f"tool {name!r} timed out after {env.tool_timeout:g} s; the MCP server "
                                 f"{server.name!r} was restarted", code="tool_timeout") from None
             raise ToolError(
-                f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}); it was restarted"
+                f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}); it was restarted{said}"
             ) from None
         text = result_text(result)
         if result.is_error:

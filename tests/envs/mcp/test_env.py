@@ -234,15 +234,33 @@ BROKEN = textwrap.dedent('''
     from mcp.server.mcpserver import MCPServer
     mode = sys.argv[1]
     if mode == "hang":
+        print("waiting for a licence server that never answers", file=sys.stderr, flush=True)
         time.sleep(600)
     if mode == "garbage":
         print("this is not JSON-RPC", flush=True)
+    if mode == "fail":
+        sys.exit("KeyError: 'WEATHER_API_KEY' is not set (give it in the server's env)")
+    if mode == "once":  # starts once; every later start fails (a port still held, say)
+        marker = __file__ + ".started"
+        if os.path.exists(marker):
+            sys.exit("OSError: [Errno 98] address already in use: 127.0.0.1:7777")
+        open(marker, "w").close()
     server = MCPServer("broken")
 
     @server.tool()
     def crash() -> str:
-        """Exit the whole server."""
+        """Say why on stderr, then exit the whole server."""
+        print("fatal: the index file is corrupt", file=sys.stderr, flush=True)
         os._exit(1)
+
+    @server.tool()
+    def shout(megabytes: int) -> str:
+        """Flood stderr, then answer."""
+        line = "noise " * 20 + "\\n"
+        for _ in range(megabytes * 1_000_000 // len(line)):
+            sys.stderr.write(line)
+        sys.stderr.flush()
+        return "done shouting"
 
     @server.tool()
     def huge(megabytes: int) -> str:
@@ -294,6 +312,43 @@ def test_server_that_hangs_on_initialize(broken_server):
     with pytest.raises(RuntimeError, match="did not finish initialize within 2 s"):
         env.reset(seed=0)
     assert time.monotonic() - start < 15
+    env.close()
+
+
+def test_server_that_fails_to_start_says_why(broken_server, capfd):
+    env = make_broken(broken_server("fail"))
+    with pytest.raises(RuntimeError, match="failed to start") as raised:
+        env.reset(seed=0)
+    assert "WEATHER_API_KEY" in str(raised.value)  # the server's own words, not just 'Connection closed'
+    env.close()
+    assert "WEATHER_API_KEY" not in capfd.readouterr().err  # captured, not passed to our stderr
+
+
+def test_server_that_hangs_on_initialize_shows_its_stderr(broken_server):
+    env = make_broken(broken_server("hang"), init_timeout=2)
+    with pytest.raises(RuntimeError, match="licence server"):
+        env.reset(seed=0)
+    env.close()
+
+
+def test_server_crash_mid_episode_shows_its_stderr(broken_server):
+    env = make_broken(broken_server("once"))
+    env.reset(seed=0)
+    obs, _, terminated, _, info = env.step(call("crash"))
+    # It dies saying why; the restart fails saying why: the model sees both.
+    assert info["error"] == "tool_error" and not terminated
+    assert "the index file is corrupt" in obs and "address already in use" in obs
+    env.close()
+
+
+def test_server_stderr_flood_is_captured_and_bounded(broken_server, capfd):
+    env = make_broken(broken_server("ok"), tool_timeout=120)
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(call("shout", megabytes=20))
+    assert info["error"] is None and "done shouting" in obs
+    assert len(capfd.readouterr().err) < 10_000  # 20 MB went to the server's log tail, not to ours
+    obs, _, _, _, info = env.step(call("crash"))
+    assert "the index file is corrupt" in obs and len(obs) < 10_000  # only the tail of its stderr
     env.close()
 
 

@@ -2,12 +2,22 @@
 
 import asyncio
 import json
+import os
+import queue
+import re
 import subprocess
 import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 
+import psutil
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 CLI = [sys.executable, "-m", "benchmax_gym.cli"]
 
@@ -90,3 +100,181 @@ def test_every_family_serves_its_tools(env_id, tool, arguments, expect):
     finally:
         server.sessions.close()
     assert tool in names and not result.is_error and expect in text(result)
+
+
+# -- mcp-serve --transport http: its URL, session lifetimes, a session cap, a bearer token ----------
+
+URL = re.compile(r"http://127\.0\.0\.1:\d+/mcp")
+PYTHON = {"code": "print(6 * 7)"}
+
+
+class Served:
+    """An `mcp-serve --transport http --port 0` process: its printed URL and its stderr so far."""
+
+    def __init__(self, *args, env=None, timeout=60):
+        self.proc = subprocess.Popen([*CLI, "mcp-serve", *args, "--transport", "http", "--port", "0"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})})
+        self.lines, self.urls = [], queue.Queue()
+        threading.Thread(target=self._drain, daemon=True).start()  # a full pipe would block the server
+        try:
+            self.url = self.urls.get(timeout=timeout)
+        except queue.Empty:
+            self.close()
+            raise AssertionError(f"no URL on stderr within {timeout} s; stderr: {''.join(self.lines)[-2000:]}")
+
+    def _drain(self):
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if (found := URL.search(line)) is not None:
+                self.urls.put(found.group())
+
+    def sandboxes(self):
+        """Live descendant processes (each session's environment runs a sandbox for python)."""
+        alive = []
+        for p in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    def wait_for(self, count, timeout=60):
+        deadline = time.monotonic() + timeout
+        while len(self.sandboxes()) != count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return len(self.sandboxes())
+
+    def close(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+@pytest.fixture
+def serve():
+    started = []
+
+    def start(*args, **kwargs):
+        started.append(Served(*args, **kwargs))
+        return started[-1]
+
+    yield start
+    for served in started:
+        served.close()
+
+
+async def use_python(url, **kwargs):
+    async with Client(url, mode="legacy", **kwargs) as client:
+        result = await client.call_tool("python", PYTHON)
+        assert "42" in text(result), text(result)
+
+
+def test_http_prints_its_url_once_listening(serve):
+    served = serve("benchmax/Math-v0", "--env-arg", "python_tool=false")
+    assert sum(bool(URL.search(line)) for line in served.lines) == 1
+
+    async def main():
+        async with Client(served.url, mode="legacy") as client:
+            return await client.call_tool("calculator", {"expression": "6*7"})
+
+    assert text(asyncio.run(main())) == "42"
+
+
+def test_http_frees_a_sessions_environment_when_the_session_ends(serve):
+    served = serve("benchmax/Math-v0")
+    idle = len(served.sandboxes())
+    for _ in range(6):  # one after another: each one's sandbox is gone once it closes (DELETE)
+        asyncio.run(use_python(served.url))
+        assert served.wait_for(idle) == idle
+
+    async def together():
+        async with Client(served.url, mode="legacy") as a, Client(served.url, mode="legacy") as b:
+            for client in (a, b):
+                await client.call_tool("python", PYTHON)
+            return len(served.sandboxes())
+
+    assert asyncio.run(together()) > idle
+    assert served.wait_for(idle) == idle
+
+
+CLIENT_THEN_VANISH = """
+import asyncio, os, sys
+from mcp import Client
+
+async def main():
+    async with Client(sys.argv[1], mode="legacy") as client:
+        await client.call_tool("python", {"code": "print(1)"})
+        print("called", flush=True)
+        os._exit(0)  # gone without ending its session (no DELETE)
+
+asyncio.run(main())
+"""
+
+
+def test_http_frees_an_abandoned_sessions_environment_after_the_idle_timeout(serve):
+    served = serve("benchmax/Math-v0", "--idle-timeout", "2")
+    idle = len(served.sandboxes())
+    out = subprocess.run([sys.executable, "-c", CLIENT_THEN_VANISH, served.url], capture_output=True, text=True,
+                         timeout=120)
+    assert "called" in out.stdout, out.stderr
+    assert served.wait_for(idle) == idle
+
+
+def test_http_session_cap_is_a_clear_error(serve):
+    served = serve("benchmax/Math-v0", "--env-arg", "python_tool=false", "--max-sessions", "2")
+
+    async def main():
+        async with Client(served.url, mode="legacy") as a, Client(served.url, mode="legacy") as b:
+            await a.list_tools()
+            await b.list_tools()
+            with pytest.raises(Exception) as refused:
+                async with Client(served.url, mode="legacy") as c:
+                    await c.list_tools()
+        async with Client(served.url, mode="legacy") as c:  # room again once they ended
+            ok = await c.call_tool("calculator", {"expression": "1+1"})
+        return refused.value, ok
+
+    refused, ok = asyncio.run(main())
+    assert "Too many open sessions" in repr(refused) or "Too many open sessions" in str(refused)
+    assert text(ok) == "2"
+
+
+def test_http_bearer_token(serve):
+    served = serve("benchmax/Math-v0", "--env-arg", "python_tool=false", env={"BENCHMAX_GYM_MCP_TOKEN": "s3cret"})
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).encode()
+
+    def status(token):
+        headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(served.url, data=body, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert status(None) == 401 and status("wrong") == 401 and status("s3cret") == 200
+
+    async def main(token):
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with http, Client(streamable_http_client(served.url, http_client=http), mode="legacy") as client:
+            return await client.call_tool("calculator", {"expression": "6*7"})
+
+    assert text(asyncio.run(main("s3cret"))) == "42"
+    with pytest.raises(Exception):
+        asyncio.run(main("wrong"))
+
+
+def test_http_auth_token_flag_and_bad_options(serve):
+    served = serve("benchmax/Math-v0", "--env-arg", "python_tool=false", "--auth-token", "flag-token")
+    request = urllib.request.Request(served.url, data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401
+    for bad, says in ((["--max-sessions", "0"], "--max-sessions"), (["--idle-timeout", "-1"], "--idle-timeout")):
+        out = subprocess.run([*CLI, "mcp-serve", "benchmax/Math-v0", "--transport", "http", *bad],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr
