@@ -33,13 +33,13 @@ import atexit
 import functools
 import os
 import pickle
-import shutil
 import signal
 import tempfile
 import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -50,6 +50,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from multiprocess.connection import wait as wait_for_connections
 
 from benchmax_gym.core.aio import OwnLoop
+from benchmax_gym.core.sandbox import remove_tree
 
 # Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
 _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
@@ -296,7 +297,7 @@ class _Process:
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.join(timeout=10)
         self.conn.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        remove_tree(Path(self.tmp))  # model code may have left deep trees and closed modes
 
 
 class _InfoBatch:

@@ -181,7 +181,7 @@ def bubblewrap_status() -> tuple[bool, str]:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        _remove_tree(workspace)
+        remove_tree(workspace)
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
     return True, f"{version} at {bwrap}"
 
@@ -471,8 +471,9 @@ def _workspace_usage(root: Path) -> int:
     return total
 
 
-def _remove_tree(root: Path) -> None:
-    """Delete a workspace whatever the code made of it (any depth, modes, names)."""
+def remove_tree(root: Path) -> None:
+    """Delete a workspace whatever model code made of it (any depth, modes, names, links).
+    Iterative: 1,500 nested directories once broke a recursive walk."""
     _walk(root, remove=True)
     _quietly(os.rmdir, root)
 
@@ -611,7 +612,7 @@ class Sandbox:
             return
         self._closed = True
         self._kill()
-        _remove_tree(self.workspace)
+        remove_tree(self.workspace)
 
     def __enter__(self) -> "Sandbox":
         return self
