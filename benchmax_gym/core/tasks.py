@@ -35,9 +35,12 @@ class Task:
         prompt: what the model is asked, as user-message text.
         answer: the ground truth; read only by the rubric, never put in ``obs`` or ``info``.
         solution: a worked solution for the reference solver (never shown to the model).
-        metadata: anything else (difficulty, source, type); visible in ``info["task_metadata"]``.
+        metadata: what may be shown (difficulty, source, type): it is ``info["task_metadata"]``.
+            Never put anything that reveals the answer here.
         files: files the episode starts with, ``{name: bytes or path}``, placed in the episode's
             workspace at reset (Excel's input workbook). Never the answer.
+        private: what only the grader and the reference solver read (an expected final state,
+            accepted aliases); like ``answer``, never in ``obs`` or ``info``.
     """
 
     id: str
@@ -46,6 +49,7 @@ class Task:
     solution: Any = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
     files: Mapping[str, bytes | str] = field(default_factory=dict)
+    private: Mapping[str, Any] = field(default_factory=dict)
 
 
 # -- drawing from a generator's numpy Generator (never global random) -------------------------
@@ -123,16 +127,27 @@ def generator_config(cls: type, value: Any, name: str = "difficulty") -> Any:
         raise ValueError(f"{name}: {exc}") from None
 
 
+_TASK_KEYS = ("prompt", "answer", "id", "solution", "metadata")
+
+
 def task_from_dict(record: Mapping[str, Any], index: int) -> Task:
-    """``{"prompt", "answer", "id", "solution", "metadata"}`` -> Task; a clear error names the index."""
+    """``{"prompt", "answer", "id", "solution", "metadata", ...}`` -> Task; a clear error names the index.
+
+    Only ``prompt`` is shown to the model and only ``metadata`` (and ``id``) appear in ``info``;
+    every other key (``expected_state``, say) is grader-only, in ``task.private``.
+    """
     if not isinstance(record, Mapping) or not isinstance(record.get("prompt"), str):
         raise ValueError(f"tasks[{index}] must be a Task or a dict with a 'prompt' string, got {record!r}")
+    metadata = record.get("metadata", {})
+    if not isinstance(metadata, Mapping):
+        raise ValueError(f"tasks[{index}]['metadata'] must be a dict (it is shown in info), got {metadata!r}")
     return Task(
         id=str(record.get("id", index)),
         prompt=record["prompt"],
         answer=record.get("answer"),
         solution=record.get("solution"),
-        metadata=dict(record.get("metadata", {})),
+        metadata=dict(metadata),
+        private={k: v for k, v in record.items() if k not in _TASK_KEYS},
     )
 
 

@@ -145,3 +145,27 @@ def test_make_vec_runs_envs_registered_in_python(mode):
         assert terminated.all() and list(rewards) == [1.0, 0.0]
     finally:
         envs.close()
+
+
+def test_a_custom_tasks_grader_data_never_reaches_the_model():
+    """Only ``metadata`` is shown; other keys of a task dict are the grader's (task.private)."""
+    import json
+
+    def state_matches(task) -> float:
+        return float(task.private["expected_state"] == {"saved": "SECRET-STATE-7731"})
+
+    env_id = registry.register_tool_env(
+        "test/Private-v0", tools=[country], rubric=[state_matches], system_prompt="Answer.",
+        tasks=[{"prompt": "Save it.", "answer": "SECRET-ANSWER-4410", "metadata": {"difficulty": "easy"},
+                "expected_state": {"saved": "SECRET-STATE-7731"}}])
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=0)
+    assert info["task_metadata"] == {"difficulty": "easy"}
+    seen = [obs, json.dumps(info, default=str)]
+    obs, reward, _, _, info = env.step("<answer>done</answer>")
+    seen += [obs, json.dumps(info, default=str)]
+    assert reward == 1.0
+    assert not any("SECRET" in text for text in seen)
+    with pytest.raises(ValueError, match=r"tasks\[0\]\['metadata'\] must be a dict"):
+        registry.register_tool_env("test/BadMeta-v0", tools=[country], rubric=[state_matches],
+                                   tasks=[{"prompt": "x", "metadata": "the answer is 4"}])
