@@ -12,7 +12,21 @@ limits and info, and :func:`register_benchmax_env` registers it under a Gymnasiu
   text and ``row["ground_truth"]`` (other row fields arrive as keyword arguments).
 
 Rows are ``{"prompt": str, "ground_truth": ...}`` or ``{"messages": [...], ...}``, optionally with
-``init_rollout_args`` passed to ``init_rollout``.
+``init_rollout_args`` passed to ``init_rollout``. An environment's ``dataset_preprocess(row)`` (the
+real package's hook that turns a raw dataset row into that shape) is applied to every row first.
+
+Classes of the real ``benchmax`` package (``benchmax.envs.base_env.BaseEnv``) are accepted as they
+are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_reward``. What differs:
+
+* ``init_rollout(rollout_id, **init_rollout_args)`` opens each episode; the environment's own
+  workspace hooks (``copy_to_workspace``/``copy_from_workspace``) are its business, called from
+  its ``init_rollout`` and ``compute_reward`` as in benchmax.
+* The episode is closed with ``release_rollout(rollout_id)``, or the package's
+  ``cleanup_rollout(rollout_id)`` where that is what the class has.
+* ``compute_group_reward`` is not called: a Gymnasium episode is scored on its own; normalising
+  rewards over a group of rollouts (GRPO) is the trainer's step.
+* Tool calls are parsed by the engine's formats (hermes by default, as benchmax's prompt asks),
+  and ``system_prompt`` gets the engine's tool listing rather than ``get_system_prompt(True)``'s.
 
 Example::
 
@@ -91,6 +105,18 @@ class BaseEnv(ABC):
     async def get_system_prompt(self, add_tool_defs: bool = False) -> str:
         return self.system_prompt
 
+    def dataset_preprocess(self, example: Any) -> dict[str, Any]:
+        """A raw dataset row -> ``{"prompt", "ground_truth", "init_rollout_args", ...}``."""
+        return dict(example)
+
+
+_CONTRACT = ("list_tools", "run_tool", "compute_reward")
+
+
+def _keeps_the_contract(obj: Any) -> bool:
+    """A benchmax environment, ours or the real package's: async tools and reward by rollout id."""
+    return all(inspect.iscoroutinefunction(getattr(obj, name, None)) for name in _CONTRACT)
+
 
 def extract_completion_text(messages: str | Sequence[Mapping[str, Any]]) -> str:
     """The assistant's text in a transcript (a str passes through), joined by newlines.
@@ -111,6 +137,19 @@ def extract_completion_text(messages: str | Sequence[Mapping[str, Any]]) -> str:
 def _uses_legacy_reward(benchmax_env: BaseEnv) -> bool:
     params = inspect.signature(benchmax_env.compute_reward).parameters
     return "ground_truth" in params or "completion" in params
+
+
+def _preprocessed(preprocess, row: Any, index: int) -> dict[str, Any]:
+    """``dataset_preprocess`` on a copy of the row (the package's default pops keys from it)."""
+    try:
+        out = preprocess(dict(row) if isinstance(row, Mapping) else row)
+    except Exception as exc:
+        raise ValueError(f"dataset_preprocess failed on rows[{index}]: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(out, Mapping):
+        raise ValueError(f"dataset_preprocess must return a dict, got {type(out).__name__} for rows[{index}]")
+    out = dict(out)
+    out["init_rollout_args"] = out.get("init_rollout_args") or {}  # the package's default gives ""
+    return out
 
 
 def _row_to_task(row: Mapping[str, Any], index: int) -> Task:
@@ -145,15 +184,18 @@ class BenchmaxEnv(ToolEnv):
         env_kwargs: Mapping[str, Any] | None = None,
         **engine_kwargs: Any,
     ):
+        if not _keeps_the_contract(benchmax_env):
+            raise TypeError("benchmax_env must be a benchmax BaseEnv subclass or instance (benchmax_gym's or "
+                            "the benchmax package's), or have async list_tools, run_tool and compute_reward; "
+                            f"got {benchmax_env!r}")
         if isinstance(benchmax_env, type):
-            if not issubclass(benchmax_env, BaseEnv):
-                raise TypeError(f"benchmax_env must be a BaseEnv subclass or instance, got {benchmax_env!r}")
             benchmax_env = benchmax_env(**dict(env_kwargs or {}))
-        elif not isinstance(benchmax_env, BaseEnv):
-            raise TypeError(f"benchmax_env must be a BaseEnv subclass or instance, got {type(benchmax_env).__name__}")
         if not rows:
             raise ValueError("rows must not be empty")
         self.benchmax_env = benchmax_env
+        preprocess = getattr(benchmax_env, "dataset_preprocess", None)
+        if preprocess is not None:
+            rows = [_preprocessed(preprocess, row, i) for i, row in enumerate(rows)]
         self._legacy_reward = _uses_legacy_reward(benchmax_env)
         definitions = self.aio.run(benchmax_env.list_tools())
         tools = [
@@ -197,7 +239,12 @@ class BenchmaxEnv(ToolEnv):
         await self.benchmax_env.init_rollout(episode.rollout_id, **(episode.task.answer.get("init_rollout_args") or {}))
 
     async def aclose_episode(self, episode: Episode) -> None:
-        await self.benchmax_env.release_rollout(episode.rollout_id)
+        env = self.benchmax_env
+        release = getattr(env, "release_rollout", None) or getattr(env, "cleanup_rollout", None)
+        if release is not None:
+            done = release(episode.rollout_id)
+            if inspect.isawaitable(done):
+                await done
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
         self.aio.run(self.aopen_episode(episode, options))
