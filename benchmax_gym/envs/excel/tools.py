@@ -23,8 +23,9 @@ from openpyxl.cell.cell import MergedCell
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import IllegalCharacterError
 
+from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, workspace_file_version, write_workspace_file
 from benchmax_gym.core.tools import ToolError, tool
-from benchmax_gym.envs.excel.rubric import external_reference, recalculate
+from benchmax_gym.envs.excel.rubric import MAX_WORKBOOK_BYTES, WorkbookTooLarge, check_workbook, external_reference, recalculate
 
 WORKBOOK = "workbook.xlsx"
 MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's own limits
@@ -37,29 +38,42 @@ TIME = re.compile(r"^(\d{1,5}):([0-5]\d)(?::([0-5]\d)(?:\.(\d{1,6}))?)?$")
 
 
 class WorkbookFile:
-    """The episode's workbook on disk, with the loaded openpyxl object cached by file version."""
+    """The episode's workbook on disk, with the loaded openpyxl object cached by file version.
+
+    The model's code can replace the file with anything, so it is only ever opened through
+    :mod:`benchmax_gym.core.files` (a regular file in the workspace, no symlink, one link, size
+    capped) and checked by :func:`check_workbook` before openpyxl parses it."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._book: openpyxl.Workbook | None = None
         self._values: openpyxl.Workbook | None = None
         self._version: tuple | None = None
+        self._data: bytes | None = None  # the file as last loaded or saved
 
-    def _stat(self) -> tuple:
-        st = os.stat(self.path)
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def data(self) -> bytes:
+        """The file's bytes, read safely (:class:`WorkspaceFileError`, a ToolError, if refused)."""
+        data, _ = read_workspace_file(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
+        return data
 
     def book(self) -> openpyxl.Workbook:
         try:
-            version = self._stat()
-        except OSError:
-            raise ToolError(f"{WORKBOOK} no longer exists in the workspace") from None
+            version = workspace_file_version(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
+        except WorkspaceFileError as exc:
+            if exc.code == "file_missing":
+                raise ToolError(f"{WORKBOOK} no longer exists in the workspace") from None
+            raise
         if self._book is None or version != self._version:
+            data, version = read_workspace_file(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
             try:
-                self._book = openpyxl.load_workbook(self.path)
+                check_workbook(data)
+            except WorkbookTooLarge as exc:
+                raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
+            try:
+                self._book = openpyxl.load_workbook(io.BytesIO(data))
             except Exception as exc:
                 raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
-            self._values, self._version = None, version
+            self._values, self._version, self._data = None, version, data
         return self._book
 
     def cached_values(self) -> openpyxl.Workbook | None:
@@ -67,18 +81,21 @@ class WorkbookFile:
         self.book()
         if self._values is None:
             try:
-                self._values = openpyxl.load_workbook(self.path, data_only=True)
+                self._values = openpyxl.load_workbook(io.BytesIO(self._data), data_only=True)
             except Exception:
                 return None
         return self._values
 
     def save(self) -> None:
-        self._book.save(self.path)
-        self._values, self._version = None, self._stat()
+        buffer = io.BytesIO()
+        self._book.save(buffer)
+        data = buffer.getvalue()
+        self._version = write_workspace_file(self.path.parent, self.path.name, data)
+        self._values, self._data = None, data
 
     def discard(self) -> None:
         """Forget in-memory changes (a failed write): the next access reloads the file."""
-        self._book = self._values = self._version = None
+        self._book = self._values = self._version = self._data = None
 
     def recalculated(self, sheet: str, rng: str) -> dict[tuple[str, str], Any]:
         """Values of the formula cells of ``sheet!rng`` computed as the grader computes them, from
