@@ -101,7 +101,7 @@ class ExcelEnv(ToolEnv):
                     target.write_bytes(source)
                 else:
                     shutil.copyfile(source, target)
-        episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK)
+        episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK, timeout=self.tool_timeout)
 
     def close_episode(self, episode: Episode) -> None:
         own = episode.state.pop("own_workspace", None)

@@ -11,6 +11,7 @@ cannot store - is a clear tool error and leaves the workbook as it was.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import io
 import os
@@ -44,8 +45,9 @@ class WorkbookFile:
     :mod:`benchmax_gym.core.files` (a regular file in the workspace, no symlink, one link, size
     capped) and checked by :func:`check_workbook` before openpyxl parses it."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, timeout: float | None = None):
         self.path = Path(path)
+        self.timeout = timeout  # the wall-clock bound on parsing a file the model's code changed
         self._book: openpyxl.Workbook | None = None
         self._values: openpyxl.Workbook | None = None
         self._version: tuple | None = None
@@ -69,10 +71,8 @@ class WorkbookFile:
                 check_workbook(data)
             except WorkbookTooLarge as exc:
                 raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
-            try:
-                self._book = openpyxl.load_workbook(io.BytesIO(data))
-            except Exception as exc:
-                raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
+            # The first load is the task's own file; later ones are the model's, parsed with a deadline.
+            self._book = self._parse(data, data_only=False, bounded=self._version is not None)
             self._values, self._version, self._data = None, version, data
         return self._book
 
@@ -81,10 +81,31 @@ class WorkbookFile:
         self.book()
         if self._values is None:
             try:
-                self._values = openpyxl.load_workbook(io.BytesIO(self._data), data_only=True)
-            except Exception:
+                self._values = self._parse(self._data, data_only=True, bounded=True)
+            except ToolError as exc:
+                if exc.code == "tool_timeout":
+                    raise
                 return None
         return self._values
+
+    def _parse(self, data: bytes, data_only: bool, bounded: bool) -> openpyxl.Workbook:
+        """openpyxl's workbook from ``data``; ``bounded``: in a thread, given up after ``timeout``
+        (inline tools have no other deadline; :func:`check_workbook` bounds the work it leaves)."""
+        def load():
+            return openpyxl.load_workbook(io.BytesIO(data), data_only=data_only)
+
+        try:
+            if not bounded or self.timeout is None:
+                return load()
+            future = _PARSER.submit(load)
+            try:
+                return future.result(self.timeout)
+            except concurrent.futures.TimeoutError:
+                raise ToolError(f"opening {WORKBOOK} took over {self.timeout:g} s; make it smaller", code="tool_timeout") from None
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
 
     def save(self) -> None:
         buffer = io.BytesIO()
@@ -115,6 +136,10 @@ class WorkbookFile:
         if name in book.sheetnames:
             return book[name]
         raise ToolError(f"no sheet named {name!r}; the sheets are {book.sheetnames}")
+
+
+_PARSER = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="excel-parse")
+"""Parses of model-changed workbooks; one that overruns its deadline finishes here unwatched."""
 
 
 def _workbook(episode) -> WorkbookFile:

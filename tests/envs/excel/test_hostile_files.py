@@ -197,3 +197,17 @@ def test_over_limit_workbooks_are_a_clear_error_and_grade_zero(code, error):
     assert terminated and reward == 0.0
     assert any("limit" in note for note in env.unwrapped.episode.state["grade"].notes)
     assert time.monotonic() - started < 60  # refused before parsing, not after minutes of it
+
+
+def test_tool_timeout_bounds_opening_a_slow_workbook():
+    # within every size limit, but far slower to parse (~1 s) than this tool_timeout
+    env = make(tool_timeout=0.2, sandbox_limits={"timeout": 60, "cpu_seconds": 60})
+    plant(env, "import openpyxl\nwb = openpyxl.Workbook(write_only=True)\nws = wb.create_sheet('Big')\n"
+               "for r in range(15000):\n    ws.append(list(range(10)))\nwb.save('workbook.xlsx')")
+    started = time.monotonic()
+    obs, _, _, _, info = step_bounded(env, call("list_sheets"))
+    assert info["error"] == "tool_timeout" and "took over 0.2 s" in obs, obs
+    assert time.monotonic() - started < 0.2 * 10  # the step returned at the deadline, not after the parse
+    plant(env, "import openpyxl\nwb = openpyxl.Workbook()\nwb.active.title = 'Small'\nwb.save('workbook.xlsx')")
+    obs, _, _, _, info = env.step(call("list_sheets"))
+    assert info["error"] is None and "Small" in obs  # a workbook that fits opens again
