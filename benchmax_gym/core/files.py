@@ -15,7 +15,7 @@ from pathlib import Path
 
 from benchmax_gym.core.tools import ToolError
 
-__all__ = ["WorkspaceFileError", "read_workspace_file", "write_workspace_file", "workspace_file_version"]
+__all__ = ["WorkspaceFileError", "read_workspace_file", "write_workspace_file", "workspace_file_version", "unchanged"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
@@ -63,6 +63,16 @@ def _check(fd: int, name: str, max_bytes: int | None) -> os.stat_result:
 
 def _version(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def unchanged(root: str | os.PathLike, name: str, version: tuple | None) -> bool:
+    """Whether ``root/name`` is still the regular, single-link file of ``version`` (as read
+    before through these helpers): one ``lstat`` and no open, for a cache's hot path."""
+    try:
+        st = os.lstat(os.path.join(root, name))
+    except OSError:
+        return False
+    return version is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and _version(st) == version
 
 
 def workspace_file_version(root: str | os.PathLike, name: str, max_bytes: int | None = None) -> tuple[int, int, int, int]:

@@ -24,7 +24,7 @@ from openpyxl.cell.cell import MergedCell
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import IllegalCharacterError
 
-from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, workspace_file_version, write_workspace_file
+from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, unchanged, workspace_file_version, write_workspace_file
 from benchmax_gym.core.tools import ToolError, tool
 from benchmax_gym.envs.excel.rubric import MAX_WORKBOOK_BYTES, WorkbookTooLarge, check_workbook, external_reference, recalculate
 
@@ -59,6 +59,8 @@ class WorkbookFile:
         return data
 
     def book(self) -> openpyxl.Workbook:
+        if self._book is not None and unchanged(self.path.parent, self.path.name, self._version):
+            return self._book
         try:
             version = workspace_file_version(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
         except WorkspaceFileError as exc:
