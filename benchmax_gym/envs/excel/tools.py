@@ -52,6 +52,7 @@ class WorkbookFile:
         self._values: openpyxl.Workbook | None = None
         self._version: tuple | None = None
         self._data: bytes | None = None  # the file as last loaded or saved
+        self._loaded = False  # the task's file was loaded: every later load may be the model's
 
     def data(self) -> bytes:
         """The file's bytes, read safely (:class:`WorkspaceFileError`, a ToolError, if refused)."""
@@ -69,13 +70,16 @@ class WorkbookFile:
             raise
         if self._book is None or version != self._version:
             data, version = read_workspace_file(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
-            try:
-                check_workbook(data)
-            except WorkbookTooLarge as exc:
-                raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
-            # The first load is the task's own file; later ones are the model's, parsed with a deadline.
-            self._book = self._parse(data, data_only=False, bounded=self._version is not None)
-            self._values, self._version, self._data = None, version, data
+            # The first load is the task's own file (reset stays fast); later ones may be the
+            # model's: checked against the limits, then parsed with a deadline.
+            model_written = self._loaded
+            if model_written:
+                try:
+                    check_workbook(data)
+                except WorkbookTooLarge as exc:
+                    raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
+            self._book = self._parse(data, data_only=False, bounded=model_written)
+            self._values, self._version, self._data, self._loaded = None, version, data, True
         return self._book
 
     def cached_values(self) -> openpyxl.Workbook | None:
