@@ -30,7 +30,10 @@ def _open(root: str | os.PathLike, name: str, flags: int) -> int:
     parts = [p for p in Path(name).parts if p not in ("", ".")]
     if not parts or Path(name).is_absolute() or ".." in parts:
         raise WorkspaceFileError(f"{name!r} is not a path inside the workspace", code="unsafe_file")
-    fds = [os.open(root, _DIR_FLAGS)]  # the workspace itself is the host's
+    try:  # the workspace itself is the host's: only what lies below it is followed by no link
+        fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    except OSError:
+        raise WorkspaceFileError(f"the workspace holding {name} is gone", code="file_missing") from None
     try:
         for part in parts[:-1]:
             try:
