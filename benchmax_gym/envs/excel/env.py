@@ -101,7 +101,7 @@ class ExcelEnv(ToolEnv):
                     target.write_bytes(source)
                 else:
                     shutil.copyfile(source, target)
-        episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK)
+        episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK, timeout=self.tool_timeout)
 
     def close_episode(self, episode: Episode) -> None:
         own = episode.state.pop("own_workspace", None)
@@ -120,7 +120,9 @@ class ExcelEnv(ToolEnv):
     def _grade(self, episode: Episode, answer: Mapping[str, Any]):
         result = episode.state.get("grade")
         if result is None:
-            result = grade(episode.state["workbook"].path, answer["workbook"], answer["position"], recalc=self.recalc)
+            # The output is read only through the workbook's safe reader (never a path the model
+            # could point elsewhere); the answer comes from the task, never from the workspace.
+            result = grade(episode.state["workbook"].data, answer["workbook"], answer["position"], recalc=self.recalc)
             episode.state["grade"] = result
             meta = episode.task.metadata
             if meta.get("source") == "spreadsheetbench":

@@ -29,8 +29,9 @@ import tempfile
 import threading
 import types
 import unicodedata
+import zipfile
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,8 @@ from benchmax_gym.envs.excel import formulas_fixes
 __all__ = [
     "RECALC_MODES",
     "GradeResult",
+    "WorkbookTooLarge",
+    "check_workbook",
     "grade",
     "normalize",
     "parse_answer_position",
@@ -62,7 +65,7 @@ MAX_MISMATCHES = 5
 
 LIBREOFFICE_TIMEOUT_S = 120
 
-Workbook = str | Path | bytes
+Workbook = str | Path | bytes | Callable[[], bytes]
 CellKey = tuple[str, str]  # (sheet name, "A1")
 
 _MISSING_SHEET = object()  # an answer cell whose sheet is not in the output workbook
@@ -211,7 +214,72 @@ def normalize(value: Any) -> Any:
 # --------------------------------------------------------------------------- workbook reading
 
 
+MAX_WORKBOOK_BYTES = 16 * 2**20
+"""The largest workbook file the host opens (SpreadsheetBench's are under 100 KB)."""
+MAX_XML_BYTES = 64 * 2**20
+"""The most bytes a workbook's parts may inflate to, as their zip headers declare (a zip member
+never yields more than it declares: Python's zipfile stops there)."""
+MAX_RATIO = 200
+"""The most a part larger than 1 MiB may inflate, relative to its compressed size."""
+MAX_PARTS = 10_000
+MAX_CELLS = 300_000
+"""The most cells (written cells plus the cells merged ranges cover, which openpyxl creates one
+by one) a workbook may have: openpyxl spends ~10 us and ~1 KB per cell."""
+
+_CELL_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?c[\s/>]")
+_MERGE_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?mergeCell\s[^>]*?ref\s*=\s*[\"']([^\"']*)[\"']")
+
+
+class WorkbookTooLarge(ValueError):
+    """A workbook over the host's limits (:data:`MAX_WORKBOOK_BYTES`, :data:`MAX_XML_BYTES`,
+    :data:`MAX_RATIO`, :data:`MAX_PARTS`, :data:`MAX_CELLS`), refused before openpyxl parses it."""
+
+
+def check_workbook(data: bytes) -> None:
+    """Refuse, with :class:`WorkbookTooLarge`, a workbook whose parsing would cost the host
+    unbounded time or memory: a zip bomb, or a small file that expands to millions of cells.
+    Cheap: the zip directory, then one scan of the worksheets' XML. Files that are not a zip
+    pass through (openpyxl's own error then says what is wrong)."""
+    if len(data) > MAX_WORKBOOK_BYTES:
+        raise WorkbookTooLarge(f"the workbook is {len(data)} bytes; the limit is {MAX_WORKBOOK_BYTES}")
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError, OSError):
+        return
+    with archive:
+        parts = archive.infolist()
+        if len(parts) > MAX_PARTS:
+            raise WorkbookTooLarge(f"the workbook has {len(parts)} parts; the limit is {MAX_PARTS}")
+        total = sum(p.file_size for p in parts)
+        if total > MAX_XML_BYTES:
+            raise WorkbookTooLarge(f"the workbook expands to {total} bytes; the limit is {MAX_XML_BYTES}")
+        for p in parts:
+            if p.file_size > 2**20 and p.file_size > MAX_RATIO * max(p.compress_size, 1):
+                raise WorkbookTooLarge(f"{p.filename} expands {p.file_size // max(p.compress_size, 1)}-fold; the limit is {MAX_RATIO}")
+        cells = 0
+        for p in parts:
+            if not p.filename.lower().endswith(".xml") or "worksheets/" not in p.filename.lower():
+                continue
+            try:
+                xml = archive.read(p)
+            except Exception:
+                return  # a broken part: openpyxl reports it
+            cells += len(_CELL_TAG.findall(xml))
+            for ref in _MERGE_TAG.findall(xml):
+                try:
+                    min_col, min_row, max_col, max_row = range_boundaries(ref.decode("ascii", "replace").replace("$", "").upper())
+                    cells += (abs(max_col - min_col) + 1) * (abs(max_row - min_row) + 1)
+                except (TypeError, ValueError):
+                    continue
+                if cells > MAX_CELLS:
+                    break
+            if cells > MAX_CELLS:
+                raise WorkbookTooLarge(f"the workbook has more cells than the limit of {MAX_CELLS} (merged ranges count every cell they cover)")
+
+
 def _read_bytes(workbook: Workbook) -> bytes:
+    if callable(workbook):
+        return workbook()
     if isinstance(workbook, bytes | bytearray):
         return bytes(workbook)
     return Path(workbook).read_bytes()
@@ -831,11 +899,13 @@ def expected_values(answer: Workbook, position: str, recalc: str = "auto") -> li
 def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto") -> GradeResult:
     """Grade the ``output`` workbook against ``answer`` at ``position``, SpreadsheetBench-style.
 
-    ``output`` and ``answer`` are xlsx paths or bytes. Every cell of ``position`` (see
+    ``output`` and ``answer`` are xlsx paths or bytes; ``output`` may also be a function that
+    returns the bytes (an environment reading a hostile workspace: its errors grade 0 with a
+    note), and is refused over the limits of :func:`check_workbook`. Every cell of ``position`` (see
     :func:`parse_answer_position`; sheet names come from the answer workbook) must match after
     :func:`normalize`. Formula cells are recalculated with ``recalc`` (see :data:`RECALC_MODES`)
     only when the answer positions hold any. A sheet missing from the output makes its cells
-    wrong; an output that is missing or not an xlsx workbook grades 0 with a note.
+    wrong; an output that is missing, over the limits or not an xlsx workbook grades 0 with a note.
 
     Raises:
         ValueError: a bad ``recalc``, or a ``position`` that does not fit the answer workbook.
@@ -847,7 +917,9 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
     notes = list(answer_notes)
     total = len(expected)
     try:
-        got, output_notes = _output_values(_read_bytes(output), ranges, method)
+        data = _read_bytes(output)
+        check_workbook(data)
+        got, output_notes = _output_values(data, ranges, method)
     except Exception as exc:  # the model's workbook: deleted, truncated, not a zip, ...
         notes.append(f"output workbook could not be read ({type(exc).__name__}: {str(exc)[:200]})")
         return GradeResult(cells=0.0, solved=False, total=total, correct=0, notes=notes)

@@ -11,10 +11,11 @@ cannot store - is a clear tool error and leaves the workbook as it was.
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import io
-import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ from openpyxl.cell.cell import MergedCell
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import IllegalCharacterError
 
+from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, unchanged, workspace_file_version, write_workspace_file
 from benchmax_gym.core.tools import ToolError, tool
-from benchmax_gym.envs.excel.rubric import external_reference, recalculate
+from benchmax_gym.envs.excel.rubric import MAX_WORKBOOK_BYTES, WorkbookTooLarge, check_workbook, external_reference, recalculate
 
 WORKBOOK = "workbook.xlsx"
 MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's own limits
@@ -37,29 +39,47 @@ TIME = re.compile(r"^(\d{1,5}):([0-5]\d)(?::([0-5]\d)(?:\.(\d{1,6}))?)?$")
 
 
 class WorkbookFile:
-    """The episode's workbook on disk, with the loaded openpyxl object cached by file version."""
+    """The episode's workbook on disk, with the loaded openpyxl object cached by file version.
 
-    def __init__(self, path: Path):
+    The model's code can replace the file with anything, so it is only ever opened through
+    :mod:`benchmax_gym.core.files` (a regular file in the workspace, no symlink, one link, size
+    capped) and checked by :func:`check_workbook` before openpyxl parses it."""
+
+    def __init__(self, path: Path, timeout: float | None = None):
         self.path = Path(path)
+        self.timeout = timeout  # the wall-clock bound on parsing a file the model's code changed
         self._book: openpyxl.Workbook | None = None
         self._values: openpyxl.Workbook | None = None
         self._version: tuple | None = None
+        self._data: bytes | None = None  # the file as last loaded or saved
+        self._loaded = False  # the task's file was loaded: every later load may be the model's
 
-    def _stat(self) -> tuple:
-        st = os.stat(self.path)
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
+    def data(self) -> bytes:
+        """The file's bytes, read safely (:class:`WorkspaceFileError`, a ToolError, if refused)."""
+        data, _ = read_workspace_file(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
+        return data
 
     def book(self) -> openpyxl.Workbook:
+        if self._book is not None and unchanged(self.path.parent, self.path.name, self._version):
+            return self._book
         try:
-            version = self._stat()
-        except OSError:
-            raise ToolError(f"{WORKBOOK} no longer exists in the workspace") from None
+            version = workspace_file_version(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
+        except WorkspaceFileError as exc:
+            if exc.code == "file_missing":
+                raise ToolError(f"{WORKBOOK} no longer exists in the workspace") from None
+            raise
         if self._book is None or version != self._version:
-            try:
-                self._book = openpyxl.load_workbook(self.path)
-            except Exception as exc:
-                raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
-            self._values, self._version = None, version
+            data, version = read_workspace_file(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
+            # The first load is the task's own file (reset stays fast); later ones may be the
+            # model's: checked against the limits, then parsed with a deadline.
+            model_written = self._loaded
+            if model_written:
+                try:
+                    check_workbook(data)
+                except WorkbookTooLarge as exc:
+                    raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
+            self._book = self._parse(data, data_only=False, bounded=model_written)
+            self._values, self._version, self._data, self._loaded = None, version, data, True
         return self._book
 
     def cached_values(self) -> openpyxl.Workbook | None:
@@ -67,18 +87,52 @@ class WorkbookFile:
         self.book()
         if self._values is None:
             try:
-                self._values = openpyxl.load_workbook(self.path, data_only=True)
-            except Exception:
+                self._values = self._parse(self._data, data_only=True, bounded=True)
+            except ToolError as exc:
+                if exc.code == "tool_timeout":
+                    raise
                 return None
         return self._values
 
+    def _parse(self, data: bytes, data_only: bool, bounded: bool) -> openpyxl.Workbook:
+        """openpyxl's workbook from ``data``; ``bounded``: in a thread, given up after ``timeout``
+        (inline tools have no other deadline; :func:`check_workbook` bounds the work it leaves)."""
+        def load():
+            return openpyxl.load_workbook(io.BytesIO(data), data_only=data_only)
+
+        try:
+            if not bounded or self.timeout is None:
+                return load()
+            # A daemon thread of its own (~0.1 ms, only when the file changed): one that overruns
+            # finishes unwatched, and no pool outlives a fork or delays the interpreter's exit.
+            future: concurrent.futures.Future = concurrent.futures.Future()
+
+            def run():
+                try:
+                    future.set_result(load())
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                    future.set_exception(exc)
+
+            threading.Thread(target=run, name="excel-parse", daemon=True).start()
+            try:
+                return future.result(self.timeout)
+            except concurrent.futures.TimeoutError:
+                raise ToolError(f"opening {WORKBOOK} took over {self.timeout:g} s; make it smaller", code="tool_timeout") from None
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
+
     def save(self) -> None:
-        self._book.save(self.path)
-        self._values, self._version = None, self._stat()
+        buffer = io.BytesIO()
+        self._book.save(buffer)
+        data = buffer.getvalue()
+        self._version = write_workspace_file(self.path.parent, self.path.name, data)
+        self._values, self._data = None, data
 
     def discard(self) -> None:
         """Forget in-memory changes (a failed write): the next access reloads the file."""
-        self._book = self._values = self._version = None
+        self._book = self._values = self._version = self._data = None
 
     def recalculated(self, sheet: str, rng: str) -> dict[tuple[str, str], Any]:
         """Values of the formula cells of ``sheet!rng`` computed as the grader computes them, from
