@@ -12,7 +12,7 @@ from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.crm.org import DEFAULT_SIZE, MAX_SIZE, MIN_SIZE, Org, cached_org
 from benchmax_gym.envs.crm.rubric import crm_rubric
 from benchmax_gym.envs.crm.solver import CRMSolver
-from benchmax_gym.envs.crm.tasks import CRMTaskConfig, crmarena_tasks, generated_tasks
+from benchmax_gym.envs.crm.tasks import CRMARENA_ORG_MISSING, CRMTaskConfig, check_task_ids, crmarena_tasks, generated_tasks
 from benchmax_gym.envs.crm.tools import TOOLS, EpisodeDB
 
 SYSTEM_PROMPT = (
@@ -38,7 +38,11 @@ class CRMEnv(ToolEnv):
         dataset: the CRMArena-format task file (JSON list or JSON Lines) or hub id.
         limit: at most this many CRMArena tasks.
         org_db: a SQLite file holding your own org (same object names as the generated one);
-            the default is the generated org for ``(org_seed, org_size)``.
+            the default is the generated org for ``(org_seed, org_size)``. CRMArena's tasks ask
+            about CRMArena's own org, which is not included: they need it here.
+        check_org_ids: with ``tasks="crmarena"``, refuse tasks that name Salesforce ids absent
+            from ``org_db`` (the wrong org; a reference solver would still "score" by replaying
+            the gold). ``False`` runs them anyway.
         org_seed, org_size: which generated org, and its number of cases (agents: one per 40).
         task_types: generated only: a list of types (see :data:`~benchmax_gym.envs.crm.tasks.TASK_TYPES`).
         num_tasks, task_seed: generated only: a finite set of this many tasks; which set.
@@ -64,6 +68,7 @@ class CRMEnv(ToolEnv):
         query_max_rows: int = 200,
         query_timeout: float = 2.0,
         max_turns: int = 20,
+        check_org_ids: bool = True,
         **engine_kwargs: Any,
     ):
         self.query_max_rows = positive_int("query_max_rows", query_max_rows)
@@ -76,7 +81,7 @@ class CRMEnv(ToolEnv):
         if not generated and (task_types is not None or num_tasks is not None or task_seed != 0):
             raise ValueError("task_types, num_tasks and task_seed apply only to tasks='generated'")
         if tasks == "crmarena" and org_db is None:
-            raise ValueError("tasks='crmarena' needs org_db= (a SQLite file with the org its tasks ask about)")
+            raise ValueError(CRMARENA_ORG_MISSING)
         if org_db is not None:
             if generated:
                 raise ValueError("org_db is for your own tasks (tasks='crmarena', a TaskSource or a list); "
@@ -85,6 +90,8 @@ class CRMEnv(ToolEnv):
                 raise ValueError(f"org_db: no such file {os.fspath(org_db)!r}")
         self.org = Org(org_db if org_db is not None else cached_org(org_seed, org_size, cache_dir))
         source = self._task_source(tasks, dataset, limit, task_types, num_tasks, task_seed, org_seed, org_size)
+        if tasks == "crmarena" and check_org_ids:
+            check_task_ids(source, self.org, org_db)
         super().__init__(
             tasks=source, toolset=Toolset(TOOLS), rubric=crm_rubric(), system_prompt=SYSTEM_PROMPT,
             max_turns=max_turns, **engine_kwargs,

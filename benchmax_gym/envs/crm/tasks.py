@@ -360,11 +360,45 @@ def generated_tasks(con: sqlite3.Connection, org_name: str, config: CRMTaskConfi
     return GeneratedTasks(lambda rng, i: make_crm_task(rng, i, con, config, org_name), seed=seed, size=size)
 
 
+CRMARENA_ORG_MISSING = (
+    "tasks='crmarena' needs org_db=: CRMArena's tasks ask about CRMArena's own Salesforce org, which is "
+    "not included in benchmax-gym (and the generated org has none of its records). Export that org to "
+    "a SQLite file with one table per object under the same names (Account, Contact, Case, User, "
+    "Order, OrderItem, Product2, Knowledge__kav, ...) and pass org_db=PATH")
+
+# 15- or 18-character Salesforce ids: a 3-character key prefix, then base-62 characters
+_SF_ID = re.compile(r"\b[0-9A-Za-z]{3}[0-9A-Za-z]{12}(?:[0-9A-Za-z]{3})?\b")
+
+
+def check_task_ids(tasks: ListTasks, org: Any, org_db: Any) -> None:
+    """Refuse tasks that name Salesforce ids (of the object types the org has) missing from it."""
+    ids: set[str] = set()
+    for table in org.tables:
+        columns = {r[1] for r in org.pristine.execute(f'PRAGMA table_info("{table}")')}
+        if "Id" in columns:
+            ids.update(r[0] for r in org.pristine.execute(f'SELECT Id FROM "{table}"') if isinstance(r[0], str))
+    prefixes = {i[:3] for i in ids}
+    ids |= {i[:15] for i in ids}
+    missing: dict[str, str] = {}
+    for task in tasks:
+        text = " ".join([task.prompt, *(task.answer if isinstance(task.answer, list) else [str(task.answer)])])
+        for token in _SF_ID.findall(text):
+            if token[:3] in prefixes and any(c.isdigit() for c in token[3:]) and token not in ids:
+                missing.setdefault(token, task.id)
+    if missing:
+        shown = ", ".join(f"{token} ({task_id})" for token, task_id in list(missing.items())[:3])
+        raise ValueError(
+            f"{len(missing)} Salesforce id(s) named by the tasks are not in org_db {os.fspath(org_db)!r}, e.g. "
+            f"{shown}: these tasks ask about another org. CRMArena's org is not included in benchmax-gym; "
+            "pass the SQLite export of the org the tasks were written for, or check_org_ids=False to run anyway")
+
+
 def crmarena_tasks(path: str | os.PathLike, *, limit: int | None = None) -> ListTasks:
     """Tasks from a file in CRMArena's format: a JSON list or JSON Lines of
     ``{idx, type (or task), query, answer, reward_metric, metadata}`` (other local formats and hub
     ids such as ``Salesforce/CRMArena`` go through ``datasets``). ``answer`` is a string or a list of strings; ``metadata["required"]``, when
-    present, is context the agent must see (CRMArena's convention) and is added to the prompt."""
+    present, is context the agent must see (CRMArena's convention) and is added to the prompt, as is
+    ``metadata["optional"]`` (definitions of quarters and seasons, say)."""
     path = os.fspath(path)
     if Path(path).suffix in (".json", ".jsonl") and Path(path).is_file():
         text = Path(path).read_text(encoding="utf-8")
@@ -401,8 +435,9 @@ def _crmarena_task(record: Any, i: int, path: str) -> Task:
     if isinstance(metadata, str):
         metadata = json.loads(metadata) if metadata.strip().startswith("{") else {"required": metadata}
     prompt = str(record["query"])
-    if metadata.get("required"):
-        prompt = f"{prompt}\n\n{metadata['required']}"
+    for part in ("required", "optional"):  # context CRMArena shows the agent (optional: quarter/season definitions)
+        if metadata.get(part):
+            prompt = f"{prompt}\n\n{metadata[part]}"
     idx = record.get("idx", i)
     return Task(id=f"crmarena-{idx}", prompt=prompt, answer=answer, solution=None,
                 metadata={"source": "crmarena", "type": str(task_type), "reward_metric": metric, "idx": idx})

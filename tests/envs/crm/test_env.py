@@ -373,3 +373,26 @@ def test_a_write_that_bypassed_the_tools_counts_as_collateral(cache):
         if terminated:
             break
     assert info["reward_components"] == {"correct": 1.0, "untouched": 0.0}
+
+
+def test_crmarena_tasks_for_another_org_are_refused_and_optional_context_is_shown(cache, tmp_path):
+    """CRMArena's org is not included: its tasks' ids exist nowhere in the generated org, and a
+    solver replaying the gold once "scored" 1.0 on them."""
+    org = cached_org(0, SMALL, cache)
+    agent = Org(org).pristine.execute("SELECT Id FROM User ORDER BY Id LIMIT 1").fetchone()[0]
+    foreign = {"idx": 1, "task": "handle_time", "query": "Which agent handled case 500Wt00000DDxyzIAD fastest?",
+               "answer": ["005Wt000003NIiTIAW"], "reward_metric": "exact_match",
+               "metadata": {"required": "Today's date: 2025-01-01",
+                            "optional": "Quarters: Q1 is January to March."}}
+    path = tmp_path / "crmarena.jsonl"
+    path.write_text(json.dumps(foreign))
+    with pytest.raises(ValueError, match="not included in benchmax-gym"):
+        gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path))
+    with pytest.raises(ValueError, match=r"2 Salesforce id\(s\).*500Wt00000DDxyzIAD.*check_org_ids=False"):
+        gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path), org_db=str(org))
+    env = gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path), org_db=str(org), check_org_ids=False)
+    obs, _ = env.reset(options={"task_index": 0})
+    assert "Today's date: 2025-01-01" in obs and "Quarters: Q1 is January to March." in obs
+    own = dict(foreign, query=f"Which agent is {agent}?", answer=[agent])
+    path.write_text(json.dumps(own))
+    assert gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path), org_db=str(org)).reset()[0]
