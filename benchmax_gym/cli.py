@@ -272,8 +272,23 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_modules(names: list[str]) -> None:
+    """``--import MODULE``: modules that register your own ids (register_tool_env, ...) on import."""
+    import importlib
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: a module of the project you run from
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            usage_error(f"--import {name}: {type(exc).__name__}: {exc}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0])
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (it registers your own environment ids); repeatable")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the registered environments").set_defaults(func=cmd_list)
     sub.add_parser("doctor", help="versions, and the sandbox level for model code on this machine").set_defaults(
@@ -315,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="keyword argument for gym.make (VALUE parsed as JSON when it can be)")
     mcp.set_defaults(func=cmd_mcp_serve)
     args = parser.parse_args(argv)
+    _import_modules(args.imports)
     return args.func(args)
 
 

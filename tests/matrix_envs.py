@@ -1,0 +1,86 @@
+"""Environments built every way a user builds one, registered on import: by the tests, by vector
+workers and by the CLI (``benchmax-gym --import tests.matrix_envs ...``)."""
+
+import sys
+
+import gymnasium as gym
+
+from benchmax_gym import BaseEnv, ToolDefinition, final_answer, register_benchmax_env, register_tool_env
+from benchmax_gym.registry import VectorFactory
+
+CITY = {"Lima": "Peru", "Paris": "France"}
+
+
+def country(city: str) -> str:
+    """Look up a city's country.
+
+    Args:
+        city: the city's English name
+    """
+    return CITY.get(city, "unknown")
+
+
+def stated(completion: str, answer: str) -> float:
+    return float((final_answer(completion) or "").casefold() == answer.casefold())
+
+
+class Notes(BaseEnv):
+    """A benchmax environment: a note per rollout, graded on the answer."""
+
+    system_prompt = "Save the number with write_note, then answer it inside <answer></answer>."
+
+    def __init__(self, **kwargs):
+        self.notes: dict[str, str] = {}
+
+    async def list_tools(self):
+        return [ToolDefinition("write_note", "Save a note.", {
+            "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})]
+
+    async def init_rollout(self, rollout_id, **rollout_args):
+        self.notes[rollout_id] = ""
+
+    async def release_rollout(self, rollout_id):
+        self.notes.pop(rollout_id, None)
+
+    async def run_tool(self, rollout_id, tool_name, **tool_args):
+        self.notes[rollout_id] = tool_args["text"]
+        return "saved"
+
+    async def compute_reward(self, rollout_id, completion, ground_truth, **kwargs):
+        return {"correct": float(final_answer(completion) == ground_truth)}
+
+
+if "matrix/Geo-v0" not in gym.registry:
+    register_tool_env("matrix/Geo-v0", tools=[country], rubric=[stated], system_prompt="Answer with the tools.",
+                      tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], max_turns=4)
+    register_benchmax_env("matrix/Notes-v0", Notes, [{"prompt": "Remember 42.", "ground_truth": "42"}])
+    gym.register("matrix/MCPConfig-v0", entry_point="benchmax_gym.envs.mcp.env:MCPEnv",
+                 vector_entry_point=VectorFactory("matrix/MCPConfig-v0"), kwargs={
+        "server": {"command": sys.executable, "args": ["-m", "benchmax_gym.envs.mcp.example_server"]},
+        "tasks": [{"prompt": "What is 6 * 7? Use calculate.", "answer": "42"}],
+        "reward": stated,
+    })
+
+# id -> (kwargs, a tool call, what its result shows, the right final reply, its reward)
+CASES = {
+    "benchmax/Math-v0": ({"python_tool": False},
+                         '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>', "42",
+                         None, 1.0),  # None: the task's own answer, boxed
+    "matrix/Geo-v0": ({}, '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
+                      "<answer>Peru</answer>", 1.0),
+    "matrix/Notes-v0": ({}, '<tool_call>{"name": "write_note", "arguments": {"text": "42"}}</tool_call>', "saved",
+                        "<answer>42</answer>", 1.0),
+    "matrix/MCPConfig-v0": ({}, '<tool_call>{"name": "calculate", "arguments": {"expression": "6 * 7"}}</tool_call>',
+                            "42", "<answer>42</answer>", 1.0),
+}
+
+
+def final_reply(env_id: str, kwargs: dict) -> str:
+    """The right final reply for task 0 of ``env_id``."""
+    _, _, _, final, _ = CASES[env_id]
+    if final is not None:
+        return final
+    env = gym.make(env_id, **kwargs)
+    answer = env.unwrapped.tasks[0].answer
+    env.close()
+    return f"\\boxed{{{answer}}}"
