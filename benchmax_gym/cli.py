@@ -80,7 +80,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def usage_error(message: Any) -> NoReturn:
     """A bad command line or configuration: one line on stderr, exit status 2 (argparse's)."""
-    print(f"benchmax-gym run: error: {' '.join(str(message).split())}", file=sys.stderr)
+    print(f"benchmax-gym: error: {' '.join(str(message).split())}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -267,6 +267,8 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
               max_sessions=args.max_sessions, auth_token=args.auth_token)
     except gym.error.Error as exc:
         raise SystemExit(f"{exc}\nRun `benchmax-gym list` for the available ids.") from None
+    except (TypeError, ValueError) as exc:  # a bad --env-arg, found when the first environment is made
+        usage_error(f"cannot make {args.env_id}: {exc}")
     except KeyboardInterrupt:
         pass
     return 0

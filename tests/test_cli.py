@@ -240,3 +240,10 @@ def test_hub_dataset_with_an_unreachable_endpoint_fails_fast_in_one_line(tmp_pat
     cli = subprocess.run([*CLI, "run", "benchmax/Math-v0", "--env-arg", "tasks=gsm8k"], capture_output=True,
                          text=True, timeout=300, env=env)
     _one_line_error(cli, "unreachable")
+
+
+def test_mcp_serve_bad_env_arg_is_one_line_exit_2():
+    done = subprocess.run([sys.executable, "-m", "benchmax_gym", "mcp-serve", "benchmax/Math-v0", "--env-arg", "task=x"],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "did you mean 'tasks'" in done.stderr
