@@ -19,7 +19,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 sys.path.insert(0, str(Path(__file__).parent))
-import matrix_envs  # noqa: E402  (registers the matrix/* ids, here and in forked workers)
+import matrix_envs  # noqa: E402, F401  (registers the matrix/* ids, here and in forked workers)
 from matrix_envs import CASES, final_reply  # noqa: E402
 
 from benchmax_gym.wrappers import SubprocVectorEnv  # noqa: E402

@@ -1,7 +1,6 @@
 """Queries written to exhaust the host: each runs through ``env.step`` with the real ``query``
 tool and must come back quickly, bounded in memory, with the same answers SQLite gives."""
 
-import json
 import sqlite3
 import time
 import tracemalloc
