@@ -190,8 +190,11 @@ def test_misspelt_env_arg_suggests_the_argument():
     _one_line_error(run("run", "benchmax/Math-v0", "--env-arg", "task=gsm8k", check=False), "did you mean 'tasks'")
     with pytest.raises(TypeError, match="did you mean 'max_turns'"):
         gym.make("benchmax/CRM-v0", max_turn=3)
-    with pytest.raises(TypeError, match="did you mean 'difficulty'"):
+    with pytest.raises(TypeError, match=r"did you mean task_args=\{'difficulty': ...\}"):
         gym.make("benchmax/Excel-v0", dificulty={"rows": 5})
+    with pytest.raises(ValueError, match="unknown task_args key 'dificulty' \\(did you mean 'difficulty'\\?\\); "
+                                         "tasks='generated' takes num_tasks, task_seed, difficulty"):
+        gym.make("benchmax/Excel-v0", task_args={"dificulty": {"rows": 5}})
     with pytest.raises(TypeError, match="unexpected keyword argument 'zzz' was"):
         gym.make("benchmax/Wikipedia-v0", zzz=1)
 

@@ -70,19 +70,6 @@ def _async_api(env: gym.Env) -> Any | None:
     return layer if hasattr(layer, "astep") and hasattr(layer, "areset") else None
 
 
-def _sync_is_enough(api: Any) -> bool:
-    """True when no tool or reward can wait on I/O: then a plain ``step`` is cheaper than a coroutine.
-
-    An environment with no tools yet (MCP-v0 learns its tools from its servers at the first
-    reset) is not known to be plain.
-    """
-    toolset, rubric = getattr(api, "toolset", None), getattr(api, "rubric", None)
-    return (
-        toolset is not None and len(toolset) > 0 and rubric is not None and not rubric.has_async
-        and all(t.inline and not t.is_async for t in toolset)
-    )
-
-
 class _Worker:
     """Runs inside the worker process: owns some environments and serves the parent's commands.
 
@@ -110,7 +97,7 @@ class _Worker:
         env = self.env_fns[i]()
         self.envs[i] = env
         self.api[i] = _async_api(env)
-        self.plain[i] = self.api[i] is None or _sync_is_enough(self.api[i])
+        self.plain[i] = self.api[i] is None or not getattr(self.api[i], "needs_event_loop", True)
         own = getattr(self.api[i], "aio", None) if not self.plain[i] else None
         if isinstance(own, OwnLoop):  # its async resources live on this loop: no hop per call
             try:

@@ -11,7 +11,8 @@
     turn limit           -> rubric scores the episode as it stands -> truncated=True
 
 A family (Math, Excel, ...) supplies only a TaskSource, a Toolset, a Rubric, a system prompt and,
-when it needs per-episode state, ``open_episode``/``close_episode`` hooks. Everything else -
+when it needs per-episode state, an ``open_episode`` hook that registers what it opens on
+``episode.resources`` (closed when the episode ends). Everything else -
 parsing, limits, messages, info, seeding - lives here, once.
 
 Bad model output never raises: an over-long action, unparsable call, unknown tool, bad argument,
@@ -22,6 +23,7 @@ at ``gym.make``) with a message naming the argument.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import functools
@@ -38,7 +40,8 @@ import gymnasium as gym
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
-from benchmax_gym.core.sandbox import Sandbox, SandboxConfig, resolve_level
+from benchmax_gym.core.checks import positive_int, positive_number
+from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import ToolResult, Toolset, truncate
@@ -53,7 +56,9 @@ TOO_MANY_CALLS = "too_many_calls"
 class Episode:
     """Everything about the running episode. Tools that take ``episode`` receive this.
 
-    ``state`` belongs to the family (a workspace path, a database connection, a sandbox).
+    ``state`` belongs to the family (a workspace path, a database connection, a sandbox);
+    ``resources`` closes what the episode opened (the sandbox, a family's workspace or
+    connection) when it ends, last opened first.
     ``task`` holds the ground truth: tools may use it on the environment's side, but nothing
     of it may be returned to the model.
     """
@@ -67,18 +72,7 @@ class Episode:
     state: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     tool_errors: int = 0
-
-
-def positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def positive_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
 
 def _chat_tool_call(call: dict[str, Any], style: str) -> dict[str, Any]:
@@ -93,14 +87,18 @@ def _chat_tool_call(call: dict[str, Any], style: str) -> dict[str, Any]:
 
 def unknown_arguments_message(cls: type, unknown: dict[str, Any]) -> str:
     """``"MathEnv got an unexpected keyword argument 'task' (did you mean 'tasks'?)"``: the
-    suggestions come from the arguments of ``cls`` and of the classes it passes the rest to."""
+    suggestions come from the arguments of ``cls`` and of the classes it passes the rest to, and
+    from the fields of its typed choices (``task_args={'difficulty': ...}``)."""
     known = {name for klass in cls.__mro__ if "__init__" in vars(klass)
              for name, p in inspect.signature(vars(klass)["__init__"]).parameters.items()
              if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    nested = {name: f"{args_name}={{{name!r}: ...}}" for args_name, options in getattr(cls, "choices", {}).items()
+              for option in options for name in option.arg_names()}
     parts = []
     for name in unknown:
-        close = difflib.get_close_matches(name, sorted(known), n=3)
-        parts.append(f"{name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+        close = difflib.get_close_matches(name, sorted(known | set(nested)), n=3)
+        hints = [nested.get(c, repr(c)) for c in close]
+        parts.append(f"{name!r}" + (f" (did you mean {' or '.join(hints)}?)" if hints else ""))
     noun = "argument" if len(parts) == 1 else "arguments"
     return f"{cls.__name__} got an unexpected keyword {noun} {', '.join(parts)}"
 
@@ -141,6 +139,10 @@ class ToolEnv(gym.Env[str, str]):
         obs, reward, terminated, truncated, info = env.step(
             '<tool_call>{"name": "calculator", "arguments": {"expression": "2+2"}}</tool_call>')
     """
+
+    #: a family's typed choices, ``{"task_args": (GeneratedMath, GSM8K, ...)}``: their fields are
+    #: suggested when an argument is misspelt
+    choices: dict[str, tuple[Any, ...]] = {}
 
     # render_fps only quiets Gymnasium's checker: a transcript has no frame rate (toy_text uses 4 too)
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -202,7 +204,7 @@ class ToolEnv(gym.Env[str, str]):
             raise TypeError(f"sandbox must be a SandboxConfig, got {type(sandbox).__name__}")
         self.sandbox_config = sandbox
         #: the isolation level for model code (``info["sandbox"]``); None when no tool runs code
-        self.sandbox_level = resolve_level(sandbox.mode) if sandbox else None
+        self.sandbox_level = sandbox.level if sandbox else None
 
         self.observation_space = UnicodeText(self.max_observation_chars)
         self.action_space = UnicodeText(self.max_action_chars)
@@ -226,6 +228,14 @@ class ToolEnv(gym.Env[str, str]):
         self._tool_params = {t.name: t.parameters for t in toolset}
         self.system_prompt = self.build_system_prompt(self._family_prompt, self._tools_in_prompt)
 
+    @property
+    def needs_event_loop(self) -> bool:
+        """Whether a tool or reward may wait on I/O (then a vector worker runs ``astep`` on its
+        loop); False when a plain ``step`` is enough and cheaper. An env whose tools are not
+        known yet (MCP-v0 before its first reset) says True."""
+        return not (len(self.toolset) > 0 and not self.rubric.has_async
+                    and all(t.inline and not t.is_async for t in self.toolset))
+
     def reward_context(self, episode: Episode) -> dict[str, Any]:
         """Extra arguments reward functions may ask for by name (declared in ``Rubric(context=...)``)."""
         return {}
@@ -248,10 +258,11 @@ class ToolEnv(gym.Env[str, str]):
         return messages
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
-        """Open per-episode state (a workspace, a DB copy) in ``episode.state``."""
+        """Open per-episode state (a workspace, a DB copy) in ``episode.state``, registering how
+        to release it on ``episode.resources`` (run on the next reset and on close())."""
 
     def close_episode(self, episode: Episode) -> None:
-        """Release what :meth:`open_episode` opened. Called on the next reset and on close()."""
+        """Release what cannot go on ``episode.resources`` (an adapter's async release)."""
 
     def final_info(self, episode: Episode) -> dict[str, Any]:
         """Extra ``info`` entries for the step that ends an episode (after grading)."""
@@ -387,9 +398,10 @@ class ToolEnv(gym.Env[str, str]):
             index = self.tasks.sample_index(self.np_random)
         task = self.tasks[index]
         self.episode = Episode(task=task, rollout_id=uuid.uuid4().hex, index=int(index))
-        if self.sandbox_config is not None:
-            cfg = self.sandbox_config
-            self.episode.state["sandbox"] = Sandbox(mode=cfg.mode, limits=cfg.limits, preload=cfg.preload)
+        cfg = self.sandbox_config
+        if cfg is not None and cfg.level != UNAVAILABLE:
+            box = Sandbox(mode=cfg.mode, limits=cfg.limits, preload=cfg.preload)
+            self.episode.state["sandbox"] = self.episode.resources.enter_context(contextlib.closing(box))
         return self.episode, options
 
     def _first_observation(self, episode: Episode):
@@ -414,7 +426,7 @@ class ToolEnv(gym.Env[str, str]):
                 self.close_episode(episode)
             except Exception:
                 log.exception("close_episode failed for task %s", episode.task.id)
-            self._close_sandbox(episode)
+            self._release(episode)
 
     async def _aend_episode(self) -> None:
         if self.episode is not None:
@@ -423,13 +435,14 @@ class ToolEnv(gym.Env[str, str]):
                 await self.aclose_episode(episode)
             except Exception:
                 log.exception("close_episode failed for task %s", episode.task.id)
-            self._close_sandbox(episode)
+            self._release(episode)
 
     @staticmethod
-    def _close_sandbox(episode: Episode) -> None:
-        box = episode.state.pop("sandbox", None)
-        if box is not None:
-            box.close()
+    def _release(episode: Episode) -> None:
+        try:
+            episode.resources.close()
+        except Exception:
+            log.exception("releasing the resources of task %s failed", episode.task.id)
 
     def _plan_step(self, action: Any) -> "_StepPlan":
         t0 = time.perf_counter()

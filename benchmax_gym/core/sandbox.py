@@ -148,11 +148,18 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    """How a family's episodes get their sandbox: ``mode``, per-call ``limits``, modules to ``preload``."""
+    """How a family's episodes get their sandbox: ``mode``, per-call ``limits``, modules to
+    ``preload``, and the ``level`` that mode gets on this machine (``unavailable``: no sandbox
+    is started, and the tool that needed one was left out)."""
 
     mode: str = "auto"
     limits: SandboxLimits = SandboxLimits()
     preload: tuple[str, ...] = ()
+    level: str = ""
+
+    def __post_init__(self):
+        if not self.level:
+            object.__setattr__(self, "level", resolve_level(self.mode))
 
 
 class SandboxUnavailable(RuntimeError):
@@ -758,21 +765,21 @@ def sandboxed_python(
     preload: tuple[str, ...],
     name: str = "python",
     description: str | None = None,
-) -> tuple[list[Tool], SandboxConfig | None, str | None]:
-    """What a family needs to offer a python tool: ``(tools, sandbox config, level)``.
+) -> tuple[list[Tool], SandboxConfig | None]:
+    """What a family needs to offer a python tool: ``(tools, sandbox config)``.
 
     Without an isolation level (no bubblewrap and no explicit ``mode="rlimits"``) the tool is
-    left out with a warning and the level is ``unavailable``; bad modes and limits raise
-    ``ValueError`` naming the argument, at ``gym.make``.
+    left out with a warning and the config's level is ``unavailable``; bad modes and limits
+    raise ``ValueError`` naming the argument, at ``gym.make``.
     """
     if not enabled:
-        return [], None, None
-    level = resolve_level(mode)
-    if level == UNAVAILABLE:
+        return [], None
+    config = SandboxConfig(mode=mode, limits=SandboxLimits.from_dict({"timeout": timeout, **(limits or {})}),
+                           preload=preload)
+    if config.level == UNAVAILABLE:
         warnings.warn(
             f"{env_id}: the {name} tool is left out: {bubblewrap_status()[1]}. Install bubblewrap, "
             "or pass sandbox='rlimits' to run model code with resource limits only.", stacklevel=3,
         )
-        return [], None, UNAVAILABLE
-    config = SandboxConfig(mode=mode, limits=SandboxLimits.from_dict({"timeout": timeout, **(limits or {})}), preload=preload)
-    return [python_tool(name, description)], config, level
+        return [], config
+    return [python_tool(name, description)], config

@@ -19,12 +19,14 @@ import os
 import re
 import sqlite3
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmax_gym.core.checks import boolean, optional, path_or_id, positive_int
+from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg
 from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task, load_records, pick, rand_int
 from benchmax_gym.envs.crm.org import CATEGORIES, HIGH_PRIORITY_RESPONSE_HOURS, MAX_TRANSFERS, REFUND_WINDOW_DAYS
 
@@ -358,6 +360,40 @@ def generated_tasks(con: sqlite3.Connection, org_name: str, config: CRMTaskConfi
     """Tasks over one org: item ``i`` of ``seed`` is always the same task (for the same org)."""
     config = CRMTaskConfig() if config is None else config
     return GeneratedTasks(lambda rng, i: make_crm_task(rng, i, con, config, org_name), seed=seed, size=size)
+
+
+@dataclass(frozen=True)
+class GeneratedCRM(GeneratedSource):
+    """``tasks="generated"``: tasks computed from the generated org; ``task_types`` picks the kinds
+    (default: all of :data:`TASK_TYPES`)."""
+
+    task_types: Any = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.task_types is not None:
+            CRMTaskConfig(task_types=self.task_types)  # a bad type fails here, at make
+
+    def build(self, env: Any) -> GeneratedTasks:
+        config = CRMTaskConfig() if self.task_types is None else CRMTaskConfig(task_types=self.task_types)
+        return generated_tasks(env.org.pristine, env.org_name, config, seed=self.task_seed, size=self.num_tasks)
+
+
+@dataclass(frozen=True)
+class CRMArena(SourceConfig):
+    """``tasks="crmarena"``: a task file in CRMArena's format, run against the env's ``org_db``;
+    tasks naming Salesforce ids absent from it are refused unless ``check_org_ids=False``."""
+
+    name = "crmarena"
+    dataset: Any = arg(MISSING, path_or_id)
+    limit: int | None = arg(None, optional(positive_int))
+    check_org_ids: bool = arg(True, boolean)
+
+    def build(self, env: Any) -> ListTasks:
+        tasks = crmarena_tasks(self.dataset, limit=self.limit)
+        if self.check_org_ids:
+            check_task_ids(tasks, env.org, env.org_db)
+        return tasks
 
 
 CRMARENA_ORG_MISSING = (

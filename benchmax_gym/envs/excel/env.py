@@ -5,17 +5,20 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.sandbox import sandboxed_python
-from benchmax_gym.core.tasks import Task, TaskSource, generator_config, given_tasks, source_name
+from benchmax_gym.core.checks import config_of, one_of, optional, path, positive_int
+from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg, task_source
+from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.rubric import RECALC_MODES, grade
 from benchmax_gym.envs.excel.solver import ExcelSolver
-from benchmax_gym.envs.excel.tasks import ExcelTaskConfig, generated_tasks, spreadsheetbench_tasks
+from benchmax_gym.envs.excel.tasks import ExcelTaskConfig, make_excel_task, spreadsheetbench_tasks
 from benchmax_gym.envs.excel.tools import WORKBOOK, WorkbookFile, describe_workbook, list_sheets, read_range, write_cells
 
 SYSTEM_PROMPT = (
@@ -32,34 +35,58 @@ RUN_PYTHON_DOC = (
     "Args:\n    code: the Python source to run"
 )
 
-TASK_SOURCES = ("generated", "spreadsheetbench")
+
+
+@dataclass(frozen=True)
+class GeneratedSheets(GeneratedSource):
+    """``tasks="generated"``: ``difficulty`` is an :class:`ExcelTaskConfig` or a dict of its fields."""
+
+    difficulty: ExcelTaskConfig = arg(None, config_of(ExcelTaskConfig))
+
+    def make_task(self, rng, index: int) -> Task:
+        return make_excel_task(rng, index, self.difficulty)
+
+
+@dataclass(frozen=True)
+class SpreadsheetBench(SourceConfig):
+    """``tasks="spreadsheetbench"``: a directory in the original layout, an archive or its URL."""
+
+    name = "spreadsheetbench"
+    dataset: str = arg(MISSING, path)
+    limit: int | None = arg(None, optional(positive_int))
+    ids: Any = None  # keep only these record ids
+    cache_dir: str | None = arg(None, optional(path))
+
+    def build(self, env) -> TaskSource:
+        return spreadsheetbench_tasks(self.dataset, limit=self.limit, ids=self.ids, cache_dir=self.cache_dir)
+
+
+TASK_SOURCES = (GeneratedSheets, SpreadsheetBench)
 
 
 class ExcelEnv(ToolEnv):
     """Spreadsheet tasks with ``list_sheets``, ``read_range``, ``write_cells`` and ``run_python``.
 
     Args:
-        tasks: ``"generated"`` (default, offline), ``"spreadsheetbench"`` (with ``dataset=`` a local
-            directory in the original layout, an archive or its URL), a TaskSource or list of Tasks.
-        dataset, limit: for SpreadsheetBench.
-        difficulty: generator knobs, a dict of :class:`ExcelTaskConfig` fields (``rows``,
-            ``multi_sheet``, ``task_types``).
-        num_tasks, task_seed: generated only: a finite set of this many tasks; which set.
+        tasks: a source by name with its ``task_args``: ``"generated"`` (default, offline;
+            :class:`GeneratedSheets`: ``difficulty`` - ``rows``, ``multi_sheet``, ``task_types`` -
+            ``num_tasks``, ``task_seed``) or ``"spreadsheetbench"`` (:class:`SpreadsheetBench`:
+            ``dataset`` a local directory in the original layout, an archive or its URL,
+            ``limit``, ``cache_dir``); or one of those instances, a TaskSource or a list of Tasks.
+        task_args: the named source's arguments.
         recalc: how formulas are computed before grading: ``"auto"`` (the ``formulas`` package)
             or ``"libreoffice"`` (headless LibreOffice, when installed).
         python_tool, sandbox, sandbox_limits: the sandboxed ``run_python`` tool, as in Math-v0.
         **engine_kwargs: the engine's options; ``reward_weights`` defaults to ``solved`` only.
     """
 
+    choices = {"task_args": TASK_SOURCES}
+
     def __init__(
         self,
-        tasks: str | TaskSource | Sequence[Task] = "generated",
+        tasks: str | SourceConfig | TaskSource | Sequence[Task] = "generated",
         *,
-        dataset: str | None = None,
-        limit: int | None = None,
-        difficulty: Mapping[str, Any] | ExcelTaskConfig | None = None,
-        num_tasks: int | None = None,
-        task_seed: int = 0,
+        task_args: Mapping[str, Any] | None = None,
         recalc: str = "auto",
         python_tool: bool = True,
         sandbox: str = "auto",
@@ -67,11 +94,9 @@ class ExcelEnv(ToolEnv):
         max_turns: int = 20,
         **engine_kwargs: Any,
     ):
-        if recalc not in RECALC_MODES:
-            raise ValueError(f"recalc must be one of {RECALC_MODES}, got {recalc!r}")
-        self.recalc = recalc
-        source = _task_source(tasks, dataset, limit, difficulty, num_tasks, task_seed)
-        python, sandbox_config, level = sandboxed_python(
+        self.recalc = one_of(*RECALC_MODES)("recalc", recalc)
+        source = task_source(self, tasks, task_args, TASK_SOURCES, engine_kwargs)
+        python, sandbox_config = sandboxed_python(
             "benchmax/Excel-v0", enabled=python_tool, mode=sandbox, limits=sandbox_limits,
             timeout=engine_kwargs.get("tool_timeout", 10.0), preload=("openpyxl",),
             name="run_python", description=RUN_PYTHON_DOC,
@@ -81,7 +106,6 @@ class ExcelEnv(ToolEnv):
             tasks=source, toolset=Toolset([list_sheets, read_range, write_cells, *python]), rubric=rubric, system_prompt=SYSTEM_PROMPT,
             max_turns=max_turns, sandbox=sandbox_config, **engine_kwargs,
         )
-        self.sandbox_level = level
         self.case_results: dict[str, dict[int, bool]] = {}  # SpreadsheetBench id -> case -> solved
 
     # -- episode state ------------------------------------------------------------------------
@@ -94,7 +118,7 @@ class ExcelEnv(ToolEnv):
             workspace = box.workspace
         else:
             workspace = Path(tempfile.mkdtemp(prefix="benchmax-excel-"))
-            episode.state["own_workspace"] = workspace
+            episode.resources.callback(shutil.rmtree, workspace, ignore_errors=True)
             for name, source in episode.task.files.items():
                 target = workspace / name
                 if isinstance(source, bytes):
@@ -102,11 +126,6 @@ class ExcelEnv(ToolEnv):
                 else:
                     shutil.copyfile(source, target)
         episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK, timeout=self.tool_timeout)
-
-    def close_episode(self, episode: Episode) -> None:
-        own = episode.state.pop("own_workspace", None)
-        if own is not None:
-            shutil.rmtree(own, ignore_errors=True)
 
     def task_prompt(self, task: Task) -> str:
         workbook = self.episode.state["workbook"]
@@ -149,18 +168,3 @@ class ExcelEnv(ToolEnv):
             return {"spreadsheetbench": self.spreadsheetbench_scores(meta["spreadsheet_id"])}
         return {}
 
-
-def _task_source(tasks, dataset, limit, difficulty, num_tasks, task_seed) -> TaskSource:
-    given = given_tasks(tasks)
-    if given is not None:
-        return given
-    source_name(tasks, TASK_SOURCES)
-    if tasks == "spreadsheetbench":
-        if difficulty is not None or num_tasks is not None or task_seed != 0:
-            raise ValueError("difficulty, num_tasks and task_seed apply only to tasks='generated'")
-        if dataset is None:
-            raise ValueError("tasks='spreadsheetbench' needs dataset= (a directory in the original layout, an archive or its URL)")
-        return spreadsheetbench_tasks(dataset, limit=limit)
-    if dataset is not None or limit is not None:
-        raise ValueError("dataset and limit apply only to tasks='spreadsheetbench'")
-    return generated_tasks(generator_config(ExcelTaskConfig, difficulty), seed=task_seed, size=num_tasks)

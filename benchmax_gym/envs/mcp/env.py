@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmax_gym.core.env import Episode, ToolEnv, positive_number
+from benchmax_gym.core.checks import positive_number
+from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.tasks import TaskSource
 from benchmax_gym.core.tools import Toolset

@@ -22,6 +22,7 @@ underscores and extra spaces, as Wikipedia's search box is.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import json
@@ -34,10 +35,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
+from benchmax_gym.core.checks import existing_file, int_between, number_between, optional, path, positive_number, text
+from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.tools import ToolError
 
 USER_AGENT = "benchmax-gym/0.1 (https://github.com/benchmax-gym; multi-hop search QA environment)"
@@ -381,3 +384,76 @@ def _plain(snippet: str) -> str:
 def records_digest(records: list[Mapping[str, str]]) -> str:
     """A stable hash of in-memory records (for corpora that do not come from one file)."""
     return corpus_key(json.dumps([[r["title"], r["text"]] for r in records], ensure_ascii=False))
+
+
+# -- typed backends (``backend="local"``, ``backend_args={...}``) ------------------------------
+
+
+@dataclass(frozen=True)
+class GeneratedCorpus(SourceConfig):
+    """``backend="generated"``: the encyclopedia the generated questions are about (the task
+    source's ``task_seed`` and ``difficulty.entities``; the defaults for tasks handed over)."""
+
+    name = "generated"
+
+    def build(self, env: Any) -> CorpusIndex:
+        from benchmax_gym.envs.wikipedia.tasks import WikiTaskConfig
+
+        source = env.task_config
+        seed = getattr(source, "task_seed", 0)
+        entities = getattr(source, "difficulty", WikiTaskConfig()).entities
+        return generated_index(seed, entities)
+
+
+@functools.lru_cache(maxsize=8)
+def generated_index(seed: int, entities: int) -> CorpusIndex:
+    """The encyclopedia of ``seed`` indexed in a shared in-memory database (once per process)."""
+    from benchmax_gym.envs.wikipedia.tasks import encyclopedia
+
+    return CorpusIndex.in_memory(encyclopedia(seed, entities).records, f"generated-{seed}-{entities}")
+
+
+@dataclass(frozen=True)
+class LocalCorpus(SourceConfig):
+    """``backend="local"``: an SQLite FTS5 index of ``corpus`` (JSON Lines or a JSON array of
+    ``{title, text}``, or a HotpotQA file: its context paragraphs; HotpotQA tasks default to their
+    own file), cached under ``cache_dir``."""
+
+    name = "local"
+    corpus: str | None = arg(None, optional(existing_file))
+    cache_dir: str | None = arg(None, optional(path))
+
+    def build(self, env: Any) -> CorpusIndex:
+        from benchmax_gym.envs.wikipedia.tasks import HotpotQA, load_corpus
+
+        corpus = self.corpus
+        if corpus is None and isinstance(env.task_config, HotpotQA):
+            corpus = env.task_config.dataset
+        if corpus is None:
+            raise ValueError("backend='local' needs backend_args corpus= (JSON Lines or a JSON array of "
+                             "{title, text}, or a HotpotQA file)")
+        records, key = load_corpus(corpus)
+        return CorpusIndex.on_disk(records, key, self.cache_dir)
+
+
+@dataclass(frozen=True)
+class LiveWikipedia(SourceConfig):
+    """``backend="live"``: Wikipedia (or ``api_url``, any MediaWiki ``api.php``) over HTTP; see
+    :class:`LiveBackend` for the retry policy."""
+
+    name = "live"
+    api_url: str | None = arg(None, optional(text))
+    language: str = arg("en", text)
+    user_agent: str = arg(USER_AGENT, text)
+    http_timeout: float = arg(10.0, positive_number)
+    max_retries: int = arg(3, int_between(0, 10))
+    retry_wait: float = arg(0.5, number_between(0, 60, " seconds"))
+
+    @property
+    def tool_timeout(self) -> float:
+        """Long enough for every retry of one request."""
+        return self.http_timeout * (self.max_retries + 1) + self.retry_wait * 2 ** self.max_retries
+
+    def build(self, env: Any) -> LiveBackend:
+        return LiveBackend(api_url=self.api_url, language=self.language, user_agent=self.user_agent,
+                           timeout=self.http_timeout, max_retries=self.max_retries, retry_wait=self.retry_wait)

@@ -18,12 +18,14 @@ import functools
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmax_gym.core.checks import config_of, existing_file, int_between, number_between, optional, positive_int
+from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg
 from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task
 from benchmax_gym.envs.wikipedia.backends import corpus_key
 from benchmax_gym.envs.wikipedia.encyclopedia import Encyclopedia
@@ -45,15 +47,12 @@ class WikiTaskConfig:
     comparison: float = 0.3
 
     def __post_init__(self):
-        for name, low, high in (("entities", 30, 20_000), ("min_hops", 2, 4), ("max_hops", 2, 4)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"{name} must be an int from {low} to {high}, got {value!r}")
+        int_between(30, 20_000)("entities", self.entities)
+        int_between(2, 4)("min_hops", self.min_hops)
+        int_between(2, 4)("max_hops", self.max_hops)
         if self.min_hops > self.max_hops:
             raise ValueError(f"min_hops ({self.min_hops}) must not exceed max_hops ({self.max_hops})")
-        p = self.comparison
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"comparison must be a probability between 0 and 1, got {p!r}")
+        number_between(0.0, 1.0, " (a probability)")("comparison", self.comparison)
 
 
 @functools.lru_cache(maxsize=8)
@@ -62,19 +61,54 @@ def encyclopedia(seed: int, entities: int) -> Encyclopedia:
     return Encyclopedia(seed, entities)
 
 
-def generated_tasks(config: WikiTaskConfig | None = None, *, seed: int = 0, size: int | None = None) -> GeneratedTasks:
-    """Questions over the encyclopedia of ``seed``: item ``i`` is always the same question."""
-    config = config or WikiTaskConfig()
-    world = encyclopedia(seed, config.entities)
+@dataclass(frozen=True)
+class GeneratedQuestions(GeneratedSource):
+    """``tasks="generated"``: questions over the encyclopedia of ``task_seed``; ``difficulty`` is a
+    :class:`WikiTaskConfig` or a dict of its fields."""
 
-    def make(rng: np.random.Generator, index: int) -> Task:
-        q = world.question(rng, config.min_hops, config.max_hops, config.comparison)
+    difficulty: WikiTaskConfig = arg(None, config_of(WikiTaskConfig))
+
+    def make_task(self, rng: np.random.Generator, index: int) -> Task:
+        config = self.difficulty
+        q = encyclopedia(self.task_seed, config.entities).question(rng, config.min_hops, config.max_hops,
+                                                                   config.comparison)
         return Task(
             id=f"gen-{index}", prompt=q.question, answer=q.answer, solution={"supporting": list(q.supporting)},
             metadata={"source": "generated", "type": q.type, "hops": len(q.supporting)},
         )
 
-    return GeneratedTasks(make, seed=seed, size=size)
+
+def generated_tasks(config: WikiTaskConfig | None = None, *, seed: int = 0, size: int | None = None) -> GeneratedTasks:
+    """Questions over the encyclopedia of ``seed``: item ``i`` is always the same question."""
+    return GeneratedQuestions(difficulty=config, num_tasks=size, task_seed=seed).build(None)
+
+
+@dataclass(frozen=True)
+class QuestionFile(SourceConfig):
+    """Questions from a local file: ``dataset`` (checked to exist at make) and ``limit``."""
+
+    dataset: str = arg(MISSING, existing_file)
+    limit: int | None = arg(None, optional(positive_int))
+
+
+@dataclass(frozen=True)
+class HotpotQA(QuestionFile):
+    """``tasks="hotpotqa"``: a HotpotQA file in its original JSON layout."""
+
+    name = "hotpotqa"
+
+    def build(self, env: Any) -> ListTasks:
+        return hotpotqa_tasks(self.dataset, limit=self.limit)
+
+
+@dataclass(frozen=True)
+class Bamboogle(QuestionFile):
+    """``tasks="bamboogle"``: ``{Question, Answer}`` records (JSON array or JSON Lines)."""
+
+    name = "bamboogle"
+
+    def build(self, env: Any) -> ListTasks:
+        return bamboogle_tasks(self.dataset, limit=self.limit)
 
 
 def _read_json_records(path: str | os.PathLike) -> list[Any]:

@@ -6,7 +6,7 @@ import gymnasium as gym
 import pytest
 
 import benchmax_gym  # noqa: F401
-from benchmax_gym.envs.math.tasks import numeric_expression
+from benchmax_gym.envs.math.datasets import numeric_expression
 
 
 def play(env, policy, **reset_kwargs):

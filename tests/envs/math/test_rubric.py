@@ -258,7 +258,7 @@ def _natural_forms(gold: str, gsm8k: bool) -> list[str]:
 def test_every_benchmark_gold_grades_1_against_itself_in_its_natural_forms(shared_data):
     """No gold answer of the GSM8K and MATH-500 samples may fail against itself, however it is written."""
     from benchmax_gym.envs.math.rubric import correct
-    from benchmax_gym.envs.math.tasks import gsm8k_gold
+    from benchmax_gym.envs.math.datasets import gsm8k_gold
 
     math500 = [json.loads(x)["answer"] for x in (shared_data / "math500" / "test_first100.jsonl").read_text().splitlines()]
     gsm8k = [gsm8k_gold(json.loads(x)["answer"])

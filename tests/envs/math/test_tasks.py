@@ -9,17 +9,15 @@ import pytest
 
 from benchmax_gym.envs.math.calculator import evaluate, format_number
 from benchmax_gym.envs.math.rubric import is_equivalent
-from benchmax_gym.envs.math.tasks import (
-    MathTaskConfig,
-    generated_tasks,
+from benchmax_gym.envs.math.datasets import (
     gsm8k_gold,
     gsm8k_steps,
     gsm8k_tasks,
     hf_tasks,
-    make_math_task,
     math500_tasks,
     numeric_expression,
 )
+from benchmax_gym.envs.math.generator import MathTaskConfig, generated_tasks, make_math_task
 
 DATA = Path(__file__).resolve().parents[3] / ".." / "shared" / "data"
 GSM8K = DATA / "gsm8k" / "train_sample500.jsonl"
@@ -69,8 +67,11 @@ def test_config_defaults_and_frozen():
 
 
 def test_generated_tasks_rejects_wrong_config():
-    with pytest.raises(TypeError):
-        generated_tasks({"digits": 2})
+    with pytest.raises(ValueError, match="difficulty must be a dict of MathTaskConfig"):
+        generated_tasks("hard")
+    with pytest.raises(ValueError, match="digits must be an int from 1 to 9"):
+        generated_tasks({"digits": 20})
+    assert generated_tasks({"digits": 2})[0] == generated_tasks(MathTaskConfig(digits=2))[0]
 
 
 # -- generator -----------------------------------------------------------------------------

@@ -158,4 +158,4 @@ def test_response_cache_sends_each_request_once(mediawiki):
     env.reset(seed=1)  # the cache outlives the episode
     call(env, "get_article", title="Mercury (planet)")
     assert len(mediawiki.requests) == sent and "closest planet" in obs and "Mercury (planet)" in obs2
-    assert env.unwrapped.live.transport.sent == sent
+    assert env.unwrapped.backend.transport.sent == sent

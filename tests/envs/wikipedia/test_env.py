@@ -243,7 +243,7 @@ def test_check_env_on_every_backend(shared_data, mediawiki):
         ({"tasks": "nope"}, "tasks must be one of"),
         ({"backend": "nope"}, "backend must be one of"),
         ({"backend": "local"}, "backend='local' does not fit"),
-        ({"tasks": "hotpotqa", "backend": "generated", "dataset": "x.json"}, "backend='generated' does not fit"),
+        ({"tasks": "hotpotqa", "backend": "generated", "dataset": __file__}, "backend='generated' does not fit"),
         ({"tasks": "hotpotqa"}, "dataset"),
         ({"tasks": "hotpotqa", "dataset": "/no/such/file.json"}, "dataset: no such file"),
         ({"tasks": "bamboogle", "dataset": "/no/such/file.json"}, "dataset: no such file"),

@@ -1,4 +1,4 @@
-"""Math tasks: a seeded generator (the offline default) and loaders for GSM8K, MATH-500 and others.
+"""Generated math tasks (the offline default): arithmetic expressions and multi-step word problems.
 
 Generated tasks are built so that the reference solver can prove them solvable through the
 environment's own tool: every solution step is a calculator expression, and each step's value
@@ -9,15 +9,15 @@ non-negative, so every answer is an integer that string and math-verify grading 
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from benchmax_gym.core.tasks import DatasetTasks, GeneratedTasks, Task
+from benchmax_gym.core.checks import config_of, int_between, number_between
+from benchmax_gym.core.sources import GeneratedSource, arg
+from benchmax_gym.core.tasks import GeneratedTasks, Task
 from benchmax_gym.core.tasks import pick as _pick, rand_int as _int, sample as _sample
 from benchmax_gym.envs.math.calculator import evaluate, format_number
 
@@ -44,9 +44,9 @@ class MathTaskConfig:
     steps: int = 2
 
     def __post_init__(self):
-        _check_int("operands", self.operands, 2, 12)
-        _check_int("digits", self.digits, 1, 9)
-        _check_int("steps", self.steps, 1, 6)
+        int_between(2, 12)("operands", self.operands)
+        int_between(1, 9)("digits", self.digits)
+        int_between(1, 6)("steps", self.steps)
         if not isinstance(self.operations, str) or not self.operations:
             raise ValueError(
                 f"operations must be a non-empty string of {OPERATIONS!r}, got {self.operations!r}"
@@ -56,14 +56,7 @@ class MathTaskConfig:
             raise ValueError(
                 f"operations may only contain {OPERATIONS!r}, got {''.join(unknown)!r}"
             )
-        p = self.word_problems
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"word_problems must be a probability between 0 and 1, got {p!r}")
-
-
-def _check_int(name: str, value: Any, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(f"{name} must be an int from {low} to {high}, got {value!r}")
+        number_between(0.0, 1.0, " (a probability)")("word_problems", self.word_problems)
 
 
 def make_math_task(rng: np.random.Generator, index: int, config: MathTaskConfig) -> Task:
@@ -88,14 +81,21 @@ def make_math_task(rng: np.random.Generator, index: int, config: MathTaskConfig)
     )
 
 
+@dataclass(frozen=True)
+class GeneratedMath(GeneratedSource):
+    """``tasks="generated"``: ``difficulty`` is a :class:`MathTaskConfig` or a dict of its fields."""
+
+    difficulty: MathTaskConfig = arg(None, config_of(MathTaskConfig))
+
+    def make_task(self, rng: np.random.Generator, index: int) -> Task:
+        return make_math_task(rng, index, self.difficulty)
+
+
 def generated_tasks(
     config: MathTaskConfig | None = None, *, seed: int = 0, size: int | None = None
 ) -> GeneratedTasks:
     """The generated task source: item ``i`` of ``seed`` is always the same task."""
-    config = MathTaskConfig() if config is None else config
-    if not isinstance(config, MathTaskConfig):
-        raise TypeError(f"config must be a MathTaskConfig, got {type(config).__name__}")
-    return GeneratedTasks(lambda rng, i: make_math_task(rng, i, config), seed=seed, size=size)
+    return GeneratedMath(difficulty=config, num_tasks=size, task_seed=seed).build(None)
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -564,168 +564,3 @@ _TEMPLATES: dict[str, Callable[[np.random.Generator, int, _Work], str]] = {
     "wages": _wages,
     "classroom": _classroom,
 }
-
-# -- dataset loaders -------------------------------------------------------------------------
-
-_GSM8K_MARK = re.compile(r"<<([^<>]*)>>")
-_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
-
-
-def gsm8k_gold(solution: str) -> str | None:
-    """The number after ``#### `` in a GSM8K answer, without thousands separators (``1,600``)."""
-    _, sep, tail = str(solution).rpartition("####")
-    if not sep:
-        return None
-    gold = tail.strip().splitlines()[0].strip() if tail.strip() else ""
-    return gold.replace(",", "") or None
-
-
-def gsm8k_steps(solution: str) -> list[str]:
-    """The expressions of GSM8K's calculator marks ``<<expr=result>>`` (the ``expr`` parts)."""
-    return [m.rpartition("=")[0].strip() for m in _GSM8K_MARK.findall(str(solution)) if "=" in m]
-
-
-def gsm8k_tasks(
-    path: str | os.PathLike | Sequence[str | os.PathLike] = "openai/gsm8k",
-    *,
-    split: str | None = None,
-    limit: int | None = None,
-) -> DatasetTasks:
-    """GSM8K (hub config ``main``, split ``train`` by default) or local files in its format."""
-
-    def to_task(record: Mapping[str, Any], index: int) -> Task | None:
-        _require(record, ("question", "answer"), path)
-        gold = gsm8k_gold(record["answer"])
-        if gold is None:
-            return None
-        return Task(
-            id=f"gsm8k-{index}",
-            prompt=str(record["question"]),
-            answer=gold,
-            solution=gsm8k_steps(record["answer"]),
-            metadata={"source": "gsm8k"},
-        )
-
-    name = None if _is_local(path) else "main"
-    return DatasetTasks(path, to_task, split=split or "train", name=name, limit=limit)
-
-
-_LATEX_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)")
-_LATEX_FRACTION = re.compile(r"([+-]?)\\[dt]?frac(?:\{([+-]?\d+)\}\{(\d+)\}|(\d)(\d))")
-
-
-def numeric_expression(answer: str) -> str | None:
-    """A calculator expression for a LaTeX answer that is a plain number, else None.
-
-    Accepts integers, decimals, negatives, thousands separators (``10{,}000``, ``10\\!000``,
-    ``1,600``) and simple fractions (``\\frac{14}{3}``, ``-\\dfrac{3}{2}``, ``\\frac12``).
-    """
-    text = str(answer).strip().strip("$").replace("\\!", "").replace("{,}", ",").replace("\\,", ",")
-    text = re.sub(r"\s+", "", text)
-    if _THOUSANDS.fullmatch(text):
-        text = text.replace(",", "")
-    if _LATEX_NUMBER.fullmatch(text):
-        sign = "-" if text.startswith("-") else ""
-        digits = text.lstrip("+-")
-        if "." not in digits:
-            return sign + str(int(digits))  # "007" is not a Python literal
-        return sign + ("0" + digits if digits.startswith(".") else digits)
-    match = _LATEX_FRACTION.fullmatch(text)
-    if match:
-        sign = match.group(1)
-        num, den = match.group(2) or match.group(4), match.group(3) or match.group(5)
-        if int(den) == 0:
-            return None
-        negative = (sign == "-") != num.startswith("-")
-        return f"{'-' if negative else ''}{int(num.lstrip('+-'))}/{int(den)}"
-    return None
-
-
-def math500_tasks(
-    path: str | os.PathLike | Sequence[str | os.PathLike] = "HuggingFaceH4/MATH-500",
-    *,
-    split: str | None = None,
-    limit: int | None = None,
-    numeric_only: bool = False,
-) -> DatasetTasks:
-    """MATH-500 (split ``test`` on the hub) with LaTeX gold answers graded by math-verify.
-
-    Problems whose answer is a number also get ``solution=[expression]`` for the calculator;
-    ``numeric_only=True`` keeps only those.
-    """
-
-    def to_task(record: Mapping[str, Any], index: int) -> Task | None:
-        _require(record, ("problem", "answer"), path)
-        answer = str(record["answer"])
-        expression = numeric_expression(answer)
-        if numeric_only and expression is None:
-            return None
-        return Task(
-            id=str(record.get("unique_id") or f"math500-{index}"),
-            prompt=str(record["problem"]),
-            answer=answer,
-            solution=[expression] if expression is not None else None,
-            metadata={
-                "source": "math500",
-                "subject": record.get("subject"),
-                "level": record.get("level"),
-            },
-        )
-
-    default_split = "train" if _is_local(path) else "test"  # local JSON files load as "train"
-    return DatasetTasks(path, to_task, split=split or default_split, limit=limit)
-
-
-def hf_tasks(
-    path: str | os.PathLike | Sequence[str | os.PathLike],
-    *,
-    question_field: str = "question",
-    answer_field: str = "answer",
-    split: str | None = None,
-    name: str | None = None,
-    limit: int | None = None,
-    answer_transform: Callable[[Any], Any] | None = None,
-) -> DatasetTasks:
-    """Any dataset with a question and an answer field (hub id or local files).
-
-    ``answer_transform`` turns the raw answer into the gold answer (e.g. :func:`gsm8k_gold`);
-    records it maps to ``None`` are skipped. By default the answer is the field's text, stripped.
-    """
-    label = _label(path)
-    transform = answer_transform or (lambda value: str(value).strip())
-
-    def to_task(record: Mapping[str, Any], index: int) -> Task | None:
-        _require(record, (question_field, answer_field), path)
-        gold = transform(record[answer_field])
-        if gold is None:
-            return None
-        return Task(
-            id=f"{label}-{index}",
-            prompt=str(record[question_field]),
-            answer=gold,
-            metadata={"source": label},
-        )
-
-    return DatasetTasks(path, to_task, split=split, name=name, limit=limit)
-
-
-def _require(record: Mapping[str, Any], fields: Sequence[str], path: Any) -> None:
-    missing = [f for f in fields if f not in record]
-    if missing:
-        raise ValueError(
-            f"dataset {_label(path)!r} has no field {', '.join(map(repr, missing))}; "
-            f"available fields: {', '.join(map(repr, record))}"
-        )
-
-
-def _is_local(path: Any) -> bool:
-    paths = path if isinstance(path, (list, tuple)) else [path]
-    return all(os.path.exists(os.fspath(p)) for p in paths)
-
-
-def _label(path: Any) -> str:
-    """A short name for ids and metadata: ``openai/gsm8k`` -> ``gsm8k``, ``a/x.jsonl`` -> ``x``."""
-    first = path[0] if isinstance(path, (list, tuple)) and path else path
-    text = os.fspath(first).rstrip("/\\")
-    base = os.path.basename(text) or text
-    return base.split(".")[0] if _is_local(path) else base

@@ -1,0 +1,129 @@
+"""Argument checks shared by the engine, the families and their task sources.
+
+Each check is ``check(name, value) -> value`` (normalised) and raises a ValueError naming the
+argument, so a bad configuration fails at ``gym.make`` with one line that says what to pass.
+The factories (:func:`int_between`, :func:`one_of`, :func:`optional`...) build checks to
+declare next to a dataclass field (see :func:`benchmax_gym.core.sources.arg`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Check = Callable[[str, Any], Any]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def positive_int(name: str, value: Any) -> int:
+    if not _is_int(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def non_negative_int(name: str, value: Any) -> int:
+    if not _is_int(value) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    return value
+
+
+def positive_number(name: str, value: Any) -> float:
+    if not _is_number(value) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def text(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def int_between(low: int, high: int, unit: str = "") -> Check:
+    """An int from ``low`` to ``high``, both inclusive."""
+    def check(name: str, value: Any) -> int:
+        if not _is_int(value) or not low <= value <= high:
+            raise ValueError(f"{name} must be an int from {low} to {high}{unit}, got {value!r}")
+        return value
+    return check
+
+
+def number_between(low: float, high: float, unit: str = "") -> Check:
+    """A number from ``low`` to ``high``, both inclusive."""
+    def check(name: str, value: Any) -> float:
+        if not _is_number(value) or not low <= value <= high:
+            raise ValueError(f"{name} must be a number from {low} to {high}{unit}, got {value!r}")
+        return float(value)
+    return check
+
+
+def one_of(*choices: Any) -> Check:
+    def check(name: str, value: Any) -> Any:
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+        return value
+    return check
+
+
+def optional(inner: Check) -> Check:
+    """``None`` or what ``inner`` accepts."""
+    def check(name: str, value: Any) -> Any:
+        return None if value is None else inner(name, value)
+    return check
+
+
+def existing_file(name: str, value: Any) -> str:
+    """A path to a file that exists now (so a typo fails at make, not at the first reset)."""
+    if not isinstance(value, (str, os.PathLike)) or not os.path.isfile(value):
+        raise ValueError(f"{name}: no such file {os.fspath(value) if isinstance(value, os.PathLike) else value!r}")
+    return os.fspath(value)
+
+
+def path(name: str, value: Any) -> str:
+    """A path (or URL) as a string; whether it exists is checked where it is opened."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a path, got {value!r}")
+    return value
+
+
+def path_or_id(name: str, value: Any) -> Any:
+    """A local path, a list of paths, or a hub id / URL (checked where it is loaded)."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (str, os.PathLike)) for v in value):
+        return [os.fspath(v) for v in value]
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a path, a list of paths or a hub id, got {value!r}")
+    return value
+
+
+def config_of(cls: type) -> Check:
+    """A config dataclass from ``None`` (its defaults), an instance, or a dict of its fields."""
+    def check(name: str, value: Any) -> Any:
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name} must be a dict of {cls.__name__} fields, got {value!r}")
+        try:
+            return cls(**value)
+        except TypeError as exc:
+            raise ValueError(f"{name}: {exc}") from None
+    return check
