@@ -4,7 +4,7 @@
     benchmax-gym doctor
     benchmax-gym run benchmax/Math-v0 --policy solver --episodes 20
     benchmax-gym run benchmax/Math-v0 --policy random --episodes 5 --seed 1 --jsonl out.jsonl
-    benchmax-gym run benchmax/Math-v0 --env-arg tasks=gsm8k --env-arg dataset=train.jsonl -k 4
+    benchmax-gym run benchmax/Math-v0 --env-arg tasks=gsm8k --env-arg task_args.dataset=train.jsonl -k 4
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
 """
 
@@ -23,15 +23,24 @@ import gymnasium as gym
 
 
 def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (VALUE as JSON when it parses); ``task_args.dataset=x`` sets a key of a
+    dict argument."""
     kwargs: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--env-arg expects KEY=VALUE, got {pair!r}")
+        if not sep or not key or key.startswith(".") or key.endswith("."):
+            raise SystemExit(f"--env-arg expects KEY=VALUE or KEY.FIELD=VALUE, got {pair!r}")
         try:
-            kwargs[key] = json.loads(raw)
+            value = json.loads(raw)
         except ValueError:
-            kwargs[key] = raw
+            value = raw
+        *path, last = key.split(".")
+        target = kwargs
+        for part in path:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise SystemExit(f"--env-arg {pair!r}: {part} is already set to a value that is not a dict")
+        target[last] = value
     return kwargs
 
 
@@ -311,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--append", action="store_true", help="--jsonl: add to an existing file")
     run.add_argument("--overwrite", action="store_true", help="--jsonl: replace an existing file")
     run.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                     help="keyword argument for gym.make (VALUE parsed as JSON when it can be)")
+                     help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
+                     "task_args.FIELD=VALUE sets one argument of the task source")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
@@ -329,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
                           "prefer the BENCHMAX_GYM_MCP_TOKEN variable, which `ps` does not show")
     mcp.add_argument("--seed", type=int, default=0, help="each session's environment is reset with this seed")
     mcp.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                     help="keyword argument for gym.make (VALUE parsed as JSON when it can be)")
+                     help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
+                     "task_args.FIELD=VALUE sets one argument of the task source")
     mcp.set_defaults(func=cmd_mcp_serve)
     args = parser.parse_args(argv)
     _import_modules(args.imports)

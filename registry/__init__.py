@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
@@ -28,6 +28,7 @@ class EnvEntry:
     id: str
     entry_point: str | Callable[..., gym.Env]
     description: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)  # the id's defaults (a named task source)
 
 
 ENVS: dict[str, EnvEntry] = {
@@ -63,6 +64,17 @@ ENVS: dict[str, EnvEntry] = {
             "Multi-hop question answering with search and get_article over a generated encyclopedia "
             "(default), a local corpus (SQLite FTS5) or live Wikipedia; EM/F1 graded.",
         ),
+        # One line per named dataset (GEM-style ids): the family's env with that task source.
+        EnvEntry("benchmax/Math-GSM8K-v0", "benchmax_gym.envs.math.env:MathEnv",
+                 "GSM8K (openai/gsm8k, or task_args={'dataset': local files}).", {"tasks": "gsm8k"}),
+        EnvEntry("benchmax/Math-MATH500-v0", "benchmax_gym.envs.math.env:MathEnv",
+                 "MATH-500 (HuggingFaceH4/MATH-500, or task_args={'dataset': local files}).", {"tasks": "math500"}),
+        EnvEntry("benchmax/Excel-SpreadsheetBench-v0", "benchmax_gym.envs.excel.env:ExcelEnv",
+                 "SpreadsheetBench: task_args={'dataset': a directory, an archive or its URL}.",
+                 {"tasks": "spreadsheetbench"}),
+        EnvEntry("benchmax/Wikipedia-HotpotQA-v0", "benchmax_gym.envs.wikipedia.env:WikipediaEnv",
+                 "HotpotQA (task_args={'dataset': a file in its JSON layout}) over its own paragraphs.",
+                 {"tasks": "hotpotqa"}),
     )
 }
 
@@ -129,7 +141,7 @@ def register_envs() -> None:
     """Register every built-in id (idempotent)."""
     for entry in ENVS.values():
         if entry.id not in gym.registry:
-            _register(entry)
+            _register(entry, entry.kwargs)
 
 
 def env_ids() -> list[str]:

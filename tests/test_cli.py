@@ -71,7 +71,7 @@ def test_run_mcp_example_out_of_the_box():
 
 def test_env_args_reach_gym_make(shared_data):
     out = run("run", "benchmax/Math-v0", "--episodes", "5", "--json", "--quiet",
-              "--env-arg", "tasks=gsm8k", "--env-arg", f"dataset={shared_data / 'gsm8k' / 'train_sample500.jsonl'}").stdout
+              "--env-arg", "tasks=gsm8k", "--env-arg", f"task_args.dataset={shared_data / 'gsm8k' / 'train_sample500.jsonl'}").stdout
     assert json.loads(out)["mean_reward"] == 1.0
 
 
@@ -81,6 +81,11 @@ def test_env_args_reach_gym_make(shared_data):
         (("run", "benchmax/Nope-v0"), "benchmax-gym list"),
         (("run", "benchmax/Math-v0", "--env-arg", "max_turns=0"), "max_turns"),
         (("run", "benchmax/Math-v0", "--episodes", "0"), "--episodes"),
+        (("run", "benchmax/Math-v0", "--env-arg", "task_args.=3"), "KEY.FIELD=VALUE"),
+        (("run", "benchmax/Math-v0", "--env-arg", "task_args=3", "--env-arg", "task_args.limit=2"),
+         "task_args is already set to a value that is not a dict"),
+        (("run", "benchmax/Math-v0", "--env-arg", "task_args.num_task=3"),
+         "unknown task_args key 'num_task' (did you mean 'num_tasks'?)"),
     ],
 )
 def test_bad_input_is_a_clear_error(args, says):
@@ -104,7 +109,7 @@ def _records(path):
 def test_a_finite_task_list_runs_each_task_exactly_once_by_default(shared_data, tmp_path):
     path = tmp_path / "gsm8k.jsonl"
     out = run("run", "benchmax/Math-v0", "--env-arg", "tasks=gsm8k", "--json", "--quiet", "--jsonl", str(path),
-              "--env-arg", f"dataset={shared_data / 'gsm8k' / 'train_sample500.jsonl'}").stdout
+              "--env-arg", f"task_args.dataset={shared_data / 'gsm8k' / 'train_sample500.jsonl'}").stdout
     summary = json.loads(out)
     assert summary["episodes"] == summary["tasks"] == 500 and summary["mode"] == "each task once"
     ids = [r["task_id"] for r in _records(path)]
@@ -114,7 +119,7 @@ def test_a_finite_task_list_runs_each_task_exactly_once_by_default(shared_data, 
 
 def test_rollouts_per_task_run_each_task_k_times(tmp_path):
     path = tmp_path / "k.jsonl"
-    out = run("run", "benchmax/Math-v0", "--policy", "random", "--env-arg", "num_tasks=4", "-k", "3",
+    out = run("run", "benchmax/Math-v0", "--policy", "random", "--env-arg", "task_args.num_tasks=4", "-k", "3",
               "--json", "--quiet", "--jsonl", str(path)).stdout
     summary = json.loads(out)
     assert summary["episodes"] == 12 and summary["tasks"] == 4 and summary["mode"] == "each task 3 times"
