@@ -21,8 +21,33 @@ sys.path.insert(0, str(Path(__file__).parent))
 from matrix_envs import CASES, final_reply  # noqa: E402  (registers the matrix/* ids)
 
 BUILTIN = sorted(i for i in env_ids() if i.startswith("benchmax/"))
+DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+# The ids whose source needs data (a hub download by default) run on the shared samples here.
+OFFLINE = {
+    "benchmax/Math-GSM8K-v0": {"dataset": str(DATA / "gsm8k" / "train_sample500.jsonl")},
+    "benchmax/Math-MATH500-v0": {"dataset": str(DATA / "math500" / "test_first100.jsonl"), "numeric_only": True},
+    "benchmax/Excel-SpreadsheetBench-v0": {"dataset": str(DATA / "spreadsheetbench")},
+    "benchmax/Wikipedia-HotpotQA-v0": {"dataset": str(DATA / "hotpotqa" / "dev_distractor_100.json")},
+}
 CUSTOM = [i for i in CASES if i.startswith("matrix/")]
 FORMATS = ["hermes", "json", "openai", "xml"]
+
+
+def make(env_id, **kwargs):
+    """``gym.make`` with the offline data an id needs (a named dataset id), if any."""
+    if env_id in OFFLINE:
+        kwargs["task_args"] = OFFLINE[env_id]
+    return gym.make(env_id, **kwargs)
+
+
+def test_every_registered_id_makes_offline_with_no_argument_or_its_sample():
+    for env_id in BUILTIN:
+        if env_id not in OFFLINE:
+            gym.make(env_id).close()  # the default source is offline
+        else:
+            with pytest.raises((ConnectionError, ValueError)):  # a hub id (offline here) or a required dataset
+                gym.make(env_id)
+    assert set(OFFLINE) <= set(BUILTIN)
 
 
 def scripted(env_id):
@@ -65,7 +90,7 @@ async def aplay(env, *, seed=None, options=None):
 def test_same_seed_and_actions_give_the_same_transcript_sync_and_async(env_id):
     transcripts = []
     for runner in ("sync", "sync", "async"):
-        env = gym.make(env_id)
+        env = make(env_id)
         if runner == "sync":
             seen, reward, _, _ = play(env, seed=3)
         else:
@@ -78,7 +103,7 @@ def test_same_seed_and_actions_give_the_same_transcript_sync_and_async(env_id):
 @pytest.mark.parametrize("tool_format", FORMATS)
 @pytest.mark.parametrize("env_id", BUILTIN)
 def test_the_reference_solver_reaches_full_reward_in_every_format(env_id, tool_format):
-    env = gym.make(env_id, tool_format=tool_format)
+    env = make(env_id, tool_format=tool_format)
     for index in (0, 1):
         _, reward, info, terminated = play(env, options={"task_index": index})
         assert terminated and set(info["reward_components"].values()) == {1.0}, (index, info["reward_components"])
@@ -97,7 +122,7 @@ def _answer_texts(answer):
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
 def test_the_ground_truth_never_reaches_obs_or_info_at_reset(env_id):
-    env = gym.make(env_id)
+    env = make(env_id)
     for index in range(3):
         obs, info = env.reset(options={"task_index": index % len(env.unwrapped.tasks)})
         task = env.unwrapped.episode.task
@@ -111,7 +136,7 @@ def test_the_ground_truth_never_reaches_obs_or_info_at_reset(env_id):
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
 def test_a_mistyped_argument_fails_at_make_naming_it(env_id):
     with pytest.raises(TypeError, match=r"'max_turnz' \(did you mean 'max_turns'"):
-        gym.make(env_id, max_turnz=3)
+        make(env_id, max_turnz=3)
 
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
@@ -121,7 +146,7 @@ def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id):
     temp = Path(tempfile.gettempdir())
     before_dirs = set(temp.iterdir()) | {p for d in temp.glob("benchmax-gym-*") for p in d.iterdir()}
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    env = gym.make(env_id)
+    env = make(env_id)
     check_env(env.unwrapped, skip_render_check=True)
     play(env, options={"task_index": 0})
     env.close()
