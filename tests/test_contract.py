@@ -8,6 +8,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -147,7 +148,9 @@ def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id):
     before_dirs = set(temp.iterdir()) | {p for d in temp.glob("benchmax-gym-*") for p in d.iterdir()}
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     env = make(env_id)
-    check_env(env.unwrapped, skip_render_check=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the checker's warnings are failures too
+        check_env(env.unwrapped, skip_render_check=True)
     play(env, options={"task_index": 0})
     env.close()
     after_dirs = set(temp.iterdir()) | {p for d in temp.glob("benchmax-gym-*") for p in d.iterdir()}

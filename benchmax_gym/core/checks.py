@@ -3,16 +3,33 @@
 Each check is ``check(name, value) -> value`` (normalised) and raises a ValueError naming the
 argument, so a bad configuration fails at ``gym.make`` with one line that says what to pass.
 The factories (:func:`int_between`, :func:`one_of`, :func:`optional`...) build checks to
-declare next to a dataclass field (see :func:`benchmax_gym.core.sources.arg`).
+declare next to a field of a :class:`Checked` dataclass with :func:`arg`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 Check = Callable[[str, Any], Any]
+
+
+def arg(default: Any = None, check: Check | None = None) -> Any:
+    """A field of a :class:`Checked` dataclass with its check (which may normalise the value)."""
+    return field(default=default, metadata={"check": check} if check else {})
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A frozen dataclass whose fields declared with :func:`arg` are checked when it is made."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check = f.metadata.get("check")
+            if check is not None:
+                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
 
 
 def _is_int(value: Any) -> bool:

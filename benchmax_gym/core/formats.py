@@ -167,6 +167,20 @@ def _tool_lines(schemas: list[dict[str, Any]]) -> str:
     return "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
 
 
+def _add_calls(out: "Parsed", entries: list[Any], turn: int, keep_ids: bool = False) -> "Parsed":
+    """Each entry as a call (or an error) in ``out``, with id ``call_{turn}_{n}`` unless
+    ``keep_ids`` and the entry names its own."""
+    for entry in entries:
+        given = entry.get("id") if keep_ids and isinstance(entry, dict) else None
+        call, err = _call_from_obj(entry, given if isinstance(given, str) and given else f"call_{turn}_{len(out.calls)}")
+        (out.errors.append(err) if err else out.calls.append(call))
+    return out
+
+
+def _listed_tools(schemas: list[dict[str, Any]]) -> str:
+    return f"# Tools\n\nThese functions are available:\n{_tool_lines(schemas)}\n\n"
+
+
 class ToolCallFormat:
     """Base class; subclasses set ``name`` and implement ``parse`` and ``instructions``."""
 
@@ -258,17 +272,10 @@ class JsonFormat(ToolCallFormat):
             if isinstance(obj, dict) and "name" not in obj and "arguments" not in obj:
                 return Parsed(content=action.strip())  # some other JSON: a final answer
             return Parsed(errors=['each tool call must be an object with "name" and "arguments"'])
-        out = Parsed()
-        for item in items:
-            call, err = _call_from_obj(item, f"call_{turn}_{len(out.calls)}")
-            (out.errors.append(err) if err else out.calls.append(call))
-        return out
+        return _add_calls(Parsed(), items, turn)
 
     def instructions(self, schemas):
-        tools = _tool_lines(schemas)
-        return (
-            "# Tools\n\nThese functions are available:\n"
-            f"{tools}\n\n"
+        return _listed_tools(schemas) + (
             'To call functions, reply with only a JSON object {"name": <function-name>, "arguments": '
             "<args-json-object>} or a JSON list of such objects, and nothing else. Tool results come "
             "back as a JSON list. A reply that is not a tool call is your final answer and ends the episode."
@@ -305,18 +312,10 @@ class OpenAIFormat(ToolCallFormat):
         if not isinstance(calls, list):
             out.errors.append('"tool_calls" must be a list')
             return out
-        for entry in calls:
-            default_id = f"call_{turn}_{len(out.calls)}"
-            call_id = entry.get("id") if isinstance(entry, dict) else None
-            call, err = _call_from_obj(entry, call_id if isinstance(call_id, str) and call_id else default_id)
-            (out.errors.append(err) if err else out.calls.append(call))
-        return out
+        return _add_calls(out, calls, turn, keep_ids=True)
 
     def instructions(self, schemas):
-        tools = _tool_lines(schemas)
-        return (
-            "# Tools\n\nThese functions are available:\n"
-            f"{tools}\n\n"
+        return _listed_tools(schemas) + (
             "Reply with an assistant message as JSON: "
             '{"role": "assistant", "content": <text>, "tool_calls": [{"id": <id>, "type": "function", '
             '"function": {"name": <function-name>, "arguments": <args-as-JSON-string>}}]}. '

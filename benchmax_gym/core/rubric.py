@@ -159,6 +159,18 @@ class Rubric:
 
     def score(self, run_coroutine: Callable[[Any], Any] | None = None, **context: Any):
         """Score synchronously; async components go through ``run_coroutine(coro)``."""
+        scoring = self._score(context, run_coroutine or _no_loop)
+        try:
+            scoring.send(None)  # nothing in it awaits: every coroutine goes to run_coroutine
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError("a synchronous score awaited")  # unreachable
+
+    async def ascore(self, **context: Any):
+        return await self._score(context, None)
+
+    async def _score(self, context: dict[str, Any], run_coroutine: Callable[[Any], Any] | None):
+        """The one scoring loop: awaits async components, or hands them to ``run_coroutine``."""
         components: dict[str, float] = {}
         errors: dict[str, str] = {}
         total = 0.0
@@ -166,24 +178,14 @@ class Rubric:
             try:
                 value = rf.fn(**{n: context.get(n) for n in rf.params})
                 if rf.is_async:
-                    value = run_coroutine(value)
+                    value = run_coroutine(value) if run_coroutine is not None else await value
             except Exception as exc:
                 self._fail(rf, exc, components, errors)
                 continue
             total += self._collect(rf, value, components, errors)
         return total, components, errors
 
-    async def ascore(self, **context: Any):
-        components: dict[str, float] = {}
-        errors: dict[str, str] = {}
-        total = 0.0
-        for rf in self.funcs:
-            try:
-                value = rf.fn(**{n: context.get(n) for n in rf.params})
-                if rf.is_async:
-                    value = await value
-            except Exception as exc:
-                self._fail(rf, exc, components, errors)
-                continue
-            total += self._collect(rf, value, components, errors)
-        return total, components, errors
+
+def _no_loop(coroutine: Any) -> Any:
+    coroutine.close()
+    raise RuntimeError("an async reward component needs an event loop: score it with run_coroutine or ascore")

@@ -16,29 +16,22 @@ from __future__ import annotations
 import difflib
 import warnings
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
-from benchmax_gym.core.checks import Check, non_negative_int, optional, positive_int
+from benchmax_gym.core.checks import Checked, arg, non_negative_int, optional, positive_int
 from benchmax_gym.core.tasks import GeneratedTasks, Task, TaskSource, given_tasks
 
 
-def arg(default: Any = None, check: Check | None = None) -> Any:
-    """A source field with its check (run in ``__post_init__``; it may normalise the value)."""
-    return field(default=default, metadata={"check": check} if check else {})
+__all__ = ["GeneratedSource", "SourceConfig", "arg", "choose", "task_source"]
 
 
 @dataclass(frozen=True)
-class SourceConfig:
-    """A named, typed choice (a task source, a backend). Subclasses set ``name`` and fields."""
+class SourceConfig(Checked):
+    """A named, typed choice (a task source, a backend). Subclasses set ``name`` and fields
+    (declared with :func:`arg` and their checks)."""
 
     name: ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            check = f.metadata.get("check")
-            if check is not None:
-                object.__setattr__(self, f.name, check(f.name, getattr(self, f.name)))
 
     @classmethod
     def arg_names(cls) -> tuple[str, ...]:

@@ -112,21 +112,6 @@ class ListTasks(TaskSource):
         return self.tasks[index]
 
 
-def generator_config(cls: type, value: Any, name: str = "difficulty") -> Any:
-    """A generator's config dataclass from ``None`` (defaults), an instance, or a dict of its
-    fields; anything else, or an unknown field, is a ValueError naming ``name``."""
-    if value is None:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{name} must be a dict of {cls.__name__} fields, got {value!r}")
-    try:
-        return cls(**value)
-    except TypeError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-
-
 _TASK_KEYS = ("prompt", "answer", "id", "solution", "metadata")
 
 
@@ -159,13 +144,6 @@ def given_tasks(tasks: Any) -> TaskSource | None:
     if isinstance(tasks, (list, tuple)) and tasks:
         return ListTasks([t if isinstance(t, Task) else task_from_dict(t, i) for i, t in enumerate(tasks)])
     return None
-
-
-def source_name(tasks: Any, choices: tuple[str, ...]) -> str:
-    """``tasks`` checked as one of a family's named sources; the error names every accepted form."""
-    if not isinstance(tasks, str) or tasks not in choices:
-        raise ValueError(f"tasks must be one of {choices}, a TaskSource or a list of tasks, got {tasks!r}")
-    return tasks
 
 
 class GeneratedTasks(TaskSource):

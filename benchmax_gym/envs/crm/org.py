@@ -102,20 +102,21 @@ CATEGORIES = (
     ("E-Readers", ("Pagewise Reader", "Pagewise Reader Plus", "Lumen Tablet 7", "Lumen Tablet 10")),
     ("Fitness Trackers", ("Stride Band", "Stride Band HR", "Vita Watch", "Vita Watch Active")),
 )
-ISSUES = (
-    ("Battery drains quickly", "The device loses charge much faster than specified.", "Replacement sent"),
-    ("Device will not power on", "The device shows no sign of life after charging.", "Replacement sent"),
-    ("Connectivity drops", "The device loses its Wi-Fi or Bluetooth connection repeatedly.", "Troubleshooting resolved"),
-    ("App pairing fails", "The companion app cannot find or pair with the device.", "Troubleshooting resolved"),
-    ("Damaged on arrival", "The device arrived broken or scratched.", "Replacement sent"),
-    ("Missing parts", "Parts or accessories were missing from the box.", "Replacement sent"),
-    ("Billing discrepancy", "The customer was charged a different amount than expected.", "Refund issued"),
-    ("Late delivery", "The order arrived later than promised.", "Refund issued"),
-    ("Firmware update fails", "A firmware update stops part-way or bricks the device.", "Repair scheduled"),
-    ("Overheating", "The device becomes hot during normal use.", "Repair scheduled"),
-    ("Unexpected noise", "The device makes clicking, buzzing or grinding sounds.", "No fault found"),
-    ("Display defect", "The screen shows dead pixels, lines or flicker.", "Repair scheduled"),
-)
+# Issue | what the customer reports | its usual resolution (one row per line)
+ISSUES = tuple(tuple(cell.strip() for cell in line.split("|")) for line in """
+Battery drains quickly | The device loses charge much faster than specified. | Replacement sent
+Device will not power on | The device shows no sign of life after charging. | Replacement sent
+Connectivity drops | The device loses its Wi-Fi or Bluetooth connection repeatedly. | Troubleshooting resolved
+App pairing fails | The companion app cannot find or pair with the device. | Troubleshooting resolved
+Damaged on arrival | The device arrived broken or scratched. | Replacement sent
+Missing parts | Parts or accessories were missing from the box. | Replacement sent
+Billing discrepancy | The customer was charged a different amount than expected. | Refund issued
+Late delivery | The order arrived later than promised. | Refund issued
+Firmware update fails | A firmware update stops part-way or bricks the device. | Repair scheduled
+Overheating | The device becomes hot during normal use. | Repair scheduled
+Unexpected noise | The device makes clicking, buzzing or grinding sounds. | No fault found
+Display defect | The screen shows dead pixels, lines or flicker. | Repair scheduled
+""".strip().splitlines())
 FIRST_NAMES = (
     "Alice", "Ben", "Carla", "David", "Elena", "Farid", "Grace", "Hiro", "Ines", "Jonas", "Keira", "Liam", "Maya",
     "Nikhil", "Olivia", "Pablo", "Quinn", "Rosa", "Samir", "Tara", "Umar", "Vera", "Wes", "Xena", "Yusuf", "Zoe",

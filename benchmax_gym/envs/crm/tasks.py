@@ -246,27 +246,26 @@ def _named_entity(rng, con):
     return _Spec(prompt=prompt, answer=products[0][0], params=params)
 
 
+def _top(con, sql: str, params: dict[str, Any], prompt: str, tolerance: float = 0.0) -> _Spec | None:
+    """A task whose answer is the clear winner of ``sql`` (None when the top two are too close)."""
+    winner = _unique_top(_rows(con, sql, params), tolerance=tolerance)
+    return None if winner is None else _Spec(prompt=prompt, answer=winner, params=params)
+
+
 def _handle_time(rng, con):
     months, words = _period(rng)
     fastest = bool(rng.random() < 0.5)
     params = {"window": f"-{months} months", "min_cases": 5, "sign": 1 if fastest else -1}
-    agent = _unique_top(_rows(con, HANDLE_TIME_SQL, params), tolerance=0.01)
-    if agent is None:
-        return None
-    prompt = (f"Among agents who closed at least 5 cases in {words}, who had the {'shortest' if fastest else 'longest'} "
-              "average handle time on those cases (handle time: ClosedDate minus CreatedDate)? Answer with the agent's User Id.")
-    return _Spec(prompt=prompt, answer=agent, params=params)
+    return _top(con, HANDLE_TIME_SQL, params, tolerance=0.01, prompt=(
+        f"Among agents who closed at least 5 cases in {words}, who had the {'shortest' if fastest else 'longest'} "
+        "average handle time on those cases (handle time: ClosedDate minus CreatedDate)? Answer with the agent's User Id."))
 
 
 def _transfer_count(rng, con):
     months, words = _period(rng)
-    params = {"window": f"-{months} months"}
-    agent = _unique_top(_rows(con, TRANSFER_SQL, params))
-    if agent is None:
-        return None
-    prompt = (f"Which agent transferred cases to another agent most often in {words} (owner changes away from "
-              "them recorded in CaseHistory__c)? Answer with the agent's User Id.")
-    return _Spec(prompt=prompt, answer=agent, params=params)
+    return _top(con, TRANSFER_SQL, {"window": f"-{months} months"}, prompt=(
+        f"Which agent transferred cases to another agent most often in {words} (owner changes away from "
+        "them recorded in CaseHistory__c)? Answer with the agent's User Id."))
 
 
 def _policy_violation(rng, con):
@@ -291,13 +290,9 @@ def _policy_violation(rng, con):
 
 def _best_region(rng, con):
     months, words = _period(rng)
-    params = {"window": f"-{months} months", "min_cases": 10}
-    state = _unique_top(_rows(con, REGION_SQL, params), tolerance=0.01)
-    if state is None:
-        return None
-    prompt = (f"Among states (the account's BillingState) with at least 10 closed cases created in {words}, which had the "
-              "fastest average case closure time (ClosedDate minus CreatedDate)? Answer with the two-letter state code.")
-    return _Spec(prompt=prompt, answer=state, params=params)
+    return _top(con, REGION_SQL, {"window": f"-{months} months", "min_cases": 10}, tolerance=0.01, prompt=(
+        f"Among states (the account's BillingState) with at least 10 closed cases created in {words}, which had the "
+        "fastest average case closure time (ClosedDate minus CreatedDate)? Answer with the two-letter state code."))
 
 
 def _route_case(rng, con):

@@ -181,26 +181,31 @@ def _label(path: Any) -> str:
 
 
 @dataclass(frozen=True)
-class GSM8K(SourceConfig):
+class MathDataset(SourceConfig):
+    """A dataset by hub id or local files: ``dataset``, ``split``, at most ``limit`` tasks."""
+
+    dataset: Any = arg(MISSING, path_or_id)
+    split: str | None = arg(None, optional(text))
+    limit: int | None = arg(None, optional(positive_int))
+
+
+@dataclass(frozen=True)
+class GSM8K(MathDataset):
     """``tasks="gsm8k"``: the hub's ``openai/gsm8k`` or local files in its format."""
 
     name = "gsm8k"
     dataset: Any = arg("openai/gsm8k", path_or_id)
-    split: str | None = arg(None, optional(text))
-    limit: int | None = arg(None, optional(positive_int))
 
     def build(self, env: Any) -> DatasetTasks:
         return gsm8k_tasks(self.dataset, split=self.split, limit=self.limit)
 
 
 @dataclass(frozen=True)
-class MATH500(SourceConfig):
+class MATH500(MathDataset):
     """``tasks="math500"``: MATH-500; ``numeric_only`` keeps problems whose answer is a number."""
 
     name = "math500"
     dataset: Any = arg("HuggingFaceH4/MATH-500", path_or_id)
-    split: str | None = arg(None, optional(text))
-    limit: int | None = arg(None, optional(positive_int))
     numeric_only: bool = arg(False, boolean)
 
     def build(self, env: Any) -> DatasetTasks:
@@ -208,13 +213,10 @@ class MATH500(SourceConfig):
 
 
 @dataclass(frozen=True)
-class HFDataset(SourceConfig):
+class HFDataset(MathDataset):
     """``tasks="hf"``: any dataset with a question and an answer field."""
 
     name = "hf"
-    dataset: Any = arg(MISSING, path_or_id)
-    split: str | None = arg(None, optional(text))
-    limit: int | None = arg(None, optional(positive_int))
     question_field: str = arg("question", text)
     answer_field: str = arg("answer", text)
 

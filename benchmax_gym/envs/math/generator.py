@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmax_gym.core.checks import config_of, int_between, number_between
-from benchmax_gym.core.sources import GeneratedSource, arg
+from benchmax_gym.core.checks import Checked, arg, config_of, int_between, number_between
+from benchmax_gym.core.sources import GeneratedSource
 from benchmax_gym.core.tasks import GeneratedTasks, Task
 from benchmax_gym.core.tasks import pick as _pick, rand_int as _int, sample as _sample
 from benchmax_gym.envs.math.calculator import evaluate, format_number
@@ -24,8 +24,17 @@ from benchmax_gym.envs.math.calculator import evaluate, format_number
 OPERATIONS = "+-*/"
 
 
+def _operations(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string of {OPERATIONS!r}, got {value!r}")
+    unknown = sorted(set(value) - set(OPERATIONS))
+    if unknown:
+        raise ValueError(f"{name} may only contain {OPERATIONS!r}, got {''.join(unknown)!r}")
+    return value
+
+
 @dataclass(frozen=True)
-class MathTaskConfig:
+class MathTaskConfig(Checked):
     """Difficulty knobs of the generator.
 
     Attributes:
@@ -37,26 +46,11 @@ class MathTaskConfig:
         steps: chained stages in a word problem (1-6); its solution has exactly this many steps.
     """
 
-    operands: int = 3
-    digits: int = 2
-    operations: str = "+-*"
-    word_problems: float = 0.5
-    steps: int = 2
-
-    def __post_init__(self):
-        int_between(2, 12)("operands", self.operands)
-        int_between(1, 9)("digits", self.digits)
-        int_between(1, 6)("steps", self.steps)
-        if not isinstance(self.operations, str) or not self.operations:
-            raise ValueError(
-                f"operations must be a non-empty string of {OPERATIONS!r}, got {self.operations!r}"
-            )
-        unknown = sorted(set(self.operations) - set(OPERATIONS))
-        if unknown:
-            raise ValueError(
-                f"operations may only contain {OPERATIONS!r}, got {''.join(unknown)!r}"
-            )
-        number_between(0.0, 1.0, " (a probability)")("word_problems", self.word_problems)
+    operands: int = arg(3, int_between(2, 12))
+    digits: int = arg(2, int_between(1, 9))
+    operations: str = arg("+-*", _operations)
+    word_problems: float = arg(0.5, number_between(0.0, 1.0, " (a probability)"))
+    steps: int = arg(2, int_between(1, 6))
 
 
 def make_math_task(rng: np.random.Generator, index: int, config: MathTaskConfig) -> Task:
@@ -116,6 +110,11 @@ class _Work:
         self.steps.append(expression)
         self.value = value
         return value
+
+    def said(self, sentences: list[str], expression: str, sentence: str) -> int:
+        """A step and the sentence that tells it."""
+        sentences.append(sentence)
+        return self(expression)
 
     @property
     def answer(self) -> str:
@@ -320,8 +319,7 @@ def _sharing(rng: np.random.Generator, steps: int, work: _Work) -> str:
             more = _int(rng, 3, 20)
             if last:  # make the final share exact
                 more += -(total + more) % friends
-            total = work(f"{total} + {more}")
-            sentences.append(f"{p.She} gets {more} more {thing}.")
+            total = work.said(sentences, f"{total} + {more}", f"{p.She} gets {more} more {thing}.")
     if steps == 2:
         friends = _pick(rng, _divisors(total, 2, 9))  # count (2-9) always divides total
     work(f"{total} / {friends}")
@@ -342,16 +340,15 @@ def _savings(rng: np.random.Generator, steps: int, work: _Work) -> str:
         kind = _int(rng, 0, 2)
         if kind == 0 and total >= 2:
             cost = _int(rng, 1, total - 1)
-            total = work(f"{total} - {cost}")
-            sentences.append(f"{_pick(rng, _THEN)}, {p.she} spends ${cost} on a {things[i]}.")
+            total = work.said(sentences, f"{total} - {cost}",
+                              f"{_pick(rng, _THEN)}, {p.she} spends ${cost} on a {things[i]}.")
         elif kind == 1:
             gift = _int(rng, 5, 60)
-            total = work(f"{total} + {gift}")
-            sentences.append(f"{p.She} gets ${gift} as a gift.")
+            total = work.said(sentences, f"{total} + {gift}", f"{p.She} gets ${gift} as a gift.")
         else:
             weekly, weeks = _int(rng, 3, 40), _int(rng, 2, 8)
-            total = work(f"{total} + {weekly} * {weeks}")
-            sentences.append(f"{p.She} then saves ${weekly} a week for {weeks} more weeks.")
+            total = work.said(sentences, f"{total} + {weekly} * {weeks}",
+                              f"{p.She} then saves ${weekly} a week for {weeks} more weeks.")
     return " ".join(sentences) + f" How much money does {p.name} have now, in dollars?"
 
 
@@ -379,12 +376,12 @@ def _recipe(rng: np.random.Generator, steps: int, work: _Work) -> str:
     for i in range(steps - 2):
         if not repeated and rng.random() < 0.4:
             repeated, times = True, _int(rng, 2, 4)
-            total = work(f"{total} * {times}")
-            sentences.append(f"{p.She} cooks the same amount {times} times this month.")
+            total = work.said(sentences, f"{total} * {times}",
+                              f"{p.She} cooks the same amount {times} times this month.")
         else:
             extra = _int(rng, 10, 200)
-            total = work(f"{total} + {extra}")
-            sentences.append(f"{p.She} also uses {extra} {unit} of {ingredient} for {extras[i]}.")
+            total = work.said(sentences, f"{total} + {extra}",
+                              f"{p.She} also uses {extra} {unit} of {ingredient} for {extras[i]}.")
     return " ".join(sentences) + f" How many {unit} of {ingredient} does {p.she} use in total?"
 
 
@@ -396,12 +393,11 @@ def _inventory(rng: np.random.Generator, steps: int, work: _Work) -> str:
     for day in _DAYS[:steps]:
         if stock > 10 and rng.random() < 0.5:
             sold = _int(rng, 1, stock - 1)
-            stock = work(f"{stock} - {sold}")
-            sentences.append(f"On {day}, it sells {sold} {items}.")
+            stock = work.said(sentences, f"{stock} - {sold}", f"On {day}, it sells {sold} {items}.")
         else:
             boxes, per_box = _int(rng, 2, 9), _int(rng, 6, 24)
-            stock = work(f"{stock} + {boxes} * {per_box}")
-            sentences.append(f"On {day}, it receives {boxes} boxes with {per_box} {items} in each.")
+            stock = work.said(sentences, f"{stock} + {boxes} * {per_box}",
+                              f"On {day}, it receives {boxes} boxes with {per_box} {items} in each.")
     question = f"How many {items} does the {shop} have at the end of {_DAYS[steps - 1]}?"
     return " ".join(sentences) + " " + question
 
@@ -420,20 +416,19 @@ def _ages(rng: np.random.Generator, steps: int, work: _Work) -> str:
         kind = _pick(rng, choices)
         if kind == "older":
             diff = _int(rng, 1, min(30, 100 - age))
-            age = work(f"{age} + {diff}")
-            sentences.append(f"{person.name} is {diff} years older than {prev.name}.")
+            age = work.said(sentences, f"{age} + {diff}",
+                            f"{person.name} is {diff} years older than {prev.name}.")
         elif kind == "younger":
             diff = _int(rng, 1, age - 1)
-            age = work(f"{age} - {diff}")
-            sentences.append(f"{person.name} is {diff} years younger than {prev.name}.")
+            age = work.said(sentences, f"{age} - {diff}",
+                            f"{person.name} is {diff} years younger than {prev.name}.")
         elif kind == "times":
             times = _int(rng, 2, 3)
             age = work(f"{age} * {times}")
             how = ("twice", "three times")[times - 2]
             sentences.append(f"{person.name} is {how} as old as {prev.name}.")
         else:
-            age = work(f"{age} / 2")
-            sentences.append(f"{person.name} is half as old as {prev.name}.")
+            age = work.said(sentences, f"{age} / 2", f"{person.name} is half as old as {prev.name}.")
     return " ".join(sentences) + f" How old is {people[-1].name}?"
 
 
@@ -448,18 +443,15 @@ def _harvest(rng: np.random.Generator, steps: int, work: _Work) -> str:
     partners = _int(rng, 2, 5)
     if steps >= 2:
         each = _int(rng, 2, 12)
-        value = work(f"{value} * {each}")
-        sentences.append(f"Each one gives {each} {crop}.")
+        value = work.said(sentences, f"{value} * {each}", f"Each one gives {each} {crop}.")
         question = f"How many {crop} does {p.she} harvest?"
     if steps >= 3:
         box = _pick(rng, _divisors(value, 2, 12))  # rows (2-9) always divides the harvest
-        value = work(f"{value} / {box}")
-        sentences.append(f"{p.She} packs all the {crop} into boxes of {box}.")
+        value = work.said(sentences, f"{value} / {box}", f"{p.She} packs all the {crop} into boxes of {box}.")
         question = f"How many boxes does {p.she} fill?"
     if steps >= 4:
         price = _int(rng, 3, 15)  # at least 3 dollars, so there is a profit to split below
-        value = work(f"{value} * {price}")
-        sentences.append(f"{p.She} sells every box for ${price}.")
+        value = work.said(sentences, f"{value} * {price}", f"{p.She} sells every box for ${price}.")
         question = f"How much money does {p.she} make, in dollars?"
     if steps >= 5:
         if steps >= 6:  # leave a profit that splits evenly
@@ -467,8 +459,7 @@ def _harvest(rng: np.random.Generator, steps: int, work: _Work) -> str:
             cost = value - partners * _int(rng, 1, (value - 1) // partners)
         else:
             cost = _int(rng, 1, value - 1)
-        value = work(f"{value} - {cost}")
-        sentences.append(f"Seeds and tools cost {p.her} ${cost}.")
+        value = work.said(sentences, f"{value} - {cost}", f"Seeds and tools cost {p.her} ${cost}.")
         question = f"What is {p.her} profit, in dollars?"
     if steps >= 6:
         value = work(f"{value} / {partners}")
@@ -494,25 +485,21 @@ def _wages(rng: np.random.Generator, steps: int, work: _Work) -> str:
     for stage, stage_question in stages[: steps - 1]:
         if stage == "days":
             days = _int(rng, 3, 6)
-            value = work(f"{value} * {days}")
-            sentences.append(f"{p.She} works {days} days this week.")
+            value = work.said(sentences, f"{value} * {days}", f"{p.She} works {days} days this week.")
         elif stage == "bonus":
             bonus = 5 * _int(rng, 2, 20)
-            value = work(f"{value} + {bonus}")
-            sentences.append(f"{p.She} also gets a ${bonus} bonus.")
+            value = work.said(sentences, f"{value} + {bonus}", f"{p.She} also gets a ${bonus} bonus.")
         elif stage == "rent":
             rent = _int(rng, 1, value - 2)
             if steps >= 5:  # what is left must halve exactly
                 rent += (value - rent) % 2
-            value = work(f"{value} - {rent}")
-            sentences.append(f"{p.She} pays ${rent} for rent.")
+            value = work.said(sentences, f"{value} - {rent}", f"{p.She} pays ${rent} for rent.")
         elif stage == "half":
-            value = work(f"{value} / 2")
-            sentences.append(f"{p.She} saves half of what is left.")
+            value = work.said(sentences, f"{value} / 2", f"{p.She} saves half of what is left.")
         else:
             gift = _int(rng, 5, 50)
-            value = work(f"{value} + {gift}")
-            sentences.append(f"{p.her.capitalize()} grandmother adds ${gift} to {p.her} savings.")
+            value = work.said(sentences, f"{value} + {gift}",
+                              f"{p.her.capitalize()} grandmother adds ${gift} to {p.her} savings.")
         question = stage_question
     return " ".join(sentences) + " " + question
 
@@ -527,27 +514,23 @@ def _classroom(rng: np.random.Generator, steps: int, work: _Work) -> str:
         absent = _int(rng, 1, 15)
         if steps >= 3:  # the students present must split into whole teams
             absent += (value - absent) % team
-        value = work(f"{value} - {absent}")
-        sentences.append(f"Today {absent} students are absent.")
+        value = work.said(sentences, f"{value} - {absent}", f"Today {absent} students are absent.")
         question = "How many students are at school today?"
     if steps >= 3:
-        value = work(f"{value} / {team}")
-        sentences.append(f"The students at school are split into teams of {team}.")
+        value = work.said(sentences, f"{value} / {team}",
+                          f"The students at school are split into teams of {team}.")
         question = "How many teams are there?"
     if steps >= 4:
         balls = _int(rng, 2, 5)
-        value = work(f"{value} * {balls}")
-        sentences.append(f"Each team gets {balls} balls.")
+        value = work.said(sentences, f"{value} * {balls}", f"Each team gets {balls} balls.")
         question = "How many balls are handed out?"
     if steps >= 5:
         lost = _int(rng, 1, value - 1)
-        value = work(f"{value} - {lost}")
-        sentences.append(f"By the end of the day, {lost} balls are lost.")
+        value = work.said(sentences, f"{value} - {lost}", f"By the end of the day, {lost} balls are lost.")
         question = "How many balls are returned?"
     if steps >= 6:
         bought = 2 * _int(rng, 3, 20)
-        value = work(f"{value} + {bought}")
-        sentences.append(f"The school buys {bought} new balls.")
+        value = work.said(sentences, f"{value} + {bought}", f"The school buys {bought} new balls.")
         question = "How many balls does the school have now?"
     return " ".join(sentences) + " " + question
 

@@ -24,15 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmax_gym.core.checks import config_of, existing_file, int_between, number_between, optional, positive_int
-from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg
+from benchmax_gym.core.checks import (
+    Checked, arg, config_of, existing_file, int_between, number_between, optional, positive_int,
+)
+from benchmax_gym.core.sources import GeneratedSource, SourceConfig
 from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task
 from benchmax_gym.envs.wikipedia.backends import corpus_key
 from benchmax_gym.envs.wikipedia.encyclopedia import Encyclopedia
 
 
 @dataclass(frozen=True)
-class WikiTaskConfig:
+class WikiTaskConfig(Checked):
     """Knobs of the generated encyclopedia and its questions.
 
     Attributes:
@@ -41,18 +43,15 @@ class WikiTaskConfig:
         comparison: the share of comparison questions (the rest are bridge questions).
     """
 
-    entities: int = 300
-    min_hops: int = 2
-    max_hops: int = 4
-    comparison: float = 0.3
+    entities: int = arg(300, int_between(30, 20_000))
+    min_hops: int = arg(2, int_between(2, 4))
+    max_hops: int = arg(4, int_between(2, 4))
+    comparison: float = arg(0.3, number_between(0.0, 1.0, " (a probability)"))
 
     def __post_init__(self):
-        int_between(30, 20_000)("entities", self.entities)
-        int_between(2, 4)("min_hops", self.min_hops)
-        int_between(2, 4)("max_hops", self.max_hops)
+        super().__post_init__()
         if self.min_hops > self.max_hops:
             raise ValueError(f"min_hops ({self.min_hops}) must not exceed max_hops ({self.max_hops})")
-        number_between(0.0, 1.0, " (a probability)")("comparison", self.comparison)
 
 
 @functools.lru_cache(maxsize=8)
