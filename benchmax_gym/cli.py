@@ -5,6 +5,8 @@
     benchmax-gym run benchmax/Math-v0 --policy solver --episodes 20
     benchmax-gym run benchmax/Math-v0 --policy random --episodes 5 --seed 1 --jsonl out.jsonl
     benchmax-gym run benchmax/Math-v0 --env-arg tasks=gsm8k --env-arg task_args.dataset=train.jsonl -k 4
+    benchmax-gym eval benchmax/Math-v0 --model Qwen/Qwen3-8B --base-url http://localhost:8000/v1 --tasks 100 -k 4 --out runs/qwen3
+    benchmax-gym compare runs/qwen3 runs/solver
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
 """
 
@@ -263,6 +265,84 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Score a model endpoint (or a baseline) on an environment; see :mod:`benchmax_gym.eval`."""
+    from benchmax_gym.eval import ChatPolicy, EvalError, PolicyError, aevaluate
+    from benchmax_gym.eval.stats import format_summary
+
+    if args.model is None and args.policy is None:
+        usage_error("say who plays: --model NAME (with --base-url) or --policy solver|random|empty")
+    if args.model is not None and args.policy is not None:
+        usage_error("--model and --policy exclude each other")
+    extra = {}
+    if args.model is not None:
+        key = None
+        if args.api_key_env:
+            key = os.environ.get(args.api_key_env)
+            if not key:
+                usage_error(f"--api-key-env {args.api_key_env}: the variable is not set")
+            extra["api_key_env"] = args.api_key_env  # the variable's name, never the key
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            usage_error("evaluating a model needs the openai package: pip install 'benchmax-gym[eval]'")
+        policy: Any = ChatPolicy(args.model, base_url=args.base_url, api_key=key, native_tools=args.tool_mode == "native",
+                                 temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                                 timeout=args.timeout, max_retries=args.max_retries)
+    else:
+        policy = args.policy
+    import asyncio
+
+    try:
+        result = asyncio.run(aevaluate(
+            args.env_id, policy, env_kwargs=_parse_env_args(args.env_arg), k=args.k, tasks=args.tasks,
+            concurrency=args.concurrency, seed=args.seed, out=args.out, progress=not args.quiet,
+            plots=not args.no_plots, extra_run_info=extra))
+    except gym.error.Error as exc:
+        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+    except (EvalError, PolicyError) as exc:
+        usage_error(exc)
+    except (TypeError, ValueError, OSError) as exc:
+        usage_error(f"cannot make {args.env_id}: {exc}")
+    if args.json:
+        print(json.dumps(result.summary))
+    else:
+        print(format_summary(result.summary))
+        print(f"run directory: {result.out}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Paired comparison of eval runs on the tasks they share."""
+    from benchmax_gym.eval import EvalError, load_run
+    from benchmax_gym.eval.stats import compare, format_compare
+
+    runs = {}
+    try:
+        for path in args.runs:
+            name = os.path.basename(os.path.normpath(path))
+            while name in runs:
+                name += "'"
+            runs[name] = load_run(path)[1]
+        baseline = None
+        if args.baseline is not None:
+            baseline = os.path.basename(os.path.normpath(args.baseline))
+            if baseline not in runs:
+                usage_error(f"--baseline {args.baseline}: not one of the runs compared")
+        result = compare(runs, baseline=baseline, seed=args.seed)
+    except EvalError as exc:
+        usage_error(exc)
+    except ValueError as exc:
+        usage_error(f"cannot compare: {exc}")
+    if args.plots_dir:
+        from benchmax_gym.eval.plots import plot_compare
+
+        os.makedirs(args.plots_dir, exist_ok=True)
+        plot_compare(result, args.plots_dir)
+    print(json.dumps(result) if args.json else format_compare(result))
+    return 0
+
+
 def cmd_mcp_serve(args: argparse.Namespace) -> int:
     from benchmax_gym.envs.mcp.serve import serve
 
@@ -325,6 +405,39 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
+    ev = sub.add_parser("eval", help="score a model endpoint (OpenAI-compatible) or a baseline on an environment")
+    ev.add_argument("env_id", help="an id from `benchmax-gym list`")
+    ev.add_argument("--model", help="the served model's name (with --base-url)")
+    ev.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
+    ev.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the API key "
+                    "(never written to the run)")
+    ev.add_argument("--policy", choices=("solver", "random", "empty"), help="a baseline instead of a model")
+    ev.add_argument("--tool-mode", choices=("native", "text"), default="native",
+                    help="native: tools as schemas, the model's tool_calls; text: calls written in the env's format")
+    ev.add_argument("-k", type=int, default=1, help="samples per task (pass@k for every k up to this)")
+    ev.add_argument("--tasks", default="all", help="all, N (the first N) or i:j")
+    ev.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
+    ev.add_argument("--temperature", type=float)
+    ev.add_argument("--top-p", type=float)
+    ev.add_argument("--max-tokens", type=int)
+    ev.add_argument("--timeout", type=float, default=120.0, help="seconds per model request")
+    ev.add_argument("--max-retries", type=int, default=4, help="retries per request on 429/5xx/timeouts "
+                    "(with backoff, honouring Retry-After)")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="keyword argument for gym.make, as for run")
+    ev.add_argument("--out", required=True, help="the run directory (run again with the same one to resume)")
+    ev.add_argument("--no-plots", action="store_true", help="no PNGs in the run directory")
+    ev.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    ev.set_defaults(func=cmd_eval)
+    cmp = sub.add_parser("compare", help="compare eval runs on the tasks they share (paired)")
+    cmp.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    cmp.add_argument("--baseline", help="the run the others are compared with (default: the first)")
+    cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    cmp.add_argument("--plots-dir", help="write comparison PNGs here")
+    cmp.add_argument("--json", action="store_true")
+    cmp.set_defaults(func=cmd_compare)
     mcp = sub.add_parser("mcp-serve", help="serve an environment's tools as an MCP server (one workspace per session)")
     mcp.add_argument("env_id", help="an id from `benchmax-gym list`")
     mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio")

@@ -17,11 +17,12 @@ import gymnasium as gym
 class RecordEpisodes(gym.Wrapper):
     """Append one JSON object per finished episode to ``path``.
 
-    Each line holds ``env_id``, ``task_id``, ``seed``, ``messages`` (the whole OpenAI-style
+    Each line holds ``env_id``, ``seed``, the episode's record (``task_id``, ``task_index``, ``messages`` (the whole OpenAI-style
     transcript, assistant turns included), ``actions`` (the model's raw text of each turn,
-    reasoning and malformed calls included), ``reward``, ``reward_components``, ``turns``,
-    ``terminated``, ``truncated``, ``errors`` (every step's error codes, parse errors included)
-    and ``tool_errors`` (tool results that were errors). The ground truth is not written.
+    reasoning and malformed calls included), ``turns``, ``tool_errors``: see
+    :meth:`~benchmax_gym.core.env.ToolEnv.episode_record`), ``reward``, ``reward_components``,
+    ``terminated``, ``truncated`` and ``errors`` (every step's error codes, parse errors included).
+    The ground truth is not written.
     """
 
     def __init__(self, env: gym.Env, path: str | os.PathLike):
@@ -39,20 +40,15 @@ class RecordEpisodes(gym.Wrapper):
         obs, reward, terminated, truncated, info = super().step(action)
         self._errors += info.get("errors") or []
         if terminated or truncated:
-            episode = self.env.unwrapped.episode
             record = {
                 "env_id": self.spec.id if self.spec else None,
-                "task_id": episode.task.id,
                 "seed": self._seed,
-                "messages": episode.messages,
-                "actions": episode.actions,
+                **self.env.unwrapped.episode_record(),
                 "reward": reward,
                 "reward_components": info.get("reward_components", {}),
-                "turns": episode.turn,
                 "terminated": terminated,
                 "truncated": truncated,
                 "errors": self._errors,
-                "tool_errors": episode.tool_errors,
             }
             self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
             self._file.flush()

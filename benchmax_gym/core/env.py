@@ -389,6 +389,16 @@ class ToolEnv(gym.Env[str, str]):
             out.append(message)
         return out
 
+    def episode_record(self) -> dict[str, Any]:
+        """The current (or just finished) episode as a JSON-able record - what RecordEpisodes and
+        eval write and trainer adapters read: the task's id and index, the transcript (:attr:`messages`),
+        the model's raw text per turn, turns and tool errors. Never the ground truth."""
+        episode = self.episode
+        if episode is None:
+            return {}
+        return {"task_id": episode.task.id, "task_index": episode.index, "messages": [dict(m) for m in episode.messages],
+                "actions": list(episode.actions), "turns": episode.turn, "tool_errors": episode.tool_errors}
+
     # -- internals ------------------------------------------------------------------------------
 
     def _new_episode(self, options: dict[str, Any] | None) -> tuple[Episode, dict[str, Any]]:

@@ -1,0 +1,224 @@
+"""Who plays an eval episode: a model behind an OpenAI-compatible endpoint, a baseline, or your function.
+
+A policy is called once per turn as ``await policy(env, obs, info, seed=...)`` with the unwrapped
+env (so it can read ``env.chat_messages()`` and ``env.tool_schemas``) and returns a :class:`Turn`:
+the action text plus what the model reported (tokens, ``finish_reason``). ``env_kwargs`` are the
+``gym.make`` arguments it needs (native tool calling makes the env speak ``tool_format="openai"``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+BASELINES = ("solver", "random", "empty")
+
+
+class PolicyError(RuntimeError):
+    """The policy could not produce a turn (the model endpoint kept failing); the episode is
+    recorded as failed with this message and the run goes on."""
+
+
+@dataclass
+class Turn:
+    """One model turn: the action the env steps with, and what the model reported about it."""
+
+    action: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    model_seconds: float = 0.0
+    reasoning: str | None = None  # a reasoning server's separate thinking (vLLM ``reasoning_content``)
+
+
+@dataclass
+class ChatPolicy:
+    """A model behind an OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, SGLang, a proxy),
+    through the official ``openai`` SDK's async client.
+
+    Args:
+        model: the served model name.
+        base_url: the endpoint, e.g. ``http://localhost:8000/v1`` (default: the SDK's, OpenAI).
+        api_key: the key (read it from an environment variable; it is never written anywhere).
+        native_tools: pass the env's tools as schemas and read ``tool_calls`` (the env speaks
+            ``tool_format="openai"``, tools left out of the system prompt); ``False``: the model
+            writes calls as text in the env's own format (``hermes`` by default).
+        temperature, top_p, max_tokens: sampling parameters (left to the server when None).
+        timeout: seconds per request; max_retries: the SDK's retries with backoff on 408/409/429/5xx
+            and connection errors, honouring ``Retry-After``.
+        extra_body: more request fields (vLLM's ``top_k``, ``chat_template_kwargs``...).
+    """
+
+    model: str
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    native_tools: bool = True
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    timeout: float = 120.0
+    max_retries: int = 4
+    extra_body: dict[str, Any] | None = None
+    name: str = "model"
+
+    def __post_init__(self):
+        self._client: Any = None
+
+    @property
+    def env_kwargs(self) -> dict[str, Any]:
+        return {"tool_format": "openai", "tools_in_prompt": False} if self.native_tools else {}
+
+    def describe(self) -> dict[str, Any]:
+        """What a run record says about the policy (never the key)."""
+        return {"kind": "chat", "model": self.model, "base_url": self.base_url, "native_tools": self.native_tools,
+                "sampling": {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
+                             **(self.extra_body or {})},
+                "timeout": self.timeout, "max_retries": self.max_retries}
+
+    def client(self, max_retries: int | None = None, timeout: float | None = None) -> Any:
+        from openai import AsyncOpenAI
+
+        if max_retries is not None or timeout is not None:  # a one-off client (the preflight)
+            return AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
+                               timeout=timeout or self.timeout, max_retries=max_retries or 0)
+        if self._client is None:
+            self._client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
+                                       timeout=self.timeout, max_retries=self.max_retries)
+        return self._client
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the API key blotted out (error messages may quote it)."""
+        return text.replace(self.api_key, "***") if self.api_key else text
+
+    async def preflight(self, timeout: float = 10.0) -> None:
+        """One tiny request before any episode: an unreachable endpoint, an unknown model or a
+        refused key fails here, in seconds, as one line (a :class:`PolicyError`)."""
+        import openai
+
+        client = self.client(max_retries=0, timeout=timeout)
+        where = self.base_url or "the OpenAI API"
+        try:
+            await client.chat.completions.create(model=self.model, max_tokens=1,
+                                                 messages=[{"role": "user", "content": "ping"}])
+        except openai.AuthenticationError:
+            raise PolicyError(f"{where} refused the API key (401)") from None
+        except openai.NotFoundError as exc:
+            raise PolicyError(f"{where} does not serve model {self.model!r} (404: {self.scrub(_message(exc))})") from None
+        except openai.APITimeoutError:
+            raise PolicyError(f"{where} did not answer within {timeout:g} s") from None
+        except openai.APIConnectionError as exc:
+            raise PolicyError(f"cannot reach {where}: {self.scrub(str(exc.__cause__ or exc))}") from None
+        except openai.APIStatusError as exc:
+            raise PolicyError(f"{where} answered {exc.status_code}: {self.scrub(_message(exc))}") from None
+        finally:
+            await client.close()
+
+    async def __call__(self, env: Any, obs: str, info: dict[str, Any], *, seed: int | None = None) -> Turn:
+        import openai
+
+        params: dict[str, Any] = {"model": self.model, "messages": env.chat_messages("openai")}
+        if self.native_tools and env.tool_schemas:
+            params["tools"] = env.tool_schemas
+        for key in ("temperature", "top_p", "max_tokens"):
+            if getattr(self, key) is not None:
+                params[key] = getattr(self, key)
+        if seed is not None:
+            params["seed"] = seed
+        if self.extra_body:
+            params["extra_body"] = self.extra_body
+        start = time.perf_counter()
+        try:
+            response = await self.client().chat.completions.create(**params)
+        except openai.OpenAIError as exc:
+            detail = _message(exc) if isinstance(exc, openai.APIStatusError) else str(exc.__cause__ or exc)
+            status = f" {exc.status_code}" if isinstance(exc, openai.APIStatusError) else ""
+            raise PolicyError(self.scrub(f"{type(exc).__name__}{status}: {detail}")) from None
+        except ValueError as exc:  # a body that is not JSON
+            raise PolicyError(self.scrub(f"the endpoint's reply is not valid JSON: {exc}")) from None
+        seconds = time.perf_counter() - start
+        if not response.choices:
+            raise PolicyError("the endpoint answered with no choices")
+        choice = response.choices[0]
+        message = choice.message
+        if self.native_tools:
+            action = json.dumps({"role": "assistant", "content": message.content,
+                                 "tool_calls": [c.model_dump(exclude_none=True) for c in message.tool_calls or []]},
+                                ensure_ascii=False)
+        else:
+            action = message.content or ""
+        usage = response.usage
+        return Turn(action=action, prompt_tokens=getattr(usage, "prompt_tokens", None),
+                    completion_tokens=getattr(usage, "completion_tokens", None),
+                    finish_reason=choice.finish_reason, model_seconds=seconds,
+                    reasoning=getattr(message, "reasoning_content", None))
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _message(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+    return str(getattr(exc, "message", exc))
+
+
+@dataclass
+class FunctionPolicy:
+    """Your function ``(obs, info) -> action`` (sync or async) as a policy, or a baseline:
+    ``solver`` (the env's reference solver: the ceiling), ``random`` (random text: the floor),
+    ``empty`` (an empty reply: the floor of answering nothing)."""
+
+    fn: Callable[..., Any] | None = None
+    name: str = "function"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.fn is None and self.name not in BASELINES:
+            raise ValueError(f"policy must be a ChatPolicy, a function or one of {BASELINES}, got {self.name!r}")
+        self._solvers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def describe(self) -> dict[str, Any]:
+        fn = self.fn
+        return {"kind": "baseline" if fn is None else "function", "name": self.name if fn is None else
+                f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"}
+
+    def scrub(self, text: str) -> str:
+        return text
+
+    async def __call__(self, env: Any, obs: str, info: dict[str, Any], *, seed: int | None = None) -> Turn:
+        if self.name == "solver" and self.fn is None:
+            if env not in self._solvers:
+                self._solvers[env] = env.reference_solver()
+            return Turn(action=self._solvers[env](obs, info))
+        if self.name == "random" and self.fn is None:
+            rng = random.Random(f"{seed}-{info.get('turn', 0)}")
+            return Turn(action="".join(rng.choice("abcdefghijklmnopqrstuvwxyz <>{}\":,0123456789")
+                                       for _ in range(rng.randint(0, 80))))
+        if self.fn is None:
+            return Turn(action="")
+        out = self.fn(obs, info)
+        if inspect.isawaitable(out):
+            out = await out
+        return out if isinstance(out, Turn) else Turn(action=str(out))
+
+
+def as_policy(policy: Any) -> Any:
+    """A :class:`ChatPolicy`, a baseline name, a function or anything with ``__call__``/``describe``."""
+    if isinstance(policy, str):
+        return FunctionPolicy(name=policy)
+    if hasattr(policy, "describe") and hasattr(policy, "env_kwargs"):
+        return policy
+    if callable(policy):
+        return FunctionPolicy(fn=policy)
+    raise ValueError(f"policy must be a ChatPolicy, a function or one of {BASELINES}, got {policy!r}")

@@ -1,0 +1,442 @@
+"""Play every (task, sample) pair of an eval with many episodes in flight, and keep a run directory.
+
+Episodes run concurrently up to ``concurrency``: each holds one environment from a pool while
+its model call is awaited, and env steps go to a thread pool, so no episode waits for another's
+model call. A run directory holds ``run.json`` (what was run, by whom, with which versions),
+``rollouts.jsonl`` (one full transcript per episode, written as each ends) and ``summary.json``;
+running again with the same ``out`` resumes: only the pairs not yet in ``rollouts.jsonl`` run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from benchmax_gym.core.formats import PARSE_ERROR
+from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
+
+RUN_FORMAT = "benchmax-gym-eval/1"
+RUN_FILES = ("run.json", "rollouts.jsonl", "summary.json")
+# what must match for a run directory to be resumed
+RESUME_KEYS = ("env_id", "env_kwargs", "policy", "k", "tasks", "seed")
+
+
+class EvalError(ValueError):
+    """A bad eval request (tasks, out directory, endpoint), found before any episode runs."""
+
+
+@dataclass
+class EvalResult:
+    """``records``: one per episode (this run's and a resumed run's); ``summary``: their statistics."""
+
+    run: dict[str, Any]
+    records: list[dict[str, Any]]
+    summary: dict[str, Any]
+    out: Path | None = None
+
+
+def task_indices(tasks: Any, available: int | None) -> list[int]:
+    """``"all"``, ``N`` (the first N), ``"i:j"`` or ``(i, j)`` (a slice) -> task indices.
+    ``available`` is None for an unbounded source, which needs a count."""
+    if isinstance(tasks, str) and tasks != "all" and ":" not in tasks:
+        try:
+            tasks = int(tasks)
+        except ValueError:
+            raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}") from None
+    if tasks == "all":
+        if available is None:
+            raise EvalError("this environment's task list is unbounded: say how many with tasks=N (the first N) "
+                            "or tasks='i:j'")
+        return list(range(available))
+    if isinstance(tasks, int) and not isinstance(tasks, bool):
+        start, stop = 0, tasks
+    elif isinstance(tasks, str):
+        left, _, right = tasks.partition(":")
+        try:
+            start, stop = int(left or 0), int(right) if right else available
+        except ValueError:
+            raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}") from None
+    elif isinstance(tasks, (tuple, list)) and len(tasks) == 2:
+        start, stop = tasks
+    else:
+        raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}")
+    if stop is None:
+        raise EvalError("this environment's task list is unbounded: give the slice an end ('i:j')")
+    if not 0 <= start < stop or (available is not None and stop > available):
+        raise EvalError(f"tasks {tasks!r} is not a non-empty range within the {available} tasks")
+    return list(range(start, stop))
+
+
+def episode_seed(seed: int, task_index: int, sample: int) -> int:
+    """The reset (and sampling) seed of one pair: the same whatever order pairs run in."""
+    return int(np.random.SeedSequence([seed, task_index, sample]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+# -- the run directory -----------------------------------------------------------------------------
+
+
+class RunDir:
+    """``run.json`` + ``rollouts.jsonl`` + ``summary.json`` in ``path``; refuses a directory that holds
+    something else, a corrupt record, or a run of another configuration."""
+
+    def __init__(self, path: str | os.PathLike, config: dict[str, Any]):
+        self.path = Path(path)
+        self.config = config
+        self.records: list[dict[str, Any]] = []
+        self.run: dict[str, Any] = {}
+        if self.path.exists() and not self.path.is_dir():
+            raise EvalError(f"out {self.path}: exists and is not a directory")
+        entries = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
+        if entries:
+            self._resume(entries)
+
+    def _resume(self, entries: list[str]) -> None:
+        run_file = self.path / "run.json"
+        if "run.json" not in entries:
+            raise EvalError(f"out {self.path}: not empty and not a benchmax-gym eval run (no run.json); "
+                            "choose a new directory")
+        try:
+            run = json.loads(run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise EvalError(f"out {self.path}: run.json is unreadable ({exc}); choose a new directory") from None
+        if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+            raise EvalError(f"out {self.path}: run.json is not a {RUN_FORMAT} record; choose a new directory")
+        differs = [k for k in RESUME_KEYS if _normal(run.get(k)) != _normal(self.config.get(k))]
+        if differs:
+            raise EvalError(f"out {self.path} holds a run with other settings ({', '.join(differs)}); "
+                            "resume it with the same ones or choose a new directory")
+        self.run = run
+        self.records = read_rollouts(self.path, repair=True)
+
+    def start(self, run: dict[str, Any]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.run:  # resumed: keep the first start, note this one
+            run = {**self.run, "resumed": [*self.run.get("resumed", []), run["started"]]}
+        self.run = run
+        self.write_json("run.json", run)
+        self._file = open(self.path / "rollouts.jsonl", "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def add(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+
+    def finish(self, run: dict[str, Any], summary: dict[str, Any]) -> None:
+        self._file.close()
+        self.run = run
+        self.write_json("run.json", run)
+        self.write_json("summary.json", summary)
+
+    def write_json(self, name: str, value: Any) -> None:
+        tmp = self.path / f".{name}.tmp"
+        tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path / name)
+
+
+def _normal(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def _provenance() -> dict[str, Any]:
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for dist in ("benchmax-gym", "gymnasium", "openai", "numpy"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    commit = None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        commit = out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"versions": versions, "git_commit": commit, "host": socket.gethostname(),
+            "platform": platform.platform(), "argv": sys.argv}
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# -- playing --------------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Environments for episodes in flight: made on demand (in a worker thread), reused after."""
+
+    def __init__(self, make, first: gym.Env, executor):
+        self.make, self.executor = make, executor
+        self.idle: list[gym.Env] = [first]
+        self.all: list[gym.Env] = [first]
+
+    async def take(self) -> gym.Env:
+        if self.idle:
+            return self.idle.pop()
+        env = await asyncio.get_running_loop().run_in_executor(self.executor, self.make)
+        self.all.append(env)
+        return env
+
+    def give(self, env: gym.Env) -> None:
+        self.idle.append(env)
+
+    def close(self) -> None:
+        for env in self.all:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+
+def max_reward(env: gym.Env) -> float:
+    """The reward of an episode that earns every component in full (components are in [0, 1])."""
+    rubric = getattr(env.unwrapped, "rubric", None)
+    return sum(max(f.weight, 0.0) for f in rubric.funcs) if rubric is not None else 1.0
+
+
+async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, seed: int,
+                       executor: concurrent.futures.Executor) -> dict[str, Any]:
+    """One episode of ``task_index``; a policy that cannot produce a turn ends it as failed."""
+    loop = asyncio.get_running_loop()
+    base = env.unwrapped
+    start = time.perf_counter()
+    obs, info = await loop.run_in_executor(executor, lambda: env.reset(seed=seed, options={"task_index": task_index}))
+    reward, terminated, truncated, error = 0.0, False, False, None
+    turns: list[dict[str, Any]] = []
+    codes: list[str] = []
+    components: dict[str, float] = {}
+    while not (terminated or truncated):
+        try:
+            turn: Turn = await policy(base, obs, info, seed=seed)
+        except PolicyError as exc:
+            error = policy.scrub(str(exc))
+            break
+        except Exception as exc:  # the user's policy raised: record it, go on with the run
+            error = policy.scrub(f"{type(exc).__name__}: {exc}")
+            break
+        t0 = time.perf_counter()
+        obs, reward, terminated, truncated, info = await loop.run_in_executor(executor, env.step, turn.action)
+        codes += info.get("errors") or []
+        components = info.get("reward_components", components)
+        turns.append({"model_seconds": round(turn.model_seconds, 4), "env_seconds": round(time.perf_counter() - t0, 4),
+                      "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+                      "finish_reason": turn.finish_reason, "errors": info.get("errors") or [],
+                      **({"reasoning": turn.reasoning} if turn.reasoning else {})})
+    episode = base.episode
+    tokens = [t["prompt_tokens"] for t in turns], [t["completion_tokens"] for t in turns]
+    return {
+        "task_index": task_index, "sample": sample, "seed": seed,
+        "task_id": episode.task.id, "metadata": dict(episode.task.metadata),
+        "reward": float(reward) if error is None else 0.0,
+        "success": error is None and float(reward) >= max_reward(env) - 1e-9,
+        "reward_components": components if error is None else {},
+        "error": error, "terminated": bool(terminated), "truncated": bool(truncated),
+        "turns": len(turns), "tool_errors": episode.tool_errors, "parse_errors": codes.count(PARSE_ERROR),
+        "errors": codes,
+        "prompt_tokens": sum(tokens[0]) if turns and None not in tokens[0] else None,
+        "completion_tokens": sum(tokens[1]) if turns and None not in tokens[1] else None,
+        "finish_reason_length": sum(t["finish_reason"] == "length" for t in turns),
+        "seconds": round(time.perf_counter() - start, 4),
+        "turn_log": turns,
+        **base.episode_record(),
+    }
+
+
+async def aevaluate(
+    env_id: str,
+    policy: Any = "solver",
+    *,
+    env_kwargs: Mapping[str, Any] | None = None,
+    k: int = 1,
+    tasks: Any = "all",
+    concurrency: int = 16,
+    seed: int = 0,
+    out: str | os.PathLike | None = None,
+    progress: bool = False,
+    preflight: bool = True,
+    plots: bool = False,
+    extra_run_info: Mapping[str, Any] | None = None,
+) -> EvalResult:
+    """Evaluate ``policy`` on ``env_id``: every selected task ``k`` times, ``concurrency`` episodes
+    in flight. See :func:`evaluate`."""
+    import benchmax_gym  # noqa: F401  (registers the ids)
+
+    policy = as_policy(policy)
+    for name, value in (("k", k), ("concurrency", concurrency)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise EvalError(f"{name} must be a positive int, got {value!r}")
+    kwargs = {**(env_kwargs or {}), **policy.env_kwargs}
+    first = gym.make(env_id, **kwargs)
+    closing: list[Any] = [first]
+    try:
+        source = getattr(first.unwrapped, "tasks", None)
+        from benchmax_gym.core.tasks import INFINITE
+
+        available = len(source) if source is not None and len(source) < INFINITE else None
+        indices = task_indices(tasks, available)
+        config = {"format": RUN_FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
+                  "policy": policy.describe(), "k": k, "tasks": tasks if isinstance(tasks, (str, int)) else list(tasks),
+                  "seed": seed, **dict(extra_run_info or {})}
+        run_dir = RunDir(out, config) if out is not None else None
+        done = {(r["task_index"], r["sample"]) for r in run_dir.records} if run_dir else set()
+        pending = [(i, s) for i in indices for s in range(k) if (i, s) not in done]
+        if pending and preflight and hasattr(policy, "preflight"):
+            await policy.preflight()
+        run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
+               **_provenance()}
+        if run_dir:
+            run_dir.start(run)
+        records = list(run_dir.records) if run_dir else []
+        records += await _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, run_dir, progress,
+                                   closing)
+    finally:
+        for item in closing:
+            item.close()
+        if hasattr(policy, "aclose"):
+            await policy.aclose()
+    from benchmax_gym.eval.stats import summarize
+
+    records.sort(key=lambda r: (r["task_index"], r["sample"]))
+    summary = summarize(records, seed=seed)
+    run = {**(run_dir.run if run_dir else run), "ended": _now(),
+           "usage": {"prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
+                     "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records)}}
+    if run_dir:
+        run_dir.finish(run, summary)
+        if plots:
+            _plot(records, summary, run_dir.path)
+    return EvalResult(run=run, records=records, summary=summary, out=run_dir.path if run_dir else None)
+
+
+async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, run_dir, progress, closing):
+    from tqdm import tqdm
+
+    executor = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, 64),
+                                                     thread_name_prefix="benchmax-eval")
+    pool = _Pool(lambda: gym.make(env_id, **kwargs), first, executor)
+    closing[:] = [pool]  # the pool closes every env it made, the first included
+    slots = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(pending), desc=env_id, unit="ep", disable=not progress, dynamic_ncols=True)
+    records: list[dict[str, Any]] = []
+
+    async def one(task_index: int, sample: int) -> None:
+        async with slots:
+            env = await pool.take()
+            try:
+                record = await play_episode(env, policy, task_index, sample,
+                                            episode_seed(seed, task_index, sample), executor)
+            finally:
+                pool.give(env)
+        records.append(record)
+        if run_dir:
+            run_dir.add(record)
+        bar.update(1)
+        bar.set_postfix(mean_reward=f"{sum(r['reward'] for r in records) / len(records):.3f}",
+                        failed=sum(r["error"] is not None for r in records), refresh=False)
+
+    try:
+        await asyncio.gather(*(one(i, s) for i, s in pending))
+    finally:
+        bar.close()
+        executor.shutdown(wait=False, cancel_futures=True)
+    return records
+
+
+def _plot(records, summary, path: Path) -> None:
+    try:
+        from benchmax_gym.eval.plots import plot_run
+    except ImportError:
+        return
+    try:
+        plot_run(records, summary, path)
+    except ImportError:
+        pass  # matplotlib is in the [plots] extra
+
+
+def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
+    """Evaluate ``policy`` on ``env_id`` and return an :class:`EvalResult`.
+
+    Args:
+        policy: a :class:`~benchmax_gym.eval.policies.ChatPolicy` (a model endpoint), ``"solver"``
+            (the reference solver: the ceiling), ``"random"`` or ``"empty"`` (floors), or your
+            function ``(obs, info) -> action`` (sync or async).
+        env_kwargs: ``gym.make`` arguments.
+        k: samples per task; tasks: ``"all"``, ``N`` (the first N) or ``"i:j"``.
+        concurrency: episodes in flight; seed: the run's seed (each pair's reset and sampling seed
+            derives from it, so a run is the same whatever order its episodes finish in).
+        out: a run directory (resumed when it holds this run already); progress: a progress bar;
+        plots: PNGs in ``out`` (needs matplotlib).
+
+    Example::
+
+        from benchmax_gym.eval import ChatPolicy, evaluate
+        result = evaluate("benchmax/Math-v0", ChatPolicy("Qwen/Qwen3-8B", base_url="http://localhost:8000/v1"),
+                          tasks=100, k=4, out="runs/qwen3-8b")
+        print(result.summary["pass_at_k"])
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(aevaluate(env_id, policy, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # called from a running loop (a notebook)
+        return pool.submit(asyncio.run, aevaluate(env_id, policy, **kwargs)).result()
+
+
+def read_rollouts(folder: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """The records of ``folder/rollouts.jsonl``. A last line cut short (a run killed while writing
+    it) is dropped - and removed from the file when ``repair``; any other bad line is an error."""
+    path = folder / "rollouts.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_bytes().split(b"\n")
+    records, good = [], 0
+    for i, line in enumerate(lines):
+        if line.strip():
+            try:
+                record = json.loads(line)
+                if not isinstance(record, dict) or "task_index" not in record or "sample" not in record:
+                    raise ValueError("not a rollout record")
+            except ValueError as exc:
+                if i == len(lines) - 1:
+                    if repair:
+                        with open(path, "r+b") as f:
+                            f.truncate(good)
+                    break
+                raise EvalError(f"{folder}: rollouts.jsonl line {i + 1} is corrupt ({exc})") from None
+            records.append(record)
+        good += len(line) + 1
+    return records
+
+
+def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(run, records)`` of a run directory (for ``compare``); refuses anything else."""
+    folder = Path(path)
+    try:
+        run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EvalError(f"{folder}: not a benchmax-gym eval run (no run.json)") from None
+    except (OSError, ValueError) as exc:
+        raise EvalError(f"{folder}: run.json is unreadable ({exc})") from None
+    if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
+        raise EvalError(f"{folder}: run.json is not a {RUN_FORMAT} record")
+    return run, read_rollouts(folder)

@@ -1,0 +1,202 @@
+"""An OpenAI-compatible chat-completions server on loopback, for tests and benchmarks of eval.
+
+A real ASGI app (Starlette under uvicorn) speaking ``POST /v1/chat/completions`` (``tool_calls``
+included, ``usage``, ``finish_reason``) and ``GET /v1/models``; its replies come from a Python
+function, so a test scripts the model: right answers, wrong ones, malformed calls. Faults are
+queued per request: ``{"status": 429, "retry_after": 0.2}``, ``{"status": 500}``,
+``{"delay": 5.0}`` (past the client's timeout), ``{"malformed": True}`` (a body that is not
+JSON), ``{"finish_reason": "length"}``; ``"message"`` sets an error's text. ``max_in_flight``
+tells how many requests it held at once.
+
+Example::
+
+    def reply(body):                      # the request's JSON body -> the assistant's turn
+        return {"content": "\\\\boxed{4}"}
+
+    with FakeChatServer(reply, latency=0.1) as server:
+        client = openai.OpenAI(base_url=server.url, api_key="test")
+
+``python -m benchmax_gym.testing.openai_server --latency 0.1`` serves the scripted ``calculator``
+model (a tool call, then an answer) in its own process and prints the URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+Reply = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def calculator_model(body: dict[str, Any]) -> dict[str, Any]:
+    """A scripted model for benchmarks: a ``calculator`` call, then a final answer after its result.
+    Native tool calls when the request offers tools, a Hermes ``<tool_call>`` otherwise."""
+    last = body["messages"][-1]
+    answered = last.get("role") == "tool" or "<tool_response>" in str(last.get("content") or "")
+    if answered:
+        return {"content": "\\boxed{2}"}
+    call = {"name": "calculator", "arguments": {"expression": "1+1"}}
+    if body.get("tools"):
+        return {"tool_calls": [call]}
+    return {"content": f"<tool_call>{json.dumps(call)}</tool_call>"}
+
+
+class FakeChatServer:
+    """Serve ``reply`` as an OpenAI-compatible API on a free loopback port (a context manager).
+
+    Args:
+        reply: ``body -> {"content", "tool_calls": [{"name", "arguments"}], "finish_reason"}``.
+        latency: seconds every reply waits (model time; requests overlap freely).
+        models: the model names it knows; another name gets a 404 as OpenAI sends it.
+        api_key: when set, a request without ``Authorization: Bearer <api_key>`` gets a 401.
+        faults: one fault per request, in order, before normal replies resume (``None``: none).
+    """
+
+    def __init__(self, reply: Reply = calculator_model, *, latency: float = 0.0,
+                 models: Iterable[str] = ("test-model",), api_key: str | None = None,
+                 faults: Iterable[dict[str, Any] | None] = ()):
+        self.reply = reply
+        self.latency = latency
+        self.models = list(models)
+        self.api_key = api_key
+        self.faults: list[dict[str, Any] | None] = list(faults)
+        self.requests: list[dict[str, Any]] = []  # every request body, in arrival order
+        self.headers: list[dict[str, str]] = []
+        self.in_flight = self.max_in_flight = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> "FakeChatServer":
+        import uvicorn
+
+        config = uvicorn.Config(self._app(), host="127.0.0.1", port=0, log_level="error", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the fake chat server did not start")
+            time.sleep(0.01)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+            self._server = None
+
+    # -- the app ------------------------------------------------------------------------------
+
+    def _app(self):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
+
+        def error(status: int, message: str, kind: str, code: str | None = None, headers=None):
+            return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}},
+                                status_code=status, headers=headers)
+
+        def refused(request) -> Any:
+            if self.api_key is None:
+                return None
+            if request.headers.get("authorization") != f"Bearer {self.api_key}":
+                return error(401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key")
+            return None
+
+        async def models(request):
+            return refused(request) or JSONResponse(
+                {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "test"}
+                                            for m in self.models]})
+
+        async def completions(request):
+            denied = refused(request)
+            if denied is not None:
+                return denied
+            try:
+                body = json.loads(await request.body())
+            except ValueError:
+                return error(400, "the body is not JSON", "invalid_request_error")
+            with self._lock:
+                self.requests.append(body)
+                self.headers.append(dict(request.headers))
+                fault = self.faults.pop(0) if self.faults else None
+                self.in_flight += 1
+                self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await answer(body, fault or {})
+            finally:
+                with self._lock:
+                    self.in_flight -= 1
+
+        async def answer(body, fault):
+            if body.get("model") not in self.models:
+                return error(404, f"The model `{body.get('model')}` does not exist.", "invalid_request_error",
+                             "model_not_found")
+            if fault.get("delay"):
+                await asyncio.sleep(fault["delay"])
+            if fault.get("status"):
+                headers = {"retry-after": str(fault["retry_after"])} if "retry_after" in fault else None
+                return error(fault["status"], fault.get("message", f"fault {fault['status']}"), "server_error",
+                             headers=headers)
+            if fault.get("malformed"):
+                return Response(b'{"id": "x", "choices": [', media_type="application/json")
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            turn = self.reply(body)
+            return JSONResponse(self._completion(body, turn, fault.get("finish_reason")))
+
+        return Starlette(routes=[Route("/v1/models", models), Route("/v1/chat/completions", completions,
+                                                                       methods=["POST"])])
+
+    def _completion(self, body: dict[str, Any], turn: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        n = next(self._ids)
+        calls = [{"id": f"call_{n}_{i}", "type": "function",
+                  "function": {"name": c["name"], "arguments": c["arguments"] if isinstance(c.get("arguments"), str)
+                               else json.dumps(c.get("arguments", {}))}}
+                 for i, c in enumerate(turn.get("tool_calls") or [])]
+        message: dict[str, Any] = {"role": "assistant", "content": turn.get("content")}
+        if calls:
+            message["tool_calls"] = calls
+        prompt = sum(len(str(m.get("content") or "")) for m in body["messages"]) // 4 + 1
+        completion = len(str(turn.get("content") or "")) // 4 + 8 * len(calls) + 1
+        return {
+            "id": f"chatcmpl-{n}", "object": "chat.completion", "created": int(time.time()),
+            "model": body["model"],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish or turn.get("finish_reason") or ("tool_calls" if calls else "stop")}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="serve the scripted calculator model over the OpenAI API")
+    parser.add_argument("--latency", type=float, default=0.1)
+    args = parser.parse_args()
+    with FakeChatServer(calculator_model, latency=args.latency) as server:
+        print(server.url, flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""benchmax-gym eval against a real OpenAI-compatible server on loopback (a scripted model),
+through the official openai SDK: native and text tool calling, the endpoint's failure modes,
+concurrency, the run directory and resume, and the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import benchmax_gym  # noqa: F401
+from benchmax_gym.eval import ChatPolicy, EvalError, PolicyError, evaluate, load_run
+from benchmax_gym.testing.openai_server import FakeChatServer
+
+ENV = "benchmax/Math-v0"
+ENV_KWARGS = {"python_tool": False}
+KEY = "sk-test-0123456789abcdef"
+CLI = [sys.executable, "-m", "benchmax_gym"]
+
+
+@pytest.fixture(scope="module")
+def answers():
+    env = gym.make(ENV, **ENV_KWARGS)
+    tasks = env.unwrapped.tasks
+    out = {tasks[i].prompt: (i, tasks[i].answer) for i in range(12)}
+    env.close()
+    return out
+
+
+def scripted(answers):
+    """Task i % 3 == 0: right; 1: wrong; 2: a malformed call first, then right."""
+
+    def reply(body):
+        prompt = next(m["content"] for m in body["messages"] if m["role"] == "user")
+        if prompt not in answers:  # the preflight's "ping"
+            return {"content": "pong"}
+        index, answer = answers[prompt]
+        turns = sum(m["role"] == "assistant" for m in body["messages"])
+        if index % 3 == 1:
+            return {"content": "\\boxed{-987654}"}
+        if index % 3 == 2 and turns == 0:
+            if body.get("tools"):
+                return {"tool_calls": [{"name": "calculator", "arguments": "{not json"}]}
+            return {"content": "<tool_call>{not json</tool_call>"}
+        return {"content": f"\\boxed{{{answer}}}"}
+
+    return reply
+
+
+def by_index(result):
+    return {r["task_index"]: r for r in result.records}
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_scripted_model_is_scored_task_by_task(answers, native):
+    with FakeChatServer(scripted(answers), api_key=KEY) as server:
+        policy = ChatPolicy("test-model", base_url=server.url, api_key=KEY, native_tools=native, temperature=0.5)
+        result = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=12, concurrency=4)
+        bodies = list(server.requests)
+    records = by_index(result)
+    assert sorted(records) == list(range(12))
+    for i, r in records.items():
+        assert r["success"] is (i % 3 != 1) and r["error"] is None, (i, r["reward"])
+        assert r["parse_errors"] == (1 if i % 3 == 2 else 0)
+        assert r["turns"] == (2 if i % 3 == 2 else 1) and r["prompt_tokens"] > 0
+    assert result.summary["episodes"] == 12
+    chats = [b for b in bodies if b["messages"][-1]["content"] != "ping"]
+    assert all(("tools" in b) is native and b["temperature"] == 0.5 for b in chats)
+    assert all(isinstance(b.get("seed"), int) for b in chats)  # sampling seeded per pair
+
+
+def test_each_task_k_times_and_the_same_run_twice_gives_the_same_records(answers):
+    with FakeChatServer(scripted(answers)) as server:
+        policy = ChatPolicy("test-model", base_url=server.url)
+        one = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks="3:9", k=3, concurrency=8, seed=5)
+        two = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks="3:9", k=3, concurrency=2, seed=5)
+    assert [(r["task_index"], r["sample"]) for r in one.records] == [(i, s) for i in range(3, 9) for s in range(3)]
+    strip = lambda rs: [(r["task_index"], r["sample"], r["seed"], r["reward"], r["turns"], r["parse_errors"]) for r in rs]  # noqa: E731
+    assert strip(one.records) == strip(two.records)
+
+
+def test_many_episodes_wait_on_the_model_at_once(answers):
+    with FakeChatServer(scripted(answers), latency=0.3) as server:
+        evaluate(ENV, ChatPolicy("test-model", base_url=server.url), env_kwargs=ENV_KWARGS, tasks=12,
+                 concurrency=12, preflight=False)
+        assert server.max_in_flight >= 8  # not one at a time
+
+
+def test_retries_honour_retry_after_and_a_failing_endpoint_fails_only_its_episode(answers, tmp_path):
+    faults = [{"status": 429, "retry_after": 0.05}, {"status": 500}, None,  # task 0: two retries, then fine
+              *[{"status": 500, "message": f"upstream said {KEY}"}] * 3,  # task 1: out of retries
+              {"delay": 3.0}, None, None,  # task 2 (two turns): past the timeout, then the retry succeeds
+              {"malformed": True},  # task 3: a body that is not JSON (not retried)
+              {"finish_reason": "length"}]  # task 4: cut by max tokens
+    with FakeChatServer(scripted(answers), faults=faults) as server:
+        policy = ChatPolicy("test-model", base_url=server.url, api_key=KEY, timeout=1.0, max_retries=2)
+        result = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=6, concurrency=1, preflight=False, out=tmp_path / "run")
+        requests = len(server.requests)
+    r = by_index(result)
+    assert r[0]["error"] is None and r[0]["success"]
+    assert r[1]["error"] and "500" in r[1]["error"] and r[1]["reward"] == 0.0 and not r[1]["success"]
+    assert r[2]["error"] is None  # the timed-out request was retried
+    assert r[3]["error"].startswith("the endpoint's reply is not valid JSON") and r[3]["reward"] == 0.0
+    assert r[4]["finish_reason_length"] == 1
+    assert r[5]["error"] is None and r[5]["success"]  # the run went on
+    assert requests == 3 + 3 + 3 + 1 + 1 + 2
+    for name in ("run.json", "rollouts.jsonl", "summary.json"):
+        assert KEY not in (tmp_path / "run" / name).read_text()  # the key is never written
+    assert "***" in r[1]["error"]
+
+
+def test_preflight_fails_in_seconds_with_one_clear_line(answers):
+    with FakeChatServer(scripted(answers), api_key=KEY) as server:
+        cases = [
+            (ChatPolicy("no-such-model", base_url=server.url, api_key=KEY), "does not serve model 'no-such-model'"),
+            (ChatPolicy("test-model", base_url=server.url, api_key="sk-wrong"), "refused the API key"),
+        ]
+        for policy, says in cases:
+            with pytest.raises(PolicyError, match=says):
+                evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=2)
+        assert len(server.requests) == 1  # only the preflight of the known model: no episode ran
+    closed = FakeChatServer()
+    with closed:
+        url = closed.url
+    start = time.monotonic()
+    with pytest.raises(PolicyError, match="cannot reach http://127.0.0.1"):
+        evaluate(ENV, ChatPolicy("test-model", base_url=url), env_kwargs=ENV_KWARGS, tasks=2)
+    assert time.monotonic() - start < 30
+
+
+def test_python_functions_and_baselines_are_policies():
+    async def answer_zero(obs, info):
+        return "\\boxed{0}"
+
+    for policy, mean in (("solver", 1.0), ("empty", 0.0), ("random", 0.0), (answer_zero, None), (lambda o, i: "x", 0.0)):
+        result = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=6, concurrency=3)
+        assert len(result.records) == 6 and all(r["error"] is None for r in result.records)
+        if mean is not None:
+            assert result.summary["mean_reward"]["value"] == mean, policy
+
+
+def test_a_policy_that_raises_fails_its_episode_with_the_error():
+    def broken(obs, info):
+        raise RuntimeError("my policy broke")
+
+    result = evaluate(ENV, broken, env_kwargs=ENV_KWARGS, tasks=2)
+    assert all(r["error"] == "RuntimeError: my policy broke" and r["reward"] == 0.0 for r in result.records)
+
+
+def test_tasks_selection_errors_are_clear():
+    with pytest.raises(EvalError, match="unbounded: say how many"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS)
+    with pytest.raises(EvalError, match="tasks must be 'all', N or 'i:j'"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks="some")
+    with pytest.raises(EvalError, match="not a non-empty range"):
+        evaluate(ENV, "solver", env_kwargs={**ENV_KWARGS, "task_args": {"num_tasks": 5}}, tasks="2:9")
+    with pytest.raises(EvalError, match="k must be a positive int"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=2, k=0)
+
+
+# -- the run directory -------------------------------------------------------------------------
+
+
+def test_the_run_directory_records_everything_and_refuses_foreign_or_different_runs(tmp_path):
+    out = tmp_path / "run"
+    result = evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=4, k=2, out=out)
+    run = json.loads((out / "run.json").read_text())
+    assert run["env_id"] == ENV and run["k"] == 2 and run["policy"] == {"kind": "baseline", "name": "solver"}
+    assert run["versions"]["benchmax-gym"] and run["started"] and run["ended"] and "host" in run
+    lines = (out / "rollouts.jsonl").read_text().splitlines()
+    assert len(lines) == 8 and json.loads((out / "summary.json").read_text()) == result.summary
+    record = json.loads(lines[0])
+    assert record["messages"][0]["role"] == "system" and record["actions"] and record["reward_components"]
+    assert "answer" not in json.dumps(record["metadata"])
+    with pytest.raises(EvalError, match=r"other settings \(k\)"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=4, k=3, out=out)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(EvalError, match="not a benchmax-gym eval run"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=4, out=foreign)
+    assert (foreign / "notes.txt").read_text() == "mine"
+    (out / "rollouts.jsonl").write_text("{broken\n" + "\n".join(lines) + "\n")
+    with pytest.raises(EvalError, match="line 1 is corrupt"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=4, k=2, out=out)
+
+
+def test_a_killed_run_resumes_with_only_the_missing_pairs(answers, tmp_path):
+    out = tmp_path / "run"
+    with FakeChatServer(scripted(answers), latency=0.2) as server:
+        cmd = [*CLI, "eval", ENV, "--model", "test-model", "--base-url", server.url, "--tasks", "12", "-k", "2",
+               "--concurrency", "2", "--env-arg", "python_tool=false", "--out", str(out), "--quiet", "--no-plots"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        rollouts = out / "rollouts.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not rollouts.exists() or len(rollouts.read_text().splitlines()) < 5):
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        with open(rollouts, "a") as f:
+            f.write('{"task_index": 11, "sam')  # a record cut short by the kill
+        done = {(json.loads(x)["task_index"], json.loads(x)["sample"]) for x in rollouts.read_text().splitlines()[:-1]}
+        assert 5 <= len(done) < 24
+        before = len(server.requests)
+        out2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert out2.returncode == 0, out2.stderr
+        resumed = server.requests[before:]
+    run, records = load_run(out)
+    pairs = [(r["task_index"], r["sample"]) for r in records]
+    assert sorted(pairs) == [(i, s) for i in range(12) for s in range(2)]  # each pair once
+    assert run["resumed"]
+    # the second run asked the model only about missing pairs (one preflight, then 1-2 turns each)
+    assert len(resumed) <= 1 + 2 * (24 - len(done))
+
+
+def test_cli_eval_and_compare(tmp_path):
+    for policy in ("solver", "empty"):
+        out = subprocess.run([*CLI, "eval", ENV, "--policy", policy, "--tasks", "6", "-k", "2", "--quiet",
+                              "--env-arg", "python_tool=false", "--out", str(tmp_path / policy)],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert str(tmp_path / policy) in out.stdout
+    out = subprocess.run([*CLI, "compare", str(tmp_path / "empty"), str(tmp_path / "solver"), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)
+    bad = subprocess.run([*CLI, "eval", ENV, "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--model NAME" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([*CLI, "eval", ENV, "--model", "m", "--api-key-env", "NO_SUCH_VAR_X", "--out",
+                          str(tmp_path / "x")], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if k != "NO_SUCH_VAR_X"})
+    assert bad.returncode == 2 and "NO_SUCH_VAR_X: the variable is not set" in bad.stderr
+    assert not Path(tmp_path / "x").exists()
