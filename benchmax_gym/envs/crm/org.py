@@ -1,8 +1,8 @@
 """The org: a generated Salesforce-style CRM in SQLite, cached on disk, copied per episode.
 
 :func:`build_org` writes an org from ``(seed, size)`` with numpy's Generator only, so the same
-pair always gives the same rows. :func:`cached_org` builds it once into the cache directory
-(``$BENCHMAX_GYM_CACHE`` or ``~/.cache/benchmax-gym/``, atomically: a temp file then a rename).
+pair always gives the same rows. :func:`cached_org` builds it once into the ``crm`` folder of
+the shared cache (:func:`~benchmax_gym.core.cache.cache_root`), atomically: a temp file then a rename.
 :class:`Org` loads that file into memory once per environment, and :meth:`Org.episode_copy`
 copies it into a fresh in-memory database with SQLite's backup API, so an episode's updates never
 reach the next one.
@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmax_gym.core.cache import cache_root
 from benchmax_gym.core.tasks import pick, rand_int
 
 SCHEMA = """
@@ -443,16 +444,10 @@ class _OrgBuilder:
                  _iso(created), _iso(end))
 
 
-def cache_dir(path: str | os.PathLike | None = None) -> Path:
-    """Where built orgs live: ``path``, else ``$BENCHMAX_GYM_CACHE``, else ``~/.cache/benchmax-gym``."""
-    root = path or os.environ.get("BENCHMAX_GYM_CACHE") or Path.home() / ".cache" / "benchmax-gym"
-    return Path(root) / "crm"
-
-
 def cached_org(seed: int = 0, size: int = DEFAULT_SIZE, directory: str | os.PathLike | None = None) -> Path:
     """The org file for ``(seed, size)``, built on first use (temp file, then an atomic rename, so
     concurrent builders and crashes never leave a half-written org behind)."""
-    folder = cache_dir(directory)
+    folder = cache_root("crm", directory)
     target = folder / f"org-v2-seed{seed}-size{size}.sqlite"
     if target.exists():
         return target

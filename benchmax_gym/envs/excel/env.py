@@ -16,9 +16,11 @@ from benchmax_gym.core.checks import config_of, one_of, optional, path, positive
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg, task_source
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
-from benchmax_gym.envs.excel.rubric import RECALC_MODES, grade
+from benchmax_gym.envs.excel.generator import ExcelTaskConfig, make_excel_task
+from benchmax_gym.envs.excel.grading import grade
+from benchmax_gym.envs.excel.recalc import RECALC_MODES
 from benchmax_gym.envs.excel.solver import ExcelSolver
-from benchmax_gym.envs.excel.tasks import ExcelTaskConfig, make_excel_task, spreadsheetbench_tasks
+from benchmax_gym.envs.excel.spreadsheetbench import spreadsheetbench_tasks
 from benchmax_gym.envs.excel.tools import WORKBOOK, WorkbookFile, describe_workbook, list_sheets, read_range, write_cells
 
 SYSTEM_PROMPT = (

@@ -13,7 +13,7 @@ from typing import Any
 import openpyxl
 from openpyxl.cell.cell import MergedCell
 
-from benchmax_gym.envs.excel.rubric import expected_values
+from benchmax_gym.envs.excel.grading import expected_values
 from benchmax_gym.envs.excel.tools import ISO_DATE, TIME
 
 BATCH = 2_000  # cells per write_cells call (the tool takes at most 5,000)

@@ -26,7 +26,7 @@ from openpyxl.utils.exceptions import IllegalCharacterError
 
 from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, unchanged, workspace_file_version, write_workspace_file
 from benchmax_gym.core.tools import ToolError, tool
-from benchmax_gym.envs.excel.rubric import MAX_WORKBOOK_BYTES, WorkbookTooLarge, check_workbook, external_reference, recalculate
+from benchmax_gym.envs.excel.recalc import MAX_WORKBOOK_BYTES, WorkbookTooLarge, check_workbook, external_reference, recalculate
 
 WORKBOOK = "workbook.xlsx"
 MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's own limits

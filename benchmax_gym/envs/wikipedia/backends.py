@@ -34,11 +34,11 @@ import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
+from benchmax_gym.core.cache import cache_root
 from benchmax_gym.core.checks import existing_file, int_between, number_between, optional, path, positive_number, text
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.tools import ToolError
@@ -131,12 +131,6 @@ def fts_query(query: str) -> str | None:
 # -- SQLite FTS5 index ------------------------------------------------------------------------
 
 
-def cache_dir(path: str | os.PathLike | None = None) -> Path:
-    """Where built indexes live: ``path``, else ``$BENCHMAX_GYM_CACHE``, else ``~/.cache/benchmax-gym``."""
-    chosen = path or os.environ.get("BENCHMAX_GYM_CACHE") or Path.home() / ".cache" / "benchmax-gym"
-    return Path(chosen).expanduser()
-
-
 class CorpusIndex:
     """An SQLite FTS5 index of ``{title, text}`` records, opened read-only by each reader.
 
@@ -153,8 +147,8 @@ class CorpusIndex:
     @classmethod
     def on_disk(cls, records: Iterable[Mapping[str, str]], key: str,
                 directory: str | os.PathLike | None = None) -> "CorpusIndex":
-        """The index for corpus ``key`` (a hash of its content) under :func:`cache_dir`, built if absent."""
-        folder = cache_dir(directory)
+        """The index for corpus ``key`` (a hash of its content) under :func:`.cache_root`, built if absent."""
+        folder = cache_root("", directory)  # no family subfolder: existing indexes stay valid
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"corpus-v{INDEX_VERSION}-{key}.sqlite"
         if not path.exists():

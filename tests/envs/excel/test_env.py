@@ -8,7 +8,7 @@ import openpyxl
 import pytest
 
 import benchmax_gym  # noqa: F401
-from benchmax_gym.envs.excel.rubric import grade
+from benchmax_gym.envs.excel.grading import grade
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import openpyxl
 import pytest
 
 import benchmax_gym
-from benchmax_gym.envs.excel.rubric import parse_answer_position
+from benchmax_gym.envs.excel.grading import parse_answer_position
 
 DATA = {  # Sheet1 of every custom task: A region, B sales, C region again, D a date
     "A1": "North", "A2": "South", "A3": "North", "A4": "East",
@@ -288,7 +288,7 @@ def test_workbooks_for_libreoffice_lose_their_external_references(tmp_path):
     from openpyxl.workbook.defined_name import DefinedName
     from openpyxl.workbook.external_link.external import ExternalBook, ExternalLink
 
-    from benchmax_gym.envs.excel.rubric import _without_external_references
+    from benchmax_gym.envs.excel.recalc import _without_external_references
 
     wb = openpyxl.Workbook()
     ws = wb.active

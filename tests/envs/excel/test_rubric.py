@@ -19,15 +19,9 @@ import openpyxl
 import pytest
 from openpyxl.utils import get_column_letter, range_boundaries
 
-from benchmax_gym.envs.excel import rubric
-from benchmax_gym.envs.excel.rubric import (
-    RECALC_MODES,
-    GradeResult,
-    grade,
-    normalize,
-    parse_answer_position,
-    recalculate,
-)
+from benchmax_gym.envs.excel import grading, recalc
+from benchmax_gym.envs.excel.grading import GradeResult, grade, normalize, parse_answer_position
+from benchmax_gym.envs.excel.recalc import RECALC_MODES, recalculate
 
 DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "spreadsheetbench"
 
@@ -211,7 +205,7 @@ def test_inputs_do_not_solve_tasks(tasks):
         if differs:
             differing += 1
             assert not result.solved and result.cells < 1.0, (task["id"], case)
-            assert 0 < len(result.mismatches) <= rubric.MAX_MISMATCHES
+            assert 0 < len(result.mismatches) <= grading.MAX_MISMATCHES
         else:  # a few inputs already hold the answer values (570-43; CF_8276 is about format)
             same += 1
             assert result.solved, (task["id"], case, result)
@@ -341,7 +335,7 @@ def test_mismatches_are_capped_and_normalized():
         answer.active.cell(row, 1, row + 0.5)
     result = grade(_to_bytes(out), _to_bytes(answer), "A1:A20")
     assert result.cells == 0.0 and result.total == 20
-    assert len(result.mismatches) == rubric.MAX_MISMATCHES
+    assert len(result.mismatches) == grading.MAX_MISMATCHES
     assert result.mismatches[0] == ("Sheet", "A1", 1.5, 1.0)
 
 
@@ -356,7 +350,7 @@ def test_bad_recalc_value_names_the_choices(tasks):
 
 
 def test_libreoffice_missing_is_a_clear_error(tasks, monkeypatch):
-    monkeypatch.setattr(rubric.shutil, "which", lambda name: None)
+    monkeypatch.setattr(recalc.shutil, "which", lambda name: None)
     answer = _path(tasks["39490"], 1, "answer")
     with pytest.raises(RuntimeError, match="LibreOffice"):
         grade(answer, answer, "E1", recalc="libreoffice")

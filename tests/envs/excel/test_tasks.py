@@ -23,16 +23,11 @@ import pytest
 from openpyxl.utils import range_boundaries
 
 from benchmax_gym.core.tasks import GeneratedTasks, ListTasks
-from benchmax_gym.envs.excel import tasks as excel_tasks
-from benchmax_gym.envs.excel.tasks import (
-    TASK_TYPES,
-    ExcelTaskConfig,
-    cache_root,
-    generated_tasks,
-    make_excel_task,
-    safe_extract,
-    spreadsheetbench_tasks,
-)
+from benchmax_gym.core import cache
+from benchmax_gym.core.cache import cache_root, safe_extract
+from benchmax_gym.envs.excel import generator, spreadsheetbench, workbooks
+from benchmax_gym.envs.excel.generator import TASK_TYPES, ExcelTaskConfig, generated_tasks, make_excel_task
+from benchmax_gym.envs.excel.spreadsheetbench import spreadsheetbench_tasks
 
 SB = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "spreadsheetbench"
 needs_sb = pytest.mark.skipif(
@@ -465,13 +460,13 @@ def test_interrupted_extraction_is_redone(tmp_path):
 @needs_sb
 def test_cache_dir_from_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCHMAX_GYM_CACHE", str(tmp_path / "gymcache"))
-    assert cache_root() == tmp_path / "gymcache" / "spreadsheetbench"
+    assert cache_root("spreadsheetbench") == tmp_path / "gymcache" / "spreadsheetbench"
     source = spreadsheetbench_tasks(_make_zip(tmp_path / "x.zip"), limit=1)
     assert Path(source.tasks[0].files["workbook.xlsx"]).is_relative_to(
         tmp_path / "gymcache" / "spreadsheetbench"
     )
     monkeypatch.delenv("BENCHMAX_GYM_CACHE")
-    assert cache_root() == Path.home() / ".cache" / "benchmax-gym" / "spreadsheetbench"
+    assert cache_root("spreadsheetbench") == Path.home() / ".cache" / "benchmax-gym" / "spreadsheetbench"
 
 
 def test_archive_without_dataset_json(tmp_path):
@@ -650,5 +645,6 @@ def test_download_error_leaves_no_partial_file(tmp_path, http_server):
 
 def test_module_does_not_import_httpx_or_datasets_for_generation():
     # generation runs at reset; the loader's dependencies are imported lazily
-    source = Path(excel_tasks.__file__).read_text()
-    assert "\nimport httpx" not in source and "\nimport datasets" not in source
+    for module in (generator, workbooks, spreadsheetbench, cache):
+        source = Path(module.__file__).read_text()
+        assert "\nimport httpx" not in source and "\nimport datasets" not in source, module.__name__

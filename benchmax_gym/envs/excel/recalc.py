@@ -1,38 +1,26 @@
-"""Grading for ``benchmax/Excel-v0``: SpreadsheetBench's cell-by-cell comparison, made robust.
+"""Reading workbooks safely and giving their formula cells values, for grading and the tools.
 
-The workbook the model leaves behind is compared with the task's answer workbook at the task's
-``answer_position`` cells, with SpreadsheetBench's value rules (see :func:`normalize`). Three
-things the upstream scorer leaves to the caller are handled here:
-
-* ``answer_position`` strings in the real data are messy (stray and unbalanced quotes, ``!``
-  inside the quotes, comma-separated lists); :func:`parse_answer_position` tolerates them.
-* openpyxl does not compute formulas, and a model may answer with formulas: formula cells in
-  the answer positions are recalculated (:func:`recalculate`), but only when there are some, so
-  the common all-values case costs one fast read of each workbook.
-* a model may corrupt or delete its workbook: :func:`grade` then scores 0 with a note and
-  never raises (configuration mistakes, such as a bad ``recalc``, still raise).
+openpyxl does not compute formulas, and a model may answer with formulas: :func:`recalculate`
+computes them with the ``formulas`` package (made to scale: whole-column and huge ranges are
+bounded to the used area, references to other workbooks become errors) or with headless
+LibreOffice, falling back to the values cached in the file. :func:`check_workbook` refuses
+workbooks whose parsing alone would cost the host unbounded time or memory.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import hashlib
 import io
 import logging
-import math
-import numbers
 import re
 import shutil
 import subprocess
 import tempfile
 import threading
 import types
-import unicodedata
 import zipfile
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,175 +28,21 @@ import openpyxl
 from openpyxl.formula.tokenizer import Token, Tokenizer
 from openpyxl.styles.numbers import is_date_format, is_timedelta_format
 from openpyxl.utils import get_column_letter, range_boundaries
-from openpyxl.utils.datetime import from_excel, to_excel
+from openpyxl.utils.datetime import from_excel
 
 from benchmax_gym.envs.excel import formulas_fixes
 
-__all__ = [
-    "RECALC_MODES",
-    "GradeResult",
-    "WorkbookTooLarge",
-    "check_workbook",
-    "grade",
-    "normalize",
-    "parse_answer_position",
-    "recalculate",
-]
+__all__ = ["RECALC_MODES", "WorkbookTooLarge", "check_workbook", "recalculate"]
 
 RECALC_MODES = ("auto", "formulas", "libreoffice", "none")
 """How formula cells get their values: ``auto`` and ``formulas`` use the ``formulas`` package
 (pure Python, always available); ``libreoffice`` converts the workbook with headless LibreOffice,
 which recalculates on load; ``none`` trusts the values cached in the file, as upstream does."""
 
-MAX_MISMATCHES = 5
-"""Mismatches kept in a :class:`GradeResult`: enough to debug a grade, small enough to log."""
-
 LIBREOFFICE_TIMEOUT_S = 120
 
 Workbook = str | Path | bytes | Callable[[], bytes]
 CellKey = tuple[str, str]  # (sheet name, "A1")
-
-_MISSING_SHEET = object()  # an answer cell whose sheet is not in the output workbook
-
-
-# --------------------------------------------------------------------------- answer positions
-
-_QUOTES = "'\"\u2018\u2019\u201c\u201d`"
-_CELL = r"\$?[A-Za-z]{1,3}\$?[0-9]+"
-_RANGE_RE = re.compile(rf"\s*({_CELL})\s*(?::\s*({_CELL}))?\s*")
-_ENDS_WITH_CELL_RE = re.compile(rf"{_CELL}[\s{_QUOTES}]*$")
-
-
-def _loose(name: str) -> str:
-    """A sheet name without the noise seen in positions: case, outer spaces, quotes, ``!``."""
-    return unicodedata.normalize("NFC", name).strip().strip(_QUOTES + "! \t").strip().casefold()
-
-
-def _find_sheet(name: str, sheet_names: list[str]) -> str | None:
-    """The real sheet name ``name`` refers to: an exact match first, then a loose one."""
-    if name in sheet_names:
-        return name
-    for candidate in (name, name.replace("''", "'")):  # Excel escapes ' as '' inside quotes
-        key = _loose(candidate)
-        matches = [s for s in sheet_names if _loose(s) == key]
-        if len(matches) == 1:
-            return matches[0]
-    return None
-
-
-def _split_parts(position: str) -> list[str]:
-    """Split a comma-separated position, re-joining pieces of sheet names that contain commas."""
-    parts: list[str] = []
-    pending = ""
-    for piece in position.split(","):
-        pending = f"{pending},{piece}" if pending else piece
-        if _ENDS_WITH_CELL_RE.search(pending):
-            parts.append(pending)
-            pending = ""
-    if pending.strip():
-        parts.append(pending)  # no cell at the end: reported as an invalid range below
-    return parts
-
-
-def parse_answer_position(position: str, sheet_names: list[str]) -> list[tuple[str, str]]:
-    """``[(sheet_name, "A1:B3"), ...]`` for a SpreadsheetBench ``answer_position``.
-
-    Accepts ``C2``, ``G2:G23``, ``'Sheet2'!Z2``, ``Updated Data'!B5:B9`` (unbalanced quote),
-    ``'Sheet1!'A2:B19,'Sheet2!'A2:B19`` (``!`` inside the quotes), ``$A$1``, lower case, and
-    spaces. Sheet names are matched against ``sheet_names`` (the workbook's real names, in
-    order) exactly, else ignoring case, surrounding spaces and stray quotes or ``!``; no sheet
-    means the first sheet. Ranges always come back as ``"TOPLEFT:BOTTOMRIGHT"``, upper case and
-    without ``$``, so a single cell ``Z2`` becomes ``"Z2:Z2"`` and callers need only one form.
-
-    Raises:
-        ValueError: an empty position, a part that is not a bounded cell or range (``A:A`` is
-            not supported), or a sheet that is not in ``sheet_names`` (the message names it and
-            the available sheets).
-    """
-    if not sheet_names:
-        raise ValueError("the workbook has no sheets")
-    if not position or not position.strip():
-        raise ValueError("empty answer position")
-    ranges = []
-    for part in _split_parts(position):
-        sheet_part, _, ref = part.strip().rpartition("!")
-        ref = ref.strip().strip(_QUOTES).replace("$", "")
-        match = _RANGE_RE.fullmatch(ref)
-        if not match:
-            raise ValueError(f"invalid cell range {ref!r} in answer position {position!r}")
-        first, last = match.group(1), match.group(2) or match.group(1)
-        min_col, min_row, max_col, max_row = range_boundaries(f"{first}:{last}".upper())
-        min_col, max_col = sorted((min_col, max_col))
-        min_row, max_row = sorted((min_row, max_row))
-        rng = f"{get_column_letter(min_col)}{min_row}:{get_column_letter(max_col)}{max_row}"
-
-        sheet_name = sheet_part.strip().strip(_QUOTES + "!").strip()
-        if not sheet_name:
-            ranges.append((sheet_names[0], rng))
-            continue
-        real = _find_sheet(sheet_name, sheet_names)
-        if real is None:
-            raise ValueError(
-                f"sheet {sheet_name!r} from answer position {position!r} is not in the "
-                f"workbook; available sheets: {list(sheet_names)}"
-            )
-        ranges.append((real, rng))
-    return ranges
-
-
-def _cells(rng: str) -> list[str]:
-    """Every coordinate of ``"A1:B3"``, row by row."""
-    min_col, min_row, max_col, max_row = range_boundaries(rng)
-    letters = [get_column_letter(c) for c in range(min_col, max_col + 1)]
-    return [f"{col}{row}" for row in range(min_row, max_row + 1) for col in letters]
-
-
-# --------------------------------------------------------------------------- normalization
-
-
-def normalize(value: Any) -> Any:
-    """A cell value in the form SpreadsheetBench compares (two values match iff these are ``==``
-    and of the same type).
-
-    * numbers and numeric strings (``"3.50"``, ``" 1e3"``: anything ``float()`` accepts that is
-      finite) -> ``float`` rounded to 2 decimals, so ``1.004 == 1.0`` and ``"3.50" == 3.5``;
-    * ``bool`` stays ``bool``: upstream's ``isinstance(v, (int, float))`` turns ``True`` into
-      ``1.0``, an accident of ``bool`` being an ``int`` that we do not copy (``TRUE != 1``);
-    * ``datetime``/``date`` -> Excel serial day as a float rounded to whole days (upstream's
-      ``round(serial, 0)``: the time of day does not count);
-    * ``time`` -> ``"HH:MM"`` (seconds ignored, as upstream's ``str(t)[:-3]``);
-    * ``timedelta`` (``[h]:mm`` cells; not handled upstream) -> ``"HH:MM"`` total hours, by the
-      same reasoning as times, so a duration under a day equals the time of day Excel stores
-      as the same number;
-    * ``None`` -> ``""`` (an empty cell equals an empty string);
-    * other strings are compared exactly, not stripped and case-sensitive, as upstream does;
-      ``"nan"``/``"inf"`` stay strings (upstream would make a NaN that never equals itself).
-    """
-    if value is None:
-        return ""
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        value = value.item()  # numpy scalars from recalculation: plain Python first
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, numbers.Real):
-        number = float(value)
-        return round(number, 2) if math.isfinite(number) else number
-    if isinstance(value, dt.datetime | dt.date):
-        if isinstance(value, dt.datetime) and value.tzinfo is not None:
-            value = value.replace(tzinfo=None)
-        return float(round(to_excel(value), 0))
-    if isinstance(value, dt.time):
-        return value.strftime("%H:%M")
-    if isinstance(value, dt.timedelta):
-        minutes = math.floor(value.total_seconds() / 60)
-        return f"{minutes // 60:02d}:{minutes % 60:02d}"
-    if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            return value
-        return round(number, 2) if math.isfinite(number) else value
-    return value
 
 
 # --------------------------------------------------------------------------- workbook reading
@@ -771,174 +605,3 @@ def _formula_formats(
                 formats[sheet, coordinate] = cell.number_format
     return formats
 
-
-# --------------------------------------------------------------------------- grading
-
-
-@dataclass(frozen=True)
-class GradeResult:
-    """One graded workbook.
-
-    Attributes:
-        cells: fraction of answer cells that match, in [0, 1] (a partial-credit signal).
-        solved: every answer cell matches (SpreadsheetBench's pass/fail for one test case).
-        total: number of answer cells; ``correct`` of them match.
-        mismatches: up to :data:`MAX_MISMATCHES` ``(sheet, cell, expected, got)`` with both
-            values normalized; ``got`` is None when the sheet is missing. For debugging and
-            logs only: the environment does not show them to the model.
-        notes: what happened out of the ordinary (recalculation fallbacks, missing sheets,
-            an unreadable output workbook).
-    """
-
-    cells: float
-    solved: bool
-    total: int
-    correct: int
-    mismatches: list[tuple[str, str, Any, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-
-# (ranges, ((sheet, cell, normalized expected value), ...), notes)
-_ExpectedCells = tuple[
-    tuple[tuple[str, str], ...], tuple[tuple[str, str, Any], ...], tuple[str, ...]
-]
-_expected_cache: OrderedDict[tuple[bytes, str, str], _ExpectedCells] = OrderedDict()
-_expected_lock = threading.Lock()
-_EXPECTED_CACHE_SIZE = 256
-
-
-def _expected_cells(data: bytes, position: str, method: str) -> _ExpectedCells:
-    """``(ranges, ((sheet, cell, normalized expected), ...), notes)`` for an answer workbook.
-
-    The answer is read with the values Excel cached (``data_only``); answer cells that are
-    formulas without a cached value are recalculated. Answers repeat across episodes, so the
-    result is cached by content hash.
-    """
-    key = (hashlib.sha256(data).digest(), position, method)
-    with _expected_lock:
-        if key in _expected_cache:
-            _expected_cache.move_to_end(key)
-            return _expected_cache[key]
-
-    wb = _open(data, data_only=True)
-    try:
-        ranges = parse_answer_position(position, wb.sheetnames)
-        values: dict[CellKey, Any] = {}
-        for sheet, rng in ranges:
-            for coordinate, cell in _iter_range(wb[sheet], rng):
-                values[sheet, coordinate] = None if cell is None else cell.value
-    finally:
-        wb.close()
-
-    notes: list[str] = []
-    empty = {k for k, v in values.items() if v is None}
-    if empty and method != "none":
-        formulas_wb = _open(data, data_only=False)
-        try:
-            formats = _formula_formats(formulas_wb, _bounding_ranges(empty).items(), empty)
-            epoch = formulas_wb.epoch
-        finally:
-            formulas_wb.close()
-        if formats:
-            computed, notes = _compute(data, method, formats, epoch, trust_empty_cache=True)
-            values.update({k: computed.get(k) for k in formats})
-            notes = [f"answer workbook: {note}" for note in notes]
-
-    expected = tuple(
-        (sheet, coordinate, normalize(values[sheet, coordinate]))
-        for sheet, rng in ranges
-        for coordinate in _cells(rng)
-    )
-    result = (tuple(ranges), expected, tuple(notes))
-    with _expected_lock:
-        _expected_cache[key] = result
-        while len(_expected_cache) > _EXPECTED_CACHE_SIZE:
-            _expected_cache.popitem(last=False)
-    return result
-
-
-def _output_values(
-    data: bytes, ranges: Iterable[tuple[str, str]], method: str
-) -> tuple[dict[CellKey, Any], list[str]]:
-    """Output values keyed by the answer's sheet names; ``_MISSING_SHEET`` for absent sheets."""
-    notes: list[str] = []
-    values: dict[CellKey, Any] = {}
-    formats: dict[CellKey, str] = {}  # formula cells, keyed by the output's sheet names
-    renamed: dict[str, str] = {}  # output sheet name -> answer sheet name
-    wb = _open(data, data_only=False)
-    try:
-        for sheet, rng in ranges:
-            real = _find_sheet(sheet, wb.sheetnames)
-            if real is None:
-                notes.append(f"sheet {sheet!r} is missing from the output workbook")
-                values.update({(sheet, c): _MISSING_SHEET for c in _cells(rng)})
-                continue
-            renamed[real] = sheet
-            for coordinate, cell in _iter_range(wb[real], rng):
-                if _is_formula(cell):
-                    formats[real, coordinate] = cell.number_format
-                else:
-                    values[sheet, coordinate] = None if cell is None else cell.value
-        epoch = wb.epoch
-    finally:
-        wb.close()
-    if formats:
-        computed, compute_notes = _compute(data, method, formats, epoch)
-        notes.extend(compute_notes)
-        for (real, coordinate) in formats:
-            values[renamed[real], coordinate] = computed.get((real, coordinate))
-    return values, notes
-
-
-def expected_values(answer: Workbook, position: str, recalc: str = "auto") -> list[tuple[str, str, Any]]:
-    """``(sheet, cell, normalized value)`` for every answer cell: exactly what :func:`grade` expects."""
-    _, expected, _ = _expected_cells(_read_bytes(answer), position, _check_recalc(recalc))
-    return list(expected)
-
-
-def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto") -> GradeResult:
-    """Grade the ``output`` workbook against ``answer`` at ``position``, SpreadsheetBench-style.
-
-    ``output`` and ``answer`` are xlsx paths or bytes; ``output`` may also be a function that
-    returns the bytes (an environment reading a hostile workspace: its errors grade 0 with a
-    note), and is refused over the limits of :func:`check_workbook`. Every cell of ``position`` (see
-    :func:`parse_answer_position`; sheet names come from the answer workbook) must match after
-    :func:`normalize`. Formula cells are recalculated with ``recalc`` (see :data:`RECALC_MODES`)
-    only when the answer positions hold any. A sheet missing from the output makes its cells
-    wrong; an output that is missing, over the limits or not an xlsx workbook grades 0 with a note.
-
-    Raises:
-        ValueError: a bad ``recalc``, or a ``position`` that does not fit the answer workbook.
-        RuntimeError: ``recalc="libreoffice"`` without LibreOffice installed.
-        OSError, zipfile.BadZipFile, ...: the answer workbook itself cannot be read (a task bug).
-    """
-    method = _check_recalc(recalc)
-    ranges, expected, answer_notes = _expected_cells(_read_bytes(answer), position, method)
-    notes = list(answer_notes)
-    total = len(expected)
-    try:
-        data = _read_bytes(output)
-        check_workbook(data)
-        got, output_notes = _output_values(data, ranges, method)
-    except Exception as exc:  # the model's workbook: deleted, truncated, not a zip, ...
-        notes.append(f"output workbook could not be read ({type(exc).__name__}: {str(exc)[:200]})")
-        return GradeResult(cells=0.0, solved=False, total=total, correct=0, notes=notes)
-    notes.extend(output_notes)
-
-    correct = 0
-    mismatches: list[tuple[str, str, Any, Any]] = []
-    for sheet, coordinate, want in expected:
-        value = got.get((sheet, coordinate))
-        have = None if value is _MISSING_SHEET else normalize(value)
-        if value is not _MISSING_SHEET and type(have) is type(want) and have == want:
-            correct += 1
-        elif len(mismatches) < MAX_MISMATCHES:
-            mismatches.append((sheet, coordinate, want, have))
-    return GradeResult(
-        cells=correct / total if total else 0.0,
-        solved=total > 0 and correct == total,
-        total=total,
-        correct=correct,
-        mismatches=mismatches,
-        notes=notes,
-    )
