@@ -5,6 +5,7 @@ Runners (make_vec modes, CLI, mcp-serve) are covered by ``tests/test_matrix.py``
 """
 
 import asyncio
+import io
 import json
 import sys
 import tempfile
@@ -112,26 +113,56 @@ def test_the_reference_solver_reaches_full_reward_in_every_format(env_id, tool_f
 
 
 def _answer_texts(answer):
-    """The distinctive strings of a scalar ground truth (short ones, like '7', occur by chance).
-
-    Structured answers (Excel's expected workbook and answer range, MCP's expected notes, a
-    benchmax row) hold parts the prompt states on purpose; their families test their own secrets.
-    """
+    """The distinctive strings of a scalar ground truth (short ones, like '7', occur by chance)."""
     values = list(answer) if isinstance(answer, (list, tuple)) else [answer]
     return [str(v) for v in values if isinstance(v, (str, int, float)) and len(str(v)) >= 5]
+
+
+def _excel_secrets(task):
+    """What the answer workbook holds at the answer cells that neither the input workbook nor the
+    request states (a sum to compute, not the labels a request names): the model must work it out."""
+    import openpyxl
+
+    from benchmax_gym.envs.excel.grading import expected_values
+
+    source = task.files["workbook.xlsx"]
+    book = openpyxl.load_workbook(io.BytesIO(source) if isinstance(source, bytes) else source, read_only=True)
+    shown = {str(v) for ws in book.worksheets for row in ws.iter_rows(values_only=True) for v in row if v is not None}
+    book.close()
+    expected = expected_values(task.answer["workbook"], task.answer["position"])
+    return [str(v) for _, _, v in expected
+            if v is not None and len(str(v)) >= 5 and str(v) not in shown and str(v) not in task.prompt]
+
+
+def secrets(env_id, task):
+    """The ground truth's distinctive strings. Structured answers (Excel's workbook, MCP's expected
+    note) hold parts the prompt states on purpose (the answer range, the note to save); their
+    secrets are what the model has to produce."""
+    answer = task.answer
+    if env_id.startswith("benchmax/Excel"):
+        return _excel_secrets(task)
+    if isinstance(answer, dict) and "value" in answer:  # MCP-v0's example: the computed number
+        return [str(answer["value"])]
+    if isinstance(answer, dict):  # a benchmax row: the user's own structure
+        return []
+    return _answer_texts(answer)
 
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
 def test_the_ground_truth_never_reaches_obs_or_info_at_reset(env_id):
     env = make(env_id)
+    checked = 0
     for index in range(3):
         obs, info = env.reset(options={"task_index": index % len(env.unwrapped.tasks)})
         task = env.unwrapped.episode.task
-        secrets = [] if isinstance(task.answer, dict) else _answer_texts(task.answer)
+        hidden = secrets(env_id, task)
+        checked += len(hidden)
         shown = obs + json.dumps(info, default=str)
-        assert not [s for s in secrets if s in shown], (index, secrets)
+        assert not [s for s in hidden if s in shown], (index, hidden)
         assert json.dumps(info["task_metadata"], default=str) == json.dumps(dict(task.metadata), default=str)
     env.close()
+    if env_id in ("benchmax/Excel-v0", "benchmax/MCP-v0"):
+        assert checked, "no secret was checked"  # the structured answers are really looked at
 
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)

@@ -12,7 +12,8 @@ import pytest
 import benchmax_gym  # noqa: F401
 from benchmax_gym.core.sources import SourceConfig, choose
 from benchmax_gym.envs.crm.tasks import GeneratedCRM
-from benchmax_gym.envs.excel.env import GeneratedSheets, SpreadsheetBench
+from benchmax_gym.envs.excel.generator import GeneratedSheets
+from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
 from benchmax_gym.envs.math.datasets import GSM8K, MATH500, HFDataset
 from benchmax_gym.envs.math.generator import GeneratedMath
 from benchmax_gym.envs.wikipedia.backends import LiveWikipedia, LocalCorpus

@@ -5,22 +5,21 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.sandbox import sandboxed_python
-from benchmax_gym.core.checks import config_of, one_of, optional, path, positive_int
-from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg, task_source
+from benchmax_gym.core.checks import one_of
+from benchmax_gym.core.sources import SourceConfig, task_source
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
-from benchmax_gym.envs.excel.generator import ExcelTaskConfig, make_excel_task
+from benchmax_gym.envs.excel.generator import GeneratedSheets
 from benchmax_gym.envs.excel.grading import grade
 from benchmax_gym.envs.excel.recalc import RECALC_MODES
 from benchmax_gym.envs.excel.solver import ExcelSolver
-from benchmax_gym.envs.excel.spreadsheetbench import spreadsheetbench_tasks
+from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
 from benchmax_gym.envs.excel.tools import WORKBOOK, WorkbookFile, describe_workbook, list_sheets, read_range, write_cells
 
 SYSTEM_PROMPT = (
@@ -37,30 +36,6 @@ RUN_PYTHON_DOC = (
     "Args:\n    code: the Python source to run"
 )
 
-
-
-@dataclass(frozen=True)
-class GeneratedSheets(GeneratedSource):
-    """``tasks="generated"``: ``difficulty`` is an :class:`ExcelTaskConfig` or a dict of its fields."""
-
-    difficulty: ExcelTaskConfig = arg(None, config_of(ExcelTaskConfig))
-
-    def make_task(self, rng, index: int) -> Task:
-        return make_excel_task(rng, index, self.difficulty)
-
-
-@dataclass(frozen=True)
-class SpreadsheetBench(SourceConfig):
-    """``tasks="spreadsheetbench"``: a directory in the original layout, an archive or its URL."""
-
-    name = "spreadsheetbench"
-    dataset: str = arg(MISSING, path)
-    limit: int | None = arg(None, optional(positive_int))
-    ids: Any = None  # keep only these record ids
-    cache_dir: str | None = arg(None, optional(path))
-
-    def build(self, env) -> TaskSource:
-        return spreadsheetbench_tasks(self.dataset, limit=self.limit, ids=self.ids, cache_dir=self.cache_dir)
 
 
 TASK_SOURCES = (GeneratedSheets, SpreadsheetBench)

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 from openpyxl import Workbook
 
+from benchmax_gym.core.checks import arg, config_of
+from benchmax_gym.core.sources import GeneratedSource
 from benchmax_gym.core.tasks import GeneratedTasks, Task
 from benchmax_gym.core.tasks import pick as _pick, rand_int as _int, sample as _sample, shuffled as _shuffled
 from benchmax_gym.envs.excel.spreadsheetbench import (
@@ -110,14 +112,21 @@ def make_excel_task(
     return excel_task(f"gen-{index}", prompt, input_bytes, workbook_bytes(book.wb), spec.position, metadata)
 
 
+@dataclass(frozen=True)
+class GeneratedSheets(GeneratedSource):
+    """``tasks="generated"``: ``difficulty`` is an :class:`ExcelTaskConfig` or a dict of its fields."""
+
+    difficulty: ExcelTaskConfig = arg(None, config_of(ExcelTaskConfig))
+
+    def make_task(self, rng, index: int) -> Task:
+        return make_excel_task(rng, index, self.difficulty)
+
+
 def generated_tasks(
     config: ExcelTaskConfig | None = None, *, seed: int = 0, size: int | None = None
 ) -> GeneratedTasks:
     """The generated task source: item ``i`` of ``seed`` is always the same task (and bytes)."""
-    config = ExcelTaskConfig() if config is None else config
-    if not isinstance(config, ExcelTaskConfig):
-        raise TypeError(f"config must be an ExcelTaskConfig, got {type(config).__name__}")
-    return GeneratedTasks(lambda rng, i: make_excel_task(rng, i, config), seed=seed, size=size)
+    return GeneratedSheets(difficulty=config, num_tasks=size, task_seed=seed).build(None)
 
 
 # -- small helpers ---------------------------------------------------------------------------

@@ -21,10 +21,13 @@ import json
 import os
 import re
 from collections.abc import Iterable
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.cache import cache_root, download, extract_cached
+from benchmax_gym.core.checks import arg, optional, path, positive_int
+from benchmax_gym.core.sources import SourceConfig
 from benchmax_gym.core.tasks import ListTasks, Task
 
 CELL_LEVEL = "Cell-Level Manipulation"
@@ -256,3 +259,17 @@ def _cases(folder: Path, sid: str) -> list[tuple[int, tuple[Path, Path]]]:
     if not found:
         raise FileNotFoundError(f"SpreadsheetBench record {sid!r}: missing {expected}")
     return sorted(found.items())
+
+
+@dataclass(frozen=True)
+class SpreadsheetBench(SourceConfig):
+    """``tasks="spreadsheetbench"``: a directory in the original layout, an archive or its URL."""
+
+    name = "spreadsheetbench"
+    dataset: str = arg(MISSING, path)
+    limit: int | None = arg(None, optional(positive_int))
+    ids: Any = None  # keep only these record ids
+    cache_dir: str | None = arg(None, optional(path))
+
+    def build(self, env: Any) -> ListTasks:
+        return spreadsheetbench_tasks(self.dataset, limit=self.limit, ids=self.ids, cache_dir=self.cache_dir)

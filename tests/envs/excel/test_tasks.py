@@ -134,8 +134,9 @@ def test_config_defaults_and_normalisation():
 def test_generated_tasks_source():
     source = generated_tasks(seed=3, size=7)
     assert isinstance(source, GeneratedTasks) and len(source) == 7
-    with pytest.raises(TypeError, match="ExcelTaskConfig"):
-        generated_tasks({"rows": 10})
+    with pytest.raises(ValueError, match="difficulty must be a dict of ExcelTaskConfig fields"):
+        generated_tasks("big")
+    assert generated_tasks({"rows": 10})[0].prompt == generated_tasks(ExcelTaskConfig(rows=10))[0].prompt
     assert make_excel_task(np.random.default_rng([3, 2]), 2).prompt == source[2].prompt
 
 
