@@ -1,0 +1,68 @@
+"""PNGs of a run (per-task scores, the pass@k curve, the reward distribution) and of a comparison.
+
+matplotlib is in the ``plots`` extra (``pip install 'benchmax-gym[plots]'``); it is imported here
+only, with the Agg backend, so nothing needs a display.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install 'benchmax-gym[plots]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_run(records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+    """``per_task.png`` (mean reward per task, sorted), ``pass_at_k.png`` and ``rewards.png``."""
+    plt = _pyplot()
+    out = Path(out_dir)
+    per_task: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        per_task[str(r["task_id"])].append(float(r["reward"]))
+    means = sorted(sum(v) / len(v) for v in per_task.values())
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(range(len(means)), means, width=1.0, color="#4C72B0")
+    ax.set(xlabel=f"task (sorted; {len(means)} tasks)", ylabel="mean reward", title="Reward per task")
+    written.append(_save(plt, fig, out / "per_task.png"))
+    ks = [int(k) for k in summary.get("pass_at_k", {})]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(ks, [summary["pass_at_k"][str(k)] for k in ks], marker="o")
+    ax.set(xlabel="k", ylabel="pass@k", ylim=(0, 1.02), title="pass@k")
+    written.append(_save(plt, fig, out / "pass_at_k.png"))
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.hist([float(r["reward"]) for r in records], bins=20, color="#55A868")
+    ax.set(xlabel="episode reward", ylabel="episodes", title="Reward distribution")
+    written.append(_save(plt, fig, out / "rewards.png"))
+    return written
+
+
+def plot_compare(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[Path]:
+    """``compare.png``: each run's mean reward per shared task (tasks sorted by the baseline)."""
+    plt = _pyplot()
+    rows = sorted(result["per_task"], key=lambda row: row[result["baseline"]])
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for name in result["runs"]:
+        ax.plot(range(len(rows)), [row[name] for row in rows], marker=".", linestyle="none", label=name)
+    ax.set(xlabel="shared task (sorted by the baseline)", ylabel="mean reward", title="Runs per task")
+    ax.legend()
+    return [_save(plt, fig, Path(out_dir) / "compare.png")]

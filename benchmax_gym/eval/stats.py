@@ -1,0 +1,238 @@
+"""Statistics of an eval run and of a comparison between runs, with confidence intervals.
+
+Tasks are the unit of resampling: a benchmark is a sample of tasks, and samples of one task are
+not independent of each other. So CIs are percentile bootstrap intervals over tasks
+(``scipy.stats.bootstrap``); IQM is ``scipy.stats.trim_mean(x, 0.25)`` over episodes, its CI
+resampling tasks with all their episodes. pass@k is the unbiased estimator of the Codex paper;
+the probability of improvement is rliable's: per task, P(X > Y) + P(X = Y) / 2 over the two
+runs' episodes (the Mann-Whitney U over n*m), averaged over tasks. (rliable itself does not
+import with this machine's pandas, and its stratified bootstrap keeps tasks fixed, which gives
+no interval with one sample per task - the common case for LLM evals.)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+MAX_GROUPS = 50  # a metadata key with more distinct values is not broken down by
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of ``k`` samples drawn from ``n`` (``c`` of them correct) is
+    correct: ``1 - C(n-c, k) / C(n, k)``, as a product (no huge binomials)."""
+    if not 0 <= c <= n or not 0 < k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 0 < k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def _interval(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndarray], float], *, seed: int,
+              confidence: float, resamples: int) -> tuple[float | None, float | None]:
+    """A percentile bootstrap interval of ``statistic`` over ``values`` (None with fewer than two)."""
+    from scipy.stats import bootstrap
+
+    data = np.asarray(values, dtype=float)
+    if len(data) < 2 or np.all(data == data[0]):
+        value = float(statistic(data)) if len(data) else None
+        return value, value
+    result = bootstrap((data,), statistic, confidence_level=confidence, n_resamples=resamples,
+                       method="percentile", vectorized=False, rng=np.random.default_rng(seed))
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def _estimate(value: float, ci: tuple[float | None, float | None]) -> dict[str, float | None]:
+    return {"value": float(value), "ci_low": ci[0], "ci_high": ci[1]}
+
+
+def _by_task(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    tasks: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        tasks[str(r["task_id"])].append(r)
+    return dict(tasks)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
+
+
+def _groups(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+    if keys is None:
+        seen: dict[str, set] = defaultdict(set)
+        for r in records:
+            for key, value in (r.get("metadata") or {}).items():
+                if isinstance(value, (str, int, bool)) or value is None:
+                    seen[key].add(value)
+                else:
+                    seen[key].add(object())  # not a category: rules the key out
+        keys = [k for k, values in seen.items() if 1 < len(values) <= MAX_GROUPS
+                and all(isinstance(v, (str, int, bool)) or v is None for v in values)]
+    out: dict[str, dict[str, Any]] = {}
+    for key in sorted(keys):
+        cells: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for r in records:
+            cells[str((r.get("metadata") or {}).get(key))].append(r)
+        out[key] = {value: {"episodes": len(rs), "mean_reward": float(np.mean([r["reward"] for r in rs])),
+                            "success_rate": float(np.mean([bool(r["success"]) for r in rs]))}
+                    for value, rs in sorted(cells.items())}
+    return out
+
+
+def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence: float = 0.95,
+              resamples: int = 2000, by: Sequence[str] | None = None) -> dict[str, Any]:
+    """The statistics of one run's episode records (see :func:`benchmax_gym.eval.runner.play_episode`).
+
+    ``by``: metadata keys to break results down by (default: every key with 2 to 50 categorical
+    values). Deterministic given ``seed``.
+    """
+    if not records:
+        return {"episodes": 0, "tasks": 0, "notes": ["no episodes"]}
+    tasks = _by_task(records)
+    ids = sorted(tasks)
+    sizes = [len(tasks[t]) for t in ids]
+    task_reward = np.array([np.mean([r["reward"] for r in tasks[t]]) for t in ids])
+    task_success = np.array([np.mean([bool(r["success"]) for r in tasks[t]]) for t in ids])
+    rewards = [np.array([r["reward"] for r in tasks[t]], dtype=float) for t in ids]
+    options = {"seed": seed, "confidence": confidence, "resamples": resamples}
+    notes = []
+    if min(sizes) != max(sizes):
+        notes.append(f"tasks have {min(sizes)} to {max(sizes)} samples: pass@k goes up to {min(sizes)}, and "
+                     "means weight each task by its samples")
+
+    def iqm_of(picked: np.ndarray) -> float:
+        from scipy.stats import trim_mean
+
+        return float(trim_mean(np.concatenate([rewards[int(i)] for i in picked]), 0.25))
+
+    all_rewards = np.concatenate(rewards)
+    from scipy.stats import trim_mean
+
+    turns = sum(int(r.get("turns") or 0) for r in records)
+    return {
+        "episodes": len(records),
+        "tasks": len(ids),
+        "samples_per_task": {"min": min(sizes), "max": max(sizes)},
+        "failed_episodes": sum(r.get("error") is not None for r in records),
+        "mean_reward": _estimate(all_rewards.mean(), _interval(task_reward, np.mean, **options)),
+        "success_rate": _estimate(np.mean([bool(r["success"]) for r in records]),
+                                  _interval(task_success, np.mean, **options)),
+        "iqm": _estimate(trim_mean(all_rewards, 0.25), _interval(np.arange(len(ids)), iqm_of, **options)),
+        "pass_at_k": {str(k): float(np.mean([pass_at_k(len(tasks[t]), sum(bool(r["success"]) for r in tasks[t]), k)
+                                             for t in ids]))
+                      for k in range(1, min(sizes) + 1)},
+        "by": _groups(records, by),
+        "tool_error_rate": sum(int(r.get("tool_errors") or 0) for r in records) / turns if turns else 0.0,
+        "parse_error_rate": sum(int(r.get("parse_errors") or 0) for r in records) / turns if turns else 0.0,
+        "turns_mean": turns / len(records),
+        "prompt_tokens_mean": _mean([r.get("prompt_tokens") for r in records]),
+        "completion_tokens_mean": _mean([r.get("completion_tokens") for r in records]),
+        "length_cut_turns": sum(int(r.get("finish_reason_length") or 0) for r in records),
+        "confidence": confidence,
+        "notes": notes,
+    }
+
+
+def probability_of_improvement(x: Sequence[float], y: Sequence[float]) -> float:
+    """P(X > Y) + P(X = Y) / 2 for one task's episodes of two runs (Mann-Whitney U / (n m))."""
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(x, y).statistic / (len(x) * len(y)))
+
+
+def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | None = None, seed: int = 0,
+            confidence: float = 0.95, resamples: int = 2000) -> dict[str, Any]:
+    """Paired comparison on the tasks every run has: per-task mean rewards, each run's mean
+    difference from ``baseline`` (default: the first run) and its probability of improvement
+    over it, with bootstrap CIs over tasks."""
+    names = list(runs)
+    if len(names) < 2:
+        raise ValueError("compare needs at least two runs")
+    baseline = names[0] if baseline is None else baseline
+    if baseline not in runs:
+        raise ValueError(f"baseline {baseline!r} is not one of the runs {names}")
+    grouped = {name: _by_task(records) for name, records in runs.items()}
+    shared = sorted(set.intersection(*(set(g) for g in grouped.values())))
+    if not shared:
+        raise ValueError("the runs share no task")
+    options = {"seed": seed, "confidence": confidence, "resamples": resamples}
+    means = {name: np.array([np.mean([r["reward"] for r in grouped[name][t]]) for t in shared]) for name in names}
+    against = {}
+    for name in names:
+        if name == baseline:
+            continue
+        diff = means[name] - means[baseline]
+        poi = np.array([probability_of_improvement([r["reward"] for r in grouped[name][t]],
+                                                   [r["reward"] for r in grouped[baseline][t]]) for t in shared])
+        against[name] = {
+            "mean_difference": _estimate(diff.mean(), _interval(diff, np.mean, **options)),
+            "probability_of_improvement": _estimate(poi.mean(), _interval(poi, np.mean, **options)),
+            "tasks_better": int((diff > 0).sum()), "tasks_worse": int((diff < 0).sum()),
+            "tasks_tied": int((diff == 0).sum()),
+        }
+    return {
+        "baseline": baseline,
+        "runs": names,
+        "shared_tasks": len(shared),
+        "dropped_tasks": {name: len(grouped[name]) - len(shared) for name in names},
+        "mean_reward": {name: float(means[name].mean()) for name in names},
+        "against_baseline": against,
+        "per_task": [{"task_id": t, **{name: float(means[name][i]) for name in names}} for i, t in enumerate(shared)],
+        "confidence": confidence,
+    }
+
+
+def _ci(estimate: Mapping[str, Any]) -> str:
+    if estimate.get("ci_low") is None:
+        return f"{estimate['value']:.3f}"
+    return f"{estimate['value']:.3f} [{estimate['ci_low']:.3f}, {estimate['ci_high']:.3f}]"
+
+
+def _table(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def format_summary(summary: Mapping[str, Any]) -> str:
+    """The summary as a compact text table (CIs as [low, high])."""
+    if not summary.get("episodes"):
+        return "no episodes"
+    level = f"{summary['confidence']:.0%} CI"
+    rows = [
+        ("episodes", f"{summary['episodes']} over {summary['tasks']} tasks ({summary['failed_episodes']} failed)"),
+        (f"mean reward ({level})", _ci(summary["mean_reward"])),
+        (f"success rate ({level})", _ci(summary["success_rate"])),
+        (f"IQM ({level})", _ci(summary["iqm"])),
+        ("pass@k", "  ".join(f"@{k} {v:.3f}" for k, v in summary["pass_at_k"].items())),
+        ("turns per episode", f"{summary['turns_mean']:.2f}"),
+        ("tool / parse errors", f"{summary['tool_error_rate']:.3f} / {summary['parse_error_rate']:.3f} per turn"),
+    ]
+    if summary.get("completion_tokens_mean") is not None:
+        rows.append(("tokens per episode", f"{summary['prompt_tokens_mean']:.0f} prompt, "
+                                           f"{summary['completion_tokens_mean']:.0f} completion"))
+    if summary.get("length_cut_turns"):
+        rows.append(("turns cut by max tokens", str(summary["length_cut_turns"])))
+    for key, cells in summary.get("by", {}).items():
+        rows.append((f"by {key}", "  ".join(f"{v}: {c['mean_reward']:.3f} (n={c['episodes']})"
+                                            for v, c in list(cells.items())[:8])))
+    rows += [("note", n) for n in summary.get("notes", [])]
+    return _table(rows)
+
+
+def format_compare(result: Mapping[str, Any]) -> str:
+    """A side-by-side table: each run's mean reward, its difference from the baseline and its
+    probability of improvement over it."""
+    level = f"{result['confidence']:.0%} CI"
+    width = max(len(n) for n in result["runs"])
+    lines = [f"{result['shared_tasks']} shared tasks; baseline {result['baseline']}",
+             f"{'run':<{width}}  {'mean reward':>11}  {'difference (' + level + ')':<30}  P(improvement) ({level})"]
+    for name in result["runs"]:
+        row = result["against_baseline"].get(name)
+        diff = _ci(row["mean_difference"]) if row else "-"
+        poi = _ci(row["probability_of_improvement"]) if row else "-"
+        lines.append(f"{name:<{width}}  {result['mean_reward'][name]:>11.3f}  {diff:<30}  {poi}")
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""Eval statistics against values computed by hand on small fixed inputs."""
+
+import math
+
+import pytest
+
+from benchmax_gym.eval.plots import plot_compare, plot_run
+from benchmax_gym.eval.stats import compare, format_compare, format_summary, pass_at_k, probability_of_improvement, summarize
+
+
+def rec(task, sample, reward, success=None, **extra):
+    return {"task_id": task, "task_index": int(task[1:]), "sample": sample, "reward": reward,
+            "success": reward >= 1.0 if success is None else success, "metadata": extra.pop("metadata", {}),
+            "turns": extra.pop("turns", 1), "tool_errors": extra.pop("tool_errors", 0),
+            "parse_errors": extra.pop("parse_errors", 0), "prompt_tokens": 10, "completion_tokens": 5,
+            "error": None, "finish_reason_length": extra.pop("finish_reason_length", 0)}
+
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (5, 2, 1, 2 / 5),
+    (5, 2, 2, 1 - (3 * 2) / (5 * 4)),  # 1 - C(3,2)/C(5,2)
+    (5, 0, 3, 0.0),
+    (5, 5, 1, 1.0),
+    (4, 3, 2, 1.0),  # n - c < k: any 2 of 4 include a correct one
+    (10, 3, 4, 1 - math.comb(7, 4) / math.comb(10, 4)),
+])
+def test_pass_at_k_is_the_unbiased_estimator(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(3, 1, 4)
+
+
+def test_summary_of_a_small_run_by_hand():
+    # t0: 1, 1 (both solved); t1: 0, 1; t2: 0, 0; t3: 0.5, 0.5
+    records = [rec("t0", 0, 1.0), rec("t0", 1, 1.0), rec("t1", 0, 0.0), rec("t1", 1, 1.0),
+               rec("t2", 0, 0.0, turns=3, tool_errors=2), rec("t2", 1, 0.0, parse_errors=1),
+               rec("t3", 0, 0.5, metadata={"kind": "a"}), rec("t3", 1, 0.5, finish_reason_length=1)]
+    s = summarize(records, seed=1)
+    assert s["episodes"] == 8 and s["tasks"] == 4 and s["samples_per_task"] == {"min": 2, "max": 2}
+    assert s["mean_reward"]["value"] == pytest.approx(4.0 / 8)
+    assert s["success_rate"]["value"] == pytest.approx(3 / 8)
+    # sorted rewards 0 0 0 .5 .5 1 1 1: the middle half is 0 .5 .5 1
+    assert s["iqm"]["value"] == pytest.approx(0.5)
+    # pass@1 per task 1, .5, 0, 0 -> .375; pass@2: 1, 1, 0, 0 -> .5
+    assert s["pass_at_k"] == {"1": pytest.approx(0.375), "2": pytest.approx(0.5)}
+    assert s["turns_mean"] == pytest.approx(10 / 8)
+    assert s["tool_error_rate"] == pytest.approx(2 / 10) and s["parse_error_rate"] == pytest.approx(1 / 10)
+    assert s["length_cut_turns"] == 1 and s["prompt_tokens_mean"] == 10
+    assert s["by"] == {}  # one value of "kind" is no breakdown
+    assert summarize(records, by=["kind"])["by"]["kind"] == {"None": {"episodes": 7, "mean_reward": pytest.approx(3.5 / 7), "success_rate": pytest.approx(3 / 7)},
+                               "a": {"episodes": 1, "mean_reward": 0.5, "success_rate": 0.0}}
+    for key in ("mean_reward", "success_rate", "iqm"):
+        assert s[key]["ci_low"] <= s[key]["value"] <= s[key]["ci_high"], key
+    assert summarize(records, seed=1) == s  # deterministic given the seed
+    assert "pass@k" in format_summary(s) and "[" in format_summary(s)
+
+
+def test_intervals_narrow_with_more_tasks():
+    def run(tasks):
+        return [rec(f"t{i}", 0, float(i % 2)) for i in range(tasks)]
+
+    small, large = summarize(run(10))["mean_reward"], summarize(run(400))["mean_reward"]
+    assert small["ci_low"] < 0.5 < small["ci_high"] and large["ci_low"] < 0.5 < large["ci_high"]
+    assert large["ci_high"] - large["ci_low"] < (small["ci_high"] - small["ci_low"]) / 3
+
+
+def test_unequal_samples_are_noted():
+    s = summarize([rec("t0", 0, 1.0), rec("t0", 1, 0.0), rec("t1", 0, 1.0)])
+    assert s["pass_at_k"].keys() == {"1"} and "1 to 2 samples" in s["notes"][0]
+
+
+def test_probability_of_improvement_by_hand():
+    assert probability_of_improvement([1, 1], [0, 0]) == 1.0
+    assert probability_of_improvement([1, 0], [1, 0]) == 0.5
+    assert probability_of_improvement([1, 0], [0, 0]) == pytest.approx(0.75)  # pairs: >,>,=,= -> (2 + 1) / 4
+
+
+def test_compare_a_run_better_on_every_task():
+    base = [rec(f"t{i}", s, 0.0) for i in range(20) for s in range(2)]
+    better = [rec(f"t{i}", s, 1.0) for i in range(20) for s in range(2)] + [rec("t99", 0, 1.0)]
+    result = compare({"base": base, "better": better})
+    row = result["against_baseline"]["better"]
+    assert result["shared_tasks"] == 20 and result["dropped_tasks"] == {"base": 0, "better": 1}
+    assert row["probability_of_improvement"]["value"] == 1.0 and row["tasks_better"] == 20
+    assert row["mean_difference"]["value"] == 1.0 and row["mean_difference"]["ci_low"] > 0
+    mixed = [rec(f"t{i}", s, float(i % 2)) for i in range(20) for s in range(2)]
+    row = compare({"base": base, "mixed": mixed})["against_baseline"]["mixed"]
+    assert row["probability_of_improvement"]["value"] == pytest.approx(0.75)
+    assert row["mean_difference"]["ci_low"] < 0.5 < row["mean_difference"]["ci_high"]
+    assert "P(improvement)" in format_compare(result)
+    with pytest.raises(ValueError, match="share no task"):
+        compare({"a": base, "b": [rec("t50", 0, 1.0)]})
+
+
+def test_plots_are_png_files(tmp_path):
+    records = [rec(f"t{i}", s, float((i + s) % 2)) for i in range(6) for s in range(3)]
+    for path in plot_run(records, summarize(records), tmp_path) + plot_compare(
+            compare({"a": records, "b": [{**r, "reward": 1.0} for r in records]}), tmp_path):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
