@@ -47,7 +47,7 @@ def plot_run(records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], o
     ks = [int(k) for k in summary.get("pass_at_k", {})]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(ks, [summary["pass_at_k"][str(k)] for k in ks], marker="o")
-    ax.set(xlabel="k", ylabel="pass@k", ylim=(0, 1.02), title="pass@k")
+    ax.set(xlabel="k", ylabel="pass@k", ylim=(0, 1.02), title="pass@k", xticks=ks)
     written.append(_save(plt, fig, out / "pass_at_k.png"))
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.hist([float(r["reward"]) for r in records], bins=20, color="#55A868")
