@@ -29,7 +29,7 @@ import numpy as np
 import benchmax_gym  # noqa: F401  (registers the ids)
 from benchmax_gym.envs.wikipedia.backends import CorpusBackend, CorpusIndex, LiveBackend
 from benchmax_gym.envs.wikipedia.backends import generated_index
-from benchmax_gym.envs.wikipedia.mediawiki_stub import MediaWikiStub
+from benchmax_gym.testing.mediawiki import MediaWikiStub
 from benchmax_gym.envs.wikipedia.tasks import encyclopedia, load_corpus
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -107,7 +107,7 @@ def main() -> None:
         live.shutdown()
 
     t = time.perf_counter()
-    env = gym.make("benchmax/Wikipedia-v0", task_seed=7)  # a world not built yet: make pays for it
+    env = gym.make("benchmax/Wikipedia-v0", task_args={"task_seed": 7})  # a world not built yet: make pays for it
     made = time.perf_counter() - t
     resets = timed(lambda s: env.reset(seed=s), [(s,) for s in range(500)])
     result["generated_env"] = {"make_s": round(made, 4), "reset": percentiles(resets)}

@@ -18,6 +18,7 @@ import pytest
 
 import benchmax_gym  # noqa: F401  (registers the benchmax/* ids)
 from benchmax_gym.registry import env_ids
+from benchmax_gym.testing import aplay, play
 
 sys.path.insert(0, str(Path(__file__).parent))
 from matrix_envs import CASES, final_reply  # noqa: E402  (registers the matrix/* ids)
@@ -65,39 +66,16 @@ def policy_for(env):
     return env.unwrapped.reference_solver()
 
 
-def play(env, *, seed=None, options=None):
-    """One episode with the env's own policy: (observations, final reward, last info)."""
-    act = policy_for(env)
-    obs, info = env.reset(seed=seed, options=options)
-    seen, done = [(obs, info)], False
-    while not done:
-        obs, reward, terminated, truncated, info = env.step(act(obs, info))
-        seen.append((obs, info))
-        done = terminated or truncated
-    return seen, reward, info, terminated
-
-
-async def aplay(env, *, seed=None, options=None):
-    act, base = policy_for(env), env.unwrapped
-    obs, info = await base.areset(seed=seed, options=options)
-    seen, done = [(obs, info)], False
-    while not done:
-        obs, reward, terminated, truncated, info = await base.astep(act(obs, info))
-        seen.append((obs, info))
-        done = terminated or truncated
-    return seen, reward, info, terminated
-
-
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
 def test_same_seed_and_actions_give_the_same_transcript_sync_and_async(env_id):
     transcripts = []
     for runner in ("sync", "sync", "async"):
         env = make(env_id)
         if runner == "sync":
-            seen, reward, _, _ = play(env, seed=3)
+            played = play(env, policy_for(env), seed=3)
         else:
-            seen, reward, _, _ = asyncio.run(aplay(env, seed=3))
-        transcripts.append(([o for o, _ in seen], json.dumps(env.unwrapped.messages, default=str), reward))
+            played = asyncio.run(aplay(env, policy_for(env), seed=3))
+        transcripts.append((played.observations, json.dumps(env.unwrapped.messages, default=str), played.reward))
         env.close()
     assert transcripts[0] == transcripts[1] == transcripts[2]
 
@@ -107,7 +85,8 @@ def test_same_seed_and_actions_give_the_same_transcript_sync_and_async(env_id):
 def test_the_reference_solver_reaches_full_reward_in_every_format(env_id, tool_format):
     env = make(env_id, tool_format=tool_format)
     for index in (0, 1):
-        _, reward, info, terminated = play(env, options={"task_index": index})
+        played = play(env, policy_for(env), options={"task_index": index})
+        terminated, info = played.terminated, played.info
         assert terminated and set(info["reward_components"].values()) == {1.0}, (index, info["reward_components"])
     env.close()
 
@@ -182,7 +161,7 @@ def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the checker's warnings are failures too
         check_env(env.unwrapped, skip_render_check=True)
-    play(env, options={"task_index": 0})
+    play(env, policy_for(env), options={"task_index": 0})
     env.close()
     after_dirs = set(temp.iterdir()) | {p for d in temp.glob("benchmax-gym-*") for p in d.iterdir()}
     left = {p for p in psutil.Process().children(recursive=True) if p.pid not in before}

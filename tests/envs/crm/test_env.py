@@ -13,6 +13,7 @@ from benchmax_gym.core.rubric import final_answer
 from benchmax_gym.envs.crm.org import Org, build_org, cached_org, sf_id
 from benchmax_gym.envs.crm.rubric import exact_match, fuzzy_match
 from benchmax_gym.envs.crm.tasks import QA_TYPES, TASK_TYPES, UPDATE_TYPES
+from benchmax_gym.testing import play
 
 SMALL = 600  # cases: big enough for every task type, quick to build
 
@@ -25,14 +26,6 @@ def cache(tmp_path_factory):
 def make(cache, **kwargs):
     return gym.make("benchmax/CRM-v0", cache_dir=cache, org_size=kwargs.pop("org_size", SMALL), **kwargs)
 
-
-def play(env, policy, **reset_kwargs):
-    obs, info = env.reset(**reset_kwargs)
-    first_obs, first_info = obs, info
-    terminated = truncated = False
-    while not (terminated or truncated):
-        obs, reward, terminated, truncated, info = env.step(policy(obs, info))
-    return reward, info, first_obs, first_info
 
 
 def call(env, tool_name, **args):
@@ -47,10 +40,11 @@ def org_rows(con):
 
 @pytest.mark.parametrize("task_type", TASK_TYPES)
 def test_solver_solves_every_task_type_through_the_tools(cache, task_type):
-    env = make(cache, task_types=[task_type])
+    env = make(cache, task_args={"task_types": [task_type]})
     solver = env.unwrapped.reference_solver()
     for i in range(12):
-        reward, info, obs, first_info = play(env, solver, options={"task_index": i})
+        p = play(env, solver, options={"task_index": i})
+        reward, info, obs, first_info = p.reward, p.info, p.observations[0], p.infos[0]
         task = env.unwrapped.episode.task
         assert task.metadata["type"] == task_type
         assert reward == 1.0 and info["reward_components"] == {"correct": 1.0, "untouched": 1.0}, task.id
@@ -66,7 +60,7 @@ def test_solver_on_the_default_org_mixes_all_types(cache):
     solver = env.unwrapped.reference_solver()
     types = set()
     for i in range(60):
-        reward, *_ = play(env, solver, options={"task_index": i})
+        reward = play(env, solver, options={"task_index": i}).reward
         assert reward == 1.0, env.unwrapped.episode.task.id
         types.add(env.unwrapped.episode.task.metadata["type"])
     assert types == set(TASK_TYPES)
@@ -75,11 +69,11 @@ def test_solver_on_the_default_org_mixes_all_types(cache):
 
 @pytest.mark.parametrize("tool_format", ["hermes", "json", "openai", "xml"])
 def test_solver_works_in_every_tool_format(cache, tool_format):
-    env = make(cache, tool_format=tool_format, task_types=["close_case", "named_entity_disambiguation",
-                                                           "policy_violation_identification", "knowledge_qa"])
+    env = make(cache, tool_format=tool_format, task_args={"task_types": ["close_case", "named_entity_disambiguation",
+                                                           "policy_violation_identification", "knowledge_qa"]})
     solver = env.unwrapped.reference_solver()
     for i in range(4):
-        reward, *_ = play(env, solver, options={"task_index": i})
+        reward = play(env, solver, options={"task_index": i}).reward
         assert reward == 1.0
 
 
@@ -109,7 +103,7 @@ def solve_with_an_extra_update(env, solver, pick_case):
 
 
 def test_collateral_changes_fail_an_update_task(cache):
-    env = make(cache, task_types=["route_case"])
+    env = make(cache, task_args={"task_types": ["route_case"]})
     solver = env.unwrapped.reference_solver()
     another = lambda con, target: con.execute(  # noqa: E731
         "SELECT Id, Priority FROM \"Case\" WHERE Id != ? LIMIT 1", (target,)).fetchone()
@@ -119,7 +113,7 @@ def test_collateral_changes_fail_an_update_task(cache):
         "SELECT Id, Priority FROM \"Case\" WHERE Id = ?", (target,)).fetchone()
     reward, _, _, info = solve_with_an_extra_update(env, solver, same)
     assert reward == 0.0 and info["reward_components"] == {"correct": 0.0, "untouched": 0.0}
-    assert play(env, solver, options={"task_index": 0})[0] == 1.0
+    assert play(env, solver, options={"task_index": 0}).reward == 1.0
 
 
 @pytest.mark.parametrize(
@@ -249,8 +243,7 @@ def test_tasks_are_deterministic(cache):
     for i in range(10):
         a, b = one.unwrapped.tasks[i], two.unwrapped.tasks[i]
         assert (a.prompt, a.answer, a.solution) == (b.prompt, b.answer, b.solution)
-    assert one.reset(seed=5)[0] == two.reset(seed=5)[0]
-    assert make(cache, task_seed=1).unwrapped.tasks[0].prompt != one.unwrapped.tasks[0].prompt
+    assert make(cache, task_args={"task_seed": 1}).unwrapped.tasks[0].prompt != one.unwrapped.tasks[0].prompt
 
 
 def test_crmarena_task_files_run_against_your_own_org(cache, tmp_path):
@@ -264,7 +257,7 @@ def test_crmarena_task_files_run_against_your_own_org(cache, tmp_path):
     ]
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in records))
-    env = gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path), org_db=str(org))
+    env = gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org))
     obs, info = env.reset(options={"task_index": 0})
     assert "Today's date: 2025-01-01" in obs and info["task_id"] == "crmarena-7" and agent not in obs
     obs, *_ = env.step(call(env, "query", sql="SELECT Id FROM User ORDER BY Id LIMIT 1"))
@@ -274,11 +267,11 @@ def test_crmarena_task_files_run_against_your_own_org(cache, tmp_path):
     _, reward, *_ = env.step("<answer>12 months from delivery</answer>")
     assert reward == pytest.approx(0.75)
     solver = env.unwrapped.reference_solver()
-    assert play(env, solver, options={"task_index": 1})[0] == 1.0
+    assert play(env, solver, options={"task_index": 1}).reward == 1.0
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"idx": 1, "type": "x", "query": "q", "answer": "a", "reward_metric": "bleu"}]))
     with pytest.raises(ValueError, match="reward_metric"):
-        gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(bad), org_db=str(org))
+        gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(bad)}, org_db=str(org))
 
 
 def test_metrics():
@@ -312,7 +305,7 @@ def test_bad_configuration_is_named_at_make(cache, kwargs, name):
 
 def test_update_types_are_graded_on_state_not_text(cache):
     assert set(UPDATE_TYPES) <= set(TASK_TYPES)
-    env = make(cache, task_types=["close_case"])
+    env = make(cache, task_args={"task_types": ["close_case"]})
     env.reset(options={"task_index": 0})
     task = env.unwrapped.episode.task
     (case_id, values), = task.answer["Case"].items()
@@ -323,9 +316,9 @@ def test_update_types_are_graded_on_state_not_text(cache):
 def test_async_episode_matches_sync(cache):
     import asyncio
 
-    env = make(cache, task_types=["close_case"])
+    env = make(cache, task_args={"task_types": ["close_case"]})
     solver = env.unwrapped.reference_solver()
-    sync_reward = play(env, solver, options={"task_index": 3})[0]
+    sync_reward = play(env, solver, options={"task_index": 3}).reward
 
     async def run():
         obs, info = await env.unwrapped.areset(options={"task_index": 3})
@@ -364,7 +357,7 @@ _FUZZ_ENVS: dict = {}
 
 
 def test_a_write_that_bypassed_the_tools_counts_as_collateral(cache):
-    env = make(cache, task_types=["knowledge_qa"])
+    env = make(cache, task_args={"task_types": ["knowledge_qa"]})
     solver = env.unwrapped.reference_solver()
     obs, info = env.reset(options={"task_index": 0})
     env.unwrapped.episode.state["db"].con.execute("UPDATE User SET IsActive = 0")  # not through any tool
@@ -387,12 +380,12 @@ def test_crmarena_tasks_for_another_org_are_refused_and_optional_context_is_show
     path = tmp_path / "crmarena.jsonl"
     path.write_text(json.dumps(foreign))
     with pytest.raises(ValueError, match="not included in benchmax-gym"):
-        gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path))
+        gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)})
     with pytest.raises(ValueError, match=r"2 Salesforce id\(s\).*500Wt00000DDxyzIAD.*check_org_ids=False"):
-        gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path), org_db=str(org))
-    env = gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path), org_db=str(org), check_org_ids=False)
+        gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org))
+    env = gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path), "check_org_ids": False}, org_db=str(org))
     obs, _ = env.reset(options={"task_index": 0})
     assert "Today's date: 2025-01-01" in obs and "Quarters: Q1 is January to March." in obs
     own = dict(foreign, query=f"Which agent is {agent}?", answer=[agent])
     path.write_text(json.dumps(own))
-    assert gym.make("benchmax/CRM-v0", tasks="crmarena", dataset=str(path), org_db=str(org)).reset()[0]
+    assert gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org)).reset()[0]

@@ -9,20 +9,13 @@ import pytest
 
 import benchmax_gym  # noqa: F401
 from benchmax_gym.envs.excel.grading import grade
+from benchmax_gym.testing import play
 
 
 @pytest.fixture(scope="module")
 def sb_dir(shared_data):
     return str(shared_data / "spreadsheetbench")
 
-
-def play(env, policy, **reset_kwargs):
-    obs, info = env.reset(**reset_kwargs)
-    terminated = truncated = False
-    reward = 0.0
-    while not (terminated or truncated):
-        obs, reward, terminated, truncated, info = env.step(policy(obs, info))
-    return reward, info
 
 
 def call(name, **args):
@@ -34,27 +27,29 @@ def test_solver_solves_generated_tasks_of_every_type():
     solver = env.unwrapped.reference_solver()
     types = set()
     for seed in range(40):
-        reward, info = play(env, solver, seed=seed)
+        p = play(env, solver, seed=seed)
+        reward, info = p.reward, p.info
         assert reward == 1.0 and info["reward_components"] == {"solved": 1.0, "cells": 1.0}, seed
         types.add(env.unwrapped.episode.task.metadata["type"])
     assert types == {"aggregate", "fill_formula", "lookup", "sort", "filter", "split", "conditional"}
 
 
 def test_solver_solves_bigger_multi_sheet_tasks():
-    env = gym.make("benchmax/Excel-v0", python_tool=False, difficulty={"rows": 200, "multi_sheet": True})
+    env = gym.make("benchmax/Excel-v0", python_tool=False, task_args={"difficulty": {"rows": 200, "multi_sheet": True}})
     solver = env.unwrapped.reference_solver()
     for seed in range(14):
-        reward, _ = play(env, solver, seed=seed)
+        reward = play(env, solver, seed=seed).reward
         assert reward == 1.0, seed
 
 
 def test_solver_solves_every_shared_spreadsheetbench_case(sb_dir):
-    env = gym.make("benchmax/Excel-v0", tasks="spreadsheetbench", dataset=sb_dir, python_tool=False)
+    env = gym.make("benchmax/Excel-v0", tasks="spreadsheetbench", task_args={"dataset": sb_dir}, python_tool=False)
     tasks = env.unwrapped.tasks
     assert len(tasks) >= 60
     solver = env.unwrapped.reference_solver()
     for i in range(len(tasks)):
-        reward, info = play(env, solver, options={"task_index": i})
+        p = play(env, solver, options={"task_index": i})
+        reward, info = p.reward, p.info
         assert reward == 1.0, tasks[i].id
     scores = info["spreadsheetbench"]
     assert scores["soft"] == 1.0 and scores["hard"] == 1.0
@@ -88,7 +83,7 @@ def test_reset_observation_describes_the_workbook_and_hides_the_answer():
 
 
 def test_tools_read_write_and_python_agree(tmp_path):
-    env = gym.make("benchmax/Excel-v0", difficulty={"rows": 10})
+    env = gym.make("benchmax/Excel-v0", task_args={"difficulty": {"rows": 10}})
     env.reset(seed=0)
     if env.unwrapped.sandbox_level != "bubblewrap":
         pytest.skip("bubblewrap unavailable: run_python is left out")
@@ -146,7 +141,7 @@ def test_bad_tool_input_is_a_clear_error_and_the_workbook_is_intact(tmp_path, ac
 
 
 def test_answers_written_as_formulas_score():
-    env = gym.make("benchmax/Excel-v0", python_tool=False, difficulty={"task_types": ["aggregate"]})
+    env = gym.make("benchmax/Excel-v0", python_tool=False, task_args={"difficulty": {"task_types": ["aggregate"]}})
     env.reset(seed=5)
     task = env.unwrapped.episode.task
     from benchmax_gym.envs.excel.solver import planned_writes

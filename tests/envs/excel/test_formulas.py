@@ -84,7 +84,7 @@ def test_common_idioms_score_as_excel_computes_them(tmp_path, formula, excel):
 def test_real_answer_formulas_written_by_a_model_match_excels_cached_values(shared_data, task_id):
     """SUMIFS with EOMONTH date criteria and INDEX/MATCH(ROUND): the answer workbook's own formulas,
     written with write_cells, grade against the values Excel cached in that workbook."""
-    env = gym.make("benchmax/Excel-v0", tasks="spreadsheetbench", dataset=str(shared_data / "spreadsheetbench"), python_tool=False)
+    env = gym.make("benchmax/Excel-v0", tasks="spreadsheetbench", task_args={"dataset": str(shared_data / "spreadsheetbench")}, python_tool=False)
     tasks = env.unwrapped.tasks
     index = next(i for i in range(len(tasks)) if tasks[i].id == task_id)
     env.reset(options={"task_index": index})

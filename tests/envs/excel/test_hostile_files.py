@@ -19,7 +19,7 @@ def call(name, **args):
 
 
 def make(**kwargs):
-    env = gym.make("benchmax/Excel-v0", difficulty={"rows": 10}, **kwargs)
+    env = gym.make("benchmax/Excel-v0", task_args={"difficulty": {"rows": 10}}, **kwargs)
     env.reset(seed=0)
     if env.unwrapped.sandbox_level != "bubblewrap":
         pytest.skip("bubblewrap unavailable: run_python is left out")
@@ -96,7 +96,7 @@ def test_symlink_in_a_directory_component_is_refused(host_book):
 
 
 def test_symlink_to_the_tasks_answer_file_scores_zero(shared_data):
-    env = gym.make("benchmax/Excel-v0", tasks="spreadsheetbench", dataset=str(shared_data / "spreadsheetbench"))
+    env = gym.make("benchmax/Excel-v0", tasks="spreadsheetbench", task_args={"dataset": str(shared_data / "spreadsheetbench")})
     env.reset(options={"task_index": 0})
     if env.unwrapped.sandbox_level != "bubblewrap":
         pytest.skip("bubblewrap unavailable: run_python is left out")

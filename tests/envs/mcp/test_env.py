@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import benchmax_gym  # noqa: F401
+from benchmax_gym.testing import play
 
 EXAMPLE = [sys.executable, "-m", "benchmax_gym.envs.mcp.example_server"]
 
@@ -19,14 +20,6 @@ EXAMPLE = [sys.executable, "-m", "benchmax_gym.envs.mcp.example_server"]
 def call(name, **args):
     return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
 
-
-def play(env, policy, **reset_kwargs):
-    obs, info = env.reset(**reset_kwargs)
-    done = False
-    while not done:
-        obs, reward, terminated, truncated, info = env.step(policy(obs, info))
-        done = terminated or truncated
-    return reward, info
 
 
 def server_processes():
@@ -55,7 +48,8 @@ def test_bundled_example_solved_in_every_format(tool_format):
     env = gym.make("benchmax/MCP-v0", tool_format=tool_format)
     solver = env.unwrapped.reference_solver()
     for seed in range(3):
-        reward, info = play(env, solver, seed=seed)
+        p = play(env, solver, seed=seed)
+        reward, info = p.reward, p.info
         assert reward == 1.0 and info["reward_components"] == {"answer": 1.0, "note": 1.0}
     env.close()
 
@@ -130,7 +124,8 @@ def test_sync_api_inside_a_running_event_loop():
     # A notebook cell or an async trainer calling the plain Gymnasium API.
     async def main():
         env = gym.make("benchmax/MCP-v0")
-        reward, info = play(env, env.unwrapped.reference_solver(), seed=0)
+        p = play(env, seed=0)
+        reward, info = p.reward, p.info
         env.close()
         return reward
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmax_gym.envs.wikipedia.mediawiki_stub import MediaWikiStub
+from benchmax_gym.testing.mediawiki import MediaWikiStub
 from benchmax_gym.envs.wikipedia.tasks import encyclopedia
 
 EXTRA_PAGES = [

@@ -14,9 +14,10 @@ from benchmax_gym.envs.wikipedia.backends import CorpusBackend, CorpusIndex, Liv
 from benchmax_gym.envs.wikipedia.tasks import bamboogle_tasks, load_corpus
 
 
-def live_env(mediawiki, tasks=None, **kwargs):
+def live_env(mediawiki, tasks=None, backend_args=None, **kwargs):
     tasks = tasks or ListTasks([Task("t", "Where does the Limmat flow?", "Zürich", {"supporting": ["Zürich"]})])
-    return gym.make("benchmax/Wikipedia-v0", tasks=tasks, backend="live", api_url=mediawiki.api_url, **kwargs)
+    return gym.make("benchmax/Wikipedia-v0", tasks=tasks, backend="live",
+                    backend_args={"api_url": mediawiki.api_url, **(backend_args or {})}, **kwargs)
 
 
 def call(env, name, **arguments):
@@ -81,7 +82,7 @@ def test_bamboogle_loader(tmp_path):
 
 
 def test_live_solver_and_user_agent(mediawiki):
-    generated = gym.make("benchmax/Wikipedia-v0", num_tasks=15).unwrapped.tasks
+    generated = gym.make("benchmax/Wikipedia-v0", task_args={"num_tasks": 15}).unwrapped.tasks
     env = live_env(mediawiki, tasks=generated)
     solver = env.unwrapped.reference_solver()
     for i in range(15):
@@ -112,7 +113,7 @@ def test_rate_limit_is_retried_with_backoff(mediawiki):
 
 
 def test_slow_server_times_out_as_a_tool_error(mediawiki):
-    env = live_env(mediawiki, http_timeout=0.2, max_retries=0)
+    env = live_env(mediawiki, backend_args={"http_timeout": 0.2, "max_retries": 0})
     env.reset(seed=0)
     mediawiki.stall_next = [2.0]
     start = time.perf_counter()
@@ -123,7 +124,7 @@ def test_slow_server_times_out_as_a_tool_error(mediawiki):
 
 
 def test_persistent_failure_is_a_clear_tool_error(mediawiki):
-    env = live_env(mediawiki, max_retries=1, retry_wait=0.01)
+    env = live_env(mediawiki, backend_args={"max_retries": 1, "retry_wait": 0.01})
     env.reset(seed=0)
     mediawiki.fail_next = [(503, {})] * 2
     obs, info = call(env, "get_article", title="Zürich")
