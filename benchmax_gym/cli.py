@@ -344,7 +344,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp_serve(args: argparse.Namespace) -> int:
-    from benchmax_gym.envs.mcp.serve import serve
+    from benchmax_gym.serve import serve
 
     if args.max_sessions < 1:
         raise SystemExit(f"--max-sessions must be at least 1, got {args.max_sessions}")

@@ -33,7 +33,7 @@ print(benchmax_gym.wrappers.RecordEpisodes.__name__)
 def test_editable_install_maps_the_folders(tmp_path):
     out = subprocess.run([sys.executable, "-c", CHECK], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert Path(out.stdout.splitlines()[0]).parent == ROOT / "registry"
+    assert Path(out.stdout.splitlines()[0]).resolve().parent == ROOT / "registry"
 
 
 @pytest.mark.slow
@@ -48,6 +48,11 @@ def test_wheel_in_a_fresh_venv(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "benchmax_gym/registry/__init__.py" in names and "benchmax_gym/wrappers/record.py" in names
     assert not any(n.startswith(("registry/", "wrappers/", "tests/", "benchmarks/")) for n in names)
+    # every module and README of the source tree (packages are found, not listed by hand)
+    package = ROOT / "benchmax_gym"
+    shipped = {str(p.relative_to(ROOT)) for pattern in ("**/*.py", "**/README.md") for p in package.glob(pattern)
+               if "__pycache__" not in p.parts}
+    assert shipped - set(names) == set() and "benchmax_gym/envs/mcp/README.md" in shipped
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

@@ -13,6 +13,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from benchmax_gym.core.env import ResetResult, StepResult
+
 
 class RecordEpisodes(gym.Wrapper):
     """Append one JSON object per finished episode to ``path``.
@@ -31,12 +33,12 @@ class RecordEpisodes(gym.Wrapper):
         self._file = open(self.path, "a", encoding="utf-8")
         self._seed: int | None = None
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         self._seed = seed
         self._errors: list[str] = []
         return super().reset(seed=seed, options=options)
 
-    def step(self, action):
+    def step(self, action: str) -> StepResult:
         obs, reward, terminated, truncated, info = super().step(action)
         self._errors += info.get("errors") or []
         if terminated or truncated:

@@ -48,6 +48,10 @@ from benchmax_gym.core.tools import ToolResult, Toolset, truncate
 
 log = logging.getLogger(__name__)
 
+#: ``(observation, info)`` and ``(observation, reward, terminated, truncated, info)``
+ResetResult = tuple[str, dict[str, Any]]
+StepResult = tuple[str, float, bool, bool, dict[str, Any]]
+
 ACTION_TOO_LONG = "action_too_long"
 TOO_MANY_CALLS = "too_many_calls"
 
@@ -281,14 +285,14 @@ class ToolEnv(gym.Env[str, str]):
 
     # -- Gymnasium API --------------------------------------------------------------------------
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         super().reset(seed=seed)
         self._end_episode()
         episode, options = self._new_episode(options)
         self.open_episode(episode, options)
         return self._first_observation(episode)
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         """``reset`` as a coroutine, for workers that interleave many environments."""
         super().reset(seed=seed)
         await self._aend_episode()
@@ -296,7 +300,7 @@ class ToolEnv(gym.Env[str, str]):
         await self.aopen_episode(episode, options)
         return self._first_observation(episode)
 
-    def step(self, action: str):
+    def step(self, action: str) -> StepResult:
         plan = self._plan_step(action)
         t = time.perf_counter()
         for call in plan.to_run:
@@ -314,7 +318,7 @@ class ToolEnv(gym.Env[str, str]):
             plan.reward_s = time.perf_counter() - t
         return self._finish_step(plan)
 
-    async def astep(self, action: str):
+    async def astep(self, action: str) -> StepResult:
         """``step`` as a coroutine: async tools are awaited, blocking ones run in threads."""
         plan = self._plan_step(action)
         t = time.perf_counter()
@@ -414,7 +418,7 @@ class ToolEnv(gym.Env[str, str]):
             self.episode.state["sandbox"] = self.episode.resources.enter_context(contextlib.closing(box))
         return self.episode, options
 
-    def _first_observation(self, episode: Episode):
+    def _first_observation(self, episode: Episode) -> ResetResult:
         messages = self.task_messages(episode.task)
         episode.messages.extend(messages)
         obs = truncate("\n\n".join(str(m.get("content") or "") for m in messages), self.max_observation_chars)
@@ -533,7 +537,7 @@ class ToolEnv(gym.Env[str, str]):
             **self.reward_context(episode),
         }
 
-    def _finish_step(self, plan: "_StepPlan"):
+    def _finish_step(self, plan: "_StepPlan") -> StepResult:
         episode = plan.episode
         calls = plan.to_run + plan.skipped
         new_messages = [

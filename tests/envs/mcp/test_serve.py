@@ -86,7 +86,7 @@ def test_unknown_env_id_is_a_clear_error():
     ],
 )
 def test_every_family_serves_its_tools(env_id, tool, arguments, expect):
-    from benchmax_gym.envs.mcp.serve import build_server
+    from benchmax_gym.serve import build_server
 
     server = build_server(env_id)
 
