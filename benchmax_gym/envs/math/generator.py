@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -135,12 +135,13 @@ def _list(parts: Sequence[str]) -> str:
 # -- arithmetic expressions ------------------------------------------------------------------
 
 
-@dataclass
-class _Node:
+class _Node(NamedTuple):
+    """An expression tree node: a number (no ``op``) or ``left op right``, with its value."""
+
     value: int
     op: str | None = None
-    left: _Node | None = None
-    right: _Node | None = None
+    left: "_Node | None" = None
+    right: "_Node | None" = None
 
 
 def _number(rng: np.random.Generator, digits: int, multiple_of: int = 1) -> int:
