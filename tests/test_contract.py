@@ -5,6 +5,7 @@ Runners (make_vec modes, CLI, mcp-serve) are covered by ``tests/test_matrix.py``
 """
 
 import asyncio
+import subprocess
 import io
 import json
 import sys
@@ -167,3 +168,48 @@ def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id):
     left = {p for p in psutil.Process().children(recursive=True) if p.pid not in before}
     assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in left]
     assert after_dirs - before_dirs == set() or all(p.name().startswith("benchmax-gym-") for p in after_dirs - before_dirs)
+
+
+# -- every registered id through every runner --------------------------------------------------
+
+CLI = [sys.executable, "-m", "benchmax_gym"]
+
+
+def _env_args(env_id):
+    return ["--env-arg", f"task_args={json.dumps(OFFLINE[env_id])}"] if env_id in OFFLINE else []
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "subprocess"])
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_every_id_runs_in_every_make_vec_mode(env_id, mode):
+    how = {} if mode == "subprocess" else {"vectorization_mode": mode}
+    kwargs = {"task_args": OFFLINE[env_id]} if env_id in OFFLINE else {}
+    envs = gym.make_vec(env_id, num_envs=2, **how, **kwargs)
+    try:
+        obs, info = envs.reset(seed=0)
+        assert len(obs) == 2 and all(isinstance(o, str) and o for o in obs)
+        obs, reward, terminated, truncated, info = envs.step(["I am done.", "I am done."])  # a final reply, graded
+        assert terminated.all() and len(reward) == 2
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_every_id_runs_from_the_cli_with_its_solver(env_id):
+    done = subprocess.run([*CLI, "run", env_id, "--policy", "solver", "--episodes", "1", "--json", "--quiet",
+                           *_env_args(env_id)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["mean_reward"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_every_id_serves_its_tools_over_mcp(env_id):
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    async def tools():
+        server = StdioServerParameters(command=CLI[0], args=[*CLI[1:], "mcp-serve", env_id, *_env_args(env_id)])
+        async with Client(server) as client:
+            return [t.name for t in (await client.list_tools()).tools]
+
+    assert asyncio.run(tools())
