@@ -60,7 +60,7 @@ ENV_ERROR, WORKER_RESTARTED = "env_error", "worker_restarted"
 # -- the worker process --------------------------------------------------------------------------
 
 
-def _async_api(env: gym.Env) -> Any | None:
+def async_api(env: gym.Env) -> Any | None:
     """The env's own coroutine API, when nothing but Gymnasium's default wrappers sit above it."""
     layer = env
     while isinstance(layer, gym.Wrapper):
@@ -96,7 +96,7 @@ class _Worker:
     def _build(self, i: int) -> None:
         env = self.env_fns[i]()
         self.envs[i] = env
-        self.api[i] = _async_api(env)
+        self.api[i] = async_api(env)
         self.plain[i] = self.api[i] is None or not getattr(self.api[i], "needs_event_loop", True)
         own = getattr(self.api[i], "aio", None) if not self.plain[i] else None
         if isinstance(own, OwnLoop):  # its async resources live on this loop: no hop per call

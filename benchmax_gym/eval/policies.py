@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 BASELINES = ("solver", "random", "empty")
-CLIENTS = 8  # HTTP clients a ChatPolicy spreads its requests over
+HTTPX_CLIENTS = 8  # httpx clients a ChatPolicy spreads its requests over (one aiohttp client suffices)
 
 
 class PolicyError(RuntimeError):
@@ -70,6 +70,7 @@ class ChatPolicy:
 
     def __post_init__(self):
         self._clients: list[Any] = []
+        self._httpx_only = False
         self._busy: list[int] = []
 
     @property
@@ -94,18 +95,21 @@ class ChatPolicy:
             try:
                 http = openai.DefaultAioHttpClient(timeout=timeout or self.timeout)
             except RuntimeError:  # openai without its aiohttp extra
-                pass
+                self._httpx_only = True
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
                                   timeout=timeout or self.timeout, http_client=http,
                                   max_retries=self.max_retries if max_retries is None else max_retries)
 
     def _least_busy(self) -> int:
-        """Requests are spread over a few clients: httpx scans its whole connection pool for every
-        request, so one pool of 64 connections costs ~1 ms of CPU per request, eight of 8 far less."""
+        """The client for the next request. On httpx requests are spread over a few clients: it
+        scans its whole connection pool for every request, so one pool of 64 connections costs
+        ~1 ms of CPU per request, eight of 8 far less. aiohttp needs one (each costs ~35 ms to make)."""
         if not self._clients:
-            self._clients = [self.client() for _ in range(CLIENTS)]
-            self._busy = [0] * CLIENTS
-        return min(range(CLIENTS), key=self._busy.__getitem__)
+            self._clients = [self.client()]
+            if self._httpx_only:
+                self._clients += [self.client() for _ in range(HTTPX_CLIENTS - 1)]
+            self._busy = [0] * len(self._clients)
+        return min(range(len(self._clients)), key=self._busy.__getitem__)
 
     def scrub(self, text: str) -> str:
         """``text`` with the API key blotted out (error messages may quote it)."""

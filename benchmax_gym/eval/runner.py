@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
+from benchmax_gym.wrappers.vector import async_api
 
 RUN_FORMAT = "benchmax-gym-eval/1"
 RUN_FILES = ("run.json", "rollouts.jsonl", "summary.json")
@@ -220,7 +221,14 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     loop = asyncio.get_running_loop()
     base = env.unwrapped
     start = time.perf_counter()
-    obs, info = await loop.run_in_executor(executor, lambda: env.reset(seed=seed, options={"task_index": task_index}))
+    api = async_api(env)
+    if api is not None and not getattr(api, "needs_event_loop", True):
+        # Nothing in a step waits on I/O: its coroutine runs inline, cheaper than a thread hop.
+        reset, step = api.areset, api.astep
+    else:  # tools that block (a sandbox, a server): the sync API in a worker thread
+        reset = lambda **kw: loop.run_in_executor(executor, lambda: env.reset(**kw))  # noqa: E731
+        step = lambda action: loop.run_in_executor(executor, env.step, action)  # noqa: E731
+    obs, info = await reset(seed=seed, options={"task_index": task_index})
     reward, terminated, truncated, error = 0.0, False, False, None
     turns: list[dict[str, Any]] = []
     codes: list[str] = []
@@ -235,7 +243,7 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
             error = policy.scrub(f"{type(exc).__name__}: {exc}")
             break
         t0 = time.perf_counter()
-        obs, reward, terminated, truncated, info = await loop.run_in_executor(executor, env.step, turn.action)
+        obs, reward, terminated, truncated, info = await step(turn.action)
         codes += info.get("errors") or []
         components = info.get("reward_components", components)
         turns.append({"model_seconds": round(turn.model_seconds, 4), "env_seconds": round(time.perf_counter() - t0, 4),
@@ -338,6 +346,7 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, r
     slots = asyncio.Semaphore(concurrency)
     bar = tqdm(total=len(pending), desc=env_id, unit="ep", disable=not progress, dynamic_ncols=True)
     records: list[dict[str, Any]] = []
+    totals = {"reward": 0.0, "failed": 0}
 
     async def one(task_index: int, sample: int) -> None:
         async with slots:
@@ -350,9 +359,11 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, r
         records.append(record)
         if run_dir:
             run_dir.add(record)
-        bar.update(1)
-        bar.set_postfix(mean_reward=f"{sum(r['reward'] for r in records) / len(records):.3f}",
-                        failed=sum(r["error"] is not None for r in records), refresh=False)
+        totals["reward"] += record["reward"]
+        totals["failed"] += record["error"] is not None
+        if progress:
+            bar.update(1)
+            bar.set_postfix(mean_reward=f"{totals['reward'] / len(records):.3f}", failed=totals["failed"], refresh=False)
 
     try:
         await asyncio.gather(*(one(i, s) for i, s in pending))

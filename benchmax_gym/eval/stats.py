@@ -31,17 +31,18 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def _interval(values: Sequence[float] | np.ndarray, statistic: Callable[[np.ndarray], float], *, seed: int,
+def _interval(values: Sequence[float] | np.ndarray, statistic: Callable[..., Any], *, seed: int,
               confidence: float, resamples: int) -> tuple[float | None, float | None]:
-    """A percentile bootstrap interval of ``statistic`` over ``values`` (None with fewer than two)."""
+    """A percentile bootstrap interval of ``statistic(x, axis=-1)`` (vectorised over resamples)
+    over ``values``; a single value (or all equal) is its own interval."""
     from scipy.stats import bootstrap
 
-    data = np.asarray(values, dtype=float)
+    data = np.asarray(values)
     if len(data) < 2 or np.all(data == data[0]):
-        value = float(statistic(data)) if len(data) else None
+        value = float(statistic(data, axis=-1)) if len(data) else None
         return value, value
-    result = bootstrap((data,), statistic, confidence_level=confidence, n_resamples=resamples,
-                       method="percentile", vectorized=False, rng=np.random.default_rng(seed))
+    result = bootstrap((data,), statistic, confidence_level=confidence, n_resamples=resamples, batch=200,
+                       method="percentile", vectorized=True, rng=np.random.default_rng(seed))
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -104,13 +105,21 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         notes.append(f"tasks have {min(sizes)} to {max(sizes)} samples: pass@k goes up to {min(sizes)}, and "
                      "means weight each task by its samples")
 
-    def iqm_of(picked: np.ndarray) -> float:
-        from scipy.stats import trim_mean
+    from scipy.stats import trim_mean
 
-        return float(trim_mean(np.concatenate([rewards[int(i)] for i in picked]), 0.25))
+    padded = np.full((len(ids), max(sizes)), np.nan)
+    for i, row in enumerate(rewards):
+        padded[i, :len(row)] = row
+
+    def iqm_of(picked: np.ndarray, axis: int = -1) -> np.ndarray:
+        """IQM of the episodes of the tasks ``picked`` (resampled task indices, batched)."""
+        chosen = padded[picked.astype(int)].reshape(*picked.shape[:-1], -1)
+        if min(sizes) == max(sizes):
+            return trim_mean(chosen, 0.25, axis=-1)
+        return np.array([trim_mean(row[~np.isnan(row)], 0.25) for row in chosen.reshape(-1, chosen.shape[-1])]
+                        ).reshape(chosen.shape[:-1])
 
     all_rewards = np.concatenate(rewards)
-    from scipy.stats import trim_mean
 
     turns = sum(int(r.get("turns") or 0) for r in records)
     return {
