@@ -26,10 +26,10 @@ from benchmax_gym.eval import ChatPolicy, evaluate
 ENV_KWARGS = {"python_tool": False}
 
 
-def timed(policy, episodes, concurrency):
+def timed(policy, episodes, concurrency, workers=1):
     cpu, wall = time.process_time(), time.perf_counter()
     result = evaluate("benchmax/Math-v0", policy, env_kwargs=ENV_KWARGS, tasks=episodes, concurrency=concurrency,
-                      preflight=False)
+                      preflight=False, workers=workers)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     calls = sum(r["turns"] for r in result.records)
     assert not any(r["error"] for r in result.records), "a model call failed"
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--mode", choices=("native", "text"), default="native")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args()
     server = subprocess.Popen([sys.executable, "-m", "benchmax_gym.testing.openai_server", "--latency", str(args.latency)],
                               stdout=subprocess.PIPE, text=True)
@@ -80,19 +81,22 @@ def main() -> None:
         policy = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native")
         timed(policy, 8, 8)  # warm up
         for concurrency in args.concurrency:
-            ideal = concurrency / args.latency
-            short = timed(policy, 10 * concurrency, concurrency)
-            wall, cpu, calls = timed(policy, 40 * concurrency, concurrency)
-            steady = (calls - short[2]) / (wall - short[0])
-            runs.append({
-                "concurrency": concurrency, "episodes": calls // 2, "model_calls": calls, "wall_s": round(wall, 3),
-                "calls_per_s": round(calls / wall, 1), "ideal_calls_per_s": ideal,
-                "fraction_of_ideal": round(calls / wall / ideal, 3),
-                "steady_fraction_of_ideal": round(steady / ideal, 3),
-                "harness_cpu_ms_per_call": round(1000 * cpu / calls, 3),
-                "harness_cpu_ms_per_episode": round(2000 * cpu / calls, 3),
-                "sdk_floor": asyncio.run(sdk_floor(url, concurrency, 40 * concurrency)),
-            })
+            for workers in args.workers:
+                ideal = concurrency / args.latency
+                short = timed(policy, 10 * concurrency, concurrency, workers)
+                wall, cpu, calls = timed(policy, 40 * concurrency, concurrency, workers)
+                steady = (calls - short[2]) / (wall - short[0])
+                runs.append({
+                    "concurrency": concurrency, "workers": workers, "episodes": calls // 2, "model_calls": calls,
+                    "wall_s": round(wall, 3),
+                    "calls_per_s": round(calls / wall, 1), "ideal_calls_per_s": ideal,
+                    "fraction_of_ideal": round(calls / wall / ideal, 3),
+                    "steady_fraction_of_ideal": round(steady / ideal, 3),
+                    # workers > 1: the parent's CPU only (the workers' is not counted here)
+                    "harness_cpu_ms_per_call": round(1000 * cpu / calls, 3) if workers == 1 else None,
+                    "harness_cpu_ms_per_episode": round(2000 * cpu / calls, 3) if workers == 1 else None,
+                    "sdk_floor": asyncio.run(sdk_floor(url, concurrency, 40 * concurrency)) if workers == args.workers[0] else None,
+                })
     finally:
         server.terminate()
         server.wait()

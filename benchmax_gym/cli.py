@@ -296,7 +296,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(aevaluate(
             args.env_id, policy, env_kwargs=_parse_env_args(args.env_arg), k=args.k, tasks=args.tasks,
-            concurrency=args.concurrency, seed=args.seed, out=args.out, progress=not args.quiet,
+            concurrency=args.concurrency, workers=args.workers, seed=args.seed, out=args.out, progress=not args.quiet,
             plots=not args.no_plots, extra_run_info=extra))
     except gym.error.Error as exc:
         usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
@@ -417,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("-k", type=int, default=1, help="samples per task (pass@k for every k up to this)")
     ev.add_argument("--tasks", default="all", help="all, N (the first N) or i:j")
     ev.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
+    ev.add_argument("--workers", type=int, default=1, help="processes to spread episodes over (concurrency is "
+                    "split among them): one process tops out at a few hundred model calls per second")
     ev.add_argument("--temperature", type=float)
     ev.add_argument("--top-p", type=float)
     ev.add_argument("--max-tokens", type=int)

@@ -283,6 +283,7 @@ async def aevaluate(
     progress: bool = False,
     preflight: bool = True,
     plots: bool = False,
+    workers: int = 1,
     extra_run_info: Mapping[str, Any] | None = None,
 ) -> EvalResult:
     """Evaluate ``policy`` on ``env_id``: every selected task ``k`` times, ``concurrency`` episodes
@@ -290,7 +291,7 @@ async def aevaluate(
     import benchmax_gym  # noqa: F401  (registers the ids)
 
     policy = as_policy(policy)
-    for name, value in (("k", k), ("concurrency", concurrency)):
+    for name, value in (("k", k), ("concurrency", concurrency), ("workers", workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise EvalError(f"{name} must be a positive int, got {value!r}")
     kwargs = {**(env_kwargs or {}), **policy.env_kwargs}
@@ -314,9 +315,18 @@ async def aevaluate(
                **_provenance()}
         if run_dir:
             run_dir.start(run)
-        records = list(run_dir.records) if run_dir else []
-        records += await _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, run_dir, progress,
-                                   closing)
+        sink = _Sink(run_dir, len(pending), env_id, progress)
+        try:
+            if workers > 1 and len(pending) > 1:
+                first.close()
+                closing.clear()
+                await _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, min(workers, len(pending)),
+                                       sink)
+            else:
+                await _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, sink, closing)
+        finally:
+            sink.bar.close()
+        records = (list(run_dir.records) if run_dir else []) + sink.records
     finally:
         for item in closing:
             item.close()
@@ -336,17 +346,44 @@ async def aevaluate(
     return EvalResult(run=run, records=records, summary=summary, out=run_dir.path if run_dir else None)
 
 
-async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, run_dir, progress, closing):
-    from tqdm import tqdm
+class _Sink:
+    """Where finished episodes go: the records, the run directory, the progress bar (running mean)."""
 
+    def __init__(self, run_dir: RunDir | None, total: int, desc: str, progress: bool):
+        from tqdm import tqdm
+
+        self.run_dir, self.progress = run_dir, progress
+        self.records: list[dict[str, Any]] = []
+        self.reward, self.failed = 0.0, 0
+        self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not progress, dynamic_ncols=True)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self.run_dir:
+            self.run_dir.add(record)
+        self.reward += record["reward"]
+        self.failed += record["error"] is not None
+        if self.progress:
+            self.bar.update(1)
+            self.bar.set_postfix(mean_reward=f"{self.reward / len(self.records):.3f}", failed=self.failed, refresh=False)
+
+
+class _PipeSink:
+    """A worker process's sink: each record goes to the parent as it finishes."""
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.conn.send(("record", record))
+
+
+async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, sink, closing) -> None:
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, 64),
                                                      thread_name_prefix="benchmax-eval")
     pool = _Pool(lambda: gym.make(env_id, **kwargs), first, executor)
     closing[:] = [pool]  # the pool closes every env it made, the first included
     slots = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(pending), desc=env_id, unit="ep", disable=not progress, dynamic_ncols=True)
-    records: list[dict[str, Any]] = []
-    totals = {"reward": 0.0, "failed": 0}
 
     async def one(task_index: int, sample: int) -> None:
         async with slots:
@@ -356,21 +393,84 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, r
                                             episode_seed(seed, task_index, sample), executor)
             finally:
                 pool.give(env)
-        records.append(record)
-        if run_dir:
-            run_dir.add(record)
-        totals["reward"] += record["reward"]
-        totals["failed"] += record["error"] is not None
-        if progress:
-            bar.update(1)
-            bar.set_postfix(mean_reward=f"{totals['reward'] / len(records):.3f}", failed=totals["failed"], refresh=False)
+        sink.add(record)
 
     try:
         await asyncio.gather(*(one(i, s) for i, s in pending))
     finally:
-        bar.close()
         executor.shutdown(wait=False, cancel_futures=True)
-    return records
+
+
+def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None:
+    """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU."""
+
+    async def main() -> None:
+        import benchmax_gym  # noqa: F401  (registers the ids)
+
+        closing: list[Any] = [gym.make(env_id, **kwargs)]
+        try:
+            await _play_all(env_id, kwargs, closing[0], policy, pairs, seed, concurrency, _PipeSink(conn), closing)
+        finally:
+            for item in closing:
+                item.close()
+            if hasattr(policy, "aclose"):
+                await policy.aclose()
+
+    try:
+        asyncio.run(main())
+        conn.send(("done", None))
+    except BaseException as exc:  # the parent raises it, with the worker's own message
+        conn.send(("failed", policy.scrub(f"{type(exc).__name__}: {exc}")))
+
+
+async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, workers, sink) -> None:
+    """Spread the pairs over ``workers`` spawned processes (``concurrency`` split among them); the
+    parent keeps the run directory and the progress bar. One process's event loop tops out at a
+    few hundred model calls per second (the HTTP client's CPU): more processes, more calls."""
+    import multiprocess as mp
+
+    ctx = mp.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    running, errors, procs = [workers], [], []
+
+    def on_message(conn, proc) -> None:
+        try:
+            kind, value = conn.recv()
+        except (EOFError, OSError):
+            kind, value = "failed", f"an eval worker exited (status {proc.exitcode}) without a word"
+        if kind == "record":
+            sink.add(value)
+            return
+        loop.remove_reader(conn.fileno())
+        if kind == "failed":
+            errors.append(value)
+        running[0] -= 1
+        if running[0] == 0 and not finished.done():
+            finished.set_result(None)
+
+    try:
+        for w in range(workers):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, daemon=True, args=(
+                child, env_id, kwargs, policy, pending[w::workers], seed, max(1, concurrency // workers)))
+            proc.start()
+            child.close()
+            procs.append((parent, proc))
+            loop.add_reader(parent.fileno(), on_message, parent, proc)
+        await finished
+    finally:
+        for conn, proc in procs:
+            try:
+                loop.remove_reader(conn.fileno())
+            except (ValueError, OSError):
+                pass
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+            conn.close()
+    if errors:
+        raise RuntimeError(f"an eval worker failed: {errors[0]}")
 
 
 def _plot(records, summary, path: Path) -> None:
@@ -397,6 +497,10 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
             derives from it, so a run is the same whatever order its episodes finish in).
         out: a run directory (resumed when it holds this run already); progress: a progress bar;
         plots: PNGs in ``out`` (needs matplotlib).
+        workers: processes to spread the episodes over (``concurrency`` is split among them). One
+            process's event loop tops out at a few hundred model calls per second; beyond that,
+            more workers. They are spawned: an id registered in your script must be registered
+            when the script is imported (not only under ``if __name__ == "__main__"``).
 
     Example::
 

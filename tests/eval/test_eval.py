@@ -235,3 +235,17 @@ def test_cli_eval_and_compare(tmp_path):
                          env={k: v for k, v in os.environ.items() if k != "NO_SUCH_VAR_X"})
     assert bad.returncode == 2 and "NO_SUCH_VAR_X: the variable is not set" in bad.stderr
     assert not Path(tmp_path / "x").exists()
+
+
+def test_workers_split_the_episodes_and_give_the_same_records(answers, tmp_path):
+    with FakeChatServer(scripted(answers)) as server:
+        policy = ChatPolicy("test-model", base_url=server.url, api_key=KEY)
+        one = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=12, k=2, concurrency=4, seed=3)
+        two = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=12, k=2, concurrency=4, seed=3, workers=2,
+                       out=tmp_path / "run")
+    strip = lambda rs: [(r["task_index"], r["sample"], r["seed"], r["reward"], r["turns"], r["parse_errors"]) for r in rs]  # noqa: E731
+    assert strip(two.records) == strip(one.records) and len(two.records) == 24
+    assert len((tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()) == 24
+    assert KEY not in (tmp_path / "run" / "rollouts.jsonl").read_text()
+    with pytest.raises(EvalError, match="workers must be a positive int"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=2, workers=0)
