@@ -183,32 +183,6 @@ def _now() -> str:
 # -- playing --------------------------------------------------------------------------------------
 
 
-class _Pool:
-    """Environments for episodes in flight: made on demand (in a worker thread), reused after."""
-
-    def __init__(self, make, first: gym.Env, executor):
-        self.make, self.executor = make, executor
-        self.idle: list[gym.Env] = [first]
-        self.all: list[gym.Env] = [first]
-
-    async def take(self) -> gym.Env:
-        if self.idle:
-            return self.idle.pop()
-        env = await asyncio.get_running_loop().run_in_executor(self.executor, self.make)
-        self.all.append(env)
-        return env
-
-    def give(self, env: gym.Env) -> None:
-        self.idle.append(env)
-
-    def close(self) -> None:
-        for env in self.all:
-            try:
-                env.close()
-            except Exception:
-                pass
-
-
 def max_reward(env: gym.Env) -> float:
     """The reward of an episode that earns every component in full (components are in [0, 1])."""
     rubric = getattr(env.unwrapped, "rubric", None)
@@ -379,24 +353,22 @@ class _PipeSink:
 
 
 async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, sink, closing) -> None:
+    """``concurrency`` players, each with its own environment, take the pairs in order."""
+    loop = asyncio.get_running_loop()
     executor = concurrent.futures.ThreadPoolExecutor(max_workers=min(concurrency, 64),
                                                      thread_name_prefix="benchmax-eval")
-    pool = _Pool(lambda: gym.make(env_id, **kwargs), first, executor)
-    closing[:] = [pool]  # the pool closes every env it made, the first included
-    slots = asyncio.Semaphore(concurrency)
+    pairs = iter(pending)  # shared: each pair is taken once
 
-    async def one(task_index: int, sample: int) -> None:
-        async with slots:
-            env = await pool.take()
-            try:
-                record = await play_episode(env, policy, task_index, sample,
-                                            episode_seed(seed, task_index, sample), executor)
-            finally:
-                pool.give(env)
-        sink.add(record)
+    async def player(env: gym.Env | None) -> None:
+        for task_index, sample in pairs:
+            if env is None:
+                env = await loop.run_in_executor(executor, lambda: gym.make(env_id, **kwargs))
+                closing.append(env)
+            sink.add(await play_episode(env, policy, task_index, sample, episode_seed(seed, task_index, sample),
+                                        executor))
 
     try:
-        await asyncio.gather(*(one(i, s) for i, s in pending))
+        await asyncio.gather(*(player(first if i == 0 else None) for i in range(min(concurrency, len(pending)))))
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
 
