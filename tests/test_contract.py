@@ -213,3 +213,16 @@ def test_every_id_serves_its_tools_over_mcp(env_id):
             return [t.name for t in (await client.list_tools()).tools]
 
     assert asyncio.run(tools())
+
+
+@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+def test_every_id_evaluates_with_its_own_policy(env_id):
+    from benchmax_gym.eval import evaluate
+
+    env = make(env_id)
+    policy = scripted(env_id) if env_id in CUSTOM else "solver"
+    env.close()
+    kwargs = {"task_args": OFFLINE[env_id]} if env_id in OFFLINE else {}
+    result = evaluate(env_id, policy, env_kwargs=kwargs, tasks=1, k=2, concurrency=2)
+    assert [r["error"] for r in result.records] == [None, None]
+    assert [r["success"] for r in result.records] == [True, True]  # full marks, by its own rubric's weights
