@@ -18,7 +18,6 @@ import platform
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
 from benchmax_gym.wrappers.vector import async_api
 
 RUN_FORMAT = "benchmax-gym-eval/1"
-RUN_FILES = ("run.json", "rollouts.jsonl", "summary.json")
 # what must match for a run directory to be resumed
 RESUME_KEYS = ("env_id", "env_kwargs", "policy", "k", "tasks", "seed")
 
@@ -132,13 +130,10 @@ class RunDir:
         self.run = run
         self.write_json("run.json", run)
         self._file = open(self.path / "rollouts.jsonl", "a", encoding="utf-8")
-        self._lock = threading.Lock()
 
     def add(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-        with self._lock:
-            self._file.write(line)
-            self._file.flush()
+        self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        self._file.flush()  # a record is on disk once its episode ends (what resume reads)
 
     def finish(self, run: dict[str, Any], summary: dict[str, Any]) -> None:
         self._file.close()
