@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 import benchmax_gym  # noqa: F401  (registers the benchmax/* ids)
+from benchmax_gym.core.sandbox import remove_tree
 from benchmax_gym.registry import env_ids
 from benchmax_gym.testing import aplay, play
 
@@ -152,22 +153,29 @@ def test_a_mistyped_argument_fails_at_make_naming_it(env_id):
 
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
-def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id):
+def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id, monkeypatch):
     from gymnasium.utils.env_checker import check_env
 
-    temp = Path(tempfile.gettempdir())
-    before_dirs = set(temp.iterdir()) | {p for d in temp.glob("benchmax-gym-*") for p in d.iterdir()}
+    # A temp root of this test's own: other processes on the machine may use /tmp meanwhile.
+    temp = Path(tempfile.mkdtemp(prefix="contract-"))
+    temp.chmod(0o711)  # a sandbox's unprivileged uid must reach its workspace inside
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.setenv("TMPDIR", str(temp))
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    env = make(env_id)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the checker's warnings are failures too
-        check_env(env.unwrapped, skip_render_check=True)
-    play(env, policy_for(env), options={"task_index": 0})
-    env.close()
-    after_dirs = set(temp.iterdir()) | {p for d in temp.glob("benchmax-gym-*") for p in d.iterdir()}
-    left = {p for p in psutil.Process().children(recursive=True) if p.pid not in before}
-    assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in left]
-    assert after_dirs - before_dirs == set() or all(p.name().startswith("benchmax-gym-") for p in after_dirs - before_dirs)
+    try:
+        env = make(env_id)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the checker's warnings are failures too
+            check_env(env.unwrapped, skip_render_check=True)
+        play(env, policy_for(env), options={"task_index": 0})
+        env.close()
+        left = {p for p in psutil.Process().children(recursive=True) if p.pid not in before}
+        assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in left]
+        # only the (empty) parent of sandbox workspaces may stay
+        leftover = [p for p in temp.rglob("*") if not (p.name.startswith("benchmax-gym-") and not any(p.iterdir()))]
+        assert leftover == [], leftover
+    finally:
+        remove_tree(temp)
 
 
 # -- every registered id through every runner --------------------------------------------------
