@@ -167,7 +167,7 @@ def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id):
     after_dirs = set(temp.iterdir()) | {p for d in temp.glob("benchmax-gym-*") for p in d.iterdir()}
     left = {p for p in psutil.Process().children(recursive=True) if p.pid not in before}
     assert not [p for p in left if p.status() != psutil.STATUS_ZOMBIE], [p.cmdline() for p in left]
-    assert after_dirs - before_dirs == set() or all(p.name().startswith("benchmax-gym-") for p in after_dirs - before_dirs)
+    assert after_dirs - before_dirs == set() or all(p.name.startswith("benchmax-gym-") for p in after_dirs - before_dirs)
 
 
 # -- every registered id through every runner --------------------------------------------------
