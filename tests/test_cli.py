@@ -11,6 +11,7 @@ import gymnasium as gym
 import pytest
 
 import benchmax_gym  # noqa: F401
+from benchmax_gym.testing import play
 
 CLI = [sys.executable, "-m", "benchmax_gym.cli"]
 
@@ -148,12 +149,8 @@ def test_summary_counts_every_step_error_per_code():
     env.action_space.seed(3)
     counts: Counter = Counter()
     for i in range(12):
-        env.reset(seed=3 + i)
-        done = False
-        while not done:
-            _, _, terminated, truncated, info = env.step(env.action_space.sample())
+        for info in play(env, lambda obs, info: env.action_space.sample(), seed=3 + i).infos[1:]:
             counts.update(info["errors"])
-            done = terminated or truncated
     env.close()
     assert counts["parse_error"] > 0
     assert summary["errors_by_code"] == dict(counts) and summary["errors"] == sum(counts.values())

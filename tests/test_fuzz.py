@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import benchmax_gym  # noqa: F401
+from benchmax_gym.testing import play
 
 KNOWN_CODES = {None, "parse_error", "unknown_tool", "bad_arguments", "tool_timeout", "tool_error",
                "action_too_long", "too_many_calls"}
@@ -80,11 +81,7 @@ def test_action_space_samples_are_valid_actions():
     env.action_space.seed(0)
     errors = set()
     for episode in range(40):
-        env.reset(seed=episode)
-        done = False
-        while not done:
-            obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
-            assert env.observation_space.contains(obs)
-            errors.add(info["error"])
-            done = terminated or truncated
+        p = play(env, lambda obs, info: env.action_space.sample(), seed=episode)
+        assert all(env.observation_space.contains(obs) for obs in p.observations)
+        errors.update(info["error"] for info in p.infos[1:])
     assert errors <= KNOWN_CODES and "parse_error" in errors

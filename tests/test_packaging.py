@@ -1,9 +1,12 @@
-"""wrappers/ and registry/ install as benchmax_gym.wrappers / benchmax_gym.registry, never bare.
+"""The package installs whole: every module and README ships, and wrappers/ and registry/ install as
+benchmax_gym.wrappers / benchmax_gym.registry, never bare.
 
 Proved for the editable install this suite runs in, and for a built wheel installed into a fresh
 virtual environment (with its dependencies resolved from the package metadata alone).
 """
 
+import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -36,11 +39,26 @@ def test_editable_install_maps_the_folders(tmp_path):
     assert Path(out.stdout.splitlines()[0]).resolve().parent == ROOT / "registry"
 
 
+def source_files() -> set[str]:
+    """Every .py and README.md under benchmax_gym/, as wheel paths (os.walk follows the links
+    to wrappers/ and registry/, which Path.glob("**") does not)."""
+    found = set()
+    for folder, dirs, files in os.walk(ROOT / "benchmax_gym", followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        rel = Path(folder).relative_to(ROOT)
+        found |= {(rel / f).as_posix() for f in files if f.endswith(".py") or f == "README.md"}
+    return found
+
+
 @pytest.mark.slow
 def test_wheel_in_a_fresh_venv(tmp_path):
+    # from a clean copy: a build/ left in the checkout would put stale files in the wheel
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache"))
     dist = tmp_path / "dist"
     build = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(ROOT)],
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)],
         capture_output=True, text=True, timeout=600,
     )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
@@ -48,11 +66,12 @@ def test_wheel_in_a_fresh_venv(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "benchmax_gym/registry/__init__.py" in names and "benchmax_gym/wrappers/record.py" in names
     assert not any(n.startswith(("registry/", "wrappers/", "tests/", "benchmarks/")) for n in names)
-    # every module and README of the source tree (packages are found, not listed by hand)
-    package = ROOT / "benchmax_gym"
-    shipped = {str(p.relative_to(ROOT)) for pattern in ("**/*.py", "**/README.md") for p in package.glob(pattern)
-               if "__pycache__" not in p.parts}
-    assert shipped - set(names) == set() and "benchmax_gym/envs/mcp/README.md" in shipped
+    # every module and README of the source tree (packages are found, not listed by hand),
+    # through the benchmax_gym/wrappers and /registry links too
+    expected = source_files()
+    assert {"benchmax_gym/envs/mcp/README.md", "benchmax_gym/serve.py", "benchmax_gym/testing/__init__.py",
+            "benchmax_gym/testing/mediawiki.py", "benchmax_gym/wrappers/vector.py"} <= expected
+    assert sorted(expected - set(names)) == []
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

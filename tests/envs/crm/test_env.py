@@ -13,7 +13,7 @@ from benchmax_gym.core.rubric import final_answer
 from benchmax_gym.envs.crm.org import Org, build_org, cached_org, sf_id
 from benchmax_gym.envs.crm.rubric import exact_match, fuzzy_match
 from benchmax_gym.envs.crm.tasks import QA_TYPES, TASK_TYPES, UPDATE_TYPES
-from benchmax_gym.testing import play
+from benchmax_gym.testing import aplay, play
 
 SMALL = 600  # cases: big enough for every task type, quick to build
 
@@ -89,17 +89,22 @@ def test_wrong_answers_and_doing_nothing_score_zero(cache):
 
 def solve_with_an_extra_update(env, solver, pick_case):
     """Play the solver's episode, adding one more priority change just before its final reply."""
-    obs, info = env.reset(options={"task_index": 0})
-    while True:
+    held = []
+
+    def policy(obs, info):
+        if held:
+            return held.pop()
         action = solver(obs, info)
-        if action.startswith("<answer>"):
-            con = env.unwrapped.episode.state["db"].con
-            case_id, priority = pick_case(con, next(iter(env.unwrapped.episode.task.answer["Case"])))
-            _, _, _, _, extra = env.step(call(env, "update_case", case_id=case_id,
-                                              priority="High" if priority != "High" else "Low"))
-            assert extra["error"] is None
-            return env.step(action)[1:]
-        obs, _, _, _, info = env.step(action)
+        if not action.startswith("<answer>"):
+            return action
+        held.append(action)
+        con = env.unwrapped.episode.state["db"].con
+        case_id, priority = pick_case(con, next(iter(env.unwrapped.episode.task.answer["Case"])))
+        return call(env, "update_case", case_id=case_id, priority="High" if priority != "High" else "Low")
+
+    p = play(env, policy, options={"task_index": 0})
+    assert p.infos[-2]["error"] is None  # the extra update itself went through
+    return p.reward, p.terminated, p.truncated, p.info
 
 
 def test_collateral_changes_fail_an_update_task(cache):
@@ -317,17 +322,8 @@ def test_async_episode_matches_sync(cache):
     import asyncio
 
     env = make(cache, task_args={"task_types": ["close_case"]})
-    solver = env.unwrapped.reference_solver()
-    sync_reward = play(env, solver, options={"task_index": 3}).reward
-
-    async def run():
-        obs, info = await env.unwrapped.areset(options={"task_index": 3})
-        while True:
-            obs, reward, terminated, truncated, info = await env.unwrapped.astep(solver(obs, info))
-            if terminated or truncated:
-                return reward
-
-    assert asyncio.run(run()) == sync_reward == 1.0
+    sync_reward = play(env, options={"task_index": 3}).reward
+    assert asyncio.run(aplay(env, options={"task_index": 3})).reward == sync_reward == 1.0
 
 
 SQL_WORDS = ["SELECT", "*", "FROM", '"Case"', "User", "WHERE", "1", "=", "DELETE", "UPDATE", "SET", "INSERT", "INTO",
@@ -359,13 +355,13 @@ _FUZZ_ENVS: dict = {}
 def test_a_write_that_bypassed_the_tools_counts_as_collateral(cache):
     env = make(cache, task_args={"task_types": ["knowledge_qa"]})
     solver = env.unwrapped.reference_solver()
-    obs, info = env.reset(options={"task_index": 0})
-    env.unwrapped.episode.state["db"].con.execute("UPDATE User SET IsActive = 0")  # not through any tool
-    while True:
-        obs, reward, terminated, truncated, info = env.step(solver(obs, info))
-        if terminated:
-            break
-    assert info["reward_components"] == {"correct": 1.0, "untouched": 0.0}
+
+    def policy(obs, info):
+        if info["turn"] == 0:  # right after reset, before the first step
+            env.unwrapped.episode.state["db"].con.execute("UPDATE User SET IsActive = 0")  # not through any tool
+        return solver(obs, info)
+
+    assert play(env, policy, options={"task_index": 0}).info["reward_components"] == {"correct": 1.0, "untouched": 0.0}
 
 
 def test_crmarena_tasks_for_another_org_are_refused_and_optional_context_is_shown(cache, tmp_path):

@@ -56,7 +56,7 @@ def test_solver_solves_every_shared_spreadsheetbench_case(sb_dir):
 
 
 def test_doing_nothing_scores_zero_when_the_answer_differs(sb_dir):
-    for kwargs in ({}, {"tasks": "spreadsheetbench", "dataset": sb_dir}):
+    for kwargs in ({}, {"tasks": "spreadsheetbench", "task_args": {"dataset": sb_dir}}):
         env = gym.make("benchmax/Excel-v0", python_tool=False, **kwargs)
         n = len(env.unwrapped.tasks) if kwargs else 30
         for i in range(n):

@@ -13,6 +13,7 @@ import pytest
 
 import benchmax_gym
 from benchmax_gym.envs.excel.grading import parse_answer_position
+from benchmax_gym.testing import play
 
 DATA = {  # Sheet1 of every custom task: A region, B sales, C region again, D a date
     "A1": "North", "A2": "South", "A3": "North", "A4": "East",
@@ -239,13 +240,7 @@ def test_a_time_kept_as_text_is_not_a_time(tmp_path):
 ])
 def test_solver_solves_answers_with_time_cells(tmp_path, answer):
     env = one_cell_env(tmp_path, answer, position="E2")
-    solver = env.unwrapped.reference_solver()
-    obs, info = env.reset(seed=0)
-    terminated = truncated = False
-    reward = 0.0
-    while not (terminated or truncated):
-        obs, reward, terminated, truncated, info = env.step(solver(obs, info))
-    assert reward == 1.0
+    assert play(env, seed=0).reward == 1.0
 
 
 # --------------------------------------------------------------------------- read_range

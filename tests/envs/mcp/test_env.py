@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import benchmax_gym  # noqa: F401
-from benchmax_gym.testing import play
+from benchmax_gym.testing import aplay, play
 
 EXAMPLE = [sys.executable, "-m", "benchmax_gym.envs.mcp.example_server"]
 
@@ -94,18 +94,9 @@ def test_restart_isolation_starts_a_fresh_process():
 def test_bundled_example_solved_through_the_async_api():
     # The example's note reward is a sync function calling the live client from inside astep.
     env = gym.make("benchmax/MCP-v0")
-    api, solver = env.unwrapped, env.unwrapped.reference_solver()
-
-    async def episode(seed):
-        obs, info = await api.areset(seed=seed)
-        while True:
-            obs, reward, terminated, truncated, info = await api.astep(solver(obs, info))
-            if terminated or truncated:
-                return reward, info
-
     for seed in range(2):
-        reward, info = asyncio.run(episode(seed))  # a new event loop each time
-        assert reward == 1.0 and info["reward_components"] == {"answer": 1.0, "note": 1.0}
+        p = asyncio.run(aplay(env, seed=seed))  # a new event loop each time
+        assert p.reward == 1.0 and p.info["reward_components"] == {"answer": 1.0, "note": 1.0}
     env.close()
 
 

@@ -12,6 +12,7 @@ import benchmax_gym  # noqa: F401
 from benchmax_gym.core.tasks import ListTasks, Task
 from benchmax_gym.envs.wikipedia.backends import CorpusBackend, CorpusIndex, LiveBackend, fts_query, parse_article
 from benchmax_gym.envs.wikipedia.tasks import bamboogle_tasks, load_corpus
+from benchmax_gym.testing import play
 
 
 def live_env(mediawiki, tasks=None, backend_args=None, **kwargs):
@@ -86,12 +87,8 @@ def test_live_solver_and_user_agent(mediawiki):
     env = live_env(mediawiki, tasks=generated)
     solver = env.unwrapped.reference_solver()
     for i in range(15):
-        obs, info = env.reset(options={"task_index": i})
-        done = False
-        while not done:
-            obs, reward, terminated, truncated, info = env.step(solver(obs, info))
-            done = terminated or truncated
-        assert reward == 1.0 and env.unwrapped.episode.tool_errors == 0, env.unwrapped.messages
+        assert play(env, solver, options={"task_index": i}).reward == 1.0, env.unwrapped.messages
+        assert env.unwrapped.episode.tool_errors == 0, env.unwrapped.messages
     assert mediawiki.user_agents and all(ua.startswith("benchmax-gym/") for ua in mediawiki.user_agents)
     assert mediawiki.count(list="search") >= 15 and mediawiki.count(prop="extracts") >= 15
 
