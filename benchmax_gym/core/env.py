@@ -31,7 +31,9 @@ import inspect
 import json
 import logging
 import time
+import os
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -412,6 +414,9 @@ class ToolEnv(gym.Env[str, str]):
             index = self.tasks.sample_index(self.np_random)
         task = self.tasks[index]
         self.episode = Episode(task=task, rollout_id=uuid.uuid4().hex, index=int(index))
+        # An env dropped without close() (or an interpreter exiting) still releases what the
+        # episode opened; after an explicit release this does nothing (ExitStack closes once).
+        weakref.finalize(self.episode, _release_in, os.getpid(), self.episode.resources)
         cfg = self.sandbox_config
         if cfg is not None and cfg.level != UNAVAILABLE:
             box = Sandbox(mode=cfg.mode, limits=cfg.limits, preload=cfg.preload)
@@ -580,6 +585,13 @@ class ToolEnv(gym.Env[str, str]):
                 "step_s": time.perf_counter() - plan.t0,
             }
         return obs, float(reward), plan.final, plan.truncated, info
+
+
+def _release_in(pid: int, resources: contextlib.ExitStack) -> None:
+    """Close an episode's resources, in the process that opened them only (a forked child
+    inherits the finalizer, not the resources)."""
+    if os.getpid() == pid:
+        resources.close()
 
 
 @dataclass

@@ -153,3 +153,28 @@ def test_the_env_says_whether_a_vector_worker_needs_its_event_loop():
     assert mcp.unwrapped.needs_event_loop is True  # tools unknown until its server is up
     for env in (plain, live, mcp):
         env.close()
+
+
+FORK_SCRIPT = """
+import gc, os, sys
+import gymnasium as gym, benchmax_gym
+env = gym.make("benchmax/Excel-v0", python_tool=False)
+env.reset(seed=0)
+folder = env.unwrapped.episode.state["workbook"].path.parent
+if os.fork() == 0:
+    sys.exit(0)  # a normal exit: atexit runs the finalizers the child inherited
+os.wait()
+kept = folder.is_dir()
+del env
+gc.collect()
+print(kept, folder.exists())
+"""
+
+
+def test_an_env_dropped_without_close_releases_its_episode_but_a_forked_child_does_not():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]  # the child left the parent's workspace; dropping freed it
