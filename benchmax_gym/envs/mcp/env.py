@@ -90,6 +90,7 @@ class MCPEnv(ToolEnv):
         # An environment dropped without close() takes its servers with it when collected.
         weakref.finalize(self, kill_servers, tuple(self.connections.values()))
         self._root = Path(tempfile.mkdtemp(prefix="benchmax-mcp-"))
+        weakref.finalize(self, _remove_in, os.getpid(), self._root)  # close() does it; so does dropping the env
         self.workspace = self._root / "workspace"
         self._started = False
 
@@ -148,3 +149,9 @@ class MCPEnv(ToolEnv):
                 pass
         super().close()  # closes the loop the sessions lived on
         shutil.rmtree(self._root, ignore_errors=True)
+
+
+def _remove_in(pid: int, root: Path) -> None:
+    """Delete the env's directory, in the process that made it only (not in a forked child)."""
+    if os.getpid() == pid:
+        shutil.rmtree(root, ignore_errors=True)

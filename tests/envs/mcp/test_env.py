@@ -150,17 +150,19 @@ def test_closing_one_env_leaves_the_others_servers_alone():
     second.close()
 
 
-def test_an_env_dropped_without_close_takes_its_server_with_it():
+def test_an_env_dropped_without_close_takes_its_server_and_directory_with_it():
     others = {p.pid for p in server_processes()}
     env = gym.make("benchmax/MCP-v0")
     env.reset(seed=0)
-    assert {p.pid for p in server_processes()} - others
+    root = env.unwrapped._root
+    assert {p.pid for p in server_processes()} - others and root.is_dir()
     del env
     gc.collect()
     deadline = time.monotonic() + 10
     while {p.pid for p in server_processes()} - others and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not {p.pid for p in server_processes()} - others
+    assert not root.exists()
 
 
 def test_third_party_server_from_pypi_over_stdio():
