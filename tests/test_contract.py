@@ -8,6 +8,7 @@ import asyncio
 import subprocess
 import io
 import json
+import os
 import sys
 import tempfile
 import warnings
@@ -234,3 +235,143 @@ def test_every_id_evaluates_with_its_own_policy(env_id):
     result = evaluate(env_id, policy, env_kwargs=kwargs, tasks=1, k=2, concurrency=2)
     assert [r["error"] for r in result.records] == [None, None]
     assert [r["success"] for r in result.records] == [True, True]  # full marks, by its own rubric's weights
+
+
+# -- every id through the trainer adapters, token-exact ----------------------------------------
+
+
+def _kwargs(env_id):
+    return {"task_args": OFFLINE[env_id]} if env_id in OFFLINE else {}
+
+
+def _replies(env_id, task_index=0):
+    """The replies that solve ``task_index`` (envs are deterministic): a scripted model's."""
+    env = make(env_id)
+    played = play(env, policy_for(env), options={"task_index": task_index})
+    actions = env.unwrapped.episode_record()["actions"]
+    env.close()
+    assert set(played.info["reward_components"].values()) == {1.0}
+    return actions
+
+
+@pytest.mark.parametrize("style", ["qwen", "llama3", "plain"])
+@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+def test_every_id_gives_token_exact_episodes_in_each_template_style(env_id, style):
+    from benchmax_gym.adapters import ChatTemplate, TokenSession
+    from benchmax_gym.testing.tokenizers import assert_token_exact, play_tokens, tiny_tokenizer
+
+    session = TokenSession(make(env_id), ChatTemplate(tiny_tokenizer(style)))
+    last = play_tokens(session, policy_for(session.env), seed=0)
+    assert set(session.episode.reward_components.values()) == {1.0}
+    assert_token_exact(session, last)
+    session.close()
+
+
+def _token_session(env_id, replies):
+    """The reference: the replies played through a TokenSession (checked token-exact above)."""
+    from benchmax_gym.adapters import ChatTemplate, TokenSession
+    from benchmax_gym.testing.tokenizers import model_ids, tiny_tokenizer
+
+    chat = ChatTemplate(tiny_tokenizer("qwen"))
+    session = TokenSession(make(env_id), chat)
+    session.reset(options={"task_index": 0})
+    for reply in replies:
+        session.step(model_ids(chat, reply))
+    session.close()
+    return session.episode
+
+
+@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+def test_every_id_trains_through_skyrl_as_its_generator_drives_it(env_id):
+    import skyrl_gym
+
+    import benchmax_gym.adapters.skyrl  # noqa: F401  (registers "benchmax")
+
+    replies = iter(_replies(env_id))
+    env = skyrl_gym.make("benchmax", env_config={"env_id": env_id, "env_kwargs": _kwargs(env_id)},
+                         extras={"task_index": 0, "max_turns": 10})
+    chat_history, metadata = env.init([{"role": "user", "content": "(the dataset's prompt)"}])
+    assert chat_history[-1]["role"] == "user" and "(the dataset's prompt)" not in str(chat_history)
+    done = False
+    while not done:
+        action = next(replies)
+        out = env.step(action)
+        chat_history += [{"role": "assistant", "content": action}, *out["observations"]]
+        done = out["done"]
+    assert out["reward"] > 0 and set(out["metadata"]["reward_components"].values()) == {1.0}
+    metrics = env.get_metrics()
+    assert all(metrics[f"reward/{k}"] == 1.0 for k in out["metadata"]["reward_components"])
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+def test_every_id_trains_through_openrlhfs_own_multi_turn_executor(env_id):
+    from benchmax_gym.adapters.openrlhf import make_executor
+    from benchmax_gym.testing.tokenizers import ScriptedEngine, tiny_tokenizer
+
+    replies = _replies(env_id)
+    tokenizer = tiny_tokenizer("qwen")
+    executor = make_executor(env_id, **_kwargs(env_id))()
+    engine = ScriptedEngine(tokenizer, lambda prompt_ids, turn: replies[turn])
+    out = asyncio.run(executor.execute("(the dataset's prompt)", "0", _SamplingParams(), 8192, tokenizer, engine))
+    reference = _token_session(env_id, replies)
+    assert out["observation_tokens"] == reference.prompt_ids + reference.completion_ids
+    offset = len(reference.prompt_ids)
+    assert out["action_ranges"] == [(offset + a, offset + b) for a, b in reference.turns]
+    assert out["reward"] == reference.reward and out["scores"] == reference.reward
+    assert out["extra_logs"] == {**{f"reward/{k}": 1.0 for k in reference.reward_components}, "tool_errors": 0.0}
+
+
+class _SamplingParams:
+    """What OpenRLHF's executor reads of vLLM's SamplingParams."""
+
+    max_tokens = None
+    logprobs = None
+
+
+@pytest.fixture(scope="module")
+def grpo_trainer():
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout
+    from benchmax_gym.testing.tokenizers import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen")
+    rollout = TRLRollout("benchmax/Math-v0", tokenizer)
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4096, max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
+    trainer = GRPOTrainer(model=tiny_model(tokenizer), reward_funcs=rollout.reward, args=args,
+                          train_dataset=rollout.dataset(4), rollout_func=rollout, processing_class=tokenizer)
+    yield trainer
+    rollout.close()
+    remove_tree(args.output_dir)
+
+
+@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+def test_every_id_rolls_out_through_trls_rollout_func(env_id, grpo_trainer):
+    from benchmax_gym.adapters.trl import TRLRollout
+    from benchmax_gym.testing.tokenizers import model_ids
+
+    replies = _replies(env_id)
+    turn = {}
+
+    def scripted(trainer, sessions):
+        ids = []
+        for s in sessions:
+            turn[id(s)] = turn.get(id(s), -1) + 1
+            ids.append(model_ids(s.chat, replies[turn[id(s)]]))
+        return ids, [[-1.0] * len(i) for i in ids]
+
+    rollout = TRLRollout(env_id, grpo_trainer.processing_class, env_kwargs=_kwargs(env_id), generate=scripted)
+    prompts = list(rollout.dataset(1)["prompt"]) * 2  # one task, two generations
+    out = rollout(prompts, grpo_trainer)
+    rollout.close()
+    reference = _token_session(env_id, replies)
+    assert out["prompt_ids"] == [reference.prompt_ids] * 2
+    assert out["completion_ids"] == [reference.completion_ids] * 2
+    assert out["env_mask"] == [reference.loss_mask] * 2
+    assert out["env_reward"] == [reference.reward] * 2
+    assert [sum(lp) for lp in out["logprobs"]] == [-float(sum(reference.loss_mask))] * 2
+    logged = grpo_trainer._metrics["train"]
+    assert all(logged[f"env/reward/{k}"][-1] == 1.0 for k in reference.reward_components)

@@ -1,0 +1,105 @@
+"""SkyRL: any benchmax-gym env as a ``skyrl_gym`` text env (``pip install 'benchmax-gym[skyrl]'``).
+
+``import benchmax_gym.adapters.skyrl`` registers ``"benchmax"`` with ``skyrl_gym.register``.
+SkyRL's generator makes a fresh env per trajectory, ``skyrl_gym.make("benchmax",
+env_config=..., extras=row)``, possibly from worker threads, then calls ``init``, ``step`` until
+done, ``get_metrics`` and ``close``. Configure it in SkyRL's config::
+
+    environment:
+      env_class: benchmax
+      skyrl_gym:
+        benchmax:
+          env_id: benchmax/Math-v0
+          env_kwargs: {max_turns: 4}
+
+A dataset row picks its task with ``task_index`` (rows from :func:`task_rows` carry it), or
+with ``env_id`` / ``env_kwargs`` of its own. The env's opening messages replace the row's prompt
+(the env owns its system prompt and task text); its reward components are in ``metadata`` and
+``get_metrics()``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmax_gym.adapters.tokens import make_env, task_dataset
+
+try:
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+except ImportError:  # pragma: no cover - exercised by the missing-extra test in a bare venv
+    raise ImportError("the SkyRL adapter needs skyrl-gym: pip install 'benchmax-gym[skyrl]'") from None
+
+ENV_CLASS = "benchmax"
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    """A key of SkyRL's env_config (an OmegaConf DictConfig or a dict)."""
+    if config is None:
+        return default
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    if value is not None and type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+class BenchmaxTextEnv(BaseTextEnv):
+    """One benchmax-gym episode behind SkyRL's ``BaseTextEnv``."""
+
+    def __init__(self, env_config: Any = None, extras: dict[str, Any] | None = None):
+        super().__init__()
+        extras = dict(extras or {})
+        env_id = extras.get("env_id") or _get(env_config, "env_id")
+        if not env_id:
+            raise ValueError("env_id is missing: set skyrl_gym.benchmax.env_id in the config, or env_id in the row")
+        kwargs = {**(_get(env_config, "env_kwargs") or {}), **(extras.get("env_kwargs") or {})}
+        if extras.get("max_turns") and "max_turns" not in kwargs:
+            kwargs["max_turns"] = int(extras["max_turns"])  # SkyRL's generator sets extras["max_turns"]
+        self.env = make_env(env_id, kwargs)
+        self.max_turns = self.env.unwrapped.max_turns
+        self.task_index = extras.get("task_index")
+        self.seed = extras.get("seed")
+        self.reward_components: dict[str, float] = {}
+        self.tool_errors = 0
+
+    def init(self, prompt: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        options = {"task_index": int(self.task_index)} if self.task_index is not None else None
+        _, info = self.env.reset(seed=self.seed, options=options)
+        return self.env.unwrapped.chat_messages("hf"), {"tools": info["tools"], "task_id": info["task_id"]}
+
+    def step(self, action: str) -> BaseTextEnvStepOutput:
+        self.turns += 1
+        _, reward, terminated, truncated, info = self.env.step(action)
+        done = terminated or truncated
+        metadata = {"error": info.get("error"), "task_id": info.get("task_id")}
+        if done:
+            self.reward_components = dict(info.get("reward_components", {}))
+            self.tool_errors = self.env.unwrapped.episode_record().get("tool_errors", 0)
+            metadata["reward_components"] = self.reward_components
+        observations = [] if done else [dict(m) for m in info["messages"]]
+        return BaseTextEnvStepOutput(observations=observations, reward=float(reward), done=done, metadata=metadata)
+
+    def get_metrics(self) -> dict[str, Any]:
+        return {"turns": self.turns, "tool_errors": self.tool_errors,
+                **{f"reward/{k}": v for k, v in self.reward_components.items()}}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
+    """Dataset rows in SkyRL's format (``prompt``, ``env_class``, ``task_index``) for ``env_id``."""
+    rows = task_dataset(env_id, n, env_kwargs=env_kwargs).to_list()
+    return [{"prompt": r["prompt"], "env_class": ENV_CLASS, "task_index": r["task_index"]} for r in rows]
+
+
+def register(env_class: str = ENV_CLASS) -> None:
+    """Register :class:`BenchmaxTextEnv` with ``skyrl_gym`` (done on import; idempotent)."""
+    import skyrl_gym
+
+    if env_class not in skyrl_gym.registry:
+        skyrl_gym.register(id=env_class, entry_point=BenchmaxTextEnv)
+
+
+register()

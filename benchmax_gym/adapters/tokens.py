@@ -1,0 +1,351 @@
+"""Token-level episodes: what every trainer adapter hands its trainer.
+
+A multi-turn tool loop that decodes the model's reply and re-tokenises the whole conversation
+every turn corrupts training data: the ids the trainer computes a loss on are not the ids the
+model sampled (BPE merges differ, templates rewrite or drop earlier turns). Here nothing is ever
+re-tokenised: the prompt is rendered once, the model's ids are kept exactly as generated, and each
+environment turn is rendered by the chat template on its own and appended::
+
+    chat = ChatTemplate(tokenizer)
+    session = TokenSession(gym.make("benchmax/Math-v0"), chat)
+    ids = session.reset(seed=0)                       # prompt ids
+    while not session.done:
+        new = generate(session.input_ids)             # the model's ids (and logprobs), any engine
+        session.step(new)                             # decoded for the env; env ids appended
+    episode = session.episode                         # prompt_ids, completion_ids, loss_mask, ...
+
+``prompt_ids + completion_ids`` equals what the template renders for the whole conversation (the
+assistant turns holding the model's text), when the template renders earlier turns as they were
+generated. Where a template does not, the ids here are the ones that were sampled and the
+template's own rendering is what differs:
+
+* templates that rewrite history, e.g. Qwen3's, which drops the ``<think>`` block of earlier
+  assistant turns: kept here as generated;
+* templates that ``trim`` assistant content (Llama 3): a reply with leading or trailing
+  whitespace keeps it here;
+* templates whose turn end lacks the stop token the model emitted (an EOS a template never
+  writes): the EOS is kept here;
+* a reply cut by the token budget has no stop token: its turn is closed by environment tokens
+  (loss mask 0), which is what the template writes after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+_SENTINEL = "BENCHMAX_SENTINEL_7f3a"
+TASK_KEY = "benchmax_task"  # carried by a dataset prompt's first message (TRL's rollout_func sees prompts only)
+_BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+
+
+class TemplateError(ValueError):
+    """The tokenizer or its chat template cannot give exact token episodes (the message says how to fix it)."""
+
+
+class ChatTemplate:
+    """A Hugging Face tokenizer and its chat template, checked once and rendered incrementally.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with a chat template.
+        chat_template: a template to use instead of the tokenizer's own.
+        tools: tool schemas for the template to render (when the env is made with
+            ``tools_in_prompt=False``); ``None`` leaves tools to the env's system prompt.
+        tool_role: ``"tool"`` (default) sends tool results as tool messages; ``"user"`` sends
+            them as user messages, for templates that cannot render tool messages.
+        template_kwargs: extra variables for the template (``enable_thinking=False``, ...).
+    """
+
+    def __init__(self, tokenizer: Any, *, chat_template: str | None = None, tools: list[dict] | None = None,
+                 tool_role: str = "tool", **template_kwargs: Any):
+        if tool_role not in ("tool", "user"):
+            raise TemplateError(f"tool_role must be 'tool' or 'user', got {tool_role!r}")
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
+        if not self.chat_template:
+            raise TemplateError(
+                f"the tokenizer ({type(tokenizer).__name__}) has no chat template: load a chat/instruct model's "
+                "tokenizer, or pass chat_template=... (a Jinja chat template string)")
+        self.tools = tools
+        self.tool_role = tool_role
+        self.template_kwargs = template_kwargs
+        # what the template writes after an assistant's content (e.g. "<|im_end|>\n")
+        base = self.render([*_BASE, {"role": "assistant", "content": _SENTINEL}])
+        if _SENTINEL not in base:
+            raise TemplateError("the chat template does not render assistant messages' content")
+        self._base = base
+        self.turn_end = base[base.index(_SENTINEL) + len(_SENTINEL):]
+        self.stop_ids = self._stop_ids()
+        probe = "BENCHMAX_TOOL_PROBE_7f3a"
+        try:
+            rendered = self.render_turn([{"role": "tool", "tool_call_id": "call_0", "name": "probe", "content": probe}])
+        except Exception as exc:  # noqa: BLE001  (a template raising on a role it does not know)
+            raise TemplateError(
+                f"the chat template cannot render tool messages ({exc}); pass tool_role='user' to send tool "
+                "results as user messages") from None
+        if probe not in rendered:
+            raise TemplateError(
+                "the chat template drops tool messages; pass tool_role='user' to send tool results as user messages")
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, chat_template=self.chat_template, tokenize=False,
+            add_generation_prompt=add_generation_prompt, **self.template_kwargs)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The first prompt, rendered with the generation prompt."""
+        return self.encode(self.render(messages, add_generation_prompt=True))
+
+    def render_turn(self, messages: list[dict[str, Any]]) -> str:
+        """What the template writes for ``messages`` after an assistant turn, up to and including
+        the next generation prompt (without the assistant's turn end)."""
+        if self.tool_role == "user":
+            messages = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
+        text = self.render([*_BASE, {"role": "assistant", "content": _SENTINEL}, *messages], add_generation_prompt=True)
+        if not text.startswith(self._base):
+            raise TemplateError(
+                "the chat template renders an assistant turn differently once messages follow it, so turns "
+                "cannot be appended exactly; use a template that renders history as it was generated")
+        return text[len(self._base):]
+
+    def env_ids(self, messages: list[dict[str, Any]], model_ids: list[int]) -> list[int]:
+        """The environment's tokens after the model's ``model_ids``: the rest of the assistant's
+        turn end (all of it when the model stopped without a stop token), then ``messages`` and
+        the next generation prompt."""
+        return self.encode(self.turn_rest(model_ids) + self.render_turn(messages))
+
+    def turn_rest(self, model_ids: list[int]) -> str:
+        """The part of the template's turn end the model did not generate."""
+        if model_ids and model_ids[-1] in self.stop_ids:
+            stop = self.tokenizer.decode([model_ids[-1]])
+            if self.turn_end.startswith(stop):
+                return self.turn_end[len(stop):]
+            return ""  # a stop token the template never writes (documented above): nothing to close
+        return self.turn_end
+
+    def text(self, model_ids: list[int]) -> str:
+        """The reply the env reads: the model's ids decoded, without the final stop token."""
+        if model_ids and model_ids[-1] in self.stop_ids:
+            model_ids = model_ids[:-1]
+        return self.tokenizer.decode(model_ids, skip_special_tokens=False)
+
+    def _stop_ids(self) -> set[int]:
+        """EOS, and the special token that opens the template's turn end (``<|im_end|>``, ``<|eot_id|>``)."""
+        stops = set()
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is not None:
+            stops.update(eos if isinstance(eos, list) else [eos])
+        end_ids = self.encode(self.turn_end)
+        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
+        special |= {i for i, t in getattr(self.tokenizer, "added_tokens_decoder", {}).items() if t.special}
+        if end_ids and end_ids[0] in special:
+            stops.add(end_ids[0])
+        return stops
+
+
+@dataclass
+class TokenEpisode:
+    """One episode as token ids. ``completion_ids`` holds everything after the prompt in order:
+    the model's ids (``loss_mask`` 1) and the environment's (``loss_mask`` 0)."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None  # per completion token; 0.0 for environment tokens
+    turns: list[tuple[int, int]] = field(default_factory=list)  # (start, end) of each model turn in completion_ids
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)  # the last step's
+    record: dict[str, Any] = field(default_factory=dict)  # env.episode_record(): the transcript, never the answer
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    def metrics(self) -> dict[str, float]:
+        """What adapters put in a trainer's logs: the reward, its components, turns, tool errors."""
+        out = {"reward": self.reward, "turns": float(len(self.turns)),
+               "tool_errors": float(self.record.get("tool_errors", 0))}
+        out.update({f"reward/{k}": float(v) for k, v in self.reward_components.items()})
+        return out
+
+
+class TokenSession:
+    """Plays one environment at the token level (see the module docstring).
+
+    Args:
+        env: a made env, or an env id (made with ``env_kwargs``).
+        chat: the :class:`ChatTemplate` (or a tokenizer, wrapped with defaults).
+        max_tokens: budget for ``completion_ids``; a turn that reaches it ends the episode
+            (truncated, graded as it stands).
+    """
+
+    def __init__(self, env: gym.Env | str, chat: ChatTemplate | Any, *, max_tokens: int | None = None,
+                 env_kwargs: dict[str, Any] | None = None):
+        self.env = make_env(env, env_kwargs) if isinstance(env, str) else env
+        self.chat = chat if isinstance(chat, ChatTemplate) else ChatTemplate(chat)
+        self.max_tokens = max_tokens
+        self.episode: TokenEpisode | None = None
+        self.obs, self.info = "", {}  # the env's last observation and info, for text policies
+
+    @property
+    def done(self) -> bool:
+        return self.episode is None or self.episode.done
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.episode.input_ids
+
+    @property
+    def budget(self) -> int | None:
+        """Tokens the next reply may still take (``None``: unbounded)."""
+        if self.max_tokens is None:
+            return None
+        return max(self.max_tokens - len(self.episode.completion_ids), 0)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> list[int]:
+        return self._start(*self.env.reset(seed=seed, options=options))
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> list[int]:
+        return self._start(*await _areset(self.env, seed, options))
+
+    def step(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
+        """Append the model's ids, step the env with their text; returns the env's ids (empty once done)."""
+        action = self._add_model_turn(model_ids, logprobs)
+        return self._add_env_turn(model_ids, *self.env.step(action))
+
+    async def astep(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
+        action = self._add_model_turn(model_ids, logprobs)
+        return self._add_env_turn(model_ids, *await _astep(self.env, action))
+
+    def close(self) -> None:
+        self.env.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _start(self, obs: str, info: dict[str, Any]) -> list[int]:
+        self.obs, self.info = obs, info
+        messages = self.env.unwrapped.chat_messages("hf")
+        self.episode = TokenEpisode(prompt_ids=self.chat.prompt_ids(messages), info=info)
+        return list(self.episode.prompt_ids)
+
+    def _add_model_turn(self, model_ids: list[int], logprobs: list[float] | None) -> str:
+        episode = self.episode
+        if episode is None or episode.done:
+            raise gym.error.ResetNeeded("call reset() before step(); the episode has ended")
+        model_ids = list(model_ids)
+        budget = self.budget
+        if budget is not None and len(model_ids) > budget:
+            model_ids, logprobs = model_ids[:budget], (logprobs[:budget] if logprobs is not None else None)
+        if logprobs is not None and len(logprobs) != len(model_ids):
+            raise ValueError(f"{len(logprobs)} logprobs for {len(model_ids)} token ids")
+        start = len(episode.completion_ids)
+        if logprobs is not None and episode.logprobs is None:
+            episode.logprobs = [0.0] * start
+        episode.completion_ids += model_ids
+        episode.loss_mask += [1] * len(model_ids)
+        if episode.logprobs is not None:
+            episode.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(model_ids)
+        episode.turns.append((start, len(episode.completion_ids)))
+        self._last_ids = model_ids
+        return self.chat.text(model_ids)
+
+    def _add_env_turn(self, model_ids: list[int], obs: str, reward: float, terminated: bool, truncated: bool,
+                      info: dict[str, Any]) -> list[int]:
+        episode = self.episode
+        episode.info = self.info = info
+        self.obs = obs
+        out_of_budget = self.budget == 0
+        if terminated or truncated or out_of_budget:
+            if not (terminated or truncated):  # the budget is spent: grade the episode as it stands
+                reward, info = _finish(self.env, info)
+                truncated = True
+            episode.reward, episode.terminated, episode.truncated = float(reward), terminated, truncated
+            episode.reward_components = dict(info.get("reward_components", {}))
+            episode.record = self.env.unwrapped.episode_record()
+            return []
+        ids = self.chat.env_ids(_hf(info["messages"]), self._last_ids)
+        episode.completion_ids += ids
+        episode.loss_mask += [0] * len(ids)
+        if episode.logprobs is not None:
+            episode.logprobs += [0.0] * len(ids)
+        return ids
+
+
+def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """``gym.make`` for adapters: an unknown id fails naming the registered benchmax ids."""
+    import benchmax_gym  # noqa: F401  (registers the benchmax/* ids)
+
+    try:
+        return gym.make(env_id, **(env_kwargs or {}))
+    except (gym.error.NameNotFound, gym.error.NamespaceNotFound, gym.error.VersionNotFound) as exc:
+        from benchmax_gym.registry import env_ids
+
+        raise gym.error.Error(f"{exc} Registered benchmax ids: {', '.join(env_ids())}") from None
+
+
+def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any] | None = None,
+                 mark_task: bool = False) -> Any:
+    """A ``datasets.Dataset`` with one row per task: ``prompt`` (the env's opening messages) and
+    ``task_index``. ``n`` caps the rows (generated sources have no end: the default is 1,000)."""
+    import datasets
+
+    env = make_env(env_id, env_kwargs)
+    try:
+        base = env.unwrapped
+        size = len(base.tasks) if hasattr(base.tasks, "__len__") else 1000
+        rows = []
+        for index in range(min(size, n) if n is not None else size):
+            env.reset(options={"task_index": index})  # a task's prompt may describe its files (Excel)
+            messages = base.chat_messages("hf")
+            if mark_task:
+                messages = [{**m, TASK_KEY: index if i == 0 else None} for i, m in enumerate(messages)]
+            rows.append({"prompt": messages, "task_index": index})
+    finally:
+        env.close()
+    return datasets.Dataset.from_list(rows)
+
+
+def _hf(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's new messages, for a chat template (tool results keep their ``name``)."""
+    return [dict(m) for m in messages]
+
+
+def _finish(env: gym.Env, info: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+    """Grade an episode the token budget cut short: an empty final reply ends it."""
+    _, reward, _, _, final = env.step("")
+    return reward, final
+
+
+async def _areset(env: gym.Env, seed: int | None, options: dict[str, Any] | None):
+    return await _in_background(env, "reset", seed=seed, options=options)
+
+
+async def _astep(env: gym.Env, action: str):
+    return await _in_background(env, "step", action)
+
+
+async def _in_background(env: gym.Env, name: str, *args: Any, **kwargs: Any):
+    """The env's own coroutine when nothing in its step waits on I/O (cheapest), else the sync
+    call in a thread, so blocking tools never stall the caller's event loop (as eval does)."""
+    from benchmax_gym.wrappers.vector import async_api
+
+    api = async_api(env)
+    if api is not None and not getattr(api, "needs_event_loop", True):
+        return await getattr(api, "a" + name)(*args, **kwargs)
+    return await asyncio.to_thread(getattr(env, name), *args, **kwargs)
+
+
+__all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "make_env", "task_dataset"]

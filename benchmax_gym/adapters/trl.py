@@ -1,0 +1,259 @@
+"""TRL: train any benchmax-gym env with ``GRPOTrainer`` (``pip install 'benchmax-gym[trl]'``).
+
+Two ways, as TRL offers them:
+
+* :class:`TRLRollout`, a ``rollout_func``: benchmax-gym plays whole multi-turn episodes at the token
+  level (:class:`~benchmax_gym.adapters.tokens.TokenSession`), generating with the trainer's own
+  backend (vLLM when ``use_vllm``, else ``transformers``), and returns ``prompt_ids``,
+  ``completion_ids``, ``logprobs``, ``env_mask`` (1 for model tokens) and the env's reward::
+
+      rollout = TRLRollout("benchmax/Math-v0", tokenizer)
+      trainer = GRPOTrainer(model, reward_funcs=rollout.reward, train_dataset=rollout.dataset(),
+                            rollout_func=rollout, processing_class=tokenizer, args=GRPOConfig(...))
+
+* :func:`trl_environment`, an ``environment_factory``: TRL runs the loop and calls the env's tools
+  as methods (typed, documented), the task comes from the dataset row (``task_index``), and
+  ``get_reward`` grades the episode. The model ends an episode by calling ``final_answer``::
+
+      Env = trl_environment("benchmax/Math-v0")
+      trainer = GRPOTrainer(model, environment_factory=Env, train_dataset=Env.dataset(), ...)
+
+The env's reward components go into the trainer's logged metrics as ``env/<component>``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import inspect
+import json
+import threading
+from typing import Any, ClassVar
+
+from benchmax_gym.adapters.tokens import (
+    TASK_KEY,
+    ChatTemplate,
+    TokenSession,
+    make_env,
+    task_dataset,
+)
+
+
+def _require_trl() -> None:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        raise ImportError("the TRL adapter needs TRL: pip install 'benchmax-gym[trl]'") from None
+
+
+class TRLRollout:
+    """A ``rollout_func`` for ``GRPOTrainer`` that plays multi-turn episodes of ``env_id``.
+
+    Args:
+        env_id: any registered id (built-in or yours).
+        tokenizer: the model's tokenizer (checked here: a chat template that can render tool
+            results is required).
+        env_kwargs: ``gym.make`` arguments.
+        chat_kwargs: :class:`ChatTemplate` options (``tool_role``, template variables).
+        max_workers: threads stepping envs (tools that wait on I/O overlap).
+        generate: ``generate(trainer, sessions) -> (ids, logprobs)``, one reply per session
+            (its ``input_ids`` so far), to generate with another backend; the default is the
+            trainer's own (:func:`generate_turn`).
+    """
+
+    def __init__(self, env_id: str, tokenizer: Any, *, env_kwargs: dict[str, Any] | None = None,
+                 chat_kwargs: dict[str, Any] | None = None, max_workers: int = 16, generate: Any = None):
+        _require_trl()
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails here, not mid-training
+        self.chat = ChatTemplate(tokenizer, **(chat_kwargs or {}))
+        self.generate = generate or (lambda trainer, sessions: generate_turn(trainer, [s.input_ids for s in sessions]))
+        self._sessions: list[TokenSession] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="benchmax-trl")
+        self.__name__ = "benchmax_rollout"
+
+    def dataset(self, n: int | None = None) -> Any:
+        """Rows for ``train_dataset``: the env's prompts, each marked with its task."""
+        return task_dataset(self.env_id, n, env_kwargs=self.env_kwargs, mark_task=True)
+
+    @staticmethod
+    def reward(completions: list[Any], env_reward: list[float] | None = None, **kwargs: Any) -> list[float]:
+        """The reward function to pass as ``reward_funcs``: the env's verified reward."""
+        if env_reward is None:
+            raise ValueError("env_reward is missing: use TRLRollout as the trainer's rollout_func")
+        return [float(r) for r in env_reward]
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        budget = getattr(trainer, "max_completion_length", None) or getattr(trainer.args, "max_completion_length", None)
+        while len(self._sessions) < len(prompts):
+            self._sessions.append(TokenSession(make_env(self.env_id, self.env_kwargs), self.chat))
+        sessions = self._sessions[: len(prompts)]
+        for session, prompt in zip(sessions, prompts):
+            session.max_tokens = budget
+        list(self._pool.map(lambda sp: sp[0].reset(options={"task_index": _task_of(sp[1])}), zip(sessions, prompts)))
+        while active := [s for s in sessions if not s.done]:
+            ids, logprobs = self.generate(trainer, active)
+            list(self._pool.map(lambda a: a[0].step(*a[1:]), zip(active, ids, logprobs)))
+        episodes = [s.episode for s in sessions]
+        self._log(trainer, episodes)
+        have_logprobs = all(e.logprobs is not None for e in episodes)
+        return {
+            "prompt_ids": [e.prompt_ids for e in episodes],
+            "completion_ids": [e.completion_ids for e in episodes],
+            "logprobs": [e.logprobs for e in episodes] if have_logprobs else None,
+            "env_mask": [e.loss_mask for e in episodes],
+            "env_reward": [e.reward for e in episodes],
+        }
+
+    @staticmethod
+    def _log(trainer: Any, episodes: list[Any]) -> None:
+        """The env's reward components, turns and tool errors, in the trainer's logged metrics."""
+        metrics = getattr(trainer, "_metrics", None)
+        if metrics is None:
+            return
+        mode = "train" if getattr(trainer.model, "training", True) else "eval"
+        names = sorted({k for e in episodes for k in e.metrics()})
+        for name in names:
+            values = [e.metrics()[name] for e in episodes if name in e.metrics()]
+            metrics[mode][f"env/{name}"].append(sum(values) / len(values))
+
+    def close(self) -> None:
+        for session in self._sessions:
+            session.close()
+        self._sessions.clear()
+        self._pool.shutdown(wait=False)
+
+
+def _task_of(prompt: Any) -> int:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and prompt[0].get(TASK_KEY) is not None:
+        return int(prompt[0][TASK_KEY])
+    raise ValueError("a prompt without its task: build train_dataset with TRLRollout.dataset() "
+                     f"(its first message carries {TASK_KEY!r})")
+
+
+def generate_turn(trainer: Any, input_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float] | None]]:
+    """One turn for each sequence with the trainer's own generation backend (vLLM or transformers)."""
+    completion_ids, logprobs = trainer._generate_single_turn(input_ids, None, {}, 1)
+    if logprobs is None:
+        logprobs = [None] * len(completion_ids)
+    return [list(c) for c in completion_ids], [list(lp) if lp is not None else None for lp in logprobs]
+
+
+# -- environment_factory --------------------------------------------------------------------------
+
+_JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+
+
+class TRLEnvironment:
+    """Base of the classes :func:`trl_environment` makes: one env, its tools as methods."""
+
+    env_id: str = ""
+    env_kwargs: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self):
+        self.env = make_env(self.env_id, {**self.env_kwargs, "tool_format": "openai", "tools_in_prompt": False})
+        self.reward = 0.0
+        self.reward_components: dict[str, float] = {}
+        self.done = False
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def dataset(cls, n: int | None = None) -> Any:
+        """Rows for ``train_dataset``: ``prompt`` (the env's opening messages, tools left to the
+        chat template) and ``task_index``."""
+        return task_dataset(cls.env_id, n, env_kwargs={**cls.env_kwargs, "tools_in_prompt": False})
+
+    def reset(self, task_index: int | None = None, **row: Any) -> None:
+        """Start the row's task; the prompt is already the env's (from :meth:`dataset`)."""
+        options = {"task_index": int(task_index)} if task_index is not None else None
+        self.env.reset(options=options)
+        self.reward, self.reward_components, self.done, self._calls = 0.0, {}, False, 0
+
+    def final_answer(self, answer: str) -> str:
+        """Give your final answer. This ends the episode; call no tool after it.
+
+        Args:
+            answer: your final answer, as the task asks for it.
+
+        Returns:
+            A confirmation.
+        """
+        if not self.done:
+            self._end(*self.env.step({"role": "assistant", "content": answer}))
+        return "Answer recorded."
+
+    def get_reward(self) -> float:
+        """The env's verified reward; an episode the model did not end is graded as it stands."""
+        if not self.done:
+            self._end(*self.env.step({"role": "assistant", "content": ""}))
+        return self.reward
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> str:
+        if self.done:
+            return "Error: the episode is over."
+        with self._lock:
+            self._calls += 1
+            call = {"id": f"call_{self._calls}", "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)}}
+            obs, reward, terminated, truncated, info = self.env.step(
+                {"role": "assistant", "content": None, "tool_calls": [call]})
+        text = "\n".join(m["content"] for m in info["messages"])
+        if terminated or truncated:
+            self._end(obs, reward, terminated, truncated, info)
+        return text
+
+    def _end(self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
+        self.done = True
+        self.reward = float(reward)
+        self.reward_components = dict(info.get("reward_components", {}))
+
+
+def trl_environment(env_id: str, **env_kwargs: Any) -> type[TRLEnvironment]:
+    """A class for ``GRPOTrainer(environment_factory=...)``: ``reset(**row)``, one method per
+    tool (typed signature, Google-style docstring from the tool's schema), ``final_answer`` and
+    ``get_reward``."""
+    _require_trl()
+    env = make_env(env_id, {**env_kwargs, "tools_in_prompt": False})
+    try:
+        schemas = env.unwrapped.tool_schemas
+        if not schemas:
+            env.reset()  # MCP-v0 knows its tools once connected
+            schemas = env.unwrapped.tool_schemas
+    finally:
+        env.close()
+    methods: dict[str, Any] = {"env_id": env_id, "env_kwargs": dict(env_kwargs)}
+    for schema in schemas:
+        function = schema.get("function", schema)
+        if function["name"] in ("reset", "get_reward", "final_answer") or not function["name"].isidentifier():
+            raise ValueError(f"tool {function['name']!r} cannot be a method name of a TRL environment")
+        methods[function["name"]] = _tool_method(function)
+    name = "".join(part for part in env_id.replace("/", "-").replace("_", "-").split("-") if part).replace(".", "")
+    return type(f"{name}TRLEnvironment", (TRLEnvironment,), methods)
+
+
+def _tool_method(function: dict[str, Any]):
+    """A method calling tool ``function`` through the env, with the signature and docstring TRL
+    (``transformers.utils.get_json_schema``) turns back into the tool's schema."""
+    name = function["name"]
+    params = function.get("parameters", {}).get("properties", {})
+    required = set(function.get("parameters", {}).get("required", []))
+
+    def method(self, **kwargs: Any) -> str:
+        return self._call(name, {k: v for k, v in kwargs.items() if v is not None})
+
+    ordered = sorted(params, key=lambda p: p not in required)  # required first (no default)
+    parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {"return": str}
+    for p in ordered:
+        kind = _JSON_TYPES.get(params[p].get("type"), str)
+        annotations[p] = kind if p in required else kind | None
+        parameters.append(inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            default=inspect.Parameter.empty if p in required else None))
+    method.__signature__ = inspect.Signature(parameters)
+    method.__annotations__ = annotations
+    args = "\n".join(f"    {p}: {' '.join((params[p].get('description') or p).split())}" for p in ordered)
+    description = " ".join((function.get("description") or name).split())
+    method.__doc__ = f"{description}\n\nArgs:\n{args}\n\nReturns:\n    The tool's output." if ordered \
+        else f"{description}\n\nReturns:\n    The tool's output."
+    method.__name__ = method.__qualname__ = name
+    return method

@@ -1,0 +1,189 @@
+"""A real Hugging Face tokenizer and model built locally, for tests and CPU smoke runs of the
+trainer adapters (no Hub download: a byte-level BPE trained on the fly, a random tiny model).
+
+Three chat templates in the styles adapters meet: ``qwen`` (ChatML, tool results grouped in a
+user turn as ``<tool_response>``), ``llama3`` (header tokens, ``ipython`` tool turns, trimmed
+content) and ``plain`` (role lines, EOS at each turn end). They are written here in the styles of
+those families, not copied from any model.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+QWEN_TEMPLATE = (
+    "{%- if messages[0].role == 'system' or tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- endif %}"
+    "{%- if tools %}{{- '\\n\\n# Tools\\n\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nCall a function with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>.' }}"
+    "{%- endif %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|im_start|>assistant' }}{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}{%- set call = call.function or call %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if tools %}{{- '<|start_header_id|>system<|end_header_id|>\\n\\nTools:' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}{{- '<|eot_id|>' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}"
+    "{%- else %}"
+    "{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + (message.content | trim) + '<|eot_id|>' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+PLAIN_TEMPLATE = (
+    "{%- for message in messages %}{{- '### ' + message.role + '\\n' + message.content + eos_token + '\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '### assistant\\n' }}{%- endif %}"
+)
+
+TEMPLATES = {"qwen": QWEN_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "plain": PLAIN_TEMPLATE}
+_SPECIAL = {
+    "qwen": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+             "additional": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]},
+    "llama3": {"eos_token": "<|eot_id|>", "pad_token": "<|finetune_right_pad_id|>", "bos_token": "<|begin_of_text|>",
+               "additional": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                              "<|finetune_right_pad_id|>"]},
+    "plain": {"eos_token": "</s>", "pad_token": "<pad>", "additional": ["</s>", "<pad>"]},
+}
+
+
+def _corpus() -> list[str]:
+    """Text like what the envs say: their prompts, tools and the solver's replies."""
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401
+    from benchmax_gym.testing import play
+
+    lines = ["The quick brown fox jumps over the lazy dog. 0123456789 + - * / = ( ) { } [ ] < > \" ' : , ."]
+    for env_id in ("benchmax/Math-v0", "benchmax/CRM-v0", "benchmax/Wikipedia-v0"):
+        env = gym.make(env_id)
+        try:
+            for seed in range(3):
+                played = play(env, seed=seed)
+                lines += [m.get("content") or "" for m in env.unwrapped.messages]
+                lines += played.observations
+        finally:
+            env.close()
+    return lines
+
+
+@functools.cache
+def _trained(vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_corpus() * 2, trainer)
+    return tok.to_str()
+
+
+def tiny_tokenizer(style: str = "qwen", vocab_size: int = 1024) -> Any:
+    """A ``PreTrainedTokenizerFast`` (byte-level BPE trained here) with the ``style`` chat template."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    if style not in TEMPLATES:
+        raise ValueError(f"style must be one of {sorted(TEMPLATES)}, got {style!r}")
+    special = _SPECIAL[style]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained(vocab_size)))
+    tokenizer.add_special_tokens({"additional_special_tokens": special["additional"]})
+    tokenizer.eos_token = special["eos_token"]
+    tokenizer.pad_token = special["pad_token"]
+    if "bos_token" in special:
+        tokenizer.bos_token = special["bos_token"]
+    tokenizer.chat_template = TEMPLATES[style]
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def tiny_model(tokenizer: Any, *, hidden_size: int = 32, layers: int = 2, seed: int = 0) -> Any:
+    """A randomly initialised Qwen2 causal LM sized for ``tokenizer`` (CPU, a few hundred KB)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         tie_word_embeddings=True)
+    return Qwen2ForCausalLM(config)
+
+
+# -- checking token episodes ---------------------------------------------------------------------
+
+
+def model_ids(chat: Any, text: str, stop: bool = True) -> list[int]:
+    """The ids a model would sample for ``text``, ending with its stop token."""
+    return chat.encode(text) + ([chat.tokenizer.eos_token_id] if stop else [])
+
+
+def whole_conversation(session: Any) -> list[int]:
+    """What the template renders for the whole conversation, the assistant turns holding the
+    model's text, up to the end of its last turn."""
+    env = session.env.unwrapped
+    actions = iter(env.episode_record()["actions"])
+    messages = [{"role": "assistant", "content": next(actions)} if m["role"] == "assistant" else m
+                for m in env.chat_messages("hf")]
+    if session.chat.tool_role == "user":
+        messages = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return session.chat.encode(session.chat.render(messages[: last + 1]))
+
+
+def play_tokens(session: Any, policy: Any = None, **reset_kwargs: Any) -> list[int]:
+    """Play a :class:`TokenSession` with a text policy (the env's solver by default), each reply
+    encoded as a model would sample it; returns the last reply's ids."""
+    session.reset(**reset_kwargs)
+    policy = policy or session.env.unwrapped.reference_solver()
+    last = []
+    while not session.done:
+        last = model_ids(session.chat, policy(session.obs, session.info))
+        session.step(last)
+    return last
+
+
+def assert_token_exact(session: Any, last: list[int]) -> None:
+    """The episode's ids are what the template renders for the whole conversation."""
+    concat = session.episode.prompt_ids + session.episode.completion_ids
+    assert whole_conversation(session) == concat + session.chat.encode(session.chat.turn_rest(last))
+
+
+class ScriptedEngine:
+    """A generation engine with vLLM's ``generate`` shape (as OpenRLHF calls it) whose replies
+    come from ``reply(prompt_ids, turn)``: the test's model."""
+
+    def __init__(self, tokenizer: Any, reply: Any):
+        self.tokenizer, self.reply = tokenizer, reply
+        self.turns: dict[tuple[int, ...], int] = {}
+
+    async def generate(self, prompt_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
+        from types import SimpleNamespace
+
+        first = tuple(prompt_ids[:64])  # one conversation per prompt
+        turn = self.turns[first] = self.turns.get(first, -1) + 1
+        text = self.reply(prompt_ids, turn)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        output = SimpleNamespace(token_ids=ids, text=text, finish_reason="stop", logprobs=None)
+        return SimpleNamespace(outputs=[output])

@@ -1,0 +1,181 @@
+"""Token-level episodes: the model's ids kept as generated, env turns rendered by the template,
+the whole equal to what the template renders for the conversation. (Every registered id, with
+each template style, is checked in tests/test_contract.py.)"""
+
+import asyncio
+
+import gymnasium as gym
+import pytest
+
+import benchmax_gym  # noqa: F401
+from benchmax_gym.adapters import ChatTemplate, TemplateError, TokenSession
+from benchmax_gym.adapters.tokens import make_env
+from benchmax_gym.testing.tokenizers import assert_token_exact, model_ids, play_tokens
+
+
+def test_a_multi_turn_episode_concatenates_to_the_template_rendering(tokenizer):
+    chat = ChatTemplate(tokenizer)
+    session = TokenSession("benchmax/Math-v0", chat)
+    last = play_tokens(session, seed=1)
+    episode = session.episode
+    assert episode.reward == 1.0 and episode.reward_components == {"correct": 1.0, "format": 1.0}
+    assert len(episode.turns) >= 2  # tool calls, then the answer
+    assert_token_exact(session, last)
+    # the loss mask marks exactly the model's turns
+    model = [i for i, m in enumerate(episode.loss_mask) if m == 1]
+    assert model == [i for start, end in episode.turns for i in range(start, end)]
+    assert len(episode.loss_mask) == len(episode.completion_ids)
+    session.close()
+
+
+def test_the_models_ids_are_kept_as_generated_never_re_encoded(qwen_tokenizer):
+    """A non-canonical tokenisation (one id per character) and a reasoning block survive as sampled."""
+    chat = ChatTemplate(qwen_tokenizer)
+    session = TokenSession("benchmax/Math-v0", chat)
+    session.reset(seed=0)
+    call = session.env.unwrapped.reference_solver()(session.obs, session.info)
+    text = "<think>I will use the calculator.</think>" + call
+    odd = [i for ch in text for i in chat.encode(ch)] + [qwen_tokenizer.eos_token_id]
+    assert odd[:-1] != chat.encode(text)  # not what encoding the text would give
+    session.step(odd)
+    start, end = session.episode.turns[0]
+    assert session.episode.completion_ids[start:end] == odd
+    assert session.env.unwrapped.episode_record()["actions"][0] == text  # the env read the text, thinking kept
+    assert session.info["error"] is None  # the call outside the thinking ran
+    session.close()
+
+
+def test_appending_a_turn_never_re_tokenises_earlier_turns(qwen_tokenizer):
+    chat = ChatTemplate(qwen_tokenizer)
+    encoded = []
+    original = chat.encode
+    chat.encode = lambda text: encoded.append(text) or original(text)
+    session = TokenSession("benchmax/Math-v0", chat)
+    session.reset(seed=2)
+    prompt_text = encoded[-1]
+    encoded.clear()
+    solver = session.env.unwrapped.reference_solver()
+    while not session.done:
+        before = list(session.input_ids)
+        reply = solver(session.obs, session.info)
+        new = session.step(original(reply) + [qwen_tokenizer.eos_token_id])
+        assert session.input_ids[: len(before)] == before
+        assert session.input_ids[len(before):] == original(reply) + [qwen_tokenizer.eos_token_id] + new
+    # only the environment's new text was encoded, never the prompt or a model turn again
+    assert encoded and all(prompt_text not in text and "<tool_call>" not in text for text in encoded)
+    session.close()
+
+
+def test_a_reply_cut_by_the_budget_is_closed_by_env_tokens_and_graded(qwen_tokenizer):
+    chat = ChatTemplate(qwen_tokenizer)
+    session = TokenSession("benchmax/Math-v0", chat)
+    session.reset(seed=0)
+    call = session.env.unwrapped.reference_solver()(session.obs, session.info)
+    cut = model_ids(chat, call, stop=False)  # a length cut: no stop token
+    env_ids = session.step(cut)
+    assert qwen_tokenizer.decode(env_ids).startswith("<|im_end|>\n<|im_start|>user")
+    session.max_tokens = len(session.episode.completion_ids) + len(chat.encode(call))
+    session.step(model_ids(chat, call))  # one token over the budget: its stop token is cut
+    assert session.env.unwrapped.episode_record()["tool_errors"] == 0  # the call itself ran
+    episode = session.episode
+    assert episode.truncated and not episode.terminated
+    assert len(episode.completion_ids) == session.max_tokens
+    assert set(episode.reward_components) == {"correct", "format"}  # graded as it stands
+    session.close()
+
+
+def test_logprobs_align_with_completion_ids(qwen_tokenizer):
+    chat = ChatTemplate(qwen_tokenizer)
+    session = TokenSession("benchmax/Math-v0", chat)
+    session.reset(seed=0)
+    solver = session.env.unwrapped.reference_solver()
+    first = True
+    while not session.done:
+        ids = model_ids(chat, solver(session.obs, session.info))
+        session.step(ids, [-0.5] * len(ids) if not first else None)
+        first = False
+    episode = session.episode
+    assert len(episode.logprobs) == len(episode.completion_ids)
+    start, end = episode.turns[-1]
+    assert episode.logprobs[start:end] == [-0.5] * (end - start)
+    assert all(lp == 0.0 for lp, m in zip(episode.logprobs, episode.loss_mask) if m == 0)
+    with pytest.raises(ValueError, match="logprobs"):
+        session.reset(seed=0)
+        session.step([1, 2, 3], [-1.0])
+    session.close()
+
+
+def test_async_sessions_play_concurrently_and_match_sync(qwen_tokenizer):
+    chat = ChatTemplate(qwen_tokenizer)
+
+    async def one(seed):
+        session = TokenSession("benchmax/Math-v0", chat)
+        await session.areset(seed=seed)
+        solver = session.env.unwrapped.reference_solver()
+        while not session.done:
+            await session.astep(model_ids(chat, solver(session.obs, session.info)))
+        session.close()
+        return session.episode
+
+    async def main():
+        return await asyncio.gather(*(one(s) for s in range(4)))
+
+    episodes = asyncio.run(main())
+    for seed, episode in enumerate(episodes):
+        sync = TokenSession("benchmax/Math-v0", chat)
+        play_tokens(sync, seed=seed)
+        assert (episode.prompt_ids, episode.completion_ids, episode.reward) == (
+            sync.episode.prompt_ids, sync.episode.completion_ids, sync.episode.reward)
+        sync.close()
+
+
+def test_a_tokenizer_without_a_chat_template_fails_naming_the_fix(qwen_tokenizer):
+    from transformers import PreTrainedTokenizerFast
+
+    bare = PreTrainedTokenizerFast(tokenizer_object=qwen_tokenizer.backend_tokenizer)
+    with pytest.raises(TemplateError, match="no chat template.*chat_template="):
+        ChatTemplate(bare)
+
+
+def test_a_template_that_cannot_render_tool_messages_fails_naming_tool_role(qwen_tokenizer):
+    strict = ("{%- for m in messages %}{%- if m.role not in ['system', 'user', 'assistant'] %}"
+              "{{ raise_exception('Only user and assistant roles are supported!') }}{%- endif %}"
+              "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+              "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    with pytest.raises(TemplateError, match="cannot render tool messages.*tool_role='user'"):
+        ChatTemplate(qwen_tokenizer, chat_template=strict)
+    chat = ChatTemplate(qwen_tokenizer, chat_template=strict, tool_role="user")  # the fix works
+    session = TokenSession("benchmax/Math-v0", chat)
+    last = play_tokens(session, seed=0)
+    assert session.episode.reward == 1.0
+    assert "<|im_start|>user\n" in qwen_tokenizer.decode(session.episode.completion_ids)  # results as user turns
+    assert_token_exact(session, last)
+    session.close()
+
+
+def test_a_template_that_drops_tool_messages_is_refused(qwen_tokenizer):
+    dropping = ("{%- for m in messages %}{%- if m.role != 'tool' %}"
+                "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+                "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    with pytest.raises(TemplateError, match="drops tool messages.*tool_role='user'"):
+        ChatTemplate(qwen_tokenizer, chat_template=dropping)
+
+
+def test_an_unknown_env_id_fails_naming_the_registered_ids(qwen_tokenizer):
+    with pytest.raises(gym.error.Error, match=r"Mth.*benchmax/Math-v0"):
+        TokenSession("benchmax/Mth-v0", qwen_tokenizer)
+    with pytest.raises(gym.error.Error):
+        make_env("nobody/Nothing-v0")
+
+
+def test_tools_rendered_by_the_template_when_the_env_leaves_them_out(qwen_tokenizer):
+    env = gym.make("benchmax/Math-v0", tools_in_prompt=False)
+    _, info = env.reset(seed=0)
+    chat = ChatTemplate(qwen_tokenizer, tools=info["tools"])
+    session = TokenSession(env, chat)
+    last = play_tokens(session, seed=0)
+    prompt = qwen_tokenizer.decode(session.episode.prompt_ids)
+    assert "# Tools" in prompt and '"calculator"' in prompt
+    assert session.episode.reward == 1.0
+    assert_token_exact(session, last)
+    session.close()
