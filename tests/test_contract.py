@@ -254,9 +254,10 @@ def _replies(env_id, task_index=0):
     return actions
 
 
-@pytest.mark.parametrize("style", ["qwen", "llama3", "plain"])
+@pytest.mark.parametrize("style", ["qwen", "llama3", "plain", "qwen2.5", "llama3.1"])
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
 def test_every_id_gives_token_exact_episodes_in_each_template_style(env_id, style):
+    """Three template styles written here and two real templates (Qwen2.5's, Llama 3.1's)."""
     from benchmax_gym.adapters import ChatTemplate, TokenSession
     from benchmax_gym.testing.tokenizers import assert_token_exact, play_tokens, tiny_tokenizer
 

@@ -68,7 +68,7 @@ class BenchmaxAgentInstance(AgentInstanceBase):
             logs["tool_errors"] = float(self.env.unwrapped.episode_record().get("tool_errors", 0))
             self.env.close()
         else:
-            feedback = self.chat.turn_rest(self.generations.last_ids) + self.chat.render_turn(info["messages"])
+            feedback = self.chat.env_text(info["messages"], self.generations.last_ids)
             logs = {}
         return {"rewards": torch.tensor(float(reward)), "scores": torch.tensor(float(reward)),
                 "environment_feedback": feedback, "done": done, "sampling_params": states.get("sampling_params"),

@@ -19,8 +19,11 @@ assistant turns holding the model's text), when the template renders earlier tur
 generated. Where a template does not, the ids here are the ones that were sampled and the
 template's own rendering is what differs:
 
-* templates that rewrite history, e.g. Qwen3's, which drops the ``<think>`` block of earlier
-  assistant turns: kept here as generated;
+* templates that rewrite history. Qwen3's drops the ``<think>`` block of assistant turns
+  before the last user message (an env's note, such as the last-turn warning, is one), and
+  writes an empty ``<think>\n\n</think>\n\n`` into a last turn that has none: the ids here
+  keep what was generated. (Turns after the last user message, as a Qwen3 model writes them,
+  match.) Qwen2.5's and Llama 3.1's templates match exactly (tested on every env);
 * templates that ``trim`` assistant content (Llama 3): a reply with leading or trailing
   whitespace keeps it here;
 * templates whose turn end lacks the stop token the model emitted (an EOS a template never
@@ -86,7 +89,7 @@ class ChatTemplate:
             raise TemplateError(
                 f"the chat template cannot render tool messages ({exc}); pass tool_role='user' to send tool "
                 "results as user messages") from None
-        if probe not in rendered:
+        if probe not in rendered or not rendered.startswith(self.turn_end):
             raise TemplateError(
                 "the chat template drops tool messages; pass tool_role='user' to send tool results as user messages")
 
@@ -103,31 +106,37 @@ class ChatTemplate:
         return self.encode(self.render(messages, add_generation_prompt=True))
 
     def render_turn(self, messages: list[dict[str, Any]]) -> str:
-        """What the template writes for ``messages`` after an assistant turn, up to and including
-        the next generation prompt (without the assistant's turn end)."""
+        """What the template writes after an assistant's content when ``messages`` follow: its
+        turn end, ``messages``, the next generation prompt. (Rendered after a stand-in turn, so
+        templates that render the last assistant turn differently, like Qwen3's, still give the
+        text that follows a turn that is not last.)"""
         if self.tool_role == "user":
             messages = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
         text = self.render([*_BASE, {"role": "assistant", "content": _SENTINEL}, *messages], add_generation_prompt=True)
-        if not text.startswith(self._base):
-            raise TemplateError(
-                "the chat template renders an assistant turn differently once messages follow it, so turns "
-                "cannot be appended exactly; use a template that renders history as it was generated")
-        return text[len(self._base):]
+        return text[text.index(_SENTINEL) + len(_SENTINEL):]
+
+    def env_text(self, messages: list[dict[str, Any]], model_ids: list[int]) -> str:
+        """The environment's text after the model's ``model_ids``: what :meth:`render_turn` gives,
+        less the stop token the model already generated (all of it when the model stopped
+        without one, so its turn is closed)."""
+        text = self.render_turn(messages)
+        stop = self._stop_text(model_ids)
+        return text[len(stop):] if stop and text.startswith(stop) else text
 
     def env_ids(self, messages: list[dict[str, Any]], model_ids: list[int]) -> list[int]:
-        """The environment's tokens after the model's ``model_ids``: the rest of the assistant's
-        turn end (all of it when the model stopped without a stop token), then ``messages`` and
-        the next generation prompt."""
-        return self.encode(self.turn_rest(model_ids) + self.render_turn(messages))
+        return self.encode(self.env_text(messages, model_ids))
 
     def turn_rest(self, model_ids: list[int]) -> str:
-        """The part of the template's turn end the model did not generate."""
+        """The part of the template's final turn end the model did not generate."""
+        stop = self._stop_text(model_ids)
+        if not stop:
+            return self.turn_end
+        return self.turn_end[len(stop):] if self.turn_end.startswith(stop) else ""
+
+    def _stop_text(self, model_ids: list[int]) -> str:
         if model_ids and model_ids[-1] in self.stop_ids:
-            stop = self.tokenizer.decode([model_ids[-1]])
-            if self.turn_end.startswith(stop):
-                return self.turn_end[len(stop):]
-            return ""  # a stop token the template never writes (documented above): nothing to close
-        return self.turn_end
+            return self.tokenizer.decode([model_ids[-1]])
+        return ""
 
     def text(self, model_ids: list[int]) -> str:
         """The reply the env reads: the model's ids decoded, without the final stop token."""

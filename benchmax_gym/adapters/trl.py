@@ -83,13 +83,14 @@ class TRLRollout:
         return [float(r) for r in env_reward]
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        tasks = [_task_of(p) for p in prompts]
         budget = getattr(trainer, "max_completion_length", None) or getattr(trainer.args, "max_completion_length", None)
         while len(self._sessions) < len(prompts):
             self._sessions.append(TokenSession(make_env(self.env_id, self.env_kwargs), self.chat))
         sessions = self._sessions[: len(prompts)]
-        for session, prompt in zip(sessions, prompts):
+        for session in sessions:
             session.max_tokens = budget
-        list(self._pool.map(lambda sp: sp[0].reset(options={"task_index": _task_of(sp[1])}), zip(sessions, prompts)))
+        list(self._pool.map(lambda st: st[0].reset(options={"task_index": st[1]}), zip(sessions, tasks)))
         while active := [s for s in sessions if not s.done]:
             ids, logprobs = self.generate(trainer, active)
             list(self._pool.map(lambda a: a[0].step(*a[1:]), zip(active, ids, logprobs)))
@@ -247,9 +248,9 @@ def _tool_method(function: dict[str, Any]):
     for p in ordered:
         kind = _JSON_TYPES.get(params[p].get("type"), str)
         annotations[p] = kind if p in required else kind | None
-        parameters.append(inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        parameters.append(inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotations[p],
                                             default=inspect.Parameter.empty if p in required else None))
-    method.__signature__ = inspect.Signature(parameters)
+    method.__signature__ = inspect.Signature(parameters, return_annotation=str)
     method.__annotations__ = annotations
     args = "\n".join(f"    {p}: {' '.join((params[p].get('description') or p).split())}" for p in ordered)
     description = " ".join((function.get("description") or name).split())

@@ -3,8 +3,9 @@ trainer adapters (no Hub download: a byte-level BPE trained on the fly, a random
 
 Three chat templates in the styles adapters meet: ``qwen`` (ChatML, tool results grouped in a
 user turn as ``<tool_response>``), ``llama3`` (header tokens, ``ipython`` tool turns, trimmed
-content) and ``plain`` (role lines, EOS at each turn end). They are written here in the styles of
-those families, not copied from any model.
+content) and ``plain`` (role lines, EOS at each turn end), written here in those styles; and the
+real ``qwen2.5``, ``qwen3`` and ``llama3.1`` templates, read from the copies TRL ships
+(``trl/chat_templates``; TRL recognises them and knows how to parse their tool calls).
 """
 
 from __future__ import annotations
@@ -55,7 +56,14 @@ PLAIN_TEMPLATE = (
 )
 
 TEMPLATES = {"qwen": QWEN_TEMPLATE, "llama3": LLAMA3_TEMPLATE, "plain": PLAIN_TEMPLATE}
+REAL_TEMPLATES = {"qwen2.5": "qwen2_5.jinja", "qwen3": "qwen3.jinja", "llama3.1": "llama3_1.jinja"}
+_QWEN = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+         "additional": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]}
 _SPECIAL = {
+    "qwen2.5": _QWEN, "qwen3": _QWEN,
+    "llama3.1": {"eos_token": "<|eot_id|>", "pad_token": "<|finetune_right_pad_id|>", "bos_token": "<|begin_of_text|>",
+                 "additional": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                                "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>"]},
     "qwen": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
              "additional": ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]},
     "llama3": {"eos_token": "<|eot_id|>", "pad_token": "<|finetune_right_pad_id|>", "bos_token": "<|begin_of_text|>",
@@ -103,8 +111,8 @@ def tiny_tokenizer(style: str = "qwen", vocab_size: int = 1024) -> Any:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    if style not in TEMPLATES:
-        raise ValueError(f"style must be one of {sorted(TEMPLATES)}, got {style!r}")
+    if style not in TEMPLATES and style not in REAL_TEMPLATES:
+        raise ValueError(f"style must be one of {sorted(TEMPLATES) + sorted(REAL_TEMPLATES)}, got {style!r}")
     special = _SPECIAL[style]
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained(vocab_size)))
     tokenizer.add_special_tokens({"additional_special_tokens": special["additional"]})
@@ -112,9 +120,15 @@ def tiny_tokenizer(style: str = "qwen", vocab_size: int = 1024) -> Any:
     tokenizer.pad_token = special["pad_token"]
     if "bos_token" in special:
         tokenizer.bos_token = special["bos_token"]
-    tokenizer.chat_template = TEMPLATES[style]
+    tokenizer.chat_template = TEMPLATES[style] if style in TEMPLATES else _real_template(style)
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def _real_template(style: str) -> str:
+    from importlib.resources import files
+
+    return (files("trl") / "chat_templates" / REAL_TEMPLATES[style]).read_text(encoding="utf-8")
 
 
 def tiny_model(tokenizer: Any, *, hidden_size: int = 32, layers: int = 2, seed: int = 0) -> Any:
@@ -172,18 +186,27 @@ def assert_token_exact(session: Any, last: list[int]) -> None:
 
 class ScriptedEngine:
     """A generation engine with vLLM's ``generate`` shape (as OpenRLHF calls it) whose replies
-    come from ``reply(prompt_ids, turn)``: the test's model."""
+    come from ``reply(prompt_ids, turn)``: the test's model. A conversation is known by its
+    first prompt (every later prompt extends it)."""
 
     def __init__(self, tokenizer: Any, reply: Any):
         self.tokenizer, self.reply = tokenizer, reply
-        self.turns: dict[tuple[int, ...], int] = {}
+        self.conversations: list[list[Any]] = []  # [first prompt ids, turns so far]
+
+    def turn(self, prompt_ids: list[int]) -> tuple[list[int], int]:
+        for conversation in self.conversations:
+            first = conversation[0]
+            if len(prompt_ids) > len(first) and prompt_ids[: len(first)] == first:
+                conversation[1] += 1
+                return first, conversation[1]
+        self.conversations.append([list(prompt_ids), 0])
+        return list(prompt_ids), 0
 
     async def generate(self, prompt_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
         from types import SimpleNamespace
 
-        first = tuple(prompt_ids[:64])  # one conversation per prompt
-        turn = self.turns[first] = self.turns.get(first, -1) + 1
-        text = self.reply(prompt_ids, turn)
+        first, turn = self.turn(list(prompt_ids))
+        text = self.reply(first, turn)
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
         output = SimpleNamespace(token_ids=ids, text=text, finish_reason="stop", logprobs=None)
         return SimpleNamespace(outputs=[output])

@@ -179,3 +179,29 @@ def test_tools_rendered_by_the_template_when_the_env_leaves_them_out(qwen_tokeni
     assert session.episode.reward == 1.0
     assert_token_exact(session, last)
     session.close()
+
+
+QWEN3_REASONING = "<think>\nI should work this out step by step.\n</think>\n\n"
+
+
+def test_qwen3_matches_when_the_model_writes_its_think_blocks_and_differs_where_documented():
+    """Qwen3's real template: replies as a Qwen3 model writes them (a think block first) match
+    the template; a reply without one does not (the template writes an empty block into the
+    last turn), and the ids keep what was generated."""
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen3")
+    chat = ChatTemplate(tokenizer)
+    session = TokenSession("benchmax/Math-v0", chat, env_kwargs={"max_turns": 10})
+    solver = session.env.unwrapped.reference_solver()
+    last = play_tokens(session, lambda obs, info: QWEN3_REASONING + solver(obs, info), seed=0)
+    assert session.episode.reward == 1.0
+    assert_token_exact(session, last)
+    session.close()
+    session = TokenSession("benchmax/Math-v0", chat, env_kwargs={"max_turns": 10})
+    last = play_tokens(session, seed=0)
+    with pytest.raises(AssertionError):
+        assert_token_exact(session, last)
+    final = tokenizer.decode(session.episode.completion_ids[slice(*session.episode.turns[-1])])
+    assert "<think>" not in final  # as generated
+    session.close()
