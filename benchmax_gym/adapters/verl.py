@@ -1,0 +1,82 @@
+"""verl: any benchmax-gym env as a verl agent loop (``pip install 'benchmax-gym[verl]'``).
+
+``import benchmax_gym.adapters.verl`` registers the agent loop ``"benchmax"`` (verl's
+``@register``). A dataset row names its env and task in ``extra_info`` (rows from
+:func:`task_rows` do): ``{"env_id": ..., "task_index": ..., "env_kwargs": {...}}``, with
+``agent_name: benchmax``. Or give the env in verl's agent-loop config file
+(``actor_rollout_ref.rollout.agent.agent_loop_config_path``)::
+
+    - name: benchmax_math
+      _target_: benchmax_gym.adapters.verl.BenchmaxAgentLoop
+      env_id: benchmax/Math-v0
+      env_kwargs: {max_turns: 4}
+
+Each trajectory plays one episode at the token level (:class:`TokenSession`): the model's ids
+as the server returned them, env turns rendered by the chat template, one ``request_id`` per
+trajectory (the server's prefix cache holds), the response capped at ``response_length``. The
+env's reward is the trajectory's ``reward_score``; its components go to ``extra_fields``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
+
+try:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+except ImportError:  # pragma: no cover - exercised by the missing-extra test in a bare venv
+    raise ImportError("the verl adapter needs verl: pip install 'benchmax-gym[verl]'") from None
+
+
+@register("benchmax")
+class BenchmaxAgentLoop(AgentLoopBase):
+    """One benchmax-gym episode per trajectory, token-exact."""
+
+    def __init__(self, *args: Any, env_id: str | None = None, env_kwargs: dict[str, Any] | None = None,
+                 **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self.chat = ChatTemplate(self.tokenizer, **self.apply_chat_template_kwargs)
+        self.response_length = self.rollout_config.response_length
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        extra = dict(kwargs.get("extra_info") or {})
+        env_id = extra.get("env_id") or self.env_id
+        if not env_id:
+            raise ValueError("env_id is missing: give it in the row's extra_info or the agent loop config")
+        session = TokenSession(make_env(env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})}), self.chat,
+                               max_tokens=self.response_length)
+        task = extra.get("task_index")
+        request_id = uuid4().hex  # one per trajectory: every turn extends the same prefix
+        try:
+            await session.areset(options={"task_index": int(task)} if task is not None else None)
+            while not session.done:
+                params = dict(sampling_params)
+                params["max_tokens"] = session.budget
+                output = await self.server_manager.generate(request_id=request_id, prompt_ids=session.input_ids,
+                                                            sampling_params=params)
+                await session.astep(output.token_ids, output.log_probs or None)
+        finally:
+            session.close()
+        episode = session.episode
+        return AgentLoopOutput(
+            prompt_ids=episode.prompt_ids,
+            response_ids=episode.completion_ids,
+            response_mask=episode.loss_mask,
+            response_logprobs=episode.logprobs,
+            reward_score=episode.reward,
+            num_turns=1 + 2 * len(episode.turns),
+            metrics={},
+            extra_fields={"reward_extra_info": episode.metrics(), "turn_scores": [], "tool_rewards": []},
+        )
+
+
+def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
+    """Rows for verl's RLHFDataset (parquet): ``prompt``, ``agent_name``, ``extra_info``."""
+    rows = task_dataset(env_id, n, env_kwargs=env_kwargs).to_list()
+    extra = {"env_kwargs": env_kwargs} if env_kwargs else {}  # (parquet cannot hold an empty struct)
+    return [{"prompt": r["prompt"], "agent_name": "benchmax", "data_source": env_id,
+             "extra_info": {"env_id": env_id, "task_index": r["task_index"], **extra}} for r in rows]

@@ -1,0 +1,97 @@
+"""verl: the "benchmax" agent loop built exactly as verl's AgentLoopWorker builds one (hydra
+instantiate from its registry) and run against a scripted LLM server returning verl's TokenOutput."""
+
+import asyncio
+
+import hydra
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+from verl.workers.rollout.replica import TokenOutput
+
+from benchmax_gym.adapters.verl import BenchmaxAgentLoop, task_rows
+
+
+class SolverServer:
+    """verl's server manager ``generate`` with each trajectory answered by its task's solver."""
+
+    def __init__(self, tokenizer, env_id):
+        import gymnasium as gym
+
+        self.tokenizer, self.env_id, self.gym = tokenizer, env_id, gym
+        self.trajectories, self.requests = {}, []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        self.requests.append((request_id, sampling_params["max_tokens"]))
+        if request_id not in self.trajectories:
+            text = self.tokenizer.decode(prompt_ids)
+            twin = self.gym.make(self.env_id)
+            index = next(i for i in range(64) if twin.reset(options={"task_index": i})[0].split("\n\n")[-1] in text)
+            obs, info = twin.reset(options={"task_index": index})
+            self.trajectories[request_id] = [twin, obs, info, twin.unwrapped.reference_solver()]
+        twin, obs, info, solver = self.trajectories[request_id]
+        action = solver(obs, info)
+        obs, _, term, trunc, info = twin.step(action)
+        self.trajectories[request_id][1:3] = [obs, info]
+        ids = self.tokenizer.encode(action, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+
+
+def _agent_loop(tokenizer, server, response_length=2048):
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096,
+                                                                 "response_length": response_length}},
+                               "data": {"apply_chat_template_kwargs": {}}})
+    return hydra.utils.instantiate(config=_agent_loop_registry["benchmax"], trainer_config=DictConfigWrap(config),
+                                   server_manager=server, tokenizer=tokenizer, processor=None, hf_model_type=None,
+                                   dataset_cls=None, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+
+
+def test_the_registered_agent_loop_plays_concurrent_trajectories_token_exact(qwen_tokenizer):
+    from benchmax_gym.adapters import ChatTemplate, TokenSession
+    from benchmax_gym.testing.tokenizers import model_ids
+
+    server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
+    rows = task_rows("benchmax/Math-v0", 4)
+    loop = _agent_loop(qwen_tokenizer, server)
+    assert isinstance(loop, BenchmaxAgentLoop)
+
+    async def main():
+        return await asyncio.gather(*(loop.run({"temperature": 1.0}, **row) for row in rows))
+
+    outputs = asyncio.run(main())
+    chat = ChatTemplate(qwen_tokenizer)
+    for row, out in zip(rows, outputs):
+        assert out.reward_score == 1.0 and out.extra_fields["reward_extra_info"]["reward/correct"] == 1.0
+        # the same ids as a TokenSession fed the same replies (checked against the template elsewhere)
+        reference = TokenSession("benchmax/Math-v0", chat)
+        reference.reset(options={"task_index": row["extra_info"]["task_index"]})
+        solver = reference.env.unwrapped.reference_solver()
+        while not reference.done:
+            reference.step(model_ids(chat, solver(reference.obs, reference.info)))
+        assert out.prompt_ids == reference.episode.prompt_ids
+        assert out.response_ids == reference.episode.completion_ids
+        assert out.response_mask == reference.episode.loss_mask
+        assert [lp for lp, m in zip(out.response_logprobs, out.response_mask) if m] == [-0.5] * sum(out.response_mask)
+        reference.close()
+    ids = [r for r, _ in server.requests]
+    assert len(set(ids)) == 4 and len(ids) > 4  # one request id per trajectory, several turns each
+
+
+def test_the_response_length_bounds_every_request_and_the_response(qwen_tokenizer):
+    server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
+    loop = _agent_loop(qwen_tokenizer, server, response_length=40)
+    out = asyncio.run(loop.run({}, **task_rows("benchmax/Math-v0", 1)[0]))
+    assert len(out.response_ids) <= 40 and len(out.response_mask) == len(out.response_ids)
+    assert server.requests[0][1] == 40 and all(m <= 40 for _, m in server.requests)
+
+
+def test_an_env_in_the_agent_loop_config_file(qwen_tokenizer):
+    server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 2048}},
+                               "data": {}})
+    entry = {"_target_": "benchmax_gym.adapters.verl.BenchmaxAgentLoop", "env_id": "benchmax/Math-v0",
+             "env_kwargs": {"max_turns": 4}}
+    loop = hydra.utils.instantiate(config=entry, trainer_config=DictConfigWrap(config), server_manager=server,
+                                   tokenizer=qwen_tokenizer, processor=None, hf_model_type=None, dataset_cls=None,
+                                   data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+    out = asyncio.run(loop.run({}, extra_info={"task_index": 2}, raw_prompt=[]))
+    assert out.reward_score == 1.0
