@@ -35,12 +35,14 @@ template's own rendering is what differs:
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
 _SENTINEL = "BENCHMAX_SENTINEL_7f3a"
+log = logging.getLogger(__name__)
 TASK_KEY = "benchmax_task"  # carried by a dataset prompt's first message (TRL's rollout_func sees prompts only)
 _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 
@@ -60,7 +62,17 @@ class ChatTemplate:
         tool_role: ``"tool"`` (default) sends tool results as tool messages; ``"user"`` sends
             them as user messages, for templates that cannot render tool messages.
         template_kwargs: extra variables for the template (``enable_thinking=False``, ...).
+
+    An env turn is the hot path of a rollout, so it is rendered from a cached skeleton: for each
+    shape of turn (the roles and tool names of its messages) the template is rendered once with
+    placeholder contents, and later turns of that shape are the skeleton with their contents put
+    in. Only templates that insert content verbatim get a skeleton (placeholders holding quotes,
+    backslashes, markup and surrounding whitespace must come out unchanged: no trimming,
+    escaping or ``tojson``), and the first turns of each shape are also rendered in full and
+    compared; any difference turns skeletons off for the template.
     """
+
+    checks_per_shape = 8
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None, tools: list[dict] | None = None,
                  tool_role: str = "tool", **template_kwargs: Any):
@@ -75,16 +87,25 @@ class ChatTemplate:
         self.tools = tools
         self.tool_role = tool_role
         self.template_kwargs = template_kwargs
+        self._compiled = _compiled(tokenizer, self.chat_template)
+        # the Rust tokenizer itself: the same ids as tokenizer.encode, without its Python layers
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._backend = backend if getattr(tokenizer, "is_fast", False) else None
+        self._plain_decode = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        self._skeletons: dict[tuple, Any] = {}
+        self._checks: dict[tuple, int] = {}
+        self.skeletons_on = True
         # what the template writes after an assistant's content (e.g. "<|im_end|>\n")
         base = self.render([*_BASE, {"role": "assistant", "content": _SENTINEL}])
         if _SENTINEL not in base:
             raise TemplateError("the chat template does not render assistant messages' content")
-        self._base = base
         self.turn_end = base[base.index(_SENTINEL) + len(_SENTINEL):]
         self.stop_ids = self._stop_ids()
+        self._stop_texts = {i: self.tokenizer.decode([i]) for i in self.stop_ids}
         probe = "BENCHMAX_TOOL_PROBE_7f3a"
         try:
-            rendered = self.render_turn([{"role": "tool", "tool_call_id": "call_0", "name": "probe", "content": probe}])
+            rendered = self._render_turn(self._as_sent(
+                [{"role": "tool", "tool_call_id": "call_0", "name": "probe", "content": probe}]))
         except Exception as exc:  # noqa: BLE001  (a template raising on a role it does not know)
             raise TemplateError(
                 f"the chat template cannot render tool messages ({exc}); pass tool_role='user' to send tool "
@@ -94,12 +115,22 @@ class ChatTemplate:
                 "the chat template drops tool messages; pass tool_role='user' to send tool results as user messages")
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+        if self._compiled is not None:
+            return self._compiled.render(messages=messages, tools=self.tools, add_generation_prompt=add_generation_prompt,
+                                         **self.tokenizer.special_tokens_map, **self.template_kwargs)
         return self.tokenizer.apply_chat_template(
             messages, tools=self.tools, chat_template=self.chat_template, tokenize=False,
             add_generation_prompt=add_generation_prompt, **self.template_kwargs)
 
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int]) -> str:
+        if self._plain_decode:
+            return self._backend.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The first prompt, rendered with the generation prompt."""
@@ -110,10 +141,29 @@ class ChatTemplate:
         turn end, ``messages``, the next generation prompt. (Rendered after a stand-in turn, so
         templates that render the last assistant turn differently, like Qwen3's, still give the
         text that follows a turn that is not last.)"""
-        if self.tool_role == "user":
-            messages = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
-        text = self.render([*_BASE, {"role": "assistant", "content": _SENTINEL}, *messages], add_generation_prompt=True)
-        return text[text.index(_SENTINEL) + len(_SENTINEL):]
+        messages = self._as_sent(messages)
+        if not self.skeletons_on:
+            return self._render_turn(messages)
+        shape = tuple((m["role"], m.get("name")) for m in messages)
+        skeleton = self._skeletons.get(shape, False)
+        if skeleton is False:
+            skeleton = self._skeletons[shape] = self._skeleton(messages)
+        if skeleton is None:
+            return self._render_turn(messages)
+        pieces, slots = skeleton
+        out = [pieces[0]]
+        for (i, key), piece in zip(slots, pieces[1:]):
+            out += (messages[i][key], piece)
+        text = "".join(out)
+        if self._checks.get(shape, 0) < self.checks_per_shape:
+            self._checks[shape] = self._checks.get(shape, 0) + 1
+            full = self._render_turn(messages)
+            if full != text:
+                self.skeletons_on = False
+                log.warning("chat template: a turn rendered from its skeleton differed from the full "
+                            "rendering; rendering every turn in full from now on")
+                return full
+        return text
 
     def env_text(self, messages: list[dict[str, Any]], model_ids: list[int]) -> str:
         """The environment's text after the model's ``model_ids``: what :meth:`render_turn` gives,
@@ -133,16 +183,54 @@ class ChatTemplate:
             return self.turn_end
         return self.turn_end[len(stop):] if self.turn_end.startswith(stop) else ""
 
-    def _stop_text(self, model_ids: list[int]) -> str:
-        if model_ids and model_ids[-1] in self.stop_ids:
-            return self.tokenizer.decode([model_ids[-1]])
-        return ""
-
     def text(self, model_ids: list[int]) -> str:
         """The reply the env reads: the model's ids decoded, without the final stop token."""
         if model_ids and model_ids[-1] in self.stop_ids:
             model_ids = model_ids[:-1]
-        return self.tokenizer.decode(model_ids, skip_special_tokens=False)
+        return self.decode(model_ids)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _as_sent(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.tool_role == "user":
+            return [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
+        return messages
+
+    def _render_turn(self, messages: list[dict[str, Any]]) -> str:
+        text = self.render([*_BASE, {"role": "assistant", "content": _SENTINEL}, *messages], add_generation_prompt=True)
+        return text[text.index(_SENTINEL) + len(_SENTINEL):]
+
+    def _skeleton(self, messages: list[dict[str, Any]]) -> tuple[list[str], list[tuple[int, str]]] | None:
+        """The turn's text split around its messages' contents and tool call ids, or ``None``
+        when the template does not insert them verbatim (so a skeleton would not be exact)."""
+        keys = [(i, k) for i, m in enumerate(messages) for k in ("content", "tool_call_id") if isinstance(m.get(k), str)]
+        renders = []
+        for variant in ("A", "B"):
+            marks = {slot: f' \n"\\<{variant}{n}&{{x}}>\n ' for n, slot in enumerate(keys)}
+            probe = [dict(m) for m in messages]
+            for (i, k), mark in marks.items():
+                probe[i][k] = mark
+            try:
+                text = self._render_turn(probe)
+            except Exception:  # noqa: BLE001  (the full rendering will raise it, where it belongs)
+                return None
+            found = sorted((text.find(mark), slot, mark) for slot, mark in marks.items() if mark in text)
+            if any(text.count(mark) > 1 for _, _, mark in found):
+                return None
+            pieces, at = [], 0
+            for position, _, mark in found:
+                pieces.append(text[at:position])
+                at = position + len(mark)
+            pieces.append(text[at:])
+            renders.append((pieces, [slot for _, slot, _ in found]))
+        if renders[0] != renders[1] or not any(k == "content" for _, k in renders[0][1]):
+            return None
+        if len([s for s in renders[0][1] if s[1] == "content"]) != sum(1 for _, k in keys if k == "content"):
+            return None  # a content the template changes (trims, escapes) or drops
+        return renders[0]
+
+    def _stop_text(self, model_ids: list[int]) -> str:
+        return self._stop_texts.get(model_ids[-1], "") if model_ids else ""
 
     def _stop_ids(self) -> set[int]:
         """EOS, and the special token that opens the template's turn end (``<|im_end|>``, ``<|eot_id|>``)."""
@@ -156,6 +244,17 @@ class ChatTemplate:
         if end_ids and end_ids[0] in special:
             stops.add(end_ids[0])
         return stops
+
+
+def _compiled(tokenizer: Any, template: str) -> Any:
+    """The template compiled as ``apply_chat_template`` compiles it (its cache), to render
+    without that method's per-call Python work; ``None`` when transformers does not expose it."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(template)
+    except Exception:  # noqa: BLE001  (fall back to apply_chat_template)
+        return None
 
 
 @dataclass
