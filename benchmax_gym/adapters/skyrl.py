@@ -20,6 +20,7 @@ with ``env_id`` / ``env_kwargs`` of its own. The env's opening messages replace 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from benchmax_gym.adapters.tokens import make_env, task_dataset
@@ -53,7 +54,10 @@ class BenchmaxTextEnv(BaseTextEnv):
         env_id = extras.get("env_id") or _get(env_config, "env_id")
         if not env_id:
             raise ValueError("env_id is missing: set skyrl_gym.benchmax.env_id in the config, or env_id in the row")
-        kwargs = {**(_get(env_config, "env_kwargs") or {}), **(extras.get("env_kwargs") or {})}
+        row_kwargs = extras.get("env_kwargs") or {}
+        if isinstance(row_kwargs, str):  # parquet rows carry them as JSON
+            row_kwargs = json.loads(row_kwargs)
+        kwargs = {**(_get(env_config, "env_kwargs") or {}), **row_kwargs}
         if extras.get("max_turns") and "max_turns" not in kwargs:
             kwargs["max_turns"] = int(extras["max_turns"])  # SkyRL's generator sets extras["max_turns"]
         self.env = make_env(env_id, kwargs)
@@ -89,9 +93,11 @@ class BenchmaxTextEnv(BaseTextEnv):
 
 
 def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
-    """Dataset rows in SkyRL's format (``prompt``, ``env_class``, ``task_index``) for ``env_id``."""
+    """Dataset rows in SkyRL's format for ``env_id``: ``prompt``, ``env_class``, and the extras
+    the env reads (``env_id``, ``task_index``, ``env_kwargs`` as JSON), so no config is needed."""
     rows = task_dataset(env_id, n, env_kwargs=env_kwargs).to_list()
-    return [{"prompt": r["prompt"], "env_class": ENV_CLASS, "task_index": r["task_index"]} for r in rows]
+    return [{"prompt": r["prompt"], "env_class": ENV_CLASS, "env_id": env_id, "task_index": r["task_index"],
+             "env_kwargs": json.dumps(env_kwargs)} for r in rows]
 
 
 def register(env_class: str = ENV_CLASS) -> None:

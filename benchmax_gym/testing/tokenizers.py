@@ -210,3 +210,59 @@ class ScriptedEngine:
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
         output = SimpleNamespace(token_ids=ids, text=text, finish_reason="stop", logprobs=None)
         return SimpleNamespace(outputs=[output])
+
+
+class TinyGenerator:
+    """Real token generation with a ``transformers`` model on CPU (sampling, per-token logprobs),
+    in the shapes trainers' engines have: ``sample`` (ids in, ids and logprobs out), ``generate``
+    as vLLM's (what OpenRLHF's executor awaits) and :meth:`verl_server` (verl's server manager)."""
+
+    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int = 32, seed: int = 0):
+        import torch
+
+        self.model, self.tokenizer, self.max_new_tokens = model.eval(), tokenizer, max_new_tokens
+        self.generator = torch.Generator().manual_seed(seed)
+        self.lock = __import__("threading").Lock()
+
+    def sample(self, prompt_ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], list[float]]:
+        import torch
+
+        limit = min(max_new_tokens or self.max_new_tokens, self.max_new_tokens)
+        ids, logprobs = list(prompt_ids), []
+        with self.lock, torch.no_grad():
+            past = None
+            inputs = torch.tensor([ids])
+            for _ in range(limit):
+                out = self.model(input_ids=inputs, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                logp = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+                token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
+                ids.append(token)
+                logprobs.append(float(logp[token]))
+                if token == self.tokenizer.eos_token_id:
+                    break
+                inputs = torch.tensor([[token]])
+        return ids[len(prompt_ids):], logprobs
+
+    async def generate(self, prompt_ids: list[int], sampling_params: Any, multi_modal_data: Any = None) -> Any:
+        from types import SimpleNamespace
+
+        ids, logprobs = self.sample(prompt_ids, getattr(sampling_params, "max_tokens", None))
+        stopped = ids and ids[-1] == self.tokenizer.eos_token_id
+        output = SimpleNamespace(token_ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                                 finish_reason="stop" if stopped else "length",
+                                 logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(ids, logprobs)])
+        return SimpleNamespace(outputs=[output])
+
+    def verl_server(self) -> Any:
+        """An object with verl's ``server_manager.generate(request_id=, prompt_ids=, sampling_params=)``."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        generator = self
+
+        class Server:
+            async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict, **kwargs: Any):
+                ids, logprobs = generator.sample(prompt_ids, sampling_params.get("max_tokens"))
+                return TokenOutput(token_ids=ids, log_probs=logprobs, stop_reason="completed")
+
+        return Server()

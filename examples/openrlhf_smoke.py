@@ -1,0 +1,39 @@
+"""CPU smoke of the OpenRLHF adapter: OpenRLHF's own MultiTurnAgentExecutor (loaded from
+``examples/openrlhf_agent.py`` as ``--agent_func_path`` loads it) with a tiny model generating
+real tokens in vLLM's output shape.
+
+    python examples/openrlhf_smoke.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+
+def main(argv: list[str] | None = None) -> list:
+    from benchmax_gym.adapters.openrlhf import task_rows
+    from benchmax_gym.testing.tokenizers import TinyGenerator, tiny_model, tiny_tokenizer
+
+    spec = importlib.util.spec_from_file_location("agent_module", Path(__file__).with_name("openrlhf_agent.py"))
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)
+    executor = agent.AgentExecutor()
+    tokenizer = tiny_tokenizer("qwen2.5")
+    engine = TinyGenerator(tiny_model(tokenizer), tokenizer)
+    rows = task_rows("benchmax/Math-v0", 4)
+
+    async def run():
+        params = SimpleNamespace(max_tokens=None, logprobs=1)
+        return await asyncio.gather(*(executor.execute(r["prompt"], r["label"], params, 512, tokenizer, engine)
+                                      for r in rows))
+
+    outputs = asyncio.run(run())
+    print([(o["reward"], len(o["action_ranges"]), len(o["observation_tokens"])) for o in outputs])
+    return outputs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# GRPO on benchmax/Math-v0 with verl's agent loop (8 GPUs, vLLM async rollout).
+#   pip install 'benchmax-gym[verl]'
+#   python examples/make_dataset.py verl benchmax/Math-v0 $HOME/data/benchmax-math
+set -x
+DATA_DIR="$HOME/data/benchmax-math"
+python3 -m verl.trainer.main_ppo \
+  algorithm.adv_estimator=grpo \
+  data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/validation.parquet" \
+  data.train_batch_size=256 data.max_prompt_length=2048 data.max_response_length=2048 \
+  data.return_raw_chat=True \
+  actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \
+  actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+  actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async \
+  actor_rollout_ref.rollout.n=8 \
+  actor_rollout_ref.rollout.agent.default_agent_loop=benchmax \
+  actor_rollout_ref.rollout.agent.agent_loop_config_path="$(dirname "$0")/verl_agent_loops.yaml" \
+  +ray_kwargs.ray_init.runtime_env.env_vars.PYTHONSTARTUP="" \
+  trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.total_epochs=20 trainer.logger='["console"]' \
+  "$@"
+# The "benchmax" loop must be registered in verl's agent-loop workers: importing
+# benchmax_gym.adapters.verl does it; the config file above names the class by path, which imports it.
