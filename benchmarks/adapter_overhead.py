@@ -56,11 +56,8 @@ def main() -> None:
     _, _, _, _, info = env.step(ACTION)
     env_text = chat.env_text(info["messages"], model_ids)
 
-    def adapter():
+    def adapter():  # one long episode, as the plain env's: a reset (a sandbox start) is not a turn's cost
         session.step(model_ids)
-        episode = session.episode  # keep the episode short: a trainer's would be a few turns
-        if len(episode.completion_ids) > 20000:
-            session.reset(seed=0)
 
     samples = {"step": [], "encode": [], "render": [], "adapter": []}
     for _ in range(args.rounds):

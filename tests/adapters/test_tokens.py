@@ -205,3 +205,30 @@ def test_qwen3_matches_when_the_model_writes_its_think_blocks_and_differs_where_
     final = tokenizer.decode(session.episode.completion_ids[slice(*session.episode.turns[-1])])
     assert "<think>" not in final  # as generated
     session.close()
+
+
+def test_a_missing_trainer_extra_names_the_pip_install_to_run():
+    """Each adapter without its trainer installed (the import blocked) says which extra to install."""
+    import subprocess
+    import sys
+
+    script = """
+import sys
+sys.modules.update({"trl": None, "skyrl_gym": None, "skyrl_gym.envs": None, "skyrl_gym.envs.base_text_env": None,
+                    "openrlhf": None, "openrlhf.utils": None, "openrlhf.utils.agent": None,
+                    "verl": None, "verl.experimental": None, "verl.experimental.agent_loop": None,
+                    "verl.experimental.agent_loop.agent_loop": None})
+import importlib
+for name, call in [("trl", lambda m: m.TRLRollout("benchmax/Math-v0", None)), ("skyrl", None), ("openrlhf", None),
+                   ("verl", None)]:
+    try:
+        module = importlib.import_module("benchmax_gym.adapters." + name)
+        call(module)
+    except ImportError as exc:
+        print(exc)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for extra in ("trl", "skyrl", "openrlhf", "verl"):
+        assert any(f"pip install 'benchmax-gym[{extra}]'" in line for line in lines), (extra, lines)
