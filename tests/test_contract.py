@@ -376,3 +376,58 @@ def test_every_id_rolls_out_through_trls_rollout_func(env_id, grpo_trainer):
     assert [sum(lp) for lp in out["logprobs"]] == [-float(sum(reference.loss_mask))] * 2
     logged = grpo_trainer._metrics["train"]
     assert all(logged[f"env/reward/{k}"][-1] == 1.0 for k in reference.reward_components)
+
+
+@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+def test_every_id_runs_as_a_verl_agent_loop(env_id):
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.workers.rollout.replica import TokenOutput
+
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    replies = iter(_replies(env_id))
+    tokenizer = tiny_tokenizer("qwen")
+
+    class Server:
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            ids = tokenizer.encode(next(replies), add_special_tokens=False) + [tokenizer.eos_token_id]
+            return TokenOutput(token_ids=ids, log_probs=[-1.0] * len(ids))
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": 8192}},
+                               "data": {}})
+    loop = hydra.utils.instantiate(
+        config={"_target_": "benchmax_gym.adapters.verl.BenchmaxAgentLoop", "env_id": env_id,
+                "env_kwargs": _kwargs(env_id)},
+        trainer_config=DictConfigWrap(config), server_manager=Server(), tokenizer=tokenizer, processor=None,
+        hf_model_type=None, dataset_cls=None, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+    out = asyncio.run(loop.run({}, extra_info={"task_index": 0}))
+    reference = _token_session(env_id, _replies(env_id))
+    assert (out.prompt_ids, out.response_ids, out.response_mask) == (
+        reference.prompt_ids, reference.completion_ids, reference.loss_mask)
+    assert out.reward_score == reference.reward
+    assert all(out.extra_fields["reward_extra_info"][f"reward/{k}"] == 1.0 for k in reference.reward_components)
+
+
+@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+def test_every_ids_tools_become_typed_documented_methods_for_trls_environment_factory(env_id):
+    from transformers.utils import get_json_schema
+
+    from benchmax_gym.adapters.trl import trl_environment
+
+    Env = trl_environment(env_id, **_kwargs(env_id))
+    env = make(env_id, tools_in_prompt=False)
+    env.reset(seed=0)
+    schemas = {s["function"]["name"]: s["function"] for s in env.unwrapped.tool_schemas}
+    env.close()
+    instance = Env()
+    for name, schema in schemas.items():
+        made = get_json_schema(getattr(instance, name))["function"]
+        params = schema.get("parameters", {})
+        assert set(made["parameters"]["properties"]) == set(params.get("properties", {}))
+        assert set(made["parameters"].get("required", [])) == set(params.get("required", []))
+        for arg, spec in params.get("properties", {}).items():
+            if spec.get("type") in ("string", "integer", "number", "boolean", "array", "object"):
+                assert made["parameters"]["properties"][arg]["type"] == spec["type"], (name, arg)
+    instance.env.close()

@@ -39,6 +39,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
+        if env_id:
+            make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails when verl builds the loop
         self.chat = ChatTemplate(self.tokenizer, **self.apply_chat_template_kwargs)
         self.response_length = self.rollout_config.response_length
 

@@ -95,3 +95,18 @@ def test_an_env_in_the_agent_loop_config_file(qwen_tokenizer):
                                    data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
     out = asyncio.run(loop.run({}, extra_info={"task_index": 2}, raw_prompt=[]))
     assert out.reward_score == 1.0
+
+
+def test_a_wrong_env_in_the_config_fails_when_verl_builds_the_loop(qwen_tokenizer):
+    import gymnasium as gym
+    import pytest
+
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"response_length": 64}}, "data": {}})
+    for env_id, kwargs, error in [("benchmax/Mth-v0", {}, gym.error.Error), ("benchmax/Math-v0", {"max_turn": 2}, TypeError)]:
+        entry = {"_target_": "benchmax_gym.adapters.verl.BenchmaxAgentLoop", "env_id": env_id, "env_kwargs": kwargs}
+        with pytest.raises(Exception) as caught:
+            hydra.utils.instantiate(config=entry, trainer_config=DictConfigWrap(config), server_manager=None,
+                                    tokenizer=qwen_tokenizer, processor=None, hf_model_type=None, dataset_cls=None,
+                                    data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+        assert isinstance(caught.value, error) or isinstance(caught.value.__cause__, error), caught.value
+        assert ("Mth" if "Mth" in env_id else "max_turn") in str(caught.value)
