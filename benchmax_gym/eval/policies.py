@@ -140,7 +140,6 @@ class ChatPolicy:
 
     async def __call__(self, env: Any, obs: str, info: dict[str, Any], *, seed: int | None = None) -> Turn:
         import openai
-        from openai.types.chat import ChatCompletion
 
         params: dict[str, Any] = {"model": self.model, "messages": env.chat_messages("openai")}
         if self.native_tools and env.tool_schemas:
@@ -153,13 +152,14 @@ class ChatPolicy:
         params.update(self.extra_body or {})
         start = time.perf_counter()
         try:
-            # The SDK's own request path (retries, Retry-After, typed errors and response), without
-            # create()'s type-guided copy of every message: plain chat messages need none, and it
-            # cost ~2 ms per request, more than the rest of a turn.
+            # The SDK's own request path (retries, Retry-After, typed errors), without create()'s
+            # type-guided copy of every message (plain chat messages need none: ~2 ms a request)
+            # and returning the JSON as it came (building ChatCompletion models cost more CPU than
+            # the rest of a turn).
             slot = self._least_busy()
             self._busy[slot] += 1
             try:
-                response = await self._clients[slot].post("/chat/completions", body=params, cast_to=ChatCompletion)
+                response = await self._clients[slot].post("/chat/completions", body=params, cast_to=object)
             finally:
                 self._busy[slot] -= 1
         except openai.OpenAIError as exc:
@@ -169,26 +169,36 @@ class ChatPolicy:
         except ValueError as exc:  # a body that is not JSON
             raise PolicyError(self.scrub(f"the endpoint's reply is not valid JSON: {exc}")) from None
         seconds = time.perf_counter() - start
-        if not response.choices:
+        if not isinstance(response, dict):
+            raise PolicyError(self.scrub(f"the endpoint's reply is not a JSON object: {str(response)[:200]}"))
+        choices = response.get("choices")
+        if not choices or not isinstance(choices[0], dict):
             raise PolicyError("the endpoint answered with no choices")
-        choice = response.choices[0]
-        message = choice.message
+        choice = choices[0]
+        message = choice.get("message") or {}
         if self.native_tools:
-            action = json.dumps({"role": "assistant", "content": message.content,
-                                 "tool_calls": [c.model_dump(exclude_none=True) for c in message.tool_calls or []]},
+            calls = [_without_none(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+            action = json.dumps({"role": "assistant", "content": message.get("content"), "tool_calls": calls},
                                 ensure_ascii=False)
         else:
-            action = message.content or ""
-        usage = response.usage
-        return Turn(action=action, prompt_tokens=getattr(usage, "prompt_tokens", None),
-                    completion_tokens=getattr(usage, "completion_tokens", None),
-                    finish_reason=choice.finish_reason, model_seconds=seconds,
-                    reasoning=getattr(message, "reasoning_content", None))
+            action = message.get("content") or ""
+        usage = response.get("usage") or {}
+        return Turn(action=action, prompt_tokens=usage.get("prompt_tokens"),
+                    completion_tokens=usage.get("completion_tokens"),
+                    finish_reason=choice.get("finish_reason"), model_seconds=seconds,
+                    reasoning=message.get("reasoning_content"))
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, []
         for client in clients:
             await client.close()
+
+
+def _without_none(value: Any) -> Any:
+    """A tool call as the SDK's ``model_dump(exclude_none=True)`` gives it."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
 
 
 def _message(exc: Any) -> str:
