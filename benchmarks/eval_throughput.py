@@ -7,7 +7,7 @@ the ideal rate is C / latency calls per second. Each level runs twice (10 and 40
 concurrent slot): ``fraction_of_ideal`` is the longer run's, whole (making the envs and the
 summary's statistics included); ``steady_fraction_of_ideal`` is the rate between the two runs (the
 fixed costs cancel out), what a long eval gets. The harness's own CPU is this process's CPU time
-over the longer run's calls. ``sdk_floor`` is the official SDK alone sending the same first request
+over the longer run's calls. ``sdk_floor`` is the official SDK alone (the same call path: ``post`` returning the JSON) sending the same first request
 of an episode, C at a time, with no environment: what any harness on this SDK and machine can reach.
 Prints JSON.
 """
@@ -40,7 +40,6 @@ async def sdk_floor(url, concurrency, calls):
     """Bare ``AsyncOpenAI`` (on aiohttp when installed) posting a chat request, no environment."""
     import gymnasium as gym
     import openai
-    from openai.types.chat import ChatCompletion
 
     env = gym.make("benchmax/Math-v0", tool_format="openai", tools_in_prompt=False, **ENV_KWARGS)
     env.reset(seed=0)
@@ -55,7 +54,7 @@ async def sdk_floor(url, concurrency, calls):
 
     async def one():
         async with slots:
-            await client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+            await client.post("/chat/completions", body=body, cast_to=object)
 
     await asyncio.gather(*(one() for _ in range(concurrency)))
     cpu, wall = time.process_time(), time.perf_counter()
