@@ -73,6 +73,8 @@ BUBBLEWRAP, RLIMITS, UNAVAILABLE = "bubblewrap", "rlimits", "unavailable"
 MODES = ("auto", BUBBLEWRAP, RLIMITS)
 SERVER = Path(__file__).with_name("sandbox_server.py")
 SANDBOX_WORKSPACE = "/workspace"
+#: calls one server runs at once (each holds a monitor and the code's process); more wait their turn
+MAX_CONCURRENT_CALLS = max(8, 4 * (os.cpu_count() or 1))
 EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_PROCESSES = 120, 121, 122  # as in sandbox_server.py
 
 
@@ -346,6 +348,7 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.P
         "preload": list(preload),
         "nproc_base": 0 if root else _user_process_count(),
         "seccomp": (seccomp_filter() or b"").hex() if inside else "",
+        "max_calls": MAX_CONCURRENT_CALLS,
     }
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp",
            "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -440,12 +443,17 @@ class _Server:
             self.ok = True
             self.ready.set()
             return True
-        slot = self.pending.pop(reply.get("id"), None) if isinstance(reply.get("id"), int) else None
+        request_id = reply.get("id") if isinstance(reply.get("id"), int) else None
+        slot = self.pending.get(request_id)
         if slot is None:
             # Only the server writes this channel; a reply for no call means something else did.
             log.error("sandbox reply channel out of step (a reply for no call); restarting the sandbox")
             self._fail_all("out_of_step")
             return False
+        if reply.get("queued") or reply.get("started"):  # waiting for a free slot / out of the queue
+            slot[2] = "queued" if reply.get("queued") else time.monotonic()
+            return True
+        del self.pending[request_id]
         slot[1] = reply
         slot[0].set()
         return True
@@ -461,7 +469,7 @@ class _Server:
     def call(self, request: dict[str, Any], wait: float) -> dict[str, Any]:
         """Send ``request`` (its ``id`` is set here) and wait up to ``wait`` seconds for the reply."""
         request_id = secrets.randbits(62)
-        slot = [threading.Event(), None]
+        slot = [threading.Event(), None, time.monotonic()]  # done, reply, when it started ("queued")
         with self.write_lock:
             if self.dead:
                 return {"lost": True}
@@ -472,9 +480,10 @@ class _Server:
             except (OSError, ValueError):
                 self.pending.pop(request_id, None)
                 return {"lost": True}
-        if not slot[0].wait(wait):
-            self.pending.pop(request_id, None)
-            return {"lost": True}
+        while not slot[0].wait(1.0):
+            if slot[2] != "queued" and time.monotonic() > slot[2] + wait:
+                self.pending.pop(request_id, None)
+                return {"lost": True}
         return slot[1]
 
     def cancel(self, request: dict[str, Any]) -> None:
@@ -809,7 +818,7 @@ class Sandbox:
                 return ExecResult(timed_out=True, seconds=seconds,
                                   notes=["the sandbox stopped responding and was restarted"])
             if reply.get("out_of_step"):
-                log.error("sandbox reply channel out of step; its result was discarded")
+                log.error("sandbox reply channel out of step; its result was discarded (%s)", reply["out_of_step"])
                 return ExecResult(seconds=seconds, error_override="tool_error",
                                   notes=["the sandbox's reply channel was out of step; the result was discarded"])
             if reply.get("cancelled"):

@@ -29,6 +29,8 @@ seccomp program, and how many processes this uid already runs outside (the base 
 limit).
 """
 
+import collections
+import gc
 import json
 import os
 import re
@@ -64,6 +66,7 @@ ISOLATED = CONFIG["level"] == "bubblewrap"
 EPISODES = CONFIG["episodes"]
 EPISODE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 GRACE = 5.0  # seconds past a call's timeout before the server kills a monitor that did not answer
+MAX_CALLS = CONFIG.get("max_calls", 8)  # calls at once; more wait their turn (each holds two processes)
 
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 38, 22, 24, 47
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
@@ -103,17 +106,31 @@ def remount_read_only(path):
     mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
 
 
-def load_seccomp(program):
-    """Install the classic-BPF filter (from the host, built by ``sandbox.seccomp_filter``)."""
+_SECCOMP = []
+
+
+def seccomp_program():
+    """The host's classic-BPF filter (built by ``sandbox.seccomp_filter``) as the ``sock_fprog``
+    prctl takes, built once in the server (not in every call's fresh fork)."""
+    if not _SECCOMP and CONFIG.get("seccomp"):
+        import ctypes
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        program = bytes.fromhex(CONFIG["seccomp"])
+        buf = ctypes.create_string_buffer(program)
+        _SECCOMP.append((SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p)), buf))
+    return _SECCOMP[0][0] if _SECCOMP else None
+
+
+def load_seccomp():
     import ctypes
 
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    buf = ctypes.create_string_buffer(program)
-    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    check(libc().prctl(PR_SET_SECCOMP, 2, ctypes.byref(prog), 0, 0), "seccomp")
+    program = seccomp_program()
+    if program is not None:
+        check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        check(libc().prctl(PR_SET_SECCOMP, 2, ctypes.byref(program), 0, 0), "seccomp")
 
 
 def drop_capabilities():
@@ -168,6 +185,7 @@ def run_child(request, nproc, write_out, write_err, write_status):
     before exiting: tearing down a copy of a large warm process takes milliseconds, and the call
     need not wait for it (a process killed by a signal reports nothing: the monitor then waits)."""
     limits = request["limits"]
+    gc.enable()
     try:
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
@@ -254,6 +272,17 @@ def kill_all(child):
             pass
 
 
+def reap():
+    """Collect exited children; True once none is left."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            return False
+
+
 def sweep(child):
     """``kill_all`` until nothing is left, reaping."""
     for _ in range(1000):
@@ -274,10 +303,50 @@ def loopback_up():
         fcntl.ioctl(sock, 0x8914, struct.pack("16sH22x", b"lo", 0x1 | 0x8 | 0x40))  # SIOCSIFFLAGS: UP LOOPBACK RUNNING
 
 
+def new_network():
+    """A network namespace with only a loopback device, up, held by a descriptor (no process needs
+    to live in it). Calls borrow one each, never two at once: made and torn down per call, network
+    namespaces cost milliseconds of kernel work each and serialise on a global lock."""
+    ready_read, ready_write = os.pipe()
+    hold_read, hold_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(ready_write, 0)
+            os.dup2(hold_read, 1)
+            os.closerange(2, 65536)  # it holds nothing of the server's
+            ready_write, hold_read = 0, 1
+            check(libc().unshare(CLONE_NEWNET), "unshare")
+            loopback_up()
+            set_dumpable(1)  # so that the server may open its /proc/PID/ns/net
+            os.write(ready_write, b"1")
+            os.read(hold_read, 1)
+        finally:
+            os._exit(0)
+    for fd in (ready_write, hold_read):
+        os.close(fd)
+    try:
+        if os.read(ready_read, 1) != b"1":
+            raise OSError("could not make a network namespace")
+        return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        for fd in (ready_read, hold_write):
+            os.close(fd)
+        os.waitpid(pid, 0)
+
+
+def outer_pid():
+    """This process's pid in the server's PID namespace (where /proc still is)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return int(line.split()[1])
+    raise OSError("no NSpid in /proc/self/status")
+
+
 def prepare_namespace():
     """In the monitor, init of fresh namespaces, before it knows its episode: a fresh /proc, /dev/shm
-    and /dev/pts, /dev read-only, nothing propagating back, loopback up."""
-    loopback_up()
+    and /dev/pts, /dev read-only, nothing propagating back."""
     mount("none", "/", None, MS_REC | MS_PRIVATE)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
     mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
@@ -292,8 +361,7 @@ def enter_episode(episode):
     mount(f"{EPISODES}/tmp-{episode}", "/tmp", None, MS_BIND | MS_REC)
     mount("tmpfs", EPISODES, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
     remount_read_only("/")
-    if CONFIG.get("seccomp"):
-        load_seccomp(bytes.fromhex(CONFIG["seccomp"]))
+    load_seccomp()
 
 
 def monitor(request, nproc):
@@ -383,16 +451,20 @@ def monitor(request, nproc):
     return result, child
 
 
-def new_monitor():
+def new_monitor(network):
     """Fork a call's monitor, ready before its request comes (the server keeps one spare, so a
-    call does not wait for forks and namespaces): ``(request pipe, result pipe)``. The monitor
-    writes its pid, then, once it has served the one request it reads, its result."""
+    call does not wait for forks and namespaces), in the network namespace ``network`` (a
+    descriptor, or None): ``(request pipe, result pipe)``. The monitor writes its pid, then, once
+    it has served the one request it reads, its result."""
     request_read, request_write = os.pipe()
     result_read, result_write = os.pipe()
     if os.fork() == 0:
-        os.close(request_write)
-        os.close(result_read)
-        serve_call(request_read, result_write)
+        try:
+            os.close(request_write)
+            os.close(result_read)
+            serve_call(request_read, result_write, network)
+        finally:
+            os._exit(1)  # a fork never returns into the server's loop
     os.close(request_read)
     os.close(result_write)
     os.set_blocking(result_read, False)
@@ -409,10 +481,11 @@ def read_request(fd):
     return json.loads(data)
 
 
-def serve_call(request_fd, result_fd):
+def serve_call(request_fd, result_fd, network):
     """In the fork: become (bubblewrap: create, in new namespaces) the call's monitor, then serve
     the request read from ``request_fd``. Never returns."""
     child = None
+    gc.disable()  # short-lived: nothing to collect, and a pass would copy pages it shares
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -420,18 +493,22 @@ def serve_call(request_fd, result_fd):
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # nothing of the server's channel is kept
         os.dup2(request_fd, 3)
         os.dup2(result_fd, 4)
-        os.closerange(5, 65536)
+        if network is not None:
+            os.dup2(network, 5)
+        os.closerange(6 if network is not None else 5, 65536)
         request_fd, result_fd = 3, 4
         if ISOLATED:
             try:
-                check(libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC), "unshare")
+                check(libc().setns(5, CLONE_NEWNET), "setns")
+                os.close(5)
+                check(libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
                 pid = os.fork()  # the monitor: init of the new PID namespace
             except BaseException:
                 os.write(result_fd, b"0\n")  # no monitor
                 raise
             if pid:
-                os.write(result_fd, b"%d\n" % pid)
                 os._exit(0)  # the monitor is reparented to the server, which reaps it
+            os.write(result_fd, b"%d\n" % outer_pid())  # before anything it writes after
             set_dumpable(0)  # the code runs as this uid (non-root hosts): no /proc/1/fd, no memory
             prepare_namespace()
         else:  # as before: at this level nothing shields the monitor from the code
@@ -471,11 +548,12 @@ def process_limit(request):
 
 
 class Call:
-    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled")
+    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "network")
 
-    def __init__(self, request_id, episode, deadline):
+    def __init__(self, request_id, episode, deadline, network):
         self.id, self.episode, self.data, self.monitor, self.deadline = request_id, episode, b"", None, deadline
         self.eof = self.cancelled = False
+        self.network = network
 
 
 def kill(pid):
@@ -484,6 +562,11 @@ def kill(pid):
             os.kill(pid, signal.SIGKILL)  # the monitor: the kernel then kills its whole namespace
         except OSError:
             pass
+
+
+def write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def main():
@@ -495,6 +578,10 @@ def main():
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     preload()
+    seccomp_program()
+    # Every call forks from here: keep the collector off what is already loaded, or its first
+    # full pass in a fork touches (and so copies) every page of it.
+    gc.freeze()
 
     def reply(message):
         try:
@@ -515,31 +602,81 @@ def main():
     sel.register(wake_read, selectors.EVENT_READ)
     pending = _EARLY_REQUESTS
     calls = {}  # result pipe fd -> Call
-    spare = [new_monitor()]  # a monitor ready for the next call
+    queue = collections.deque()  # requests waiting for one of the max_calls slots
+    networks = []  # idle network namespaces (descriptors)
 
-    def finish(fd, call):
+    def monitor_with_network():
+        network = (networks.pop() if networks else new_network()) if ISOLATED else None
+        return (*new_monitor(network), network)
+
+    spare = [monitor_with_network()]  # a monitor ready for the next call
+
+    def dispatch(request):
+        request["nproc"] = process_limit(request)
+        data = json.dumps(request).encode() + b"\n"
+        request_fd, read_fd, network = spare.pop() if spare else monitor_with_network()
+        try:
+            write_all(request_fd, data)  # the monitor reads it once its namespaces are ready
+        except OSError:  # a spare that died: a fresh monitor
+            os.close(read_fd)
+            os.close(request_fd)
+            request_fd, read_fd = new_monitor(network)
+            write_all(request_fd, data)
+        os.close(request_fd)
+        deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
+        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, network)
+        sel.register(read_fd, selectors.EVENT_READ)
+
+    def finish(fd, call, result):
         sel.unregister(fd)
         os.close(fd)
         del calls[fd]
+        if call.network is not None:
+            if call.monitor:
+                kill(call.monitor)  # nothing of the call may still be in its network namespace
+            networks.append(call.network)
+        result["id"] = call.id
+        reply(result)
+        while queue and len(calls) < MAX_CALLS:
+            request = queue.popleft()
+            reply({"id": request.get("id"), "started": True})
+            dispatch(request)
+        if not spare and not queue:  # the next call's monitor, made while the model reads this result
+            spare.append(monitor_with_network())
+
+    def result_of(call):
         lines = call.data.split(b"\n")
         try:
             if len(lines) != 3 or lines[2] or call.monitor == -1:
-                raise ValueError("more or less than one result line, or a monitor that did not exit cleanly")
+                raise ValueError("not the monitor's pid and one result line")
             result = json.loads(lines[1])
             if not isinstance(result, dict):
                 raise ValueError("not an object")
             if call.monitor == 0 and "internal_error" not in result:
                 raise ValueError("a result without a monitor")
-        except ValueError:
+        except ValueError as exc:
             # Only the monitor writes this pipe: anything else means the code reached it (level
             # rlimits, where nothing shields the monitor). Its result is not trusted.
-            result = {"out_of_step": True}
-        if call.cancelled:
-            result = {"cancelled": True}
-        result["id"] = call.id
-        reply(result)
-        if not spare:  # the next call's monitor, made while the model reads this result
-            spare.append(new_monitor())
+            result = {"out_of_step": f"{exc}: {bytes(call.data[:300])!r}"}
+        return {"cancelled": True} if call.cancelled else result
+
+    def handle(request):
+        if "cancel" in request:  # the episode ended while its call ran or waited
+            for call in calls.values():
+                if call.episode == request["cancel"]:
+                    call.cancelled = True
+                    kill(call.monitor)
+            for queued in [q for q in queue if q.get("episode") == request["cancel"]]:
+                queue.remove(queued)
+                reply({"id": queued.get("id"), "cancelled": True})
+            return
+        if not EPISODE_NAME.match(str(request.get("episode"))):
+            raise ValueError(f"bad episode name {request.get('episode')!r}")
+        if len(calls) < MAX_CALLS:
+            dispatch(request)
+        else:
+            queue.append(request)
+            reply({"id": request.get("id"), "queued": True})
 
     while True:
         now = time.monotonic()
@@ -567,33 +704,7 @@ def main():
                     request = {}
                     try:
                         request = json.loads(line)
-                        if "cancel" in request:  # the episode ended while its call ran
-                            for call in calls.values():
-                                if call.episode == request["cancel"]:
-                                    call.cancelled = True
-                                    kill(call.monitor)
-                            continue
-                        if not EPISODE_NAME.match(str(request.get("episode"))):
-                            raise ValueError(f"bad episode name {request.get('episode')!r}")
-                        deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
-                        request["nproc"] = process_limit(request)
-                        data = json.dumps(request).encode() + b"\n"
-                        request_fd, read_fd = spare.pop() if spare else new_monitor()
-                        try:
-                            os.write(request_fd, data[:4096])  # the monitor reads as soon as it is ready
-                            data = data[4096:]
-                            while data:
-                                data = data[os.write(request_fd, data):]
-                        except OSError:  # a spare that died: a fresh monitor
-                            os.close(read_fd)
-                            os.close(request_fd)
-                            request_fd, read_fd = new_monitor()
-                            data = json.dumps(request).encode() + b"\n"
-                            while data:
-                                data = data[os.write(request_fd, data):]
-                        os.close(request_fd)
-                        calls[read_fd] = Call(request.get("id"), request["episode"], deadline)
-                        sel.register(read_fd, selectors.EVENT_READ)
+                        handle(request)
                     except Exception:
                         reply({"id": request.get("id") if isinstance(request, dict) else None,
                                "internal_error": traceback.format_exc()})
@@ -625,13 +736,10 @@ def main():
         now = time.monotonic()
         for fd, call in list(calls.items()):
             if call.eof:
-                finish(fd, call)
+                finish(fd, call, result_of(call))
             elif now > call.deadline:  # the monitor stopped answering: kill it and its namespace
                 kill(call.monitor)
-                sel.unregister(fd)
-                os.close(fd)
-                del calls[fd]
-                reply({"id": call.id, "internal_error": "the call's monitor stopped answering and was killed"})
+                finish(fd, call, {"internal_error": "the call's monitor stopped answering and was killed"})
 
 
 if __name__ == "__main__":
