@@ -506,8 +506,8 @@ class ToolEnv(gym.Env[str, str]):
         if self.info_timings:
             plan.parse_s = time.perf_counter() - t0
         plan.parsed = parsed
-        calls = parsed.calls
-        if not calls and not parsed.errors:  # a final answer
+        calls, errors = parsed.calls, parsed.errors
+        if not calls and not errors:  # a final answer
             plan.final = True
             plan.completion = parsed.content
             episode.messages.append({"role": "assistant", "content": parsed.content})
@@ -519,14 +519,16 @@ class ToolEnv(gym.Env[str, str]):
             plan.to_run = calls
         # a reply that did not parse keeps its text (outside reasoning), so the next turn shows
         # the model what it wrote and the transcript loses nothing
-        assistant = {"role": "assistant", "content": visible.strip() if parsed.errors else parsed.content}
+        content = visible.strip() if errors else parsed.content
         if calls:
-            assistant["tool_calls"] = [calls[0].to_openai()] if len(calls) == 1 else [c.to_openai() for c in calls]
-        episode.messages.append(assistant)
-        if parsed.errors:
+            episode.messages.append({"role": "assistant", "content": content, "tool_calls": [
+                calls[0].to_openai()] if len(calls) == 1 else [c.to_openai() for c in calls]})
+        else:
+            episode.messages.append({"role": "assistant", "content": content})
+        if errors:
             plan.errors.append(PARSE_ERROR)
             plan.notes.append(
-                "Error: could not parse your tool call: " + "; ".join(parsed.errors) + ". "
+                "Error: could not parse your tool call: " + "; ".join(errors) + ". "
                 "Follow the calling convention from the system prompt."
             )
         return plan

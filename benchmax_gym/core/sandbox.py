@@ -65,6 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmax_gym.core.sandbox_server import user_process_count
 from benchmax_gym.core.tools import Tool, ToolError, tool
 
 log = logging.getLogger(__name__)
@@ -279,22 +280,6 @@ def _own_workspace(workspace: Path) -> int | None:
     return uid
 
 
-def _user_process_count() -> int:
-    uid = str(os.getuid())
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:"):
-                            count += line.split()[1] == uid
-                            break
-            except OSError:
-                pass
-    return count
-
-
 @functools.lru_cache(maxsize=1)
 def _interpreter() -> str:
     """The base installation's ``pythonX.Y`` (a venv's packages come through ``sys.path``), else
@@ -346,7 +331,7 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.P
         "level": level,
         "episodes": "/sandbox/episodes" if inside else str(episodes),
         "preload": list(preload),
-        "nproc_base": 0 if root else _user_process_count(),
+        "nproc_base": 0 if root else user_process_count(os.getuid()),
         "seccomp": (seccomp_filter() or b"").hex() if inside else "",
         "max_calls": MAX_CONCURRENT_CALLS,
     }
@@ -699,6 +684,7 @@ class Sandbox:
         limits: per-call :class:`SandboxLimits`.
         preload: modules the warm server imports once (``("openpyxl",)`` for Excel); sandboxes
             with the same level and preload share a server.
+        pool: internal: a private server instead of the process's shared one (``doctor``'s probe).
 
     Example::
 

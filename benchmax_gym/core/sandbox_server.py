@@ -1,4 +1,5 @@
-"""The warm process behind every sandbox of one worker process (standard library only; runs as a script).
+"""The warm process behind every sandbox of one worker process (standard library only; runs as a
+script, and the host imports it for a helper).
 
 It imports the families' common modules once, then serves requests, one JSON line each on stdin:
 ``{"id", "code", "timeout", "episode", "uid", "limits"}``, answered (in any order: calls of
@@ -46,9 +47,19 @@ import traceback
 EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_PROCESSES = 120, 121, 122
 
 
-def _read_config():
-    """The first line on stdin (not the command line: /proc/PID/cmdline is readable inside), and
-    whatever of the requests came with it."""
+EPISODE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+GRACE = 5.0  # seconds past a call's timeout before the server kills a monitor that did not answer
+# Set by configure() when it runs as the server (the host imports this module for its helpers).
+CONFIG: dict = {}
+ISOLATED = False
+EPISODES = ""
+MAX_CALLS = 8  # calls at once; more wait their turn (each holds two processes)
+
+
+def configure():
+    """Read the configuration: the first line on stdin (not the command line: /proc/PID/cmdline
+    is readable inside). Returns whatever of the requests came with it."""
+    global ISOLATED, EPISODES, MAX_CALLS
     data = b""
     while b"\n" not in data:
         chunk = os.read(0, 65536)
@@ -56,17 +67,14 @@ def _read_config():
             sys.exit(0)
         data += chunk
     line, _, rest = data.partition(b"\n")
-    return json.loads(line), rest
+    CONFIG.update(json.loads(line))
+    if CONFIG.get("path"):
+        sys.path[:] = CONFIG["path"]
+    ISOLATED = CONFIG["level"] == "bubblewrap"
+    EPISODES = CONFIG["episodes"]
+    MAX_CALLS = CONFIG.get("max_calls", MAX_CALLS)
+    return rest
 
-
-CONFIG, _EARLY_REQUESTS = _read_config()
-if CONFIG.get("path"):
-    sys.path[:] = CONFIG["path"]
-ISOLATED = CONFIG["level"] == "bubblewrap"
-EPISODES = CONFIG["episodes"]
-EPISODE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-GRACE = 5.0  # seconds past a call's timeout before the server kills a monitor that did not answer
-MAX_CALLS = CONFIG.get("max_calls", 8)  # calls at once; more wait their turn (each holds two processes)
 
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 38, 22, 24, 47
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
@@ -157,7 +165,8 @@ def preload():
 
 
 def user_process_count(uid):
-    """Processes of ``uid`` visible here (the base of RLIMIT_NPROC, which counts them all)."""
+    """Processes of ``uid`` visible here (the base of RLIMIT_NPROC, which counts them all; the host
+    uses this too)."""
     count = 0
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -570,6 +579,7 @@ def write_all(fd, data):
 
 
 def main():
+    early_requests = configure()
     set_dumpable(0)  # never model code's: its memory and descriptors stay out of reach
     if ISOLATED:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as init, a signal without handler never arrives
@@ -600,7 +610,7 @@ def main():
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel.register(wake_read, selectors.EVENT_READ)
-    pending = _EARLY_REQUESTS
+    pending = early_requests
     calls = {}  # result pipe fd -> Call
     queue = collections.deque()  # requests waiting for one of the max_calls slots
     networks = []  # idle network namespaces (descriptors)

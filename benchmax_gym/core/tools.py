@@ -374,7 +374,7 @@ class Toolset:
         try:
             kwargs = t.validate(arguments)
         except ArgumentError as exc:
-            return None, None, ToolResult(f"Error: bad arguments for '{name}': {exc}", "bad_arguments")
+            return None, None, _bad_arguments(name, exc)
         if t.wants_episode:
             kwargs["episode"] = episode
         return t, kwargs, None
@@ -390,9 +390,16 @@ class Toolset:
     def run(self, name: str, arguments: Any, *, episode: Any = None, timeout: float, max_chars: int,
             run_coroutine: Callable[[Any, float], Any] | None = None) -> ToolResult:
         """Run one call synchronously. Async tools go through ``run_coroutine(coro, timeout)``."""
-        t, kwargs, failed = self._prepare(name, arguments, episode)
-        if failed:
-            return failed
+        t = self.tools.get(name)
+        if t is not None and type(arguments) is dict and not t.wants_episode:  # the common case, inline
+            try:
+                kwargs = t.validate(arguments)
+            except ArgumentError as exc:
+                return _bad_arguments(name, exc)
+        else:
+            t, kwargs, failed = self._prepare(name, arguments, episode)
+            if failed:
+                return failed
         try:
             if t.inline and not t.is_async:  # the cheap sync tools (a calculator) first
                 value = t.fn(**kwargs)
@@ -438,6 +445,10 @@ class Toolset:
                 # A tool stuck past its timeout cannot be killed in a thread; do not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
+
+
+def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:
+    return ToolResult(f"Error: bad arguments for '{name}': {exc}", "bad_arguments")
 
 
 def _error_result(name: str, exc: Exception) -> ToolResult:
