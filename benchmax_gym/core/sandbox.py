@@ -403,6 +403,8 @@ class _Server:
                         chunk = b""
                     if not chunk:
                         sel.unregister(key.fd)
+                        if streams[key.fd] == "out":  # the server is gone (its calls' stragglers may hold stderr)
+                            self._fail_all("lost")
                     elif streams[key.fd] == "err":
                         self.errors = (self.errors + chunk.decode(errors="replace"))[-4000:]
                     else:
