@@ -1,20 +1,39 @@
 """How much does the engine add to a tool call? Prints one JSON object.
 
 Measures ``step()`` of ``benchmax/Math-v0`` (made with ``gym.make``, so Gymnasium's default
-wrappers are included) for an action with one calculator call, and the floor: the same work
-without the engine - find the call with ``re``, decode it with ``json``, call the calculator.
+wrappers are included; ``python_tool=False``, so that no sandbox - started at every reset before
+this change - competes for the CPU) for an action with one calculator call, and the floor: the
+same work without the engine - find the call with ``re``, decode it with ``json``, call the
+calculator.
 
-    python benchmarks/step_overhead.py [--steps 20000]
+Peers, each in its own virtual environment and process, with the same calculator code (this
+repository's ``calculator.py``, loaded by path) and the same action, timed the same way:
+
+* GEM (``pip install gem-llm``): its ``ToolEnvWrapper`` around a minimal env, with a calculator
+  tool written as GEM's own tools are (a regex finds the call, ``json`` decodes it);
+* skyrl-gym (``pip install skyrl-gym``): a ``BaseTextEnv`` with a calculator ``ToolGroup``,
+  stepping as its bundled environments do (chat history, parse, ``_execute_tool``, metadata).
+
+Rounds are interleaved (floor, ours, ours unwrapped, each peer), each round starts a fresh
+episode, and every figure is the median over all steps, with the range of the round medians.
+``--breakdown`` adds where the step's time goes: each part's cost is the step's median minus
+the median of a step with that part replaced by a constant (one process, interleaved rounds).
+
+    python benchmarks/step_overhead.py [--rounds 10] [--steps 2000]
+        [--gem-python /work/venv-gem/bin/python] [--skyrl-python /work/venv-skyrl/bin/python] [--breakdown]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import re
 import statistics
+import subprocess
 import time
+from pathlib import Path
 
 import gymnasium as gym
 
@@ -23,6 +42,126 @@ from benchmax_gym.envs.math.calculator import evaluate, format_number
 
 ACTION = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "(12 + 7) * 3 - 4 / 2"}}\n</tool_call>'
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+CALCULATOR = Path(benchmax_gym.__file__).parent / "envs" / "math" / "calculator.py"
+
+# Runs in the peer's own interpreter: reads a step count per line, answers with the step times (us).
+PEER = r'''
+import json, re, sys, time, types, importlib.util
+
+tools = types.ModuleType("benchmax_gym.core.tools")  # all calculator.py imports from this package
+class ToolError(Exception):
+    def __init__(self, message, code="tool_error"):
+        super().__init__(message)
+        self.code = code
+tools.ToolError = ToolError
+for name in ("benchmax_gym", "benchmax_gym.core"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["benchmax_gym.core.tools"] = tools
+spec = importlib.util.spec_from_file_location("calculator", CALCULATOR)
+calculator = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(calculator)
+CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def calculate(action):
+    call = json.loads(CALL.search(action).group(1))
+    return calculator.format_number(calculator.evaluate(call["arguments"]["expression"]))
+
+
+if PEER_NAME == "gem":
+    from gem.core import Env
+    from gem.tools.base_tool import BaseTool
+    from gem.tools.tool_env_wrapper import ToolEnvWrapper
+
+    class Question(Env):
+        def step(self, action):
+            return "", 0.0, True, False, {}
+
+        def reset(self, seed=None):
+            return "What is (12 + 7) * 3 - 4 / 2?", {}
+
+    class CalculatorTool(BaseTool):
+        tool_type = "calculator"
+        name = "calculator"
+
+        def instruction_string(self):
+            return "Call the calculator as <tool_call>{...}</tool_call>."
+
+        def execute_action(self, action):
+            match = CALL.search(action)
+            if not match:
+                return False, True, "", action
+            try:
+                call = json.loads(match.group(1))
+                result = calculator.format_number(calculator.evaluate(call["arguments"]["expression"]))
+            except Exception as exc:
+                return True, True, f"Error: {exc}", action[: match.end()]
+            return True, False, f"<tool_response>\n{result}\n</tool_response>", action[: match.end()]
+
+    def new_env():
+        env = ToolEnvWrapper(Question(), tools=[CalculatorTool()], max_tool_uses=None)
+        env.reset(seed=0)
+        return env
+else:
+    from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
+    from skyrl_gym.tools.core import ToolGroup, tool
+
+    class CalculatorGroup(ToolGroup):
+        def __init__(self):
+            super().__init__(name="CalculatorToolGroup")
+
+        @tool
+        def calculator(self, expression):
+            return calculator.format_number(calculator.evaluate(expression))
+
+    class CalculatorEnv(BaseTextEnv):  # as skyrl-gym's own search and SQL environments step
+        def __init__(self):
+            super().__init__()
+            self.max_turns = 10 ** 9
+            self.init_tool_groups([CalculatorGroup()])
+            self.chat_history = []
+
+        def step(self, action):
+            self.turns += 1
+            self.chat_history.append({"role": "assistant", "content": action})
+            done = self.turns >= self.max_turns or ("<answer>" in action and "</answer>" in action)
+            if done:
+                return BaseTextEnvStepOutput(observations=[], reward=0.0, done=True, metadata={})
+            error, observation, query = None, None, None
+            try:
+                match = CALL.search(action)
+                query = [json.loads(match.group(1))["arguments"]["expression"]]
+                observation = self._execute_tool("CalculatorToolGroup", "calculator", query)
+            except Exception as exc:
+                error = str(exc)
+            content = "<tool_response>\n" + observation + "\n</tool_response>" if observation else error
+            new_obs = {"role": "user", "content": content}
+            self.chat_history.append(new_obs)
+            return BaseTextEnvStepOutput(observations=[new_obs], reward=0.0, done=False,
+                                         metadata={"tool_group": "CalculatorToolGroup", "tool_name": "calculator",
+                                                   "tool_input": query})
+
+    def new_env():
+        env = CalculatorEnv()
+        env.init([{"role": "user", "content": "What is (12 + 7) * 3 - 4 / 2?"}])
+        return env
+
+assert calculate(ACTION) == "55"
+env = new_env()
+for _ in range(500):
+    env.step(ACTION)
+print(json.dumps({"ready": True}), flush=True)
+clock = time.perf_counter_ns
+for line in sys.stdin:
+    n = int(line)
+    env = new_env()
+    out = []
+    for _ in range(n):
+        t = clock()
+        env.step(ACTION)
+        out.append((clock() - t) / 1000.0)
+    print(json.dumps(out), flush=True)
+'''
 
 
 def floor_once(action: str) -> str:
@@ -35,47 +174,127 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def measure(fn, n: int, warmup: int = 500) -> list[float]:
-    for _ in range(warmup):
-        fn()
+def timed_steps(fn, n: int) -> list[float]:
     out = []
     clock = time.perf_counter_ns
     for _ in range(n):
         t = clock()
-        fn()
+        fn(ACTION)
         out.append((clock() - t) / 1000.0)
     return out
 
 
+class Peer:
+    """A peer's stepping loop in its own interpreter."""
+
+    def __init__(self, name: str, python: str):
+        source = f"PEER_NAME = {name!r}\nCALCULATOR = {str(CALCULATOR)!r}\nACTION = {ACTION!r}\n" + PEER
+        self.proc = subprocess.Popen([python, "-c", source], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{name} did not start: {self.proc.stderr.read()[-2000:]}")
+
+    def round(self, n: int) -> list[float]:
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def summary(rounds: list[list[float]]) -> dict[str, float]:
+    samples = [x for r in rounds for x in r]
+    medians = [statistics.median(r) for r in rounds]
+    return {"median": round(statistics.median(samples), 3), "p99": round(percentile(samples, 0.99), 3),
+            "round_medians_min": round(min(medians), 3), "round_medians_max": round(max(medians), 3)}
+
+
+def breakdown(env, rounds: int, steps: int) -> dict[str, float]:
+    """Each part's cost: the step's median minus the median with that part replaced by a constant."""
+    from benchmax_gym.core import env as core_env
+    from benchmax_gym.core import formats, tools
+
+    raw = env.unwrapped
+    parsed = raw.format.parse(ACTION, 1, raw._tool_params)
+    result = tools.ToolResult("55")
+    parts = {
+        "parse (reasoning split, Hermes parse, JSON)": (type(raw.format), "parse",
+                                                        lambda self, a, t, p=None: formats.Parsed(list(parsed.calls), [], parsed.content)),
+        "assistant message's tool_calls (to_openai)": (formats.ToolCall, "to_openai", lambda self: {"id": self.id}),
+        "tool call (lookup, validation, calculator, result)": (tools.Toolset, "run", lambda self, *a, **k: result),
+        "calculator alone": (raw.toolset.tools["calculator"], "fn", lambda expression: "55"),
+        "argument validation": (raw.toolset.tools["calculator"], "validate", lambda args: args),
+        "error and turn bookkeeping (_after_tools)": (core_env.ToolEnv, "_after_tools", lambda self, plan: None),
+        "messages, observation and info (_finish_step)": (core_env.ToolEnv, "_finish_step", lambda self, plan: None),
+    }
+    medians: dict[str, list[float]] = {"step": [], **{k: [] for k in parts}}
+    for _ in range(rounds):
+        for name in medians:
+            if name != "step":
+                owner, attr, stub = parts[name]
+                original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+                setattr(owner, attr, stub)
+            raw.reset(seed=0)
+            medians[name].append(statistics.median(timed_steps(raw.step, steps)))
+            if name != "step":
+                setattr(owner, attr, original)
+    step = statistics.median(medians["step"])
+    return {"step_unwrapped_us": round(step, 3),
+            **{name: round(step - statistics.median(values), 3) for name, values in medians.items() if name != "step"}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=2000, help="steps per round")
+    parser.add_argument("--gem-python", default="/work/venv-gem/bin/python", help="an interpreter with gem-llm")
+    parser.add_argument("--skyrl-python", default="/work/venv-skyrl/bin/python", help="an interpreter with skyrl-gym")
+    parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args()
 
-    env = gym.make("benchmax/Math-v0", max_turns=10**9)
-    env.reset(seed=0)
+    peers, missing = {}, {}
+    for name, python in (("gem_tool_env_wrapper", args.gem_python), ("skyrl_gym", args.skyrl_python)):
+        if not os.path.exists(python):
+            missing[name] = f"no interpreter at {python}"
+            continue
+        try:
+            peers[name] = Peer("gem" if name.startswith("gem") else "skyrl", python)
+        except RuntimeError as exc:
+            missing[name] = str(exc)[-500:]
 
-    def engine_step():
-        env.step(ACTION)
-
-    floor = measure(lambda: floor_once(ACTION), args.steps)
-    step = measure(engine_step, args.steps)
-    env.reset(seed=0)  # drop the long transcript before the unwrapped run
+    env = gym.make("benchmax/Math-v0", max_turns=10**9, python_tool=False)
     raw = env.unwrapped
-    step_unwrapped = measure(lambda: raw.step(ACTION), args.steps)
-    env.close()
+    for _ in range(500):  # warm up
+        floor_once(ACTION)
+    env.reset(seed=0)
+    timed_steps(env.step, 500)
+    rounds: dict[str, list[list[float]]] = {"floor": [], "step": [], "step_unwrapped": [], **{k: [] for k in peers}}
+    for _ in range(args.rounds):
+        rounds["floor"].append(timed_steps(floor_once, args.steps))
+        env.reset(seed=0)
+        rounds["step"].append(timed_steps(env.step, args.steps))
+        env.reset(seed=0)
+        rounds["step_unwrapped"].append(timed_steps(raw.step, args.steps))
+        for name, peer in peers.items():
+            rounds[name].append(peer.round(args.steps))
+    for peer in peers.values():
+        peer.close()
 
-    result = {
-        "benchmark": "step_overhead",
-        "python": platform.python_version(),
-        "steps": args.steps,
-        "step_us": {"median": statistics.median(step), "p99": percentile(step, 0.99)},
-        "step_unwrapped_us": {"median": statistics.median(step_unwrapped), "p99": percentile(step_unwrapped, 0.99)},
-        "floor_us": {"median": statistics.median(floor), "p99": percentile(floor, 0.99)},
-    }
-    result["overhead_us_median"] = result["step_us"]["median"] - result["floor_us"]["median"]
-    result["overhead_unwrapped_us_median"] = result["step_unwrapped_us"]["median"] - result["floor_us"]["median"]
-    result["step_to_floor_ratio"] = result["step_us"]["median"] / result["floor_us"]["median"]
+    result = {"benchmark": "step_overhead", "python": platform.python_version(), "rounds": args.rounds,
+              "steps_per_round": args.steps, **{f"{k}_us": summary(v) for k, v in rounds.items()}}
+    step = result["step_us"]["median"]
+    result["step_to_floor_ratio"] = round(step / result["floor_us"]["median"], 3)
+    result["step_unwrapped_to_floor_ratio"] = round(result["step_unwrapped_us"]["median"] / result["floor_us"]["median"], 3)
+    for name in peers:
+        result[f"step_to_{name}_ratio"] = round(step / result[f"{name}_us"]["median"], 3)
+    if missing:
+        result["peers_not_measured"] = missing
+    if args.breakdown:
+        result["breakdown_us"] = breakdown(env, args.rounds, args.steps)
+    env.close()
     print(json.dumps(result))
 
 

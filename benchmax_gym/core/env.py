@@ -43,7 +43,7 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.checks import positive_int, positive_number
-from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig
+from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import ToolResult, Toolset, truncate
@@ -130,8 +130,9 @@ class ToolEnv(gym.Env[str, str]):
         info_timings: add ``info["timings"]`` (seconds spent parsing, in tools, grading, in all).
             Off by default: wall-clock figures differ run to run, so a step's info would no
             longer be a function of (seed, actions), which Gymnasium's env checker requires.
-        sandbox: when tools run model-written code, how each episode's :class:`Sandbox` is made;
-            it is started at reset (``episode.state["sandbox"]``) and killed when the episode ends.
+        sandbox: when tools run model-written code, how each episode's :class:`Sandbox` is made:
+            its workspace at reset (``episode.state["sandbox"]``), deleted when the episode ends;
+            its code runs through the process's shared server, started by the first call.
         render_mode: ``"ansi"`` (``render()`` returns the transcript) or ``"human"`` (prints it).
         reasoning_tags: the tags around a reasoning model's thinking, ``("<think>", "</think>")``
             by default. Tool calls and the final answer are read only outside them (a call or a
@@ -209,6 +210,7 @@ class ToolEnv(gym.Env[str, str]):
         if sandbox is not None and not isinstance(sandbox, SandboxConfig):
             raise TypeError(f"sandbox must be a SandboxConfig, got {type(sandbox).__name__}")
         self.sandbox_config = sandbox
+        self._sandbox_lease: SandboxLease | None = None
         #: the isolation level for model code (``info["sandbox"]``); None when no tool runs code
         self.sandbox_level = sandbox.level if sandbox else None
 
@@ -304,26 +306,28 @@ class ToolEnv(gym.Env[str, str]):
 
     def step(self, action: str) -> StepResult:
         plan = self._plan_step(action)
-        t = time.perf_counter()
-        for call in plan.to_run:
-            plan.results.append(
-                self.toolset.run(
-                    call.name, call.arguments, episode=plan.episode, timeout=self.tool_timeout,
-                    max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run,
-                )
-            )
-        plan.tools_s = time.perf_counter() - t
+        timed = self.info_timings
+        t = time.perf_counter() if timed else 0.0
+        if plan.to_run:
+            run, results = self.toolset.run, plan.results
+            for call in plan.to_run:
+                results.append(run(call.name, call.arguments, episode=plan.episode, timeout=self.tool_timeout,
+                                   max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run))
+        if timed:
+            plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
         if plan.grade:
-            t = time.perf_counter()
+            t = time.perf_counter() if timed else 0.0
             plan.score = self.rubric.score(run_coroutine=self.aio.run, **self._reward_context(plan))
-            plan.reward_s = time.perf_counter() - t
+            if timed:
+                plan.reward_s = time.perf_counter() - t
         return self._finish_step(plan)
 
     async def astep(self, action: str) -> StepResult:
         """``step`` as a coroutine: async tools are awaited, blocking ones run in threads."""
         plan = self._plan_step(action)
-        t = time.perf_counter()
+        timed = self.info_timings
+        t = time.perf_counter() if timed else 0.0
         for call in plan.to_run:
             plan.results.append(
                 await self.toolset.arun(
@@ -331,12 +335,14 @@ class ToolEnv(gym.Env[str, str]):
                     max_chars=self.max_tool_output_chars,
                 )
             )
-        plan.tools_s = time.perf_counter() - t
+        if timed:
+            plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
         if plan.grade:
-            t = time.perf_counter()
+            t = time.perf_counter() if timed else 0.0
             plan.score = await self.rubric.ascore(**self._reward_context(plan))
-            plan.reward_s = time.perf_counter() - t
+            if timed:
+                plan.reward_s = time.perf_counter() - t
         return self._finish_step(plan)
 
     def render(self):
@@ -352,6 +358,8 @@ class ToolEnv(gym.Env[str, str]):
 
     def close(self):
         self._end_episode()
+        if self._sandbox_lease is not None:
+            self._sandbox_lease.release()
         self.toolset.close()
         if "aio" in self.__dict__:  # only envs that ran async work have a loop to close
             self.aio.close()
@@ -419,6 +427,10 @@ class ToolEnv(gym.Env[str, str]):
         weakref.finalize(self.episode, _release_in, os.getpid(), self.episode.resources)
         cfg = self.sandbox_config
         if cfg is not None and cfg.level != UNAVAILABLE:
+            if self._sandbox_lease is None:  # the shared server outlives this env's episodes, not the env
+                self._sandbox_lease = SandboxLease(cfg.level, cfg.preload)
+                weakref.finalize(self, _release_in, os.getpid(), self._sandbox_lease.release)
+            # the episode's workspace only: its code runs when its first call comes
             box = Sandbox(mode=cfg.mode, limits=cfg.limits, preload=cfg.preload)
             self.episode.state["sandbox"] = self.episode.resources.enter_context(contextlib.closing(box))
         return self.episode, options
@@ -464,19 +476,20 @@ class ToolEnv(gym.Env[str, str]):
             log.exception("releasing the resources of task %s failed", episode.task.id)
 
     def _plan_step(self, action: Any) -> "_StepPlan":
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() if self.info_timings else 0.0
         episode = self.episode
         if episode is None:
             raise gym.error.ResetNeeded("call reset() before step()")
         if episode.done:
             raise gym.error.ResetNeeded("the episode has ended; call reset() before step()")
-        if isinstance(action, dict) and self.format.name == "openai":
-            action = json.dumps(action)
-        if not isinstance(action, str):
-            raise TypeError(f"action must be a str (the model's reply), got {type(action).__name__}")
+        if type(action) is not str:
+            if isinstance(action, dict) and self.format.name == "openai":
+                action = json.dumps(action)
+            if not isinstance(action, str):
+                raise TypeError(f"action must be a str (the model's reply), got {type(action).__name__}")
         episode.turn += 1
         episode.actions.append(action)
-        plan = _StepPlan(episode=episode, t0=t0)
+        plan = _StepPlan(episode, t0)
         if len(action) > self.max_action_chars:
             plan.errors.append(ACTION_TOO_LONG)
             episode.messages.append({"role": "assistant", "content": truncate(action, self.max_action_chars)})
@@ -484,52 +497,64 @@ class ToolEnv(gym.Env[str, str]):
                 f"Error: your reply has {len(action)} characters; the limit is {self.max_action_chars}. "
                 "Nothing in it was run."
             )
-            plan.parse_s = time.perf_counter() - t0
+            if self.info_timings:
+                plan.parse_s = time.perf_counter() - t0
             return plan
-        _, visible = split_reasoning(action, self.reasoning_tags)
+        tags = self.reasoning_tags
+        visible = split_reasoning(action, tags)[1] if tags and (tags[1] in action or tags[0] in action) else action
         parsed: Parsed = self.format.parse(visible, episode.turn, self._tool_params)
-        plan.parse_s = time.perf_counter() - t0
+        if self.info_timings:
+            plan.parse_s = time.perf_counter() - t0
         plan.parsed = parsed
-        if parsed.is_final:
+        calls, errors = parsed.calls, parsed.errors
+        if not calls and not errors:  # a final answer
             plan.final = True
             plan.completion = parsed.content
             episode.messages.append({"role": "assistant", "content": parsed.content})
             return plan
-        plan.to_run = parsed.calls[: self.max_calls_per_action]
-        plan.skipped = parsed.calls[self.max_calls_per_action :]
+        if len(calls) > self.max_calls_per_action:
+            plan.to_run = calls[: self.max_calls_per_action]
+            plan.skipped = calls[self.max_calls_per_action :]
+        else:
+            plan.to_run = calls
         # a reply that did not parse keeps its text (outside reasoning), so the next turn shows
         # the model what it wrote and the transcript loses nothing
-        assistant = {"role": "assistant", "content": visible.strip() if parsed.errors else parsed.content}
-        if parsed.calls:
-            assistant["tool_calls"] = [c.to_openai() for c in parsed.calls]
-        episode.messages.append(assistant)
-        if parsed.errors:
+        content = visible.strip() if errors else parsed.content
+        if calls:
+            episode.messages.append({"role": "assistant", "content": content, "tool_calls": [
+                calls[0].to_openai()] if len(calls) == 1 else [c.to_openai() for c in calls]})
+        else:
+            episode.messages.append({"role": "assistant", "content": content})
+        if errors:
             plan.errors.append(PARSE_ERROR)
             plan.notes.append(
-                "Error: could not parse your tool call: " + "; ".join(parsed.errors) + ". "
+                "Error: could not parse your tool call: " + "; ".join(errors) + ". "
                 "Follow the calling convention from the system prompt."
             )
         return plan
 
     def _after_tools(self, plan: "_StepPlan") -> None:
         episode = plan.episode
-        for call, result in zip(plan.to_run, plan.results):
-            if result.error:
-                plan.errors.append(result.error)
-        plan.results += [
-            ToolResult(f"Error: not run: at most {self.max_calls_per_action} tool calls per reply.", TOO_MANY_CALLS)
-            for _ in plan.skipped
-        ]
+        for r in plan.results:
+            if r.error:
+                plan.errors.append(r.error)
+                episode.tool_errors += 1
         if plan.skipped:
+            plan.results += [
+                ToolResult(f"Error: not run: at most {self.max_calls_per_action} tool calls per reply.", TOO_MANY_CALLS)
+                for _ in plan.skipped
+            ]
             plan.errors.append(TOO_MANY_CALLS)
-        episode.tool_errors += sum(1 for r in plan.results if r.error)
-        plan.truncated = not plan.final and episode.turn >= self.max_turns
-        if plan.truncated:
-            plan.notes.append(f"The turn limit ({self.max_turns}) is reached: the episode is over and is graded as it stands.")
-        elif not plan.final and episode.turn == self.max_turns - 1:
-            plan.notes.append("This is your last turn: tool calls in your next reply still run, but the episode "
-                              "then ends, so give your final answer in it.")
-        plan.grade = plan.final or plan.truncated
+            episode.tool_errors += len(plan.skipped)
+        if plan.final:
+            plan.grade = True
+        elif episode.turn >= self.max_turns - 1:
+            if episode.turn >= self.max_turns:
+                plan.truncated = plan.grade = True
+                plan.notes.append(f"The turn limit ({self.max_turns}) is reached: the episode is over and is graded as it stands.")
+            else:
+                plan.notes.append("This is your last turn: tool calls in your next reply still run, but the episode "
+                                  "then ends, so give your final answer in it.")
 
     def _reward_context(self, plan: "_StepPlan") -> dict[str, Any]:
         episode = plan.episode
@@ -544,32 +569,32 @@ class ToolEnv(gym.Env[str, str]):
 
     def _finish_step(self, plan: "_StepPlan") -> StepResult:
         episode = plan.episode
-        calls = plan.to_run + plan.skipped
-        new_messages = [
-            {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.content}
-            for c, r in zip(calls, plan.results)
-        ]
+        calls = plan.to_run + plan.skipped if plan.skipped else plan.to_run
+        new_messages, tool_calls, shown = [], [], []  # one loop: a comprehension costs a frame each
+        for c, r in zip(calls, plan.results):
+            new_messages.append({"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.content})
+            tool_calls.append({"id": c.id, "name": c.name, "arguments": c.arguments})
+            shown.append((c.id, c.name, r.content))
         if plan.notes:
             new_messages.append({"role": "user", "content": "\n".join(plan.notes)})
-        episode.messages.extend(new_messages)
-        parts = []
-        if calls:
-            parts.append(self.format.render_results([(c.id, c.name, r.content) for c, r in zip(calls, plan.results)]))
-        parts += plan.notes
-        obs = "\n".join(parts)
+            obs = "\n".join([self.format.render_results(shown), *plan.notes] if calls else plan.notes)
+        else:
+            obs = self.format.render_results(shown) if calls else ""
+        episode.messages += new_messages
         if len(obs) > self.max_observation_chars:
             obs = truncate(obs, self.max_observation_chars)
         info: dict[str, Any] = {
             "messages": new_messages,
             "task_id": episode.task.id,
             "turn": episode.turn,
-            "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
+            "tool_calls": tool_calls,
             "error": plan.errors[0] if plan.errors else None,
             "errors": plan.errors,
         }
         reward = 0.0
         if plan.grade:
             reward, components, reward_errors = plan.score
+            reward = float(reward)
             info["reward_components"] = components
             if reward_errors:
                 info["reward_errors"] = reward_errors
@@ -584,33 +609,27 @@ class ToolEnv(gym.Env[str, str]):
                 "reward_s": plan.reward_s,
                 "step_s": time.perf_counter() - plan.t0,
             }
-        return obs, float(reward), plan.final, plan.truncated, info
+        return obs, reward, plan.final, plan.truncated, info
 
 
-def _release_in(pid: int, resources: contextlib.ExitStack) -> None:
-    """Close an episode's resources, in the process that opened them only (a forked child
-    inherits the finalizer, not the resources)."""
+def _release_in(pid: int, release: contextlib.ExitStack | Any) -> None:
+    """Close an episode's resources (or call ``release``), in the process that opened them only
+    (a forked child inherits the finalizer, not the resources)."""
     if os.getpid() == pid:
-        resources.close()
+        release.close() if isinstance(release, contextlib.ExitStack) else release()
 
 
-@dataclass
 class _StepPlan:
-    """One step's working state, shared by ``step`` and ``astep``."""
+    """One step's working state, shared by ``step`` and ``astep``: a plain class whose scalars
+    default on the class (a dataclass with list factories cost a microsecond a step)."""
 
-    episode: Episode
-    t0: float
     parsed: Parsed | None = None
-    to_run: list = field(default_factory=list)
-    skipped: list = field(default_factory=list)
-    results: list = field(default_factory=list)
-    errors: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    final: bool = False
-    truncated: bool = False
-    grade: bool = False
-    completion: str = ""
+    skipped: list | tuple = ()
+    final = truncated = grade = False
+    completion = ""
     score: Any = None
-    parse_s: float = 0.0
-    tools_s: float = 0.0
-    reward_s: float = 0.0
+    parse_s = tools_s = reward_s = 0.0
+
+    def __init__(self, episode: Episode, t0: float):
+        self.episode, self.t0 = episode, t0
+        self.to_run, self.results, self.errors, self.notes = [], [], [], []

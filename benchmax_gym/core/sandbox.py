@@ -1,23 +1,28 @@
 """The one sandbox for model-written code.
 
 Every tool that runs code the model wrote (Math's ``python``, Excel's ``run_python``) goes
-through :class:`Sandbox`. Per episode it keeps one warm process (started at reset, killed at
-close) that has the family's common modules imported and forks a fresh child per call, so a call
-costs milliseconds, not an interpreter start plus ``import openpyxl``; calls see each other only
-through the workspace files.
+through :class:`Sandbox`. Each episode has its own workspace; the process that runs code is shared:
+one warm server per process (per level and set of preloaded modules, started by the first call
+that needs it, stopped when the last environment or sandbox using it closes) that has the families'
+common modules imported and, per call, forks a fresh child in new namespaces holding only that
+episode's files. So a call costs milliseconds, not an interpreter start plus ``import openpyxl``,
+and a thousand environments cost one server per worker process, not a process each; calls of
+one episode see each other only through its workspace (and its ``/tmp``) files.
 
 What the code can and cannot do, at level ``bubblewrap`` (the default where it works):
 
-* files: it sees its private workspace (read-write, mounted at ``/workspace``), a private
-  writable size-limited ``/tmp``, and read-only system and Python directories - nothing of the host's other files, no
-  answer files, no other episode's workspace;
-* network: none (its own network namespace; connecting anywhere fails);
-* processes: its own PID namespace (``/proc`` shows only the sandbox), whose init is the server
-  itself, so the kernel drops any SIGKILL/SIGSTOP the code sends it; the server is non-dumpable, so
+* files: it sees its episode's workspace (read-write, mounted at ``/workspace``), the episode's
+  private writable ``/tmp``, a fresh ``/dev/shm``, and read-only system and Python directories -
+  nothing of the host's other files, no answer files, no other episode's workspace (they are
+  hidden in its mount namespace);
+* network: none (a network namespace of its own per call; connecting anywhere fails);
+* processes: a PID namespace of its own per call (``/proc`` shows only the call's processes), whose
+  init is the call's monitor, so the kernel drops any SIGKILL/SIGSTOP the code sends it, and kills
+  everything in the namespace when the call ends; the monitor and the server are non-dumpable, so
   code running as the same uid (non-root hosts, where no second uid can be had without a setuid
-  helper) cannot read its memory or open its file descriptors, and the code's process never holds
-  the host channel; replies carry request ids, so a desynchronised channel is detected and the
-  server restarted. On root hosts the code also runs as its own unprivileged uid;
+  helper) cannot read their memory or open their file descriptors, the code's process never holds
+  a channel, and the server cannot be seen at all. On root hosts the code also runs as the
+  episode's own unprivileged uid; elsewhere it drops every capability;
 * system calls: a seccomp filter refuses what normal code never needs (io_uring, keyctl, bpf,
   perf_event_open, ptrace, mount, new namespaces, kernel modules, ...);
 * host layout: the interpreter and its packages appear at neutral paths (``/sandbox/python``,
@@ -25,8 +30,8 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   sources: the kernel shows a bind mount's source directory);
 * limits per call: wall-clock timeout that kills the whole process tree (anything the code
   leaves running is swept away after every call), CPU seconds, address space, number of
-  processes (a fork bomb is contained), size of any file written, workspace quota, and
-  stdout/stderr capped with a visible marker;
+  processes (a fork bomb is contained), size of any file written, workspace quota (workspace and
+  ``/tmp`` together), and stdout/stderr capped with a visible marker;
 * environment: scrubbed - no inherited variables, so no API keys or tokens.
 
 Levels: ``bubblewrap`` (bubblewrap from Debian's ``bubblewrap`` package, detected at run time);
@@ -60,6 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmax_gym.core.sandbox_server import user_process_count
 from benchmax_gym.core.tools import Tool, ToolError, tool
 
 log = logging.getLogger(__name__)
@@ -68,6 +74,8 @@ BUBBLEWRAP, RLIMITS, UNAVAILABLE = "bubblewrap", "rlimits", "unavailable"
 MODES = ("auto", BUBBLEWRAP, RLIMITS)
 SERVER = Path(__file__).with_name("sandbox_server.py")
 SANDBOX_WORKSPACE = "/workspace"
+#: calls one server runs at once (each holds a monitor and the code's process); more wait their turn
+MAX_CONCURRENT_CALLS = max(8, 4 * (os.cpu_count() or 1))
 EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_PROCESSES = 120, 121, 122  # as in sandbox_server.py
 
 
@@ -169,26 +177,22 @@ class SandboxUnavailable(RuntimeError):
 @functools.lru_cache(maxsize=1)
 def bubblewrap_status() -> tuple[bool, str]:
     """Whether the real sandbox works here - bubblewrap starts the server with this interpreter and
-    it runs one call - and why not if it does not (what ``doctor`` and the warnings show)."""
+    it runs one call in a fresh namespace - and why not if it does not (what ``doctor`` and the
+    warnings show)."""
     bwrap = shutil.which("bwrap")
     if not bwrap:
         return False, "bwrap not found (install Debian's bubblewrap package)"
-    workspace = Path(tempfile.mkdtemp(prefix="probe-", dir=_workspace_root()))
-    proc = None
+    pool = _Pool(BUBBLEWRAP, ())
     try:
-        proc = _spawn(BUBBLEWRAP, workspace, _own_workspace(workspace), SandboxLimits(timeout=20), ())
-        out, err = proc.communicate(json.dumps({"id": 1, "code": "print('ok')"}).encode() + b"\n", timeout=60)
-        replies = [json.loads(line) for line in out.splitlines()[1:2]]
-        if not replies or replies[0].get("stdout") != "ok\n":
-            detail = err.decode(errors="replace").strip() or (replies[0] if replies else "no reply")
-            return False, f"the sandbox cannot start here: {str(detail)[:300]}"
-    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        with Sandbox(limits=SandboxLimits(timeout=20), pool=pool) as box:
+            result = box.run("print('ok')")
+        if result.stdout != "ok\n":
+            detail = pool.errors or result.text
+            return False, f"the sandbox cannot start here: {detail[:300]}"
+    except OSError as exc:
         return False, f"the sandbox cannot start here: {exc}"
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        remove_tree(workspace)
+        pool.shut_down()
     version = subprocess.run([bwrap, "--version"], capture_output=True, text=True).stdout.strip()
     return True, f"{version} at {bwrap}"
 
@@ -276,22 +280,6 @@ def _own_workspace(workspace: Path) -> int | None:
     return uid
 
 
-def _user_process_count() -> int:
-    uid = str(os.getuid())
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/status") as f:
-                    for line in f:
-                        if line.startswith("Uid:"):
-                            count += line.split()[1] == uid
-                            break
-            except OSError:
-                pass
-    return count
-
-
 @functools.lru_cache(maxsize=1)
 def _interpreter() -> str:
     """The base installation's ``pythonX.Y`` (a venv's packages come through ``sys.path``), else
@@ -334,63 +322,266 @@ def _inside(path: str, binds) -> str | None:
     return None
 
 
-def _spawn(level: str, workspace: Path, uid: int | None, limits: SandboxLimits,
-           preload: tuple[str, ...]) -> subprocess.Popen:
-    """Start a sandbox server for ``workspace`` (requests on stdin, JSON lines on stdout, its own
-    errors - bubblewrap's included - on a captured stderr, never the user's)."""
+def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.Popen:
+    """Start the server for the episodes under ``episodes`` (requests on stdin, JSON lines on
+    stdout, its own errors - bubblewrap's included - on a captured stderr, never the user's)."""
     inside = level == BUBBLEWRAP
+    root = os.geteuid() == 0
     config = {
-        "uid": uid,
-        "gid": uid,
-        "nproc": limits.max_processes if uid is not None else _user_process_count() + limits.max_processes,
-        "workspace": SANDBOX_WORKSPACE if inside else str(workspace),
-        "own_pid_namespace": inside,
+        "level": level,
+        "episodes": "/sandbox/episodes" if inside else str(episodes),
         "preload": list(preload),
-        "limits": asdict(limits),
+        "nproc_base": 0 if root else user_process_count(os.getuid()),
+        "seccomp": (seccomp_filter() or b"").hex() if inside else "",
+        "max_calls": MAX_CONCURRENT_CALLS,
     }
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": config["workspace"],
-           "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
-    pass_fds: tuple[int, ...] = ()
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp",
+           "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     if inside:
         binds, exe, extra_env = _python_layout()
         config["path"] = [p for p in (_inside(p, binds) for p in sys.path if p) if p]
         argv = [shutil.which("bwrap") or "bwrap", "--die-with-parent", "--new-session", "--as-pid-1",
                 "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        if uid is not None:
-            argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL"]
-        else:
-            argv += ["--unshare-user"]
-        argv += ["--perms", "1777", "--size", str(limits.workspace_mb * 1024 * 1024), "--tmpfs", "/tmp"]
+        if root:  # the code runs as each episode's own uid; the server keeps what it needs to get there
+            argv += ["--cap-drop", "ALL"] + [a for cap in ("SYS_ADMIN", "SETUID", "SETGID", "KILL", "NET_ADMIN")
+                                              for a in ("--cap-add", f"CAP_{cap}")]
+        else:  # the code drops these capabilities of the sandbox's own user namespace
+            argv += ["--unshare-user", "--cap-add", "ALL"]
+        argv += ["--tmpfs", "/tmp", "--dir", "/workspace"]
         for path in ("/usr", "/bin", "/lib", "/lib64", "/sbin", "/etc/ld.so.cache", "/etc/localtime",
                      "/etc/alternatives"):
             argv += ["--ro-bind-try", path, path]
         argv += ["--perms", "0755", "--dir", "/sandbox"]  # bwrap would create it closed (0700)
         for host, dest in binds:
             argv += ["--ro-bind", host, dest]
-        argv += ["--ro-bind", str(SERVER), "/sandbox/server.py",
-                 "--bind", str(workspace), SANDBOX_WORKSPACE,
-                 "--proc", "/proc", "--dev", "/dev", "--chdir", SANDBOX_WORKSPACE, "--clearenv"]
+        argv += ["--ro-bind", str(SERVER), "/sandbox/server.py", "--bind", str(episodes), "/sandbox/episodes",
+                 "--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
         for key, value in {**env, **extra_env}.items():
             argv += ["--setenv", key, value]
-        program = seccomp_filter()
-        if program:
-            read, write = os.pipe()
-            os.write(write, program)
-            os.close(write)
-            pass_fds = (read,)
-            argv += ["--seccomp", str(read)]
-        argv += [exe, "-I", "-S", "-B", "/sandbox/server.py", json.dumps(config)]
+        argv += [exe, "-I", "-S", "-B", "/sandbox/server.py"]
     else:
         config["path"] = [os.path.realpath(p) for p in sys.path if p]
-        argv = [_interpreter(), "-I", "-S", "-B", str(SERVER), json.dumps(config)]
-    try:
-        return subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=str(workspace), env=env, start_new_session=True, close_fds=True, pass_fds=pass_fds,
-        )
-    finally:
-        for fd in pass_fds:
-            os.close(fd)
+        argv = [_interpreter(), "-I", "-S", "-B", str(SERVER)]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=str(episodes), env=env, start_new_session=True, close_fds=True,
+    )
+    try:  # the configuration is its first line of input (a pipe holds it until it starts)
+        proc.stdin.write((json.dumps(config) + "\n").encode())
+        proc.stdin.flush()
+    except OSError:
+        pass  # it died at once: the caller reports its stderr
+    return proc
+
+
+class _Server:
+    """One server process and the calls waiting on it. A reader thread hands each reply to its
+    call by request id (ids are random: a forged reply cannot match one); a reply for no call
+    means something other than the server wrote the channel, and the server is not trusted again."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+        self.pending: dict[int, list] = {}  # request id -> [event, reply]
+        self.ready = threading.Event()  # set when it is ready, or when it died first
+        self.ok = False
+        self.dead = False
+        self.errors = ""  # the tail of what it wrote to stderr
+        self.write_lock = threading.Lock()
+        threading.Thread(target=self._read, name="benchmax-sandbox-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        buffer = b""
+        streams = {self.proc.stdout.fileno(): "out", self.proc.stderr.fileno(): "err"}
+        with selectors.DefaultSelector() as sel:
+            for fd in streams:
+                sel.register(fd, selectors.EVENT_READ)
+            while sel.get_map():
+                for key, _ in sel.select():
+                    try:
+                        chunk = os.read(key.fd, 1 << 20)
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        if streams[key.fd] == "out":  # the server is gone (its calls' stragglers may hold stderr)
+                            self._fail_all("lost")
+                    elif streams[key.fd] == "err":
+                        self.errors = (self.errors + chunk.decode(errors="replace"))[-4000:]
+                    else:
+                        buffer += chunk
+                        while b"\n" in buffer:
+                            line, _, buffer = buffer.partition(b"\n")
+                            if not self._dispatch(line):
+                                self.kill()
+        self._fail_all("lost")
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+
+    def _dispatch(self, line: bytes) -> bool:
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            log.error("sandbox reply channel garbled; restarting the sandbox")
+            self._fail_all("out_of_step")
+            return False
+        if reply.get("ready") and not self.ready.is_set():
+            self.ok = True
+            self.ready.set()
+            return True
+        request_id = reply.get("id") if isinstance(reply.get("id"), int) else None
+        slot = self.pending.get(request_id)
+        if slot is None:
+            # Only the server writes this channel; a reply for no call means something else did.
+            log.error("sandbox reply channel out of step (a reply for no call); restarting the sandbox")
+            self._fail_all("out_of_step")
+            return False
+        if reply.get("queued") or reply.get("started"):  # waiting for a free slot / out of the queue
+            slot[2] = "queued" if reply.get("queued") else time.monotonic()
+            return True
+        del self.pending[request_id]
+        slot[1] = reply
+        slot[0].set()
+        return True
+
+    def _fail_all(self, why: str) -> None:
+        self.dead = True
+        self.ready.set()
+        for slot in list(self.pending.values()):
+            slot[1] = {why: True}
+            slot[0].set()
+        self.pending.clear()
+
+    def call(self, request: dict[str, Any], wait: float) -> dict[str, Any]:
+        """Send ``request`` (its ``id`` is set here) and wait up to ``wait`` seconds for the reply."""
+        request_id = secrets.randbits(62)
+        slot = [threading.Event(), None, time.monotonic()]  # done, reply, when it started ("queued")
+        with self.write_lock:
+            if self.dead:
+                return {"lost": True}
+            self.pending[request_id] = slot
+            try:
+                self.proc.stdin.write((json.dumps({**request, "id": request_id}) + "\n").encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                self.pending.pop(request_id, None)
+                return {"lost": True}
+        while not slot[0].wait(1.0):
+            if slot[2] != "queued" and time.monotonic() > slot[2] + wait:
+                self.pending.pop(request_id, None)
+                return {"lost": True}
+        return slot[1]
+
+    def cancel(self, request: dict[str, Any]) -> None:
+        with self.write_lock:
+            try:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def kill(self) -> None:
+        self.dead = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("sandbox server %s did not exit after SIGKILL", self.proc.pid)
+        try:
+            self.proc.stdin.close()  # stdout and stderr are the reader's to close
+        except OSError:
+            pass
+
+
+class _Pool:
+    """What the sandboxes of one level and preload share in one process: the directory holding
+    their episodes' files, and the server (started by the first call, restarted when it dies,
+    killed with the directory when the last user lets go)."""
+
+    def __init__(self, level: str, preload: tuple[str, ...]):
+        self.level, self.preload, self.pid = level, preload, os.getpid()
+        self.dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=_workspace_root()))
+        os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
+        self.users = 0
+        self.restarts = 0
+        self._server: _Server | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def errors(self) -> str:
+        return self._server.errors.strip() if self._server else ""
+
+    def server(self) -> _Server:
+        """The running server, started (or restarted) if need be."""
+        with self._lock:
+            server = self._server
+            if server is None or server.dead or server.proc.poll() is not None:
+                if server is not None:
+                    server.kill()
+                    self.restarts += 1
+                server = self._server = _Server(_spawn(self.level, self.dir, self.preload))
+            return server
+
+    def restart(self, server: _Server) -> None:
+        """Kill ``server`` (hung, or its channel no longer trusted); the next call starts another."""
+        server.kill()
+
+    def shut_down(self) -> None:
+        with self._lock:
+            server, self._server = self._server, None
+        if server is not None and self.pid == os.getpid():
+            server.kill()
+        remove_tree(self.dir)
+
+
+_POOLS: dict[tuple[str, tuple[str, ...]], _Pool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _acquire(level: str, preload: tuple[str, ...]) -> _Pool:
+    with _POOLS_LOCK:
+        pool = _POOLS.get((level, preload))
+        if pool is None or pool.pid != os.getpid():
+            pool = _POOLS[(level, preload)] = _Pool(level, preload)
+        pool.users += 1
+        return pool
+
+
+def _release(pool: _Pool) -> None:
+    if pool.pid != os.getpid():  # a forked child's copy: the parent's to stop
+        return
+    with _POOLS_LOCK:
+        pool.users -= 1
+        if pool.users > 0:
+            return
+        if _POOLS.get((pool.level, pool.preload)) is pool:
+            del _POOLS[(pool.level, pool.preload)]
+    pool.shut_down()
+
+
+class SandboxLease:
+    """Keeps the shared server of ``(level, preload)`` alive between episodes (an environment holds
+    one from its first sandboxed episode until it closes). ``release()`` is idempotent."""
+
+    def __init__(self, level: str, preload: tuple[str, ...]):
+        self._pool: _Pool | None = _acquire(level, tuple(preload))
+
+    def release(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _release(pool)
+
+
+def _forget_pools_after_fork() -> None:
+    """A forked child starts with no server of its own; the parent's stay the parent's."""
+    _POOLS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_pools_after_fork)
 
 
 _MAX_DEPTH = 128  # deeper directories are moved up to the workspace's top level when walked
@@ -486,13 +677,16 @@ def remove_tree(root: Path) -> None:
 
 
 class Sandbox:
-    """One episode's sandbox: a workspace and a warm process that runs code in it.
+    """One episode's sandbox: a workspace (and a private ``/tmp``), and calls that run code in it
+    through the process's shared server (started by the first call that needs one).
 
     Args:
         mode: ``"auto"`` (bubblewrap, else refuse), ``"bubblewrap"`` (same, stated), or
             ``"rlimits"`` (explicit opt-in to run model code with resource limits only).
         limits: per-call :class:`SandboxLimits`.
-        preload: modules the warm process imports once (``("openpyxl",)`` for Excel).
+        preload: modules the warm server imports once (``("openpyxl",)`` for Excel); sandboxes
+            with the same level and preload share a server.
+        pool: internal: a private server instead of the process's shared one (``doctor``'s probe).
 
     Example::
 
@@ -500,8 +694,9 @@ class Sandbox:
             print(box.run("print(2 ** 10)").text)     # exit code 0 / stdout: 1024
     """
 
-    def __init__(self, *, mode: str = "auto", limits: SandboxLimits | None = None, preload: tuple[str, ...] = ()):
-        self.level = resolve_level(mode)
+    def __init__(self, *, mode: str = "auto", limits: SandboxLimits | None = None, preload: tuple[str, ...] = (),
+                 pool: _Pool | None = None):
+        self.level = pool.level if pool is not None else resolve_level(mode)
         if self.level == UNAVAILABLE:
             raise SandboxUnavailable(
                 f"cannot run model code: {bubblewrap_status()[1]}. Install bubblewrap, or pass "
@@ -509,26 +704,26 @@ class Sandbox:
             )
         self.limits = limits or SandboxLimits()
         self.preload = tuple(preload)
-        self.workspace = Path(tempfile.mkdtemp(prefix="ws-", dir=_workspace_root()))
-        self._proc: subprocess.Popen | None = None
-        self._buffer = b""
+        self._owned_pool = pool is None  # a lease on the shared pool, released at close
+        self._pool = pool if pool is not None else _acquire(self.level, self.preload)
+        self._pid = os.getpid()
+        self.name = secrets.token_hex(8)
+        self.workspace = self._pool.dir / f"ws-{self.name}"
+        self.tmp = self._pool.dir / f"tmp-{self.name}"
+        self.workspace.mkdir(mode=0o700)
+        self.tmp.mkdir(mode=0o700)
+        self.uid = _own_workspace(self.workspace)
+        if self.uid is not None:
+            os.chown(self.tmp, self.uid, self.uid)
         self._lock = threading.Lock()
         self._closed = False
-        self._request = 0
-        self.restarts = 0
-        self.uid = _own_workspace(self.workspace)
-        self.start()
+        self._running: tuple[_Server, int] | None = None
         _LIVE.add(self)
 
-    # -- lifecycle -----------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Spawn the warm process without waiting for it (it boots while the model thinks)."""
-        self._proc = _spawn(self.level, self.workspace, self.uid, self.limits, self.preload)
-        os.set_blocking(self._proc.stdout.fileno(), False)
-        os.set_blocking(self._proc.stderr.fileno(), False)
-        self._buffer = b""
-        self._ready = False
+    @property
+    def restarts(self) -> int:
+        """How often the shared server was restarted (it died, hung, or its channel was forged)."""
+        return self._pool.restarts
 
     def put_file(self, name: str, source: str | os.PathLike | bytes) -> Path:
         """Place a file (copied from a path, or given as bytes) in the workspace, owned so that
@@ -548,78 +743,22 @@ class Sandbox:
                 os.chown(path, self.uid, self.uid)
         return target
 
-    def _read_line(self, deadline: float) -> dict[str, Any] | None:
-        """One JSON line from the server, or None if it died or the deadline passed."""
-        fd = self._proc.stdout.fileno()
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._buffer:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sel.select(remaining):
-                    return None
-                try:
-                    chunk = os.read(fd, 1 << 20)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    return None
-                self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            reply = None
-        return reply if isinstance(reply, dict) else {"id": "garbled"}
-
-    def _wait_ready(self) -> bool:
-        if self._ready:
-            return True
-        hello = self._read_line(time.monotonic() + 60)
-        self._ready = bool(hello and hello.get("ready"))
-        return self._ready
-
-    def _server_errors(self) -> str:
-        """What the server (or bubblewrap) wrote to its stderr, for the message of a failure."""
-        if self._proc is None:
-            return ""
-        data = b""
-        try:
-            while len(data) < 4096 and (chunk := os.read(self._proc.stderr.fileno(), 4096)):
-                data += chunk
-        except OSError:
-            pass
-        return data.decode(errors="replace").strip()[-1000:]
-
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            log.error("sandbox process %s did not exit after SIGKILL", proc.pid)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            try:
-                stream.close()
-            except OSError:
-                pass
-
-    def restart(self) -> None:
-        self._kill()
-        self.restarts += 1
-        self.start()
-
     def close(self) -> None:
-        """Kill the warm process and everything it started, and delete the workspace."""
-        if self._closed:
+        """End the episode's call if one runs, delete its workspace and ``/tmp``, and let go of the
+        shared server (stopped when nothing else uses it)."""
+        if self._closed or self._pid != os.getpid():
             return
         self._closed = True
-        self._kill()
+        running = self._running
+        if running is not None:  # another thread is in run(): end its call before the files go
+            server, request_id = running
+            server.cancel({"cancel": self.name})
+            with self._lock:  # run() returns as soon as the server says the call ended
+                pass
         remove_tree(self.workspace)
+        remove_tree(self.tmp)
+        if self._owned_pool:
+            _release(self._pool)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -636,51 +775,54 @@ class Sandbox:
     # -- running code -----------------------------------------------------------------------------
 
     def run(self, code: str, timeout: float | None = None) -> ExecResult:
-        """Run ``code`` in a fresh child of the warm process; never raises for what the code does."""
+        """Run ``code`` in a fresh child of the warm server; never raises for what the code does."""
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         timeout = min(float(timeout or self.limits.timeout), self.limits.timeout)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the sandbox is closed")
-            if self._proc is None or self._proc.poll() is not None:
-                self.restart()
-            if not self._wait_ready():
-                self.restart()
-                if not self._wait_ready():
-                    why = self._server_errors()
-                    log.error("the sandbox failed to start: %s", why or "no message")
-                    return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
-                                      error_override="tool_error")
-            self._request = secrets.randbits(62)  # not guessable: a forged reply cannot match it
+            if self._pid != os.getpid():
+                raise RuntimeError("the sandbox belongs to the process that opened it")
+            server = self._pool.server()
+            if not server.ready.wait(60) or not server.ok:
+                why = self._pool.errors
+                log.error("the sandbox failed to start: %s", why or "no message")
+                self._pool.restart(server)
+                return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
+                                  error_override="tool_error")
             started = time.monotonic()
+            request = {"code": code, "timeout": timeout, "episode": self.name, "uid": self.uid,
+                       "limits": asdict(self.limits)}
+            self._running = (server, 0)
             try:
-                self._proc.stdin.write((json.dumps({"id": self._request, "code": code, "timeout": timeout}) + "\n").encode())
-                self._proc.stdin.flush()
-            except (BrokenPipeError, OSError):
-                self.restart()
-                return ExecResult(notes=["the sandbox process died; it was restarted"], error_override="tool_error")
-            reply = self._read_line(started + timeout + 5.0)  # the server enforces timeout; 5 s grace
-            if reply is None or "internal_error" in reply:
-                # The server itself hung or died (e.g. starved by a fork bomb): kill it all, start afresh.
-                if reply:
-                    log.error("sandbox server error: %s", reply["internal_error"])
-                self.restart()
-                return ExecResult(timed_out=True, seconds=time.monotonic() - started,
+                reply = server.call(request, timeout + 10.0)  # the server enforces timeout; then grace
+            finally:
+                self._running = None
+            seconds = time.monotonic() - started
+            if reply.get("lost"):
+                # The server itself hung or died: kill it all; the next call starts afresh.
+                self._pool.restart(server)
+                return ExecResult(timed_out=True, seconds=seconds,
                                   notes=["the sandbox stopped responding and was restarted"])
-            if reply.get("id") != self._request:
-                # Only the server writes this channel; a reply for another request means something
-                # else did. Trust nothing more from this process.
-                log.error("sandbox reply channel out of step (expected request %s); restarting", self._request)
-                self.restart()
-                return ExecResult(seconds=time.monotonic() - started, error_override="tool_error",
-                                  notes=["the sandbox's reply channel was out of step; the sandbox was restarted"])
+            if reply.get("out_of_step"):
+                log.error("sandbox reply channel out of step; its result was discarded (%s)", reply["out_of_step"])
+                return ExecResult(seconds=seconds, error_override="tool_error",
+                                  notes=["the sandbox's reply channel was out of step; the result was discarded"])
+            if reply.get("cancelled"):
+                return ExecResult(seconds=seconds, error_override="tool_error", notes=["the episode ended"])
+            if "internal_error" in reply:
+                log.error("sandbox server error: %s", reply["internal_error"])
+                return ExecResult(timed_out=True, seconds=seconds, notes=["the sandbox failed to run the code"])
             result = ExecResult(**{k: reply[k] for k in ExecResult.__dataclass_fields__ if k in reply})
-            if _workspace_usage(self.workspace) > self.limits.workspace_mb * 1024 * 1024:
+            if self._usage() > self.limits.workspace_mb * 1024 * 1024:
                 self._enforce_quota(started)
                 result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB exceeded: files written by this call were deleted")
                 result.error_override = "file_size_limit"
             return result
+
+    def _usage(self) -> int:
+        return _workspace_usage(self.workspace) + _workspace_usage(self.tmp)
 
     def _enforce_quota(self, since: float) -> None:
         """Delete files changed during the call that broke the quota, newest first. Change time,
@@ -688,18 +830,19 @@ class Sandbox:
         cutoff = time.time() - (time.monotonic() - since) - 1
         changed, total = [], 0
 
-        def collect(parts, st):
-            nonlocal total
-            total += _usage(st)
-            if not stat.S_ISDIR(st.st_mode) and st.st_ctime >= cutoff:
-                changed.append((st.st_ctime, _usage(st), parts))
+        for root in (self.workspace, self.tmp):
+            def collect(parts, st, root=root):
+                nonlocal total
+                total += _usage(st)
+                if not stat.S_ISDIR(st.st_mode) and st.st_ctime >= cutoff:
+                    changed.append((st.st_ctime, _usage(st), root, parts))
 
-        _walk(self.workspace, collect)
+            _walk(root, collect)
         quota = self.limits.workspace_mb * 1024 * 1024
-        for _, size, parts in sorted(changed, reverse=True):
+        for _, size, root, parts in sorted(changed, key=lambda c: c[:2], reverse=True):
             if total <= quota:
                 break
-            if _unlink_at(self.workspace, parts):
+            if _unlink_at(root, parts):
                 total -= size
 
 
@@ -727,6 +870,9 @@ def _close_all() -> None:
     """No sandbox process outlives the interpreter (bubblewrap's --die-with-parent covers crashes)."""
     for box in list(_LIVE):
         box.close()
+    for pool in list(_POOLS.values()):  # held by environments' leases
+        if pool.pid == os.getpid():
+            pool.shut_down()
 
 
 def python_tool(name: str = "python", description: str | None = None) -> Tool:

@@ -1,26 +1,40 @@
-"""The warm process inside an episode's sandbox (standard library only; runs as a script).
+"""The warm process behind every sandbox of one worker process (standard library only; runs as a
+script, and the host imports it for a helper).
 
-It imports the family's common modules once, then serves one request per line on stdin:
-``{"id": int, "code": str, "timeout": float}``, each answered with its ``id``. For each request it
-forks a fresh child that drops to an unprivileged uid (root hosts), sets resource limits, runs the
-code in the workspace and exits; the server collects its capped stdout/stderr, enforces the
-wall-clock timeout by killing the child's whole process tree, sweeps away anything the code left
-running, and answers one JSON line on stdout.
+It imports the families' common modules once, then serves requests, one JSON line each on stdin:
+``{"id", "code", "timeout", "episode", "uid", "limits"}``, answered (in any order: calls of
+different episodes overlap) with one JSON line carrying the same ``id``. Each request is served by
+a fresh fork, so nothing of one call survives into another but the episode's files:
 
-Calls are thus isolated from each other except through the workspace files, and a crash, a
-hang or a fork bomb in the code never takes the server down.
+* at level ``bubblewrap`` the server runs inside bubblewrap (no network, read-only system files, a
+  scrubbed environment) and sees every episode's directory under ``/sandbox/episodes``. Per call
+  it forks a child that unshares new mount, PID, network and IPC namespaces and forks the call's
+  *monitor*: the new PID namespace's init, which mounts that episode's workspace at
+  ``/workspace`` and its own directory at ``/tmp``, a fresh ``/dev/shm`` and ``/proc``, hides
+  ``/sandbox/episodes`` and makes everything else read-only, loads the seccomp filter, and forks
+  the code's process. The code thus sees only its own episode's files and its own processes, and
+  the kernel kills everything in the namespace when the monitor exits;
+* at level ``rlimits`` (opted into: no isolation) the monitor is a plain fork working in the
+  episode's directory.
 
-Configuration comes as one JSON argument: uid/gid to drop to (or null), limits, modules to
-preload, the workspace path, ``sys.path`` (inside bubblewrap the interpreter runs with ``-S`` at a
-neutral path), and whether this server owns its PID namespace: it is then that namespace's init,
-so every other process in it belongs to model code, and the kernel drops the SIGKILL/SIGSTOP code
-sends it. The server is non-dumpable (code running as the same uid cannot read its memory or open
-its descriptors, hence cannot write into the host channel), and the code's process keeps none of
-its descriptors.
+The monitor forks the code's process, which drops to the episode's unprivileged uid (root hosts)
+or drops every capability (elsewhere), sets the resource limits and runs the code; the monitor
+collects its capped stdout/stderr, enforces the wall-clock timeout by killing the whole process
+tree, sweeps away anything the code left running, and writes one JSON line to the server. The
+server, its monitors and the host channel are non-dumpable and out of the code's reach: the code's
+process keeps none of their descriptors, and (bubblewrap) cannot see or signal them.
+
+Configuration comes as the first line on stdin: the level, where episode directories are, modules to
+preload, ``sys.path`` (inside bubblewrap the interpreter runs with ``-S`` at a neutral path), the
+seccomp program, and how many processes this uid already runs outside (the base of the process
+limit).
 """
 
+import collections
+import gc
 import json
 import os
+import re
 import resource
 import selectors
 import signal
@@ -31,20 +45,115 @@ import traceback
 # Exit statuses the child uses to say which limit it hit (the code itself may also exit with them,
 # which only mislabels its own failure).
 EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_PROCESSES = 120, 121, 122
-CONFIG = json.loads(sys.argv[1])
-LIMITS = CONFIG["limits"]
-if CONFIG.get("path"):
-    sys.path[:] = CONFIG["path"]
-PR_SET_DUMPABLE = 4
+
+
+EPISODE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+GRACE = 5.0  # seconds past a call's timeout before the server kills a monitor that did not answer
+# Set by configure() when it runs as the server (the host imports this module for its helpers).
+CONFIG: dict = {}
+ISOLATED = False
+EPISODES = ""
+MAX_CALLS = 8  # calls at once; more wait their turn (each holds two processes)
+
+
+def configure():
+    """Read the configuration: the first line on stdin (not the command line: /proc/PID/cmdline
+    is readable inside). Returns whatever of the requests came with it."""
+    global ISOLATED, EPISODES, MAX_CALLS
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(0, 65536)
+        if not chunk:
+            sys.exit(0)
+        data += chunk
+    line, _, rest = data.partition(b"\n")
+    CONFIG.update(json.loads(line))
+    if CONFIG.get("path"):
+        sys.path[:] = CONFIG["path"]
+    ISOLATED = CONFIG["level"] == "bubblewrap"
+    EPISODES = CONFIG["episodes"]
+    MAX_CALLS = CONFIG.get("max_calls", MAX_CALLS)
+    return rest
+
+
+PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 38, 22, 24, 47
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 _libc = []
 
 
-def set_dumpable(value):
+def libc():
     if not _libc:
         import ctypes
 
-        _libc.append(ctypes.CDLL(None).prctl)
-    _libc[0](PR_SET_DUMPABLE, value, 0, 0, 0)
+        _libc.append(ctypes.CDLL(None, use_errno=True))
+    return _libc[0]
+
+
+def check(rc, what):
+    if rc != 0:
+        import ctypes
+
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def set_dumpable(value):
+    libc().prctl(PR_SET_DUMPABLE, value, 0, 0, 0)
+
+
+def mount(source, target, fstype, flags, data=None):
+    check(libc().mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                       data.encode() if data else None), f"mount {target}")
+
+
+def remount_read_only(path):
+    """Make the mount at ``path`` read-only, keeping the flags it has (a user namespace may not
+    clear flags its mounts were made with)."""
+    kept = os.statvfs(path).f_flag & (2 | 4 | 8 | 1024 | 2048 | 4096)  # ST_ = MS_ NOSUID NODEV NOEXEC *ATIME
+    mount("none", path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+
+
+_SECCOMP = []
+
+
+def seccomp_program():
+    """The host's classic-BPF filter (built by ``sandbox.seccomp_filter``) as the ``sock_fprog``
+    prctl takes, built once in the server (not in every call's fresh fork)."""
+    if not _SECCOMP and CONFIG.get("seccomp"):
+        import ctypes
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+        program = bytes.fromhex(CONFIG["seccomp"])
+        buf = ctypes.create_string_buffer(program)
+        _SECCOMP.append((SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p)), buf))
+    return _SECCOMP[0][0] if _SECCOMP else None
+
+
+def load_seccomp():
+    import ctypes
+
+    program = seccomp_program()
+    if program is not None:
+        check(libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        check(libc().prctl(PR_SET_SECCOMP, 2, ctypes.byref(program), 0, 0), "seccomp")
+
+
+def drop_capabilities():
+    """Give up every capability for good: ambient, bounding set, then effective/permitted/inheritable
+    (a process of the sandbox's user namespace holds them all, and the code must hold none)."""
+    import ctypes
+
+    lib = libc()
+    lib.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    for cap in range(64):  # needs CAP_SETPCAP (the user namespace's); EINVAL past the last one
+        if lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+            break
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()
+    check(lib.capset(header, data), "capset")
 
 
 def preload():
@@ -55,33 +164,68 @@ def preload():
             pass
 
 
-def run_child(code, write_out, write_err):
-    """In the forked child: limits, identity, then the code. Never returns."""
+def user_process_count(uid):
+    """Processes of ``uid`` visible here (the base of RLIMIT_NPROC, which counts them all; the host
+    uses this too)."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/status") as f:
+                    for line in f:
+                        if line.startswith("Uid:"):
+                            count += int(line.split()[1]) == uid
+                            break
+            except (OSError, ValueError):
+                pass
+    return count
+
+
+# -- the code's process ------------------------------------------------------------------------
+
+
+STATUS_FD = 1023  # where the code's process reports how the code ended (see run_child)
+
+
+def run_child(request, nproc, write_out, write_err, write_status):
+    """In the forked child: limits, identity, then the code. Never returns.
+
+    When the code ends, the process reports its exit status on ``STATUS_FD`` and closes its output
+    before exiting: tearing down a copy of a large warm process takes milliseconds, and the call
+    need not wait for it (a process killed by a signal reports nothing: the monitor then waits)."""
+    limits = request["limits"]
+    gc.enable()
     try:
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.dup2(write_out, 1)
         os.dup2(write_err, 2)
-        os.closerange(3, 1024)
+        os.dup2(write_status, STATUS_FD)
+        os.closerange(3, STATUS_FD)
+        os.closerange(STATUS_FD + 1, 65536)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes fail with EFBIG instead
         signal.signal(signal.SIGINT, signal.default_int_handler)
         mb = 1024 * 1024
         for which, value in (
-            (resource.RLIMIT_CPU, LIMITS["cpu_seconds"]),
-            (resource.RLIMIT_AS, LIMITS["memory_mb"] * mb),
-            (resource.RLIMIT_FSIZE, LIMITS["max_file_mb"] * mb),
-            (resource.RLIMIT_NPROC, CONFIG["nproc"]),
+            (resource.RLIMIT_CPU, limits["cpu_seconds"]),
+            (resource.RLIMIT_AS, limits["memory_mb"] * mb),
+            (resource.RLIMIT_FSIZE, limits["max_file_mb"] * mb),
+            (resource.RLIMIT_NPROC, nproc),
             (resource.RLIMIT_CORE, 0),
         ):
             resource.setrlimit(which, (value, value))
-        if CONFIG.get("uid") is not None:
+        uid = request.get("uid")
+        if uid is not None:  # root hosts: the episode's own unprivileged uid
             os.setgroups([])
-            os.setgid(CONFIG["gid"])
-            os.setuid(CONFIG["uid"])
-        if CONFIG.get("own_pid_namespace"):
+            os.setgid(uid)
+            os.setuid(uid)
+        if ISOLATED:
+            drop_capabilities()
+        if ISOLATED:
             set_dumpable(1)  # the channel is closed; the code may see its own /proc entries
-        os.chdir(CONFIG["workspace"])
+        os.chdir("/workspace" if ISOLATED else os.path.join(EPISODES, "ws-" + request["episode"]))
+        os.environ["HOME"] = os.getcwd()
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stdin = open(0, "r", closefd=False)
@@ -91,7 +235,7 @@ def run_child(code, write_out, write_err):
         os._exit(125)
     status = 0
     try:
-        exec(compile(code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        exec(compile(request["code"], "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -110,26 +254,31 @@ def run_child(code, write_out, write_err):
         sys.stderr.flush()
     except BaseException:
         pass
+    try:
+        os.write(STATUS_FD, b"%d" % (status & 0xFF))
+        for fd in (1, 2, STATUS_FD):
+            os.close(fd)
+    except OSError:
+        pass
     os._exit(status & 0xFF)
 
 
-def sweep(child):
-    """Kill what the call left behind: its process group, and as init of our own PID namespace
-    every other process in it (grandchildren that called setsid included)."""
+# -- the call's monitor ------------------------------------------------------------------------
+
+
+def kill_all(child):
+    """Kill what the call left behind: its process group, and as init of the call's PID namespace
+    every other process in it (grandchildren that called setsid included). Once SIGKILL is
+    pending a process never runs again, so the result may go out before they are reaped."""
     try:
         os.killpg(child, signal.SIGKILL)
     except OSError:
         pass
-    if os.getpid() != 1:
-        return
-    for _ in range(1000):
+    if os.getpid() == 1:
         try:
             os.kill(-1, signal.SIGKILL)  # everything but init
         except OSError:
             pass
-        if reap():
-            return
-        time.sleep(0.001)
 
 
 def reap():
@@ -143,44 +292,142 @@ def reap():
             return False
 
 
-def serve_one(request):
-    code = request["code"]
-    timeout = float(request.get("timeout", LIMITS["timeout"]))
-    cap = LIMITS["max_output_chars"]
+def sweep(child):
+    """``kill_all`` until nothing is left, reaping."""
+    for _ in range(1000):
+        kill_all(child)
+        if reap():
+            return
+        time.sleep(0.001)
+
+
+def loopback_up():
+    """The call's own network namespace has only a loopback device, down: bring it up (as
+    bubblewrap does), so code may talk to itself over 127.0.0.1 and to nothing else."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        fcntl.ioctl(sock, 0x8914, struct.pack("16sH22x", b"lo", 0x1 | 0x8 | 0x40))  # SIOCSIFFLAGS: UP LOOPBACK RUNNING
+
+
+def new_network():
+    """A network namespace with only a loopback device, up, held by a descriptor (no process needs
+    to live in it). Calls borrow one each, never two at once: made and torn down per call, network
+    namespaces cost milliseconds of kernel work each and serialise on a global lock."""
+    ready_read, ready_write = os.pipe()
+    hold_read, hold_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(ready_write, 0)
+            os.dup2(hold_read, 1)
+            os.closerange(2, 65536)  # it holds nothing of the server's
+            ready_write, hold_read = 0, 1
+            check(libc().unshare(CLONE_NEWNET), "unshare")
+            loopback_up()
+            set_dumpable(1)  # so that the server may open its /proc/PID/ns/net
+            os.write(ready_write, b"1")
+            os.read(hold_read, 1)
+        finally:
+            os._exit(0)
+    for fd in (ready_write, hold_read):
+        os.close(fd)
+    try:
+        if os.read(ready_read, 1) != b"1":
+            raise OSError("could not make a network namespace")
+        return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        for fd in (ready_read, hold_write):
+            os.close(fd)
+        os.waitpid(pid, 0)
+
+
+def outer_pid():
+    """This process's pid in the server's PID namespace (where /proc still is)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("NSpid:"):
+                return int(line.split()[1])
+    raise OSError("no NSpid in /proc/self/status")
+
+
+def prepare_namespace():
+    """In the monitor, init of fresh namespaces, before it knows its episode: a fresh /proc, /dev/shm
+    and /dev/pts, /dev read-only, nothing propagating back."""
+    mount("none", "/", None, MS_REC | MS_PRIVATE)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
+    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=620")
+    remount_read_only("/dev")
+
+
+def enter_episode(episode):
+    """Then only this episode's files: its workspace at /workspace and its own /tmp, every other
+    episode hidden, the rest read-only; then the seccomp filter."""
+    mount(f"{EPISODES}/ws-{episode}", "/workspace", None, MS_BIND | MS_REC)
+    mount(f"{EPISODES}/tmp-{episode}", "/tmp", None, MS_BIND | MS_REC)
+    mount("tmpfs", EPISODES, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
+    remount_read_only("/")
+    load_seccomp()
+
+
+def monitor(request, nproc):
+    """Run one call in a fresh child and return its result (what the host reads); the caller
+    sweeps up after sending it."""
+    limits = request["limits"]
+    timeout = float(request.get("timeout", limits["timeout"]))
+    cap = limits["max_output_chars"]
     read_out, write_out = os.pipe()
     read_err, write_err = os.pipe()
+    read_status, write_status = os.pipe()
     start = time.monotonic()
     child = os.fork()
     if child == 0:
-        os.close(read_out)
-        os.close(read_err)
-        run_child(code, write_out, write_err)
-    os.close(write_out)
-    os.close(write_err)
+        for fd in (read_out, read_err, read_status):
+            os.close(fd)
+        run_child(request, nproc, write_out, write_err, write_status)
+    for fd in (write_out, write_err, write_status):
+        os.close(fd)
     buffers = {read_out: bytearray(), read_err: bytearray()}
     dropped = {read_out: 0, read_err: 0}
+    reported = bytearray()
     sel = selectors.DefaultSelector()
-    for fd in buffers:
+    for fd in (read_out, read_err, read_status):
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
+    exit_fd = os.pidfd_open(child)  # readable once the code's process is gone: no polling
+    sel.register(exit_fd, selectors.EVENT_READ)
     deadline = start + timeout
     timed_out = False
-    status = None
-    exited_at = None
+    status = None  # a wait status
+    ended_at = None
     while True:
         now = time.monotonic()
         if now >= deadline:
             timed_out = status is None
             break
-        if sel.get_map():
-            events = sel.select(min(deadline - now, 0.02))
-        else:
-            events = []
-            time.sleep(min(deadline - now, 0.002))
-        for key, _ in events:
+        # once the code ended: only what is left in the pipes (50 ms for what still holds them)
+        wait = deadline - now if status is None else ended_at + 0.05 - now
+        # the exit last: a reported status is there before the process is torn down
+        for key, _ in sorted(sel.select(max(wait, 0)), key=lambda event: event[0].fd == exit_fd):
+            if key.fd == exit_fd:
+                _, status = os.waitpid(child, 0)
+                ended_at = ended_at or time.monotonic()
+                sel.unregister(exit_fd)
+                continue
             try:
                 chunk = os.read(key.fd, 65536)
             except BlockingIOError:
+                continue
+            if key.fd == read_status:
+                if chunk:
+                    reported += chunk[:8]
+                    continue
+                sel.unregister(read_status)
+                if reported.isdigit() and status is None:  # the code ended and its output is closed
+                    status, ended_at = (int(reported) & 0xFF) << 8, time.monotonic()
                 continue
             if not chunk:
                 sel.unregister(key.fd)
@@ -188,25 +435,18 @@ def serve_one(request):
             room = max(cap * 4 - len(buffers[key.fd]), 0)  # bytes; decoded and cut to chars later
             buffers[key.fd] += chunk[:room]
             dropped[key.fd] += len(chunk) - min(room, len(chunk))
-        if status is None:
-            pid, raw = os.waitpid(child, os.WNOHANG)
-            if pid:
-                status, exited_at = raw, time.monotonic()
-        # Done when the code exited and its output is drained - or, if something it started
-        # still holds the pipes open, shortly after it exited (the sweep ends those).
-        if status is not None and (not sel.get_map() or time.monotonic() - exited_at > 0.05):
+        # Done when the code ended and its output is drained - or, if something it started still
+        # holds the pipes open, shortly after it ended (the sweep ends those).
+        if status is not None and (not ({read_out, read_err} & set(sel.get_map()))
+                                   or time.monotonic() - ended_at > 0.05):
             break
-    sweep(child)
-    if status is None:
-        try:
-            _, status = os.waitpid(child, 0)
-        except ChildProcessError:
-            status = 0
-    reap()
+    kill_all(child)
     sel.close()
-    for fd in buffers:
+    for fd in (*buffers, read_status, exit_fd):
         os.close(fd)
     result = {"timed_out": timed_out, "seconds": time.monotonic() - start}
+    if status is None:
+        status = signal.SIGKILL  # timed out: killed
     result["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     result["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     for name, fd in (("stdout", read_out), ("stderr", read_err)):
@@ -217,37 +457,299 @@ def serve_one(request):
             text = text[:cap]
         result[name] = text
         result[name + "_dropped_bytes"] = extra
-    return result
+    return result, child
+
+
+def new_monitor(network):
+    """Fork a call's monitor, ready before its request comes (the server keeps one spare, so a
+    call does not wait for forks and namespaces), in the network namespace ``network`` (a
+    descriptor, or None): ``(request pipe, result pipe)``. The monitor writes its pid, then, once
+    it has served the one request it reads, its result."""
+    request_read, request_write = os.pipe()
+    result_read, result_write = os.pipe()
+    if os.fork() == 0:
+        try:
+            os.close(request_write)
+            os.close(result_read)
+            serve_call(request_read, result_write, network)
+        finally:
+            os._exit(1)  # a fork never returns into the server's loop
+    os.close(request_read)
+    os.close(result_write)
+    os.set_blocking(result_read, False)
+    return request_write, result_read
+
+
+def read_request(fd):
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return None  # a spare the server let go
+        data += chunk
+    return json.loads(data)
+
+
+def serve_call(request_fd, result_fd, network):
+    """In the fork: become (bubblewrap: create, in new namespaces) the call's monitor, then serve
+    the request read from ``request_fd``. Never returns."""
+    child = None
+    gc.disable()  # short-lived: nothing to collect, and a pass would copy pages it shares
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # nothing of the server's channel is kept
+        os.dup2(request_fd, 3)
+        os.dup2(result_fd, 4)
+        if network is not None:
+            os.dup2(network, 5)
+        os.closerange(6 if network is not None else 5, 65536)
+        request_fd, result_fd = 3, 4
+        if ISOLATED:
+            try:
+                check(libc().setns(5, CLONE_NEWNET), "setns")
+                os.close(5)
+                check(libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
+                pid = os.fork()  # the monitor: init of the new PID namespace
+            except BaseException:
+                os.write(result_fd, b"0\n")  # no monitor
+                raise
+            if pid:
+                os._exit(0)  # the monitor is reparented to the server, which reaps it
+            os.write(result_fd, b"%d\n" % outer_pid())  # before anything it writes after
+            set_dumpable(0)  # the code runs as this uid (non-root hosts): no /proc/1/fd, no memory
+            prepare_namespace()
+        else:  # as before: at this level nothing shields the monitor from the code
+            set_dumpable(1)
+            os.write(result_fd, b"%d\n" % os.getpid())
+        request = read_request(request_fd)
+        if request is None:
+            os._exit(0)
+        os.close(request_fd)
+        if ISOLATED:
+            enter_episode(request["episode"])
+        result, child = monitor(request, request["nproc"])
+    except BaseException:
+        result = {"internal_error": traceback.format_exc()}
+    data = json.dumps(result).encode() + b"\n"
+    try:
+        while data:
+            data = data[os.write(result_fd, data):]
+        os.close(result_fd)  # the result is out: the rest need not delay it
+    finally:
+        if child is not None:
+            sweep(child)
+        os._exit(0)
+
+
+def process_limit(request):
+    """RLIMIT_NPROC for the call: the processes its uid already has, plus its allowance."""
+    allowance = request["limits"]["max_processes"]
+    if request.get("uid") is not None:
+        return allowance  # its own uid: only its own processes count
+    if ISOLATED:  # this user namespace's processes (kernel >= 5.14) and, before, the host's
+        return CONFIG["nproc_base"] + len([p for p in os.listdir("/proc") if p.isdigit()]) + allowance
+    return user_process_count(os.getuid()) + allowance
+
+
+# -- the server --------------------------------------------------------------------------------
+
+
+class Call:
+    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "network")
+
+    def __init__(self, request_id, episode, deadline, network):
+        self.id, self.episode, self.data, self.monitor, self.deadline = request_id, episode, b"", None, deadline
+        self.eof = self.cancelled = False
+        self.network = network
+
+
+def kill(pid):
+    if pid and pid > 0:
+        try:
+            os.kill(pid, signal.SIGKILL)  # the monitor: the kernel then kills its whole namespace
+        except OSError:
+            pass
+
+
+def write_all(fd, data):
+    while data:
+        data = data[os.write(fd, data):]
 
 
 def main():
-    if CONFIG.get("own_pid_namespace"):
-        set_dumpable(0)
+    early_requests = configure()
+    set_dumpable(0)  # never model code's: its memory and descriptors stay out of reach
+    if ISOLATED:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as init, a signal without handler never arrives
     # The channel to the host gets a descriptor of its own; fd 1 goes to stderr (the host keeps it
     # for error messages), so whatever a preloaded module prints cannot corrupt the protocol.
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
     preload()
-    os.chdir(CONFIG["workspace"])
+    seccomp_program()
+    # Every call forks from here: keep the collector off what is already loaded, or its first
+    # full pass in a fork touches (and so copies) every page of it.
+    gc.freeze()
 
     def reply(message):
         try:
             out.write(json.dumps(message) + "\n")
             out.flush()
-        except (BrokenPipeError, OSError):  # the host is gone (the episode ended): leave quietly
+        except (BrokenPipeError, OSError):  # the host is gone: leave quietly
             os._exit(0)
 
     reply({"ready": True, "pid": os.getpid()})
-    for line in sys.stdin:
-        request = {}
+    sel = selectors.DefaultSelector()
+    sel.register(0, selectors.EVENT_READ)
+    os.set_blocking(0, False)
+    wake_read, wake_write = os.pipe()  # a byte per SIGCHLD: monitors are reaped as they exit
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    sel.register(wake_read, selectors.EVENT_READ)
+    pending = early_requests
+    calls = {}  # result pipe fd -> Call
+    queue = collections.deque()  # requests waiting for one of the max_calls slots
+    networks = []  # idle network namespaces (descriptors)
+
+    def monitor_with_network():
+        network = (networks.pop() if networks else new_network()) if ISOLATED else None
+        return (*new_monitor(network), network)
+
+    spare = [monitor_with_network()]  # a monitor ready for the next call
+
+    def dispatch(request):
+        request["nproc"] = process_limit(request)
+        data = json.dumps(request).encode() + b"\n"
+        request_fd, read_fd, network = spare.pop() if spare else monitor_with_network()
         try:
-            request = json.loads(line)
-            result = serve_one(request)
-        except Exception:
-            result = {"internal_error": traceback.format_exc()}
-        result["id"] = request.get("id") if isinstance(request, dict) else None
+            write_all(request_fd, data)  # the monitor reads it once its namespaces are ready
+        except OSError:  # a spare that died: a fresh monitor
+            os.close(read_fd)
+            os.close(request_fd)
+            request_fd, read_fd = new_monitor(network)
+            write_all(request_fd, data)
+        os.close(request_fd)
+        deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
+        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, network)
+        sel.register(read_fd, selectors.EVENT_READ)
+
+    def finish(fd, call, result):
+        sel.unregister(fd)
+        os.close(fd)
+        del calls[fd]
+        if call.network is not None:
+            if call.monitor:
+                kill(call.monitor)  # nothing of the call may still be in its network namespace
+            networks.append(call.network)
+        result["id"] = call.id
         reply(result)
+        while queue and len(calls) < MAX_CALLS:
+            request = queue.popleft()
+            reply({"id": request.get("id"), "started": True})
+            dispatch(request)
+        if not spare and not queue:  # the next call's monitor, made while the model reads this result
+            spare.append(monitor_with_network())
+
+    def result_of(call):
+        lines = call.data.split(b"\n")
+        try:
+            if len(lines) != 3 or lines[2] or call.monitor == -1:
+                raise ValueError("not the monitor's pid and one result line")
+            result = json.loads(lines[1])
+            if not isinstance(result, dict):
+                raise ValueError("not an object")
+            if call.monitor == 0 and "internal_error" not in result:
+                raise ValueError("a result without a monitor")
+        except ValueError as exc:
+            # Only the monitor writes this pipe: anything else means the code reached it (level
+            # rlimits, where nothing shields the monitor). Its result is not trusted.
+            result = {"out_of_step": f"{exc}: {bytes(call.data[:300])!r}"}
+        return {"cancelled": True} if call.cancelled else result
+
+    def handle(request):
+        if "cancel" in request:  # the episode ended while its call ran or waited
+            for call in calls.values():
+                if call.episode == request["cancel"]:
+                    call.cancelled = True
+                    kill(call.monitor)
+            for queued in [q for q in queue if q.get("episode") == request["cancel"]]:
+                queue.remove(queued)
+                reply({"id": queued.get("id"), "cancelled": True})
+            return
+        if not EPISODE_NAME.match(str(request.get("episode"))):
+            raise ValueError(f"bad episode name {request.get('episode')!r}")
+        if len(calls) < MAX_CALLS:
+            dispatch(request)
+        else:
+            queue.append(request)
+            reply({"id": request.get("id"), "queued": True})
+
+    while True:
+        now = time.monotonic()
+        wait = min([c.deadline for c in calls.values()], default=now + 1.0) - now
+        for key, _ in sel.select(max(0.0, min(wait, 1.0)) if calls else None):
+            if key.fd == wake_read:
+                try:
+                    while os.read(wake_read, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
+            if key.fd == 0:
+                try:
+                    chunk = os.read(0, 1 << 20)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    for call in calls.values():  # the host is gone: so are its calls (and the spare)
+                        kill(call.monitor)
+                    return
+                pending += chunk
+                while b"\n" in pending:
+                    line, _, pending = pending.partition(b"\n")
+                    request = {}
+                    try:
+                        request = json.loads(line)
+                        handle(request)
+                    except Exception:
+                        reply({"id": request.get("id") if isinstance(request, dict) else None,
+                               "internal_error": traceback.format_exc()})
+                continue
+            call = calls.get(key.fd)
+            if call is None:
+                continue
+            try:
+                chunk = os.read(key.fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                call.eof = True
+            else:
+                call.data += chunk
+                if len(call.data) > 1 << 26:  # far beyond what a monitor writes
+                    call.data, call.eof = b"", True
+            if call.monitor is None and b"\n" in call.data:
+                try:
+                    call.monitor = int(call.data.split(b"\n", 1)[0])
+                except ValueError:
+                    call.monitor = -1
+        while True:  # reap the forks, the monitors (reparented to this init) and any orphan
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        now = time.monotonic()
+        for fd, call in list(calls.items()):
+            if call.eof:
+                finish(fd, call, result_of(call))
+            elif now > call.deadline:  # the monitor stopped answering: kill it and its namespace
+                kill(call.monitor)
+                finish(fd, call, {"internal_error": "the call's monitor stopped answering and was killed"})
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ class ArgumentError(ToolError):
         super().__init__(message, code="bad_arguments")
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolResult:
     """What one call produced: text for the model, and an error code when it failed."""
 
@@ -231,12 +231,14 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
     parameters["additionalProperties"] = False
     names = tuple(fields)
 
-    def validate(args: dict[str, Any]) -> dict[str, Any]:
+    def validate_with_pydantic(args: dict[str, Any]) -> dict[str, Any]:
         try:
             parsed = model.model_validate(args)
         except pydantic.ValidationError as exc:
             raise ArgumentError(_pydantic_message(exc)) from None
         return {n: getattr(parsed, n) for n in names}
+
+    validate = _primitive_validator(fields, validate_with_pydantic) or validate_with_pydantic
 
     return Tool(
         name=name,
@@ -247,6 +249,41 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
         inline=inline,
         wants_episode=wants_episode,
     )
+
+
+_PRIMITIVES = (str, int, float, bool)
+
+
+def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]], dict[str, Any]]):
+    """For a signature of plain ``str``/``int``/``float``/``bool`` parameters (with immutable
+    defaults): a validator that accepts, without pydantic, arguments that are exactly of their
+    types, all required ones present and none unknown - what pydantic would return unchanged -
+    and hands anything else (a coercion, an error to word) to pydantic. None for other signatures."""
+    kinds, required, defaults = {}, [], {}
+    for pname, (annotation, info) in fields.items():
+        if annotation not in _PRIMITIVES:
+            return None
+        kinds[pname] = annotation
+        if info.is_required():
+            required.append(pname)
+        elif type(info.default) in (*_PRIMITIVES, type(None)):
+            defaults[pname] = info.default
+        else:
+            return None
+    n_required = len(required)
+
+    def validate(args: dict[str, Any]) -> dict[str, Any]:
+        if len(args) < n_required:
+            return slow(args)
+        for pname, value in args.items():
+            if type(value) is not kinds.get(pname):  # an unknown name gets None, never a type
+                return slow(args)
+        for pname in required:
+            if pname not in args:
+                return slow(args)
+        return {**defaults, **args} if defaults else dict(args)
+
+    return validate
 
 
 def _pydantic_message(exc: pydantic.ValidationError) -> str:
@@ -329,7 +366,7 @@ class Toolset:
         if t is None:
             known = ", ".join(self.tools) or "none"
             return None, None, ToolResult(f"Error: unknown tool '{name}'. Available tools: {known}.", "unknown_tool")
-        if not isinstance(arguments, dict):
+        if type(arguments) is not dict and not isinstance(arguments, dict):
             return None, None, ToolResult(
                 f"Error: arguments for '{name}' must be a JSON object, got {type(arguments).__name__}.",
                 "bad_arguments",
@@ -337,7 +374,7 @@ class Toolset:
         try:
             kwargs = t.validate(arguments)
         except ArgumentError as exc:
-            return None, None, ToolResult(f"Error: bad arguments for '{name}': {exc}", "bad_arguments")
+            return None, None, _bad_arguments(name, exc)
         if t.wants_episode:
             kwargs["episode"] = episode
         return t, kwargs, None
@@ -353,11 +390,20 @@ class Toolset:
     def run(self, name: str, arguments: Any, *, episode: Any = None, timeout: float, max_chars: int,
             run_coroutine: Callable[[Any, float], Any] | None = None) -> ToolResult:
         """Run one call synchronously. Async tools go through ``run_coroutine(coro, timeout)``."""
-        t, kwargs, failed = self._prepare(name, arguments, episode)
-        if failed:
-            return failed
+        t = self.tools.get(name)
+        if t is not None and type(arguments) is dict and not t.wants_episode:  # the common case, inline
+            try:
+                kwargs = t.validate(arguments)
+            except ArgumentError as exc:
+                return _bad_arguments(name, exc)
+        else:
+            t, kwargs, failed = self._prepare(name, arguments, episode)
+            if failed:
+                return failed
         try:
-            if t.is_async:
+            if t.inline and not t.is_async:  # the cheap sync tools (a calculator) first
+                value = t.fn(**kwargs)
+            elif t.is_async:
                 if run_coroutine is None:
                     raise RuntimeError("async tool called without an event loop runner")
                 value = run_coroutine(t.fn(**kwargs), None if t.self_timed else timeout)
@@ -369,7 +415,8 @@ class Toolset:
             return ToolResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
         except Exception as exc:  # the tool's own failure is the model's observation
             return _error_result(name, exc)
-        return ToolResult(truncate(to_text(value), max_chars))
+        text = value if type(value) is str else to_text(value)
+        return ToolResult(text if len(text) <= max_chars else truncate(text, max_chars))
 
     async def arun(self, name: str, arguments: Any, *, episode: Any = None, timeout: float,
                    max_chars: int) -> ToolResult:
@@ -398,6 +445,10 @@ class Toolset:
                 # A tool stuck past its timeout cannot be killed in a thread; do not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
+
+
+def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:
+    return ToolResult(f"Error: bad arguments for '{name}': {exc}", "bad_arguments")
 
 
 def _error_result(name: str, exc: Exception) -> ToolResult:

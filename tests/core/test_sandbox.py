@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import gymnasium as gym
 import psutil
@@ -545,3 +546,99 @@ def test_what_a_preloaded_module_prints_neither_corrupts_the_channel_nor_reaches
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "42\n" and out.stderr == ""
+
+
+# -- one server per process, shared by every episode ------------------------------------------
+
+def test_the_server_starts_at_the_first_call_and_is_shared_by_every_episode(bubblewrap):
+    envs = [gym.make("benchmax/Math-v0") for _ in range(3)]
+    try:
+        for i, env in enumerate(envs):
+            env.reset(seed=i)
+        assert sandbox_processes() == []  # a reset starts nothing
+        for env in envs:
+            obs, info = run_python(env, "print(6 * 7)")
+            assert info["error"] is None and "stdout:\n42" in obs
+        assert len(sandbox_processes()) == 1  # one server for all of them
+        for i, env in enumerate(envs):
+            env.reset(seed=10 + i)  # new episodes keep the server warm
+        assert len(sandbox_processes()) == 1
+        server = sandbox_processes()[0]
+        assert len(server.children(recursive=True)) <= 3  # the server and a spare monitor, at rest
+    finally:
+        for env in envs:
+            env.close()
+    assert sandbox_processes() == []
+
+
+def test_episodes_sharing_a_server_never_see_each_others_files_or_processes(bubblewrap):
+    first, second = (gym.make("benchmax/Math-v0", tool_timeout=5) for _ in range(2))
+    try:
+        first.reset(seed=0)
+        second.reset(seed=1)
+        plant = ("import os, subprocess\n"
+                 "for d in ('.', '/tmp', '/dev/shm'):\n"
+                 "    open(os.path.join(d, 'FIRST-SECRET'), 'w').write('FIRST-SECRET')\n"
+                 "subprocess.Popen(['sleep', '77'])\n"
+                 "print(os.getcwd())")
+        obs, info = run_python(first, plant)
+        assert info["error"] is None and "/workspace" in obs
+        look = ("import os\n"
+                "print(os.listdir('.'), os.listdir('/tmp'), os.listdir('/dev/shm'))\n"
+                "print([open(f'/proc/{p}/cmdline').read() for p in os.listdir('/proc') if p.isdigit()])\n"
+                "for d in ('/sandbox/episodes', '/sandbox'):\n"
+                "    try:\n"
+                "        print(d, sorted(os.listdir(d)))\n"
+                "    except OSError as e:\n"
+                "        print(d, 'refused', e.errno)")
+        finished = []
+
+        def slow_first():  # a call of the first episode runs while the second one looks
+            finished.append(run_python(first, "import time, subprocess\nsubprocess.Popen(['sleep', '88'])\ntime.sleep(2)"))
+
+        thread = threading.Thread(target=slow_first)
+        thread.start()
+        time.sleep(0.5)
+        obs, info = run_python(second, look)
+        thread.join()
+        assert info["error"] is None, obs
+        assert "FIRST-SECRET" not in obs and "sleep" not in obs and "77" not in obs and "88" not in obs
+        assert "/sandbox/episodes refused" in obs and "ws-" not in obs
+        assert finished and finished[0][1]["error"] is None
+        obs, info = run_python(first, "import os; print(sorted(os.listdir('.')), os.listdir('/tmp'))")
+        assert obs.count("FIRST-SECRET") == 2  # its own files stay its own, call after call
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_episode_that_ends_during_its_call_leaves_nothing(bubblewrap):
+    env = gym.make("benchmax/Math-v0", tool_timeout=30)
+    env.reset(seed=0)
+    box = env.unwrapped.episode.state["sandbox"]
+    run_python(env, "print(1)")
+    thread = threading.Thread(target=lambda: box.run("import time\nopen('x', 'w').write('1')\ntime.sleep(60)"))
+    start = time.monotonic()
+    thread.start()
+    time.sleep(1.0)
+    env.reset(seed=1)  # ends the episode whose call still runs
+    thread.join(timeout=20)
+    assert not thread.is_alive() and time.monotonic() - start < 20
+    assert not box.workspace.exists() and not box.tmp.exists()
+    server = sandbox_processes()[0]
+    assert len(server.children(recursive=True)) <= 3  # the call's processes are gone
+    env.close()
+
+
+def test_excel_code_finds_openpyxl_numpy_and_pandas_already_imported(bubblewrap):
+    env = gym.make("benchmax/Excel-v0")
+    env.reset(seed=0)
+    try:
+        action = '<tool_call>' + json.dumps({"name": "run_python", "arguments": {"code": (
+            "import sys\nprint([m for m in ('openpyxl', 'numpy', 'pandas') if m in sys.modules])\n"
+            "import pandas\nprint(pandas.DataFrame({'a': [1, 2]}).a.sum())")}}) + '</tool_call>'
+        obs, _, _, _, info = env.step(action)
+        assert info["error"] is None, obs
+        assert "['openpyxl', 'numpy', 'pandas']\n3" in obs
+    finally:
+        env.close()

@@ -39,6 +39,8 @@ RUN_PYTHON_DOC = (
 
 
 TASK_SOURCES = (GeneratedSheets, SpreadsheetBench)
+# imported once in the warm sandbox, so the model's own `import` costs nothing (a missing one is skipped)
+PRELOAD = ("openpyxl", "numpy", "pandas")
 
 
 class ExcelEnv(ToolEnv):
@@ -75,7 +77,7 @@ class ExcelEnv(ToolEnv):
         source = task_source(self, tasks, task_args, TASK_SOURCES, engine_kwargs)
         python, sandbox_config = sandboxed_python(
             "benchmax/Excel-v0", enabled=python_tool, mode=sandbox, limits=sandbox_limits,
-            timeout=engine_kwargs.get("tool_timeout", 10.0), preload=("openpyxl",),
+            timeout=engine_kwargs.get("tool_timeout", 10.0), preload=PRELOAD,
             name="run_python", description=RUN_PYTHON_DOC,
         )
         rubric = Rubric([RewardFn("solved", self._solved, 1.0), RewardFn("cells", self._cells, 0.0)])

@@ -1,0 +1,130 @@
+"""What do many Math-v0 environments with the python tool cost? Prints one JSON object.
+
+``gym.make_vec("benchmax/Math-v0", num_envs=N)`` (the python tool on, the default), then, in order:
+after ``reset``; after one step in which every environment runs a python call (and the most seen
+while it ran); after a second such step. For each: the processes of the whole tree (this process,
+the workers and everything under them), the processes under each worker (beyond the workers
+themselves, which hold the environments), the tree's PSS (``psutil`` ``memory_full_info().pss``:
+pages shared after fork counted once) and, for comparison, the sum of RSS (which counts them once
+per process).
+
+    python benchmarks/sandbox_scale.py [--envs 1024] [--workers 2]
+
+To measure another checkout (the code before a change), put it first on the path:
+``PYTHONPATH=/path/to/checkout python benchmarks/sandbox_scale.py --envs 64``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+
+import gymnasium as gym
+import psutil
+
+import benchmax_gym
+
+CODE = "print(sum(range(10)))"
+ACTION = '<tool_call>{"name": "python", "arguments": {"code": "' + CODE + '"}}</tool_call>'
+
+
+def tree() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
+
+
+def snapshot(envs) -> dict:
+    procs, pss, rss = 0, 0, 0
+    for p in tree():
+        try:
+            info = p.memory_full_info()
+        except psutil.Error:
+            continue
+        procs += 1
+        pss += info.pss
+        rss += info.rss
+    per_worker = []
+    for pid in envs.worker_pids:
+        try:
+            per_worker.append(len(psutil.Process(pid).children(recursive=True)))
+        except psutil.Error:
+            per_worker.append(None)
+    return {"processes": procs, "processes_under_each_worker": per_worker,
+            "pss_mb": round(pss / 2**20, 1), "rss_sum_mb": round(rss / 2**20, 1)}
+
+
+def peak_during(envs, fn) -> tuple[float, int, int]:
+    """Run ``fn``; return its seconds, and the most processes seen in the tree and under one worker."""
+    peak = [0, 0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            try:
+                peak[0] = max(peak[0], len(tree()))
+                peak[1] = max([peak[1]] + [len(psutil.Process(pid).children(recursive=True))
+                                           for pid in envs.worker_pids])
+            except psutil.Error:
+                pass
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    return seconds, peak[0], peak[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--envs", type=int, default=1024)
+    parser.add_argument("--workers", type=int, default=None, help="default: make_vec's (the number of CPUs)")
+    args = parser.parse_args()
+
+    kwargs = {} if args.workers is None else {"num_workers": args.workers}
+    start = time.perf_counter()
+    envs = gym.make_vec("benchmax/Math-v0", num_envs=args.envs, max_turns=10, step_timeout=600, **kwargs)
+    made = time.perf_counter() - start
+    try:
+        start = time.perf_counter()
+        _, infos = envs.reset(seed=0)
+        reset_s = time.perf_counter() - start
+        levels = sorted(set(infos["sandbox"]))
+        time.sleep(1.0)  # anything started at reset has booted
+        after_reset = snapshot(envs)
+        steps = []
+        for _ in range(2):
+            out = {}
+
+            def step():
+                out["obs"] = envs.step([ACTION] * args.envs)[0]
+
+            seconds, peak_tree, peak_worker = peak_during(envs, step)
+            ok = sum("stdout:\n45" in obs for obs in out["obs"])
+            time.sleep(0.5)
+            steps.append({"seconds": round(seconds, 2), "calls_ok": ok, "peak_processes": peak_tree,
+                          "peak_processes_under_a_worker": peak_worker, **snapshot(envs)})
+    finally:
+        envs.close()
+    print(json.dumps({
+        "benchmark": "sandbox_scale",
+        "code": os.path.dirname(os.path.dirname(os.path.abspath(benchmax_gym.__file__))),
+        "envs": args.envs,
+        "workers": len(after_reset["processes_under_each_worker"]),
+        "sandbox_level": levels,
+        "make_vec_s": round(made, 2),
+        "reset_s": round(reset_s, 2),
+        "after_reset": after_reset,
+        "after_python_step": steps[0],
+        "after_second_python_step": steps[1],
+    }))
+
+
+if __name__ == "__main__":
+    main()
