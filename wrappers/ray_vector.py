@@ -53,6 +53,7 @@ DEFAULT_ENVS_PER_HOST = 16
 # Hosts spread over the nodes; one CPU each (a host is one process running one event loop).
 DEFAULT_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
 _OURS = ("name", "max_restarts", "lifetime")  # options this class sets itself
+HOST_TEMP_PREFIX = "benchmax-host-"
 
 
 
@@ -73,27 +74,37 @@ class _Host:
 
     ``command`` runs one of the parent's commands and returns the messages ready by then (plain
     environments finish within it); ``results`` waits for later ones (environments with async
-    tools). The parent keeps one ``results`` call standing per host.
+    tools). The parent keeps one ``results`` call standing per host. Ray does not promise an
+    async actor's calls run in the order sent, so every call waits for ``start`` and commands
+    carry sequence numbers.
     """
 
     def __init__(self) -> None:
         self.worker: _Worker | None = None
         self.box: list[Any] = []
-        self.event: asyncio.Event | None = None
+        self.event = asyncio.Event()  # (asyncio primitives bind to the actor's loop on first use)
+        self.started = asyncio.Event()
+        self.order = asyncio.Condition()
+        self.next_command = 0
         self.tmp = ""
 
     async def start(self, payload: bytes, mode_value: str, fresh: bool) -> list:
+        try:
+            return self._start(payload, mode_value, fresh)
+        finally:
+            self.started.set()
+
+    def _start(self, payload: bytes, mode_value: str, fresh: bool) -> list:
         import ray
 
-        self.event = asyncio.Event()
-        self.tmp = tempfile.mkdtemp(prefix="benchmax-host-")
+        self.tmp = tempfile.mkdtemp(prefix=HOST_TEMP_PREFIX)
         os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
         use_temp_root(self.tmp)
         try:
             env_fns = pickle.loads(payload)
             self.worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, self._emit, asyncio.get_running_loop())
         except BaseException as exc:  # the parent raises this: the host's own error, on its node
-            remove_tree(Path(self.tmp))
+            _remove_workspace(self.tmp)
             return [("failed", f"on node {ray.util.get_node_ip_address()}: {failure_text(exc)}")]
         context = ray.get_runtime_context()
         return [("ready", {"pid": os.getpid(), "node_id": context.get_node_id(),
@@ -107,27 +118,36 @@ class _Host:
         out, self.box = self.box, []
         return out
 
-    async def command(self, message: tuple[str, Any]) -> list:
-        self.worker.handle(*message)
+    async def command(self, number: int, message: tuple[str, Any]) -> list:
+        await self.started.wait()
+        async with self.order:
+            await self.order.wait_for(lambda: self.next_command == number)
+            self.worker.handle(*message)
+            self.next_command += 1
+            self.order.notify_all()
         await asyncio.sleep(0)  # results the worker flushes with call_soon go back in this reply
         return self._take()
 
     async def results(self) -> list:
+        await self.started.wait()
         while not self.box:
             self.event.clear()
             await self.event.wait()
         return self._take()
 
     async def close(self) -> None:
+        await self.started.wait()
         if self.worker is not None:
             self.worker.close()
-        remove_tree(Path(self.tmp))
+        _remove_workspace(self.tmp)
 
 
 def _remove_workspace(path: str) -> None:
-    """Run as a Ray task on a killed host's node: delete the temp root it could not clean up
-    (Ray kills a dead actor's child processes, so nothing of the host's own can do it)."""
-    remove_tree(Path(path))
+    """Delete a host's temp root: by the host as it closes, or as a Ray task on a killed host's
+    node (Ray kills a dead actor's child processes, so nothing of the host's own can do it).
+    Only ever an absolute path that a host made (never "", which would mean the working directory)."""
+    if os.path.isabs(path) and Path(path).name.startswith(HOST_TEMP_PREFIX):
+        remove_tree(Path(path))
 
 
 # -- the parent side -----------------------------------------------------------------------------
@@ -153,9 +173,11 @@ class _RayHost:
         self.info: dict[str, Any] = {}
         self.pid: int | None = None
         self.closing = None
+        self.sent = 0  # commands numbered: the host runs them in this order
 
     def send(self, message: Any) -> None:
-        self.refs.append(self.actor.command.remote(message))
+        self.refs.append(self.actor.command.remote(self.sent, message))
+        self.sent += 1
 
     def harvest(self, timeout: float | None) -> None:
         """Move the replies that arrive within ``timeout`` into the inbox."""

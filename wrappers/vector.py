@@ -24,6 +24,10 @@ survives faults:
 
 ``gym.make_vec("benchmax/Math-v0", num_envs=64)`` returns one (vector options such as
 ``num_workers``, ``autoreset_mode`` and ``step_timeout`` go in as keyword arguments).
+
+The parent logic is :class:`WorkerVectorEnv`'s and the worker loop ``_Worker``'s; only the
+transport differs between this class (a pipe per worker process) and ``RayVectorEnv`` in
+``ray_vector`` (a Ray actor per host), so both behave alike.
 """
 
 from __future__ import annotations

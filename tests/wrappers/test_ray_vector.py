@@ -310,3 +310,17 @@ def test_unreachable_address_and_missing_ray_name_the_fix():
     out = _run("import sys; sys.modules['ray'] = None\n"
                "from benchmax_gym.wrappers import RayVectorEnv\nRayVectorEnv('benchmax/Math-v0', 2)")
     assert "pip install 'benchmax-gym[ray]'" in out.stderr
+
+
+def test_workspace_removal_never_touches_anything_but_a_host_root(tmp_path, monkeypatch):
+    from benchmax_gym.wrappers.ray_vector import _remove_workspace
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precious.txt").write_text("keep")
+    for path in ("", ".", "precious.txt", str(tmp_path)):  # a host that never started has ""
+        _remove_workspace(path)
+    assert (tmp_path / "precious.txt").read_text() == "keep"
+    root = tmp_path / "benchmax-host-abc"
+    (root / "ws-1").mkdir(parents=True)
+    _remove_workspace(str(root))
+    assert not root.exists()
