@@ -30,17 +30,9 @@ def _extra(name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def sky_python():
-    """A venv with the skypilot extra's pin, built once under the repository and reused."""
-    pin = _extra("skypilot")
-    venv = ROOT / ".venv-sky"
-    marker = venv / "benchmax-built-for"
-    if not (marker.is_file() and marker.read_text() == pin):
-        subprocess.run(["rm", "-rf", str(venv)], check=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", pin], check=True, timeout=900)
-        marker.write_text(pin)
-    return str(venv / "bin" / "python")
+def sky_python(cached_venv):
+    """A venv with the skypilot extra's pin, built once under the repository (.venv-sky) and reused."""
+    return cached_venv(".venv-sky", _extra("skypilot"))
 
 
 def test_pins_agree_with_setup_cfg():

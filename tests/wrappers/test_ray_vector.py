@@ -324,3 +324,32 @@ def test_workspace_removal_never_touches_anything_but_a_host_root(tmp_path, monk
     (root / "ws-1").mkdir(parents=True)
     _remove_workspace(str(root))
     assert not root.exists()
+
+
+@pytest.mark.slow
+def test_ray_version_mismatch_is_reported_as_such(cached_venv):
+    """A head of another Ray version (its own venv, .venv-ray-2.59.0) that this driver joins."""
+    other = cached_venv(".venv-ray-2.59.0", "ray==2.59.0")
+    head = (
+        "import sys\n"
+        "from ray.cluster_utils import Cluster\n"
+        "c = Cluster(initialize_head=True, head_node_args={'num_cpus': 0, 'object_store_memory': 100 * 2**20, "
+        "'node_ip_address': '127.0.0.1', 'include_dashboard': False})\n"
+        "print(c.address, flush=True)\n"
+        "sys.stdin.read()\n"
+        "c.shutdown()\n"
+    )
+    proc = subprocess.Popen([other, "-c", head], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        address = proc.stdout.readline().strip()
+        out = _run(f"from benchmax_gym.wrappers import RayVectorEnv\nRayVectorEnv('benchmax/Math-v0', 2, address={address!r})")
+        assert "RuntimeError: Ray version mismatch between this process (ray 2.60.0" in out.stderr
+        assert "The cluster was started with: Ray: 2.59.0" in out.stderr and address in out.stderr
+    finally:
+        proc.stdin.close()  # the head shuts its cluster down
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
