@@ -135,8 +135,10 @@ class _Host:
             await self.event.wait()
         return self._take()
 
-    async def close(self) -> None:
+    async def close(self, commands_sent: int) -> None:
         await self.started.wait()
+        async with self.order:  # after the commands sent before it
+            await self.order.wait_for(lambda: self.next_command >= commands_sent or self.worker is None)
         if self.worker is not None:
             self.worker.close()
         _remove_workspace(self.tmp)
@@ -226,7 +228,7 @@ class _RayHost:
 
     def close(self) -> None:
         if self.ray.is_initialized():
-            self.closing = self.actor.close.remote()
+            self.closing = self.actor.close.remote(self.sent)
 
     def join(self, timeout: float) -> None:
         if self.closing is not None and self.ray.is_initialized():
