@@ -97,7 +97,8 @@ class _Host:
     def _start(self, payload: bytes, mode_value: str, fresh: bool) -> list:
         import ray
 
-        self.tmp = tempfile.mkdtemp(prefix=HOST_TEMP_PREFIX)
+        _sweep_dead_hosts()
+        self.tmp = tempfile.mkdtemp(prefix=f"{HOST_TEMP_PREFIX}{os.getpid()}-")
         os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
         use_temp_root(self.tmp)
         try:
@@ -142,6 +143,15 @@ class _Host:
         if self.worker is not None:
             self.worker.close()
         _remove_workspace(self.tmp)
+
+
+def _sweep_dead_hosts() -> None:
+    """Remove the temp roots of this machine's hosts whose process is gone without a cleanup (its
+    raylet died with it, so no task could run there then)."""
+    for root in Path(tempfile.gettempdir()).glob(f"{HOST_TEMP_PREFIX}*-*"):
+        pid = root.name[len(HOST_TEMP_PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _remove_workspace(str(root))
 
 
 def _remove_workspace(path: str) -> None:
