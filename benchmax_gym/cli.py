@@ -8,6 +8,7 @@
     benchmax-gym eval benchmax/Math-v0 --model Qwen/Qwen3-8B --base-url http://localhost:8000/v1 --tasks 100 -k 4 --out runs/qwen3
     benchmax-gym compare runs/qwen3 runs/solver
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
+    benchmax-gym launch --nodes 4 --infra k8s --sky-python ~/.venv-sky/bin/python
 """
 
 from __future__ import annotations
@@ -376,6 +377,53 @@ def _import_modules(names: list[str]) -> None:
             usage_error(f"--import {name}: {type(exc).__name__}: {exc}")
 
 
+# -- launch: a Ray cluster for RayVectorEnv, provisioned by SkyPilot --------------------------------
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from benchmax_gym import launch
+
+    if args.down:
+        launch.run_sky("down", {"name": args.name}, args.sky_python)
+        print(f"cluster {args.name} is down")
+        return 0
+    config = launch.task_config(args.nodes, cpus=args.cpus, infra=args.infra, name=args.name,
+                                env_host_slots=args.env_host_slots, port=args.port)
+    if args.print_yaml:
+        import yaml
+
+        if args.sky_python or os.environ.get("BENCHMAX_GYM_SKY_PYTHON"):  # as SkyPilot reads it
+            config = launch.run_sky("yaml", {"config": config}, args.sky_python)["yaml"]
+        class Dumper(yaml.SafeDumper):  # scripts as literal blocks, as one writes them
+            def represent_str(self, text):
+                return self.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+        Dumper.add_representer(str, Dumper.represent_str)
+        print(yaml.dump(config, Dumper=Dumper, sort_keys=False, width=100), end="")
+        return 0
+    out = launch.run_sky("up", {"name": args.name, "config": config}, args.sky_python)
+    print(f"Ray cluster {args.name!r} ({args.nodes} nodes) is starting; inside its network:\n"
+          f"  RayVectorEnv(..., address='{out['head_ip']}:{out['port']}', "
+          "actor_options={'resources': {'benchmax_env_host': 1}})\n"
+          f"  `sky logs {args.name}` shows the nodes joining; `benchmax-gym launch --down --name {args.name}` ends it")
+    return 0
+
+
+def _add_launch(sub) -> None:
+    la = sub.add_parser("launch", help="provision a Ray cluster of CPU nodes for RayVectorEnv with SkyPilot")
+    la.add_argument("--nodes", type=int, default=2, help="nodes, the Ray head included (default 2)")
+    la.add_argument("--cpus", default="4+", help="CPUs per node, in SkyPilot's notation (default 4+)")
+    la.add_argument("--infra", help="where: aws, gcp, k8s, ... (default: SkyPilot's choice)")
+    la.add_argument("--name", default="benchmax-envs", help="the cluster's name (default benchmax-envs)")
+    la.add_argument("--env-host-slots", type=int, help="benchmax_env_host resource per node (default: its CPUs)")
+    la.add_argument("--port", type=int, default=6379, help="the Ray head's port (default 6379)")
+    la.add_argument("--print-yaml", action="store_true", help="print the SkyPilot task and launch nothing (offline)")
+    la.add_argument("--down", action="store_true", help="tear the cluster down")
+    la.add_argument("--sky-python", help="the python of a venv with SkyPilot (its click pin needs a venv of its "
+                    "own); default: $BENCHMAX_GYM_SKY_PYTHON, else this interpreter")
+    la.set_defaults(func=cmd_launch)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0])
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -457,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
                      "task_args.FIELD=VALUE sets one argument of the task source")
     mcp.set_defaults(func=cmd_mcp_serve)
+    _add_launch(sub)
     args = parser.parse_args(argv)
     _import_modules(args.imports)
     return args.func(args)

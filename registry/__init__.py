@@ -118,15 +118,19 @@ def register_parts(env_id: str, factory: Callable[..., gym.Env], description: st
 
 @dataclass(frozen=True)
 class VectorFactory:
-    """``gym.make_vec(env_id, num_envs=n, **kwargs)`` builds a SubprocVectorEnv (imported on use).
-    A small picklable object, like every part of a spec."""
+    """``gym.make_vec(env_id, num_envs=n, **kwargs)`` builds a SubprocVectorEnv, or with
+    ``vector_backend="ray"`` a RayVectorEnv (imported on use; Gymnasium's ``vectorization_mode``
+    takes only its own names). A small picklable object, like every part of a spec."""
 
     env_id: str
 
-    def __call__(self, num_envs: int = 1, **kwargs: Any):
-        from benchmax_gym.wrappers.vector import SubprocVectorEnv
+    def __call__(self, num_envs: int = 1, vector_backend: str = "subprocess", **kwargs: Any):
+        from benchmax_gym.wrappers import RayVectorEnv, SubprocVectorEnv
 
-        return SubprocVectorEnv(self.env_id, num_envs, **kwargs)
+        backends = {"subprocess": SubprocVectorEnv, "ray": RayVectorEnv}
+        if vector_backend not in backends:
+            raise ValueError(f"vector_backend must be one of {sorted(backends)}, got {vector_backend!r}")
+        return backends[vector_backend](self.env_id, num_envs, **kwargs)
 
 
 def _register(entry: EnvEntry, kwargs: Mapping[str, Any] | None = None) -> None:

@@ -47,3 +47,24 @@ def http_server():
     for proc in started:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="session")
+def cached_venv():
+    """``cached_venv(name, requirement)``: the python of a venv under the repository with
+    ``requirement`` installed, built once and reused while the requirement is the same (for
+    packages that cannot share the test venv: SkyPilot, another Ray version)."""
+    import shutil
+    import sys
+
+    def build(name: str, requirement: str) -> str:
+        venv = Path(__file__).resolve().parent.parent / name
+        marker = venv / "benchmax-built-for"
+        if not (marker.is_file() and marker.read_text() == requirement):
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", requirement], check=True, timeout=900)
+            marker.write_text(requirement)
+        return str(venv / "bin" / "python")
+
+    return build

@@ -24,6 +24,10 @@ survives faults:
 
 ``gym.make_vec("benchmax/Math-v0", num_envs=64)`` returns one (vector options such as
 ``num_workers``, ``autoreset_mode`` and ``step_timeout`` go in as keyword arguments).
+
+The parent logic is :class:`WorkerVectorEnv`'s and the worker loop ``_Worker``'s; only the
+transport differs between this class (a pipe per worker process) and ``RayVectorEnv`` in
+``ray_vector`` (a Ray actor per host), so both behave alike.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
 ENV_ERROR, WORKER_RESTARTED = "env_error", "worker_restarted"
 
 
-# -- the worker process --------------------------------------------------------------------------
+# -- the worker (in a process or a Ray actor) ---------------------------------------------------
 
 
 def async_api(env: gym.Env) -> Any | None:
@@ -71,21 +75,23 @@ def async_api(env: gym.Env) -> Any | None:
 
 
 class _Worker:
-    """Runs inside the worker process: owns some environments and serves the parent's commands.
+    """Owns some environments and runs the parent's commands on them, in whatever hosts it: a
+    worker process (reading a pipe) or a Ray actor (called by Ray). ``emit`` sends a message back.
 
-    An event loop reads commands while earlier steps are still running, so a ready-first caller
-    can hand a finished environment its next action at once; results that finish in the same
-    loop turn go back in one message.
+    Commands are handled while earlier steps still run on ``loop``, so a ready-first caller can
+    hand a finished environment its next action at once; results that finish in the same loop
+    turn go back in one message.
     """
 
-    def __init__(self, conn, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool):
-        self.conn = conn
+    def __init__(self, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool,
+                 emit: Callable[[Any], None], loop: asyncio.AbstractEventLoop):
         self.env_fns = env_fns
         self.mode = mode
+        self.emit = emit
         self.envs: dict[int, gym.Env] = {}
         self.api: dict[int, Any] = {}
         self.plain: dict[int, bool] = {}
-        self.loop = asyncio.new_event_loop()
+        self.loop = loop
         for i in env_fns:
             self._build(i)
         # A restarted worker's environments were never reset: the next step resets them.
@@ -104,9 +110,6 @@ class _Worker:
                 own.adopt(self.loop)
             except RuntimeError:  # async work already alive on its own loop: it stays there (a hop per call)
                 pass
-
-    def send(self, message: Any) -> None:
-        self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     # Both coroutines below only await when the env has async work (plain[i] is False); for
     # plain envs they finish in one go and are driven by _finish_now without a Task.
@@ -191,14 +194,10 @@ class _Worker:
         self.flush_scheduled = False
         if self.outbox:
             out, self.outbox = self.outbox, []
-            self.send(("results", out))
+            self.emit(("results", out))
 
-    def _on_command(self) -> None:
-        try:
-            command, payload = pickle.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):  # the parent is gone
-            self.loop.stop()
-            return
+    def handle(self, command: str, payload: Any) -> None:
+        """Run one command of the parent's (all but ``close``, which belongs to the host)."""
         if command == "step":
             for i, action in payload:
                 self._start(i, self._step(i, action))
@@ -214,22 +213,19 @@ class _Worker:
                     out.append((i, attr(*args, **kwargs) if callable(attr) else attr))
                 except Exception as exc:
                     out.append((i, exc))
-            self.send(("called", out))
+            self.emit(("called", out))
         elif command == "set_attr":
             name, values = payload
             for i, value in values:
                 self.envs[i].set_wrapper_attr(name, value)
-            self.send(("called", []))
+            self.emit(("called", []))
         elif command == "spaces":
             env = next(iter(self.envs.values()))
-            self.send(("spaces", (env.observation_space, env.action_space, env.metadata, env.render_mode)))
-        elif command == "close":
-            self.loop.stop()
+            self.emit(("spaces", (env.observation_space, env.action_space, env.metadata, env.render_mode)))
+        else:
+            raise ValueError(f"unknown command {command!r}")
 
-    def serve(self) -> None:
-        self.send(("ready", None))
-        self.loop.add_reader(self.conn.fileno(), self._on_command)
-        self.loop.run_forever()
+    def close(self) -> None:
         for env in self.envs.values():
             try:
                 env.close()
@@ -237,46 +233,109 @@ class _Worker:
                 pass
 
 
-def _in_own_tmp(tmp: str, *args) -> None:
-    """Run a worker with its own temp root: every workspace it makes (sandboxes, MCP
-    servers' directories, copies of workbooks) lands there, so the parent can delete them all
-    when the worker dies, even by SIGKILL, and when the vector env closes."""
+def failure_text(exc: BaseException) -> str:
+    """An exception and the end of its traceback, as a worker reports that it could not start."""
+    tail = "".join(traceback.format_exception(exc)[-6:]).rstrip()
+    return f"{type(exc).__name__}: {exc}\n{tail}"
+
+
+def use_temp_root(tmp: str) -> None:
+    """Give this (worker) process its own temp root: every workspace it makes (sandboxes, MCP
+    servers' directories, copies of workbooks) lands there, so all of them can be deleted when
+    the worker dies, even by SIGKILL, and when the vector env closes."""
     tempfile.tempdir = os.environ["TMPDIR"] = tmp
+
+
+def _in_own_tmp(tmp: str, *args) -> None:
+    use_temp_root(tmp)
     _worker_main(*args)
 
 
 def _worker_main(conn, env_fns, mode_value, fresh) -> None:
+    """A worker process: commands come down the pipe, messages go back up it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    loop = asyncio.new_event_loop()
+
+    def emit(message: Any) -> None:
+        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
     try:
-        worker = _Worker(conn, env_fns, AutoresetMode(mode_value), fresh)
+        worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, emit, loop)
     except BaseException as exc:  # the parent raises this, not a bare EOFError
-        tail = "".join(traceback.format_exception(exc)[-6:]).rstrip()
-        conn.send_bytes(pickle.dumps(("failed", f"{type(exc).__name__}: {exc}\n{tail}")))
+        emit(("failed", failure_text(exc)))
         return
-    worker.serve()
+
+    def on_command() -> None:
+        try:
+            command, payload = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):  # the parent is gone
+            command, payload = "close", None
+        if command == "close":
+            loop.stop()
+        else:
+            worker.handle(command, payload)
+
+    emit(("ready", None))
+    loop.add_reader(conn.fileno(), on_command)
+    loop.run_forever()
+    worker.close()
 
 
 # -- the parent side -----------------------------------------------------------------------------
 
 
+class WorkerLost(RuntimeError):
+    """A worker is gone (its process died, its Ray actor or node was lost); says why."""
+
+
 class _Process:
-    """The parent's handle on one worker."""
+    """The pipe transport: the parent's handle on one worker process.
+
+    A transport handle (this, or ``_RayHost`` in ``ray_vector``) offers ``send(message)``,
+    ``recv(timeout)`` for one message, ``recv_ready()`` for all that arrived, ``alive()``,
+    ``close()`` (ask it to stop), ``join(timeout)`` and ``kill()``; its vector env's ``_wait``
+    blocks until some of them have messages. Both raise :class:`WorkerLost` for a dead worker.
+    """
 
     def __init__(self, ctx, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool):
-        self.env_ids = list(env_fns)
         parent, child = ctx.Pipe()
         self.conn = parent
         self.tmp = tempfile.mkdtemp(prefix="benchmax-worker-")  # removed by kill()
         os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
         self.process = ctx.Process(target=_in_own_tmp, args=(self.tmp, child, env_fns, mode.value, fresh), daemon=True)
         self.process.start()
+        self.pid = self.process.pid
         child.close()
 
     def send(self, message: Any) -> None:
-        self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        try:
+            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            raise WorkerLost("the worker process died") from None
 
-    def recv(self) -> Any:
-        return pickle.loads(self.conn.recv_bytes())
+    def recv(self, timeout: float | None = None) -> Any:
+        if not self.conn.poll(timeout):
+            raise TimeoutError
+        try:
+            return pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            self.process.join(timeout=5)
+            raise WorkerLost(f"the worker process exited (code {self.process.exitcode})") from None
+
+    def recv_ready(self) -> list[Any]:
+        return [self.recv(0)]
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def close(self) -> None:
+        try:
+            self.send(("close", None))
+        except WorkerLost:
+            pass
+
+    def join(self, timeout: float) -> None:
+        self.process.join(timeout=timeout)
 
     def kill(self) -> None:
         """Kill the worker and delete its temp root (what a dead worker's envs never cleaned up)."""
@@ -315,67 +374,47 @@ def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env
     return fns
 
 
-class SubprocVectorEnv(VectorEnv):
-    """Vectorised environments in worker processes.
+class WorkerVectorEnv(VectorEnv):
+    """The parent logic that :class:`SubprocVectorEnv` and ``RayVectorEnv`` share: environments
+    spread over workers, lock-step and ready-first calls, autoreset, faults and restarts.
 
-    Args:
-        env: an environment id (made with ``gym.make(env, **env_kwargs)`` in the workers), a
-            function that makes one, or a list of such functions.
-        num_envs: how many environments.
-        num_workers: worker processes (default: the number of CPUs, at most ``num_envs``);
-            environments are spread evenly over them.
-        autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (an
-            :class:`~gymnasium.vector.AutoresetMode` or its value).
-        step_timeout: seconds an environment may take for one step or reset before its worker is
-            killed and restarted (``None``: no limit).
-        context: the multiprocess start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
-        **env_kwargs: ``gym.make`` keyword arguments, with an id.
+    A subclass supplies the transport: ``_spawn(w, fresh)`` starts worker ``w`` and returns its
+    handle (see :class:`_Process`), ``_wait(ws, timeout)`` returns the workers among ``ws`` that
+    have messages. It calls :meth:`_setup` from its ``__init__``.
     """
 
-    def __init__(
-        self,
-        env: str | Callable[[], gym.Env] | Sequence[Callable[[], gym.Env]],
-        num_envs: int | None = None,
-        *,
-        num_workers: int | None = None,
-        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        step_timeout: float | None = None,
-        context: str | None = None,
-        **env_kwargs: Any,
-    ):
-        fns = _env_fns(env, num_envs, env_kwargs)
+    _kind = "worker"  # how messages name one worker
+
+    def _setup(self, env, fns: list[Callable], num_workers: int, autoreset_mode, step_timeout) -> None:
         self.num_envs = len(fns)
         self._env_name = repr(env) if isinstance(env, str) else "its environments"
+        self._closed = False
+        self._workers: list[Any] = []
         try:
             self.autoreset_mode = AutoresetMode(autoreset_mode)
         except ValueError:
             raise ValueError(
                 f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
             ) from None
-        if num_workers is None:
-            num_workers = min(self.num_envs, os.cpu_count() or 1)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= self.num_envs:
-            raise ValueError(f"num_workers must be an int from 1 to num_envs={self.num_envs}, got {num_workers!r}")
         if step_timeout is not None and not (isinstance(step_timeout, (int, float)) and step_timeout > 0):
             raise ValueError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
         self.step_timeout = step_timeout
-        self._ctx = mp.get_context(context)
         self._fns = fns
         split = np.array_split(np.arange(self.num_envs), num_workers)
         self._groups = [{int(i): fns[i] for i in ids} for ids in split]
         self._owner = np.empty(self.num_envs, dtype=np.int64)
         for w, group in enumerate(self._groups):
             self._owner[list(group)] = w
-        self._workers: list[_Process] = []
-        self._closed = False
         self._pending: dict[int, float] = {}  # env id -> when its job was sent
         self._ready: dict[int, tuple] = {}  # env id -> result not yet returned by recv
         self._lost: dict[int, dict] = {}  # idle envs whose worker was restarted -> their error info
         self._lost_reset: dict[int, dict] = {}  # SAME_STEP: lost envs being reset -> error info
         self._last_obs: list[Any] = [None] * self.num_envs  # what a masked reset returns for the others
         self._faults = 0
+        # Garbage collection without close(): kill the workers (the list is shared, so restarts count).
+        self._finalizer = weakref.finalize(self, WorkerVectorEnv._kill_all, self._workers)
         try:
-            self._workers = [self._start(w, fresh=False) for w in range(num_workers)]
+            self._start_all()
             self._workers[0].send(("spaces", None))
             obs_space, act_space, metadata, render_mode = self._expect(self._workers[0], "spaces")
         except BaseException:
@@ -387,31 +426,40 @@ class SubprocVectorEnv(VectorEnv):
         self.action_space = batch_space(act_space, self.num_envs)
         self.metadata = {**metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = render_mode  # (gym.make_vec sets self.spec)
-        # Garbage collection without close(): kill the workers (the list is shared, so restarts count).
-        self._finalizer = weakref.finalize(self, SubprocVectorEnv._kill_all, self._workers)
         _LIVE.add(self)
 
     # -- workers ------------------------------------------------------------------------------
 
-    def _start(self, w: int, fresh: bool) -> _Process:
-        worker = _Process(self._ctx, self._groups[w], self.autoreset_mode, fresh)
+    def _spawn(self, w: int, fresh: bool) -> Any:
+        raise NotImplementedError
+
+    def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
+        raise NotImplementedError
+
+    def _start_all(self) -> None:
+        """Start every worker, then wait for each to be ready (they start side by side)."""
+        for w in range(len(self._groups)):
+            self._workers.append(self._spawn(w, False))
+        for worker in self._workers:
+            self._expect(worker, "ready")
+
+    def _start(self, w: int, fresh: bool) -> Any:
+        worker = self._spawn(w, fresh)
         self._expect(worker, "ready")
         return worker
 
-    def _expect(self, worker: _Process, kind: str, timeout: float = 120.0) -> Any:
-        if not worker.conn.poll(timeout):
-            raise RuntimeError(f"worker {worker.process.pid} did not answer {kind!r} within {timeout:g} s")
+    def _expect(self, worker, kind: str, timeout: float = 120.0) -> Any:
         try:
-            got, payload = worker.recv()
-        except (EOFError, OSError):
-            worker.process.join(timeout=5)
-            raise RuntimeError(f"the worker for {self._env_name} exited (code {worker.process.exitcode}) "
-                               f"before answering {kind!r}") from None
+            got, payload = worker.recv(timeout)
+        except TimeoutError:
+            raise RuntimeError(f"{self._kind} {worker.pid} did not answer {kind!r} within {timeout:g} s") from None
+        except WorkerLost as lost:
+            raise WorkerLost(f"the {self._kind} for {self._env_name} was lost before answering {kind!r}: {lost}") from None
         if got == "failed":
             worker.kill()  # it is exiting by itself: reap it
-            raise RuntimeError(f"the worker could not build {self._env_name}: {payload}")
+            raise RuntimeError(f"the {self._kind} could not build {self._env_name}: {payload}")
         if got != kind:
-            raise RuntimeError(f"worker sent {got!r}, expected {kind!r}")
+            raise RuntimeError(f"{self._kind} sent {got!r}, expected {kind!r}")
         return payload
 
     def _restart(self, w: int, reason: str) -> None:
@@ -446,7 +494,7 @@ class SubprocVectorEnv(VectorEnv):
         return out
 
     @staticmethod
-    def _kill_all(workers: list[_Process]) -> None:
+    def _kill_all(workers: list[Any]) -> None:
         for worker in workers:
             try:
                 worker.kill()
@@ -481,6 +529,7 @@ class SubprocVectorEnv(VectorEnv):
         self._dispatch("reset", resets)
 
     def _dispatch(self, command: str, jobs: list[tuple]) -> None:
+        """One message per worker for all of its environments' jobs."""
         by_worker: dict[int, list] = {}
         now = time.monotonic()
         for job in jobs:
@@ -489,8 +538,8 @@ class SubprocVectorEnv(VectorEnv):
         for w, batch in by_worker.items():
             try:
                 self._workers[w].send((command, batch))
-            except (BrokenPipeError, OSError):
-                self._restart(w, "the worker process died")
+            except WorkerLost as lost:
+                self._restart(w, str(lost))
 
     def recv(self, min_ready: int = 1, timeout: float | None = None):
         """Results of at least ``min_ready`` stepped environments (all that are ready), with ids.
@@ -519,30 +568,29 @@ class SubprocVectorEnv(VectorEnv):
             if self.step_timeout is not None:
                 waits.append(min(self._pending.values()) + self.step_timeout - now)
             wait = max(0.0, min(waits)) if waits else None
-            busy = {int(self._owner[i]) for i in self._pending}
-            conns = {self._workers[w].conn: w for w in busy}
-            for conn in wait_for_connections(list(conns), wait):
-                w = conns[conn]
+            busy = sorted({int(self._owner[i]) for i in self._pending})
+            for w in self._wait(busy, wait):
                 try:
-                    kind, results = pickle.loads(conn.recv_bytes())
-                except (EOFError, OSError):
-                    self._restart(w, "the worker process died")
+                    messages = self._workers[w].recv_ready()
+                except WorkerLost as lost:
+                    self._restart(w, str(lost))
                     continue
-                for i, result in results:
-                    if self._pending.pop(i, None) is not None:
-                        error = self._lost_reset.pop(i, None)
-                        if error is not None:  # the reset of a lost env (SAME_STEP)
-                            obs, info = result
-                            result = (obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error})
-                        self._ready[i] = result
+                for _, results in messages:
+                    for i, result in results:
+                        if self._pending.pop(i, None) is not None:
+                            error = self._lost_reset.pop(i, None)
+                            if error is not None:  # the reset of a lost env (SAME_STEP)
+                                obs, info = result
+                                result = (obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error})
+                            self._ready[i] = result
             if self.step_timeout is not None:
                 now = time.monotonic()
                 late = {int(self._owner[i]) for i, sent in self._pending.items() if now - sent > self.step_timeout}
                 for w in late:
                     self._restart(w, f"a step took longer than step_timeout={self.step_timeout:g} s")
             for w in busy:
-                if not self._workers[w].process.is_alive() and any(self._owner[i] == w for i in self._pending):
-                    self._restart(w, "the worker process died")
+                if not self._workers[w].alive() and any(self._owner[i] == w for i in self._pending):
+                    self._restart(w, f"the {self._kind} died")
             if deadline is not None and time.monotonic() >= deadline:
                 break
 
@@ -645,7 +693,8 @@ class SubprocVectorEnv(VectorEnv):
 
     @property
     def worker_pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        """Each worker's process id (a Ray host's, on its node)."""
+        return [w.pid for w in self._workers]
 
     @property
     def faults(self) -> int:
@@ -654,24 +703,65 @@ class SubprocVectorEnv(VectorEnv):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise RuntimeError("this SubprocVectorEnv is closed")
+            raise RuntimeError(f"this {type(self).__name__} is closed")
 
     def close_extras(self, **kwargs: Any) -> None:
         """Ask workers to close their environments; kill any that do not exit promptly."""
         self._closed = True
         workers, self._workers = getattr(self, "_workers", []), []
         for worker in workers:
-            try:
-                worker.send(("close", None))
-            except (BrokenPipeError, OSError):
-                pass
+            worker.close()
         deadline = time.monotonic() + 10
         for worker in workers:
-            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+            worker.join(max(0.0, deadline - time.monotonic()))
         self._kill_all(workers)
 
 
-_LIVE: "weakref.WeakSet[SubprocVectorEnv]" = weakref.WeakSet()
+class SubprocVectorEnv(WorkerVectorEnv):
+    """Vectorised environments in worker processes.
+
+    Args:
+        env: an environment id (made with ``gym.make(env, **env_kwargs)`` in the workers), a
+            function that makes one, or a list of such functions.
+        num_envs: how many environments.
+        num_workers: worker processes (default: the number of CPUs, at most ``num_envs``);
+            environments are spread evenly over them.
+        autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (an
+            :class:`~gymnasium.vector.AutoresetMode` or its value).
+        step_timeout: seconds an environment may take for one step or reset before its worker is
+            killed and restarted (``None``: no limit).
+        context: the multiprocess start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+        **env_kwargs: ``gym.make`` keyword arguments, with an id.
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[[], gym.Env] | Sequence[Callable[[], gym.Env]],
+        num_envs: int | None = None,
+        *,
+        num_workers: int | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        step_timeout: float | None = None,
+        context: str | None = None,
+        **env_kwargs: Any,
+    ):
+        fns = _env_fns(env, num_envs, env_kwargs)
+        if num_workers is None:
+            num_workers = min(len(fns), os.cpu_count() or 1)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):
+            raise ValueError(f"num_workers must be an int from 1 to num_envs={len(fns)}, got {num_workers!r}")
+        self._ctx = mp.get_context(context)
+        self._setup(env, fns, num_workers, autoreset_mode, step_timeout)
+
+    def _spawn(self, w: int, fresh: bool) -> _Process:
+        return _Process(self._ctx, self._groups[w], self.autoreset_mode, fresh)
+
+    def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
+        conns = {self._workers[w].conn: w for w in ws}
+        return [conns[conn] for conn in wait_for_connections(list(conns), timeout)]
+
+
+_LIVE: "weakref.WeakSet[WorkerVectorEnv]" = weakref.WeakSet()
 
 
 @atexit.register
@@ -681,4 +771,3 @@ def _close_all() -> None:
             envs.close()
         except Exception:
             pass
-

@@ -1,0 +1,160 @@
+"""``benchmax-gym launch``: a Ray cluster of N CPU nodes for ``RayVectorEnv``, provisioned by SkyPilot.
+
+The SkyPilot task (``sky.Task`` with ``num_nodes``) installs this package with its ``ray`` extra
+and the driver's Ray and Python versions (Ray refuses a driver whose versions differ), then runs
+:data:`RUN_SCRIPT` on every node: rank 0 starts the Ray head, the others wait for it and join;
+each node offers the ``benchmax_env_host`` resource that ``RayVectorEnv(actor_options=...)`` asks
+for. Ray listens on 6379 (SkyPilot's own Ray uses 6380) and stays up as the task's job until the
+cluster is taken down.
+
+SkyPilot pins an old ``click`` that this package's dependencies cannot share, so it lives in a venv
+of its own; this module uses only the standard library at import, and runs there as a script::
+
+    python3 -m venv ~/.venv-sky && ~/.venv-sky/bin/pip install 'skypilot[kubernetes]==0.14.1'
+    benchmax-gym launch --nodes 4 --infra k8s --sky-python ~/.venv-sky/bin/python
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+RAY_PORT = 6379
+RAY_VERSION = "2.60.0"  # the ray extra's pin (setup.cfg); used when this interpreter has no Ray
+SKYPILOT = "skypilot==0.14.1"  # the skypilot extra's pin (setup.cfg)
+VENV = "~/benchmax-venv"  # on each node
+
+# Runs on every node with SkyPilot's SKYPILOT_NODE_RANK and SKYPILOT_NODE_IPS (one IP a line,
+# the head's first) and `ray` on PATH. BENCHMAX_RAY_PORT, BENCHMAX_ENV_HOST_SLOTS (default: the
+# node's CPUs), BENCHMAX_RAY_START_ARGS (all nodes) and BENCHMAX_RAY_HEAD_ARGS (the head) tune it.
+RUN_SCRIPT = r"""set -euo pipefail
+HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
+MY_IP=$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK + 1))p")
+PORT=${BENCHMAX_RAY_PORT:-6379}
+SLOTS=${BENCHMAX_ENV_HOST_SLOTS:-$(nproc)}
+RESOURCES="{\"benchmax_env_host\": $SLOTS}"
+if [ "$SKYPILOT_NODE_RANK" = "0" ]; then
+  echo "benchmax-gym: Ray head on $MY_IP:$PORT; RayVectorEnv(address='$HEAD_IP:$PORT')"
+  exec ray start --head --port "$PORT" --node-ip-address "$MY_IP" --resources "$RESOURCES" \
+    --disable-usage-stats --block ${BENCHMAX_RAY_START_ARGS:-} ${BENCHMAX_RAY_HEAD_ARGS:-}
+fi
+for _ in $(seq 1 300); do  # the head may still be installing: wait for its port
+  if (exec 3<>"/dev/tcp/$HEAD_IP/$PORT") 2>/dev/null; then break; fi
+  sleep 1
+done
+(exec 3<>"/dev/tcp/$HEAD_IP/$PORT") 2>/dev/null || { echo "benchmax-gym: no Ray head at $HEAD_IP:$PORT" >&2; exit 1; }
+echo "benchmax-gym: node $SKYPILOT_NODE_RANK ($MY_IP) joins $HEAD_IP:$PORT"
+exec ray start --address "$HEAD_IP:$PORT" --node-ip-address "$MY_IP" --resources "$RESOURCES" \
+  --disable-usage-stats --block ${BENCHMAX_RAY_START_ARGS:-}
+"""
+
+
+def _ray_version() -> str:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        return version("ray")
+    except PackageNotFoundError:
+        return RAY_VERSION
+
+
+def _checkout() -> str | None:
+    """The source checkout this package runs from (an editable install), if any."""
+    root = Path(__file__).resolve().parent.parent
+    return str(root) if (root / "setup.cfg").is_file() and (root / "benchmax_gym").is_dir() else None
+
+
+def task_config(nodes: int, *, cpus: str = "4+", infra: str | None = None, name: str = "benchmax-envs",
+                env_host_slots: int | None = None, port: int = RAY_PORT, workdir: str | None = None,
+                ray_version: str | None = None, python_version: str | None = None) -> dict[str, Any]:
+    """The SkyPilot task, as the YAML config ``sky.Task.from_yaml_config`` reads.
+
+    ``workdir`` (default: this package's checkout, if it runs from one) is synced to the nodes
+    and installed from; without one the nodes install this version from the package index.
+    """
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise ValueError(f"nodes must be a positive int, got {nodes!r}")
+    ray_version = ray_version or _ray_version()
+    python_version = python_version or platform.python_version()
+    workdir = workdir if workdir is not None else _checkout()
+    if workdir:
+        package = "-e '.[ray]'"
+    else:
+        from importlib.metadata import version
+
+        package = f"'benchmax-gym[ray]=={version('benchmax-gym')}'"
+    setup = (
+        "set -e\n"
+        "python3 -m pip install -q --user uv\n"
+        f"python3 -m uv venv --python {python_version} --seed {VENV}\n"
+        f"python3 -m uv pip install --python {VENV}/bin/python {package} 'ray=={ray_version}'\n"
+    )
+    resources: dict[str, Any] = {"cpus": cpus}
+    if infra:
+        resources["infra"] = infra
+    config: dict[str, Any] = {"name": name, "num_nodes": nodes, "resources": resources}
+    if workdir:
+        config["workdir"] = workdir
+    config.update({
+        "envs": {"BENCHMAX_RAY_PORT": str(port), "BENCHMAX_ENV_HOST_SLOTS": str(env_host_slots or "")},
+        "setup": setup,
+        "run": f". {VENV}/bin/activate\n" + RUN_SCRIPT,
+    })
+    return config
+
+
+# -- SkyPilot's side (in the interpreter that has it) ----------------------------------------------
+
+
+def _sky():
+    try:
+        import sky
+    except ImportError:
+        raise SystemExit(
+            "benchmax-gym launch needs SkyPilot, which cannot share this environment (its click pin "
+            "conflicts): install it in a venv of its own, e.g. python3 -m venv ~/.venv-sky && "
+            f"~/.venv-sky/bin/pip install '{SKYPILOT}' (pip install 'benchmax-gym[skypilot]' names the "
+            "same pin), and pass --sky-python ~/.venv-sky/bin/python (or set BENCHMAX_GYM_SKY_PYTHON)"
+        ) from None
+    return sky
+
+
+def sky_action(action: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """``yaml``: the task as SkyPilot reads and writes it back; ``up``: launch it; ``down``."""
+    sky = _sky()
+    if action == "down":
+        sky.stream_and_get(sky.down(payload["name"]))
+        return {"down": payload["name"]}
+    task = sky.Task.from_yaml_config(copy.deepcopy(payload["config"]))  # (it consumes its argument)
+    if action == "yaml":
+        written = {k: v for k, v in task.to_yaml_config().items() if not k.startswith("_")}
+        again = sky.Task.from_yaml_config(copy.deepcopy(written)).to_yaml_config()
+        if {k: v for k, v in again.items() if not k.startswith("_")} != written:
+            raise SystemExit("SkyPilot does not read back the task it wrote")
+        return {"yaml": written}
+    job_id, handle = sky.stream_and_get(sky.launch(task, cluster_name=payload["name"]))
+    ips = getattr(handle, "cached_internal_ips", None) or [getattr(handle, "head_ip", None)]
+    return {"job_id": job_id, "head_ip": ips[0], "port": int(payload["config"]["envs"]["BENCHMAX_RAY_PORT"])}
+
+
+def run_sky(action: str, payload: dict[str, Any], sky_python: str | None = None) -> dict[str, Any]:
+    """:func:`sky_action` here, or in ``sky_python``'s interpreter with this file as its script."""
+    sky_python = sky_python or os.environ.get("BENCHMAX_GYM_SKY_PYTHON")
+    if not sky_python:
+        return sky_action(action, payload)
+    out = subprocess.run([sky_python, __file__, action], input=json.dumps(payload), text=True,
+                         stdout=subprocess.PIPE)
+    if out.returncode != 0:
+        raise SystemExit(f"SkyPilot ({sky_python}) failed with exit code {out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":  # run by run_sky in SkyPilot's venv: the payload on stdin, JSON on stdout
+    result = sky_action(sys.argv[1], json.loads(sys.stdin.read()))
+    print(json.dumps(result))

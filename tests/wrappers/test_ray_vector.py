@@ -1,0 +1,355 @@
+"""RayVectorEnv on a real multi-node Ray cluster on loopback: the vector contract, ready-first
+batches, host and node faults, and what close() leaves (nothing).
+
+One cluster per module (a head and two nodes with the env-host resource, everything on
+127.0.0.1). Environments defined here travel to the hosts by value (cloudpickle).
+"""
+
+import os
+
+# Before Ray is imported: every node and process of the test cluster stays on 127.0.0.1 (Ray
+# reads this once), and no token file a user left in ~/.ray turns authentication on.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_AUTH_MODE"] = "disabled"
+
+import asyncio  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+import pytest  # noqa: E402
+import ray  # noqa: E402
+from gymnasium.vector import AutoresetMode, SyncVectorEnv  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import benchmax_gym  # noqa: E402
+from benchmax_gym import UnicodeText  # noqa: E402
+from benchmax_gym.wrappers import RayVectorEnv  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+HOST = {"num_cpus": 0, "resources": {"benchmax_env_host": 1}}
+NODE = {"num_cpus": 1, "resources": {"benchmax_env_host": 4}, "object_store_memory": 100 * 2**20,
+        "node_ip_address": "127.0.0.1"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "object_store_memory": 100 * 2**20, "node_ip_address": "127.0.0.1",
+        "include_dashboard": False,
+        # a node that stops answering is declared dead within about two seconds
+        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
+    })
+    for _ in range(2):
+        cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING")
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def math_env():
+    return gym.make("benchmax/Math-v0", python_tool=False, max_turns=3)
+
+
+async def nap(seconds: float) -> str:
+    """Sleep, then say so.
+
+    Args:
+        seconds: how long
+    """
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+def sleepy_env():
+    """An id registered in Python: the host registers it too, as this function runs there."""
+    if "testing/RaySleepy-v0" not in gym.registry:
+        benchmax_gym.register_tool_env(
+            "testing/RaySleepy-v0", tools=[nap], tasks=[{"prompt": f"task {i}", "answer": "ok"} for i in range(8)],
+            rubric=[lambda completion, answer: float(completion == answer)], max_turns=4)
+    return gym.make("testing/RaySleepy-v0")
+
+
+def nap_action(seconds):
+    return f'<tool_call>{{"name": "nap", "arguments": {{"seconds": {seconds}}}}}</tool_call>'
+
+
+class Flaky(gym.Env):
+    """A tiny env that misbehaves on request: 'raise', 'hang'; 'end' terminates."""
+
+    observation_space = UnicodeText(1000)
+    action_space = UnicodeText(1000)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return f"start {int(self.np_random.integers(1000))}", {"count": 0}
+
+    def step(self, action):
+        self.count += 1
+        if action == "raise":
+            raise RuntimeError("the tool exploded")
+        if action == "hang":
+            time.sleep(1000)
+        return f"echo {action} {self.count}", 1.0, action == "end", False, {"count": self.count}
+
+
+def cannot_be_built():
+    import not_installed_on_this_host  # noqa: F401
+
+
+def our_actors():
+    return [name for name in ray.util.list_named_actors(all_namespaces=True) if "benchmax-env-host" in str(name)]
+
+
+def processes_in(root):
+    """Live processes whose working directory is under ``root`` (sandboxes)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and p.cwd().startswith(root):
+                found.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return found
+
+
+def gone(pids, paths, actors=False, deadline=15.0):
+    """Wait until none of these host processes and workspaces is left (nor, with ``actors``, any host actor)."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        live = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not live and not [p for p in paths if os.path.exists(p)] and not (actors and our_actors()):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_matches_sync_vector_env_step_for_step(cluster, mode):
+    fns = [math_env] * 5
+    ours = RayVectorEnv(fns, num_hosts=2, autoreset_mode=mode, actor_options=HOST)
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
+    assert len({h["node_id"] for h in ours.hosts}) == 2  # spread over the two nodes
+    a, b = ours.reset(seed=7), ref.reset(seed=7)
+    assert a[0] == b[0] and list(a[1]["task_id"]) == list(b[1]["task_id"])
+    script = [CALC, CALC, "\\boxed{1}", CALC, "\\boxed{2}", CALC, CALC, CALC, CALC]
+    done = np.zeros(5, dtype=bool)
+    for t, action in enumerate(script):
+        actions = [action if (i + t) % 2 else CALC for i in range(5)]
+        if mode == AutoresetMode.DISABLED and done.any():
+            assert ours.reset(options={"reset_mask": done.copy()})[0] == ref.reset(options={"reset_mask": done.copy()})[0]
+        x, y = ours.step(actions), ref.step(actions)
+        assert x[0] == y[0], t
+        for k in (1, 2, 3):
+            assert (x[k] == y[k]).all(), (t, k)
+        for key in ("turn", "error", "task_id"):
+            assert list(x[4].get(key, [])) == list(y[4].get(key, [])), (t, key)
+        if mode == AutoresetMode.SAME_STEP and "final_obs" in y[4]:
+            assert list(x[4]["final_obs"]) == list(y[4]["final_obs"])
+        done = x[2] | x[3]
+    ours.close()
+    ref.close()
+
+
+def test_make_vec_per_env_options_and_attributes(cluster):
+    envs = gym.make_vec("benchmax/Math-v0", num_envs=4, vector_backend="ray", envs_per_host=2,
+                        actor_options=HOST, python_tool=False)
+    assert isinstance(envs, RayVectorEnv) and len(envs.hosts) == 2
+    assert envs.metadata["autoreset_mode"] == AutoresetMode.NEXT_STEP
+    obs, info = envs.reset(options=[{"task_index": i * 10} for i in range(4)])
+    assert list(info["task_index"]) == [0, 10, 20, 30] and envs.observation_space.contains(obs)
+    first, _ = envs.reset(seed=123)
+    assert envs.reset(seed=123)[0] == first and len(set(first)) == 4
+    assert envs.get_attr("max_turns") == (8, 8, 8, 8)
+    envs.set_attr("max_turns", [2, 3, 4, 5])
+    assert envs.get_attr("max_turns") == (2, 3, 4, 5)
+    assert len(envs.call("render")) == 4
+    envs.close()
+    local = gym.make_vec("benchmax/Math-v0", num_envs=4, num_workers=2, python_tool=False)
+    assert local.reset(seed=123)[0] == first  # the same tasks as local workers give
+    local.close()
+
+
+def test_ready_first_and_one_host_overlaps_its_envs_io(cluster):
+    envs = RayVectorEnv([sleepy_env] * 8, num_hosts=2, actor_options=HOST)
+    envs.reset(seed=0)
+    start = time.perf_counter()
+    obs, *_ = envs.step([nap_action(0.3)] * 8)
+    assert all("slept 0.3" in o for o in obs) and time.perf_counter() - start < 1.5  # 4 naps per host overlap
+    slow = {1, 6}
+    envs.send([nap_action(1.0 if i in slow else 0.01) for i in range(8)], np.arange(8))
+    start = time.perf_counter()
+    obs, rewards, terminated, truncated, info, ids = envs.recv(min_ready=6)
+    assert time.perf_counter() - start < 0.8 and set(ids.tolist()) == set(range(8)) - slow
+    assert all("slept 0.01" in o for o in obs)
+    envs.send([nap_action(0.01)] * 6, ids)  # the fast ones go on while the slow ones still run
+    seen = set()
+    while len(seen) < 8:
+        *_, got = envs.recv(min_ready=1)
+        seen |= set(got.tolist())
+    envs.send([nap_action(0.01), nap_action(2.0)], [0, 1])
+    *_, ids = envs.recv(min_ready=2, timeout=0.5)
+    assert ids.tolist() == [0]  # the timeout returns what is ready
+    envs.close()
+
+
+def test_env_that_raises_is_rebuilt_and_a_stuck_host_is_replaced(cluster):
+    envs = RayVectorEnv([Flaky] * 4, num_hosts=2, step_timeout=1.0, actor_options=HOST)
+    envs.reset(seed=0)
+    obs, rewards, terminated, truncated, info = envs.step(["a", "raise", "b", "c"])
+    assert truncated.tolist() == [False, True, False, False] and "the tool exploded" in info["error"][1]
+    assert envs.faults == 0
+    stuck = envs.hosts[1]
+    start = time.perf_counter()
+    obs, rewards, terminated, truncated, info = envs.step(["a", "b", "hang", "c"])
+    assert time.perf_counter() - start < 8
+    assert truncated.tolist() == [False, False, True, True] and "step_timeout" in info["error"][2]
+    assert obs[0] == "echo a 2" and envs.faults == 1 and envs.hosts[1]["pid"] != stuck["pid"]
+    obs, *_ = envs.step(["x", "y", "z", "w"])
+    assert obs[0] == "echo x 3" and obs[2].startswith("start ")  # the new host's envs reset (NEXT_STEP)
+    assert gone([stuck["pid"]], [stuck["workspace"]])  # the stuck host was killed, its workspace removed
+    envs.close()
+
+
+def test_killed_host_same_step_and_no_workspace_left(cluster):
+    # Sandboxed python keeps a workspace per episode under the host's own temp root.
+    envs = RayVectorEnv("benchmax/Math-v0", 2, num_hosts=2, autoreset_mode="SameStep", actor_options=HOST)
+    envs.reset(seed=0)
+    victim = envs.hosts[0]
+    assert os.listdir(victim["workspace"]) and processes_in(victim["workspace"])  # the episode's sandbox
+    os.kill(victim["pid"], signal.SIGKILL)
+    obs, rewards, terminated, truncated, info = envs.step([CALC, CALC])
+    assert truncated.tolist() == [True, False] and "worker_restarted" in info["final_info"]["error"][0]
+    assert info["_task_id"][0] and "calculator" in obs[0]  # a fresh episode, in the same step
+    # Ray killed the host's sandbox; a task on its node removed its workspace
+    assert gone([victim["pid"]], [victim["workspace"]]) and not processes_in(victim["workspace"])
+    hosts = envs.hosts
+    envs.close()
+    assert gone([h["pid"] for h in hosts], [h["workspace"] for h in hosts], actors=True)
+
+
+def test_host_that_cannot_build_its_envs_says_why(cluster):
+    start = time.perf_counter()
+    with pytest.raises(RuntimeError, match="could not build.*ModuleNotFoundError: No module named 'not_installed_on"):
+        RayVectorEnv([cannot_be_built] * 2, num_hosts=2, actor_options=HOST)
+    assert time.perf_counter() - start < 30
+    assert gone([], [], actors=True)  # no actor left
+
+
+def test_node_removed_mid_step(cluster):
+    envs = RayVectorEnv([sleepy_env] * 4, num_hosts=2, actor_options=HOST)
+    envs.reset(seed=0)
+    nodes = {n.node_id: n for n in cluster.worker_nodes}
+    victim = envs.hosts[1]  # owns envs 2 and 3
+    envs.send([nap_action(0.05), nap_action(0.05), nap_action(30), nap_action(30)], np.arange(4))
+    *_, ids = envs.recv(min_ready=2)
+    assert ids.tolist() == [0, 1]
+    envs.send([nap_action(0.05)] * 2, [0, 1])
+    cluster.remove_node(nodes[victim["node_id"]], allow_graceful=False)
+    try:
+        obs, rewards, terminated, truncated, info, ids = envs.recv(min_ready=4)
+        assert ids.tolist() == [0, 1, 2, 3]
+        assert truncated.tolist() == [False, False, True, True]
+        assert "worker_restarted" in info["error"][2] and victim["name"] in info["error"][2]
+        assert all("slept 0.05" in o for o in obs[:2])  # the others completed
+        new = envs.hosts[1]
+        assert new["node_id"] != victim["node_id"] and envs.faults == 1
+        # the replacement host plays whole episodes, like the host that stayed
+        for episode in range(2):
+            envs.reset(seed=episode)
+            for _ in range(3):
+                obs, rewards, terminated, truncated, info = envs.step([nap_action(0.01)] * 4)
+                assert all("slept 0.01" in o for o in obs) and not (terminated | truncated).any()
+            obs, rewards, terminated, truncated, info = envs.step(["<answer>ok</answer>"] * 4)
+            assert terminated.all() and rewards.tolist() == [rewards[0]] * 4
+    finally:
+        envs.close()
+        cluster.add_node(**NODE)  # the next tests get two nodes again
+        cluster.wait_for_nodes()
+
+
+def test_close_leaves_nothing_and_bad_configuration(cluster):
+    envs = RayVectorEnv([Flaky] * 3, num_hosts=3, actor_options=HOST)
+    hosts = envs.hosts
+    assert len(our_actors()) == 3
+    envs.close()
+    assert gone([h["pid"] for h in hosts], [h["workspace"] for h in hosts], actors=True)
+    for kwargs, says in [
+        ({"num_hosts": 0}, "num_hosts"), ({"num_hosts": 4}, "num_hosts"), ({"envs_per_host": 0}, "envs_per_host"),
+        ({"num_hosts": 1, "envs_per_host": 1}, "not both"), ({"actor_options": {"max_restarts": 3}}, "max_restarts"),
+        ({"actor_options": {"num_cpu": 1}}, "actor_options"), ({"autoreset_mode": "Sometimes"}, "autoreset_mode"),
+        ({"step_timeout": 0}, "step_timeout"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            RayVectorEnv([Flaky] * 3, **kwargs)
+    with pytest.raises(ValueError, match="vector_backend"):
+        gym.make_vec("benchmax/Math-v0", num_envs=2, vector_backend="slurm")
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def test_unreachable_address_and_missing_ray_name_the_fix():
+    start = time.perf_counter()
+    out = _run("from benchmax_gym.wrappers import RayVectorEnv\nRayVectorEnv('benchmax/Math-v0', 2, address='127.0.0.1:9')")
+    assert out.returncode != 0 and time.perf_counter() - start < 20
+    assert "ConnectionError: no Ray cluster answers at address='127.0.0.1:9'" in out.stderr
+    out = _run("import sys; sys.modules['ray'] = None\n"
+               "from benchmax_gym.wrappers import RayVectorEnv\nRayVectorEnv('benchmax/Math-v0', 2)")
+    assert "pip install 'benchmax-gym[ray]'" in out.stderr
+
+
+def test_workspace_removal_never_touches_anything_but_a_host_root(tmp_path, monkeypatch):
+    from benchmax_gym.wrappers.ray_vector import _remove_workspace
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "precious.txt").write_text("keep")
+    for path in ("", ".", "precious.txt", str(tmp_path)):  # a host that never started has ""
+        _remove_workspace(path)
+    assert (tmp_path / "precious.txt").read_text() == "keep"
+    root = tmp_path / "benchmax-host-abc"
+    (root / "ws-1").mkdir(parents=True)
+    _remove_workspace(str(root))
+    assert not root.exists()
+
+
+@pytest.mark.slow
+def test_ray_version_mismatch_is_reported_as_such(cached_venv):
+    """A head of another Ray version (its own venv, .venv-ray-2.59.0) that this driver joins."""
+    other = cached_venv(".venv-ray-2.59.0", "ray==2.59.0")
+    head = (
+        "import sys\n"
+        "from ray.cluster_utils import Cluster\n"
+        "c = Cluster(initialize_head=True, head_node_args={'num_cpus': 0, 'object_store_memory': 100 * 2**20, "
+        "'node_ip_address': '127.0.0.1', 'include_dashboard': False})\n"
+        "print(c.address, flush=True)\n"
+        "sys.stdin.read()\n"
+        "c.shutdown()\n"
+    )
+    proc = subprocess.Popen([other, "-c", head], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        address = proc.stdout.readline().strip()
+        out = _run(f"from benchmax_gym.wrappers import RayVectorEnv\nRayVectorEnv('benchmax/Math-v0', 2, address={address!r})")
+        assert "RuntimeError: Ray version mismatch between this process (ray 2.60.0" in out.stderr
+        assert "The cluster was started with: Ray: 2.59.0" in out.stderr and address in out.stderr
+    finally:
+        proc.stdin.close()  # the head shuts its cluster down
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -1,0 +1,451 @@
+"""``RayVectorEnv``: the same vector env as ``SubprocVectorEnv``, with environment hosts as Ray actors.
+
+When rollouts outgrow one machine, environments run on others through Ray: the LLM-RL trainers
+(SkyRL, verl, OpenRLHF) already run on it, so hosts join the trainer's cluster (``address="auto"``,
+or nothing when this process already called ``ray.init``) or one that ``benchmax-gym launch``
+provisions with SkyPilot. Ray places the hosts, detects failures and carries the messages; no
+protocol of our own.
+
+Each host is one Ray actor running the vector env's own worker loop (``_Worker``) over several
+environments on the actor's event loop; the parent logic (lock-step and ready-first calls,
+autoreset, faults) is ``WorkerVectorEnv``'s, shared with ``SubprocVectorEnv``. A ``send`` costs one
+actor call per host, whose reply carries every result that finished at once; later ones come back
+on a standing ``results`` call per host.
+
+Faults have the local semantics: a host whose actor or node dies, or that passes ``step_timeout``,
+is killed and recreated wherever Ray has capacity (retrying with backoff until ``start_timeout``);
+its environments report ``truncated=True`` with ``info["error"]``; the others go on. Each host keeps
+its workspaces under a temp root of its own that it removes when it closes; when a host is killed
+(Ray kills its child processes: sandboxes, MCP servers), a Ray task on its node removes the root.
+``close()`` leaves no actor behind (and shuts Ray down if it was this env that started it).
+
+    envs = RayVectorEnv("benchmax/Math-v0", 64, num_hosts=8, address="auto",
+                        actor_options={"num_cpus": 1, "resources": {"benchmax_env_host": 1}})
+    envs = gym.make_vec("benchmax/Math-v0", num_envs=64, vector_backend="ray", num_hosts=8)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import pickle
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.vector import AutoresetMode
+
+from benchmax_gym.core.sandbox import remove_tree
+
+from .vector import WorkerLost, WorkerVectorEnv, _env_fns, _Worker, failure_text, use_temp_root
+
+ENV_HOST_RESOURCE = "benchmax_env_host"  # the custom resource `benchmax-gym launch` gives each node
+DEFAULT_ENVS_PER_HOST = 16
+# Hosts spread over the nodes; one CPU each (a host is one process running one event loop).
+DEFAULT_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 1, "scheduling_strategy": "SPREAD"}
+_OURS = ("name", "max_restarts", "lifetime")  # options this class sets itself
+HOST_TEMP_PREFIX = "benchmax-host-"
+
+
+
+def import_ray():
+    """``ray``, or an ImportError that names the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("RayVectorEnv needs Ray: pip install 'benchmax-gym[ray]'") from None
+    return ray
+
+
+# -- the host (a Ray actor) ----------------------------------------------------------------------
+
+
+class _Host:
+    """A Ray actor hosting some environments: the worker loop on the actor's event loop.
+
+    ``command`` runs one of the parent's commands and returns the messages ready by then (plain
+    environments finish within it); ``results`` waits for later ones (environments with async
+    tools). The parent keeps one ``results`` call standing per host. Ray does not promise an
+    async actor's calls run in the order sent, so every call waits for ``start`` and commands
+    carry sequence numbers.
+    """
+
+    def __init__(self) -> None:
+        self.worker: _Worker | None = None
+        self.box: list[Any] = []
+        self.event = asyncio.Event()  # (asyncio primitives bind to the actor's loop on first use)
+        self.started = asyncio.Event()
+        self.order = asyncio.Condition()
+        self.next_command = 0
+        self.tmp = ""
+
+    async def start(self, payload: bytes, mode_value: str, fresh: bool) -> list:
+        try:
+            return self._start(payload, mode_value, fresh)
+        finally:
+            self.started.set()
+
+    def _start(self, payload: bytes, mode_value: str, fresh: bool) -> list:
+        import ray
+
+        _sweep_dead_hosts()
+        self.tmp = tempfile.mkdtemp(prefix=f"{HOST_TEMP_PREFIX}{os.getpid()}-")
+        os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
+        use_temp_root(self.tmp)
+        try:
+            env_fns = pickle.loads(payload)
+            self.worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, self._emit, asyncio.get_running_loop())
+        except BaseException as exc:  # the parent raises this: the host's own error, on its node
+            _remove_workspace(self.tmp)
+            return [("failed", f"on node {ray.util.get_node_ip_address()}: {failure_text(exc)}")]
+        context = ray.get_runtime_context()
+        return [("ready", {"pid": os.getpid(), "node_id": context.get_node_id(),
+                           "ip": ray.util.get_node_ip_address(), "workspace": self.tmp})]
+
+    def _emit(self, message: Any) -> None:
+        self.box.append(message)
+        self.event.set()
+
+    def _take(self) -> list:
+        out, self.box = self.box, []
+        return out
+
+    async def command(self, number: int, message: tuple[str, Any]) -> list:
+        await self.started.wait()
+        async with self.order:
+            await self.order.wait_for(lambda: self.next_command == number)
+            self.worker.handle(*message)
+            self.next_command += 1
+            self.order.notify_all()
+        await asyncio.sleep(0)  # results the worker flushes with call_soon go back in this reply
+        return self._take()
+
+    async def results(self) -> list:
+        await self.started.wait()
+        while not self.box:
+            self.event.clear()
+            await self.event.wait()
+        return self._take()
+
+    async def close(self, commands_sent: int) -> None:
+        await self.started.wait()
+        async with self.order:  # after the commands sent before it
+            await self.order.wait_for(lambda: self.next_command >= commands_sent or self.worker is None)
+        if self.worker is not None:
+            self.worker.close()
+        _remove_workspace(self.tmp)
+
+
+def _sweep_dead_hosts() -> None:
+    """Remove the temp roots of this machine's hosts whose process is gone without a cleanup (its
+    raylet died with it, so no task could run there then)."""
+    for root in Path(tempfile.gettempdir()).glob(f"{HOST_TEMP_PREFIX}*-*"):
+        pid = root.name[len(HOST_TEMP_PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _remove_workspace(str(root))
+
+
+def _remove_workspace(path: str) -> None:
+    """Delete a host's temp root: by the host as it closes, or as a Ray task on a killed host's
+    node (Ray kills a dead actor's child processes, so nothing of the host's own can do it).
+    Only ever an absolute path that a host made (never "", which would mean the working directory)."""
+    if os.path.isabs(path) and Path(path).name.startswith(HOST_TEMP_PREFIX):
+        remove_tree(Path(path))
+
+
+# -- the parent side -----------------------------------------------------------------------------
+
+
+def _lost_reason(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
+
+
+class _RayHost:
+    """The Ray transport: the parent's handle on one host actor (the interface of ``_Process``)."""
+
+    def __init__(self, ray, actor_cls, options: dict, payload: bytes, mode: AutoresetMode, fresh: bool,
+                 cleanups: list):
+        self.ray = ray
+        self.cleanups = cleanups  # the vector env's pending workspace removals
+        self.closed = False
+        self.name = options["name"]
+        self.actor = actor_cls.options(**options).remote()
+        self.refs: list = [self.actor.start.remote(payload, mode.value, fresh)]
+        self.poll = None
+        self.inbox: deque = deque()
+        self.info: dict[str, Any] = {}
+        self.pid: int | None = None
+        self.closing = None
+        self.sent = 0  # commands numbered: the host runs them in this order
+
+    def send(self, message: Any) -> None:
+        self.refs.append(self.actor.command.remote(self.sent, message))
+        self.sent += 1
+
+    def harvest(self, timeout: float | None) -> None:
+        """Move the replies that arrive within ``timeout`` into the inbox."""
+        if not self.refs:
+            return
+        if timeout != 0:  # wait for one, then take all that are done
+            done, _ = self.ray.wait(self.refs, num_returns=1, timeout=timeout)
+            if not done:
+                return
+        done, self.refs = self.ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        try:
+            replies = self.ray.get(done)
+        except self.ray.exceptions.RayError as exc:
+            raise WorkerLost(f"the env host {self.name} on {self.info.get('ip', 'its node')} was lost: "
+                             f"{_lost_reason(exc)}") from None
+        for ref, messages in zip(done, replies):
+            for message in messages:
+                if message[0] == "ready":
+                    self.info = message[1]
+                    self.pid = self.info["pid"]
+            if ref == self.poll or (messages and messages[0][0] == "ready"):
+                self.poll = self.actor.results.remote()  # the standing call for later results
+                self.refs.append(self.poll)
+            self.inbox.extend(messages)
+
+    def recv(self, timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.inbox:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            self.harvest(left)
+        return self.inbox.popleft()
+
+    def recv_ready(self) -> list[Any]:
+        self.harvest(0)
+        out = list(self.inbox)
+        self.inbox.clear()
+        return out
+
+    def alive(self) -> bool:
+        return True  # a lost actor shows as an error on its calls
+
+    # Closing never calls Ray once it is shut down (at exit, say): Ray would start a new local
+    # instance to serve the call, and the actors went with the old one anyway.
+
+    def close(self) -> None:
+        if self.ray.is_initialized():
+            self.closing = self.actor.close.remote(self.sent)
+
+    def join(self, timeout: float) -> None:
+        if self.closing is not None and self.ray.is_initialized():
+            done, _ = self.ray.wait([self.closing], timeout=timeout)
+            self.closed = bool(done)
+
+    def kill(self) -> None:
+        """Kill the actor; unless it closed itself, remove its workspace with a task on its node."""
+        if not self.ray.is_initialized():
+            return
+        self.ray.kill(self.actor, no_restart=True)
+        if self.info and not self.closed:
+            self.closed = True
+            where = self.ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(self.info["node_id"], soft=False)
+            task = self.ray.remote(_remove_workspace).options(num_cpus=0, max_retries=0, scheduling_strategy=where)
+            self.cleanups.append(task.remote(self.info["workspace"]))
+
+
+def _check_reachable(address: str) -> None:
+    """Fail within seconds for an address nothing answers on (ray.init would retry for long)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address must be 'auto', 'host:port' or 'ray://host:port', got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConnectionError(f"no Ray cluster answers at address={address!r}: {exc}") from None
+
+
+def connect(ray, address: str | None) -> bool:
+    """Join Ray (the connection this process has, else ``ray.init(address)``); True if we started it."""
+    if ray.is_initialized():
+        return False
+    if address is not None and address not in ("auto", "local"):
+        _check_reachable(address)
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except ConnectionError as exc:
+        raise ConnectionError(f"cannot join a Ray cluster at address={address!r}: {exc}") from None
+    except RuntimeError as exc:
+        if "Version mismatch" not in str(exc):
+            raise
+        detail = " ".join(str(exc).split()).removeprefix("Version mismatch: ")
+        raise RuntimeError(
+            f"Ray version mismatch between this process (ray {ray.__version__}, Python {sys.version.split()[0]}) "
+            f"and the cluster at address={address!r}: {detail}. Install the cluster's versions here, or start "
+            "the cluster with this process's") from None
+    return True
+
+
+class RayVectorEnv(WorkerVectorEnv):
+    """Vectorised environments on Ray actors ("env hosts"), anywhere in a Ray cluster.
+
+    Args:
+        env: an environment id (made with ``gym.make(env, **env_kwargs)`` on the hosts), a
+            function that makes one, or a list of such functions (pickled with cloudpickle; a
+            function defined in ``__main__`` travels by value, one from a module needs that
+            module installed on the hosts, and an id registered in Python must be registered
+            there too, e.g. by the function that makes it).
+        num_envs: how many environments.
+        num_hosts: host actors; environments are spread evenly over them. Default:
+            ``ceil(num_envs / envs_per_host)``.
+        envs_per_host: instead of ``num_hosts`` (default 16).
+        actor_options: Ray actor options for each host, over the default
+            ``{"num_cpus": 1, "scheduling_strategy": "SPREAD"}``: e.g. ``{"num_cpus": 1,
+            "resources": {"benchmax_env_host": 1}}`` (the resource ``benchmax-gym launch``
+            gives its nodes), a ``PlacementGroupSchedulingStrategy``, ``runtime_env``, memory.
+        address: the Ray cluster to join when this process has not called ``ray.init``:
+            ``"auto"`` (the one on this machine or in ``RAY_ADDRESS``), ``"host:port"``,
+            ``"ray://host:10001"`` (Ray Client), or ``None`` (``ray.init()``: a running local
+            cluster or a new one, shut down again by :meth:`close`).
+        autoreset_mode, step_timeout: as :class:`SubprocVectorEnv` (a host past ``step_timeout``
+            is killed and replaced).
+        start_timeout: seconds to get a host placed and running, retries included.
+        **env_kwargs: ``gym.make`` keyword arguments, with an id.
+    """
+
+    _kind = "env host"
+
+    def __init__(
+        self,
+        env: str | Callable[[], gym.Env] | Sequence[Callable[[], gym.Env]],
+        num_envs: int | None = None,
+        *,
+        num_hosts: int | None = None,
+        envs_per_host: int | None = None,
+        actor_options: dict[str, Any] | None = None,
+        address: str | None = None,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        step_timeout: float | None = None,
+        start_timeout: float = 120.0,
+        **env_kwargs: Any,
+    ):
+        self._owns_ray = False
+        ray = import_ray()
+        fns = _env_fns(env, num_envs, env_kwargs)
+        num_hosts = _host_count(len(fns), num_hosts, envs_per_host)
+        if not isinstance(start_timeout, (int, float)) or start_timeout <= 0:
+            raise ValueError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")
+        if actor_options is not None and not isinstance(actor_options, dict):
+            raise ValueError(f"actor_options must be a dict of Ray actor options, got {actor_options!r}")
+        if set(actor_options or ()) & set(_OURS):
+            raise ValueError(f"actor_options may not set {sorted(set(actor_options) & set(_OURS))}: "
+                             "RayVectorEnv names its hosts and restarts them itself")
+        self._ray = ray
+        self._actor_cls = ray.remote(_Host)
+        self._options = {**DEFAULT_ACTOR_OPTIONS, **(actor_options or {}), "max_restarts": 0}
+        try:
+            self._actor_cls.options(**self._options)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"actor_options: {exc}") from None
+        self.start_timeout = float(start_timeout)
+        self._run = uuid.uuid4().hex[:8]
+        self._generation = 0
+        self._payloads: dict[int, bytes] = {}
+        self._cleanups: list = []  # workspace removals on killed hosts' nodes
+        self._owns_ray = connect(ray, address)
+        self._setup(env, fns, num_hosts, autoreset_mode, step_timeout)
+
+    # -- the transport ---------------------------------------------------------------------------
+
+    def _spawn(self, w: int, fresh: bool) -> _RayHost:
+        if w not in self._payloads:
+            self._payloads[w] = self._ray.cloudpickle.dumps(self._groups[w])
+        self._generation += 1
+        options = {**self._options, "name": f"benchmax-env-host-{self._run}-{w}-{self._generation}"}
+        return _RayHost(self._ray, self._actor_cls, options, self._payloads[w], self.autoreset_mode, fresh,
+                        self._cleanups)
+
+    def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
+        ready = [w for w in ws if self._workers[w].inbox]
+        if ready:
+            return ready
+        refs = {ref: w for w in ws for ref in self._workers[w].refs}
+        if not refs:
+            return []
+        done, _ = self._ray.wait(list(refs), num_returns=1, timeout=timeout)
+        return sorted({refs[ref] for ref in done})
+
+    def _start_all(self) -> None:
+        for w in range(len(self._groups)):
+            self._workers.append(self._spawn(w, False))
+        for w, host in enumerate(list(self._workers)):
+            try:
+                self._expect(host, "ready", self.start_timeout)
+            except WorkerLost:  # its node died as it started: place it again
+                host.kill()
+                self._workers[w] = self._start(w, False)
+
+    def _start(self, w: int, fresh: bool) -> _RayHost:
+        """Start host ``w`` wherever Ray has room, retrying with backoff while hosts are lost
+        as they start (a replacement may first land on the node that is dying)."""
+        deadline = time.monotonic() + self.start_timeout
+        delay = 0.25
+        while True:
+            host = self._spawn(w, fresh)
+            try:
+                self._expect(host, "ready", max(1.0, deadline - time.monotonic()))
+                return host
+            except WorkerLost as lost:
+                host.kill()
+                if time.monotonic() + delay >= deadline:
+                    raise RuntimeError(f"no env host could be started within start_timeout={self.start_timeout:g} s; "
+                                       f"the last attempt: {lost}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 8.0)
+
+    def _expect(self, worker, kind: str, timeout: float = 120.0) -> Any:
+        try:
+            return super()._expect(worker, kind, timeout)
+        except RuntimeError as exc:
+            if kind != "ready" or "did not answer" not in str(exc):
+                raise
+            worker.kill()
+            wanted = {k: v for k, v in self._options.items() if k in ("num_cpus", "num_gpus", "memory", "resources")}
+            raise RuntimeError(
+                f"no env host was placed and ready within {timeout:g} s: the cluster may have no free {wanted} "
+                f"(its resources: {self._ray.cluster_resources()}); see actor_options and start_timeout") from None
+
+    # -- what it offers beyond SubprocVectorEnv --------------------------------------------------
+
+    @property
+    def hosts(self) -> list[dict[str, Any]]:
+        """Each host's ``pid``, ``node_id``, ``ip`` and ``workspace`` (its temp root on its node)."""
+        return [dict(h.info, name=h.name) for h in self._workers]
+
+    def close_extras(self, **kwargs: Any) -> None:
+        super().close_extras(**kwargs)
+        if self._cleanups and self._ray.is_initialized():  # (a dead node's fail at once)
+            self._ray.wait(self._cleanups, num_returns=len(self._cleanups), timeout=10)
+        if self._owns_ray:
+            self._owns_ray = False
+            self._ray.shutdown()
+
+
+def _host_count(num_envs: int, num_hosts: int | None, envs_per_host: int | None) -> int:
+    def positive_int(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    if num_hosts is not None and envs_per_host is not None:
+        raise ValueError("give num_hosts or envs_per_host, not both")
+    if envs_per_host is not None:
+        if not positive_int(envs_per_host):
+            raise ValueError(f"envs_per_host must be a positive int, got {envs_per_host!r}")
+        return math.ceil(num_envs / envs_per_host)
+    if num_hosts is None:
+        return math.ceil(num_envs / DEFAULT_ENVS_PER_HOST)
+    if not positive_int(num_hosts) or num_hosts > num_envs:
+        raise ValueError(f"num_hosts must be an int from 1 to num_envs={num_envs}, got {num_hosts!r}")
+    return num_hosts
