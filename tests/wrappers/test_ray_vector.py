@@ -222,12 +222,17 @@ def test_env_that_raises_is_rebuilt_and_a_stuck_host_is_replaced(cluster):
     envs.close()
 
 
+PYTHON = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
+
+
 def test_killed_host_same_step_and_no_workspace_left(cluster):
-    # Sandboxed python keeps a workspace per episode under the host's own temp root.
+    # Sandboxed python keeps a workspace per episode under the host's own temp root; the host's
+    # sandbox server starts with the first python call.
     envs = RayVectorEnv("benchmax/Math-v0", 2, num_hosts=2, autoreset_mode="SameStep", actor_options=HOST)
     envs.reset(seed=0)
+    envs.step([PYTHON, PYTHON])
     victim = envs.hosts[0]
-    assert os.listdir(victim["workspace"]) and processes_in(victim["workspace"])  # the episode's sandbox
+    assert os.listdir(victim["workspace"]) and processes_in(victim["workspace"])  # the sandbox server
     os.kill(victim["pid"], signal.SIGKILL)
     obs, rewards, terminated, truncated, info = envs.step([CALC, CALC])
     assert truncated.tolist() == [True, False] and "worker_restarted" in info["final_info"]["error"][0]
