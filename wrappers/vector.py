@@ -355,6 +355,55 @@ class _InfoBatch:
         self.num_envs = num_envs
 
 
+def batch_infos(infos: Sequence[tuple[int, dict]], num_envs: int) -> dict[str, Any]:
+    """The dict of arrays Gymnasium's ``_add_info`` builds from ``(env index, info)`` pairs, in
+    that order, key by key instead of env by env (the parent's serial cost of a batch; about a
+    third of the calls). Same arrays, dtypes (the first env's value decides), masks and nesting;
+    a key whose values mix dicts and non-dicts goes through ``_add_info`` itself."""
+    groups: dict[str, list[tuple[int, Any]]] = {}
+    for j, info in infos:
+        for key, value in info.items():
+            groups.setdefault(key, []).append((j, value))
+    out: dict[str, Any] = {}
+    for key, items in groups.items():
+        first = items[0][1]
+        index = [j for j, _ in items]
+        if key == "final_obs":
+            array = np.full(num_envs, fill_value=None, dtype=object)
+            for j, value in items:
+                array[j] = value
+        elif any(isinstance(v, dict) for _, v in items):
+            if not all(isinstance(v, dict) for _, v in items):  # Gymnasium's own (odd) result for a mix
+                batcher, partial = _InfoBatch(num_envs), {}
+                for j, value in items:
+                    partial = batcher._add_info(partial, {key: value}, j)
+                out.update(partial)
+                continue
+            array = batch_infos(items, num_envs)
+        else:
+            kind = type(first)
+            if kind in (int, float, bool) or issubclass(kind, np.number):
+                array = np.zeros(num_envs, dtype=kind)
+                values = [v for _, v in items]
+                if all(type(v) in (int, float, bool) or isinstance(v, np.number) for v in values):
+                    array[index] = values
+                else:  # element by element, as Gymnasium assigns (numpy treats some sequences apart)
+                    for j, value in items:
+                        array[j] = value
+            elif isinstance(first, np.ndarray):
+                array = np.zeros((num_envs, *first.shape), dtype=first.dtype)
+                for j, value in items:
+                    array[j] = value
+            else:
+                array = np.full(num_envs, fill_value=None, dtype=object)
+                for j, value in items:
+                    array[j] = value
+        mask = np.zeros(num_envs, dtype=np.bool_)
+        mask[index] = True
+        out[key], out[f"_{key}"] = array, mask
+    return out
+
+
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict) -> list[Callable]:
     if isinstance(env, str):
         if num_envs is None:
@@ -601,10 +650,7 @@ class WorkerVectorEnv(VectorEnv):
         rewards = np.array([r[1] for r in results], dtype=np.float64)
         terminated = np.array([r[2] for r in results], dtype=np.bool_)
         truncated = np.array([r[3] for r in results], dtype=np.bool_)
-        batcher, infos = _InfoBatch(n), {}
-        for j, r in enumerate(results):
-            infos = batcher._add_info(infos, r[4], j)
-        return obs, rewards, terminated, truncated, infos
+        return obs, rewards, terminated, truncated, batch_infos([(j, r[4]) for j, r in enumerate(results)], n)
 
     # -- Gymnasium vector API ---------------------------------------------------------------------
 
@@ -636,9 +682,8 @@ class WorkerVectorEnv(VectorEnv):
         self._gather(len(ids), None)
         results = [self._ready.pop(i) for i in ids]
         obs_list = [r[0] for r in results]
-        infos, batcher = {}, _InfoBatch(self.num_envs)
-        for i, r in zip(ids, results):
-            infos = batcher._add_info(infos, r[-1] if isinstance(r[-1], dict) else {}, i)
+        infos = batch_infos([(i, r[-1] if isinstance(r[-1], dict) else {}) for i, r in zip(ids, results)],
+                            self.num_envs)
         for i, o in zip(ids, obs_list):
             self._last_obs[i] = o
         obs_list = list(self._last_obs)

@@ -340,3 +340,51 @@ def test_restarts_after_sigkill_leave_no_workspace_behind(env_id, kwargs, tmp_pa
         time.sleep(0.1)
     assert processes_in(tmp_path) == []
     assert list(tmp_path.iterdir()) == []
+
+
+# -- info batching: the same dict of arrays as Gymnasium's own _add_info ------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_leaf = st.one_of(st.integers(-5, 5), st.floats(-2, 2, allow_nan=False), st.booleans(), st.text(max_size=3),
+                  st.none(), st.lists(st.integers(0, 3), max_size=2), st.just(np.arange(3)),
+                  st.sampled_from([np.int64(3), np.float32(1.5)]))
+_info = st.dictionaries(st.sampled_from(["a", "b", "c", "final_obs"]),
+                        st.one_of(_leaf, st.dictionaries(st.sampled_from(["x", "y"]), _leaf, max_size=2)), max_size=4)
+
+
+def _same(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert sorted(a, key=str) == sorted(b, key=str)
+        for key in a:
+            _same(a[key], b[key])
+    elif not isinstance(a, np.ndarray):  # what Gymnasium leaves in a dict when a key mixes kinds
+        assert a == b
+    else:
+        assert a.dtype == b.dtype and a.shape == b.shape
+        for x, y in zip(a.ravel() if a.dtype != object else a, b.ravel() if b.dtype != object else b):
+            assert (x is y) or (isinstance(x, np.ndarray) and np.array_equal(x, y)) or x == y or (x != x and y != y)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_info, min_size=1, max_size=6), st.randoms())
+def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd):
+    from benchmax_gym.wrappers.vector import _InfoBatch, batch_infos
+
+    n = len(infos) + 2
+    positions = rnd.sample(range(n), len(infos))
+    pairs = list(zip(positions, infos))
+    expected, error = {}, None
+    try:
+        batcher = _InfoBatch(n)
+        for j, info in pairs:
+            expected = batcher._add_info(expected, info, j)
+    except Exception as exc:  # noqa: BLE001  (a mix Gymnasium itself refuses: ours must refuse it too)
+        error = type(exc)
+    if error is not None:
+        with pytest.raises(Exception):  # noqa: B017
+            batch_infos(pairs, n)
+        return
+    _same(batch_infos(pairs, n), expected)
