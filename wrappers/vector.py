@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
+import gc
 import os
 import pickle
 import signal
@@ -264,6 +265,7 @@ def _worker_main(conn, env_fns, mode_value, fresh) -> None:
     except BaseException as exc:  # the parent raises this, not a bare EOFError
         emit(("failed", failure_text(exc)))
         return
+    gc.freeze()  # the envs just built (and the imports) are never garbage: collections skip them
 
     def on_command() -> None:
         try:
