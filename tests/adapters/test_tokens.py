@@ -232,3 +232,20 @@ for name, call in [("trl", lambda m: m.TRLRollout("benchmax/Math-v0", None)), ("
     lines = out.stdout.splitlines()
     for extra in ("trl", "skyrl", "openrlhf", "verl"):
         assert any(f"pip install 'benchmax-gym[{extra}]'" in line for line in lines), (extra, lines)
+
+
+@pytest.mark.parametrize("style", ["qwen2.5", "llama3.1", "plain"])
+def test_decoding_by_byte_table_equals_the_tokenizers_own_decode(style):
+    """Random id sequences (special tokens, characters cut mid-way: invalid UTF-8 included)."""
+    import random
+
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer(style)
+    chat = ChatTemplate(tokenizer)
+    assert chat._bytes is not None  # byte-level BPE: the fast path is on
+    size = tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+    rnd = random.Random(0)
+    for _ in range(2000):
+        ids = [rnd.randrange(size) for _ in range(rnd.randrange(1, 16))]
+        assert chat.decode(ids) == tokenizer.decode(ids, skip_special_tokens=False)
