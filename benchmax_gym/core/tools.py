@@ -338,8 +338,8 @@ class Toolset:
             kwargs = t.validate(arguments)
         except ArgumentError as exc:
             return None, None, ToolResult(f"Error: bad arguments for '{name}': {exc}", "bad_arguments")
-        if t.wants_episode:
-            kwargs["episode"] = episode
+        if t.wants_episode:  # a new dict: validate may return the call's own (info["tool_calls"] shows it)
+            kwargs = {**kwargs, "episode": episode}
         return t, kwargs, None
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
