@@ -9,6 +9,7 @@
     benchmax-gym compare runs/qwen3 runs/solver
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
     benchmax-gym launch --nodes 4 --infra k8s --sky-python ~/.venv-sky/bin/python
+    benchmax-gym openenv-serve benchmax/Excel-v0 --port 8000
 """
 
 from __future__ import annotations
@@ -364,6 +365,28 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_openenv_serve(args: argparse.Namespace) -> int:
+    """Serve an environment to OpenEnv clients (see :mod:`benchmax_gym.openenv`)."""
+    if args.max_sessions < 1:
+        usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
+    if not 0 < args.idle_timeout < float("inf"):
+        usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
+    try:
+        from benchmax_gym.openenv import serve
+
+        serve(args.env_id, host=args.host, port=args.port, env_kwargs=_parse_env_args(args.env_arg),
+              max_sessions=args.max_sessions, idle_timeout=args.idle_timeout, auth_token=args.auth_token)
+    except ImportError as exc:
+        usage_error(exc)
+    except gym.error.Error as exc:
+        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+    except (TypeError, ValueError, OSError) as exc:
+        usage_error(f"cannot make {args.env_id}: {exc}")
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def _import_modules(names: list[str]) -> None:
     """``--import MODULE``: modules that register your own ids (register_tool_env, ...) on import."""
     import importlib
@@ -506,6 +529,22 @@ def main(argv: list[str] | None = None) -> int:
                      "task_args.FIELD=VALUE sets one argument of the task source")
     mcp.set_defaults(func=cmd_mcp_serve)
     _add_launch(sub)
+    oe = sub.add_parser("openenv-serve", help="serve an environment to OpenEnv clients (TRL, SkyRL, ...): one "
+                        "environment per WebSocket session at /ws (needs the openenv extra)")
+    oe.add_argument("env_id", help="an id from `benchmax-gym list` (or yours, with --import MODULE)")
+    oe.add_argument("--host", default="127.0.0.1", help="the address to listen on (loopback by default)")
+    oe.add_argument("--port", type=int, default=8000, help="the port (0: any free one; the URL is printed)")
+    oe.add_argument("--max-sessions", type=int, default=64,
+                    help="WebSocket sessions open at once; one more gets CAPACITY_REACHED until one ends")
+    oe.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
+                    help="a session with no message this long is closed with its environment")
+    oe.add_argument("--auth-token", default=None,
+                    help="require 'Authorization: Bearer TOKEN' on every request and WebSocket handshake (401 "
+                         "without it); prefer the BENCHMAX_GYM_OPENENV_TOKEN variable, which `ps` does not show")
+    oe.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
+                    "task_args.FIELD=VALUE sets one argument of the task source")
+    oe.set_defaults(func=cmd_openenv_serve)
     args = parser.parse_args(argv)
     _import_modules(args.imports)
     return args.func(args)

@@ -179,9 +179,16 @@ def _run_stdio(server: Server) -> None:
 
 def _run_http(server: Server, host: str, port: int, idle_timeout: float, max_sessions: int,
               auth_token: str | None) -> None:
+    app = server.streamable_http_app(host=host, session_idle_timeout=idle_timeout, max_sessions=max_sessions)
+    run_http_app(app, host, port, auth_token, "mcp-serve", "/mcp")
+
+
+def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command: str, path: str = "") -> None:
+    """Serve an ASGI app with uvicorn until interrupted (``mcp-serve``, ``openenv-serve``): behind
+    :class:`BearerToken` when there is a token (a warning when there is none off loopback), and
+    saying where it listens on stderr once the socket is open, so scripts can wait for it."""
     import uvicorn
 
-    app = server.streamable_http_app(host=host, session_idle_timeout=idle_timeout, max_sessions=max_sessions)
     if auth_token:
         app = BearerToken(app, auth_token)
     elif not _is_loopback(host):
@@ -189,14 +196,12 @@ def _run_http(server: Server, host: str, port: int, idle_timeout: float, max_ses
               file=sys.stderr, flush=True)
 
     class Announcing(uvicorn.Server):
-        """Says where it listens (stderr) once the socket is open, so scripts can wait for it."""
-
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
             if self.started:
                 bound = self.servers[0].sockets[0].getsockname()[1] if self.servers else port
                 shown = f"[{host}]" if ":" in host else host
-                print(f"benchmax-gym mcp-serve: listening on http://{shown}:{bound}/mcp", file=sys.stderr, flush=True)
+                print(f"benchmax-gym {command}: listening on http://{shown}:{bound}{path}", file=sys.stderr, flush=True)
 
     Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
 
@@ -209,15 +214,16 @@ def _is_loopback(host: str) -> bool:
 
 
 class BearerToken:
-    """ASGI wrapper: every HTTP request needs ``Authorization: Bearer <token>`` (compared in
-    constant time), else 401 with ``WWW-Authenticate: Bearer``."""
+    """ASGI wrapper: every HTTP request and WebSocket handshake needs ``Authorization: Bearer
+    <token>`` (compared in constant time), else 401 with ``WWW-Authenticate: Bearer`` (a WebSocket
+    handshake is refused before it is accepted)."""
 
     def __init__(self, app: Any, token: str):
         self.app = app
         self.expected = f"Bearer {token}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
+        if scope["type"] in ("http", "websocket"):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):
                 from starlette.responses import JSONResponse
@@ -227,6 +233,15 @@ class BearerToken:
                      "error_description": "this server needs an 'Authorization: Bearer <token>' header"},
                     status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
                 )
-                await response(scope, receive, send)
+                if scope["type"] == "http":
+                    await response(scope, receive, send)
+                else:
+                    from starlette.websockets import WebSocket
+
+                    socket = WebSocket(scope, receive, send)
+                    if "websocket.http.response" in scope.get("extensions", {}):
+                        await socket.send_denial_response(response)
+                    else:  # a server without the denial extension answers 403
+                        await socket.close(code=1008)
                 return
         await self.app(scope, receive, send)

@@ -29,6 +29,7 @@ class EnvEntry:
     entry_point: str | Callable[..., gym.Env]
     description: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)  # the id's defaults (a named task source)
+    client: bool = False  # plays a server named by base_url: made only with one (not a no-argument id)
 
 
 ENVS: dict[str, EnvEntry] = {
@@ -63,6 +64,13 @@ ENVS: dict[str, EnvEntry] = {
             "benchmax_gym.envs.wikipedia.env:WikipediaEnv",
             "Multi-hop question answering with search and get_article over a generated encyclopedia "
             "(default), a local corpus (SQLite FTS5) or live Wikipedia; EM/F1 graded.",
+        ),
+        EnvEntry(
+            "benchmax/OpenEnv-v0",
+            "benchmax_gym.openenv:OpenEnvEnv",
+            "Any OpenEnv server (base_url=...) through the gym API, ours served by `benchmax-gym openenv-serve` "
+            "included; needs pip install 'benchmax-gym[openenv]'.",
+            client=True,
         ),
         # One line per named dataset (GEM-style ids): the family's env with that task source.
         EnvEntry("benchmax/Math-GSM8K-v0", "benchmax_gym.envs.math.env:MathEnv",

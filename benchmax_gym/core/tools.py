@@ -375,8 +375,8 @@ class Toolset:
             kwargs = t.validate(arguments)
         except ArgumentError as exc:
             return None, None, _bad_arguments(name, exc)
-        if t.wants_episode:
-            kwargs["episode"] = episode
+        if t.wants_episode:  # a new dict: validate may return the call's own (info["tool_calls"] shows it)
+            kwargs = {**kwargs, "episode": episode}
         return t, kwargs, None
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:

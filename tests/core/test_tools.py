@@ -674,8 +674,12 @@ def test_from_schema_async_and_episode():
 
     t = Tool.from_schema("s", "S.", SEARCH_SCHEMA, fn, wants_episode=True)
     assert t.is_async
-    result = asyncio.run(Toolset([t]).arun("s", {"query": "q"}, episode="E", **RUN))
+    arguments = {"query": "q"}
+    result = asyncio.run(Toolset([t]).arun("s", arguments, episode="E", **RUN))
     assert result == ToolResult("q@E")
+    assert arguments == {"query": "q"}  # the call's own arguments (info["tool_calls"]) never get the episode
+    assert Toolset([t]).run("s", arguments, episode="E", run_coroutine=lambda c, t: asyncio.run(c), **RUN).content == "q@E"
+    assert arguments == {"query": "q"}
 
 
 # -- Toolset ---------------------------------------------------------------------------------

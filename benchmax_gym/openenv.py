@@ -1,0 +1,546 @@
+"""OpenEnv both ways: every environment here served to OpenEnv clients, every OpenEnv server
+played through the gym API. Needs the extra: ``pip install 'benchmax-gym[openenv]'``.
+
+**Serve** (``benchmax-gym openenv-serve ENV_ID``, or :func:`build_app`): the id (built-in or
+registered by you) behind OpenEnv's own server (``create_app``). The action is the model's reply
+(``text``; or ``message``, an OpenAI assistant message, when the env speaks ``tool_format="openai"``);
+the observation carries the env's ``text``, this turn's OpenAI ``messages``, the ``assistant``
+message as the env recorded it (calls parsed), the ``tools`` at reset, ``reward``, ``done``,
+``truncated``, and the rest of gym's ``info`` (``error``, ``reward_components``, ``task_id``...) as
+``info`` (OpenEnv's serializer drops ``metadata`` on the wire, so ``metadata`` holds the same only
+in-process). The state is the episode id, task id and index, and the turn. The ground truth stays
+on the server, as in ``info``.
+
+Which endpoint: **the WebSocket ``/ws``** (``EnvClient``, :class:`Client`, ``benchmax/OpenEnv-v0``):
+one environment per connection, made at its first reset, closed (sandbox killed, workspace
+deleted) when the client closes or disconnects, or after ``idle_timeout`` seconds without a
+message; at most ``max_sessions`` at once (one more gets ``CAPACITY_REACHED``). OpenEnv's HTTP
+``/reset`` and ``/step`` build a fresh environment per request: ``/reset`` returns a task's first
+observation (a preview), ``/step`` has no episode and says to use ``/ws``. Loopback by default;
+``auth_token`` (or ``BENCHMAX_GYM_OPENENV_TOKEN``) makes every request and WebSocket handshake
+need ``Authorization: Bearer <token>``.
+
+**Consume** (``gym.make("benchmax/OpenEnv-v0", base_url=...)``, :class:`OpenEnvEnv`): one session
+per env over OpenEnv's client, text spaces kept, so ``make_vec``, ``eval`` and the wrappers work.
+A server of ours round-trips exactly (the same observations, info, transcript and reward as the
+env played in-process); any other OpenEnv server's text action goes into its one action field (or
+is a JSON object of its fields) and its observation is shown as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import weakref
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import gymnasium as gym
+
+from benchmax_gym.core.aio import OwnLoop
+from benchmax_gym.core.checks import positive_int, positive_number
+from benchmax_gym.core.env import Episode, ToolEnv
+from benchmax_gym.core.formats import PARSE_ERROR
+from benchmax_gym.core.spaces import UnicodeText
+from benchmax_gym.core.tasks import Task
+
+EXTRA = "pip install 'benchmax-gym[openenv]'"
+TOKEN_ENV = "BENCHMAX_GYM_OPENENV_TOKEN"
+#: error codes of the server's own refusals (the env's codes pass through unchanged)
+BAD_ACTION, RESET_NEEDED, SESSION_CLOSED = "bad_action", "reset_needed", "session_closed"
+
+
+def _require() -> None:
+    try:
+        import openenv.core  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"OpenEnv support needs the openenv extra: {EXTRA} ({exc})") from None
+
+
+def _jsonable(value: Any) -> Any:
+    """What goes on the wire: JSON types only (a stray numpy number becomes its text)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+@functools.cache
+def _classes() -> SimpleNamespace:
+    """OpenEnv's types are pydantic classes of the extra: defined on first use, so the base
+    install imports this module without it."""
+    _require()
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+    from openenv.core.generic_client import GenericEnvClient
+    from pydantic import Field
+    from websockets.asyncio.client import connect
+
+    class BenchmaxGymAction(Action):
+        """The model's reply: ``text``, or ``message`` (an OpenAI assistant message, for an env
+        with ``tool_format="openai"``); exactly one of them."""
+
+        text: str | None = Field(default=None, description="the model's reply, as text")
+        message: dict[str, Any] | None = Field(default=None, description="an OpenAI assistant message "
+                                               "(tool_format='openai' only)")
+
+    class BenchmaxGymObservation(Observation):
+        """What the env returned; ``info`` is gym's info less ``messages`` and ``tools``."""
+
+        text: str = ""
+        messages: list[dict[str, Any]] = Field(default_factory=list)
+        assistant: dict[str, Any] | None = None
+        tools: list[dict[str, Any]] | None = None
+        info: dict[str, Any] = Field(default_factory=dict)
+        truncated: bool = False
+        tool_errors: int = 0
+
+    class BenchmaxGymState(State):
+        env_id: str = ""
+        task_id: str | None = None
+        task_index: int | None = None
+        done: bool = False
+
+    def refusal(code: str, message: str, done: bool) -> BenchmaxGymObservation:
+        info = {"error": code, "errors": [code]}
+        return BenchmaxGymObservation(text=f"Error: {message}", info=info, metadata=info, done=done, reward=0.0)
+
+    class GymEnvironment(Environment):
+        """One gym env per OpenEnv session, made at the session's first reset (OpenEnv also
+        builds one per HTTP request and for ``/state`` and ``/metadata``: those stay cheap)."""
+
+        SUPPORTS_CONCURRENT_SESSIONS = True  # each session has its own env, workspace and sandbox
+
+        def __init__(self, env_id: str, env_kwargs: dict[str, Any], live: Any = None):
+            super().__init__()
+            self.env_id, self.env_kwargs = env_id, env_kwargs
+            if live is not None:
+                live.add(self)  # closed at the server's shutdown (OpenEnv leaves open sessions as they are)
+            self.env: gym.Env | None = None
+            self.closed = False
+            self.episode_id: str | None = None
+
+        def reset(self, seed: int | None = None, episode_id: str | None = None, **options: Any):
+            if self.closed:
+                return refusal(SESSION_CLOSED, "this session was closed (idle too long); connect again", True)
+            if self.env is None:
+                self.env = gym.make(self.env_id, **self.env_kwargs)
+            obs, info = self.env.reset(seed=seed, options=options or None)
+            self.episode_id = episode_id or self.env.unwrapped.episode.rollout_id
+            info = _jsonable(info)
+            messages, tools = info.pop("messages"), info.pop("tools", None)
+            return BenchmaxGymObservation(text=obs, messages=messages, tools=tools, info=info, metadata=info)
+
+        def step(self, action: BenchmaxGymAction, timeout_s: float | None = None, **kwargs: Any):
+            if self.closed:
+                return refusal(SESSION_CLOSED, "this session was closed (idle too long); connect again", True)
+            base = self.env.unwrapped if self.env is not None else None
+            if base is None or base.episode is None or base.episode.done:
+                return refusal(RESET_NEEDED, "no episode is running: reset first (OpenEnv's HTTP /step builds a "
+                               "fresh environment per request and never has one: play episodes over the "
+                               "WebSocket /ws, e.g. with EnvClient)", True)
+            if (action.text is None) == (action.message is None):
+                return refusal(BAD_ACTION, "send exactly one of text (the model's reply) and message (an OpenAI "
+                               "assistant message)", False)
+            if action.message is not None and base.format.name != "openai":
+                return refusal(BAD_ACTION, f"message is for tool_format='openai'; this environment speaks "
+                               f"{base.format.name!r}: send the reply as text", False)
+            obs, reward, terminated, truncated, info = self.env.step(
+                action.text if action.text is not None else action.message)
+            assistant = base.messages[-len(info["messages"]) - 1]  # the step's one assistant turn
+            sent = _jsonable({"info": info, "assistant": assistant})
+            info = sent["info"]
+            return BenchmaxGymObservation(
+                text=obs, messages=info.pop("messages"), assistant=sent["assistant"], info=info, metadata=info,
+                reward=reward, done=terminated or truncated, truncated=truncated, tool_errors=base.episode.tool_errors)
+
+        @property
+        def state(self) -> BenchmaxGymState:
+            episode = getattr(self.env.unwrapped, "episode", None) if self.env is not None else None
+            if episode is None:
+                return BenchmaxGymState(env_id=self.env_id)
+            return BenchmaxGymState(env_id=self.env_id, episode_id=self.episode_id, step_count=episode.turn,
+                                    task_id=episode.task.id, task_index=episode.index, done=episode.done)
+
+        def get_metadata(self) -> EnvironmentMetadata:
+            from benchmax_gym import __version__, registry
+
+            entry = registry.ENVS.get(self.env_id)
+            return EnvironmentMetadata(name=self.env_id, description=entry.description if entry else self.env_id,
+                                       version=__version__)
+
+        def close(self) -> None:
+            self.closed = True
+            env, self.env = self.env, None
+            if env is not None:
+                env.close()
+
+    class Client(GenericEnvClient):
+        """OpenEnv's ``GenericEnvClient`` (plain dicts, any server) that can send a bearer token
+        (``auth_token``) and raises :class:`ServerError` with the server's error code."""
+
+        def __init__(self, base_url: str, auth_token: str | None = None, **kwargs: Any):
+            super().__init__(base_url, **kwargs)
+            self._headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else None
+
+        async def connect(self) -> "Client":
+            if self._ws is None:
+                loopback = urlsplit(self._ws_url).hostname in ("127.0.0.1", "localhost", "::1")
+                try:
+                    self._ws = await connect(
+                        self._ws_url, open_timeout=self._connect_timeout, max_size=self._max_message_size,
+                        additional_headers=self._headers, proxy=None if loopback else True)
+                except Exception as exc:
+                    raise ConnectionError(f"Failed to connect to {self._ws_url}: {exc}") from exc
+            return self
+
+        async def _send_and_receive(self, message: dict[str, Any]) -> dict[str, Any]:
+            try:
+                await self._send(message)
+            except Exception:  # closed: a server that refused the session (CAPACITY_REACHED) said why first
+                try:
+                    said = await self._receive()
+                except Exception:
+                    said = {}
+                if said.get("type") == "error":
+                    raise ServerError(said.get("data") or {}) from None
+                raise
+            response = await self._receive()
+            if response.get("type") == "error":
+                raise ServerError(response.get("data") or {})
+            return response
+
+    return SimpleNamespace(**{c.__name__: c for c in (
+        BenchmaxGymAction, BenchmaxGymObservation, BenchmaxGymState, GymEnvironment, Client)})
+
+
+class ServerError(RuntimeError):
+    """An OpenEnv server's error message (``code``: ``VALIDATION_ERROR``, ``CAPACITY_REACHED``...)."""
+
+    def __init__(self, data: dict[str, Any]):
+        self.data, self.code = data, str(data.get("code", "UNKNOWN"))
+        details = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in data.get("errors", ()))
+        super().__init__(f"{data.get('message', 'error')}{': ' + details if details else ''} (code: {self.code})")
+
+
+def __getattr__(name: str) -> Any:
+    """``BenchmaxGymAction``, ``BenchmaxGymObservation``, ``BenchmaxGymState``, ``GymEnvironment``
+    and ``Client`` come from the extra, on first use."""
+    if name in ("BenchmaxGymAction", "BenchmaxGymObservation", "BenchmaxGymState", "GymEnvironment", "Client"):
+        return getattr(_classes(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- serve ----------------------------------------------------------------------------------------
+
+
+def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessions: int = 64,
+              idle_timeout: float = 600.0) -> Any:
+    """OpenEnv's FastAPI app (``create_app``) serving ``env_id``, one environment per WebSocket
+    session. The id is made once first, so a bad id or argument fails here, not in a session."""
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+        raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
+    positive_number("idle_timeout", idle_timeout)
+    kinds = _classes()
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    import benchmax_gym  # noqa: F401  (registers the ids)
+
+    env_kwargs = dict(env_kwargs or {})
+    gym.make(env_id, **env_kwargs).close()
+    live: weakref.WeakSet = weakref.WeakSet()
+    app = create_app(functools.partial(kinds.GymEnvironment, env_id, env_kwargs, live), kinds.BenchmaxGymAction,
+                     kinds.BenchmaxGymObservation, env_name=env_id, concurrency_config=ConcurrencyConfig(
+                         max_concurrent_envs=max_sessions, session_timeout=idle_timeout))
+
+    async def close_sessions() -> None:
+        for environment in list(live):
+            await asyncio.to_thread(environment.close)
+
+    app.router.on_shutdown.append(close_sessions)
+    return _QuietDisconnects(app)
+
+
+class _QuietDisconnects:
+    """ASGI wrapper: a WebSocket client that vanished is not a server error. (OpenEnv's ``/ws``
+    handler, having freed the session, closes the socket again and lets starlette's
+    ``WebSocketDisconnect`` escape, which uvicorn logs as a traceback.)"""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        from starlette.websockets import WebSocketDisconnect
+
+        try:
+            await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            if scope["type"] != "websocket":
+                raise
+
+
+def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: dict[str, Any] | None = None,
+          max_sessions: int = 64, idle_timeout: float = 600.0, auth_token: str | None = None) -> None:
+    """Run :func:`build_app` until interrupted; ``auth_token`` defaults to ``BENCHMAX_GYM_OPENENV_TOKEN``."""
+    from benchmax_gym.serve import run_http_app
+
+    app = build_app(env_id, env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout)
+    token = auth_token if auth_token is not None else os.environ.get(TOKEN_ENV) or None
+    run_http_app(app, host, port, token, "openenv-serve")
+
+
+# -- consume --------------------------------------------------------------------------------------
+
+
+class OpenEnvEnv(gym.Env[str, str]):
+    """Any OpenEnv server as a Gymnasium text environment (``benchmax/OpenEnv-v0``).
+
+    Args:
+        base_url: the server, ``http://host:port`` (or ``ws://``); checked at ``gym.make``.
+        auth_token: a bearer token (default: ``BENCHMAX_GYM_OPENENV_TOKEN``, which stays out of
+            ``ps`` and of eval's run record).
+        action_field: for a server not of ours, the action field the reply goes into (default:
+            its only field; with several, the reply must be a JSON object of them).
+        observation_field: the observation field shown as text (default: its only text field,
+            else the observation as JSON).
+        timeout: seconds a reset or step may take on the server; connect_timeout: to connect.
+
+    The session opens at the first reset (on the loop of whoever drives it: a vector worker's,
+    with no hop) and closes with ``close()``; a reset after a lost connection opens a new one.
+    A step the server refuses as malformed is an observation (``info["error"] == "bad_action"``);
+    a lost connection or an error inside the server's environment raises, naming ``base_url``.
+    Options pass to the server's reset as keywords (``{"task_index": 3}`` for ours).
+    """
+
+    metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+    messages, chat_messages, episode_record, render = (
+        ToolEnv.messages, ToolEnv.chat_messages, ToolEnv.episode_record, ToolEnv.render)  # one transcript logic
+    needs_event_loop = True  # every step waits on the network
+    tasks = None  # the server's; eval takes a count (--tasks N)
+    rubric = None
+
+    def __init__(self, base_url: str, *, auth_token: str | None = None, action_field: str | None = None,
+                 observation_field: str | None = None, timeout: float = 300.0, connect_timeout: float = 10.0,
+                 max_action_chars: int = 1_000_000, max_observation_chars: int = 1_000_000,
+                 render_mode: str | None = None, **unknown: Any):
+        if unknown:
+            hint = " (the served environment's options are set on the server: benchmax-gym openenv-serve " \
+                   "ENV_ID --env-arg KEY=VALUE)"
+            raise TypeError(f"OpenEnvEnv got unexpected keyword arguments {sorted(unknown)}{hint}")
+        _require()
+        parts = urlsplit(base_url) if isinstance(base_url, str) else None
+        if parts is None or parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+            raise ValueError(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {base_url!r}")
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        self.base_url, self.render_mode = base_url.rstrip("/"), render_mode
+        self.timeout = positive_number("timeout", timeout)
+        self.connect_timeout = positive_number("connect_timeout", connect_timeout)
+        token = auth_token if auth_token is not None else os.environ.get(TOKEN_ENV) or None
+        self._token = token
+        schema = self._schema(token)
+        action_props = {k: v for k, v in schema["action"].get("properties", {}).items() if k != "metadata"}
+        obs_props = {k: v for k, v in schema["observation"].get("properties", {}).items()
+                     if k not in ("metadata", "done", "reward")}
+        self.ours = schema["action"].get("title") == "BenchmaxGymAction"
+        if self.ours and (action_field or observation_field):
+            raise ValueError("action_field and observation_field are for other servers: this one is benchmax-gym's")
+        if action_field is not None and action_field not in action_props:
+            raise ValueError(f"action_field={action_field!r} is not a field of this server's action: "
+                             f"{sorted(action_props)}")
+        if observation_field is not None and observation_field not in obs_props:
+            raise ValueError(f"observation_field={observation_field!r} is not a field of this server's observation: "
+                             f"{sorted(obs_props)}")
+        self.action_fields = sorted(action_props)
+        self.action_field = action_field or (next(iter(action_props)) if len(action_props) == 1 else None)
+        texts = [k for k, v in obs_props.items() if v.get("type") == "string"]
+        self.observation_field = observation_field or (texts[0] if len(texts) == 1 else None)
+        self.action_space = UnicodeText(positive_int("max_action_chars", max_action_chars))
+        self.observation_space = UnicodeText(positive_int("max_observation_chars", max_observation_chars))
+        self.aio = OwnLoop()
+        weakref.finalize(self, self.aio.close)  # dropped without close(): its connection's tasks end quietly
+        self.client: Any = None
+        self.episode: Episode | None = None
+        self.tool_schemas: list[dict[str, Any]] = []
+
+    def _schema(self, token: str | None) -> dict[str, Any]:
+        import httpx
+
+        url = self.base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1) + "/schema"
+        try:
+            response = httpx.get(url, headers={"Authorization": f"Bearer {token}"} if token else None,
+                                 timeout=self.connect_timeout)
+        except httpx.HTTPError as exc:
+            raise ConnectionError(f"no OpenEnv server answers at base_url={self.base_url!r}: {exc}") from None
+        if response.status_code == 401:
+            raise ConnectionError(f"the OpenEnv server at base_url={self.base_url!r} wants a bearer token: pass "
+                                  f"auth_token= or set {TOKEN_ENV}" + (" (this one was refused)" if token else ""))
+        try:
+            schema = response.json() if response.status_code == 200 else None
+        except ValueError:
+            schema = None
+        if not isinstance(schema, dict) or not {"action", "observation"} <= set(schema):
+            raise ValueError(f"base_url={self.base_url!r} is not an OpenEnv server: GET /schema answered HTTP "
+                             f"{response.status_code} without action and observation schemas")
+        return schema
+
+    # -- the session ------------------------------------------------------------------------------
+
+    async def _send(self, kind: str, data: dict[str, Any]) -> Any:
+        if self.client is None:
+            self.client = _classes().Client(self.base_url, auth_token=self._token,
+                                            connect_timeout_s=self.connect_timeout, message_timeout_s=self.timeout)
+        try:
+            return await (self.client.reset(**data) if kind == "reset" else self.client.step(data))
+        except ServerError as exc:
+            if exc.code == "VALIDATION_ERROR":
+                raise
+            await self._drop()
+            if exc.code == "CAPACITY_REACHED":
+                raise ConnectionError(
+                    f"the OpenEnv server at base_url={self.base_url!r} has no free session ({exc}); a server whose "
+                    "environment does not set SUPPORTS_CONCURRENT_SESSIONS serves one at a time") from None
+            raise RuntimeError(f"the OpenEnv server at base_url={self.base_url!r} failed: {exc}") from None
+        except Exception as exc:  # lost, timed out or refused: the session is gone
+            await self._drop()
+            raise self._lost("did not answer within timeout" if isinstance(exc, TimeoutError) else
+                             str(exc) or type(exc).__name__) from None
+
+    def _lost(self, what: str) -> ConnectionError:
+        return ConnectionError(f"OpenEnv server at base_url={self.base_url!r}: {what}; the episode is lost, "
+                               "reset() opens a new session")
+
+    async def _drop(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            try:
+                await client.disconnect()
+            except Exception:
+                pass
+
+    # -- Gymnasium API ----------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        return self.aio.run(self._reset(seed, options))
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        return await self.aio.arun(self._reset(seed, options))
+
+    def step(self, action: Any):
+        return self.aio.run(self._step(action))
+
+    async def astep(self, action: Any):
+        return await self.aio.arun(self._step(action))
+
+    async def _reset(self, seed: int | None, options: dict[str, Any] | None):
+        data = {**(options or {}), **({} if seed is None else {"seed": seed})}
+        for attempt in (1, 2):
+            try:
+                result = await self._send("reset", data)
+            except ConnectionError:
+                if attempt == 2 or self.episode is None:
+                    raise
+                continue  # the old session was lost: one more try on a new one
+            if self.ours and result.observation.get("info", {}).get("error") == SESSION_CLOSED and attempt == 1:
+                await self._drop()  # idled out on the server: a new session
+                continue
+            break
+        payload = result.observation
+        if self.ours:
+            if payload["info"].get("error"):
+                raise RuntimeError(f"the OpenEnv server at base_url={self.base_url!r}: {payload['text']}")
+            obs, info = payload["text"], {**payload["info"], "messages": payload["messages"], "tools": payload["tools"]}
+            task = Task(id=str(info.get("task_id")), prompt=payload["messages"][-1]["content"],
+                        metadata=info.get("task_metadata") or {})
+            index = info.get("task_index") or 0
+        else:
+            obs = self._text(payload)
+            info = {"observation": payload, "turn": 0, "messages": [{"role": "user", "content": obs}], "tools": []}
+            task, index = Task(id=str(payload.get("episode_id", "openenv")), prompt=obs), 0
+        self.tool_schemas = info["tools"] or []
+        self.episode = Episode(task=task, rollout_id="", index=int(index), messages=list(info["messages"]))
+        return obs, info
+
+    async def _step(self, action: Any):
+        episode = self.episode
+        if episode is None or episode.done:
+            raise gym.error.ResetNeeded("call reset() before step()" if episode is None else
+                                        "the episode has ended; call reset() before step()")
+        if not isinstance(action, (str, dict)):
+            raise TypeError(f"action must be a str (the model's reply) or a dict, got {type(action).__name__}")
+        episode.actions.append(action if isinstance(action, str) else json.dumps(action))
+        if self.ours:
+            data = {"message": action} if isinstance(action, dict) else {"text": action}
+        elif isinstance(action, dict):
+            data = action
+        elif self.action_field is not None:
+            data = {self.action_field: action}
+        else:
+            try:
+                data = json.loads(action)
+            except ValueError:
+                data = None
+            if not isinstance(data, dict):
+                return self._refused(PARSE_ERROR, f"this environment's action is a JSON object with the fields "
+                                     f"{self.action_fields}; your reply is not one.")
+        try:
+            result = await self._send("step", data)
+        except ServerError as exc:  # VALIDATION_ERROR: the session goes on
+            return self._refused(BAD_ACTION, f"the environment refused the action: {exc}")
+        payload, reward = result.observation, float(result.reward or 0.0)
+        if self.ours and payload["info"].get("error") == SESSION_CLOSED:
+            await self._drop()
+            raise self._lost("the server closed this session (idle past its --idle-timeout)")
+        if self.ours:
+            obs, info = payload["text"], {**payload["info"], "messages": payload["messages"]}
+            truncated = bool(payload["truncated"])
+            terminated = bool(result.done) and not truncated
+            if payload["assistant"] is not None:
+                episode.messages.append(payload["assistant"])
+            episode.turn, episode.tool_errors = info.get("turn", episode.turn), payload["tool_errors"]
+        else:
+            obs = self._text(payload)
+            terminated, truncated = bool(result.done), False
+            episode.turn += 1
+            episode.messages.append({"role": "assistant", "content": episode.actions[-1]})
+            info = {"observation": payload, "turn": episode.turn, "error": None, "errors": [],
+                    "messages": [{"role": "user", "content": obs}]}
+        episode.messages.extend(info["messages"])
+        episode.done = terminated or truncated
+        return obs, reward, terminated, truncated, info
+
+    def _refused(self, code: str, message: str):
+        """A step the client or the server refused: an observation saying why; the episode goes on."""
+        episode = self.episode
+        episode.turn += 0 if self.ours else 1
+        note = {"role": "user", "content": f"Error: {message}"}
+        episode.messages += [{"role": "assistant", "content": episode.actions[-1]}, note]
+        info = {"turn": episode.turn, "error": code, "errors": [code], "messages": [note]}
+        return note["content"], 0.0, False, False, info
+
+    def _text(self, payload: dict[str, Any]) -> str:
+        if self.observation_field is not None:
+            value = payload.get(self.observation_field)
+            return value if isinstance(value, str) else json.dumps(value)
+        return json.dumps(payload, ensure_ascii=False)
+
+    def server_state(self) -> dict[str, Any]:
+        """The session's state on the server (``episode_id``, ``step_count``; ours add ``task_id``...)."""
+        if self.client is None:
+            return {}
+        return self.aio.run(self.client.state())
+
+    def reference_solver(self):
+        raise NotImplementedError("OpenEnvEnv has no reference solver: the solution stays on the server")
+
+    def close(self):
+        if self.client is not None:
+            try:
+                self.aio.run(self._drop(), timeout=self.connect_timeout)
+            except Exception:
+                pass
+        self.aio.close()
+        super().close()
