@@ -165,6 +165,27 @@ def test_served_and_consumed_plays_exactly_as_in_process(env_id, served):
         remote.close()
 
 
+def test_the_trainer_adapters_play_an_openenv_server_token_exactly(served):
+    """A TokenSession (what every trainer adapter uses) on benchmax/OpenEnv-v0 gives the ids it
+    gives in-process: the served env's transcript is the same, so is its rendering."""
+    from benchmax_gym.adapters import ChatTemplate, TokenSession
+    from benchmax_gym.testing.tokenizers import play_tokens, tiny_tokenizer
+
+    chat = ChatTemplate(tiny_tokenizer("qwen2.5"))
+    direct = TokenSession(gym.make("benchmax/Math-v0"), chat)
+    play_tokens(direct, seed=5)
+    actions = direct.env.unwrapped.episode_record()["actions"]
+    remote = TokenSession(gym.make("benchmax/OpenEnv-v0", base_url=served("benchmax/Math-v0", {})), chat)
+    play_tokens(remote, lambda obs, info: actions[info["turn"]], seed=5)
+    try:
+        assert remote.episode.prompt_ids == direct.episode.prompt_ids
+        assert remote.episode.completion_ids == direct.episode.completion_ids
+        assert remote.episode.reward == direct.episode.reward == 1.0
+    finally:
+        direct.close()
+        remote.close()
+
+
 def test_openai_format_takes_the_assistant_message_as_a_dict(served):
     url = served("benchmax/Math-v0", {"tool_format": "openai"})
     solved = gym.make("benchmax/Math-v0", tool_format="openai")
