@@ -314,20 +314,24 @@ def test_an_idle_session_is_freed_and_a_reset_opens_a_new_one(served):
     env.close()
 
 
-def _sandboxes():
-    return {p.pid for p in psutil.Process().children(recursive=True) if "bwrap" in p.name() or "python" in p.name()}
+def _workspaces():
+    from benchmax_gym.core.sandbox import _workspace_root
+
+    return set(_workspace_root().glob("sandbox-*/ws-*"))
 
 
 def test_stopping_the_server_closes_its_open_sessions():
+    """Its session's environment is closed: the episode's sandbox workspace is removed (the warm
+    sandbox server itself is shared by the process's environments and outlives any one)."""
     server = InThread("benchmax/Math-v0")
-    before = _sandboxes()
+    before = _workspaces()
     env = gym.make("benchmax/OpenEnv-v0", base_url=server.url)
     env.reset(seed=0)
     assert "42" in env.step(call("python", code="print(6 * 7)"))[0]
-    started = _sandboxes() - before
-    assert started  # the session's sandbox
+    started = _workspaces() - before
+    assert started  # the session's sandbox workspace
     server.close()
-    assert until(lambda: not (_sandboxes() & started))
+    assert until(lambda: not (_workspaces() & started))
     env.close()
 
 
