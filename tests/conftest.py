@@ -4,6 +4,11 @@ import os
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Ray reads these when it is first imported, and test modules import it at collection (verl's
+# adapter does): set here, before any of them, every Ray cluster a test starts stays on 127.0.0.1
+# and needs no token (a machine-wide ~/.ray/auth_token would otherwise switch auth on).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_AUTH_MODE"] = "disabled"
 
 import socket  # noqa: E402
 import subprocess  # noqa: E402
