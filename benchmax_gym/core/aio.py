@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import signal
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,30 @@ def _fresh_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_fresh_after_fork)
+
+
+@contextlib.contextmanager
+def _signals_wake(loop: asyncio.AbstractEventLoop):
+    """While the main thread drives ``loop``, a signal wakes it wherever the kernel delivers it.
+
+    Ctrl-C is delivered to any thread of the process; Python only runs its handler in the main
+    thread, and a main thread asleep in the loop's ``select`` would not notice until the loop's
+    next timer (an hour away, say). The loop's own self-pipe as the signal wake-up fd (as asyncio's
+    ``add_signal_handler`` does) makes it wake and raise ``KeyboardInterrupt`` at once. A wake-up fd
+    someone else set is left alone.
+    """
+    sock = getattr(loop, "_csock", None)  # selector loops' self-pipe (write end)
+    old = -2
+    if sock is not None and threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            old = signal.set_wakeup_fd(sock.fileno(), warn_on_full_buffer=False)
+            if old != -1:
+                signal.set_wakeup_fd(old)
+    try:
+        yield
+    finally:
+        if old == -1:
+            signal.set_wakeup_fd(-1)
 
 
 class OwnLoop:
@@ -107,7 +132,8 @@ class OwnLoop:
             task = None
             try:
                 task = loop.create_task(coro)
-                return loop.run_until_complete(task)
+                with _signals_wake(loop):
+                    return loop.run_until_complete(task)
             except BaseException:
                 if task is not None and not task.done():  # Ctrl-C while waiting: the call is abandoned,
                     task.cancel()  # so cancel it now rather than let it run on at the next call

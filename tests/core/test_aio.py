@@ -17,9 +17,9 @@ async def where_and_what(value, delay=0.0):
     return threading.get_ident(), value
 
 
-async def sleep_until_cancelled(cancelled: threading.Event):
+async def sleep_until_cancelled(cancelled: threading.Event, seconds: float = 3600):
     try:
-        await asyncio.sleep(3600)
+        await asyncio.sleep(seconds)
     except asyncio.CancelledError:
         cancelled.set()
         raise
@@ -230,4 +230,24 @@ def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on():
         own.run(sleep_until_cancelled(cancelled))
     assert cancelled.is_set()  # not left to run on at the next call
     assert own.run(where_and_what(5))[1] == 5
+    own.close()
+
+
+def test_ctrl_c_delivered_to_another_thread_still_interrupts_at_once():
+    """The kernel may hand a process's SIGINT to any thread; the main thread asleep in the loop
+    must still wake (not at the loop's next timer, here an hour away) and raise."""
+    own = OwnLoop()
+    cancelled, stop = threading.Event(), threading.Event()
+    bystander = threading.Thread(target=stop.wait)
+    bystander.start()
+    threading.Timer(0.2, lambda: signal.pthread_kill(bystander.ident, signal.SIGINT)).start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            own.run(sleep_until_cancelled(cancelled, 30))
+    finally:
+        stop.set()
+        bystander.join()
+    assert time.monotonic() - start < 10 and cancelled.is_set()
+    assert signal.set_wakeup_fd(-1) == -1  # the wake-up fd was put back as it was
     own.close()
