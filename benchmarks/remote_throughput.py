@@ -5,7 +5,9 @@ host (or worker process) per node's core; the environments and actions of
 ``vector_throughput.py``:
 1. cheap tool (Math-v0's calculator): steps per second, lock-step and ready-first;
 2. heavy-tailed tool latency (90% 5 ms, 10% 200 ms): steps per second, ready-first;
-3. memory: proportional set size (PSS) of each host process, against a local worker's;
+3. memory: proportional set size (PSS) of each host process, against a local worker's, after
+   the first reset (``vector_throughput``'s episodes never end, so later figures grow with the
+   transcripts, that is with how many steps a backend managed);
 4. recovery: a node removed (its raylet killed) during ready-first stepping: seconds until its
    envs report the loss, and until their replacement host returns results again.
 
@@ -113,9 +115,10 @@ def main() -> None:
     cheap, heavy, memory = {}, {}, {}
     for name, make in makers.items():
         envs = make(vt.math_env)
+        envs.reset(seed=0)
+        memory[f"{name}_pss_mb_per_process"] = pss_mb(envs.worker_pids)
         cheap[f"{name}_lockstep"] = vt.lockstep_rate(envs, lambda: [vt.CALC] * n, secs)
         cheap[f"{name}_ready_first"] = ready_first_rate(envs, calc, secs, batch=n // 8)
-        memory[f"{name}_pss_mb_per_process"] = pss_mb(envs.worker_pids)
         envs.close()
         envs = make(vt.slow_env)
         heavy[f"{name}_ready_first"] = ready_first_rate(envs, tail, secs, batch=n // 8)

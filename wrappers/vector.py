@@ -40,6 +40,7 @@ import os
 import pickle
 import signal
 import tempfile
+import threading
 import time
 import traceback
 import weakref
@@ -252,18 +253,22 @@ def _in_own_tmp(tmp: str, *args) -> None:
     _worker_main(*args)
 
 
-def _worker_main(conn, env_fns, mode_value, fresh) -> None:
-    """A worker process: commands come down the pipe, messages go back up it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+def _worker_main(conn, env_fns, mode_value, fresh, origin: str = "") -> None:
+    """A worker (a process, or an env host's thread): commands come down the connection,
+    messages go back up it. ``origin`` prefixes a failure to start (where it happened)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     loop = asyncio.new_event_loop()
 
     def emit(message: Any) -> None:
         conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
     try:
+        if callable(env_fns):  # a host unpickles its payload here, so that failing says why too
+            env_fns = env_fns()
         worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, emit, loop)
     except BaseException as exc:  # the parent raises this, not a bare EOFError
-        emit(("failed", failure_text(exc)))
+        emit(("failed", origin + failure_text(exc)))
         return
     gc.freeze()  # the envs just built (and the imports) are never garbage: collections skip them
 
@@ -281,6 +286,7 @@ def _worker_main(conn, env_fns, mode_value, fresh) -> None:
     loop.add_reader(conn.fileno(), on_command)
     loop.run_forever()
     worker.close()
+    loop.close()
 
 
 # -- the parent side -----------------------------------------------------------------------------
@@ -290,14 +296,50 @@ class WorkerLost(RuntimeError):
     """A worker is gone (its process died, its Ray actor or node was lost); says why."""
 
 
-class _Process:
-    """The pipe transport: the parent's handle on one worker process.
+class _Channel:
+    """Messages over a ``multiprocessing`` connection: a worker's pipe, or an env host's socket.
 
-    A transport handle (this, or ``_RayHost`` in ``ray_vector``) offers ``send(message)``,
-    ``recv(timeout)`` for one message, ``recv_ready()`` for all that arrived, ``alive()``,
-    ``close()`` (ask it to stop), ``join(timeout)`` and ``kill()``; its vector env's ``_wait``
-    blocks until some of them have messages. Both raise :class:`WorkerLost` for a dead worker.
+    A transport handle (``_Process`` here, ``_RayHost`` in ``ray_vector``) offers
+    ``send(message)``, ``recv(timeout)`` for one message, ``recv_ready()`` for all that arrived,
+    ``alive()``, ``close()`` (ask it to stop), ``join(timeout)`` and ``kill()``; its vector env's
+    ``_wait`` blocks until some of them have messages. Both raise :class:`WorkerLost` for a dead
+    worker, with ``lost_reason()``.
     """
+
+    conn: Any
+
+    def lost_reason(self) -> str:
+        raise NotImplementedError
+
+    def send(self, message: Any) -> None:
+        try:
+            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            raise WorkerLost(self.lost_reason()) from None
+
+    def recv(self, timeout: float | None = None) -> Any:
+        try:
+            if not self.conn.poll(timeout):
+                raise TimeoutError
+            return pickle.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            raise WorkerLost(self.lost_reason()) from None
+
+    def recv_ready(self) -> list[Any]:
+        out = [self.recv(0)]
+        while self.conn.poll(0):
+            out.append(self.recv(0))
+        return out
+
+    def close(self) -> None:
+        try:
+            self.send(("close", None))
+        except WorkerLost:
+            pass
+
+
+class _Process(_Channel):
+    """The pipe transport: the parent's handle on one worker process."""
 
     def __init__(self, ctx, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool):
         parent, child = ctx.Pipe()
@@ -309,32 +351,12 @@ class _Process:
         self.pid = self.process.pid
         child.close()
 
-    def send(self, message: Any) -> None:
-        try:
-            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        except (BrokenPipeError, OSError):
-            raise WorkerLost("the worker process died") from None
-
-    def recv(self, timeout: float | None = None) -> Any:
-        if not self.conn.poll(timeout):
-            raise TimeoutError
-        try:
-            return pickle.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            self.process.join(timeout=5)
-            raise WorkerLost(f"the worker process exited (code {self.process.exitcode})") from None
-
-    def recv_ready(self) -> list[Any]:
-        return [self.recv(0)]
+    def lost_reason(self) -> str:
+        self.process.join(timeout=5)
+        return f"the worker process exited (code {self.process.exitcode})"
 
     def alive(self) -> bool:
         return self.process.is_alive()
-
-    def close(self) -> None:
-        try:
-            self.send(("close", None))
-        except WorkerLost:
-            pass
 
     def join(self, timeout: float) -> None:
         self.process.join(timeout=timeout)

@@ -358,3 +358,83 @@ def test_ray_version_mismatch_is_reported_as_such(cached_venv):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_a_host_takes_only_a_parent_that_holds_its_key(monkeypatch):
+    """The host's port is open on its node until the parent connects: a stranger, a peer that
+    reflects the host's own challenge back, and one that says nothing are all dropped, and the
+    parent still gets through."""
+    import hmac
+    import socket
+    import threading
+
+    from multiprocess.connection import Connection
+
+    from benchmax_gym.wrappers import ray_vector as rv
+
+    monkeypatch.setattr(rv, "HANDSHAKE_TIMEOUT", 0.5)
+    key = os.urandom(32)
+    server = socket.create_server(("127.0.0.1", 0))
+    address = server.getsockname()
+    accepted = []
+    host = threading.Thread(target=lambda: accepted.append(rv._accept(server, key, 30)))
+    host.start()
+
+    stranger = socket.create_connection(address)
+    with pytest.raises(ConnectionRefusedError, match="does not hold"):
+        rv._authenticate(stranger, os.urandom(32), b"parent")
+    stranger.close()
+
+    reflector = socket.create_connection(address)
+    challenge = rv._read_exactly(reflector, 32)
+    reflector.sendall(challenge)  # the host's challenge as its own: the host answers it ...
+    answer = rv._read_exactly(reflector, 32)
+    assert answer == hmac.new(key, b"host" + challenge, "sha256").digest()
+    reflector.sendall(answer)  # ... but a host-tagged answer is no parent's
+    reflector.settimeout(5)
+    assert reflector.recv(1) == b""  # dropped
+    reflector.close()
+
+    silent = socket.create_connection(address)
+    silent.settimeout(5)
+    assert len(rv._read_exactly(silent, 32)) == 32 and silent.recv(1) == b""  # dropped after the timeout
+    silent.close()
+
+    parent = socket.create_connection(address)
+    rv._authenticate(parent, key, b"parent")
+    conn = rv._connection(parent)
+    host.join(10)
+    assert isinstance(accepted[0], Connection)
+    conn.send_bytes(b"step")
+    assert accepted[0].recv_bytes() == b"step"
+    conn.close()
+    accepted[0].close()
+    server.close()
+
+
+def test_a_host_lost_without_its_connection_closing_is_found_through_ray(cluster):
+    """A node that vanishes from the network leaves the parent's connection open and silent:
+    Ray's report of the host's death ends its envs' steps (with Ray's reason) and replaces it."""
+    import threading
+
+    from multiprocess import Pipe
+
+    envs = RayVectorEnv([Flaky] * 4, num_hosts=2, actor_options=HOST)
+    envs.reset(seed=0)
+    host = envs._workers[1]
+    silent, other_end = Pipe()  # stands in for a connection nobody will ever write to or close
+    real, host.conn = host.conn, silent
+    try:
+        envs.send(["a"] * 4, np.arange(4))
+        threading.Timer(0.5, lambda: ray.kill(host.actor, no_restart=True)).start()
+        obs, rewards, terminated, truncated, info, ids = envs.recv(min_ready=4)
+        assert truncated.tolist() == [False, False, True, True]
+        assert "worker_restarted" in info["error"][2] and "Actor" in info["error"][2] and envs.faults == 1
+        obs, *_ = envs.step(["b"] * 4)  # (next-step autoreset: the truncated envs start afresh)
+        assert obs[0].startswith("echo b") and obs[2].startswith("start")
+        obs, *_ = envs.step(["c"] * 4)
+        assert obs[2] == "echo c 1"  # the replacement host plays on
+    finally:
+        real.close()
+        other_end.close()
+        envs.close()
