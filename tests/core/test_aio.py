@@ -221,7 +221,16 @@ def test_adopt_replaces_a_finished_loop_but_never_live_work():
     busy.close()
 
 
-def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on():
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own Ctrl-C handler, whatever this process inherited (a shell's background job
+    starts with SIGINT ignored, and Python then installs none)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on(ctrl_c_raises):
     own = OwnLoop()
     cancelled = threading.Event()
 
@@ -233,7 +242,7 @@ def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on():
     own.close()
 
 
-def test_ctrl_c_delivered_to_another_thread_still_interrupts_at_once():
+def test_ctrl_c_delivered_to_another_thread_still_interrupts_at_once(ctrl_c_raises):
     """The kernel may hand a process's SIGINT to any thread; the main thread asleep in the loop
     must still wake (not at the loop's next timer, here an hour away) and raise."""
     own = OwnLoop()
