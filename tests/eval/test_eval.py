@@ -143,6 +143,36 @@ def test_python_functions_and_baselines_are_policies():
             assert result.summary["mean_reward"]["value"] == mean, policy
 
 
+def test_episodes_run_with_fewer_young_collections_and_the_settings_come_back():
+    """The run collects its young generation less often (model replies make many short-lived
+    containers); the caller's own GC settings are back afterwards, also when the run fails."""
+    import gc
+
+    seen = []
+
+    def policy(obs, info):
+        seen.append(gc.get_threshold())
+        return "\\boxed{0}"
+
+    old = gc.get_threshold()
+    gc.set_threshold(900, 11, 12)
+    try:
+        evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=2)
+        assert seen and all(t == (20_000, 11, 12) for t in seen)
+        assert gc.get_threshold() == (900, 11, 12)
+        class Stop(BaseException):  # what no episode records: it ends the run
+            pass
+
+        def stopping(obs, info):
+            raise Stop
+
+        with pytest.raises(Stop):
+            evaluate(ENV, stopping, env_kwargs=ENV_KWARGS, tasks=1)
+        assert gc.get_threshold() == (900, 11, 12)
+    finally:
+        gc.set_threshold(*old)
+
+
 def test_a_policy_that_raises_fails_its_episode_with_the_error():
     def broken(obs, info):
         raise RuntimeError("my policy broke")
