@@ -99,7 +99,7 @@ class _Host:
         return {"pid": os.getpid(), "node_id": self.node_id, "ip": self.ip,
                 "port": self.server.getsockname()[1], "workspace": self.tmp}
 
-    def serve(self, payload: bytes, mode_value: str, fresh: bool) -> None:
+    def serve(self, payload: bytes, mode_value: str, fresh: bool, keep: tuple[str, ...] | None) -> None:
         """Take the parent's connection, then run the worker loop until it says close (or goes)."""
         try:
             conn = _accept(self.server, self.key, ACCEPT_TIMEOUT)
@@ -107,7 +107,7 @@ class _Host:
             self.server.close()
         try:
             use_temp_root(self.tmp)
-            _worker_main(conn, functools.partial(pickle.loads, payload), mode_value, fresh,
+            _worker_main(conn, functools.partial(pickle.loads, payload), mode_value, fresh, keep,
                          origin=f"on node {self.ip}: ")
         finally:
             conn.close()
@@ -193,7 +193,7 @@ class _RayHost(_Channel):
     """
 
     def __init__(self, ray, actor_cls, options: dict, payload: bytes, mode: AutoresetMode, fresh: bool,
-                 cleanups: list):
+                 cleanups: list, keep: tuple[str, ...] | None = None):
         self.ray = ray
         self.cleanups = cleanups  # the vector env's pending workspace removals
         self.closed = False
@@ -201,7 +201,7 @@ class _RayHost(_Channel):
         self.key = os.urandom(32)
         self.actor = actor_cls.options(**options).remote(self.key)
         self.located = self.actor.where.remote()
-        self.serving = self.actor.serve.remote(payload, mode.value, fresh)
+        self.serving = self.actor.serve.remote(payload, mode.value, fresh, keep)
         self.conn: Connection | None = None
         self.info: dict[str, Any] = {}
         self.pid: int | None = None
@@ -341,7 +341,7 @@ class RayVectorEnv(WorkerVectorEnv):
             ``"auto"`` (the one on this machine or in ``RAY_ADDRESS``), ``"host:port"``,
             ``"ray://host:10001"`` (Ray Client), or ``None`` (``ray.init()``: a running local
             cluster or a new one, shut down again by :meth:`close`).
-        autoreset_mode, step_timeout: as :class:`SubprocVectorEnv` (a host past ``step_timeout``
+        autoreset_mode, step_timeout, info_keys: as :class:`SubprocVectorEnv` (a host past ``step_timeout``
             is killed and replaced).
         start_timeout: seconds to get a host placed and running, retries included.
         **env_kwargs: ``gym.make`` keyword arguments, with an id.
@@ -361,6 +361,7 @@ class RayVectorEnv(WorkerVectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = None,
         start_timeout: float = 120.0,
+        info_keys: Sequence[str] | None = None,
         **env_kwargs: Any,
     ):
         self._owns_ray = False
@@ -388,7 +389,7 @@ class RayVectorEnv(WorkerVectorEnv):
         self._payloads: dict[int, bytes] = {}
         self._cleanups: list = []  # workspace removals on killed hosts' nodes
         self._owns_ray = connect(ray, address)
-        self._setup(env, fns, num_hosts, autoreset_mode, step_timeout)
+        self._setup(env, fns, num_hosts, autoreset_mode, step_timeout, info_keys)
 
     # -- the transport ---------------------------------------------------------------------------
 
@@ -398,7 +399,7 @@ class RayVectorEnv(WorkerVectorEnv):
         self._generation += 1
         options = {**self._options, "name": f"benchmax-env-host-{self._run}-{w}-{self._generation}"}
         return _RayHost(self._ray, self._actor_cls, options, self._payloads[w], self.autoreset_mode, fresh,
-                        self._cleanups)
+                        self._cleanups, self.info_keys)
 
     def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
         """Hosts with messages; every second of silence, also those Ray reports dead (a node

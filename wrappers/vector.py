@@ -86,9 +86,10 @@ class _Worker:
     """
 
     def __init__(self, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool,
-                 emit: Callable[[Any], None], loop: asyncio.AbstractEventLoop):
+                 emit: Callable[[Any], None], loop: asyncio.AbstractEventLoop, keep: tuple[str, ...] | None = None):
         self.env_fns = env_fns
         self.mode = mode
+        self.keep = keep  # the info keys that leave the worker (None: all)
         self.emit = emit
         self.envs: dict[int, gym.Env] = {}
         self.api: dict[int, Any] = {}
@@ -187,10 +188,18 @@ class _Worker:
             return ("", 0.0, False, True, {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}"})
 
     def _deliver(self, i: int, result: Any) -> None:
+        if self.keep is not None:
+            result = (*result[:-1], self._kept(result[-1]))
         self.outbox.append((i, result))
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
+
+    def _kept(self, info: dict) -> dict:
+        out = {key: info[key] for key in self.keep if key in info}
+        if "final_info" in info:  # SAME_STEP's record of the episode that ended, kept alike
+            out["final_obs"], out["final_info"] = info.get("final_obs"), self._kept(info["final_info"])
+        return out
 
     def _flush(self) -> None:
         self.flush_scheduled = False
@@ -253,7 +262,7 @@ def _in_own_tmp(tmp: str, *args) -> None:
     _worker_main(*args)
 
 
-def _worker_main(conn, env_fns, mode_value, fresh, origin: str = "") -> None:
+def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") -> None:
     """A worker (a process, or an env host's thread): commands come down the connection,
     messages go back up it. ``origin`` prefixes a failure to start (where it happened)."""
     if threading.current_thread() is threading.main_thread():
@@ -266,7 +275,7 @@ def _worker_main(conn, env_fns, mode_value, fresh, origin: str = "") -> None:
     try:
         if callable(env_fns):  # a host unpickles its payload here, so that failing says why too
             env_fns = env_fns()
-        worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, emit, loop)
+        worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, emit, loop, keep)
     except BaseException as exc:  # the parent raises this, not a bare EOFError
         emit(("failed", origin + failure_text(exc)))
         return
@@ -341,12 +350,14 @@ class _Channel:
 class _Process(_Channel):
     """The pipe transport: the parent's handle on one worker process."""
 
-    def __init__(self, ctx, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool):
+    def __init__(self, ctx, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool,
+                 keep: tuple[str, ...] | None = None):
         parent, child = ctx.Pipe()
         self.conn = parent
         self.tmp = tempfile.mkdtemp(prefix="benchmax-worker-")  # removed by kill()
         os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
-        self.process = ctx.Process(target=_in_own_tmp, args=(self.tmp, child, env_fns, mode.value, fresh), daemon=True)
+        self.process = ctx.Process(target=_in_own_tmp, args=(self.tmp, child, env_fns, mode.value, fresh, keep),
+                                   daemon=True)
         self.process.start()
         self.pid = self.process.pid
         child.close()
@@ -458,7 +469,7 @@ class WorkerVectorEnv(VectorEnv):
 
     _kind = "worker"  # how messages name one worker
 
-    def _setup(self, env, fns: list[Callable], num_workers: int, autoreset_mode, step_timeout) -> None:
+    def _setup(self, env, fns: list[Callable], num_workers: int, autoreset_mode, step_timeout, info_keys=None) -> None:
         self.num_envs = len(fns)
         self._env_name = repr(env) if isinstance(env, str) else "its environments"
         self._closed = False
@@ -472,6 +483,11 @@ class WorkerVectorEnv(VectorEnv):
         if step_timeout is not None and not (isinstance(step_timeout, (int, float)) and step_timeout > 0):
             raise ValueError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
         self.step_timeout = step_timeout
+        if info_keys is not None:
+            if isinstance(info_keys, str) or not all(isinstance(k, str) for k in info_keys):
+                raise ValueError(f"info_keys must be a list of info key names or None, got {info_keys!r}")
+            info_keys = tuple(info_keys)
+        self.info_keys = info_keys
         self._fns = fns
         split = np.array_split(np.arange(self.num_envs), num_workers)
         self._groups = [{int(i): fns[i] for i in ids} for ids in split]
@@ -800,6 +816,12 @@ class SubprocVectorEnv(WorkerVectorEnv):
         step_timeout: seconds an environment may take for one step or reset before its worker is
             killed and restarted (``None``: no limit).
         context: the multiprocess start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+        info_keys: the keys of each environment's info to return, e.g. ``["reward_components",
+            "error"]`` (default ``None``: all). The others never leave the workers: a training
+            loop that reads a few keys gets a lighter batch (the transcript messages and tool
+            calls are most of an info; 64 calculator envs stepped about a third faster).
+            ``final_obs``/``final_info`` stay (``final_info`` filtered alike), and an env whose
+            worker was lost still reports its ``error``.
         **env_kwargs: ``gym.make`` keyword arguments, with an id.
     """
 
@@ -812,6 +834,7 @@ class SubprocVectorEnv(WorkerVectorEnv):
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         step_timeout: float | None = None,
         context: str | None = None,
+        info_keys: Sequence[str] | None = None,
         **env_kwargs: Any,
     ):
         fns = _env_fns(env, num_envs, env_kwargs)
@@ -820,10 +843,10 @@ class SubprocVectorEnv(WorkerVectorEnv):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):
             raise ValueError(f"num_workers must be an int from 1 to num_envs={len(fns)}, got {num_workers!r}")
         self._ctx = mp.get_context(context)
-        self._setup(env, fns, num_workers, autoreset_mode, step_timeout)
+        self._setup(env, fns, num_workers, autoreset_mode, step_timeout, info_keys)
 
     def _spawn(self, w: int, fresh: bool) -> _Process:
-        return _Process(self._ctx, self._groups[w], self.autoreset_mode, fresh)
+        return _Process(self._ctx, self._groups[w], self.autoreset_mode, fresh, self.info_keys)
 
     def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
         conns = {self._workers[w].conn: w for w in ws}

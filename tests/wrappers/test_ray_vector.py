@@ -438,3 +438,13 @@ def test_a_host_lost_without_its_connection_closing_is_found_through_ray(cluster
         real.close()
         other_end.close()
         envs.close()
+
+
+def test_info_keys_travel_to_the_hosts(cluster):
+    envs = RayVectorEnv(math_env, 2, num_hosts=2, actor_options=HOST, info_keys=["error", "reward_components"])
+    envs.reset(seed=0)
+    obs, rewards, terminated, truncated, info = envs.step([CALC, "\\boxed{42}"])
+    assert "42" in obs[0] and terminated.tolist() == [False, True]
+    assert set(info) == {"error", "_error", "reward_components", "_reward_components"}
+    assert info["_reward_components"].tolist() == [False, True]
+    envs.close()

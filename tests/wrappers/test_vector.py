@@ -123,6 +123,36 @@ def test_matches_sync_vector_env_step_for_step(mode):
     ref.close()
 
 
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_info_keys_return_only_those_keys_and_step_alike(mode):
+    """The lighter info mode: the same observations and rewards as with full infos, and infos
+    with only the chosen keys (SAME_STEP's final_info filtered alike); from make_vec too."""
+    fns = [lambda: gym.make("benchmax/Math-v0", python_tool=False, max_turns=2) for _ in range(4)]
+    keys = ["error", "reward_components"]
+    lean = gym.make_vec("benchmax/Math-v0", num_envs=4, python_tool=False, max_turns=2, num_workers=2,
+                        autoreset_mode=mode, info_keys=keys)
+    full = SubprocVectorEnv(fns, num_workers=2, autoreset_mode=mode)
+    a, b = lean.reset(seed=3), full.reset(seed=3)
+    assert a[0] == b[0] and a[1] == {}  # no chosen key in a reset's info
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>'
+    for t, actions in enumerate(([CALC, bad, CALC, bad], ["\\boxed{1}"] * 4, [CALC] * 4)):
+        x, y = lean.step(actions), full.step(actions)
+        if t == 0:  # the model's errors still come through
+            assert [e is not None for e in x[4]["error"]] == [False, True, False, True]
+            assert list(x[4]["error"]) == list(y[4]["error"])
+        assert x[0] == y[0] and all((x[k] == y[k]).all() for k in (1, 2, 3))
+        allowed = {*keys, *(f"_{k}" for k in keys), "final_obs", "_final_obs", "final_info", "_final_info"}
+        assert set(x[4]) <= allowed and "messages" in y[4] and "messages" not in x[4]
+        for key in ("error", "reward_components"):
+            if key in y[4]:
+                assert same(x[4][f"_{key}"], y[4][f"_{key}"]) and list(x[4][key]) == list(y[4][key])
+        if "final_info" in y[4]:
+            assert set(x[4]["final_info"]) <= allowed and "reward_components" in x[4]["final_info"]
+            assert list(x[4]["final_obs"]) == list(y[4]["final_obs"])
+    lean.close()
+    full.close()
+
+
 def test_per_env_options_and_distinct_reproducible_seeds():
     envs = gym.make_vec("benchmax/Math-v0", num_envs=4, python_tool=False, num_workers=2)
     obs, info = envs.reset(options=[{"task_index": i * 10} for i in range(4)])
@@ -280,6 +310,8 @@ def test_gc_and_interpreter_exit_leave_no_process():
         ({"num_workers": 9}, "num_workers"),
         ({"autoreset_mode": "Sometimes"}, "autoreset_mode"),
         ({"step_timeout": -1}, "step_timeout"),
+        ({"info_keys": "error"}, "info_keys"),
+        ({"info_keys": ["error", 3]}, "info_keys"),
     ],
 )
 def test_bad_configuration(kwargs, says):
