@@ -78,7 +78,8 @@ def async_api(env: gym.Env) -> Any | None:
 
 class _Worker:
     """Owns some environments and runs the parent's commands on them, in whatever hosts it: a
-    worker process (reading a pipe) or a Ray actor (called by Ray). ``emit`` sends a message back.
+    worker process (reading a pipe) or a Ray actor's thread (reading a socket). ``emit`` sends a
+    message back.
 
     Commands are handled while earlier steps still run on ``loop``, so a ready-first caller can
     hand a finished environment its next action at once; results that finish in the same loop
