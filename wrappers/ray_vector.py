@@ -339,8 +339,9 @@ class RayVectorEnv(WorkerVectorEnv):
             gives its nodes), a ``PlacementGroupSchedulingStrategy``, ``runtime_env``, memory.
         address: the Ray cluster to join when this process has not called ``ray.init``:
             ``"auto"`` (the one on this machine or in ``RAY_ADDRESS``), ``"host:port"``,
-            ``"ray://host:10001"`` (Ray Client), or ``None`` (``ray.init()``: a running local
-            cluster or a new one, shut down again by :meth:`close`).
+            ``"ray://host:10001"`` (Ray Client: this process must still reach the hosts' nodes,
+            see above), or ``None`` (``ray.init()``: a running local cluster or a new one, shut
+            down again by :meth:`close`).
         autoreset_mode, step_timeout, info_keys: as :class:`SubprocVectorEnv` (a host past ``step_timeout``
             is killed and replaced).
         start_timeout: seconds to get a host placed and running, retries included.
