@@ -153,6 +153,21 @@ for _ in range(500):
 print(json.dumps({"ready": True}), flush=True)
 clock = time.perf_counter_ns
 for line in sys.stdin:
+    if line.startswith("vector "):  # "vector N SECONDS": GEM's SyncVectorEnv of N envs, steps per second
+        from gem.vector.sync_vector_env import SyncVectorEnv
+        _, count, seconds = line.split()
+        count = int(count)
+        envs = SyncVectorEnv(["calculator"] * count, [new_env] * count)
+        envs.reset(seed=0)
+        actions = [ACTION] * count
+        for _ in range(20):
+            envs.step(actions)
+        steps, start = 0, time.perf_counter()
+        while time.perf_counter() - start < float(seconds):
+            envs.step(actions)
+            steps += count
+        print(json.dumps(steps / (time.perf_counter() - start)), flush=True)
+        continue
     n = int(line)
     env = new_env()
     out = []
@@ -197,6 +212,12 @@ class Peer:
 
     def round(self, n: int) -> list[float]:
         self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def vector_rate(self, envs: int, seconds: float) -> float:
+        """Steps per second of the peer's own SyncVectorEnv over ``envs`` environments (GEM)."""
+        self.proc.stdin.write(f"vector {envs} {seconds}\n")
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 

@@ -56,6 +56,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from multiprocess.connection import wait as wait_for_connections
 
 from benchmax_gym.core.aio import OwnLoop
+from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.sandbox import remove_tree
 
 # Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
@@ -294,7 +295,8 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
 
     emit(("ready", None))
     loop.add_reader(conn.fileno(), on_command)
-    loop.run_forever()
+    with fewer_collections():
+        loop.run_forever()
     worker.close()
     loop.close()
 
@@ -389,6 +391,14 @@ class _InfoBatch:
 
     def __init__(self, num_envs: int):
         self.num_envs = num_envs
+
+
+def _stack(space: gym.Space, items: list[Any]) -> Any:
+    """Gymnasium's ``concatenate`` of a batch of observations; for text, the tuple it returns,
+    without first building the empty batch it would ignore."""
+    if isinstance(space, gym.spaces.Text):
+        return tuple(items)
+    return concatenate(space, items, create_empty_array(space, len(items)))
 
 
 def batch_infos(infos: Sequence[tuple[int, dict]], num_envs: int) -> dict[str, Any]:
@@ -492,9 +502,10 @@ class WorkerVectorEnv(VectorEnv):
         self._fns = fns
         split = np.array_split(np.arange(self.num_envs), num_workers)
         self._groups = [{int(i): fns[i] for i in ids} for ids in split]
-        self._owner = np.empty(self.num_envs, dtype=np.int64)
+        self._owner = [0] * self.num_envs  # env id -> its worker (a list: indexed per env per step)
         for w, group in enumerate(self._groups):
-            self._owner[list(group)] = w
+            for i in group:
+                self._owner[i] = w
         self._pending: dict[int, float] = {}  # env id -> when its job was sent
         self._ready: dict[int, tuple] = {}  # env id -> result not yet returned by recv
         self._lost: dict[int, dict] = {}  # idle envs whose worker was restarted -> their error info
@@ -596,17 +607,24 @@ class WorkerVectorEnv(VectorEnv):
     def send(self, actions: Any, env_ids: Sequence[int] | np.ndarray | None = None) -> None:
         """Start a step of ``env_ids`` (default: all) with ``actions`` (one per id, in order)."""
         self._check_open()
-        ids = np.arange(self.num_envs) if env_ids is None else np.asarray(env_ids, dtype=np.int64).reshape(-1)
+        if env_ids is None:
+            ids = list(range(self.num_envs))
+        else:
+            ids = np.asarray(env_ids, dtype=np.int64).reshape(-1).tolist()
+            if len(set(ids)) != len(ids) or (ids and not (0 <= min(ids) and max(ids) < self.num_envs)):
+                raise ValueError(f"env_ids must be distinct ids in 0..{self.num_envs - 1}")
         actions = list(actions)
         if len(actions) != len(ids):
             raise ValueError(f"{len(actions)} actions for {len(ids)} environments")
-        busy = [int(i) for i in ids if int(i) in self._pending or int(i) in self._ready]
-        if busy:
-            raise RuntimeError(f"environments {busy} have a step in flight or a result not yet received")
-        if len(set(ids.tolist())) != len(ids) or (len(ids) and not (0 <= ids.min() and ids.max() < self.num_envs)):
-            raise ValueError(f"env_ids must be distinct ids in 0..{self.num_envs - 1}")
+        if self._pending or self._ready:
+            busy = [i for i in ids if i in self._pending or i in self._ready]
+            if busy:
+                raise RuntimeError(f"environments {busy} have a step in flight or a result not yet received")
+        if not self._lost:  # nothing to report first: every action is a step
+            self._dispatch("step", list(zip(ids, actions)))
+            return
         jobs, resets = [], []
-        for i, action in zip(ids.tolist(), actions):
+        for i, action in zip(ids, actions):
             error = self._lost.pop(i, None)
             if error is None:
                 jobs.append((i, action))
@@ -621,10 +639,10 @@ class WorkerVectorEnv(VectorEnv):
     def _dispatch(self, command: str, jobs: list[tuple]) -> None:
         """One message per worker for all of its environments' jobs."""
         by_worker: dict[int, list] = {}
-        now = time.monotonic()
+        now, owner, pending = time.monotonic(), self._owner, self._pending
         for job in jobs:
-            by_worker.setdefault(int(self._owner[job[0]]), []).append(job)
-            self._pending[job[0]] = now
+            by_worker.setdefault(owner[job[0]], []).append(job)
+            pending[job[0]] = now
         for w, batch in by_worker.items():
             try:
                 self._workers[w].send((command, batch))
@@ -658,13 +676,15 @@ class WorkerVectorEnv(VectorEnv):
             if self.step_timeout is not None:
                 waits.append(min(self._pending.values()) + self.step_timeout - now)
             wait = max(0.0, min(waits)) if waits else None
-            busy = sorted({int(self._owner[i]) for i in self._pending})
+            busy = sorted({self._owner[i] for i in self._pending})
+            heard = set()
             for w in self._wait(busy, wait):
                 try:
                     messages = self._workers[w].recv_ready()
                 except WorkerLost as lost:
                     self._restart(w, str(lost))
                     continue
+                heard.add(w)
                 for _, results in messages:
                     for i, result in results:
                         if self._pending.pop(i, None) is not None:
@@ -675,19 +695,18 @@ class WorkerVectorEnv(VectorEnv):
                             self._ready[i] = result
             if self.step_timeout is not None:
                 now = time.monotonic()
-                late = {int(self._owner[i]) for i, sent in self._pending.items() if now - sent > self.step_timeout}
+                late = {self._owner[i] for i, sent in self._pending.items() if now - sent > self.step_timeout}
                 for w in late:
                     self._restart(w, f"a step took longer than step_timeout={self.step_timeout:g} s")
-            for w in busy:
-                if not self._workers[w].alive() and any(self._owner[i] == w for i in self._pending):
+            for w in busy:  # one that just answered is alive; it is checked on its next silence
+                if w not in heard and not self._workers[w].alive() and any(self._owner[i] == w for i in self._pending):
                     self._restart(w, f"the {self._kind} died")
             if deadline is not None and time.monotonic() >= deadline:
                 break
 
     def _batch(self, results: list[tuple]):
         n = len(results)
-        obs = concatenate(self.single_observation_space, [r[0] for r in results],
-                          create_empty_array(self.single_observation_space, n))
+        obs = _stack(self.single_observation_space, [r[0] for r in results])
         rewards = np.array([r[1] for r in results], dtype=np.float64)
         terminated = np.array([r[2] for r in results], dtype=np.bool_)
         truncated = np.array([r[3] for r in results], dtype=np.bool_)
@@ -728,7 +747,7 @@ class WorkerVectorEnv(VectorEnv):
         for i, o in zip(ids, obs_list):
             self._last_obs[i] = o
         obs_list = list(self._last_obs)
-        obs = concatenate(self.single_observation_space, obs_list, create_empty_array(self.single_observation_space, self.num_envs))
+        obs = _stack(self.single_observation_space, obs_list)
         return obs, infos
 
     def step(self, actions: Any):

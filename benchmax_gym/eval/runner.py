@@ -13,7 +13,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import datetime as dt
-import gc
 import json
 import os
 import platform
@@ -29,6 +28,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
 from benchmax_gym.wrappers.vector import async_api
@@ -365,27 +365,10 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
                                         executor))
 
     try:
-        with _fewer_collections():
+        with fewer_collections():
             await asyncio.gather(*(player(first if i == 0 else None) for i in range(min(concurrency, len(pending)))))
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
-
-
-@contextlib.contextmanager
-def _fewer_collections():
-    """Run the episodes with the young generation collected every 20,000 allocations instead of
-    700 (restored after): each model reply parses into thousands of short-lived containers, and at
-    64 episodes in flight the default made the cyclic GC a third of the loop's stalls (model calls
-    of 100 ms took 113 ms on average, 108 with this; ``benchmarks/eval_throughput.py``)."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], YOUNG_GC_THRESHOLD), *old[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
-
-
-YOUNG_GC_THRESHOLD = 20_000
 
 
 def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None:

@@ -12,7 +12,7 @@ no interval with one sample per task - the common case for LLM evals.)
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,19 +31,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def _interval(values: Sequence[float] | np.ndarray, statistic: Callable[..., Any], *, seed: int,
-              confidence: float, resamples: int) -> tuple[float | None, float | None]:
-    """A percentile bootstrap interval of ``statistic(x, axis=-1)`` (vectorised over resamples)
-    over ``values``; a single value (or all equal) is its own interval."""
+def _intervals(n: int, statistic: Callable[..., Any], *, seed: int, confidence: float,
+               resamples: int) -> list[tuple[float, float]]:
+    """Percentile bootstrap intervals of each output of ``statistic(tasks, axis=-1)`` - a function
+    of resampled task indices, vectorised over resamples, returning one row per output. One
+    resampling serves them all (each alone would draw the same indices from ``seed``); with one
+    task the value is its own interval."""
     from scipy.stats import bootstrap
 
-    data = np.asarray(values)
-    if len(data) < 2 or np.all(data == data[0]):
-        value = float(statistic(data, axis=-1)) if len(data) else None
-        return value, value
-    result = bootstrap((data,), statistic, confidence_level=confidence, n_resamples=resamples, batch=200,
+    if n < 2:
+        values = np.atleast_1d(statistic(np.arange(n), axis=-1))
+        return [(float(v), float(v)) for v in values]
+    result = bootstrap((np.arange(n),), statistic, confidence_level=confidence, n_resamples=resamples, batch=200,
                        method="percentile", vectorized=True, rng=np.random.default_rng(seed))
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+    low, high = np.atleast_1d(result.confidence_interval.low), np.atleast_1d(result.confidence_interval.high)
+    return [(float(a), float(b)) for a, b in zip(low, high)]
 
 
 def _estimate(value: float, ci: tuple[float | None, float | None]) -> dict[str, float | None]:
@@ -95,45 +97,52 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         return {"episodes": 0, "tasks": 0, "notes": ["no episodes"]}
     tasks = _by_task(records)
     ids = sorted(tasks)
-    sizes = [len(tasks[t]) for t in ids]
-    task_reward = np.array([np.mean([r["reward"] for r in tasks[t]]) for t in ids])
-    task_success = np.array([np.mean([bool(r["success"]) for r in tasks[t]]) for t in ids])
-    rewards = [np.array([r["reward"] for r in tasks[t]], dtype=float) for t in ids]
+    rows = [tasks[t] for t in ids]
+    sizes = np.array([len(rs) for rs in rows])
+    # every episode once, grouped by task in ``ids`` order; ``owner``: each one's task
+    rewards = np.array([r["reward"] for rs in rows for r in rs], dtype=float)
+    successes = np.array([bool(r["success"]) for rs in rows for r in rs], dtype=float)
+    owner = np.repeat(np.arange(len(ids)), sizes)
+    task_reward = np.bincount(owner, rewards, len(ids)) / sizes
+    task_success = np.bincount(owner, successes, len(ids)) / sizes
     options = {"seed": seed, "confidence": confidence, "resamples": resamples}
     notes = []
-    if min(sizes) != max(sizes):
-        notes.append(f"tasks have {min(sizes)} to {max(sizes)} samples: pass@k goes up to {min(sizes)}, and "
+    if sizes.min() != sizes.max():
+        notes.append(f"tasks have {sizes.min()} to {sizes.max()} samples: pass@k goes up to {sizes.min()}, and "
                      "means weight each task by its samples")
 
     from scipy.stats import trim_mean
 
-    padded = np.full((len(ids), max(sizes)), np.nan)
-    for i, row in enumerate(rewards):
-        padded[i, :len(row)] = row
+    padded = np.full((len(ids), sizes.max()), np.nan)  # task x sample, NaN past a task's samples
+    padded[owner, np.arange(len(rewards)) - np.repeat(np.cumsum(sizes) - sizes, sizes)] = rewards
+    equal = sizes.min() == sizes.max()
 
-    def iqm_of(picked: np.ndarray, axis: int = -1) -> np.ndarray:
-        """IQM of the episodes of the tasks ``picked`` (resampled task indices, batched)."""
-        chosen = padded[picked.astype(int)].reshape(*picked.shape[:-1], -1)
-        if min(sizes) == max(sizes):
-            return trim_mean(chosen, 0.25, axis=-1)
-        return np.array([trim_mean(row[~np.isnan(row)], 0.25) for row in chosen.reshape(-1, chosen.shape[-1])]
-                        ).reshape(chosen.shape[:-1])
+    def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
+        """Mean reward, success rate and IQM of the tasks ``picked`` (resampled task indices, batched)."""
+        picked = picked.astype(np.intp, copy=False)
+        chosen = padded[picked].reshape(*picked.shape[:-1], -1)
+        if equal:
+            iqm = trim_mean(chosen, 0.25, axis=-1)
+        else:
+            iqm = np.array([trim_mean(row[~np.isnan(row)], 0.25) for row in chosen.reshape(-1, chosen.shape[-1])]
+                           ).reshape(chosen.shape[:-1])
+        return np.stack([task_reward[picked].mean(axis=-1), task_success[picked].mean(axis=-1), iqm])
 
-    all_rewards = np.concatenate(rewards)
+    reward_ci, success_ci, iqm_ci = _intervals(len(ids), per_resample, **options)
+    solved = Counter(zip(sizes.tolist(), np.bincount(owner, successes, len(ids)).astype(int).tolist()))
 
     turns = sum(int(r.get("turns") or 0) for r in records)
     return {
         "episodes": len(records),
         "tasks": len(ids),
-        "samples_per_task": {"min": min(sizes), "max": max(sizes)},
+        "samples_per_task": {"min": int(sizes.min()), "max": int(sizes.max())},
         "failed_episodes": sum(r.get("error") is not None for r in records),
-        "mean_reward": _estimate(all_rewards.mean(), _interval(task_reward, np.mean, **options)),
-        "success_rate": _estimate(np.mean([bool(r["success"]) for r in records]),
-                                  _interval(task_success, np.mean, **options)),
-        "iqm": _estimate(trim_mean(all_rewards, 0.25), _interval(np.arange(len(ids)), iqm_of, **options)),
-        "pass_at_k": {str(k): float(np.mean([pass_at_k(len(tasks[t]), sum(bool(r["success"]) for r in tasks[t]), k)
-                                             for t in ids]))
-                      for k in range(1, min(sizes) + 1)},
+        "mean_reward": _estimate(rewards.mean(), reward_ci),
+        "success_rate": _estimate(successes.mean(), success_ci),
+        "iqm": _estimate(trim_mean(rewards, 0.25), iqm_ci),
+        # tasks with the same (samples, successes) share their pass@k: computed once per pair
+        "pass_at_k": {str(k): sum(pass_at_k(n, c, k) * m for (n, c), m in solved.items()) / len(ids)
+                      for k in range(1, int(sizes.min()) + 1)},
         "by": _groups(records, by),
         "tool_error_rate": sum(int(r.get("tool_errors") or 0) for r in records) / turns if turns else 0.0,
         "parse_error_rate": sum(int(r.get("parse_errors") or 0) for r in records) / turns if turns else 0.0,
@@ -177,9 +186,12 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
         diff = means[name] - means[baseline]
         poi = np.array([probability_of_improvement([r["reward"] for r in grouped[name][t]],
                                                    [r["reward"] for r in grouped[baseline][t]]) for t in shared])
+        both = np.stack([diff, poi])
+        diff_ci, poi_ci = _intervals(len(shared), lambda picked, axis=-1, both=both: both[
+            :, picked.astype(np.intp, copy=False)].mean(axis=-1), **options)
         against[name] = {
-            "mean_difference": _estimate(diff.mean(), _interval(diff, np.mean, **options)),
-            "probability_of_improvement": _estimate(poi.mean(), _interval(poi, np.mean, **options)),
+            "mean_difference": _estimate(diff.mean(), diff_ci),
+            "probability_of_improvement": _estimate(poi.mean(), poi_ci),
             "tasks_better": int((diff > 0).sum()), "tasks_worse": int((diff < 0).sum()),
             "tasks_tied": int((diff == 0).sum()),
         }
