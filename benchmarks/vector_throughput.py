@@ -1,13 +1,25 @@
-"""SubprocVectorEnv against Gymnasium's AsyncVectorEnv and SyncVectorEnv. Prints one JSON object.
+"""SubprocVectorEnv against Gymnasium's AsyncVectorEnv and SyncVectorEnv, and GEM's SyncVectorEnv.
+Prints one JSON object.
 
 Same environment, same actions, one run:
-1. cheap tool: Math-v0's calculator, 64 envs: environment steps per second (also
-   ``SubprocVectorEnv`` with ``info_keys=["error", "reward_components"]``, the lighter info mode);
-2. heavy-tailed tool latency (an async sleep: 90% 5 ms, 10% 200 ms), 64 envs: steps per second,
+1. cheap tool: Math-v0's calculator, 64 envs: environment steps per second, over ``--rounds``
+   interleaved rounds (median and range): ``SubprocVectorEnv`` with full infos and with
+   ``info_keys=["error", "reward_components"]`` (the lighter info mode), Gymnasium's
+   ``AsyncVectorEnv`` and ``SyncVectorEnv`` on the same env, and GEM's own ``SyncVectorEnv`` over
+   its ``ToolEnvWrapper`` with the same calculator (``step_overhead.py``'s peer, run in the
+   interpreter ``--gem-python`` names; left out when it has no GEM). The episodes never end
+   (``max_turns=10**9``): transcripts grow as in a long episode;
+2. scaling: the lighter-info ``SubprocVectorEnv`` at 64 and at ``--scale-envs`` (4,096) envs,
+   interleaved rounds (``--scale-envs 0`` leaves it out);
+3. heavy-tailed tool latency (an async sleep: 90% 5 ms, 10% 200 ms), 64 envs: steps per second,
    lock-step and ready-first (``send``/``recv``);
-3. memory: resident (and proportional) set size of all processes for 64 and 256 envs.
+4. memory: resident (and proportional) set size of all processes for 64 and 256 envs.
 
-    python benchmarks/vector_throughput.py [--envs 64] [--seconds 5]
+AsyncVectorEnv's figure swings widely from run to run on a 2-core machine (its 64 processes
+compete for two cores): compare medians over rounds.
+
+    python benchmarks/vector_throughput.py [--envs 64] [--seconds 3] [--rounds 3] [--scale-envs 4096]
+        [--gem-python /work/venv-gem/bin/python]
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import asyncio
 import gc
 import json
 import os
+import statistics
 import time
 
 import gymnasium as gym
@@ -27,7 +40,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 import benchmax_gym
 from benchmax_gym.wrappers import SubprocVectorEnv
 
-CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "(12 + 7) * 3 - 4 / 2"}}</tool_call>'
+from step_overhead import ACTION as CALC, Peer  # the action (one calculator call) and the GEM peer
 
 
 async def wait_ms(ms: float) -> str:
@@ -61,6 +74,8 @@ def latency_action(rng: np.random.Generator) -> str:
 
 def lockstep_rate(envs, actions_for, seconds: float) -> float:
     envs.reset(seed=0)
+    for _ in range(3):  # warm up
+        envs.step(actions_for())
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         envs.step(actions_for())
@@ -79,6 +94,10 @@ def ready_first_rate(envs: SubprocVectorEnv, rng, seconds: float, batch: int) ->
     rate = steps / (time.perf_counter() - start)
     envs.recv(min_ready=envs.num_envs)  # drain before closing
     return rate
+
+
+def median_range(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values)), "min": round(min(values)), "max": round(max(values))}
 
 
 def memory(make, n: int) -> dict:
@@ -102,27 +121,57 @@ def memory(make, n: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--envs", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scale-envs", type=int, default=4096)
+    parser.add_argument("--gem-python", default="/work/venv-gem/bin/python", help="an interpreter with gem-llm")
     args = parser.parse_args()
     n, secs = args.envs, args.seconds
     workers = os.cpu_count() or 1
-    result = {"benchmark": "vector_throughput", "envs": n, "cpus": workers}
+    result = {"benchmark": "vector_throughput", "envs": n, "cpus": workers, "rounds": args.rounds}
+    keys = ["error", "reward_components"]
 
-    cheap = {}
-    for name, make in (
-        ("subproc", lambda: SubprocVectorEnv([math_env] * n, num_workers=workers)),
-        ("subproc_info_keys", lambda: SubprocVectorEnv([math_env] * n, num_workers=workers,
-                                                       info_keys=["error", "reward_components"])),
-        ("async", lambda: AsyncVectorEnv([math_env] * n, shared_memory=False)),
-        ("sync", lambda: SyncVectorEnv([math_env] * n)),
-    ):
-        envs = make()
-        cheap[name] = lockstep_rate(envs, lambda: [CALC] * n, secs)
-        envs.close()
-    cheap["subproc_over_async"] = cheap["subproc"] / cheap["async"]
-    cheap["subproc_over_sync"] = cheap["subproc"] / cheap["sync"]
-    cheap["subproc_info_keys_over_sync"] = cheap["subproc_info_keys"] / cheap["sync"]
+    makers = {
+        "subproc": lambda k: SubprocVectorEnv([math_env] * k, num_workers=workers),
+        "subproc_info_keys": lambda k: SubprocVectorEnv([math_env] * k, num_workers=workers, info_keys=keys),
+        "async": lambda k: AsyncVectorEnv([math_env] * k, shared_memory=False),
+        "sync": lambda k: SyncVectorEnv([math_env] * k),
+    }
+    gem = None
+    if os.path.exists(args.gem_python):
+        try:
+            gem = Peer("gem", args.gem_python)
+        except RuntimeError as exc:
+            result["gem_skipped"] = str(exc)[-300:]
+    rounds: dict[str, list[float]] = {name: [] for name in [*makers, *(["gem_sync"] if gem else [])]}
+    for _ in range(args.rounds):
+        for name, make in makers.items():
+            envs = make(n)
+            rounds[name].append(lockstep_rate(envs, lambda: [CALC] * n, secs))
+            envs.close()
+        if gem:
+            rounds["gem_sync"].append(gem.vector_rate(n, secs))
+    if gem:
+        gem.close()
+    cheap = {name: median_range(values) for name, values in rounds.items()}
+    for name in ("subproc", "subproc_info_keys"):
+        cheap[f"{name}_over_sync"] = cheap[name]["median"] / cheap["sync"]["median"]
+        if gem:
+            cheap[f"{name}_over_gem_sync"] = cheap[name]["median"] / cheap["gem_sync"]["median"]
+    cheap["subproc_over_async"] = cheap["subproc"]["median"] / cheap["async"]["median"]
     result["cheap_tool_steps_per_s"] = cheap
+
+    if args.scale_envs:
+        scale: dict[str, list[float]] = {str(n): [], str(args.scale_envs): []}
+        for _ in range(args.rounds):
+            for count in (n, args.scale_envs):
+                envs = makers["subproc_info_keys"](count)
+                scale[str(count)].append(lockstep_rate(envs, lambda count=count: [CALC] * count, secs))
+                envs.close()
+        result["scaling_info_keys_steps_per_s"] = {
+            **{count: median_range(values) for count, values in scale.items()},
+            "change": statistics.median(scale[str(args.scale_envs)]) / statistics.median(scale[str(n)]) - 1,
+        }
 
     rng = np.random.default_rng(0)
     tail = {}

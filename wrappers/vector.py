@@ -62,6 +62,7 @@ from benchmax_gym.core.sandbox import remove_tree
 # Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
 _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
 ENV_ERROR, WORKER_RESTARTED = "env_error", "worker_restarted"
+FLUSH_EVERY = 256  # results per message at most, when one command steps many envs
 
 
 # -- the worker (in a process or a Ray actor) ---------------------------------------------------
@@ -193,7 +194,9 @@ class _Worker:
         if self.keep is not None:
             result = (*result[:-1], self._kept(result[-1]))
         self.outbox.append((i, result))
-        if not self.flush_scheduled:
+        if len(self.outbox) >= FLUSH_EVERY:  # a big batch streams: the parent unpacks while this steps on
+            self._flush()
+        elif not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
 
@@ -406,48 +409,65 @@ def batch_infos(infos: Sequence[tuple[int, dict]], num_envs: int) -> dict[str, A
     that order, key by key instead of env by env (the parent's serial cost of a batch; about a
     third of the calls). Same arrays, dtypes (the first env's value decides), masks and nesting;
     a key whose values mix dicts and non-dicts goes through ``_add_info`` itself."""
-    groups: dict[str, list[tuple[int, Any]]] = {}
+    indices: dict[str, list[int]] = {}
+    columns: dict[str, list[Any]] = {}
     for j, info in infos:
         for key, value in info.items():
-            groups.setdefault(key, []).append((j, value))
+            column = columns.get(key)
+            if column is None:
+                indices[key], columns[key] = [j], [value]
+            else:
+                indices[key].append(j)
+                column.append(value)
     out: dict[str, Any] = {}
-    for key, items in groups.items():
-        first = items[0][1]
-        index = [j for j, _ in items]
+    for key, values in columns.items():
+        index = indices[key]
+        kinds = set(map(type, values))
+        first = values[0]
         if key == "final_obs":
             array = np.full(num_envs, fill_value=None, dtype=object)
-            for j, value in items:
-                array[j] = value
-        elif any(isinstance(v, dict) for _, v in items):
-            if not all(isinstance(v, dict) for _, v in items):  # Gymnasium's own (odd) result for a mix
+            _put(array, index, values, kinds)
+        elif any(issubclass(k, dict) for k in kinds):
+            if not all(issubclass(k, dict) for k in kinds):  # Gymnasium's own (odd) result for a mix
                 batcher, partial = _InfoBatch(num_envs), {}
-                for j, value in items:
+                for j, value in zip(index, values):
                     partial = batcher._add_info(partial, {key: value}, j)
                 out.update(partial)
                 continue
-            array = batch_infos(items, num_envs)
+            array = batch_infos(list(zip(index, values)), num_envs)
         else:
             kind = type(first)
             if kind in (int, float, bool) or issubclass(kind, np.number):
                 array = np.zeros(num_envs, dtype=kind)
-                values = [v for _, v in items]
-                if all(type(v) in (int, float, bool) or isinstance(v, np.number) for v in values):
+                if all(k in (int, float, bool) or issubclass(k, np.number) for k in kinds):
                     array[index] = values
                 else:  # element by element, as Gymnasium assigns (numpy treats some sequences apart)
-                    for j, value in items:
+                    for j, value in zip(index, values):
                         array[j] = value
             elif isinstance(first, np.ndarray):
                 array = np.zeros((num_envs, *first.shape), dtype=first.dtype)
-                for j, value in items:
+                for j, value in zip(index, values):
                     array[j] = value
             else:
                 array = np.full(num_envs, fill_value=None, dtype=object)
-                for j, value in items:
-                    array[j] = value
+                _put(array, index, values, kinds)
         mask = np.zeros(num_envs, dtype=np.bool_)
         mask[index] = True
         out[key], out[f"_{key}"] = array, mask
     return out
+
+
+_SCALAR_KINDS = frozenset((type(None), str, int, float, bool))
+
+
+def _put(array: np.ndarray, index: list[int], values: list[Any], kinds: set[type]) -> None:
+    """``array[j] = value`` for each pair: at once when every value is a scalar (numpy would
+    unpack a list or a tuple across the index, so those go one by one)."""
+    if kinds <= _SCALAR_KINDS:
+        array[index] = values
+    else:
+        for j, value in zip(index, values):
+            array[j] = value
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict) -> list[Callable]:
@@ -668,39 +688,50 @@ class WorkerVectorEnv(VectorEnv):
 
     def _gather(self, min_ready: int, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while len(self._ready) < min_ready and self._pending:
+        owner, pending = self._owner, self._pending
+        counts: dict[int, int] | None = None  # worker -> its envs in flight (kept, not recounted per message)
+        while len(self._ready) < min_ready and pending:
+            if counts is None:
+                counts = {}
+                for i in pending:
+                    counts[owner[i]] = counts.get(owner[i], 0) + 1
             now = time.monotonic()
             waits = []
             if deadline is not None:
                 waits.append(deadline - now)
-            if self.step_timeout is not None:
-                waits.append(min(self._pending.values()) + self.step_timeout - now)
+            if self.step_timeout is not None:  # sent in time order: the first pending is the oldest
+                waits.append(next(iter(pending.values())) + self.step_timeout - now)
             wait = max(0.0, min(waits)) if waits else None
-            busy = sorted({self._owner[i] for i in self._pending})
+            busy = sorted(w for w, count in counts.items() if count)
             heard = set()
             for w in self._wait(busy, wait):
                 try:
                     messages = self._workers[w].recv_ready()
                 except WorkerLost as lost:
                     self._restart(w, str(lost))
+                    counts = None
                     continue
                 heard.add(w)
                 for _, results in messages:
                     for i, result in results:
-                        if self._pending.pop(i, None) is not None:
+                        if pending.pop(i, None) is not None:
+                            counts[w] -= 1
                             error = self._lost_reset.pop(i, None)
                             if error is not None:  # the reset of a lost env (SAME_STEP)
                                 obs, info = result
                                 result = (obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error})
                             self._ready[i] = result
-            if self.step_timeout is not None:
+            if self.step_timeout is not None and pending:
                 now = time.monotonic()
-                late = {self._owner[i] for i, sent in self._pending.items() if now - sent > self.step_timeout}
-                for w in late:
-                    self._restart(w, f"a step took longer than step_timeout={self.step_timeout:g} s")
+                if now - next(iter(pending.values())) > self.step_timeout:
+                    late = {owner[i] for i, sent in pending.items() if now - sent > self.step_timeout}
+                    for w in late:
+                        self._restart(w, f"a step took longer than step_timeout={self.step_timeout:g} s")
+                    counts = None
             for w in busy:  # one that just answered is alive; it is checked on its next silence
-                if w not in heard and not self._workers[w].alive() and any(self._owner[i] == w for i in self._pending):
+                if w not in heard and counts is not None and counts.get(w) and not self._workers[w].alive():
                     self._restart(w, f"the {self._kind} died")
+                    counts = None
             if deadline is not None and time.monotonic() >= deadline:
                 break
 
