@@ -138,12 +138,20 @@ class _Worker:
         if self.needs_reset[i] and self.mode == AutoresetMode.NEXT_STEP:
             obs, info = await self._reset(i, None, None)
             return obs, 0.0, False, False, info
-        env = self.envs[i]
         try:
             if self.plain[i]:
-                obs, reward, terminated, truncated, info = env.step(action)
+                result = self.envs[i].step(action)
             else:
-                obs, reward, terminated, truncated, info = await self.api[i].astep(action)
+                result = await self.api[i].astep(action)
+        except Exception as exc:
+            return await self._broken(i, exc)
+        return await self._after(i, result)
+
+    async def _after(self, i: int, result: tuple):
+        """A step's result as the parent gets it; an episode that ended resets now (SAME_STEP)
+        or at its next step (NEXT_STEP)."""
+        try:
+            obs, reward, terminated, truncated, info = result
             if terminated or truncated:
                 if self.mode == AutoresetMode.SAME_STEP:
                     final_obs, final_info = obs, info
@@ -152,18 +160,40 @@ class _Worker:
                 elif self.mode == AutoresetMode.NEXT_STEP:
                     self.needs_reset[i] = True
             return obs, float(reward), bool(terminated), bool(truncated), info
-        except Exception as exc:  # the env broke: rebuild it; the episode ends truncated
-            error = {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
-            try:
-                env.close()
-            except Exception:
-                pass
-            self._build(i)
-            self.needs_reset[i] = True
-            if self.mode == AutoresetMode.SAME_STEP:
-                obs, info = await self._reset(i, None, None)
-                return obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error}
-            return "", 0.0, False, True, error
+        except Exception as exc:
+            return await self._broken(i, exc)
+
+    async def _broken(self, i: int, exc: Exception):
+        """The env raised: rebuild it; its episode ends truncated, with the error in the info."""
+        error = {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+        try:
+            self.envs[i].close()
+        except Exception:
+            pass
+        self._build(i)
+        self.needs_reset[i] = True
+        if self.mode == AutoresetMode.SAME_STEP:
+            obs, info = await self._reset(i, None, None)
+            return obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error}
+        return "", 0.0, False, True, error
+
+    def _step_plain(self, i: int, action: Any) -> None:
+        """``_step`` for a plain env that needs no reset, without a coroutine when its episode
+        goes on (the common step)."""
+        try:
+            obs, reward, terminated, truncated, info = result = self.envs[i].step(action)
+            if not (terminated or truncated):
+                result = (obs, float(reward), False, False, info)
+                ended = False
+            else:
+                ended = True
+        except Exception as exc:
+            self._start(i, self._broken(i, exc))
+            return
+        if ended:
+            self._start(i, self._after(i, result))
+        else:
+            self._deliver(i, result)
 
     def _start(self, i: int, job) -> None:
         if self.plain[i]:
@@ -215,8 +245,12 @@ class _Worker:
     def handle(self, command: str, payload: Any) -> None:
         """Run one command of the parent's (all but ``close``, which belongs to the host)."""
         if command == "step":
+            plain, needs_reset = self.plain, self.needs_reset
             for i, action in payload:
-                self._start(i, self._step(i, action))
+                if plain[i] and not needs_reset[i]:
+                    self._step_plain(i, action)
+                else:
+                    self._start(i, self._step(i, action))
         elif command == "reset":
             for i, seed, options in payload:
                 self._start(i, self._reset(i, seed, options))
