@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 MAX_GROUPS = 50  # a metadata key with more distinct values is not broken down by
+MAX_COUNTED_VALUES = 64  # at most this many distinct rewards: IQM intervals from counts, not sorts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -86,6 +87,17 @@ def _groups(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None) ->
     return out
 
 
+def _iqm_of_counts(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``trim_mean(x, 0.25)`` of each row's multiset: ``counts[r, j]`` copies of ``values[j]``
+    (sorted ascending). The kept middle is positions ``[low, total - low)`` of the sorted episodes."""
+    total = counts.sum(axis=-1)
+    low = np.floor(0.25 * total)
+    high = total - low
+    end = np.cumsum(counts, axis=-1)
+    kept = np.clip(np.minimum(end, high[:, None]) - np.maximum(end - counts, low[:, None]), 0, None)
+    return kept @ values / (high - low)
+
+
 def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence: float = 0.95,
               resamples: int = 2000, by: Sequence[str] | None = None) -> dict[str, Any]:
     """The statistics of one run's episode records (see :func:`benchmax_gym.eval.runner.play_episode`).
@@ -113,20 +125,37 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
 
     from scipy.stats import trim_mean
 
-    padded = np.full((len(ids), sizes.max()), np.nan)  # task x sample, NaN past a task's samples
-    padded[owner, np.arange(len(rewards)) - np.repeat(np.cumsum(sizes) - sizes, sizes)] = rewards
-    equal = sizes.min() == sizes.max()
+    distinct, codes = np.unique(rewards, return_inverse=True)
+    if len(distinct) <= MAX_COUNTED_VALUES:
+        # A resample is a count per task; with few distinct rewards, its IQM follows from how many
+        # episodes hold each value (the sort trim_mean does is the costly part of a summary).
+        per_task = np.zeros((len(ids), len(distinct)))
+        np.add.at(per_task, (owner, codes.reshape(-1)), 1)
+        by_task = np.column_stack([task_reward, task_success, per_task])
 
-    def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
-        """Mean reward, success rate and IQM of the tasks ``picked`` (resampled task indices, batched)."""
-        picked = picked.astype(np.intp, copy=False)
-        chosen = padded[picked].reshape(*picked.shape[:-1], -1)
-        if equal:
-            iqm = trim_mean(chosen, 0.25, axis=-1)
-        else:
-            iqm = np.array([trim_mean(row[~np.isnan(row)], 0.25) for row in chosen.reshape(-1, chosen.shape[-1])]
-                           ).reshape(chosen.shape[:-1])
-        return np.stack([task_reward[picked].mean(axis=-1), task_success[picked].mean(axis=-1), iqm])
+        def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
+            """Mean reward, success rate and IQM of the tasks ``picked`` (resampled task indices, batched)."""
+            rows = picked.astype(np.intp, copy=False).reshape(-1, picked.shape[-1])
+            offsets = len(ids) * np.arange(len(rows))[:, None]
+            counts = np.bincount((rows + offsets).ravel(), minlength=rows.size).reshape(len(rows), len(ids))
+            sums = counts.astype(float) @ by_task
+            out = np.column_stack([sums[:, :2] / rows.shape[1], _iqm_of_counts(sums[:, 2:], distinct)])
+            return out.T.reshape(3, *picked.shape[:-1])
+    else:
+        padded = np.full((len(ids), sizes.max()), np.nan)  # task x sample, NaN past a task's samples
+        padded[owner, np.arange(len(rewards)) - np.repeat(np.cumsum(sizes) - sizes, sizes)] = rewards
+        equal = sizes.min() == sizes.max()
+
+        def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
+            """Mean reward, success rate and IQM of the tasks ``picked`` (resampled task indices, batched)."""
+            picked = picked.astype(np.intp, copy=False)
+            chosen = padded[picked].reshape(*picked.shape[:-1], -1)
+            if equal:
+                iqm = trim_mean(chosen, 0.25, axis=-1)
+            else:
+                iqm = np.array([trim_mean(row[~np.isnan(row)], 0.25) for row in chosen.reshape(-1, chosen.shape[-1])]
+                               ).reshape(chosen.shape[:-1])
+            return np.stack([task_reward[picked].mean(axis=-1), task_success[picked].mean(axis=-1), iqm])
 
     reward_ci, success_ci, iqm_ci = _intervals(len(ids), per_resample, **options)
     solved = Counter(zip(sizes.tolist(), np.bincount(owner, successes, len(ids)).astype(int).tolist()))

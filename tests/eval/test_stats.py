@@ -102,3 +102,23 @@ def test_plots_are_png_files(tmp_path):
     for path in plot_run(records, summarize(records), tmp_path) + plot_compare(
             compare({"a": records, "b": [{**r, "reward": 1.0} for r in records]}), tmp_path):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("samples", [1, 4, "mixed"])
+def test_intervals_from_reward_counts_match_the_sorting_path(samples, monkeypatch):
+    """With few distinct rewards the IQM of each resample comes from counts; the intervals must be
+    those of trim_mean over the resampled episodes (the path for many distinct rewards)."""
+    import random
+
+    import benchmax_gym.eval.stats as stats
+
+    rnd = random.Random(7)
+    records = [rec(f"t{t}", s, rnd.choice([0.0, 0.25, 0.5, 1.0]))
+               for t in range(60) for s in range(rnd.randint(1, 5) if samples == "mixed" else samples)]
+    counted = summarize(records, seed=2)
+    monkeypatch.setattr(stats, "MAX_COUNTED_VALUES", 0)
+    sorted_ = summarize(records, seed=2)
+    for key in ("mean_reward", "success_rate", "iqm"):
+        for bound in ("value", "ci_low", "ci_high"):
+            assert counted[key][bound] == pytest.approx(sorted_[key][bound], abs=1e-12), (key, bound)
+    assert counted["iqm"]["ci_low"] < counted["iqm"]["ci_high"]
