@@ -48,11 +48,10 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 from multiprocess.connection import Connection
-from multiprocess.connection import wait as wait_for_connections
 
 from benchmax_gym.core.sandbox import remove_tree
 
-from .vector import WorkerLost, WorkerVectorEnv, _Channel, _env_fns, _worker_main, use_temp_root
+from .vector import WorkerLost, WorkerVectorEnv, _Channel, _env_fns, _worker_main, readable, use_temp_root
 
 ENV_HOST_RESOURCE = "benchmax_env_host"  # the custom resource `benchmax-gym launch` gives each node
 DEFAULT_ENVS_PER_HOST = 16
@@ -409,7 +408,7 @@ class RayVectorEnv(WorkerVectorEnv):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = LIVENESS_CHECK_S if deadline is None else min(LIVENESS_CHECK_S, max(0.0, deadline - time.monotonic()))
-            ready = wait_for_connections(list(hosts), left)
+            ready = readable(list(hosts), left)
             if ready:
                 return sorted(hosts[conn] for conn in ready)
             serving = {self._workers[w].serving: w for w in ws}
