@@ -474,7 +474,7 @@ def batch_infos(infos: Sequence[tuple[int, dict]], num_envs: int) -> dict[str, A
         first = values[0]
         if key == "final_obs":
             array = np.full(num_envs, fill_value=None, dtype=object)
-            _put(array, index, values, kinds)
+            _put(array, index, values)
         elif any(issubclass(k, dict) for k in kinds):
             if not all(issubclass(k, dict) for k in kinds):  # Gymnasium's own (odd) result for a mix
                 batcher, partial = _InfoBatch(num_envs), {}
@@ -498,24 +498,17 @@ def batch_infos(infos: Sequence[tuple[int, dict]], num_envs: int) -> dict[str, A
                     array[j] = value
             else:
                 array = np.full(num_envs, fill_value=None, dtype=object)
-                _put(array, index, values, kinds)
+                _put(array, index, values)
         mask = np.zeros(num_envs, dtype=np.bool_)
         mask[index] = True
         out[key], out[f"_{key}"] = array, mask
     return out
 
 
-_SCALAR_KINDS = frozenset((type(None), str, int, float, bool))
-
-
-def _put(array: np.ndarray, index: list[int], values: list[Any], kinds: set[type]) -> None:
-    """``array[j] = value`` for each pair: at once when every value is a scalar (numpy would
-    unpack a list or a tuple across the index, so those go one by one)."""
-    if kinds <= _SCALAR_KINDS:
-        array[index] = values
-    else:
-        for j, value in zip(index, values):
-            array[j] = value
+def _put(array: np.ndarray, index: list[int], values: list[Any]) -> None:
+    """``array[j] = value`` for each pair of an object array, at once: through an object array
+    of the values, as a list of lists or tuples would be unpacked across the index."""
+    array[index] = np.fromiter(values, dtype=object, count=len(values))
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict) -> list[Callable]:
