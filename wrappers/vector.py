@@ -730,10 +730,11 @@ class WorkerVectorEnv(VectorEnv):
     def _gather(self, min_ready: int, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         owner, pending = self._owner, self._pending
-        counts: dict[int, int] | None = None  # worker -> its envs in flight (kept, not recounted per message)
+        counts: dict[int, int] = {}  # worker -> its envs in flight (kept, not recounted per message)
+        recount = True  # after a restart, which changes what is in flight
         while len(self._ready) < min_ready and pending:
-            if counts is None:
-                counts = {}
+            if recount:
+                counts, recount = {}, False
                 for i in pending:
                     counts[owner[i]] = counts.get(owner[i], 0) + 1
             now = time.monotonic()
@@ -750,7 +751,7 @@ class WorkerVectorEnv(VectorEnv):
                     messages = self._workers[w].recv_ready()
                 except WorkerLost as lost:
                     self._restart(w, str(lost))
-                    counts = None
+                    recount = True
                     continue
                 heard.add(w)
                 for _, results in messages:
@@ -768,11 +769,11 @@ class WorkerVectorEnv(VectorEnv):
                     late = {owner[i] for i, sent in pending.items() if now - sent > self.step_timeout}
                     for w in late:
                         self._restart(w, f"a step took longer than step_timeout={self.step_timeout:g} s")
-                    counts = None
+                    recount = True
             for w in busy:  # one that just answered is alive; it is checked on its next silence
-                if w not in heard and counts is not None and counts.get(w) and not self._workers[w].alive():
+                if w not in heard and not recount and counts.get(w) and not self._workers[w].alive():
                     self._restart(w, f"the {self._kind} died")
-                    counts = None
+                    recount = True
             if deadline is not None and time.monotonic() >= deadline:
                 break
 

@@ -237,6 +237,22 @@ def test_worker_killed_mid_step():
     envs.close()
 
 
+def test_a_worker_lost_while_another_has_results_waiting():
+    """Both come out of one wait: restarting the lost worker keeps the other's results."""
+    envs = SubprocVectorEnv(SLEEPY, num_envs=4, num_workers=2)
+    envs.reset(seed=0)
+    victim = envs.worker_pids[0]  # owns envs 0 and 1
+    envs.send([nap_action(5), nap_action(5), nap_action(0.01), nap_action(0.01)], np.arange(4))
+    time.sleep(0.5)  # worker 1's results wait in its pipe
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(0.2)
+    obs, rewards, terminated, truncated, info, ids = envs.recv(min_ready=4)
+    assert ids.tolist() == [0, 1, 2, 3] and truncated.tolist() == [True, True, False, False]
+    assert "worker_restarted" in info["error"][0] and all("slept" in o for o in obs[2:])
+    assert envs.faults == 1
+    envs.close()
+
+
 def test_env_that_raises_is_rebuilt_and_the_others_go_on():
     envs = SubprocVectorEnv([Flaky] * 4, num_workers=1)
     envs.reset(seed=0)
