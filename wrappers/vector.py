@@ -827,7 +827,7 @@ class WorkerVectorEnv(VectorEnv):
         """Lock-step: every environment steps; results in environment order."""
         self._check_open()
         self._drain()
-        self.send(list(actions), np.arange(self.num_envs))
+        self.send(actions)
         self._gather(self.num_envs, None)
         results = [self._ready.pop(i) for i in range(self.num_envs)]
         self._last_obs = [r[0] for r in results]
