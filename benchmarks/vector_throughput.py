@@ -138,7 +138,9 @@ def main() -> None:
         "sync": lambda k: SyncVectorEnv([math_env] * k),
     }
     gem = None
-    if os.path.exists(args.gem_python):
+    if not os.path.exists(args.gem_python):
+        result["gem_skipped"] = f"no interpreter at {args.gem_python} (--gem-python)"
+    else:
         try:
             gem = Peer("gem", args.gem_python)
         except RuntimeError as exc:
