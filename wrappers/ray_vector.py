@@ -258,6 +258,11 @@ class _RayHost(_Channel):
             raise WorkerLost(self._named(self.gone))
         return super().recv(timeout)
 
+    def recv_ready(self) -> list[Any]:
+        if self.gone is not None and not self.conn.poll(0):  # reported lost by Ray, nothing left to read
+            raise WorkerLost(self._named(self.gone))
+        return super().recv_ready()
+
     def alive(self) -> bool:
         return True  # a lost host shows as an error on its connection, or through ``serving``
 

@@ -381,17 +381,21 @@ class _Channel:
             raise WorkerLost(self.lost_reason()) from None
 
     def recv(self, timeout: float | None = None) -> Any:
+        if not readable([self.conn], timeout):
+            raise TimeoutError
+        return self._read()
+
+    def _read(self) -> Any:
         try:
-            if not readable([self.conn], timeout):
-                raise TimeoutError
             return pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             raise WorkerLost(self.lost_reason()) from None
 
     def recv_ready(self) -> list[Any]:
-        out = [self.recv(0)]
+        """The messages waiting (called once the connection is readable: the first is there)."""
+        out = [self._read()]
         while readable([self.conn], 0):
-            out.append(self.recv(0))
+            out.append(self._read())
         return out
 
     def close(self) -> None:
@@ -452,14 +456,15 @@ def _stack(space: gym.Space, items: list[Any]) -> Any:
     return concatenate(space, items, create_empty_array(space, len(items)))
 
 
-def batch_infos(infos: Sequence[tuple[int, dict]], num_envs: int) -> dict[str, Any]:
-    """The dict of arrays Gymnasium's ``_add_info`` builds from ``(env index, info)`` pairs, in
-    that order, key by key instead of env by env (the parent's serial cost of a batch; about a
-    third of the calls). Same arrays, dtypes (the first env's value decides), masks and nesting;
-    a key whose values mix dicts and non-dicts goes through ``_add_info`` itself."""
+def batch_infos(infos: Sequence[dict], num_envs: int, index: Sequence[int] | None = None) -> dict[str, Any]:
+    """The dict of arrays Gymnasium's ``_add_info`` builds from ``infos`` for the envs at
+    ``index`` (default: 0, 1, ...), in that order, key by key instead of env by env (the parent's
+    serial cost of a batch; about a third of the calls). Same arrays, dtypes (the first env's
+    value decides), masks and nesting; a key whose values mix dicts and non-dicts goes through
+    ``_add_info`` itself."""
     indices: dict[str, list[int]] = {}
     columns: dict[str, list[Any]] = {}
-    for j, info in infos:
+    for j, info in zip(range(len(infos)) if index is None else index, infos):
         for key, value in info.items():
             column = columns.get(key)
             if column is None:
@@ -482,7 +487,7 @@ def batch_infos(infos: Sequence[tuple[int, dict]], num_envs: int) -> dict[str, A
                     partial = batcher._add_info(partial, {key: value}, j)
                 out.update(partial)
                 continue
-            array = batch_infos(list(zip(index, values)), num_envs)
+            array = batch_infos(values, num_envs, index)
         else:
             kind = type(first)
             if kind in (int, float, bool) or issubclass(kind, np.number):
@@ -563,6 +568,7 @@ class WorkerVectorEnv(VectorEnv):
         self._fns = fns
         split = np.array_split(np.arange(self.num_envs), num_workers)
         self._groups = [{int(i): fns[i] for i in ids} for ids in split]
+        self._ranges = [range(int(ids[0]), int(ids[-1]) + 1) for ids in split]  # (array_split: contiguous)
         self._owner = [0] * self.num_envs  # env id -> its worker (a list: indexed per env per step)
         for w, group in enumerate(self._groups):
             for i in group:
@@ -682,7 +688,10 @@ class WorkerVectorEnv(VectorEnv):
             if busy:
                 raise RuntimeError(f"environments {busy} have a step in flight or a result not yet received")
         if not self._lost:  # nothing to report first: every action is a step
-            self._dispatch("step", list(zip(ids, actions)))
+            if env_ids is None:
+                self._dispatch_all(actions)
+            else:
+                self._dispatch("step", list(zip(ids, actions)))
             return
         jobs, resets = [], []
         for i, action in zip(ids, actions):
@@ -710,6 +719,16 @@ class WorkerVectorEnv(VectorEnv):
             except WorkerLost as lost:
                 self._restart(w, str(lost))
 
+    def _dispatch_all(self, actions: list[Any]) -> None:
+        """``_dispatch("step", ...)`` for every env: each worker's envs are a range of ids."""
+        now, pending = time.monotonic(), self._pending
+        for w, ids in enumerate(self._ranges):
+            pending.update(dict.fromkeys(ids, now))
+            try:
+                self._workers[w].send(("step", list(zip(ids, actions[ids.start:ids.stop]))))
+            except WorkerLost as lost:
+                self._restart(w, str(lost))
+
     def recv(self, min_ready: int = 1, timeout: float | None = None):
         """Results of at least ``min_ready`` stepped environments (all that are ready), with ids.
 
@@ -729,7 +748,7 @@ class WorkerVectorEnv(VectorEnv):
 
     def _gather(self, min_ready: int, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
-        owner, pending = self._owner, self._pending
+        owner, pending, ready = self._owner, self._pending, self._ready
         counts: dict[int, int] = {}  # worker -> its envs in flight (kept, not recounted per message)
         recount = True  # after a restart, which changes what is in flight
         while len(self._ready) < min_ready and pending:
@@ -755,14 +774,13 @@ class WorkerVectorEnv(VectorEnv):
                     continue
                 heard.add(w)
                 for _, results in messages:
+                    if self._lost_reset:
+                        results = [(i, self._lost_env_reset(i, result)) for i, result in results]
+                    got = len(ready)
                     for i, result in results:
-                        if pending.pop(i, None) is not None:
-                            counts[w] -= 1
-                            error = self._lost_reset.pop(i, None)
-                            if error is not None:  # the reset of a lost env (SAME_STEP)
-                                obs, info = result
-                                result = (obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error})
-                            self._ready[i] = result
+                        if pending.pop(i, None) is not None:  # (not a lost step's late result)
+                            ready[i] = result
+                    counts[w] -= len(ready) - got
             if self.step_timeout is not None and pending:
                 now = time.monotonic()
                 if now - next(iter(pending.values())) > self.step_timeout:
@@ -777,13 +795,22 @@ class WorkerVectorEnv(VectorEnv):
             if deadline is not None and time.monotonic() >= deadline:
                 break
 
+    def _lost_env_reset(self, i: int, result: tuple) -> tuple:
+        """A result as the parent returns it: the reset of a lost env (SAME_STEP) reports its loss."""
+        error = self._lost_reset.pop(i, None) if i in self._pending else None
+        if error is None:
+            return result
+        obs, info = result
+        return obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error}
+
     def _batch(self, results: list[tuple]):
-        n = len(results)
-        obs = _stack(self.single_observation_space, [r[0] for r in results])
-        rewards = np.array([r[1] for r in results], dtype=np.float64)
-        terminated = np.array([r[2] for r in results], dtype=np.bool_)
-        truncated = np.array([r[3] for r in results], dtype=np.bool_)
-        return obs, rewards, terminated, truncated, batch_infos([(j, r[4]) for j, r in enumerate(results)], n)
+        if not results:
+            return (_stack(self.single_observation_space, []), np.zeros(0), np.zeros(0, dtype=np.bool_),
+                    np.zeros(0, dtype=np.bool_), {})
+        obs, rewards, terminated, truncated, infos = zip(*results)  # by columns, in C
+        return (_stack(self.single_observation_space, obs), np.array(rewards, dtype=np.float64),
+                np.array(terminated, dtype=np.bool_), np.array(truncated, dtype=np.bool_),
+                batch_infos(infos, len(results)))
 
     # -- Gymnasium vector API ---------------------------------------------------------------------
 
@@ -815,8 +842,7 @@ class WorkerVectorEnv(VectorEnv):
         self._gather(len(ids), None)
         results = [self._ready.pop(i) for i in ids]
         obs_list = [r[0] for r in results]
-        infos = batch_infos([(i, r[-1] if isinstance(r[-1], dict) else {}) for i, r in zip(ids, results)],
-                            self.num_envs)
+        infos = batch_infos([r[-1] if isinstance(r[-1], dict) else {} for r in results], self.num_envs, ids)
         for i, o in zip(ids, obs_list):
             self._last_obs[i] = o
         obs_list = list(self._last_obs)
@@ -829,9 +855,10 @@ class WorkerVectorEnv(VectorEnv):
         self._drain()
         self.send(actions)
         self._gather(self.num_envs, None)
-        results = [self._ready.pop(i) for i in range(self.num_envs)]
-        self._last_obs = [r[0] for r in results]
-        return self._batch(results)
+        results = list(map(self._ready.pop, range(self.num_envs)))
+        batch = self._batch(results)
+        self._last_obs = list(batch[0]) if type(batch[0]) is tuple else [r[0] for r in results]
+        return batch
 
     def _drain(self) -> None:
         """Finish what a ready-first caller left in flight before a lock-step call."""

@@ -41,7 +41,7 @@ from typing import Any
 import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, get_format, split_reasoning
+from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.checks import positive_int, positive_number
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
@@ -306,6 +306,10 @@ class ToolEnv(gym.Env[str, str]):
         return self._first_observation(episode)
 
     def step(self, action: str) -> StepResult:
+        if type(action) is str and not self.info_timings:
+            result = self._step_one_call(action)
+            if result is not None:
+                return result
         plan = self._plan_step(action)
         timed = self.info_timings
         t = time.perf_counter() if timed else 0.0
@@ -475,6 +479,48 @@ class ToolEnv(gym.Env[str, str]):
             episode.resources.close()
         except Exception:
             log.exception("releasing the resources of task %s failed", episode.task.id)
+
+    def _step_one_call(self, action: str) -> StepResult | None:
+        """The common step in one frame: one call of a known tool, mid-episode, nothing to warn
+        about. It returns what the general path (``_plan_step``, the toolset, ``_finish_step``)
+        returns, without the plan, parse and result objects and their frames (a third of a
+        calculator step). ``None``, with nothing changed, for any other step."""
+        episode = self.episode
+        if episode is None or episode.done or len(action) > self.max_action_chars or episode.turn + 2 >= self.max_turns:
+            return None  # (the general path raises, cuts, or adds a note about the turn limit)
+        tags = self.reasoning_tags
+        if tags and (tags[1] in action or tags[0] in action):
+            return None
+        one = self.format.one_call(action)
+        if one is None:
+            return None
+        name, arguments, content = one
+        tool = self.toolset.tools.get(name)
+        if tool is None:
+            return None
+        episode.turn = turn = episode.turn + 1
+        episode.actions.append(action)
+        call_id = f"call_{turn}_0"
+        episode.messages.append({"role": "assistant", "content": content, "tool_calls": [{
+            "id": call_id, "type": "function", "function": {"name": name, "arguments": dumps_arguments(arguments)}}]})
+        if tool.direct:
+            result = self.toolset.run_direct(tool, arguments, self.tool_timeout, self.max_tool_output_chars)
+        else:
+            result = self.toolset.run(name, arguments, episode=episode, timeout=self.tool_timeout,
+                                      max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run)
+        message = {"role": "tool", "tool_call_id": call_id, "name": name, "content": result.content}
+        episode.messages.append(message)
+        error = result.error
+        if error:
+            episode.tool_errors += 1
+        obs = self.format.render_results([(call_id, name, result.content)])
+        if len(obs) > self.max_observation_chars:
+            obs = truncate(obs, self.max_observation_chars)
+        return obs, 0.0, False, False, {
+            "messages": [message], "task_id": episode.task.id, "turn": turn,
+            "tool_calls": [{"id": call_id, "name": name, "arguments": arguments}],
+            "error": error, "errors": [error] if error else [],
+        }
 
     def _plan_step(self, action: Any) -> "_StepPlan":
         t0 = time.perf_counter() if self.info_timings else 0.0

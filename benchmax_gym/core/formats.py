@@ -223,6 +223,12 @@ class ToolCallFormat:
     def parse(self, action: str, turn: int, tools: dict[str, Any] | None = None) -> Parsed:
         raise NotImplementedError
 
+    def one_call(self, action: str) -> tuple[str, dict[str, Any], str] | None:
+        """``(name, arguments, content)`` when ``action`` is plainly one call with an arguments
+        object (what ``parse`` finds), in one pass; ``None`` for anything else, left to ``parse``.
+        The engine's fast step uses it; a format need not offer it."""
+        return None
+
     def instructions(self, schemas: list[dict[str, Any]]) -> str:
         raise NotImplementedError
 
@@ -246,23 +252,9 @@ class HermesFormat(ToolCallFormat):
             if "</tool_call>" in action:
                 return Parsed(errors=["found </tool_call> without an opening <tool_call>"])
             return Parsed(content=action.strip())
-        # the common case in one pass: exactly one call (what the general loop below would find)
-        before, rest = action[:start], action[start + 11:]
-        body, closed, after = rest.partition("</tool_call>")
-        if closed and "<tool_call>" not in rest and "</tool_call>" not in after and "</tool_call>" not in before:
-            body = body.strip()  # a fenced body takes the general path
-            try:
-                obj, end = _scan_once(body, 0)
-            except (StopIteration, ValueError, RecursionError):
-                obj, end = None, -1
-            if end == len(body) and type(obj) is dict:
-                name, args = obj.get("name"), obj.get("arguments")
-                if type(name) is str and name and type(args) is dict and "function" not in obj:
-                    call, err = ToolCall(f"call_{turn}_0", name, args), None  # what _call_from_obj makes of it
-                else:
-                    call, err = _call_from_obj(obj, f"call_{turn}_0")
-                content = (before + after).strip()
-                return Parsed([call], [], content) if call else Parsed([], [err], content)
+        one = self.one_call(action)  # the common case in one pass (what the loop below would find)
+        if one is not None:
+            return Parsed([ToolCall(f"call_{turn}_0", one[0], one[1])], [], one[2])
         out = Parsed()
         found = list(_tagged(action, "<tool_call>", "</tool_call>"))
         bodies = [body for _, body, _, _ in found]
@@ -286,6 +278,26 @@ class HermesFormat(ToolCallFormat):
                 else:
                     out.calls.append(call)
         return out
+
+    def one_call(self, action):
+        start = action.find("<tool_call>")
+        if start < 0:
+            return None
+        before, rest = action[:start], action[start + 11:]
+        body, closed, after = rest.partition("</tool_call>")
+        if not closed or "<tool_call>" in rest or "</tool_call>" in after or "</tool_call>" in before:
+            return None
+        body = body.strip()  # a fenced body takes the general path
+        try:
+            obj, end = _scan_once(body, 0)
+        except (StopIteration, ValueError, RecursionError):
+            return None
+        if end != len(body) or type(obj) is not dict:
+            return None
+        name, args = obj.get("name"), obj.get("arguments")
+        if type(name) is not str or not name or type(args) is not dict or "function" in obj:
+            return None  # (_call_from_obj's other shapes)
+        return name, args, (before + after).strip()
 
     def render_calls(self, calls):
         return "\n".join(

@@ -92,6 +92,12 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(self.fn)
 
     @property
+    def direct(self) -> bool:
+        """Called directly in the caller's thread by ``step``: sync, and inline or self-timed,
+        without the episode (a calculator, the sandboxed ``python``)."""
+        return not self.is_async and (self.inline or self.self_timed) and not self.wants_episode
+
+    @property
     def schema(self) -> dict[str, Any]:
         """The OpenAI ``tools=[...]`` entry for this tool."""
         return {
@@ -391,7 +397,9 @@ class Toolset:
             run_coroutine: Callable[[Any, float], Any] | None = None) -> ToolResult:
         """Run one call synchronously. Async tools go through ``run_coroutine(coro, timeout)``."""
         t = self.tools.get(name)
-        if t is not None and type(arguments) is dict and not t.wants_episode:  # the common case, inline
+        if t is not None and type(arguments) is dict and not t.wants_episode:
+            if t.direct:
+                return self.run_direct(t, arguments, timeout, max_chars)
             try:
                 kwargs = t.validate(arguments)
             except ArgumentError as exc:
@@ -415,6 +423,21 @@ class Toolset:
             return ToolResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
         except Exception as exc:  # the tool's own failure is the model's observation
             return _error_result(name, exc)
+        text = value if type(value) is str else to_text(value)
+        return ToolResult(text if len(text) <= max_chars else truncate(text, max_chars))
+
+    @staticmethod
+    def run_direct(t: Tool, arguments: dict[str, Any], timeout: float, max_chars: int) -> ToolResult:
+        """``run`` for a tool that is called directly in this thread (``t.direct``) with an
+        arguments dict; the engine's fast step calls it itself."""
+        try:
+            value = t.fn(**t.validate(arguments))
+        except ArgumentError as exc:
+            return _bad_arguments(t.name, exc)
+        except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
+            return ToolResult(f"Error: tool '{t.name}' timed out after {timeout:g} s.", "tool_timeout")
+        except Exception as exc:  # the tool's own failure is the model's observation
+            return _error_result(t.name, exc)
         text = value if type(value) is str else to_text(value)
         return ToolResult(text if len(text) <= max_chars else truncate(text, max_chars))
 

@@ -433,6 +433,6 @@ def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd):
         error = type(exc)
     if error is not None:
         with pytest.raises(Exception):  # noqa: B017
-            batch_infos(pairs, n)
+            batch_infos(infos, n, positions)
         return
-    _same(batch_infos(pairs, n), expected)
+    _same(batch_infos(infos, n, positions), expected)

@@ -1,0 +1,201 @@
+"""The engine's fast step (one call, mid-episode, in one frame) returns exactly what the general
+path returns: the same observation, reward, flags and info, and the same transcript, for any
+action, including the ones it leaves to the general path."""
+
+import asyncio
+import json
+import time
+
+import gymnasium as gym
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv, ToolError, Toolset, tool
+
+
+@tool(inline=True)
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool
+def nap(seconds: float) -> str:
+    """Sleep in a thread, then say so."""
+    time.sleep(seconds)
+    return "rested"
+
+
+@tool
+async def anap(seconds: float) -> str:
+    """Sleep asynchronously."""
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+@tool
+def broken() -> str:
+    """Fails in a thread."""
+    raise RuntimeError("disk on fire")
+
+
+@tool(inline=True)
+def boom() -> str:
+    """Fails inline."""
+    raise RuntimeError("inline fire")
+
+
+@tool(inline=True)
+def deny(reason: str = "no") -> str:
+    """Fails cleanly, inline."""
+    raise ToolError(f"denied: {reason}")
+
+
+@tool(inline=True)
+def echo(text: str, times: int = 1) -> str:
+    """Repeat text."""
+    return text * times
+
+
+@tool(inline=True)
+def listing(n: int) -> list:
+    """A non-string result."""
+    return list(range(n))
+
+
+TOOLS = [add, nap, anap, broken, boom, deny, echo, listing]
+
+
+def make(**kwargs) -> ToolEnv:
+    tasks = ListTasks([Task(f"t{i}", f"Question {i}", "42") for i in range(3)])
+    return ToolEnv(tasks=tasks, toolset=Toolset(TOOLS), rubric=Rubric([lambda completion, answer: float(completion == answer)]),
+                   system_prompt="Test.", **kwargs)
+
+
+_names = st.sampled_from(["add", "nap", "anap", "broken", "boom", "deny", "echo", "listing", "nope", ""])
+_values = st.one_of(st.integers(-5, 40), st.text(max_size=12), st.booleans(), st.none(), st.floats(allow_nan=False),
+                    st.lists(st.integers(), max_size=2))
+_arguments = st.one_of(
+    st.fixed_dictionaries({"a": st.integers(-9, 9), "b": st.integers(-9, 9)}),
+    st.fixed_dictionaries({"text": st.text(max_size=20)}, optional={"times": st.integers(0, 30)}),
+    st.fixed_dictionaries({"n": st.integers(0, 30)}),
+    st.fixed_dictionaries({"seconds": st.just(0)}),
+    st.dictionaries(st.sampled_from(["a", "b", "text", "n", "seconds", "reason", "x"]), _values, max_size=3),
+    _values,
+)
+
+
+@st.composite
+def _body(draw):
+    name, args = draw(_names), draw(_arguments)
+    shape = draw(st.sampled_from(["plain", "plain", "plain", "string_args", "parameters", "function", "list",
+                                  "fenced", "no_args", "broken_json"]))
+    if shape == "string_args":
+        return json.dumps({"name": name, "arguments": json.dumps(args)})
+    if shape == "parameters":
+        return json.dumps({"name": name, "parameters": args})
+    if shape == "function":
+        return json.dumps({"function": {"name": name, "arguments": args}})
+    if shape == "list":
+        return json.dumps([{"name": name, "arguments": args}] * draw(st.integers(1, 2)))
+    if shape == "fenced":
+        return "```json\n" + json.dumps({"name": name, "arguments": args}) + "\n```"
+    if shape == "no_args":
+        return json.dumps({"name": name})
+    if shape == "broken_json":
+        return json.dumps({"name": name, "arguments": args})[:-1]
+    return json.dumps({"name": name, "arguments": args}, ensure_ascii=draw(st.booleans()))
+
+
+_text = st.sampled_from(["", "Let me compute.", "  ", "\n", "<think>hmm</think>", "</think>", "<think>", "x" * 50,
+                         "</tool_call>", "<tool_call>", "The answer is 42", "<tool_response>"])
+
+
+@st.composite
+def _one_call(draw):
+    """The step the fast path is for: text, one plain call, text."""
+    name = draw(st.sampled_from(["add", "echo", "listing", "boom", "deny", "nap", "anap", "broken"]))
+    args = {"add": {"a": 2, "b": 3}, "echo": {"text": "hey", "times": draw(st.integers(0, 30))},
+            "listing": {"n": draw(st.integers(0, 30))}, "nap": {"seconds": 0}, "anap": {"seconds": 0}}.get(name, {})
+    args = draw(st.one_of(st.just(args), _arguments))
+    spaced = draw(st.sampled_from(["", "\n", "  "]))
+    return (draw(st.sampled_from(["", "Let me compute.", " ok ", "<think>hmm</think>", "</think> so"])) + "<tool_call>" + spaced
+            + json.dumps({"name": name, "arguments": args}) + spaced + "</tool_call>" + draw(st.sampled_from(["", "\n", "done"])))
+
+
+@st.composite
+def _messy(draw):
+    parts = []
+    for _ in range(draw(st.integers(0, 2))):
+        parts.append(draw(_text))
+        if draw(st.booleans()):
+            closed = draw(st.integers(0, 9)) > 0
+            spaced = draw(st.sampled_from(["", "\n", "  "]))
+            parts.append("<tool_call>" + spaced + draw(_body()) + spaced + ("</tool_call>" if closed else ""))
+    parts.append(draw(_text))
+    return "".join(parts)
+
+
+_action = st.one_of(_one_call(), _one_call(), _messy())
+
+
+_config = st.fixed_dictionaries({}, optional={
+    "max_turns": st.integers(1, 5),
+    "max_observation_chars": st.integers(1, 60),
+    "max_tool_output_chars": st.integers(1, 40),
+    "max_action_chars": st.integers(10, 200),
+    "max_calls_per_action": st.integers(1, 2),
+    "reasoning_tags": st.sampled_from([None, ("<think>", "</think>")]),
+})
+
+
+def _play(env: ToolEnv, actions: list[str]) -> list:
+    out = [env.reset(seed=3)]
+    for action in actions:
+        try:
+            out.append(env.step(action))
+        except Exception as exc:  # noqa: BLE001  (both paths must raise alike)
+            out.append(("raised", type(exc).__name__, str(exc)))
+    episode = env.episode
+    out.append((episode.messages, episode.actions, episode.turn, episode.tool_errors, episode.done))
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_action, min_size=1, max_size=6), _config)
+def test_fast_step_returns_what_the_general_path_returns(actions, config):
+    fast, general = make(**config), make(**config)
+    general._step_one_call = lambda action: None  # this one always takes the general path
+    try:
+        assert _play(fast, actions) == _play(general, actions)
+    finally:
+        fast.close()
+        general.close()
+
+
+@pytest.mark.parametrize("action, taken", [
+    ('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', True),
+    ('<tool_call>{"name": "nap", "arguments": {"seconds": 0}}</tool_call>', True),  # a thread-run tool
+    ('<tool_call>{"name": "add", "arguments": {"a": "x", "b": 2}}</tool_call>', True),  # bad_arguments
+    ('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', False),  # unknown_tool: the general path
+    ('<tool_call>{"name": "add", "parameters": {"a": 1, "b": 2}}</tool_call>', False),
+    ("The answer is 42", False),
+])
+def test_which_steps_take_the_fast_path(action, taken):
+    env = make(max_turns=10)
+    calls = []
+    one_call = env._step_one_call
+    env._step_one_call = lambda a: calls.append(one_call(a)) or calls[-1]
+    env.reset(seed=0)
+    env.step(action)
+    assert (calls[0] is not None) == taken
+    env.close()
+
+
+def test_the_calculator_step_of_math_takes_the_fast_path():
+    env = gym.make("benchmax/Math-v0", python_tool=False).unwrapped
+    env.reset(seed=0)
+    action = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "(12 + 7) * 3"}}\n</tool_call>'
+    assert env._step_one_call(action)[0] == "<tool_response>\n57\n</tool_response>"
+    env.close()
