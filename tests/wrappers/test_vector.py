@@ -416,13 +416,25 @@ def _same(a, b):
             assert (x is y) or (isinstance(x, np.ndarray) and np.array_equal(x, y)) or x == y or (x != x and y != y)
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(_info, min_size=1, max_size=6), st.randoms())
-def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd):
+_same_keys = st.lists(st.sampled_from(["a", "b", "c", "final_obs"]), min_size=1, max_size=4, unique=True).flatmap(
+    lambda keys: st.lists(st.fixed_dictionaries({key: st.one_of(_leaf, st.dictionaries(
+        st.sampled_from(["x", "y"]), _leaf, max_size=2)) for key in keys}), min_size=1, max_size=6))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(_info, min_size=1, max_size=6), _same_keys), st.randoms(), st.booleans())
+def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd, whole):
+    """Any infos, for some of the envs at random positions or for every env in order (a
+    lock-step batch), with keys that differ or (as mid-episode) are the same for every env."""
     from benchmax_gym.wrappers.vector import _InfoBatch, batch_infos
 
-    n = len(infos) + 2
-    positions = rnd.sample(range(n), len(infos))
+    n = len(infos) if whole else len(infos) + 2
+    positions = list(range(n)) if whole else rnd.sample(range(n), len(infos))
+    for info in infos if rnd.random() < 0.5 else ():  # the same keys, inserted in another order
+        items = list(info.items())
+        rnd.shuffle(items)
+        info.clear()
+        info.update(items)
     pairs = list(zip(positions, infos))
     expected, error = {}, None
     try:
@@ -433,6 +445,6 @@ def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd):
         error = type(exc)
     if error is not None:
         with pytest.raises(Exception):  # noqa: B017
-            batch_infos(infos, n, positions)
+            batch_infos(infos, n, None if whole else positions)
         return
-    _same(batch_infos(infos, n, positions), expected)
+    _same(batch_infos(infos, n, None if whole else positions), expected)
