@@ -233,23 +233,27 @@ def summary(rounds: list[list[float]]) -> dict[str, float]:
             "round_medians_min": round(min(medians), 3), "round_medians_max": round(max(medians), 3)}
 
 
+def _defining(cls: type, attr: str) -> type:
+    """The class in ``cls``'s MRO that defines ``attr`` (where a stub replaces it and is undone)."""
+    return next(c for c in cls.__mro__ if attr in c.__dict__)
+
+
 def breakdown(env, rounds: int, steps: int) -> dict[str, float]:
     """Each part's cost: the step's median minus the median with that part replaced by a constant."""
     from benchmax_gym.core import env as core_env
     from benchmax_gym.core import formats, tools
 
     raw = env.unwrapped
-    parsed = raw.format.parse(ACTION, 1, raw._tool_params)
+    one = raw.format.one_call(ACTION)  # the step takes ToolEnv._step_one_call: these are its parts
+    assert one is not None and raw.toolset.tools["calculator"].direct, "the benchmark's step left the fast path"
     result = tools.ToolResult("55")
     parts = {
-        "parse (reasoning split, Hermes parse, JSON)": (type(raw.format), "parse",
-                                                        lambda self, a, t, p=None: formats.Parsed(list(parsed.calls), [], parsed.content)),
-        "assistant message's tool_calls (to_openai)": (formats.ToolCall, "to_openai", lambda self: {"id": self.id}),
-        "tool call (lookup, validation, calculator, result)": (tools.Toolset, "run", lambda self, *a, **k: result),
+        "find and decode the call (one_call: markers, JSON)": (type(raw.format), "one_call", lambda self, a: one),
+        "assistant message's arguments JSON (dumps_arguments)": (core_env, "dumps_arguments", lambda args: "{}"),
+        "tool call (run_direct: validation, calculator, result)": (tools.Toolset, "run_direct", lambda *a: result),
         "calculator alone": (raw.toolset.tools["calculator"], "fn", lambda expression: "55"),
         "argument validation": (raw.toolset.tools["calculator"], "validate", lambda args: args),
-        "error and turn bookkeeping (_after_tools)": (core_env.ToolEnv, "_after_tools", lambda self, plan: None),
-        "messages, observation and info (_finish_step)": (core_env.ToolEnv, "_finish_step", lambda self, plan: None),
+        "observation text (render_results)": (_defining(type(raw.format), "render_results"), "render_results", lambda self, results: "55"),
     }
     medians: dict[str, list[float]] = {"step": [], **{k: [] for k in parts}}
     for _ in range(rounds):
