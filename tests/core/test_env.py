@@ -2,40 +2,30 @@
 
 import asyncio
 import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
-from benchmax_gym.core import GeneratedTasks, ListTasks, Rubric, Task, ToolEnv, ToolError, Toolset, tool
+from benchmax_gym.core import (
+    GeneratedTasks,
+    ListTasks,
+    Rubric,
+    Task,
+    ToolEnv,
+    ToolError,
+    Toolset,
+    tool,
+)
 
 SECRET = "ANSWER-7f3a9c"  # the ground truth: must never reach obs or info
 
 
-@tool(inline=True)
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: first addend
-        b: second addend
-    """
-    return a + b
-
-
-@tool
-def nap(seconds: float) -> str:
-    """Sleep, then say so."""
-    time.sleep(seconds)
-    return "rested"
-
-
-@tool
-async def anap(seconds: float) -> str:
-    """Sleep asynchronously."""
-    await asyncio.sleep(seconds)
-    return "rested"
+sys.path.insert(0, str(Path(__file__).parent))
+from sample_tools import add, anap, nap
 
 
 @tool

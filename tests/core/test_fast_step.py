@@ -2,9 +2,9 @@
 path returns: the same observation, reward, flags and info, and the same transcript, for any
 action, including the ones it leaves to the general path."""
 
-import asyncio
 import json
-import time
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -13,25 +13,8 @@ from hypothesis import strategies as st
 
 from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv, ToolError, Toolset, tool
 
-
-@tool(inline=True)
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
-
-
-@tool
-def nap(seconds: float) -> str:
-    """Sleep in a thread, then say so."""
-    time.sleep(seconds)
-    return "rested"
-
-
-@tool
-async def anap(seconds: float) -> str:
-    """Sleep asynchronously."""
-    await asyncio.sleep(seconds)
-    return "rested"
+sys.path.insert(0, str(Path(__file__).parent))
+from sample_tools import add, anap, nap
 
 
 @tool
@@ -155,7 +138,7 @@ def _play(env: ToolEnv, actions: list[str]) -> list:
     for action in actions:
         try:
             out.append(env.step(action))
-        except Exception as exc:  # noqa: BLE001  (both paths must raise alike)
+        except Exception as exc:
             out.append(("raised", type(exc).__name__, str(exc)))
     episode = env.episode
     out.append((episode.messages, episode.actions, episode.turn, episode.tool_errors, episode.done))
