@@ -23,6 +23,8 @@ are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_rewar
   its ``init_rollout`` and ``compute_reward`` as in benchmax.
 * The episode is closed with ``release_rollout(rollout_id)``, or the package's
   ``cleanup_rollout(rollout_id)`` where that is what the class has.
+* ``shutdown()`` (sync, as ``LocalMCPEnv``'s, or async) is called when the env closes, or when
+  building it fails, for a class this env instantiated; an instance passed in is its owner's.
 * ``compute_group_reward`` is not called: a Gymnasium episode is scored on its own; normalising
   rewards over a group of rollouts (GRPO) is the trainer's step.
 * Tool calls are parsed by the engine's formats (hermes by default, as benchmax's prompt asks),
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,6 +62,8 @@ from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.tasks import ListTasks, Task
 from benchmax_gym.core.tools import Tool, Toolset
+
+log = logging.getLogger(__name__)
 
 Messages = list[dict[str, Any]]
 _ROW_PROMPT_KEYS = ("prompt", "messages", "prompt_messages", "ground_truth", "init_rollout_args")
@@ -188,11 +193,23 @@ class BenchmaxEnv(ToolEnv):
             raise TypeError("benchmax_env must be a benchmax BaseEnv subclass or instance (benchmax_gym's or "
                             "the benchmax package's), or have async list_tools, run_tool and compute_reward; "
                             f"got {benchmax_env!r}")
-        if isinstance(benchmax_env, type):
-            benchmax_env = benchmax_env(**dict(env_kwargs or {}))
         if not rows:
             raise ValueError("rows must not be empty")
+        # One this env instantiated is its own to shut down (at close, or when building fails);
+        # an instance the caller passed may serve several envs: its owner shuts it down.
+        self._owned = isinstance(benchmax_env, type)
+        if self._owned:
+            benchmax_env = benchmax_env(**dict(env_kwargs or {}))
         self.benchmax_env = benchmax_env
+        try:
+            self._build(benchmax_env, rows, engine_kwargs)
+        except BaseException:  # a bad argument fails here: nothing it started may outlive the error
+            self._shutdown()
+            if "aio" in self.__dict__:
+                self.aio.close()
+            raise
+
+    def _build(self, benchmax_env: Any, rows: Sequence[Mapping[str, Any]], engine_kwargs: dict[str, Any]) -> None:
         preprocess = getattr(benchmax_env, "dataset_preprocess", None)
         if preprocess is not None:
             rows = [_preprocessed(preprocess, row, i) for i, row in enumerate(rows)]
@@ -211,6 +228,24 @@ class BenchmaxEnv(ToolEnv):
             system_prompt=benchmax_env.system_prompt or "",
             **engine_kwargs,
         )
+
+    def _shutdown(self) -> None:
+        """Shut the benchmax env down (sync or async ``shutdown``) if it is this env's own, once."""
+        if not self._owned:
+            return
+        self._owned = False
+        try:
+            shutdown = getattr(self.benchmax_env, "shutdown", None)
+            done = shutdown() if shutdown is not None else None
+            if inspect.isawaitable(done):
+                self.aio.run(done)
+        except Exception:
+            log.exception("shutting down %r failed", self.benchmax_env)
+
+    def close(self):
+        self._end_episode()  # the rollout is released while its env still runs
+        self._shutdown()
+        super().close()
 
     async def _call_tool(self, tool_name: str, episode: Episode, **args: Any) -> Any:
         return await self.benchmax_env.run_tool(episode.rollout_id, tool_name, **args)

@@ -1,7 +1,9 @@
 """Code written for benchmax runs unchanged as a Gymnasium environment."""
 
 import asyncio
+import os
 import re
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -168,3 +170,67 @@ def test_benchmax_envs_run_in_every_vector_mode(mode):
         assert terminated.all() and list(rewards) == [2.0, 1.0]  # correct + used_tools
     finally:
         envs.close()
+
+
+class ServerEnv(NotesEnv):
+    """Starts something at construction that only its (async) shutdown stops, as benchmax's MCP
+    environments start servers: here a file that shutdown removes."""
+
+    list_tools_loops: list = []
+
+    def __init__(self, marker_dir, **kwargs):
+        super().__init__()
+        self.marker = Path(marker_dir) / f"server-{os.getpid()}-{id(self)}"
+        self.marker.write_text("running")
+
+    async def list_tools(self):
+        ServerEnv.list_tools_loops.append(asyncio.get_running_loop())
+        return await super().list_tools()
+
+    async def shutdown(self):
+        self.marker.unlink()
+
+
+class SyncServerEnv(ServerEnv):
+    """benchmax's LocalMCPEnv shuts down synchronously."""
+
+    def shutdown(self):
+        self.marker.unlink()
+
+
+@pytest.mark.parametrize("cls", [ServerEnv, SyncServerEnv])
+def test_a_class_it_builds_is_shut_down_at_close_and_when_make_fails(cls, tmp_path):
+    env = benchmax_gym.BenchmaxEnv(cls, ROWS, env_kwargs={"marker_dir": tmp_path})
+    assert len(list(tmp_path.iterdir())) == 1
+    env.reset(seed=0)
+    env.close()
+    env.close()  # twice is fine
+    assert list(tmp_path.iterdir()) == []
+
+    # A mistyped argument fails at make, and what the class started does not outlive the error.
+    with pytest.raises(TypeError, match="'max_turnz'"):
+        benchmax_gym.BenchmaxEnv(cls, ROWS, env_kwargs={"marker_dir": tmp_path}, max_turnz=3)
+    assert list(tmp_path.iterdir()) == []
+    assert cls.list_tools_loops[-1].is_closed()  # the event loop it listed the tools on, too
+
+    # An instance the caller passes is the caller's: closing the env leaves it running.
+    server = cls(marker_dir=tmp_path)
+    env = benchmax_gym.BenchmaxEnv(server, ROWS)
+    env.close()
+    assert server.marker.exists()
+    done = server.shutdown()
+    if asyncio.iscoroutine(done):
+        asyncio.run(done)
+    assert not server.marker.exists()
+
+
+def test_vector_workers_shut_down_the_classes_they_build(tmp_path):
+    env_id = register_benchmax_env("test/Server-v0", ServerEnv, ROWS, env_kwargs={"marker_dir": str(tmp_path)})
+    with pytest.raises(TypeError, match="'max_turnz'"):
+        gym.make(env_id, max_turnz=3)
+    assert list(tmp_path.iterdir()) == []
+    envs = gym.make_vec(env_id, num_envs=2)
+    envs.reset(seed=0)
+    assert len(list(tmp_path.iterdir())) == 2  # one per env, in the worker processes
+    envs.close()
+    assert list(tmp_path.iterdir()) == []
