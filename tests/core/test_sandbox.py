@@ -626,7 +626,10 @@ def test_an_episode_that_ends_during_its_call_leaves_nothing(bubblewrap):
     assert not thread.is_alive() and time.monotonic() - start < 20
     assert not box.workspace.exists() and not box.tmp.exists()
     server = sandbox_processes()[0]
-    assert len(server.children(recursive=True)) <= 3  # the call's processes are gone
+    deadline = time.monotonic() + 5  # the call's processes are gone (a spare monitor may be starting)
+    while len(server.children(recursive=True)) > 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(server.children(recursive=True)) <= 3, [p.cmdline() for p in server.children(recursive=True)]
     env.close()
 
 
