@@ -539,14 +539,8 @@ def _objects(values: list[Any], num_envs: int, where: list[int], whole: bool) ->
     if whole:
         return np.fromiter(values, dtype=object, count=num_envs)
     array = np.full(num_envs, fill_value=None, dtype=object)
-    _put(array, where, values)
+    array[where] = np.fromiter(values, dtype=object, count=len(values))  # (a list of lists would spread)
     return array
-
-
-def _put(array: np.ndarray, index: list[int], values: list[Any]) -> None:
-    """``array[j] = value`` for each pair of an object array, at once: through an object array
-    of the values, as a list of lists or tuples would be unpacked across the index."""
-    array[index] = np.fromiter(values, dtype=object, count=len(values))
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict) -> list[Callable]:
