@@ -99,6 +99,7 @@ class _Worker:
         self.envs: dict[int, gym.Env] = {}
         self.api: dict[int, Any] = {}
         self.plain: dict[int, bool] = {}
+        self.stepper: dict[int, Callable[[Any], tuple]] = {}
         self.loop = loop
         for i in env_fns:
             self._build(i)
@@ -112,6 +113,10 @@ class _Worker:
         self.envs[i] = env
         self.api[i] = async_api(env)
         self.plain[i] = self.api[i] is None or not getattr(self.api[i], "needs_event_loop", True)
+        # Behind Gymnasium's default wrappers alone, a step skips them, as an async step does: the
+        # worker resets an env before it steps (OrderEnforcing's check), and the passive checker
+        # only looks at a first step. A tenth of a calculator step in a worker.
+        self.stepper[i] = env.step if self.api[i] is None else self.api[i].step
         own = getattr(self.api[i], "aio", None) if not self.plain[i] else None
         if isinstance(own, OwnLoop):  # its async resources live on this loop: no hop per call
             try:
@@ -142,7 +147,7 @@ class _Worker:
             return obs, 0.0, False, False, info
         try:
             if self.plain[i]:
-                result = self.envs[i].step(action)
+                result = self.stepper[i](action)
             else:
                 result = await self.api[i].astep(action)
         except Exception as exc:
@@ -183,7 +188,7 @@ class _Worker:
         """``_step`` for a plain env that needs no reset, without a coroutine when its episode
         goes on (the common step)."""
         try:
-            obs, reward, terminated, truncated, info = result = self.envs[i].step(action)
+            obs, reward, terminated, truncated, info = result = self.stepper[i](action)
             if not (terminated or truncated):
                 result = (obs, float(reward), False, False, info)
                 ended = False

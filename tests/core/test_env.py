@@ -69,6 +69,34 @@ def assert_no_secret(*things):
     assert SECRET not in json.dumps(things, default=str)
 
 
+def test_reset_info_tools_are_the_callers_own_copy():
+    """A caller may edit the schemas a reset hands out: the env's, and the next reset's, stay."""
+    env = make_env()
+    _, info = env.reset(seed=0)
+    schemas = env.unwrapped.tool_schemas
+    assert info["tools"] == schemas and info["tools"] is not schemas
+    info["tools"][0]["function"]["name"] = "edited"
+    info["tools"][0]["function"]["parameters"]["properties"].clear()
+    info["tools"].append({"type": "function"})
+    _, again = env.reset(seed=1)
+    assert again["tools"] == schemas and schemas[0]["function"]["name"] == "add"
+    assert schemas[0]["function"]["parameters"]["properties"]
+
+
+def test_copy_json_copies_deeply_and_keeps_types_marshal_refuses():
+    from collections import OrderedDict
+    from benchmax_gym.core.env import copy_json
+
+    data = {"a": [1, 2.5, True, None, "x", {"b": (1, 2)}], "shared": None}
+    data["shared"] = data["a"][5]
+    out = copy_json(data)
+    assert out == data and out is not data and out["a"] is not data["a"] and out["a"][5] is not data["a"][5]
+    assert out["shared"] is out["a"][5]  # shared parts stay shared, as deepcopy keeps them
+    odd = {"k": OrderedDict(x=1)}
+    copied = copy_json(odd)
+    assert type(copied["k"]) is OrderedDict and copied == odd and copied["k"] is not odd["k"]
+
+
 def test_episode_flow_messages_and_reward():
     env = make_env()
     obs, info = env.reset(seed=0)

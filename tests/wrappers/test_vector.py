@@ -153,6 +153,21 @@ def test_info_keys_return_only_those_keys_and_step_alike(mode):
     full.close()
 
 
+def test_a_users_wrapper_runs_in_the_workers():
+    """A worker steps past Gymnasium's default wrappers only: one a user adds still runs."""
+    def bonus():
+        return gym.wrappers.TransformReward(gym.make("benchmax/Math-v0", python_tool=False), lambda r: r + 10.0)
+
+    wrapped = SubprocVectorEnv([bonus] * 2, num_workers=1)
+    plain = gym.make_vec("benchmax/Math-v0", num_envs=2, python_tool=False, num_workers=1)
+    for envs in (wrapped, plain):
+        envs.reset(seed=0)
+    assert wrapped.step([CALC] * 2)[1].tolist() == [10.0, 10.0]
+    assert plain.step([CALC] * 2)[1].tolist() == [0.0, 0.0]
+    wrapped.close()
+    plain.close()
+
+
 def test_per_env_options_and_distinct_reproducible_seeds():
     envs = gym.make_vec("benchmax/Math-v0", num_envs=4, python_tool=False, num_workers=2)
     obs, info = envs.reset(options=[{"task_index": i * 10} for i in range(4)])
