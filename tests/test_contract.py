@@ -397,12 +397,16 @@ def test_every_id_runs_as_a_verl_agent_loop(env_id):
 
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": 8192}},
                                "data": {}})
-    loop = hydra.utils.instantiate(
-        config={"_target_": "benchmax_gym.adapters.verl.BenchmaxAgentLoop", "env_id": env_id,
-                "env_kwargs": _kwargs(env_id)},
-        trainer_config=DictConfigWrap(config), server_manager=Server(), tokenizer=tokenizer, processor=None,
-        hf_model_type=None, dataset_cls=None, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
-    out = asyncio.run(loop.run({}, extra_info={"task_index": 0}))
+
+    async def trajectory():  # as verl's AgentLoopWorker does: built and run inside its event loop
+        loop = hydra.utils.instantiate(
+            config={"_target_": "benchmax_gym.adapters.verl.BenchmaxAgentLoop", "env_id": env_id,
+                    "env_kwargs": _kwargs(env_id)},
+            trainer_config=DictConfigWrap(config), server_manager=Server(), tokenizer=tokenizer, processor=None,
+            hf_model_type=None, dataset_cls=None, data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+        return await loop.run({}, extra_info={"task_index": 0})
+
+    out = asyncio.run(trajectory())
     reference = _token_session(env_id, _replies(env_id))
     assert (out.prompt_ids, out.response_ids, out.response_mask) == (
         reference.prompt_ids, reference.completion_ids, reference.loss_mask)
