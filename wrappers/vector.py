@@ -115,7 +115,7 @@ class _Worker:
         self.plain[i] = self.api[i] is None or not getattr(self.api[i], "needs_event_loop", True)
         # Behind Gymnasium's default wrappers alone, a step skips them, as an async step does: the
         # worker resets an env before it steps (OrderEnforcing's check), and the passive checker
-        # only looks at a first step. A tenth of a calculator step in a worker.
+        # only looks at a first step. 1.2-1.6 us of a calculator step's 9.5-12 in a worker.
         self.stepper[i] = env.step if self.api[i] is None else self.api[i].step
         own = getattr(self.api[i], "aio", None) if not self.plain[i] else None
         if isinstance(own, OwnLoop):  # its async resources live on this loop: no hop per call
