@@ -62,14 +62,18 @@ def cached_venv():
     import shutil
     import sys
 
+    from filelock import FileLock
+
     def build(name: str, requirement: str) -> str:
         venv = Path(__file__).resolve().parent.parent / name
         marker = venv / "benchmax-built-for"
-        if not (marker.is_file() and marker.read_text() == requirement):
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", requirement], check=True, timeout=900)
-            marker.write_text(requirement)
+        # parallel test workers each have their own session: one builds, the others wait for it
+        with FileLock(str(venv) + ".lock"):
+            if not (marker.is_file() and marker.read_text() == requirement):
+                shutil.rmtree(venv, ignore_errors=True)
+                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+                subprocess.run([str(venv / "bin" / "pip"), "install", "-q", requirement], check=True, timeout=900)
+                marker.write_text(requirement)
         return str(venv / "bin" / "python")
 
     return build
