@@ -60,7 +60,11 @@ def _solver(env_id, task_index, **env_kwargs):
 
 
 @pytest.mark.parametrize("env_id", ["benchmax/Math-v0", "benchmax/Excel-v0"])
-def test_concurrent_trajectories_from_worker_threads_each_play_their_own_task(env_id):
+def test_concurrent_trajectories_from_worker_threads_each_play_their_own_task(env_id, tmp_path, monkeypatch):
+    # a temp root of this test's own: other tests (parallel workers) use /tmp meanwhile
+    tmp_path.chmod(0o711)  # a sandbox's unprivileged uid must reach its workspace inside
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     rows = task_rows(env_id, 6)
     cfg = _config(env_id)
     before = set(glob.glob(f"{tempfile.gettempdir()}/benchmax-*"))
