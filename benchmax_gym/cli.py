@@ -129,7 +129,11 @@ def play(env: gym.Env, policy: str, plan: list[tuple[int, int | None]], seed: in
 
     base = env.unwrapped
     if policy == "solver":
-        act = base.reference_solver()
+        try:
+            act = base.reference_solver()
+        except NotImplementedError:
+            name = env.spec.id if env.spec else type(base).__name__
+            usage_error(f"no reference solver for {name}: use --policy random (or pass solver= to register_tool_env)")
     else:
         env.action_space.seed(seed)
 

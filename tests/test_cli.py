@@ -252,3 +252,51 @@ def test_mcp_serve_bad_env_arg_is_one_line_exit_2():
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and "did you mean 'tasks'" in done.stderr
+
+
+GEO = """
+import benchmax_gym
+
+def lookup(city: str) -> str:
+    \"\"\"Look up a city's country.
+
+    Args:
+        city: the city's English name
+    \"\"\"
+    return {"Lima": "Peru"}.get(city, "unknown")
+
+def correct(completion: str, answer: str) -> float:
+    return float(completion.strip() == "<answer>" + answer + "</answer>")
+
+class Solver:
+    def __init__(self, env):
+        self.env = env
+
+    def __call__(self, obs, info):
+        return "<answer>" + self.env.episode.task.answer + "</answer>"
+
+for name, extra in (("me/Geo-v0", {}), ("me/GeoSolved-v0", {"solver": Solver})):
+    benchmax_gym.register_tool_env(name, tools=[lookup], rubric=[correct], max_turns=3,
+                                   tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], **extra)
+"""
+
+
+def test_run_of_an_env_without_a_solver_says_use_random_in_one_line(tmp_path):
+    (tmp_path / "geo.py").write_text(GEO)
+    out = subprocess.run([*CLI, "--import", "geo", "run", "me/Geo-v0", "--episodes", "1", "--quiet"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "benchmax-gym: error: no reference solver for me/Geo-v0: use --policy random (or pass solver= to "
+        "register_tool_env)"]
+    random = subprocess.run([*CLI, "--import", "geo", "run", "me/Geo-v0", "--policy", "random", "--episodes", "1",
+                             "--json", "--quiet"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert random.returncode == 0, random.stderr
+
+
+def test_run_plays_the_solver_given_to_register_tool_env(tmp_path):
+    (tmp_path / "geo.py").write_text(GEO)
+    out = subprocess.run([*CLI, "--import", "geo", "run", "me/GeoSolved-v0", "--json", "--quiet"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["success_rate"] == 1.0
