@@ -225,7 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         env = gym.make(args.env_id, **_parse_env_args(args.env_arg))
     except gym.error.Error as exc:
         usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
-    except (TypeError, ValueError, OSError) as exc:
+    except (TypeError, ValueError, OSError, ImportError) as exc:  # ImportError: a missing extra, named
         usage_error(f"cannot make {args.env_id}: {exc}")
     tasks = getattr(env.unwrapped, "tasks", None)
     num_tasks = len(tasks) if tasks is not None else INFINITE
@@ -353,16 +353,16 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
     from benchmax_gym.serve import serve
 
     if args.max_sessions < 1:
-        raise SystemExit(f"--max-sessions must be at least 1, got {args.max_sessions}")
+        usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not 0 < args.idle_timeout < float("inf"):
-        raise SystemExit(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
+        usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
     try:
         serve(args.env_id, args.transport, host=args.host, port=args.port,
               env_kwargs=_parse_env_args(args.env_arg), seed=args.seed, idle_timeout=args.idle_timeout,
               max_sessions=args.max_sessions, auth_token=args.auth_token)
     except gym.error.Error as exc:
-        raise SystemExit(f"{exc}\nRun `benchmax-gym list` for the available ids.") from None
-    except (TypeError, ValueError) as exc:  # a bad --env-arg, found when the first environment is made
+        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+    except (TypeError, ValueError, ImportError) as exc:  # a bad --env-arg, found when the first environment is made
         usage_error(f"cannot make {args.env_id}: {exc}")
     except KeyboardInterrupt:
         pass
@@ -408,8 +408,29 @@ def _import_modules(names: list[str]) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    import shutil
+
     from benchmax_gym import launch
 
+    for flag, value in (("--nodes", args.nodes), ("--env-host-slots", args.env_host_slots)):
+        if value is not None and value < 1:
+            usage_error(f"{flag} must be at least 1, got {value}")
+    if not 0 < args.port < 65536:
+        usage_error(f"--port must be a port number, 1-65535, got {args.port}")
+    sky_python = args.sky_python or os.environ.get("BENCHMAX_GYM_SKY_PYTHON")
+    if sky_python and not shutil.which(sky_python):
+        where = "--sky-python" if args.sky_python else "$BENCHMAX_GYM_SKY_PYTHON"
+        usage_error(f"{where} {sky_python}: no such executable; give the python of a venv with SkyPilot, "
+                    "e.g. ~/.venv-sky/bin/python")
+    try:
+        return _launch(args, launch)
+    except SystemExit as exc:  # launch's own messages (SkyPilot missing, SkyPilot failed): one line
+        if isinstance(exc.code, str):
+            usage_error(exc.code)
+        raise
+
+
+def _launch(args: argparse.Namespace, launch: Any) -> int:
     if args.down:
         launch.run_sky("down", {"name": args.name}, args.sky_python)
         print(f"cluster {args.name} is down")

@@ -320,7 +320,7 @@ class OpenEnvEnv(gym.Env[str, str]):
     tasks = None  # the server's; eval takes a count (--tasks N)
     rubric = None
 
-    def __init__(self, base_url: str, *, auth_token: str | None = None, action_field: str | None = None,
+    def __init__(self, base_url: str | None = None, *, auth_token: str | None = None, action_field: str | None = None,
                  observation_field: str | None = None, timeout: float = 300.0, connect_timeout: float = 10.0,
                  max_action_chars: int = 1_000_000, max_observation_chars: int = 1_000_000,
                  render_mode: str | None = None, **unknown: Any):
@@ -328,10 +328,11 @@ class OpenEnvEnv(gym.Env[str, str]):
             hint = " (the served environment's options are set on the server: benchmax-gym openenv-serve " \
                    "ENV_ID --env-arg KEY=VALUE)"
             raise TypeError(f"OpenEnvEnv got unexpected keyword arguments {sorted(unknown)}{hint}")
-        _require()
+        _require()  # before base_url: a missing extra is the first thing to fix
         parts = urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
-            raise ValueError(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {base_url!r}")
+            raise ValueError(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {base_url!r} "
+                             "(the CLI: --env-arg base_url=http://HOST:PORT)")
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.base_url, self.render_mode = base_url.rstrip("/"), render_mode

@@ -300,3 +300,28 @@ def test_run_plays_the_solver_given_to_register_tool_env(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["success_rate"] == 1.0
+
+
+def test_openenv_id_without_the_extra_names_the_install_in_one_line():
+    """The extra is simulated missing: ``sys.modules["openenv"] = None`` makes its import fail."""
+    code = ("import sys; sys.modules['openenv'] = None; from benchmax_gym.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    for extra in ([], ["--env-arg", "base_url=http://127.0.0.1:9"]):
+        out = subprocess.run([sys.executable, "-c", code, "run", "benchmax/OpenEnv-v0", "--episodes", "1", *extra],
+                             capture_output=True, text=True, timeout=120)
+        _one_line_error(out, "pip install 'benchmax-gym[openenv]'")
+
+
+@pytest.mark.parametrize("args, says", [
+    (("launch", "--nodes", "0"), "--nodes must be at least 1, got 0"),
+    (("launch", "--nodes", "0", "--print-yaml"), "--nodes must be at least 1"),
+    (("launch", "--env-host-slots", "0", "--print-yaml"), "--env-host-slots must be at least 1"),
+    (("launch", "--port", "70000", "--print-yaml"), "--port must be a port number"),
+    (("launch", "--sky-python", "/nonexistent"), "--sky-python /nonexistent: no such executable"),
+    (("launch", "--sky-python", "/nonexistent", "--down"), "--sky-python /nonexistent: no such executable"),
+    (("mcp-serve", "benchmax/Mth-v0"), "Did you mean: `Math`?"),
+    (("mcp-serve", "benchmax/Math-v0", "--max-sessions", "0"), "--max-sessions must be at least 1"),
+])
+def test_launch_and_mcp_serve_errors_are_standard_usage_errors(args, says):
+    out = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    _one_line_error(out, "benchmax-gym: error: ", says)
