@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -86,9 +87,73 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                    "or opt in to resource limits only with sandbox='rlimits'")
     rows.append(("sandbox", sandbox))
     rows.append(("environments", ", ".join(registry.env_ids())))
+    rows += extras_rows()
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     return 0
+
+
+def extras_requirements() -> dict[str, list[str]]:
+    """Each optional extra's requirements: the checkout's setup.cfg when running from one (it may be
+    newer than the installed metadata), else the installed package's metadata."""
+    import configparser
+    import re
+    from importlib import metadata
+
+    from benchmax_gym.launch import _checkout
+
+    root = _checkout()
+    if root:
+        config = configparser.ConfigParser()
+        config.read(os.path.join(root, "setup.cfg"))
+        if config.has_section("options.extras_require"):
+            return {extra: [line.strip() for line in value.splitlines() if line.strip() and not line.strip().startswith("#")]
+                    for extra, value in config.items("options.extras_require")}
+    extras: dict[str, list[str]] = {}
+    for requirement in metadata.metadata("benchmax-gym").get_all("Requires-Dist") or []:
+        if found := re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement):
+            extras.setdefault(found[1], []).append(requirement)
+    return extras
+
+
+def extras_rows() -> list[tuple[str, str]]:
+    """``doctor``'s line per extra: installed, or what is missing and the pip command. Read from
+    package metadata (importlib.metadata): nothing heavy is imported."""
+    import re
+    from importlib import metadata
+
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip's dependency, nearly always there; without it versions go unchecked
+        Requirement = None  # noqa: N806
+    rows = []
+    for extra, requirements in extras_requirements().items():
+        have, missing = [], []
+        for text in requirements:
+            name = re.match(r"[A-Za-z0-9._-]+", text)[0]
+            if Requirement is not None:
+                requirement = Requirement(text)
+                if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+                    continue  # not for this platform
+            try:
+                version = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                missing.append(name)
+                continue
+            if Requirement is not None and requirement.specifier and not requirement.specifier.contains(
+                    version, prereleases=True):
+                missing.append(f"{name} {version} (wants {requirement.specifier})")
+            else:
+                have.append(f"{name} {version}")
+        if not missing:
+            state = "installed (" + (", ".join(have) if len(have) <= 4 else f"{len(have)} packages") + ")"
+        elif extra == "skypilot":
+            state = "not here: SkyPilot goes in a venv of its own (launch --sky-python)"
+        else:
+            state = (f"missing {', '.join(missing)}" + (f" ({len(have)} of {len(have) + len(missing)} there)" if have
+                                                        else "") + f": pip install 'benchmax-gym[{extra}]'")
+        rows.append((f"extra {extra}", state))
+    return rows
 
 
 def usage_error(message: Any) -> NoReturn:
@@ -472,8 +537,25 @@ def _add_launch(sub) -> None:
     la.set_defaults(func=cmd_launch)
 
 
+# reStructuredText from docstrings: ``x`` and :role:`x` (or :role:`~a.b.x`) read as x in --help
+_RST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
+
+
+def plain_text(text: str) -> str:
+    """``text`` with reStructuredText markup removed, as a terminal shows it."""
+    return _RST.sub(lambda m: m[1] or m[2], text)
+
+
+class PlainHelpFormatter(argparse.HelpFormatter):
+    """Help as plain text: descriptions and option help may come from docstrings."""
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0],
+                                     formatter_class=PlainHelpFormatter)
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it registers your own environment ids); repeatable")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -570,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
                     "task_args.FIELD=VALUE sets one argument of the task source")
     oe.set_defaults(func=cmd_openenv_serve)
+    for command in sub.choices.values():
+        command.formatter_class = PlainHelpFormatter
     args = parser.parse_args(argv)
     _import_modules(args.imports)
     return args.func(args)

@@ -325,3 +325,48 @@ def test_openenv_id_without_the_extra_names_the_install_in_one_line():
 def test_launch_and_mcp_serve_errors_are_standard_usage_errors(args, says):
     out = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     _one_line_error(out, "benchmax-gym: error: ", says)
+
+
+def _extras_in_setup_cfg():
+    import configparser
+    from pathlib import Path
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    return config.options("options.extras_require")
+
+
+def test_doctor_lists_every_extra_of_setup_cfg_and_whether_it_is_installed():
+    lines = run("doctor").stdout.splitlines()
+    for extra in _extras_in_setup_cfg():
+        line = next((x for x in lines if x.split()[:2] == ["extra", extra]), None)
+        assert line is not None, (extra, lines)
+        assert "installed (" in line or "missing" in line or "venv of its own" in line
+
+
+def test_doctor_names_what_an_extra_misses_and_the_pip_command(monkeypatch):
+    from importlib import metadata
+
+    from benchmax_gym import cli
+
+    real = metadata.version
+
+    def version(name):
+        if name == "openai":
+            raise metadata.PackageNotFoundError(name)
+        return "0.0.1" if name == "ray" else real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    rows = dict(cli.extras_rows())
+    assert rows["extra eval"] == "missing openai: pip install 'benchmax-gym[eval]'"
+    assert rows["extra ray"].startswith("missing ray 0.0.1 (wants ==") and "benchmax-gym[ray]" in rows["extra ray"]
+
+
+@pytest.mark.parametrize("command", ["", "list", "doctor", "run", "eval", "compare", "mcp-serve", "launch",
+                                     "openenv-serve"])
+def test_help_has_no_restructuredtext_markup(command):
+    import re
+
+    out = run(*command.split(), "--help").stdout
+    assert "usage:" in out
+    assert not re.search(r"``|:[a-z]+:`", out), out
