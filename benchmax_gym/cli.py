@@ -97,7 +97,6 @@ def extras_requirements() -> dict[str, list[str]]:
     """Each optional extra's requirements: the checkout's setup.cfg when running from one (it may be
     newer than the installed metadata), else the installed package's metadata."""
     import configparser
-    import re
     from importlib import metadata
 
     from benchmax_gym.launch import _checkout
@@ -107,7 +106,7 @@ def extras_requirements() -> dict[str, list[str]]:
         config = configparser.ConfigParser()
         config.read(os.path.join(root, "setup.cfg"))
         if config.has_section("options.extras_require"):
-            return {extra: [line.strip() for line in value.splitlines() if line.strip() and not line.strip().startswith("#")]
+            return {extra: [line for line in map(str.strip, value.splitlines()) if line and not line.startswith("#")]
                     for extra, value in config.items("options.extras_require")}
     extras: dict[str, list[str]] = {}
     for requirement in metadata.metadata("benchmax-gym").get_all("Requires-Dist") or []:
@@ -119,32 +118,25 @@ def extras_requirements() -> dict[str, list[str]]:
 def extras_rows() -> list[tuple[str, str]]:
     """``doctor``'s line per extra: installed, or what is missing and the pip command. Read from
     package metadata (importlib.metadata): nothing heavy is imported."""
-    import re
     from importlib import metadata
 
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:  # pip's dependency, nearly always there; without it versions go unchecked
-        Requirement = None  # noqa: N806
+    from packaging.requirements import Requirement  # a dependency of datasets and huggingface-hub
+
     rows = []
     for extra, requirements in extras_requirements().items():
         have, missing = [], []
-        for text in requirements:
-            name = re.match(r"[A-Za-z0-9._-]+", text)[0]
-            if Requirement is not None:
-                requirement = Requirement(text)
-                if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
-                    continue  # not for this platform
+        for requirement in map(Requirement, requirements):
+            if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+                continue  # not for this platform
             try:
-                version = metadata.version(name)
+                version = metadata.version(requirement.name)
             except metadata.PackageNotFoundError:
-                missing.append(name)
+                missing.append(requirement.name)
                 continue
-            if Requirement is not None and requirement.specifier and not requirement.specifier.contains(
-                    version, prereleases=True):
-                missing.append(f"{name} {version} (wants {requirement.specifier})")
+            if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
+                missing.append(f"{requirement.name} {version} (wants {requirement.specifier})")
             else:
-                have.append(f"{name} {version}")
+                have.append(f"{requirement.name} {version}")
         if not missing:
             state = "installed (" + (", ".join(have) if len(have) <= 4 else f"{len(have)} packages") + ")"
         elif extra == "skypilot":

@@ -33,7 +33,8 @@ def test_each_benchmark_starts_on_the_base_install_or_names_its_extra(script):
     if script in NEEDS:
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1, out.stderr
-        assert lines[0].startswith(f"{script}: needs ") and lines[0].endswith(f"pip install 'benchmax-gym[{NEEDS[script]}]'")
+        assert lines[0].startswith(f"{script}: needs ")
+        assert lines[0].endswith(f"pip install 'benchmax-gym[{NEEDS[script]}]'")
     else:
         assert out.returncode == 0 and "usage:" in out.stdout
 
@@ -63,5 +64,7 @@ def test_peers_without_an_interpreter_are_skipped_with_the_flag_named():
     assert "pass --gem-python PYTHON (or set BENCHMAX_GEM_PYTHON)" in missing["gem_tool_env_wrapper"]
     assert "pass --skyrl-python PYTHON (or set BENCHMAX_SKYRL_PYTHON)" in missing["skyrl_gym"]
     assert "--gem-python" in out.stderr and "--skyrl-python" in out.stderr
-    named = _run_on_base("step_overhead.py", "--rounds", "1", "--steps", "5", env={**env, "BENCHMAX_GEM_PYTHON": "/nonexistent/python"})
-    assert "no interpreter at /nonexistent/python" in json.loads(named.stdout)["peers_not_measured"]["gem_tool_env_wrapper"]
+    named = _run_on_base("step_overhead.py", "--rounds", "1", "--steps", "5",
+                         env={**env, "BENCHMAX_GEM_PYTHON": "/nonexistent/python"})
+    missing = json.loads(named.stdout)["peers_not_measured"]
+    assert "no interpreter at /nonexistent/python" in missing["gem_tool_env_wrapper"]
