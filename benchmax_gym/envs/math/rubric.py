@@ -15,7 +15,7 @@ more``) stays, and the whole answer then fails to parse as mathematics.
 
 math-verify itself drops ``\\text{...}`` and reads ``\\neq 18`` or ``\\ge 18`` as the number 18, so
 :func:`hedges` refuses an answer that relates or qualifies its value (``\\neq``, ``\\ge``, ``\\approx``,
-``\\pm``, or a word such as "not", "or", "more", "least", "wrong", in ``\\text{}`` or bare) where the
+``\\pm``, or a word such as "not", "or", "than", "least", "wrong", in ``\\text{}`` or bare) where the
 gold does not.
 
 A percent sign is read both ways, since a question asking "what percent" has the gold 20 while one
@@ -159,10 +159,12 @@ _RELATIONS = {
     "about": re.compile(r"\\(?:approx|sim|simeq|cong|propto)(?![A-Za-z])|[≈∼]"),
     "plus or minus": re.compile(r"\\(?:pm|mp)(?![A-Za-z])|±|∓"),
 }
+# "more", "less", "larger" alone state a difference ("5 more" answers "how many more"): their hedges
+# come with "or" or "than", which are listed
 _HEDGE_WORDS = frozenset(
     "not no nor neither either or but than except unless wrong incorrect false true maybe perhaps probably "
-    "possibly approximately approx about around roughly nearly almost least most more less fewer over under "
-    "above below between greater smaller larger bigger exceeds".split()
+    "possibly approximately approx about around roughly nearly almost least most over under above below "
+    "between exceeds".split()
 )
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
 

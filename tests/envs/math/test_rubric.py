@@ -298,6 +298,12 @@ def test_hedged_or_negated_true_answers_score_0(shared_data):
     assert [(gold, reply) for gold, reply in cases if correct(reply, gold) != 0.0] == []
 
 
+def test_a_difference_stated_in_words_is_no_hedge():
+    # "how many more...": the answer may say so; "or more" and "more than" stay hedges
+    assert is_equivalent("5", "5 \\text{ more}") and is_equivalent("5", "5\\text{ fewer apples}")
+    assert not is_equivalent("5", "5 \\text{ or more}") and not is_equivalent("5", "\\text{more than } 5")
+
+
 def test_a_gold_that_states_a_relation_still_matches_itself():
     for gold, reply in [("x \\neq 5", "\\boxed{x \\ne 5}"), ("1 \\pm \\sqrt{19}", "\\boxed{1 \\pm \\sqrt{19}}"),
                         ("x \\ge 3", "\\boxed{x \\geq 3}"), ("\\text{no}", "\\boxed{\\text{no}}")]:
