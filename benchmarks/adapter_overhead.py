@@ -25,7 +25,10 @@ import time
 
 import gymnasium as gym
 
-import benchmax_gym  # noqa: F401
+from _bench import need
+
+need("trl", "transformers", "tokenizers")  # the tiny tokenizer is a transformers fast tokenizer
+import benchmax_gym  # noqa: E402, F401
 from benchmax_gym.adapters import ChatTemplate, TokenSession
 from benchmax_gym.testing.tokenizers import tiny_tokenizer
 

@@ -21,7 +21,10 @@ import subprocess
 import sys
 import time
 
-from benchmax_gym.eval import ChatPolicy, evaluate
+from _bench import need
+
+need("eval", "openai")
+from benchmax_gym.eval import ChatPolicy, evaluate  # noqa: E402
 
 ENV_KWARGS = {"python_tool": False}
 

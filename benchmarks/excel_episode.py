@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -20,9 +21,9 @@ from pathlib import Path
 
 import gymnasium as gym
 import openpyxl
-import psutil
 
 import benchmax_gym  # noqa: F401
+from _bench import descendants, memory
 
 
 def ms(samples):
@@ -68,8 +69,7 @@ def measure(env, episodes: int) -> dict:
 
 
 def rss_all() -> int:
-    me = psutil.Process()
-    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)])
+    return sum(m["rss"] for pid in [os.getpid(), *descendants()] if (m := memory(pid)))
 
 
 def memory_per_episode(kwargs: dict, live: int) -> dict:

@@ -31,9 +31,12 @@ import time
 
 import gymnasium as gym
 import numpy as np
-from openenv.core.generic_client import GenericEnvClient
+from _bench import need
 
-import benchmax_gym  # noqa: F401
+need("openenv", "openenv.core")
+from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+
+import benchmax_gym  # noqa: E402, F401
 
 ACTION = '<tool_call>{"name": "calculator", "arguments": {"expression": "(12 + 7) * 3"}}</tool_call>'
 ENV_ARGS = {"python_tool": False, "max_turns": 10**9}

@@ -25,12 +25,14 @@ import time
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # the cluster stays on 127.0.0.1
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _bench import memory, need  # noqa: E402
+
+need("ray", "ray")
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import vector_throughput as vt  # noqa: E402
 
 from benchmax_gym.wrappers import RayVectorEnv, SubprocVectorEnv  # noqa: E402
@@ -56,7 +58,7 @@ def ready_first_rate(envs, action, seconds: float, batch: int) -> float:
 
 
 def pss_mb(pids: list[int]) -> list[float]:
-    return [round(psutil.Process(p).memory_full_info().pss / 2**20, 1) for p in pids]
+    return [round(m["pss"] / 2**20, 1) if (m := memory(p)) else None for p in pids]
 
 
 def recovery(cluster, n: int) -> dict:

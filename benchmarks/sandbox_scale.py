@@ -4,7 +4,7 @@
 after ``reset``; after one step in which every environment runs a python call (and the most seen
 while it ran); after a second such step. For each: the processes of the whole tree (this process,
 the workers and everything under them), the processes under each worker (beyond the workers
-themselves, which hold the environments), the tree's PSS (``psutil`` ``memory_full_info().pss``:
+themselves, which hold the environments), the tree's PSS (``/proc/PID/smaps_rollup``:
 pages shared after fork counted once) and, for comparison, the sum of RSS (which counts them once
 per process).
 
@@ -23,35 +23,28 @@ import threading
 import time
 
 import gymnasium as gym
-import psutil
 
 import benchmax_gym
+from _bench import alive, descendants, memory
 
 CODE = "print(sum(range(10)))"
 ACTION = '<tool_call>{"name": "python", "arguments": {"code": "' + CODE + '"}}</tool_call>'
 
 
-def tree() -> list[psutil.Process]:
-    me = psutil.Process()
-    return [me, *me.children(recursive=True)]
+def tree() -> list[int]:
+    return [os.getpid(), *descendants()]
 
 
 def snapshot(envs) -> dict:
     procs, pss, rss = 0, 0, 0
-    for p in tree():
-        try:
-            info = p.memory_full_info()
-        except psutil.Error:
+    for pid in tree():
+        info = memory(pid)
+        if info is None:
             continue
         procs += 1
-        pss += info.pss
-        rss += info.rss
-    per_worker = []
-    for pid in envs.worker_pids:
-        try:
-            per_worker.append(len(psutil.Process(pid).children(recursive=True)))
-        except psutil.Error:
-            per_worker.append(None)
+        pss += info["pss"]
+        rss += info["rss"]
+    per_worker = [len(descendants(pid)) if alive(pid) else None for pid in envs.worker_pids]
     return {"processes": procs, "processes_under_each_worker": per_worker,
             "pss_mb": round(pss / 2**20, 1), "rss_sum_mb": round(rss / 2**20, 1)}
 
@@ -63,12 +56,8 @@ def peak_during(envs, fn) -> tuple[float, int, int]:
 
     def sample():
         while not done.is_set():
-            try:
-                peak[0] = max(peak[0], len(tree()))
-                peak[1] = max([peak[1]] + [len(psutil.Process(pid).children(recursive=True))
-                                           for pid in envs.worker_pids])
-            except psutil.Error:
-                pass
+            peak[0] = max(peak[0], len(tree()))
+            peak[1] = max([peak[1]] + [len(descendants(pid)) for pid in envs.worker_pids])
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)

@@ -20,7 +20,10 @@ episode, and every figure is the median over all steps, with the range of the ro
 the median of a step with that part replaced by a constant (one process, interleaved rounds).
 
     python benchmarks/step_overhead.py [--rounds 10] [--steps 2000]
-        [--gem-python /work/venv-gem/bin/python] [--skyrl-python /work/venv-skyrl/bin/python] [--breakdown]
+        [--gem-python PYTHON] [--skyrl-python PYTHON] [--breakdown]
+
+A peer is measured when its interpreter is given (the flag, else ``$BENCHMAX_GEM_PYTHON`` /
+``$BENCHMAX_SKYRL_PYTHON``); without one it is skipped, with the reason on stderr and in the JSON.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import platform
 import re
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +43,7 @@ import gymnasium as gym
 
 import benchmax_gym  # noqa: F401  (registers the ids)
 from benchmax_gym.envs.math.calculator import evaluate, format_number
+from _bench import peer_python
 
 ACTION = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "(12 + 7) * 3 - 4 / 2"}}\n</tool_call>'
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -275,15 +280,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=2000, help="steps per round")
-    parser.add_argument("--gem-python", default="/work/venv-gem/bin/python", help="an interpreter with gem-llm")
-    parser.add_argument("--skyrl-python", default="/work/venv-skyrl/bin/python", help="an interpreter with skyrl-gym")
+    parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")
+    parser.add_argument("--skyrl-python", help="an interpreter with skyrl-gym (default: $BENCHMAX_SKYRL_PYTHON)")
     parser.add_argument("--breakdown", action="store_true")
     args = parser.parse_args()
 
     peers, missing = {}, {}
-    for name, python in (("gem_tool_env_wrapper", args.gem_python), ("skyrl_gym", args.skyrl_python)):
-        if not os.path.exists(python):
-            missing[name] = f"no interpreter at {python}"
+    for name, flag, variable, package, given in (
+            ("gem_tool_env_wrapper", "--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python),
+            ("skyrl_gym", "--skyrl-python", "BENCHMAX_SKYRL_PYTHON", "skyrl-gym", args.skyrl_python)):
+        python, skipped = peer_python(flag, variable, package, given)
+        if skipped:
+            missing[name] = skipped
+            print(f"{name} {skipped}", file=sys.stderr)
             continue
         try:
             peers[name] = Peer("gem" if name.startswith("gem") else "skyrl", python)

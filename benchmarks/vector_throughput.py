@@ -19,7 +19,7 @@ AsyncVectorEnv's figure swings widely from run to run on a 2-core machine (its 6
 compete for two cores): compare medians over rounds.
 
     python benchmarks/vector_throughput.py [--envs 64] [--seconds 3] [--rounds 3] [--scale-envs 4096]
-        [--gem-python /work/venv-gem/bin/python]
+        [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON; without one GEM is skipped)]
 """
 
 from __future__ import annotations
@@ -30,16 +30,17 @@ import gc
 import json
 import os
 import statistics
+import sys
 import time
 
 import gymnasium as gym
 import numpy as np
-import psutil
 from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import benchmax_gym
 from benchmax_gym.wrappers import SubprocVectorEnv
 
+from _bench import descendants, memory as process_memory, peer_python
 from step_overhead import ACTION as CALC, Peer  # the action (one calculator call) and the GEM peer
 
 
@@ -105,15 +106,11 @@ def memory(make, n: int) -> dict:
     envs.reset(seed=0)
     gc.collect()
     time.sleep(0.5)
-    procs = [psutil.Process(), *psutil.Process().children(recursive=True)]
+    procs = [os.getpid(), *descendants()]
     rss = pss = 0
-    for p in procs:
-        try:
-            info = p.memory_full_info()
-            rss += info.rss
-            pss += info.pss
-        except psutil.Error:
-            pass
+    for info in filter(None, map(process_memory, procs)):
+        rss += info["rss"]
+        pss += info["pss"]
     envs.close()
     return {"envs": n, "processes": len(procs), "rss_mb": rss / 2**20, "pss_mb": pss / 2**20}
 
@@ -124,7 +121,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale-envs", type=int, default=4096)
-    parser.add_argument("--gem-python", default="/work/venv-gem/bin/python", help="an interpreter with gem-llm")
+    parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")
     args = parser.parse_args()
     n, secs = args.envs, args.seconds
     workers = os.cpu_count() or 1
@@ -138,11 +135,13 @@ def main() -> None:
         "sync": lambda k: SyncVectorEnv([math_env] * k),
     }
     gem = None
-    if not os.path.exists(args.gem_python):
-        result["gem_skipped"] = f"no interpreter at {args.gem_python} (--gem-python)"
+    gem_python, skipped = peer_python("--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python)
+    if skipped:
+        result["gem_skipped"] = skipped
+        print(f"GEM {skipped}", file=sys.stderr)
     else:
         try:
-            gem = Peer("gem", args.gem_python)
+            gem = Peer("gem", gem_python)
         except RuntimeError as exc:
             result["gem_skipped"] = str(exc)[-300:]
     rounds: dict[str, list[float]] = {name: [] for name in [*makers, *(["gem_sync"] if gem else [])]}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -86,9 +87,65 @@ def cmd_doctor(args: argparse.Namespace) -> int:
                    "or opt in to resource limits only with sandbox='rlimits'")
     rows.append(("sandbox", sandbox))
     rows.append(("environments", ", ".join(registry.env_ids())))
+    rows += extras_rows()
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     return 0
+
+
+def extras_requirements() -> dict[str, list[str]]:
+    """Each optional extra's requirements: the checkout's setup.cfg when running from one (it may be
+    newer than the installed metadata), else the installed package's metadata."""
+    import configparser
+    from importlib import metadata
+
+    from benchmax_gym.launch import _checkout
+
+    root = _checkout()
+    if root:
+        config = configparser.ConfigParser()
+        config.read(os.path.join(root, "setup.cfg"))
+        if config.has_section("options.extras_require"):
+            return {extra: [line for line in map(str.strip, value.splitlines()) if line and not line.startswith("#")]
+                    for extra, value in config.items("options.extras_require")}
+    extras: dict[str, list[str]] = {}
+    for requirement in metadata.metadata("benchmax-gym").get_all("Requires-Dist") or []:
+        if found := re.search(r"""extra\s*==\s*["']([^"']+)["']""", requirement):
+            extras.setdefault(found[1], []).append(requirement)
+    return extras
+
+
+def extras_rows() -> list[tuple[str, str]]:
+    """``doctor``'s line per extra: installed, or what is missing and the pip command. Read from
+    package metadata (importlib.metadata): nothing heavy is imported."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement  # a dependency of datasets and huggingface-hub
+
+    rows = []
+    for extra, requirements in extras_requirements().items():
+        have, missing = [], []
+        for requirement in map(Requirement, requirements):
+            if requirement.marker is not None and not requirement.marker.evaluate({"extra": extra}):
+                continue  # not for this platform
+            try:
+                version = metadata.version(requirement.name)
+            except metadata.PackageNotFoundError:
+                missing.append(requirement.name)
+                continue
+            if requirement.specifier and not requirement.specifier.contains(version, prereleases=True):
+                missing.append(f"{requirement.name} {version} (wants {requirement.specifier})")
+            else:
+                have.append(f"{requirement.name} {version}")
+        if not missing:
+            state = "installed (" + (", ".join(have) if len(have) <= 4 else f"{len(have)} packages") + ")"
+        elif extra == "skypilot":
+            state = "not here: SkyPilot goes in a venv of its own (launch --sky-python)"
+        else:
+            state = (f"missing {', '.join(missing)}" + (f" ({len(have)} of {len(have) + len(missing)} there)" if have
+                                                        else "") + f": pip install 'benchmax-gym[{extra}]'")
+        rows.append((f"extra {extra}", state))
+    return rows
 
 
 def usage_error(message: Any) -> NoReturn:
@@ -129,7 +186,11 @@ def play(env: gym.Env, policy: str, plan: list[tuple[int, int | None]], seed: in
 
     base = env.unwrapped
     if policy == "solver":
-        act = base.reference_solver()
+        try:
+            act = base.reference_solver()
+        except NotImplementedError:
+            name = env.spec.id if env.spec else type(base).__name__
+            usage_error(f"no reference solver for {name}: use --policy random (or pass solver= to register_tool_env)")
     else:
         env.action_space.seed(seed)
 
@@ -221,7 +282,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         env = gym.make(args.env_id, **_parse_env_args(args.env_arg))
     except gym.error.Error as exc:
         usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
-    except (TypeError, ValueError, OSError) as exc:
+    except (TypeError, ValueError, OSError, ImportError) as exc:  # ImportError: a missing extra, named
         usage_error(f"cannot make {args.env_id}: {exc}")
     tasks = getattr(env.unwrapped, "tasks", None)
     num_tasks = len(tasks) if tasks is not None else INFINITE
@@ -349,16 +410,16 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
     from benchmax_gym.serve import serve
 
     if args.max_sessions < 1:
-        raise SystemExit(f"--max-sessions must be at least 1, got {args.max_sessions}")
+        usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not 0 < args.idle_timeout < float("inf"):
-        raise SystemExit(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
+        usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
     try:
         serve(args.env_id, args.transport, host=args.host, port=args.port,
               env_kwargs=_parse_env_args(args.env_arg), seed=args.seed, idle_timeout=args.idle_timeout,
               max_sessions=args.max_sessions, auth_token=args.auth_token)
     except gym.error.Error as exc:
-        raise SystemExit(f"{exc}\nRun `benchmax-gym list` for the available ids.") from None
-    except (TypeError, ValueError) as exc:  # a bad --env-arg, found when the first environment is made
+        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+    except (TypeError, ValueError, ImportError) as exc:  # a bad --env-arg, found when the first environment is made
         usage_error(f"cannot make {args.env_id}: {exc}")
     except KeyboardInterrupt:
         pass
@@ -404,8 +465,29 @@ def _import_modules(names: list[str]) -> None:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    import shutil
+
     from benchmax_gym import launch
 
+    for flag, value in (("--nodes", args.nodes), ("--env-host-slots", args.env_host_slots)):
+        if value is not None and value < 1:
+            usage_error(f"{flag} must be at least 1, got {value}")
+    if not 0 < args.port < 65536:
+        usage_error(f"--port must be a port number, 1-65535, got {args.port}")
+    sky_python = args.sky_python or os.environ.get("BENCHMAX_GYM_SKY_PYTHON")
+    if sky_python and not shutil.which(sky_python):
+        where = "--sky-python" if args.sky_python else "$BENCHMAX_GYM_SKY_PYTHON"
+        usage_error(f"{where} {sky_python}: no such executable; give the python of a venv with SkyPilot, "
+                    "e.g. ~/.venv-sky/bin/python")
+    try:
+        return _launch(args, launch)
+    except SystemExit as exc:  # launch's own messages (SkyPilot missing, SkyPilot failed): one line
+        if isinstance(exc.code, str):
+            usage_error(exc.code)
+        raise
+
+
+def _launch(args: argparse.Namespace, launch: Any) -> int:
     if args.down:
         launch.run_sky("down", {"name": args.name}, args.sky_python)
         print(f"cluster {args.name} is down")
@@ -447,8 +529,25 @@ def _add_launch(sub) -> None:
     la.set_defaults(func=cmd_launch)
 
 
+# reStructuredText from docstrings: ``x`` and :role:`x` (or :role:`~a.b.x`) read as x in --help
+_RST = re.compile(r":[a-z]+:`~?([^`]+)`|``([^`]+)``")
+
+
+def plain_text(text: str) -> str:
+    """``text`` with reStructuredText markup removed, as a terminal shows it."""
+    return _RST.sub(lambda m: m[1] or m[2], text)
+
+
+class PlainHelpFormatter(argparse.HelpFormatter):
+    """Help as plain text: descriptions and option help may come from docstrings."""
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0],
+                                     formatter_class=PlainHelpFormatter)
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it registers your own environment ids); repeatable")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -545,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
                     "task_args.FIELD=VALUE sets one argument of the task source")
     oe.set_defaults(func=cmd_openenv_serve)
+    for command in sub.choices.values():
+        command.formatter_class = PlainHelpFormatter
     args = parser.parse_args(argv)
     _import_modules(args.imports)
     return args.func(args)

@@ -33,6 +33,7 @@ import asyncio
 import functools
 import json
 import os
+import sys
 import weakref
 from types import SimpleNamespace
 from typing import Any
@@ -55,9 +56,51 @@ BAD_ACTION, RESET_NEEDED, SESSION_CLOSED = "bad_action", "reset_needed", "sessio
 
 def _require() -> None:
     try:
-        import openenv.core  # noqa: F401
+        _import_without_web_ui()
     except ImportError as exc:
         raise ImportError(f"OpenEnv support needs the openenv extra: {EXTRA} ({exc})") from None
+
+
+_WEB_UI = "openenv.core.env_server.web_interface"
+_WEB_UI_NAMES = ("create_web_interface_app", "WebInterfaceManager")
+
+
+def _import_without_web_ui() -> None:
+    """Import ``openenv.core`` without its Gradio web UI, which its package ``__init__`` imports
+    (gradio: 5-7 s before ``openenv-serve`` listens) though ``create_app`` uses it only under
+    ``ENABLE_WEB_INTERFACE``: the UI module is held back while the package loads (openenv treats it
+    as not installed), then its names resolve on first use, so a later import still finds it."""
+    if "openenv.core" in sys.modules or _WEB_UI in sys.modules:
+        import openenv.core  # noqa: F401
+        return
+    sys.modules[_WEB_UI] = None  # type: ignore[assignment]
+    try:
+        import openenv.core  # noqa: F401
+    finally:
+        if sys.modules.get(_WEB_UI, False) is None:
+            del sys.modules[_WEB_UI]
+    for name in ("openenv.core.env_server", "openenv.core"):
+        module = sys.modules[name]
+        for attr in _WEB_UI_NAMES:
+            if attr in vars(module) and getattr(module, attr) is None:
+                delattr(module, attr)
+        module.__getattr__ = _web_ui_getattr(module)  # type: ignore[attr-defined]
+
+
+def _web_ui_getattr(module: Any) -> Any:
+    """A module ``__getattr__`` that imports the web UI for its names and defers to the module's own."""
+    previous = vars(module).get("__getattr__")
+
+    def __getattr__(name: str) -> Any:
+        if name in _WEB_UI_NAMES:
+            import importlib
+
+            return getattr(importlib.import_module(_WEB_UI), name)
+        if previous is not None:
+            return previous(name)
+        raise AttributeError(f"module {module.__name__!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def _jsonable(value: Any) -> Any:
@@ -320,7 +363,7 @@ class OpenEnvEnv(gym.Env[str, str]):
     tasks = None  # the server's; eval takes a count (--tasks N)
     rubric = None
 
-    def __init__(self, base_url: str, *, auth_token: str | None = None, action_field: str | None = None,
+    def __init__(self, base_url: str | None = None, *, auth_token: str | None = None, action_field: str | None = None,
                  observation_field: str | None = None, timeout: float = 300.0, connect_timeout: float = 10.0,
                  max_action_chars: int = 1_000_000, max_observation_chars: int = 1_000_000,
                  render_mode: str | None = None, **unknown: Any):
@@ -328,10 +371,11 @@ class OpenEnvEnv(gym.Env[str, str]):
             hint = " (the served environment's options are set on the server: benchmax-gym openenv-serve " \
                    "ENV_ID --env-arg KEY=VALUE)"
             raise TypeError(f"OpenEnvEnv got unexpected keyword arguments {sorted(unknown)}{hint}")
-        _require()
+        _require()  # before base_url: a missing extra is the first thing to fix
         parts = urlsplit(base_url) if isinstance(base_url, str) else None
         if parts is None or parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
-            raise ValueError(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {base_url!r}")
+            raise ValueError(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {base_url!r} "
+                             "(the CLI: --env-arg base_url=http://HOST:PORT)")
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.base_url, self.render_mode = base_url.rstrip("/"), render_mode

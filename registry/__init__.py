@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,6 +174,7 @@ def register_tool_env(
     rubric: Any,
     system_prompt: str = "",
     description: str = "",
+    solver: Callable[[gym.Env], Callable[[str, dict[str, Any]], str]] | None = None,
     **defaults: Any,
 ) -> str:
     """Register a tool environment made of your own tools, tasks and reward functions.
@@ -184,6 +186,10 @@ def register_tool_env(
             dicts with ``prompt`` and ``answer`` (optional ``id``, ``metadata``).
         rubric: a :class:`~benchmax_gym.core.rubric.Rubric`, one reward function, or a list of them.
         system_prompt: instructions for the model (the tool-calling convention is added).
+        solver: the reference solver, ``solver(env) -> policy`` where ``policy(obs, info)``
+            returns the action (it may read ``env.episode.task``); what ``benchmax-gym run``
+            (``--policy solver``, the default) and ``testing.play(env)`` play. Without one they
+            ask for a policy.
         **defaults: default engine options (``max_turns``, ``tool_format``, ...), overridable
             in ``gym.make``.
 
@@ -207,6 +213,19 @@ def register_tool_env(
     tasks = source
     if not isinstance(rubric, Rubric):
         rubric = Rubric(rubric if isinstance(rubric, (list, tuple)) else [rubric])
-    return register_parts(env_id, ToolEnv, description or system_prompt.split("\n")[0][:80], defaults,
-                          tasks=tasks, toolset=toolset, rubric=rubric, system_prompt=system_prompt)
+    if solver is not None and not callable(solver):
+        raise TypeError(f"solver must be a callable solver(env) -> policy, got {solver!r}")
+    factory, extra = (ToolEnv, {}) if solver is None else (_tool_env_with_solver, {"solver": solver})
+    return register_parts(env_id, factory, description or system_prompt.split("\n")[0][:80], defaults,
+                          tasks=tasks, toolset=toolset, rubric=rubric, system_prompt=system_prompt, **extra)
+
+
+def _tool_env_with_solver(*, solver: Callable[[gym.Env], Any], **parts: Any) -> gym.Env:
+    """A ToolEnv whose ``reference_solver()`` is ``solver(env)`` (the ``solver=`` of
+    :func:`register_tool_env`), so the CLI and ``testing.play`` find it where they find a family's."""
+    from benchmax_gym.core import ToolEnv
+
+    env = ToolEnv(**parts)
+    env.reference_solver = functools.partial(solver, env)  # type: ignore[method-assign]
+    return env
 

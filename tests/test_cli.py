@@ -252,3 +252,121 @@ def test_mcp_serve_bad_env_arg_is_one_line_exit_2():
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.count("\n") == 1 and "did you mean 'tasks'" in done.stderr
+
+
+GEO = """
+import benchmax_gym
+
+def lookup(city: str) -> str:
+    \"\"\"Look up a city's country.
+
+    Args:
+        city: the city's English name
+    \"\"\"
+    return {"Lima": "Peru"}.get(city, "unknown")
+
+def correct(completion: str, answer: str) -> float:
+    return float(completion.strip() == "<answer>" + answer + "</answer>")
+
+class Solver:
+    def __init__(self, env):
+        self.env = env
+
+    def __call__(self, obs, info):
+        return "<answer>" + self.env.episode.task.answer + "</answer>"
+
+for name, extra in (("me/Geo-v0", {}), ("me/GeoSolved-v0", {"solver": Solver})):
+    benchmax_gym.register_tool_env(name, tools=[lookup], rubric=[correct], max_turns=3,
+                                   tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], **extra)
+"""
+
+
+def test_run_of_an_env_without_a_solver_says_use_random_in_one_line(tmp_path):
+    (tmp_path / "geo.py").write_text(GEO)
+    out = subprocess.run([*CLI, "--import", "geo", "run", "me/Geo-v0", "--episodes", "1", "--quiet"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "benchmax-gym: error: no reference solver for me/Geo-v0: use --policy random (or pass solver= to "
+        "register_tool_env)"]
+    random = subprocess.run([*CLI, "--import", "geo", "run", "me/Geo-v0", "--policy", "random", "--episodes", "1",
+                             "--json", "--quiet"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert random.returncode == 0, random.stderr
+
+
+def test_run_plays_the_solver_given_to_register_tool_env(tmp_path):
+    (tmp_path / "geo.py").write_text(GEO)
+    out = subprocess.run([*CLI, "--import", "geo", "run", "me/GeoSolved-v0", "--json", "--quiet"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["success_rate"] == 1.0
+
+
+def test_openenv_id_without_the_extra_names_the_install_in_one_line():
+    """The extra is simulated missing: ``sys.modules["openenv"] = None`` makes its import fail."""
+    code = ("import sys; sys.modules['openenv'] = None; from benchmax_gym.cli import main; "
+            "sys.exit(main(sys.argv[1:]))")
+    for extra in ([], ["--env-arg", "base_url=http://127.0.0.1:9"]):
+        out = subprocess.run([sys.executable, "-c", code, "run", "benchmax/OpenEnv-v0", "--episodes", "1", *extra],
+                             capture_output=True, text=True, timeout=120)
+        _one_line_error(out, "pip install 'benchmax-gym[openenv]'")
+
+
+@pytest.mark.parametrize("args, says", [
+    (("launch", "--nodes", "0"), "--nodes must be at least 1, got 0"),
+    (("launch", "--nodes", "0", "--print-yaml"), "--nodes must be at least 1"),
+    (("launch", "--env-host-slots", "0", "--print-yaml"), "--env-host-slots must be at least 1"),
+    (("launch", "--port", "70000", "--print-yaml"), "--port must be a port number"),
+    (("launch", "--sky-python", "/nonexistent"), "--sky-python /nonexistent: no such executable"),
+    (("launch", "--sky-python", "/nonexistent", "--down"), "--sky-python /nonexistent: no such executable"),
+    (("mcp-serve", "benchmax/Mth-v0"), "Did you mean: `Math`?"),
+    (("mcp-serve", "benchmax/Math-v0", "--max-sessions", "0"), "--max-sessions must be at least 1"),
+])
+def test_launch_and_mcp_serve_errors_are_standard_usage_errors(args, says):
+    out = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    _one_line_error(out, "benchmax-gym: error: ", says)
+
+
+def _extras_in_setup_cfg():
+    import configparser
+    from pathlib import Path
+
+    config = configparser.ConfigParser()
+    config.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    return config.options("options.extras_require")
+
+
+def test_doctor_lists_every_extra_of_setup_cfg_and_whether_it_is_installed():
+    lines = run("doctor").stdout.splitlines()
+    for extra in _extras_in_setup_cfg():
+        line = next((x for x in lines if x.split()[:2] == ["extra", extra]), None)
+        assert line is not None, (extra, lines)
+        assert "installed (" in line or "missing" in line or "venv of its own" in line
+
+
+def test_doctor_names_what_an_extra_misses_and_the_pip_command(monkeypatch):
+    from importlib import metadata
+
+    from benchmax_gym import cli
+
+    real = metadata.version
+
+    def version(name):
+        if name == "openai":
+            raise metadata.PackageNotFoundError(name)
+        return "0.0.1" if name == "ray" else real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    rows = dict(cli.extras_rows())
+    assert rows["extra eval"] == "missing openai: pip install 'benchmax-gym[eval]'"
+    assert rows["extra ray"].startswith("missing ray 0.0.1 (wants ==") and "benchmax-gym[ray]" in rows["extra ray"]
+
+
+@pytest.mark.parametrize("command", ["", "list", "doctor", "run", "eval", "compare", "mcp-serve", "launch",
+                                     "openenv-serve"])
+def test_help_has_no_restructuredtext_markup(command):
+    import re
+
+    out = run(*command.split(), "--help").stdout
+    assert "usage:" in out
+    assert not re.search(r"``|:[a-z]+:`", out), out

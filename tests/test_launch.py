@@ -61,7 +61,7 @@ def test_sky_task_round_trip(sky_python, nodes):
 def test_launch_without_skypilot_names_the_fix():
     out = subprocess.run([*CLI, "launch", "--nodes", "2"], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "BENCHMAX_GYM_SKY_PYTHON": ""})
-    assert out.returncode != 0
+    assert out.returncode == 2 and out.stderr.startswith("benchmax-gym: error: ") and out.stderr.count("\n") == 1
     assert "needs SkyPilot" in out.stderr and "benchmax-gym[skypilot]" in out.stderr and "--sky-python" in out.stderr
 
 

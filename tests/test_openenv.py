@@ -539,3 +539,18 @@ def test_openenvs_connect4_example_plays_through_the_gym_api(connect4):
     other.close()
     with pytest.raises(ValueError, match=r"action_field='row' is not a field.*\['column'\]"):
         gym.make("benchmax/OpenEnv-v0", base_url=connect4, action_field="row")
+
+
+def test_openenv_loads_without_its_gradio_web_ui_which_stays_importable():
+    """openenv.core's package imports its Gradio web UI (5-7 s of openenv-serve's start) though the
+    server never uses it; we hold it back, and its names still resolve on first use."""
+    code = ("import sys; from benchmax_gym.openenv import _classes, serve; _classes()\n"
+            "from openenv.core.env_server.http_server import create_app\n"
+            "import openenv.core\n"
+            "assert 'gradio' not in sys.modules, 'gradio imported'\n"
+            "assert openenv.core.GenericEnvClient.__name__ == 'GenericEnvClient'\n"
+            "assert openenv.core.create_web_interface_app.__name__ == 'create_web_interface_app'\n"
+            "from openenv.core.env_server import WebInterfaceManager\n"
+            "assert 'gradio' in sys.modules\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]

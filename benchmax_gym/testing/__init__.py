@@ -41,7 +41,7 @@ class Played:
 def play(env: gym.Env, policy: Policy | None = None, **reset_kwargs: Any) -> Played:
     """Reset ``env`` (``seed=``, ``options=``) and step ``policy(obs, info)`` to the end; the
     default policy is the env's reference solver."""
-    episode = _episode(env.reset, env.step, policy or env.unwrapped.reference_solver(), reset_kwargs)
+    episode = _episode(env.reset, env.step, policy or _reference_solver(env), reset_kwargs)
     try:
         episode.send(None)  # sync reset/step: nothing in it awaits
     except StopIteration as done:
@@ -52,7 +52,17 @@ def play(env: gym.Env, policy: Policy | None = None, **reset_kwargs: Any) -> Pla
 async def aplay(env: gym.Env, policy: Policy | None = None, **reset_kwargs: Any) -> Played:
     """:func:`play` through the env's own ``areset``/``astep``."""
     base = env.unwrapped
-    return await _episode(base.areset, base.astep, policy or base.reference_solver(), reset_kwargs)
+    return await _episode(base.areset, base.astep, policy or _reference_solver(env), reset_kwargs)
+
+
+def _reference_solver(env: gym.Env) -> Policy:
+    """The env's reference solver, or an error that says what to pass instead."""
+    try:
+        return env.unwrapped.reference_solver()
+    except NotImplementedError as exc:
+        name = env.spec.id if env.spec else type(env.unwrapped).__name__
+        raise NotImplementedError(f"{exc}; pass a policy, play(env, policy), or give {name} one "
+                                  "with register_tool_env(..., solver=...)") from None
 
 
 async def _episode(reset: Callable, step: Callable, act: Policy, reset_kwargs: dict[str, Any]) -> Played:

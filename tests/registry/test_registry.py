@@ -155,3 +155,50 @@ def test_a_custom_tasks_grader_data_never_reaches_the_model():
     with pytest.raises(ValueError, match=r"tasks\[0\]\['metadata'\] must be a dict"):
         registry.register_tool_env("test/BadMeta-v0", tools=[country], rubric=[state_matches],
                                    tasks=[{"prompt": "x", "metadata": "the answer is 4"}])
+
+
+def _geo(env_id, **extra):
+    def lookup(city: str) -> str:
+        """Look up a city's country.
+
+        Args:
+            city: the city's English name
+        """
+        return {"Lima": "Peru"}.get(city, "unknown")
+
+    def correct(completion: str, answer: str) -> float:
+        return float(completion.strip() == f"<answer>{answer}</answer>")
+
+    return benchmax_gym.register_tool_env(env_id, tools=[lookup], rubric=[correct], max_turns=3,
+                                          tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], **extra)
+
+
+def test_register_tool_env_takes_a_reference_solver_that_play_uses():
+    from benchmax_gym.testing import play
+
+    class Solver:  # solver(env) -> policy, as the built-in families' solvers are
+        def __init__(self, env):
+            self.env = env
+
+        def __call__(self, obs, info):
+            if info["turn"] == 0:
+                return '<tool_call>{"name": "lookup", "arguments": {"city": "Lima"}}</tool_call>'
+            return f"<answer>{self.env.episode.task.answer}</answer>"
+
+    env = gym.make(_geo("testing/GeoSolved-v0", solver=Solver))
+    played = play(env, seed=0)
+    assert played.reward == 1.0 and played.terminated and "Peru" in played.observations[1]
+
+
+def test_play_without_a_solver_says_what_to_pass():
+    from benchmax_gym.testing import play
+
+    env = gym.make(_geo("testing/GeoUnsolved-v0"))
+    with pytest.raises(NotImplementedError, match="solver="):
+        play(env, seed=0)
+    assert play(env, lambda obs, info: "<answer>Peru</answer>", seed=0).reward == 1.0
+
+
+def test_register_tool_env_refuses_a_solver_that_is_not_callable():
+    with pytest.raises(TypeError, match="solver"):
+        _geo("testing/GeoBadSolver-v0", solver="yes")

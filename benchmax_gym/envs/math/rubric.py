@@ -12,6 +12,17 @@ sentence's full stop, a trailing unit or word (``18 dollars``), the degree sign,
 signs, and the space of an implicit product (``4 i``). It removes nothing that can turn a wrong
 answer into a right one: a trailing phrase that hedges or negates (``18 is wrong``, ``18 or
 more``) stays, and the whole answer then fails to parse as mathematics.
+
+math-verify itself drops ``\\text{...}`` and reads ``\\neq 18`` or ``\\ge 18`` as the number 18, so
+:func:`hedges` refuses an answer that relates or qualifies its value (``\\neq``, ``\\ge``, ``\\approx``,
+``\\pm``, or a word such as "not", "or", "than", "least", "wrong", in ``\\text{}`` or bare) where the
+gold does not.
+
+A percent sign is read both ways, since a question asking "what percent" has the gold 20 while one
+asking for the share may have 0.2: ``20\\%`` (or ``20%``, ``20 percent``) matches a gold of 20 and
+of 0.2 (or ``\\frac{1}{5}``), and a gold of ``20\\%`` accepts 20 and 0.2. Without the sign nothing is
+scaled: 0.2 does not match 20. (math-verify alone reads ``9\\%`` as 9 only for integers, and fails
+to parse a boxed ``20\\%`` at all.)
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import logging
 import math
 import re
 import threading
+from decimal import Decimal
 from fractions import Fraction
 
 from benchmax_gym.core.rubric import RewardFn, Rubric, answer_tags, final_answer
@@ -116,6 +128,11 @@ _NOT_UNITS = frozenset(
 _PRODUCT_SPACE = re.compile(r"(\\[A-Za-z]+|[A-Za-z]+|[0-9})])\s+(?=[A-Za-z](?![A-Za-z]))")
 
 
+_PERCENT_WORD = re.compile(
+    r"(?<=[\d}])\s*(?:\\(?:text|mbox|mathrm|textrm)\s*\{\s*(?:\\?%|per\s*cent)\s*\}|per\s*cent\b)", re.IGNORECASE
+)
+
+
 def normalize_answer(answer: str) -> str:
     """What is left of an answer once reading conventions are gone; both sides are normalised.
 
@@ -123,6 +140,7 @@ def normalize_answer(answer: str) -> str:
     ``"30°"`` -> ``"30^\\circ"``, ``"3 + 4 i"`` -> ``"3 + 4i"``. ``"18 is wrong"`` stays as it is.
     """
     text = _CURRENCY.sub("", str(answer)).strip()
+    text = _PERCENT_WORD.sub(r"\\%", text)
     text = _DEGREE.sub(r"^\\circ ", text).strip()
     text = _ANSWER_IS.sub("", text)
     text = _FULL_STOP.sub("", text).strip()
@@ -130,6 +148,52 @@ def normalize_answer(answer: str) -> str:
     if tail and not {w.strip(".").lower() for w in re.findall(r"[A-Za-z]+\.?", tail["unit"])} & _NOT_UNITS:
         text = tail["value"].strip()
     return _PRODUCT_SPACE.sub(lambda m: m[1] if len(m[1]) == 1 else m[0], text)
+
+
+# -- hedges, negations and relations (see the module docstring) -------------------------------
+
+_RELATIONS = {
+    "not equal": re.compile(r"\\(?:neq?|not|nless|ngtr|neg|lnot)(?![A-Za-z])|≠|!="),
+    "at least": re.compile(r"\\(?:geq?|geqq|geqslant|gt|gg|succ|succeq)(?![A-Za-z])|[≥>]"),
+    "at most": re.compile(r"\\(?:leq?|leqq|leqslant|lt|ll|prec|preceq)(?![A-Za-z])|[≤<]"),
+    "about": re.compile(r"\\(?:approx|sim|simeq|cong|propto)(?![A-Za-z])|[≈∼]"),
+    "plus or minus": re.compile(r"\\(?:pm|mp)(?![A-Za-z])|±|∓"),
+}
+# "more", "less", "larger" alone state a difference ("5 more" answers "how many more"): their hedges
+# come with "or" or "than", which are listed
+_HEDGE_WORDS = frozenset(
+    "not no nor neither either or but than except unless wrong incorrect false true maybe perhaps probably "
+    "possibly approximately approx about around roughly nearly almost least most over under above below "
+    "between exceeds".split()
+)
+_WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{2,}")
+
+
+def hedges(answer: str) -> set[str]:
+    """The relations (``\\neq``, ``\\ge``, ``\\approx``, ``\\pm``...) and hedging words ("not", "or
+    more", "at least", "wrong") in an answer. :func:`is_equivalent` refuses a prediction with one
+    the gold lacks: math-verify would read ``\\neq 18`` and ``18 \\text{ or more}`` as plain 18."""
+    found = {name for name, pattern in _RELATIONS.items() if pattern.search(answer)}
+    return found | {word for word in map(str.lower, _WORD.findall(answer)) if word in _HEDGE_WORDS}
+
+
+_TRAILING_PERCENT = re.compile(r"^(?P<value>.*?)\s*\\?%$")
+
+
+def _split_percent(answer: str) -> tuple[str, bool]:
+    """``"20\\%"`` -> ``("20", True)``; an answer without a trailing percent sign is returned as is."""
+    match = _TRAILING_PERCENT.match(answer)
+    if match and match["value"].strip():
+        return match["value"].strip(), True
+    return answer, False
+
+
+def _hundredth(value: str) -> str:
+    """``value / 100`` written so the comparison can read it: a plain decimal stays one (exact)."""
+    text = value.replace(",", "") if _THOUSANDS.fullmatch(value) else value
+    if _PLAIN_NUMBER.fullmatch(text):
+        return format(Decimal(text).scaleb(-2), "f")
+    return f"\\frac{{{value}}}{{100}}"
 
 
 def _plain_number(text: str) -> Fraction | None:
@@ -170,7 +234,9 @@ def _verify(gold: str, predicted: str, timeout: int | None) -> bool:
 def is_equivalent(gold: str, predicted: str, timeout: float = 5.0) -> bool:
     """Whether ``predicted`` is mathematically the same answer as ``gold``; never raises.
 
-    Both sides are normalised first (:func:`normalize_answer`). Plain numbers (``"18"`` /
+    A prediction that hedges where the gold does not (:func:`hedges`) is not equivalent. Both
+    sides are normalised (:func:`normalize_answer`), and a trailing percent sign on one side
+    also tries the value divided by 100 (see the module docstring). Plain numbers (``"18"`` /
     ``"18.0"`` / ``"1,600"``) are then compared exactly without sympy.
     Everything else goes through math-verify, bounded by ``timeout`` seconds in any thread;
     a timeout, any error, or an answer longer than :data:`MAX_ANSWER_CHARS` counts as not
@@ -182,18 +248,30 @@ def is_equivalent(gold: str, predicted: str, timeout: float = 5.0) -> bool:
             return False
         if max(len(gold), len(predicted)) > MAX_ANSWER_CHARS:
             return False
+        if hedges(predicted) - hedges(gold):
+            return False
         gold, predicted = normalize_answer(gold), normalize_answer(predicted)
         if not gold or not predicted:
             return False
-        a, b = _plain_number(gold), _plain_number(predicted)
-        if a is not None and b is not None:
-            return a == b
-        if threading.current_thread() is threading.main_thread():
-            # signal.alarm works here; it takes whole seconds
-            return _verify(gold, predicted, max(1, math.ceil(timeout)))
-        return _verify_in_thread(gold, predicted, timeout)
+        (gold, gold_percent), (predicted, predicted_percent) = _split_percent(gold), _split_percent(predicted)
+        pairs = [(gold, predicted)]
+        if predicted_percent and not gold_percent:
+            pairs.append((gold, _hundredth(predicted)))
+        elif gold_percent and not predicted_percent:
+            pairs.append((_hundredth(gold), predicted))
+        return any(_same(g, p, timeout) for g, p in pairs)
     except Exception:
         return False
+
+
+def _same(gold: str, predicted: str, timeout: float) -> bool:
+    a, b = _plain_number(gold), _plain_number(predicted)
+    if a is not None and b is not None:
+        return a == b
+    if threading.current_thread() is threading.main_thread():
+        # signal.alarm works here; it takes whole seconds
+        return _verify(gold, predicted, max(1, math.ceil(timeout)))
+    return _verify_in_thread(gold, predicted, timeout)
 
 
 def _verify_in_thread(gold: str, predicted: str, timeout: float) -> bool:

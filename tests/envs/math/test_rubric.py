@@ -266,3 +266,101 @@ def test_every_benchmark_gold_grades_1_against_itself_in_its_natural_forms(share
     failures = [(gold, reply) for golds, is_gsm8k in ((math500, False), (gsm8k, True)) for gold in golds
                 for reply in _natural_forms(gold, is_gsm8k) if correct(reply, gold) != 1.0]
     assert failures == []
+
+
+# -- hedged, negated and percent forms of real gold answers -----------------------------------
+
+def _real_golds(shared_data):
+    from benchmax_gym.envs.math.datasets import gsm8k_gold
+
+    math500 = [json.loads(x)["answer"] for x in (shared_data / "math500" / "test_first100.jsonl").read_text().splitlines()]
+    gsm8k = [gsm8k_gold(json.loads(x)["answer"])
+             for x in (shared_data / "gsm8k" / "train_sample500.jsonl").read_text().splitlines()]
+    return math500, gsm8k
+
+
+# each wraps the true answer G in a relation or a hedge: none of them states G
+HEDGED = ["\\boxed{{\\neq {g}}}", "\\boxed{{\\ne {g}}}", "\\boxed{{\\ge {g}}}", "\\boxed{{\\geq {g}}}",
+          "\\boxed{{\\le {g}}}", "\\boxed{{< {g}}}", "\\boxed{{\\approx {g}}}", "\\boxed{{\\pm {g}}}",
+          "\\boxed{{{g} \\text{{ is wrong}}}}", "\\boxed{{{g}\\ \\text{{or more}}}}", "\\boxed{{{g} \\text{{ or less}}}}",
+          "\\boxed{{\\text{{not }} {g}}}", "\\boxed{{\\text{{at least }} {g}}}", "\\boxed{{\\text{{maybe }} {g}}}",
+          "<answer>$\\neq {g}$</answer>", "<answer>{g} \\text{{ is incorrect}}</answer>"]
+
+
+def test_hedged_or_negated_true_answers_score_0(shared_data):
+    """``\\neq G``, ``\\ge G``, ``G \\text{ is wrong}``... of every real gold G score 0 (math-verify alone gives 1)."""
+    from benchmax_gym.envs.math.rubric import correct, hedges
+
+    math500, gsm8k = _real_golds(shared_data)
+    cases = [(gold, form.format(g=gold)) for gold in math500 + gsm8k for form in HEDGED
+             if not hedges(form.format(g=gold)) <= hedges(gold)]  # skip a form the gold itself uses (1 \pm ...)
+    assert len(cases) > 9000
+    assert [(gold, reply) for gold, reply in cases if correct(reply, gold) != 0.0] == []
+
+
+def test_a_difference_stated_in_words_is_no_hedge():
+    # "how many more...": the answer may say so; "or more" and "more than" stay hedges
+    assert is_equivalent("5", "5 \\text{ more}") and is_equivalent("5", "5\\text{ fewer apples}")
+    assert not is_equivalent("5", "5 \\text{ or more}") and not is_equivalent("5", "\\text{more than } 5")
+
+
+def test_a_gold_that_states_a_relation_still_matches_itself():
+    for gold, reply in [("x \\neq 5", "\\boxed{x \\ne 5}"), ("1 \\pm \\sqrt{19}", "\\boxed{1 \\pm \\sqrt{19}}"),
+                        ("x \\ge 3", "\\boxed{x \\geq 3}"), ("\\text{no}", "\\boxed{\\text{no}}")]:
+        assert is_equivalent(gold, extract_answer(reply)), (gold, reply)
+
+
+def _percent(value: str) -> list[str]:
+    return [f"\\boxed{{{value}\\%}}", f"\\boxed{{{value}%}}", f"<answer>{value}\\%</answer>",
+            f"<answer>{value} percent</answer>", f"\\boxed{{{value}\\text{{ percent}}}}"]
+
+
+def test_percent_forms_of_true_answers_score_1_against_the_number_and_its_hundredth(shared_data):
+    """The rule (module docstring): ``G\\%`` matches a gold of G and of G/100, for every real GSM8K gold."""
+    from fractions import Fraction
+
+    from benchmax_gym.envs.math.rubric import correct
+
+    _, gsm8k = _real_golds(shared_data)
+    failures = []
+    for gold in gsm8k:
+        hundredth = str(float(Fraction(gold) / 100))
+        for reply in _percent(gold):
+            if correct(reply, gold) != 1.0 or correct(reply, hundredth) != 1.0:
+                failures.append((gold, reply))
+        # and a gold written with the sign accepts the number and its hundredth
+        if correct(f"\\boxed{{{gold}}}", f"{gold}\\%") != 1.0 or correct(f"\\boxed{{{hundredth}}}", f"{gold}\\%") != 1.0:
+            failures.append((f"{gold}\\%", gold))
+    assert failures == []
+
+
+def test_percent_forms_of_wrong_answers_score_0(shared_data):
+    """G+1 with a percent sign matches neither G nor G/100; G/100 without the sign does not match G."""
+    from fractions import Fraction
+
+    from benchmax_gym.envs.math.rubric import correct
+
+    _, gsm8k = _real_golds(shared_data)
+    failures = []
+    for gold in gsm8k:
+        value = Fraction(gold)
+        hundredth = str(float(value / 100))
+        for reply in _percent(str(value + 1) if value.denominator == 1 else str(float(value + 1))):
+            if correct(reply, gold) != 0.0 or correct(reply, hundredth) != 0.0:
+                failures.append((gold, reply))
+        if value != 0 and correct(f"\\boxed{{{hundredth}}}", gold) != 0.0:
+            failures.append((gold, hundredth))
+    assert failures == []
+
+
+@pytest.mark.parametrize("gold, predicted", [("20", "20\\%"), ("0.2", "20\\%"), ("\\frac{1}{5}", "20\\%"),
+                                              ("12.5", "12.5\\%"), ("0.125", "12.5%"), ("20\\%", "0.2"),
+                                              ("20\\%", "\\frac{1}{5}"), ("20\\%", "20")])
+def test_percent_is_read_both_ways(gold, predicted):
+    assert is_equivalent(gold, predicted) is True
+
+
+@pytest.mark.parametrize("gold, predicted", [("20", "0.2"), ("0.2", "20"), ("20", "21\\%"), ("0.2", "2\\%"),
+                                              ("20\\%", "0.2\\%"), ("20\\%", "2"), ("12.5", "1.25\\%")])
+def test_percent_scales_only_where_a_sign_is(gold, predicted):
+    assert is_equivalent(gold, predicted) is False
