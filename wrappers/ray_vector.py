@@ -51,7 +51,9 @@ from multiprocess.connection import Connection
 
 from benchmax_gym.core.sandbox import remove_tree
 
-from .vector import WorkerLost, WorkerVectorEnv, _Channel, _env_fns, _worker_main, readable, use_temp_root
+from .channel import WorkerLost, _Channel, readable
+from .vector import WorkerVectorEnv, _env_fns
+from .worker import _worker_main, use_temp_root
 
 ENV_HOST_RESOURCE = "benchmax_env_host"  # the custom resource `benchmax-gym launch` gives each node
 DEFAULT_ENVS_PER_HOST = 16

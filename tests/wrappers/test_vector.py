@@ -441,7 +441,7 @@ _same_keys = st.lists(st.sampled_from(["a", "b", "c", "final_obs"]), min_size=1,
 def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd, whole):
     """Any infos, for some of the envs at random positions or for every env in order (a
     lock-step batch), with keys that differ or (as mid-episode) are the same for every env."""
-    from benchmax_gym.wrappers.vector import _InfoBatch, batch_infos
+    from benchmax_gym.wrappers.batching import _InfoBatch, batch_infos
 
     n = len(infos) if whole else len(infos) + 2
     positions = list(range(n)) if whole else rnd.sample(range(n), len(infos))
