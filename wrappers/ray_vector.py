@@ -373,7 +373,7 @@ class RayVectorEnv(WorkerVectorEnv):
     ):
         self._owns_ray = False
         ray = import_ray()
-        fns = _env_fns(env, num_envs, env_kwargs)
+        fns = _env_fns(env, num_envs, env_kwargs, type(self))
         num_hosts = _host_count(len(fns), num_hosts, envs_per_host)
         if not isinstance(start_timeout, (int, float)) or start_timeout <= 0:
             raise ValueError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")

@@ -45,6 +45,7 @@ import gymnasium as gym
 import multiprocess as mp
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector.utils import batch_space
 
 from .batching import _stack, batch_infos
@@ -52,10 +53,13 @@ from .channel import WorkerLost, _Process, readable
 from .worker import WORKER_RESTARTED
 
 
-def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict) -> list[Callable]:
+def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
+             owner: type | None = None) -> list[Callable]:
     if isinstance(env, str):
         if num_envs is None:
             raise ValueError("num_envs is required when the environment is given by id")
+        if env_kwargs and owner is not None:
+            _check_env_kwargs(env, env_kwargs, owner)
         return [functools.partial(gym.make, env, **env_kwargs) for _ in range(num_envs)]
     if env_kwargs:
         raise ValueError(f"environment keyword arguments {sorted(env_kwargs)} need an environment id, not functions")
@@ -69,6 +73,32 @@ def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env
     if num_envs is not None and num_envs != len(fns):
         raise ValueError(f"num_envs={num_envs} but {len(fns)} environment functions were given")
     return fns
+
+
+_GYM_MAKE_ARGS = {"max_episode_steps", "disable_env_checker"}  # gym.make's own, not the env's
+
+
+def _check_env_kwargs(env_id: str, env_kwargs: dict, owner: type) -> None:
+    """Keyword arguments the env would refuse fail here, in the parent, in one line that names
+    them with a did-you-mean over the env's and the vector env's options (``num_worker=2``),
+    instead of in every worker. Only for envs that refuse unknown arguments (``ToolEnv``s)."""
+    from benchmax_gym.core.env import ToolEnv, known_arguments, unknown_arguments_message
+    from benchmax_gym.registry import _PARTS, RegisteredFactory
+
+    try:
+        creator = gym.spec(env_id).entry_point
+        if isinstance(creator, str):
+            creator = load_env_creator(creator)
+    except Exception:  # an unknown id or a broken entry point: the workers say why
+        return
+    if isinstance(creator, RegisteredFactory):
+        creator = _PARTS.get(creator.env_id, (None,))[0]
+    if not (isinstance(creator, type) and issubclass(creator, ToolEnv)):
+        return
+    known = known_arguments(creator) | _GYM_MAKE_ARGS
+    unknown = {k: v for k, v in env_kwargs.items() if k not in known}
+    if unknown:
+        raise TypeError(unknown_arguments_message(creator, unknown, also=owner))
 
 
 class WorkerVectorEnv(VectorEnv):
@@ -493,7 +523,7 @@ class SubprocVectorEnv(WorkerVectorEnv):
         info_keys: Sequence[str] | None = None,
         **env_kwargs: Any,
     ):
-        fns = _env_fns(env, num_envs, env_kwargs)
+        fns = _env_fns(env, num_envs, env_kwargs, type(self))
         if num_workers is None:
             num_workers = min(len(fns), os.cpu_count() or 1)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):

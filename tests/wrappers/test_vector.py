@@ -93,6 +93,26 @@ def test_make_vec_returns_it_with_gymnasium_spaces():
     envs.close()
 
 
+@pytest.mark.parametrize("make, expected", [
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, num_worker=2),
+     "SubprocVectorEnv got an unexpected keyword argument 'num_worker' (did you mean 'num_workers'"),
+    (lambda: SubprocVectorEnv("benchmax/Math-v0", 2, step_timeot=5, max_turns=3),
+     "SubprocVectorEnv got an unexpected keyword argument 'step_timeot' (did you mean 'step_timeout'"),
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, vector_backend="ray", num_host=2),
+     "RayVectorEnv got an unexpected keyword argument 'num_host' (did you mean 'num_hosts'"),
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, max_turn=3),
+     "SubprocVectorEnv got an unexpected keyword argument 'max_turn' (did you mean 'max_turns'"),
+])
+def test_a_misspelt_option_fails_in_the_parent_with_a_did_you_mean(make, expected):
+    """Before any worker (or Ray) starts: one line naming the argument, not a traceback per worker."""
+    ray = pytest.importorskip("ray")
+    before = {p.pid for p in children()}
+    with pytest.raises(TypeError) as raised:
+        make()
+    assert str(raised.value).startswith(expected) and "\n" not in str(raised.value)
+    assert {p.pid for p in children()} == before and not ray.is_initialized()
+
+
 @pytest.mark.parametrize("mode", list(AutoresetMode))
 def test_matches_sync_vector_env_step_for_step(mode):
     fns = [lambda: gym.make("benchmax/Math-v0", python_tool=False, max_turns=3) for _ in range(5)]
