@@ -214,19 +214,21 @@ class _Sealed:
     def __init__(self, conn: Connection, keys: tuple[bytes, bytes], peer: str, error: type[Exception]):
         self.conn = conn
         self.fileno, self.poll = conn.fileno, conn.poll
-        self._send_key, self._recv_key = keys
+        # HMAC states keyed once: a frame's tag copies one (0.5-1 us less than keying it anew)
+        self._send_mac, self._recv_mac = (hmac.new(key, digestmod="sha256") for key in keys)
         self._sent = self._received = 0
         self.peer, self.error = peer, error
         self.rejected: str | None = None
 
     @staticmethod
-    def _tag(key: bytes, seq: int, body) -> bytes:
-        mac = hmac.new(key, seq.to_bytes(8, "little") + len(body).to_bytes(8, "little"), "sha256")
+    def _tag(keyed, seq: int, body) -> bytes:
+        mac = keyed.copy()
+        mac.update(seq.to_bytes(8, "little") + len(body).to_bytes(8, "little"))
         mac.update(body)
         return mac.digest()
 
     def send_bytes(self, body: bytes) -> None:
-        tag = self._tag(self._send_key, self._sent, body)
+        tag = self._tag(self._send_mac, self._sent, body)
         self._sent += 1
         self.conn.send_bytes(body + tag)
 
@@ -235,7 +237,7 @@ class _Sealed:
             frame = self.conn.recv_bytes()
             body = memoryview(frame)[:-TAG_BYTES]
             if len(frame) >= TAG_BYTES and hmac.compare_digest(
-                    frame[-TAG_BYTES:], self._tag(self._recv_key, self._received, body)):
+                    frame[-TAG_BYTES:], self._tag(self._recv_mac, self._received, body)):
                 self._received += 1
                 return body
             self.rejected = (f"frame {self._received} from {self.peer} failed authentication (tampered with, "
