@@ -9,8 +9,11 @@ and hands each host's address and key to the parent.
 Each host is one Ray actor running the vector env's own worker loop over several environments;
 the parent logic (lock-step and ready-first calls, autoreset, faults) is ``WorkerVectorEnv``'s,
 shared with ``SubprocVectorEnv``. The messages go over one TCP connection per host (the worker
-protocol of a local pipe; both ends prove they hold a random per-host key, and the host listens
-on its node's Ray address only until the parent connects): a Ray actor call costs 1.2-1.6 ms a
+protocol of a local pipe; both ends prove they hold a random per-host key, every frame then
+carries an HMAC from a key of that connection, and the host listens on its node's Ray address
+only until the parent connects). Frames stay pickles, authenticated before they are unpickled:
+what hosts send holds Gymnasium spaces and whatever an env puts in its infos, which no plain
+format carries. A Ray actor call costs 1.2-1.6 ms a
 round on a 2-core machine (plain, async, threaded and compiled-graph actors alike), more than a
 whole local step of 64 environments. So the parent must reach the hosts' nodes on an ephemeral
 port, as it reaches Ray's own worker ports; Ray Client (``ray://``) drivers outside the cluster
