@@ -180,8 +180,9 @@ class _Handshake:
     """The host's side of one peer's handshake, advanced as its bytes arrive (never blocking), so
     a host handshakes with many peers at once and a slow one holds up no other."""
 
-    def __init__(self, sock: socket.socket, key: bytes, deadline: float):
+    def __init__(self, sock: socket.socket, address: tuple, key: bytes, deadline: float):
         self.sock, self.key, self.deadline = sock, key, deadline
+        self.peer = "the parent at {}:{}".format(*address[:2])
         self.mine = os.urandom(32)
         self.got = b""
         self._send(self.mine)
@@ -293,7 +294,7 @@ def _accept(server: socket.socket, key: bytes, timeout: float) -> _Sealed:
                         drop(next(iter(pending)))
                     sock.setblocking(False)
                     try:
-                        pending[sock] = _Handshake(sock, key, time.monotonic() + HANDSHAKE_TIMEOUT)
+                        pending[sock] = _Handshake(sock, address, key, time.monotonic() + HANDSHAKE_TIMEOUT)
                     except OSError:
                         sock.close()
                         continue
@@ -308,9 +309,8 @@ def _accept(server: socket.socket, key: bytes, timeout: float) -> _Sealed:
                     drop(sock)
                     continue
                 if keys is not None:
-                    del pending[sock]
+                    peer = pending.pop(sock).peer
                     selector.unregister(sock)
-                    peer = "the parent at {}:{}".format(*sock.getpeername()[:2])
                     return _connection(sock, keys, peer, ConnectionAbortedError)
     finally:
         for sock in pending:
