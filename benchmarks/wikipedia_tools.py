@@ -28,7 +28,7 @@ import numpy as np
 
 import benchmax_gym  # noqa: F401  (registers the ids)
 from benchmax_gym.envs.wikipedia.backends import CorpusBackend, CorpusIndex, LiveBackend
-from benchmax_gym.envs.wikipedia.backends import generated_index
+from benchmax_gym.envs.wikipedia.corpora import generated_index
 from benchmax_gym.testing.mediawiki import MediaWikiStub
 from benchmax_gym.envs.wikipedia.tasks import encyclopedia, load_corpus
 

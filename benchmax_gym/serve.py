@@ -183,11 +183,79 @@ def _run_http(server: Server, host: str, port: int, idle_timeout: float, max_ses
     run_http_app(app, host, port, auth_token, "mcp-serve", "/mcp")
 
 
+HEADER_TIMEOUT = 10.0  # seconds a new connection has to send its first request's headers
+MAX_HEADERLESS = 128  # connections still sending them; one more closes the oldest
+
+
+def headers_first(protocol_class: type[asyncio.Protocol], timeout: float = HEADER_TIMEOUT,
+                  limit: int = MAX_HEADERLESS) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol behind a guard against slowloris: the token is checked only once a
+    request's headers are in, so until then a connection must cost little. A new connection has
+    ``timeout`` seconds in all to send its first request's headers (the end of the headers,
+    a blank line, seen in the bytes as they arrive), and at most ``limit`` connections wait for
+    theirs at once (a new one beyond that closes the oldest): half-open connections can neither
+    pile up nor take the file descriptors a client with the token needs. A refused request closes
+    its connection (:class:`BearerToken`), so a later request cannot trickle either."""
+    waiting: dict[Guarded, None] = {}  # oldest first
+
+    class Guarded(asyncio.Protocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.inner = protocol_class(*args, **kwargs)
+            self.transport: asyncio.Transport | None = None
+            self.timer: asyncio.TimerHandle | None = None
+            self.tail = b""
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self.transport = transport
+            if len(waiting) >= limit:
+                next(iter(waiting)).drop()
+            waiting[self] = None
+            self.timer = asyncio.get_running_loop().call_later(timeout, self.drop)
+            self.inner.connection_made(transport)
+
+        def drop(self) -> None:
+            self.settled()
+            self.transport.abort()
+
+        def settled(self) -> None:
+            waiting.pop(self, None)
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+
+        def data_received(self, data: bytes) -> None:
+            if self.timer is not None:
+                seen = self.tail + data
+                if b"\r\n\r\n" in seen:
+                    self.settled()
+                else:
+                    self.tail = seen[-3:]
+            self.inner.data_received(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.settled()
+            self.inner.connection_lost(exc)
+
+        def eof_received(self) -> bool | None:
+            return self.inner.eof_received()
+
+        def pause_writing(self) -> None:
+            self.inner.pause_writing()
+
+        def resume_writing(self) -> None:
+            self.inner.resume_writing()
+
+    return Guarded
+
+
 def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command: str, path: str = "") -> None:
     """Serve an ASGI app with uvicorn until interrupted (``mcp-serve``, ``openenv-serve``): behind
-    :class:`BearerToken` when there is a token (a warning when there is none off loopback), and
-    saying where it listens on stderr once the socket is open, so scripts can wait for it."""
+    :class:`BearerToken` when there is a token (a warning when there is none off loopback) and
+    :func:`headers_first`, and saying where it listens on stderr once the socket is open, so
+    scripts can wait for it."""
     import uvicorn
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.importer import import_from_string
 
     if auth_token:
         app = BearerToken(app, auth_token)
@@ -203,7 +271,8 @@ def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command
                 shown = f"[{host}]" if ":" in host else host
                 print(f"benchmax-gym {command}: listening on http://{shown}:{bound}{path}", file=sys.stderr, flush=True)
 
-    Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+    http = headers_first(import_from_string(HTTP_PROTOCOLS["auto"]))
+    Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)).run()
 
 
 def _is_loopback(host: str) -> bool:
@@ -231,7 +300,8 @@ class BearerToken:
                 response = JSONResponse(
                     {"error": "invalid_token",
                      "error_description": "this server needs an 'Authorization: Bearer <token>' header"},
-                    status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+                    status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"',
+                                              **({"Connection": "close"} if scope["type"] == "http" else {})},
                 )
                 if scope["type"] == "http":
                     await response(scope, receive, send)

@@ -111,10 +111,15 @@ PYTHON = {"code": "print(6 * 7)"}
 class Served:
     """An `mcp-serve --transport http --port 0` process: its printed URL and its stderr so far."""
 
-    def __init__(self, *args, env=None, timeout=60):
+    def __init__(self, *args, env=None, timeout=60, max_files=None):
+        def limit_files():  # (in the server's process only)
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+
         self.proc = subprocess.Popen([*CLI, "mcp-serve", *args, "--transport", "http", "--port", "0"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, preexec_fn=limit_files if max_files else None)
         self.lines, self.urls = [], queue.Queue()
         threading.Thread(target=self._drain, daemon=True).start()  # a full pipe would block the server
         try:
@@ -266,6 +271,111 @@ def test_http_bearer_token(serve):
     assert text(asyncio.run(main("s3cret"))) == "42"
     with pytest.raises(Exception):
         asyncio.run(main("wrong"))
+
+
+def initialize_status(url, token, timeout=30):
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}).encode()
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+               "Authorization": f"Bearer {token}"}
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_half_open_connections_do_not_starve_a_client_with_the_token(serve):
+    """Slowloris: 400 connections that send part of their headers and stop, against a server
+    allowed 256 open files (the token is checked only once headers are in). The oldest half-open
+    ones are closed as new ones come, so a client with the token is served all the same."""
+    import socket
+
+    served = serve("benchmax/Math-v0", "--env-arg", "python_tool=false", "--auth-token", "s3cret", max_files=256)
+    port = int(served.url.rsplit(":", 1)[1].split("/")[0])
+    half_open = []
+    try:
+        for _ in range(400):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            half_open.append(sock)
+        assert initialize_status(served.url, "s3cret") == 200
+        open_now = 0
+        for sock in half_open:
+            sock.settimeout(0.01)
+            try:
+                open_now += sock.recv(1) != b""
+            except TimeoutError:
+                open_now += 1
+            except OSError:
+                pass
+        from benchmax_gym.serve import MAX_HEADERLESS
+
+        assert open_now <= MAX_HEADERLESS
+    finally:
+        for sock in half_open:
+            sock.close()
+
+
+def test_a_connection_gets_a_deadline_for_its_headers_and_a_refused_one_is_closed():
+    """In-process, on a real uvicorn with a 1 s header deadline: a peer that trickles its headers
+    is cut off at the deadline (not reset by each byte), one that sends them in time is served,
+    and a request refused for its token closes the connection (no second request to trickle)."""
+    import socket
+
+    import uvicorn
+    from uvicorn.config import HTTP_PROTOCOLS
+    from uvicorn.importer import import_from_string
+
+    from benchmax_gym.serve import BearerToken, headers_first
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    config = uvicorn.Config(BearerToken(app, "s3cret"), host="127.0.0.1", port=0, log_level="warning",
+                            http=headers_first(import_from_string(HTTP_PROTOCOLS["auto"]), timeout=1.0))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (server.started and server.servers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        trickler = socket.create_connection(("127.0.0.1", port), timeout=10)
+        sent = 0
+        try:
+            for byte in b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"x" * 100:
+                trickler.sendall(bytes([byte]))
+                sent += 1
+                time.sleep(0.1)
+        except OSError:
+            pass
+        trickler.close()
+        assert sent < 60  # cut off after about 1 s, though each byte came within 0.1 s of the last
+
+        good = socket.create_connection(("127.0.0.1", port), timeout=10)
+        good.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n\r\n")
+        assert good.recv(1000).startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)  # past the header deadline: a connection with its headers in is left alone
+        good.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n\r\n")
+        assert good.recv(1000).startswith(b"HTTP/1.1 200")
+        good.close()
+
+        refused = socket.create_connection(("127.0.0.1", port), timeout=10)
+        refused.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = b""
+        while chunk := refused.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
+        refused.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 def test_http_auth_token_flag_and_bad_options(serve):

@@ -9,8 +9,11 @@ and hands each host's address and key to the parent.
 Each host is one Ray actor running the vector env's own worker loop over several environments;
 the parent logic (lock-step and ready-first calls, autoreset, faults) is ``WorkerVectorEnv``'s,
 shared with ``SubprocVectorEnv``. The messages go over one TCP connection per host (the worker
-protocol of a local pipe; both ends prove they hold a random per-host key, and the host listens
-on its node's Ray address only until the parent connects): a Ray actor call costs 1.2-1.6 ms a
+protocol of a local pipe; both ends prove they hold a random per-host key, every frame then
+carries an HMAC from a key of that connection, and the host listens on its node's Ray address
+only until the parent connects). Frames stay pickles, authenticated before they are unpickled:
+what hosts send holds Gymnasium spaces and whatever an env puts in its infos, which no plain
+format carries. A Ray actor call costs 1.2-1.6 ms a
 round on a 2-core machine (plain, async, threaded and compiled-graph actors alike), more than a
 whole local step of 64 environments. So the parent must reach the hosts' nodes on an ephemeral
 port, as it reaches Ray's own worker ports; Ray Client (``ray://``) drivers outside the cluster
@@ -36,6 +39,7 @@ import logging
 import math
 import os
 import pickle
+import selectors
 import socket
 import sys
 import tempfile
@@ -51,7 +55,9 @@ from multiprocess.connection import Connection
 
 from benchmax_gym.core.sandbox import remove_tree
 
-from .vector import WorkerLost, WorkerVectorEnv, _Channel, _env_fns, _worker_main, readable, use_temp_root
+from .channel import WorkerLost, _Channel, readable
+from .vector import WorkerVectorEnv, _env_fns
+from .worker import _worker_main, use_temp_root
 
 ENV_HOST_RESOURCE = "benchmax_env_host"  # the custom resource `benchmax-gym launch` gives each node
 DEFAULT_ENVS_PER_HOST = 16
@@ -111,28 +117,58 @@ class _Host:
         finally:
             conn.close()
             _remove_workspace(self.tmp)
+        if conn.rejected:  # the parent learns it from Ray (the connection can no longer say it)
+            raise FrameRejected(f"env host on {self.ip}: {conn.rejected}")
 
 
 LIVENESS_CHECK_S = 1.0  # how often a silent wait asks Ray whether its hosts are still alive
 ACCEPT_TIMEOUT = 300.0  # a host nobody connects to within it gives up (its parent is gone)
-HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_TIMEOUT = 10.0  # for one connection's whole handshake (not per byte)
+MAX_HANDSHAKES = 64  # connections a host handshakes at once; a new one beyond drops the oldest
+TAG_BYTES = 32
 
 
-def _authenticate(sock: socket.socket, key: bytes, role: bytes) -> None:
+class FrameRejected(RuntimeError):
+    """A frame on an env host's connection failed authentication: tampered with, injected,
+    replayed or dropped on the way. It was not unpickled; the connection is no longer trusted."""
+
+
+def _proof(key: bytes, role: bytes, challenge: bytes) -> bytes:
+    return hmac.new(key, role + challenge, "sha256").digest()
+
+
+def _session_keys(key: bytes, role: bytes, mine: bytes, theirs: bytes) -> tuple[bytes, bytes]:
+    """(send, receive) frame keys for this connection: one per direction, from both challenges,
+    so a frame of another connection or of the other direction never verifies here."""
+    parent, host = (mine, theirs) if role == b"parent" else (theirs, mine)
+    to_host, to_parent = (hmac.new(key, b"frames " + d + parent + host, "sha256").digest()
+                          for d in (b"parent->host", b"host->parent"))
+    return (to_host, to_parent) if role == b"parent" else (to_parent, to_host)
+
+
+def _authenticate(sock: socket.socket, key: bytes, role: bytes, timeout: float = HANDSHAKE_TIMEOUT) -> tuple[bytes, bytes]:
     """Both ends prove they hold ``key``: each answers the other's random challenge with an HMAC
-    tagged with its role (so a challenge reflected back is no answer). Raises on a wrong peer."""
+    tagged with its role (so a challenge reflected back is no answer). Raises on a wrong peer;
+    returns the connection's frame keys. (The parent's side; a host runs :class:`_Handshake`.)"""
+    deadline = time.monotonic() + timeout
     mine = os.urandom(32)
     sock.sendall(mine)
-    theirs = _read_exactly(sock, 32)
+    theirs = _read_exactly(sock, 32, deadline)
     other = b"host" if role == b"parent" else b"parent"
-    sock.sendall(hmac.new(key, role + theirs, "sha256").digest())
-    if not hmac.compare_digest(_read_exactly(sock, 32), hmac.new(key, other + mine, "sha256").digest()):
+    sock.sendall(_proof(key, role, theirs))
+    if not hmac.compare_digest(_read_exactly(sock, 32, deadline), _proof(key, other, mine)):
         raise ConnectionRefusedError("the peer does not hold this vector env's key")
+    return _session_keys(key, role, mine, theirs)
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
+def _read_exactly(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
     data = b""
     while len(data) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the peer did not finish the handshake in time")
+            sock.settimeout(left)
         chunk = sock.recv(n - len(data))
         if not chunk:
             raise ConnectionResetError("the peer closed the connection")
@@ -140,24 +176,146 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _connection(sock: socket.socket) -> Connection:
+class _Handshake:
+    """The host's side of one peer's handshake, advanced as its bytes arrive (never blocking), so
+    a host handshakes with many peers at once and a slow one holds up no other."""
+
+    def __init__(self, sock: socket.socket, address: tuple, key: bytes, deadline: float):
+        self.sock, self.key, self.deadline = sock, key, deadline
+        self.peer = "the parent at {}:{}".format(*address[:2])
+        self.mine = os.urandom(32)
+        self.got = b""
+        self._send(self.mine)
+
+    def _send(self, data: bytes) -> None:
+        if self.sock.send(data) != len(data):  # (32 bytes into a fresh socket's buffer)
+            raise ConnectionError("the peer's receive window is full")
+
+    def advance(self) -> tuple[bytes, bytes] | None:
+        """Read what arrived: the frame keys once the peer proved it holds the key, else None.
+        Raises OSError for a peer to drop."""
+        chunk = self.sock.recv(64 - len(self.got))  # no further: what follows is the parent's frames
+        if not chunk:
+            raise ConnectionResetError("the peer closed the connection")
+        had, self.got = len(self.got), self.got + chunk
+        if had < 32 <= len(self.got):
+            self._send(_proof(self.key, b"host", self.got[:32]))
+        if len(self.got) < 64:
+            return None
+        if not hmac.compare_digest(self.got[32:], _proof(self.key, b"parent", self.mine)):
+            raise ConnectionRefusedError("the peer does not hold this vector env's key")
+        return _session_keys(self.key, b"host", self.mine, self.got[:32])
+
+
+class _Sealed:
+    """An authenticated host connection: each frame (``multiprocessing``'s length-prefixed
+    framing) ends with an HMAC-SHA256 tag over its sequence number, length and body, with this
+    connection's key for its direction. A frame tampered with, injected, replayed, reordered or
+    dropped on the way fails the check before it is unpickled, and so does everything after it:
+    the receiving end raises ``error`` (the parent: :class:`FrameRejected`; a host: an OSError,
+    which ends its worker loop, and ``serve`` reports ``rejected`` through Ray)."""
+
+    def __init__(self, conn: Connection, keys: tuple[bytes, bytes], peer: str, error: type[Exception]):
+        self.conn = conn
+        self.fileno, self.poll = conn.fileno, conn.poll
+        # HMAC states keyed once: a frame's tag copies one (0.5-1 us less than keying it anew)
+        self._send_mac, self._recv_mac = (hmac.new(key, digestmod="sha256") for key in keys)
+        self._sent = self._received = 0
+        self.peer, self.error = peer, error
+        self.rejected: str | None = None
+
+    @staticmethod
+    def _tag(keyed, seq: int, body) -> bytes:
+        mac = keyed.copy()
+        mac.update(seq.to_bytes(8, "little") + len(body).to_bytes(8, "little"))
+        mac.update(body)
+        return mac.digest()
+
+    def send_bytes(self, body: bytes) -> None:
+        tag = self._tag(self._send_mac, self._sent, body)
+        self._sent += 1
+        self.conn.send_bytes(body + tag)
+
+    def recv_bytes(self) -> memoryview:
+        if self.rejected is None:
+            frame = self.conn.recv_bytes()
+            body = memoryview(frame)[:-TAG_BYTES]
+            if len(frame) >= TAG_BYTES and hmac.compare_digest(
+                    frame[-TAG_BYTES:], self._tag(self._recv_mac, self._received, body)):
+                self._received += 1
+                return body
+            self.rejected = (f"frame {self._received} from {self.peer} failed authentication (tampered with, "
+                             "injected or replayed on the way); it was not run, and the connection is dropped")
+        raise self.error(self.rejected)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _connection(sock: socket.socket, keys: tuple[bytes, bytes], peer: str = "the peer",
+                error: type[Exception] = FrameRejected) -> _Sealed:
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return Connection(sock.detach())
+    return _Sealed(Connection(sock.detach()), keys, peer, error)
 
 
-def _accept(server: socket.socket, key: bytes, timeout: float) -> Connection:
-    """The first connection that proves it holds ``key`` (others are dropped), within ``timeout``."""
+def _accept(server: socket.socket, key: bytes, timeout: float) -> _Sealed:
+    """The first connection that proves it holds ``key`` (others are dropped), within ``timeout``.
+
+    Handshakes run side by side, each within ``HANDSHAKE_TIMEOUT`` in all (a peer that trickles
+    bytes or says nothing is dropped then, and at most ``MAX_HANDSHAKES`` are open), and the host
+    goes on accepting until the parent's proof arrives."""
     deadline = time.monotonic() + timeout
-    while True:
-        server.settimeout(max(0.0, deadline - time.monotonic()))
-        sock, _ = server.accept()
-        try:
-            sock.settimeout(HANDSHAKE_TIMEOUT)
-            _authenticate(sock, key, b"host")
-            return _connection(sock)
-        except OSError:
+    server.setblocking(False)
+    pending: dict[socket.socket, _Handshake] = {}  # oldest first
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+
+    def drop(sock: socket.socket) -> None:
+        del pending[sock]
+        selector.unregister(sock)
+        sock.close()
+
+    try:
+        while True:
+            now = time.monotonic()
+            for sock in [s for s, h in pending.items() if h.deadline <= now]:
+                drop(sock)
+            if now >= deadline:
+                raise TimeoutError(f"no parent connected within {timeout:g} s")
+            wait = min([deadline, *(h.deadline for h in pending.values())]) - now
+            for ready, _ in selector.select(wait):
+                if ready.fileobj is server:
+                    try:
+                        sock, address = server.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    if len(pending) >= MAX_HANDSHAKES:
+                        drop(next(iter(pending)))
+                    sock.setblocking(False)
+                    try:
+                        pending[sock] = _Handshake(sock, address, key, time.monotonic() + HANDSHAKE_TIMEOUT)
+                    except OSError:
+                        sock.close()
+                        continue
+                    selector.register(sock, selectors.EVENT_READ)
+                    continue
+                sock = ready.fileobj
+                if sock not in pending:
+                    continue
+                try:
+                    keys = pending[sock].advance()
+                except OSError:
+                    drop(sock)
+                    continue
+                if keys is not None:
+                    peer = pending.pop(sock).peer
+                    selector.unregister(sock)
+                    return _connection(sock, keys, peer, ConnectionAbortedError)
+    finally:
+        for sock in pending:
             sock.close()
+        selector.close()
 
 
 def _sweep_dead_hosts() -> None:
@@ -181,6 +339,9 @@ def _remove_workspace(path: str) -> None:
 
 
 def _lost_reason(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)  # a host's own error (RayTaskError wraps it in a traceback)
+    if isinstance(cause, Exception):
+        exc = cause
     return " ".join(f"{type(exc).__name__}: {exc}".split())[:500]
 
 
@@ -201,7 +362,7 @@ class _RayHost(_Channel):
         self.actor = actor_cls.options(**options).remote(self.key)
         self.located = self.actor.where.remote()
         self.serving = self.actor.serve.remote(payload, mode.value, fresh, keep)
-        self.conn: Connection | None = None
+        self.conn: _Sealed | None = None
         self.info: dict[str, Any] = {}
         self.pid: int | None = None
         self.gone: str | None = None  # why the host is lost, once known
@@ -221,8 +382,8 @@ class _RayHost(_Channel):
         try:
             sock = socket.create_connection((self.info["ip"], self.info["port"]), timeout=HANDSHAKE_TIMEOUT)
             try:
-                _authenticate(sock, self.key, b"parent")
-                self.conn = _connection(sock)
+                keys = _authenticate(sock, self.key, b"parent")
+                self.conn = _connection(sock, keys, f"env host {self.name} at {self.info['ip']}:{self.info['port']}")
             except BaseException:
                 sock.close()
                 raise
@@ -371,7 +532,7 @@ class RayVectorEnv(WorkerVectorEnv):
     ):
         self._owns_ray = False
         ray = import_ray()
-        fns = _env_fns(env, num_envs, env_kwargs)
+        fns = _env_fns(env, num_envs, env_kwargs, type(self))
         num_hosts = _host_count(len(fns), num_hosts, envs_per_host)
         if not isinstance(start_timeout, (int, float)) or start_timeout <= 0:
             raise ValueError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")

@@ -25,533 +25,41 @@ survives faults:
 ``gym.make_vec("benchmax/Math-v0", num_envs=64)`` returns one (vector options such as
 ``num_workers``, ``autoreset_mode`` and ``step_timeout`` go in as keyword arguments).
 
-The parent logic is :class:`WorkerVectorEnv`'s and the worker loop ``_Worker``'s; only the
+The parent logic is :class:`WorkerVectorEnv`'s (here), the worker loop ``_Worker``'s (``worker``),
+the pipe ``_Process`` (``channel``) and the batching of results ``batching``'s; only the
 transport differs between this class (a pipe per worker process) and ``RayVectorEnv`` in
 ``ray_vector`` (a Ray actor per host), so both behave alike.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import functools
-import gc
-import math
-import operator
 import os
-import pickle
-import select
-import signal
-import tempfile
-import threading
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import multiprocess as mp
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.vector.utils import batch_space
 
-from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.env import fewer_collections
-from benchmax_gym.core.sandbox import remove_tree
+from .batching import _stack, batch_infos
+from .channel import WorkerLost, _Process, readable
+from .worker import WORKER_RESTARTED
 
-# Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
-_TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
-ENV_ERROR, WORKER_RESTARTED = "env_error", "worker_restarted"
-FLUSH_EVERY = 256  # results per message at most, when one command steps many envs
 
-
-# -- the worker (in a process or a Ray actor) ---------------------------------------------------
-
-
-def async_api(env: gym.Env) -> Any | None:
-    """The env's own coroutine API, when nothing but Gymnasium's default wrappers sit above it."""
-    layer = env
-    while isinstance(layer, gym.Wrapper):
-        if type(layer).__name__ not in _TRANSPARENT_WRAPPERS:
-            return None
-        layer = layer.env
-    return layer if hasattr(layer, "astep") and hasattr(layer, "areset") else None
-
-
-class _Worker:
-    """Owns some environments and runs the parent's commands on them, in whatever hosts it: a
-    worker process (reading a pipe) or a Ray actor's thread (reading a socket). ``emit`` sends a
-    message back.
-
-    Commands are handled while earlier steps still run on ``loop``, so a ready-first caller can
-    hand a finished environment its next action at once; results that finish in the same loop
-    turn go back in one message.
-    """
-
-    def __init__(self, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool,
-                 emit: Callable[[Any], None], loop: asyncio.AbstractEventLoop, keep: tuple[str, ...] | None = None):
-        self.env_fns = env_fns
-        self.mode = mode
-        self.keep = keep  # the info keys that leave the worker (None: all)
-        self.emit = emit
-        self.envs: dict[int, gym.Env] = {}
-        self.api: dict[int, Any] = {}
-        self.plain: dict[int, bool] = {}
-        self.stepper: dict[int, Callable[[Any], tuple]] = {}
-        self.loop = loop
-        for i in env_fns:
-            self._build(i)
-        # A restarted worker's environments were never reset: the next step resets them.
-        self.needs_reset = {i: fresh for i in env_fns}
-        self.outbox: list[tuple[int, Any]] = []
-        self.flush_scheduled = False
-
-    def _build(self, i: int) -> None:
-        env = self.env_fns[i]()
-        self.envs[i] = env
-        self.api[i] = async_api(env)
-        self.plain[i] = self.api[i] is None or not getattr(self.api[i], "needs_event_loop", True)
-        # Behind Gymnasium's default wrappers alone, a step skips them, as an async step does: the
-        # worker resets an env before it steps (OrderEnforcing's check), and the passive checker
-        # only looks at a first step. 1.2-1.6 us of a calculator step's 9.5-12 in a worker.
-        self.stepper[i] = env.step if self.api[i] is None else self.api[i].step
-        own = getattr(self.api[i], "aio", None) if not self.plain[i] else None
-        if isinstance(own, OwnLoop):  # its async resources live on this loop: no hop per call
-            try:
-                own.adopt(self.loop)
-            except RuntimeError:  # async work already alive on its own loop: it stays there (a hop per call)
-                pass
-
-    # Both coroutines below only await when the env has async work (plain[i] is False); for
-    # plain envs they finish in one go and are driven by _finish_now without a Task.
-
-    async def _reset(self, i: int, seed: int | None, options: dict | None):
-        env, api = self.envs[i], self.api[i]
-        if self.plain[i]:
-            result = env.reset(seed=seed, options=options)
-        else:
-            result = await api.areset(seed=seed, options=options)
-            layer = env
-            while isinstance(layer, gym.Wrapper):  # the reset bypassed OrderEnforcing: tell it
-                if hasattr(layer, "_has_reset"):
-                    layer._has_reset = True
-                layer = layer.env
-        self.needs_reset[i] = False
-        return result
-
-    async def _step(self, i: int, action: Any):
-        if self.needs_reset[i] and self.mode == AutoresetMode.NEXT_STEP:
-            obs, info = await self._reset(i, None, None)
-            return obs, 0.0, False, False, info
-        try:
-            if self.plain[i]:
-                result = self.stepper[i](action)
-            else:
-                result = await self.api[i].astep(action)
-        except Exception as exc:
-            return await self._broken(i, exc)
-        return await self._after(i, result)
-
-    async def _after(self, i: int, result: tuple):
-        """A step's result as the parent gets it; an episode that ended resets now (SAME_STEP)
-        or at its next step (NEXT_STEP)."""
-        try:
-            obs, reward, terminated, truncated, info = result
-            if terminated or truncated:
-                if self.mode == AutoresetMode.SAME_STEP:
-                    final_obs, final_info = obs, info
-                    obs, info = await self._reset(i, None, None)
-                    info = {**info, "final_obs": final_obs, "final_info": final_info}
-                elif self.mode == AutoresetMode.NEXT_STEP:
-                    self.needs_reset[i] = True
-            return obs, float(reward), bool(terminated), bool(truncated), info
-        except Exception as exc:
-            return await self._broken(i, exc)
-
-    async def _broken(self, i: int, exc: Exception):
-        """The env raised: rebuild it; its episode ends truncated, with the error in the info."""
-        error = {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
-        try:
-            self.envs[i].close()
-        except Exception:
-            pass
-        self._build(i)
-        self.needs_reset[i] = True
-        if self.mode == AutoresetMode.SAME_STEP:
-            obs, info = await self._reset(i, None, None)
-            return obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error}
-        return "", 0.0, False, True, error
-
-    def _step_plain(self, i: int, action: Any) -> None:
-        """``_step`` for a plain env that needs no reset, without a coroutine when its episode
-        goes on (the common step)."""
-        try:
-            obs, reward, terminated, truncated, info = result = self.stepper[i](action)
-            if not (terminated or truncated):
-                result = (obs, float(reward), False, False, info)
-                ended = False
-            else:
-                ended = True
-        except Exception as exc:
-            self._start(i, self._broken(i, exc))
-            return
-        if ended:
-            self._start(i, self._after(i, result))
-        else:
-            self._deliver(i, result)
-
-    def _start(self, i: int, job) -> None:
-        if self.plain[i]:
-            self._deliver(i, self._finish_now(job))
-        else:
-            task = self.loop.create_task(job)
-            task.add_done_callback(lambda t, i=i: self._deliver(i, self._outcome(t)))
-
-    @staticmethod
-    def _finish_now(job) -> Any:
-        try:
-            job.send(None)
-        except StopIteration as done:
-            return done.value
-        except Exception as exc:  # a reset that raised
-            return ("", 0.0, False, True, {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}"})
-        job.close()
-        raise RuntimeError("a plain environment awaited")
-
-    @staticmethod
-    def _outcome(task: asyncio.Task) -> Any:
-        try:
-            return task.result()
-        except Exception as exc:  # a reset that raised
-            return ("", 0.0, False, True, {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}"})
-
-    def _deliver(self, i: int, result: Any) -> None:
-        if self.keep is not None:
-            result = (*result[:-1], self._kept(result[-1]))
-        self.outbox.append((i, result))
-        if len(self.outbox) >= FLUSH_EVERY:  # a big batch streams: the parent unpacks while this steps on
-            self._flush()
-        elif not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _kept(self, info: dict) -> dict:
-        out = {key: info[key] for key in self.keep if key in info}
-        if "final_info" in info:  # SAME_STEP's record of the episode that ended, kept alike
-            out["final_obs"], out["final_info"] = info.get("final_obs"), self._kept(info["final_info"])
-        return out
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        if self.outbox:
-            out, self.outbox = self.outbox, []
-            self.emit(("results", out))
-
-    def handle(self, command: str, payload: Any) -> None:
-        """Run one command of the parent's (all but ``close``, which belongs to the host)."""
-        if command == "step":
-            plain, needs_reset = self.plain, self.needs_reset
-            for i, action in payload:
-                if plain[i] and not needs_reset[i]:
-                    self._step_plain(i, action)
-                else:
-                    self._start(i, self._step(i, action))
-        elif command == "reset":
-            for i, seed, options in payload:
-                self._start(i, self._reset(i, seed, options))
-        elif command == "call":
-            name, args, kwargs, wanted = payload
-            out = []
-            for i in wanted:
-                try:
-                    attr = self.envs[i].get_wrapper_attr(name)
-                    out.append((i, attr(*args, **kwargs) if callable(attr) else attr))
-                except Exception as exc:
-                    out.append((i, exc))
-            self.emit(("called", out))
-        elif command == "set_attr":
-            name, values = payload
-            for i, value in values:
-                self.envs[i].set_wrapper_attr(name, value)
-            self.emit(("called", []))
-        elif command == "spaces":
-            env = next(iter(self.envs.values()))
-            self.emit(("spaces", (env.observation_space, env.action_space, env.metadata, env.render_mode)))
-        else:
-            raise ValueError(f"unknown command {command!r}")
-
-    def close(self) -> None:
-        for env in self.envs.values():
-            try:
-                env.close()
-            except Exception:
-                pass
-
-
-def readable(conns: list[Any], timeout: float | None) -> list[Any]:
-    """The connections with something to read (a message, or the end of a dead peer's stream),
-    waiting up to ``timeout`` seconds (``None``: until one has). ``multiprocessing``'s ``wait``
-    does this too, but builds a selector per call: tens of microseconds, several times a step."""
-    poller = select.poll()
-    by_fd = {}
-    for conn in conns:
-        by_fd[conn.fileno()] = conn
-        poller.register(conn.fileno(), select.POLLIN)
-    ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
-    return [by_fd[fd] for fd, _ in poller.poll(ms)]
-
-
-def failure_text(exc: BaseException) -> str:
-    """An exception and the end of its traceback, as a worker reports that it could not start."""
-    tail = "".join(traceback.format_exception(exc)[-6:]).rstrip()
-    return f"{type(exc).__name__}: {exc}\n{tail}"
-
-
-def use_temp_root(tmp: str) -> None:
-    """Give this (worker) process its own temp root: every workspace it makes (sandboxes, MCP
-    servers' directories, copies of workbooks) lands there, so all of them can be deleted when
-    the worker dies, even by SIGKILL, and when the vector env closes."""
-    tempfile.tempdir = os.environ["TMPDIR"] = tmp
-
-
-def _in_own_tmp(tmp: str, *args) -> None:
-    use_temp_root(tmp)
-    _worker_main(*args)
-
-
-def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") -> None:
-    """A worker (a process, or an env host's thread): commands come down the connection,
-    messages go back up it. ``origin`` prefixes a failure to start (where it happened)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    loop = asyncio.new_event_loop()
-
-    def emit(message: Any) -> None:
-        conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-    try:
-        if callable(env_fns):  # a host unpickles its payload here, so that failing says why too
-            env_fns = env_fns()
-        worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, emit, loop, keep)
-    except BaseException as exc:  # the parent raises this, not a bare EOFError
-        emit(("failed", origin + failure_text(exc)))
-        return
-    gc.freeze()  # the envs just built (and the imports) are never garbage: collections skip them
-
-    def on_command() -> None:
-        try:
-            command, payload = pickle.loads(conn.recv_bytes())
-        except (EOFError, OSError):  # the parent is gone
-            command, payload = "close", None
-        if command == "close":
-            loop.stop()
-        else:
-            worker.handle(command, payload)
-
-    emit(("ready", None))
-    loop.add_reader(conn.fileno(), on_command)
-    with fewer_collections():
-        loop.run_forever()
-    worker.close()
-    loop.close()
-
-
-# -- the parent side -----------------------------------------------------------------------------
-
-
-class WorkerLost(RuntimeError):
-    """A worker is gone (its process died, its Ray actor or node was lost); says why."""
-
-
-class _Channel:
-    """Messages over a ``multiprocessing`` connection: a worker's pipe, or an env host's socket.
-
-    A transport handle (``_Process`` here, ``_RayHost`` in ``ray_vector``) offers
-    ``send(message)``, ``recv(timeout)`` for one message, ``recv_ready()`` for all that arrived,
-    ``alive()``, ``close()`` (ask it to stop), ``join(timeout)`` and ``kill()``; its vector env's
-    ``_wait`` blocks until some of them have messages. Both raise :class:`WorkerLost` for a dead
-    worker, with ``lost_reason()``.
-    """
-
-    conn: Any
-
-    def lost_reason(self) -> str:
-        raise NotImplementedError
-
-    def send(self, message: Any) -> None:
-        try:
-            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        except (BrokenPipeError, OSError):
-            raise WorkerLost(self.lost_reason()) from None
-
-    def recv(self, timeout: float | None = None) -> Any:
-        if not readable([self.conn], timeout):
-            raise TimeoutError
-        return self._read()
-
-    def _read(self) -> Any:
-        try:
-            return pickle.loads(self.conn.recv_bytes())
-        except (EOFError, OSError):
-            raise WorkerLost(self.lost_reason()) from None
-
-    def recv_ready(self) -> list[Any]:
-        """The messages waiting (called once the connection is readable: the first is there)."""
-        out = [self._read()]
-        while readable([self.conn], 0):
-            out.append(self._read())
-        return out
-
-    def close(self) -> None:
-        try:
-            self.send(("close", None))
-        except WorkerLost:
-            pass
-
-
-class _Process(_Channel):
-    """The pipe transport: the parent's handle on one worker process."""
-
-    def __init__(self, ctx, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool,
-                 keep: tuple[str, ...] | None = None):
-        parent, child = ctx.Pipe()
-        self.conn = parent
-        self.tmp = tempfile.mkdtemp(prefix="benchmax-worker-")  # removed by kill()
-        os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
-        self.process = ctx.Process(target=_in_own_tmp, args=(self.tmp, child, env_fns, mode.value, fresh, keep),
-                                   daemon=True)
-        self.process.start()
-        self.pid = self.process.pid
-        child.close()
-
-    def lost_reason(self) -> str:
-        self.process.join(timeout=5)
-        return f"the worker process exited (code {self.process.exitcode})"
-
-    def alive(self) -> bool:
-        return self.process.is_alive()
-
-    def join(self, timeout: float) -> None:
-        self.process.join(timeout=timeout)
-
-    def kill(self) -> None:
-        """Kill the worker and delete its temp root (what a dead worker's envs never cleaned up)."""
-        if self.process.is_alive():
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join(timeout=10)
-        self.conn.close()
-        remove_tree(Path(self.tmp))  # model code may have left deep trees and closed modes
-
-
-class _InfoBatch:
-    """Gymnasium's own info batching (``VectorEnv._add_info``) for a batch of any size."""
-
-    _add_info = VectorEnv._add_info
-
-    def __init__(self, num_envs: int):
-        self.num_envs = num_envs
-
-
-def _stack(space: gym.Space, items: list[Any]) -> Any:
-    """Gymnasium's ``concatenate`` of a batch of observations; for text, the tuple it returns,
-    without first building the empty batch it would ignore."""
-    if isinstance(space, gym.spaces.Text):
-        return tuple(items)
-    return concatenate(space, items, create_empty_array(space, len(items)))
-
-
-def batch_infos(infos: Sequence[dict], num_envs: int, index: Sequence[int] | None = None) -> dict[str, Any]:
-    """The dict of arrays Gymnasium's ``_add_info`` builds from ``infos`` for the envs at
-    ``index`` (default: 0, 1, ...), in that order, key by key instead of env by env (the parent's
-    serial cost of a batch). Same arrays, dtypes (the first env's value decides), masks and
-    nesting; a key whose values mix dicts and non-dicts goes through ``_add_info`` itself."""
-    index = list(range(len(infos))) if index is None else list(index)
-    whole = len(index) == num_envs and index == list(range(num_envs))  # every env, in order
-    columns = _columns(infos, index)
-    shared = None  # the mask of keys every info has (the common case), made once
-    out: dict[str, Any] = {}
-    for key, (values, where) in columns.items():
-        kinds = set(map(type, values))
-        first = values[0]
-        if key == "final_obs":
-            array = _objects(values, num_envs, where, whole and where is index)
-        elif any(issubclass(k, dict) for k in kinds):
-            if not all(issubclass(k, dict) for k in kinds):  # Gymnasium's own (odd) result for a mix
-                batcher, partial = _InfoBatch(num_envs), {}
-                for j, value in zip(where, values):
-                    partial = batcher._add_info(partial, {key: value}, j)
-                out.update(partial)
-                continue
-            array = batch_infos(values, num_envs, where)
-        else:
-            kind = type(first)
-            if kind in (int, float, bool) or issubclass(kind, np.number):
-                array = np.zeros(num_envs, dtype=kind)
-                if all(k in (int, float, bool) or issubclass(k, np.number) for k in kinds):
-                    array[where] = values
-                else:  # element by element, as Gymnasium assigns (numpy treats some sequences apart)
-                    for j, value in zip(where, values):
-                        array[j] = value
-            elif isinstance(first, np.ndarray):
-                array = np.zeros((num_envs, *first.shape), dtype=first.dtype)
-                for j, value in zip(where, values):
-                    array[j] = value
-            else:
-                array = _objects(values, num_envs, where, whole and where is index)
-        if where is index:
-            if shared is None:
-                shared = np.zeros(num_envs, dtype=np.bool_)
-                shared[index] = True
-            mask = shared.copy()
-        else:
-            mask = np.zeros(num_envs, dtype=np.bool_)
-            mask[where] = True
-        out[key], out[f"_{key}"] = array, mask
-    return out
-
-
-def _columns(infos: Sequence[dict], index: list[int]) -> dict[str, tuple[list, list[int]]]:
-    """Each key's values and the envs they belong to. When every info has the same keys (a step
-    mid-episode), the values come out by one C-level pass per info, all with ``index``."""
-    if infos:
-        keys = list(infos[0])
-        if keys and len(set(map(len, infos))) == 1:
-            try:
-                rows = list(map(operator.itemgetter(*keys), infos))
-            except KeyError:
-                pass
-            else:
-                if len(keys) == 1:
-                    return {keys[0]: (rows, index)}
-                return {key: (list(column), index) for key, column in zip(keys, zip(*rows))}
-    columns: dict[str, tuple[list, list[int]]] = {}
-    for j, info in zip(index, infos):
-        for key, value in info.items():
-            column = columns.get(key)
-            if column is None:
-                columns[key] = ([value], [j])
-            else:
-                column[0].append(value)
-                column[1].append(j)
-    return columns
-
-
-def _objects(values: list[Any], num_envs: int, where: list[int], whole: bool) -> np.ndarray:
-    """An object array of ``values`` at ``where`` (None elsewhere), each value kept whole (a
-    list stays one element, as Gymnasium assigns it)."""
-    if whole:
-        return np.fromiter(values, dtype=object, count=num_envs)
-    array = np.full(num_envs, fill_value=None, dtype=object)
-    array[where] = np.fromiter(values, dtype=object, count=len(values))  # (a list of lists would spread)
-    return array
-
-
-def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict) -> list[Callable]:
+def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
+             owner: type | None = None) -> list[Callable]:
     if isinstance(env, str):
         if num_envs is None:
             raise ValueError("num_envs is required when the environment is given by id")
+        if env_kwargs and owner is not None:
+            _check_env_kwargs(env, env_kwargs, owner)
         return [functools.partial(gym.make, env, **env_kwargs) for _ in range(num_envs)]
     if env_kwargs:
         raise ValueError(f"environment keyword arguments {sorted(env_kwargs)} need an environment id, not functions")
@@ -565,6 +73,32 @@ def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env
     if num_envs is not None and num_envs != len(fns):
         raise ValueError(f"num_envs={num_envs} but {len(fns)} environment functions were given")
     return fns
+
+
+_GYM_MAKE_ARGS = {"max_episode_steps", "disable_env_checker"}  # gym.make's own, not the env's
+
+
+def _check_env_kwargs(env_id: str, env_kwargs: dict, owner: type) -> None:
+    """Keyword arguments the env would refuse fail here, in the parent, in one line that names
+    them with a did-you-mean over the env's and the vector env's options (``num_worker=2``),
+    instead of in every worker. Only for envs that refuse unknown arguments (``ToolEnv``s)."""
+    from benchmax_gym.core.env import ToolEnv, known_arguments, unknown_arguments_message
+    from benchmax_gym.registry import _PARTS, RegisteredFactory
+
+    try:
+        creator = gym.spec(env_id).entry_point
+        if isinstance(creator, str):
+            creator = load_env_creator(creator)
+    except Exception:  # an unknown id or a broken entry point: the workers say why
+        return
+    if isinstance(creator, RegisteredFactory):
+        creator = _PARTS.get(creator.env_id, (None,))[0]
+    if not (isinstance(creator, type) and issubclass(creator, ToolEnv)):
+        return
+    known = known_arguments(creator) | _GYM_MAKE_ARGS
+    unknown = {k: v for k, v in env_kwargs.items() if k not in known}
+    if unknown:
+        raise TypeError(unknown_arguments_message(creator, unknown, also=owner))
 
 
 class WorkerVectorEnv(VectorEnv):
@@ -989,7 +523,7 @@ class SubprocVectorEnv(WorkerVectorEnv):
         info_keys: Sequence[str] | None = None,
         **env_kwargs: Any,
     ):
-        fns = _env_fns(env, num_envs, env_kwargs)
+        fns = _env_fns(env, num_envs, env_kwargs, type(self))
         if num_workers is None:
             num_workers = min(len(fns), os.cpu_count() or 1)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):

@@ -357,7 +357,7 @@ class TokenSession:
         self.env = make_env(env, env_kwargs) if isinstance(env, str) else env
         # behind Gymnasium's default wrappers only (their checks hold here: reset comes first), the
         # env's own step, as the vector workers call it
-        from benchmax_gym.wrappers.vector import async_api
+        from benchmax_gym.wrappers.worker import async_api
 
         self._env_step = self.env.unwrapped.step if async_api(self.env) is not None else self.env.step
         self.chat = chat if isinstance(chat, ChatTemplate) else ChatTemplate(chat)
@@ -500,7 +500,7 @@ async def _astep(env: gym.Env, action: str):
 async def _in_background(env: gym.Env, name: str, *args: Any, **kwargs: Any):
     """The env's own coroutine when nothing in its step waits on I/O (cheapest), else the sync
     call in a thread, so blocking tools never stall the caller's event loop (as eval does)."""
-    from benchmax_gym.wrappers.vector import async_api
+    from benchmax_gym.wrappers.worker import async_api
 
     api = async_api(env)
     if api is not None and not getattr(api, "needs_event_loop", True):

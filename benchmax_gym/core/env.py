@@ -93,13 +93,20 @@ def _chat_tool_call(call: dict[str, Any], style: str) -> dict[str, Any]:
     return {**call, "function": function}
 
 
-def unknown_arguments_message(cls: type, unknown: dict[str, Any]) -> str:
+def known_arguments(cls: type) -> set[str]:
+    """The keyword arguments ``cls`` takes: its own and those of the classes it passes the rest to."""
+    return {name for klass in cls.__mro__ if "__init__" in vars(klass)
+            for name, p in inspect.signature(vars(klass)["__init__"]).parameters.items()
+            if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def unknown_arguments_message(cls: type, unknown: dict[str, Any], also: type | None = None) -> str:
     """``"MathEnv got an unexpected keyword argument 'task' (did you mean 'tasks'?)"``: the
     suggestions come from the arguments of ``cls`` and of the classes it passes the rest to, and
-    from the fields of its typed choices (``task_args={'difficulty': ...}``)."""
-    known = {name for klass in cls.__mro__ if "__init__" in vars(klass)
-             for name, p in inspect.signature(vars(klass)["__init__"]).parameters.items()
-             if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    from the fields of its typed choices (``task_args={'difficulty': ...}``). ``also``: a class
+    that takes the arguments first and passes ``cls`` the rest (a vector env): it is the one named,
+    and its arguments are suggested too."""
+    known = known_arguments(cls) | (known_arguments(also) if also is not None else set())
     nested = {name: f"{args_name}={{{name!r}: ...}}" for args_name, options in getattr(cls, "choices", {}).items()
               for option in options for name in option.arg_names()}
     parts = []
@@ -108,7 +115,7 @@ def unknown_arguments_message(cls: type, unknown: dict[str, Any]) -> str:
         hints = [nested.get(c, repr(c)) for c in close]
         parts.append(f"{name!r}" + (f" (did you mean {' or '.join(hints)}?)" if hints else ""))
     noun = "argument" if len(parts) == 1 else "arguments"
-    return f"{cls.__name__} got an unexpected keyword {noun} {', '.join(parts)}"
+    return f"{(also or cls).__name__} got an unexpected keyword {noun} {', '.join(parts)}"
 
 
 class ToolEnv(gym.Env[str, str]):

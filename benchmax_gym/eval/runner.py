@@ -31,7 +31,7 @@ import numpy as np
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
-from benchmax_gym.wrappers.vector import async_api
+from benchmax_gym.wrappers.worker import async_api
 
 RUN_FORMAT = "benchmax-gym-eval/1"
 # what must match for a run directory to be resumed

@@ -16,7 +16,8 @@ from benchmax_gym.envs.excel.generator import GeneratedSheets
 from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
 from benchmax_gym.envs.math.datasets import GSM8K, MATH500, HFDataset
 from benchmax_gym.envs.math.generator import GeneratedMath
-from benchmax_gym.envs.wikipedia.backends import LiveWikipedia, LocalCorpus
+from benchmax_gym.envs.wikipedia.backends import LiveWikipedia
+from benchmax_gym.envs.wikipedia.corpora import LocalCorpus
 from benchmax_gym.envs.wikipedia.tasks import HotpotQA
 
 DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"

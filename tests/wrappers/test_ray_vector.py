@@ -13,6 +13,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_AUTH_MODE"] = "disabled"
 
 import asyncio  # noqa: E402
+import pickle  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -368,8 +369,6 @@ def test_a_host_takes_only_a_parent_that_holds_its_key(monkeypatch):
     import socket
     import threading
 
-    from multiprocess.connection import Connection
-
     from benchmax_gym.wrappers import ray_vector as rv
 
     monkeypatch.setattr(rv, "HANDSHAKE_TIMEOUT", 0.5)
@@ -401,10 +400,9 @@ def test_a_host_takes_only_a_parent_that_holds_its_key(monkeypatch):
     silent.close()
 
     parent = socket.create_connection(address)
-    rv._authenticate(parent, key, b"parent")
-    conn = rv._connection(parent)
+    conn = rv._connection(parent, rv._authenticate(parent, key, b"parent"))
     host.join(10)
-    assert isinstance(accepted[0], Connection)
+    assert isinstance(accepted[0], rv._Sealed)
     conn.send_bytes(b"step")
     assert accepted[0].recv_bytes() == b"step"
     conn.close()
@@ -448,3 +446,227 @@ def test_info_keys_travel_to_the_hosts(cluster):
     assert set(info) == {"error", "_error", "reward_components", "_reward_components"}
     assert info["_reward_components"].tolist() == [False, True]
     envs.close()
+
+
+def test_a_host_handshakes_side_by_side_so_idle_and_trickling_peers_hold_up_nobody(monkeypatch):
+    """Three idle peers and one that trickles a byte at a time, all in before the parent: the
+    parent still gets through within its own handshake deadline, the trickler is dropped at its
+    deadline for the whole handshake (not one per byte), and past ``MAX_HANDSHAKES`` open
+    handshakes the oldest is dropped."""
+    import socket
+    import threading
+
+    from benchmax_gym.wrappers import ray_vector as rv
+
+    monkeypatch.setattr(rv, "HANDSHAKE_TIMEOUT", 2.0)
+    monkeypatch.setattr(rv, "MAX_HANDSHAKES", 5)
+    key = os.urandom(32)
+    server = socket.create_server(("127.0.0.1", 0))
+    address = server.getsockname()
+    accepted = []
+    host = threading.Thread(target=lambda: accepted.append(rv._accept(server, key, 60)))
+    host.start()
+    idle = [socket.create_connection(address) for _ in range(3)]
+    trickled = []
+
+    def trickle():  # one byte every 0.2 s (a per-byte timeout of 2 s would never fire)
+        sock = socket.create_connection(address)
+        try:
+            for _ in range(64):
+                sock.sendall(b"x")
+                trickled.append(1)
+                time.sleep(0.2)
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    trickler = threading.Thread(target=trickle)
+    trickler.start()
+    time.sleep(0.5)  # all of them are in before the parent
+    try:
+        parent = socket.create_connection(address)
+        conn = rv._connection(parent, rv._authenticate(parent, key, b"parent", timeout=1.5))
+        host.join(10)
+        conn.send_bytes(b"step")
+        assert accepted[0].recv_bytes() == b"step"
+        trickler.join(30)
+        assert len(trickled) < 32  # dropped at the handshake's deadline, before its challenge was even in
+        conn.close()
+        accepted[0].close()
+
+        accepted.clear()  # a new wait: more idle peers than MAX_HANDSHAKES
+        host = threading.Thread(target=lambda: accepted.append(rv._accept(server, key, 60)))
+        host.start()
+        crowd = [socket.create_connection(address) for _ in range(7)]
+        for sock in crowd:
+            sock.settimeout(5)
+        assert len(rv._read_exactly(crowd[0], 32)) == 32 and crowd[0].recv(1) == b""  # the oldest, dropped
+        parent = socket.create_connection(address)
+        conn = rv._connection(parent, rv._authenticate(parent, key, b"parent", timeout=1.5))
+        host.join(10)
+        assert accepted and isinstance(accepted[0], rv._Sealed)
+        conn.close()
+        accepted[0].close()
+        for sock in crowd:
+            sock.close()
+    finally:
+        for sock in idle:
+            sock.close()
+        server.close()
+
+
+class Boom:
+    """Unpickling this makes a directory: proof that a frame was run."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def _frame(body: bytes) -> bytes:
+    import struct
+
+    return struct.pack("!i", len(body)) + body
+
+
+class Relay:
+    """A man in the middle on loopback between the parent and a host: passes the handshake (64
+    bytes each way), then frame by frame, applying ``attack`` to the first frame going ``to``
+    ("host" or "parent")."""
+
+    def __init__(self, target, to, attack):
+        import socket
+        import threading
+
+        self.target, self.to, self.attack = target, to, attack
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = self.server.getsockname()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        import socket
+        import threading
+
+        down, _ = self.server.accept()
+        self.server.close()
+        up = socket.create_connection(self.target)
+        threading.Thread(target=self._pipe, args=(down, up, "host"), daemon=True).start()
+        self._pipe(up, down, "parent")
+
+    def _pipe(self, src, dst, to):
+        import socket
+        import struct
+
+        from benchmax_gym.wrappers.ray_vector import _read_exactly
+
+        try:
+            for _ in range(2):  # challenge, then answer (each end waits for the other's challenge)
+                dst.sendall(_read_exactly(src, 32))
+            first = True
+            while True:
+                header = _read_exactly(src, 4)
+                frame = header + _read_exactly(src, struct.unpack("!i", header)[0])
+                if first and to == self.to:
+                    frame = self.attack(frame)
+                first = False
+                dst.sendall(frame)
+        except OSError:
+            pass
+        finally:  # (shutdown: close alone would not wake the other direction's blocked read)
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                sock.close()
+
+
+def _through(monkeypatch, make_socket):
+    """Route the parent's connections to its hosts through ``make_socket(address) -> socket``."""
+    import socket
+
+    from benchmax_gym.wrappers import ray_vector as rv
+
+    class Socket:
+        def __getattr__(self, name):
+            return getattr(socket, name)
+
+        @staticmethod
+        def create_connection(address, timeout=None):
+            return make_socket(address, timeout)
+
+    monkeypatch.setattr(rv, "socket", Socket())
+
+
+@pytest.mark.parametrize("to, attack, says", [
+    ("parent", "inject", "frame 0 from env host"),
+    ("parent", "tamper", "frame 0 from env host"),
+    ("parent", "replay", "frame 1 from env host"),
+    ("host", "inject", "frame 0 from the parent"),
+])
+def test_a_relay_that_tampers_injects_or_replays_a_frame_is_caught_and_nothing_runs(
+        cluster, monkeypatch, tmp_path, to, attack, says):
+    """Each frame carries an HMAC over its sequence number, length and body with a key of its
+    connection and direction: a relay holding no key cannot inject a pickle (which would make a
+    directory here), change a frame, or play one again. The parent raises, saying so."""
+    import socket
+
+    marker = tmp_path / "ran"
+    evil = _frame(pickle.dumps(Boom(marker)) + os.urandom(32))
+    attacks = {
+        "inject": lambda frame: evil + frame,
+        "tamper": lambda frame: frame[:-40] + bytes([frame[-40] ^ 1]) + frame[-39:],
+        "replay": lambda frame: frame + frame,
+    }
+
+    def via_relay(address, timeout=None):
+        relay = Relay(address, to, attacks[attack])
+        return socket.create_connection(relay.address, timeout=timeout)
+
+    _through(monkeypatch, via_relay)
+    with pytest.raises(RuntimeError, match=f"{says} .*failed authentication") as raised:
+        RayVectorEnv([Flaky] * 2, num_hosts=1, actor_options=HOST)
+    assert "\n" not in str(raised.value)
+    time.sleep(0.5)
+    assert not marker.exists()
+    assert gone([], [], actors=True)
+
+
+def test_idle_and_trickling_peers_at_a_hosts_port_do_not_stop_the_parent(cluster, monkeypatch):
+    """Before the parent connects, three peers open connections to the host and say nothing,
+    and a fourth trickles bytes: the host handshakes with the parent all the same."""
+    import socket
+    import threading
+
+    peers = []
+
+    def crowded(address, timeout=None):
+        peers.extend(socket.create_connection(address) for _ in range(3))
+        trickler = socket.create_connection(address)
+        peers.append(trickler)
+
+        def trickle():
+            try:
+                for _ in range(20):
+                    trickler.sendall(b"x")
+                    time.sleep(0.5)
+            except OSError:
+                pass
+
+        threading.Thread(target=trickle, daemon=True).start()
+        time.sleep(0.3)
+        return socket.create_connection(address, timeout=timeout)
+
+    _through(monkeypatch, crowded)
+    try:
+        envs = RayVectorEnv([Flaky] * 2, num_hosts=1, actor_options=HOST, start_timeout=60)
+        obs, _ = envs.reset(seed=0)
+        obs, *_ = envs.step(["a", "b"])
+        assert obs[0].startswith("echo a") and envs.faults == 0 and len(peers) == 4
+        envs.close()
+    finally:
+        for sock in peers:
+            sock.close()

@@ -93,6 +93,26 @@ def test_make_vec_returns_it_with_gymnasium_spaces():
     envs.close()
 
 
+@pytest.mark.parametrize("make, expected", [
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, num_worker=2),
+     "SubprocVectorEnv got an unexpected keyword argument 'num_worker' (did you mean 'num_workers'"),
+    (lambda: SubprocVectorEnv("benchmax/Math-v0", 2, step_timeot=5, max_turns=3),
+     "SubprocVectorEnv got an unexpected keyword argument 'step_timeot' (did you mean 'step_timeout'"),
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, vector_backend="ray", num_host=2),
+     "RayVectorEnv got an unexpected keyword argument 'num_host' (did you mean 'num_hosts'"),
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, max_turn=3),
+     "SubprocVectorEnv got an unexpected keyword argument 'max_turn' (did you mean 'max_turns'"),
+])
+def test_a_misspelt_option_fails_in_the_parent_with_a_did_you_mean(make, expected):
+    """Before any worker (or Ray) starts: one line naming the argument, not a traceback per worker."""
+    ray = pytest.importorskip("ray")
+    before = {p.pid for p in children()}
+    with pytest.raises(TypeError) as raised:
+        make()
+    assert str(raised.value).startswith(expected) and "\n" not in str(raised.value)
+    assert {p.pid for p in children()} == before and not ray.is_initialized()
+
+
 @pytest.mark.parametrize("mode", list(AutoresetMode))
 def test_matches_sync_vector_env_step_for_step(mode):
     fns = [lambda: gym.make("benchmax/Math-v0", python_tool=False, max_turns=3) for _ in range(5)]
@@ -441,7 +461,7 @@ _same_keys = st.lists(st.sampled_from(["a", "b", "c", "final_obs"]), min_size=1,
 def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd, whole):
     """Any infos, for some of the envs at random positions or for every env in order (a
     lock-step batch), with keys that differ or (as mid-episode) are the same for every env."""
-    from benchmax_gym.wrappers.vector import _InfoBatch, batch_infos
+    from benchmax_gym.wrappers.batching import _InfoBatch, batch_infos
 
     n = len(infos) if whole else len(infos) + 2
     positions = list(range(n)) if whole else rnd.sample(range(n), len(infos))

@@ -22,7 +22,6 @@ underscores and extra spaces, as Wikipedia's search box is.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import html
 import json
@@ -39,7 +38,7 @@ from typing import Any, Protocol
 import httpx
 
 from benchmax_gym.core.cache import cache_root
-from benchmax_gym.core.checks import existing_file, int_between, number_between, optional, path, positive_number, text
+from benchmax_gym.core.checks import int_between, number_between, optional, positive_number, text
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.tools import ToolError
 
@@ -381,53 +380,6 @@ def records_digest(records: list[Mapping[str, str]]) -> str:
 
 
 # -- typed backends (``backend="local"``, ``backend_args={...}``) ------------------------------
-
-
-@dataclass(frozen=True)
-class GeneratedCorpus(SourceConfig):
-    """``backend="generated"``: the encyclopedia the generated questions are about (the task
-    source's ``task_seed`` and ``difficulty.entities``; the defaults for tasks handed over)."""
-
-    name = "generated"
-
-    def build(self, env: Any) -> CorpusIndex:
-        from benchmax_gym.envs.wikipedia.tasks import WikiTaskConfig
-
-        source = env.task_config
-        seed = getattr(source, "task_seed", 0)
-        entities = getattr(source, "difficulty", WikiTaskConfig()).entities
-        return generated_index(seed, entities)
-
-
-@functools.lru_cache(maxsize=8)
-def generated_index(seed: int, entities: int) -> CorpusIndex:
-    """The encyclopedia of ``seed`` indexed in a shared in-memory database (once per process)."""
-    from benchmax_gym.envs.wikipedia.tasks import encyclopedia
-
-    return CorpusIndex.in_memory(encyclopedia(seed, entities).records, f"generated-{seed}-{entities}")
-
-
-@dataclass(frozen=True)
-class LocalCorpus(SourceConfig):
-    """``backend="local"``: an SQLite FTS5 index of ``corpus`` (JSON Lines or a JSON array of
-    ``{title, text}``, or a HotpotQA file: its context paragraphs; HotpotQA tasks default to their
-    own file), cached under ``cache_dir``."""
-
-    name = "local"
-    corpus: str | None = arg(None, optional(existing_file))
-    cache_dir: str | None = arg(None, optional(path))
-
-    def build(self, env: Any) -> CorpusIndex:
-        from benchmax_gym.envs.wikipedia.tasks import HotpotQA, load_corpus
-
-        corpus = self.corpus
-        if corpus is None and isinstance(env.task_config, HotpotQA):
-            corpus = env.task_config.dataset
-        if corpus is None:
-            raise ValueError("backend='local' needs backend_args corpus= (JSON Lines or a JSON array of "
-                             "{title, text}, or a HotpotQA file)")
-        records, key = load_corpus(corpus)
-        return CorpusIndex.on_disk(records, key, self.cache_dir)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.sources import SourceConfig, choose, task_source
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
-from benchmax_gym.envs.wikipedia.backends import CorpusBackend, GeneratedCorpus, LiveBackend, LiveWikipedia, LocalCorpus
+from benchmax_gym.envs.wikipedia.backends import CorpusBackend, LiveBackend, LiveWikipedia
+from benchmax_gym.envs.wikipedia.corpora import GeneratedCorpus, LocalCorpus
 from benchmax_gym.envs.wikipedia.rubric import wikipedia_rubric
 from benchmax_gym.envs.wikipedia.solver import WikipediaSolver
 from benchmax_gym.envs.wikipedia.tasks import Bamboogle, GeneratedQuestions, HotpotQA

@@ -157,3 +157,26 @@ def test_response_cache_sends_each_request_once(mediawiki):
     call(env, "get_article", title="Mercury (planet)")
     assert len(mediawiki.requests) == sent and "closest planet" in obs and "Mercury (planet)" in obs2
     assert env.unwrapped.backend.transport.sent == sent
+
+
+def test_modules_import_one_another_without_a_circle():
+    """backends <- tasks <- corpora: no module of the package imports one that imports it back
+    (at the top or inside a function), so each can be read and loaded on its own."""
+    import ast
+    from pathlib import Path
+
+    import benchmax_gym.envs.wikipedia as package
+
+    folder = Path(package.__file__).parent
+    graph = {}
+    for file in folder.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmax_gym.envs.wikipedia."):
+                names.add(node.module.rsplit(".", 1)[1])
+        graph[file.stem] = names
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph.get(start, ()))
+
+    assert [m for m in graph if reaches(m, m)] == []
