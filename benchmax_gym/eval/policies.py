@@ -8,6 +8,7 @@ the action text plus what the model reported (tokens, ``finish_reason``). ``env_
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import random
@@ -19,11 +20,62 @@ from typing import Any
 
 BASELINES = ("solver", "random", "empty")
 HTTPX_CLIENTS = 8  # httpx clients a ChatPolicy spreads its requests over (one aiohttp client suffices)
+MAX_REPLY_BYTES = 64 << 20  # a chat reply larger than this is refused (a logprobs-heavy one is ~MBs)
 
 
 class PolicyError(RuntimeError):
     """The policy could not produce a turn (the model endpoint kept failing); the episode is
     recorded as failed with this message and the run goes on."""
+
+
+_BOUNDED: dict[type, type] = {}
+
+
+def _bounded(client_cls: type) -> type:
+    """``client_cls`` (the SDK's httpx or aiohttp client) whose non-streamed replies must arrive
+    whole within a deadline and under a size: the SDK's ``timeout`` bounds each read, so a server
+    dripping a byte at a time, or streaming forever, is never timed out, and a reply is read into
+    memory however large. A late reply raises the transport's own timeout (the SDK retries it as
+    one); a huge one a :class:`PolicyError` (not retried: the same request gets the same reply)."""
+    if client_cls in _BOUNDED:
+        return _BOUNDED[client_cls]
+    try:
+        import httpx2 as httpx  # the openai SDK's fork of httpx, when it uses it
+    except ImportError:
+        import httpx
+
+    class Bounded(client_cls):
+        deadline: float = 120.0
+        max_bytes: int = MAX_REPLY_BYTES
+
+        async def send(self, request, *, stream: bool = False, **kwargs):
+            if stream:
+                return await super().send(request, stream=True, **kwargs)
+            response = None
+            try:
+                async with asyncio.timeout(self.deadline):
+                    response = await super().send(request, stream=True, **kwargs)
+                    declared = response.headers.get("content-length", "")
+                    if declared.isdigit() and int(declared) > self.max_bytes:
+                        raise PolicyError(f"the endpoint's reply is {int(declared)} bytes, over the limit of "
+                                          f"{self.max_bytes}")
+                    parts, size = [], 0
+                    async for part in response.aiter_bytes():
+                        size += len(part)
+                        if size > self.max_bytes:
+                            raise PolicyError(f"the endpoint's reply is over the limit of {self.max_bytes} bytes")
+                        parts.append(part)
+                    response._content = b"".join(parts)  # what aread() sets: the SDK reads it from here
+            except TimeoutError:
+                raise httpx.ReadTimeout(f"no whole reply within {self.deadline:g} s", request=request) from None
+            finally:
+                if response is not None:
+                    await response.aclose()
+            return response
+
+    Bounded.__name__ = Bounded.__qualname__ = f"Bounded{client_cls.__name__}"
+    _BOUNDED[client_cls] = Bounded
+    return Bounded
 
 
 @dataclass
@@ -51,9 +103,11 @@ class ChatPolicy:
             ``tool_format="openai"``, tools left out of the system prompt); ``False``: the model
             writes calls as text in the env's own format (``hermes`` by default).
         temperature, top_p, max_tokens: sampling parameters (left to the server when None).
-        timeout: seconds per request; max_retries: the SDK's retries with backoff on 408/409/429/5xx
-            and connection errors, honouring ``Retry-After``.
+        timeout: seconds per request, the whole reply included (a server dripping its body is cut
+            off); max_retries: the SDK's retries with backoff on 408/409/429/5xx, timeouts and
+            connection errors, honouring ``Retry-After``.
         extra_body: more request fields (vLLM's ``top_k``, ``chat_template_kwargs``...).
+        max_reply_bytes: a larger reply fails its episode (bounds memory against a hostile endpoint).
     """
 
     model: str
@@ -67,6 +121,7 @@ class ChatPolicy:
     max_retries: int = 4
     extra_body: dict[str, Any] | None = None
     name: str = "model"
+    max_reply_bytes: int = MAX_REPLY_BYTES
 
     def __post_init__(self):
         self._clients: list[Any] = []
@@ -93,9 +148,12 @@ class ChatPolicy:
         http = None
         if aiohttp:
             try:
-                http = openai.DefaultAioHttpClient(timeout=timeout or self.timeout)
+                http = _bounded(openai.DefaultAioHttpClient)(timeout=timeout or self.timeout)
             except RuntimeError:  # openai without its aiohttp extra
                 self._httpx_only = True
+        if http is None:
+            http = _bounded(openai.DefaultAsyncHttpxClient)(timeout=timeout or self.timeout)
+        http.deadline, http.max_bytes = timeout or self.timeout, self.max_reply_bytes
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
                                   timeout=timeout or self.timeout, http_client=http,
                                   max_retries=self.max_retries if max_retries is None else max_retries)
@@ -169,29 +227,68 @@ class ChatPolicy:
         except ValueError as exc:  # a body that is not JSON
             raise PolicyError(self.scrub(f"the endpoint's reply is not valid JSON: {exc}")) from None
         seconds = time.perf_counter() - start
-        if not isinstance(response, dict):
-            raise PolicyError(self.scrub(f"the endpoint's reply is not a JSON object: {str(response)[:200]}"))
-        choices = response.get("choices")
-        if not choices or not isinstance(choices[0], dict):
-            raise PolicyError("the endpoint answered with no choices")
-        choice = choices[0]
-        message = choice.get("message") or {}
+        message, finish, usage = _reply_parts(response, self.scrub)
+        content = message.get("content")
         if self.native_tools:
-            calls = [_without_none(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-            action = json.dumps({"role": "assistant", "content": message.get("content"), "tool_calls": calls},
-                                ensure_ascii=False)
+            calls = [_without_none(c) for c in message.get("tool_calls") or []]
+            action = json.dumps({"role": "assistant", "content": content, "tool_calls": calls}, ensure_ascii=False)
         else:
-            action = message.get("content") or ""
-        usage = response.get("usage") or {}
+            action = content or ""
+        reasoning = message.get("reasoning_content")
+        if self.api_key:  # a server echoing the request's headers must not put the key in the record
+            action, reasoning = self.scrub(action), reasoning and self.scrub(reasoning)
         return Turn(action=action, prompt_tokens=usage.get("prompt_tokens"),
-                    completion_tokens=usage.get("completion_tokens"),
-                    finish_reason=choice.get("finish_reason"), model_seconds=seconds,
-                    reasoning=message.get("reasoning_content"))
+                    completion_tokens=usage.get("completion_tokens"), finish_reason=finish,
+                    model_seconds=seconds, reasoning=reasoning)
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, []
         for client in clients:
             await client.close()
+
+
+def _reply_parts(response: Any, scrub: Callable[[str], str]) -> tuple[dict, str | None, dict]:
+    """``(message, finish_reason, usage)`` of a chat completion, each field of the type the
+    protocol gives it; anything else fails the episode with a :class:`PolicyError` naming the
+    field (a malformed reply must never reach the env, or the run)."""
+
+    def bad(where: str, value: Any, kind: str) -> PolicyError:
+        return PolicyError(scrub(f"the endpoint's reply is malformed: {where} is {str(value)[:100]!r}, not {kind}"))
+
+    if not isinstance(response, dict):
+        raise bad("the reply", response, "a JSON object")
+    choices = response.get("choices")
+    if not choices or not isinstance(choices, list):
+        raise PolicyError("the endpoint answered with no choices")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise bad("choices[0]", choice, "an object")
+    message = choice.get("message") or {}
+    if not isinstance(message, dict):
+        raise bad("choices[0].message", message, "an object")
+    for key in ("content", "reasoning_content"):
+        if not isinstance(message.get(key), (str, type(None))):
+            raise bad(f"message.{key}", message[key], "text")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise bad("message.tool_calls", calls, "a list")
+        for i, call in enumerate(calls):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                    or not isinstance(function.get("arguments", ""), (str, dict)):
+                raise bad(f"message.tool_calls[{i}]", call, "a function call (name, arguments)")
+    finish = choice.get("finish_reason")
+    if not isinstance(finish, (str, type(None))):
+        raise bad("finish_reason", finish, "text")
+    usage = response.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise bad("usage", usage, "an object")
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            raise bad(f"usage.{key}", value, "a count")
+    return message, finish, usage
 
 
 def _without_none(value: Any) -> Any:

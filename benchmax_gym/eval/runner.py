@@ -252,7 +252,10 @@ def max_reward(env: gym.Env) -> float:
 
 async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, seed: int,
                        executor: concurrent.futures.Executor) -> dict[str, Any]:
-    """One episode of ``task_index``; a policy that cannot produce a turn ends it as failed."""
+    """One episode of ``task_index``. An episode whose policy cannot produce a turn (the endpoint
+    kept failing, a malformed reply, your function raised) or whose env raised is *failed*: its
+    record has the ``error``, ``reward`` None and no components, and the summary leaves it out of
+    every statistic (a failure is not a score of 0); the run goes on."""
     loop = asyncio.get_running_loop()
     base = env.unwrapped
     start = time.perf_counter()
@@ -263,11 +266,16 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     else:  # tools that block (a sandbox, a server): the sync API in a worker thread
         reset = lambda **kw: loop.run_in_executor(executor, lambda: env.reset(**kw))  # noqa: E731
         step = lambda action: loop.run_in_executor(executor, env.step, action)  # noqa: E731
-    obs, info = await reset(seed=seed, options={"task_index": task_index})
     reward, terminated, truncated, error = 0.0, False, False, None
     turns: list[dict[str, Any]] = []
     codes: list[str] = []
     components: dict[str, float] = {}
+    try:
+        obs, info = await reset(seed=seed, options={"task_index": task_index})
+    except Exception as exc:  # the env could not start this task: the episode fails, the run goes on
+        obs, info, terminated = None, {}, True
+        error = policy.scrub(f"the env's reset raised {type(exc).__name__}: {exc}")
+        base = None  # its episode (if any) is an earlier one
     while not (terminated or truncated):
         try:
             turn: Turn = await policy(base, obs, info, seed=seed)
@@ -278,30 +286,36 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
             error = policy.scrub(f"{type(exc).__name__}: {exc}")
             break
         t0 = time.perf_counter()
-        obs, reward, terminated, truncated, info = await step(turn.action)
+        try:
+            obs, reward, terminated, truncated, info = await step(turn.action)
+        except Exception as exc:
+            error = policy.scrub(f"the env's step raised {type(exc).__name__}: {exc}")
+            break
         codes += info.get("errors") or []
         components = info.get("reward_components", components)
         turns.append({"model_seconds": round(turn.model_seconds, 4), "env_seconds": round(time.perf_counter() - t0, 4),
                       "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
                       "finish_reason": turn.finish_reason, "errors": info.get("errors") or [],
                       **({"reasoning": turn.reasoning} if turn.reasoning else {})})
-    episode = base.episode
+    episode = base.episode if base is not None else None
     tokens = [t["prompt_tokens"] for t in turns], [t["completion_tokens"] for t in turns]
+    failed = error is not None
     return {
         "task_index": task_index, "sample": sample, "seed": seed,
-        "task_id": episode.task.id, "metadata": dict(episode.task.metadata),
-        "reward": float(reward) if error is None else 0.0,
-        "success": error is None and float(reward) >= max_reward(env) - 1e-9,
-        "reward_components": components if error is None else {},
+        "task_id": episode.task.id if episode is not None else None,
+        "metadata": dict(episode.task.metadata) if episode is not None else {},
+        **(base.episode_record() if episode is not None else {}),
+        "reward": None if failed else float(reward),
+        "success": not failed and float(reward) >= max_reward(env) - 1e-9,
+        "reward_components": {} if failed else components,
         "error": error, "terminated": bool(terminated), "truncated": bool(truncated),
-        "turns": len(turns), "tool_errors": episode.tool_errors, "parse_errors": codes.count(PARSE_ERROR),
-        "errors": codes,
+        "turns": len(turns), "tool_errors": episode.tool_errors if episode is not None else 0,
+        "parse_errors": codes.count(PARSE_ERROR), "errors": codes,
         "prompt_tokens": sum(tokens[0]) if turns and None not in tokens[0] else None,
         "completion_tokens": sum(tokens[1]) if turns and None not in tokens[1] else None,
         "finish_reason_length": sum(t["finish_reason"] == "length" for t in turns),
         "seconds": round(time.perf_counter() - start, 4),
         "turn_log": turns,
-        **base.episode_record(),
     }
 
 
@@ -398,11 +412,13 @@ class _Sink:
         self.records.append(record)
         if self.run_dir:
             self.run_dir.add(record, self.scrub)
-        self.reward += record["reward"]
         self.failed += record["error"] is not None
+        self.reward += record["reward"] or 0.0
         if self.progress:
             self.bar.update(1)
-            self.bar.set_postfix(mean_reward=f"{self.reward / len(self.records):.3f}", failed=self.failed, refresh=False)
+            scored = len(self.records) - self.failed
+            self.bar.set_postfix(mean_reward=f"{self.reward / scored:.3f}" if scored else "-", failed=self.failed,
+                                 refresh=False)
 
 
 class _PipeSink:

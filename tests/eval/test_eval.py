@@ -102,9 +102,9 @@ def test_retries_honour_retry_after_and_a_failing_endpoint_fails_only_its_episod
         requests = len(server.requests)
     r = by_index(result)
     assert r[0]["error"] is None and r[0]["success"]
-    assert r[1]["error"] and "500" in r[1]["error"] and r[1]["reward"] == 0.0 and not r[1]["success"]
+    assert r[1]["error"] and "500" in r[1]["error"] and r[1]["reward"] is None and not r[1]["success"]
     assert r[2]["error"] is None  # the timed-out request was retried
-    assert r[3]["error"].startswith("the endpoint's reply is not valid JSON") and r[3]["reward"] == 0.0
+    assert r[3]["error"].startswith("the endpoint's reply is not valid JSON") and r[3]["reward"] is None
     assert r[4]["finish_reason_length"] == 1
     assert r[5]["error"] is None and r[5]["success"]  # the run went on
     assert requests == 3 + 3 + 3 + 1 + 1 + 2
@@ -178,7 +178,7 @@ def test_a_policy_that_raises_fails_its_episode_with_the_error():
         raise RuntimeError("my policy broke")
 
     result = evaluate(ENV, broken, env_kwargs=ENV_KWARGS, tasks=2)
-    assert all(r["error"] == "RuntimeError: my policy broke" and r["reward"] == 0.0 for r in result.records)
+    assert all(r["error"] == "RuntimeError: my policy broke" and r["reward"] is None for r in result.records)
 
 
 def test_tasks_selection_errors_are_clear():
