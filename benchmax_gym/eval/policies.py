@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import random
 import time
 import weakref
@@ -20,6 +21,7 @@ from typing import Any
 
 BASELINES = ("solver", "random", "empty")
 HTTPX_CLIENTS = 8  # httpx clients a ChatPolicy spreads its requests over (one aiohttp client suffices)
+_PING = {"max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
 MAX_REPLY_BYTES = 64 << 20  # a chat reply larger than this is refused (a logprobs-heavy one is ~MBs)
 
 
@@ -98,7 +100,7 @@ class ChatPolicy:
     Args:
         model: the served model name.
         base_url: the endpoint, e.g. ``http://localhost:8000/v1`` (default: the SDK's, OpenAI).
-        api_key: the key (read it from an environment variable; it is never written anywhere).
+        api_key: the key (default: ``$OPENAI_API_KEY``, as the SDK reads it; never written anywhere).
         native_tools: pass the env's tools as schemas and read ``tool_calls`` (the env speaks
             ``tool_format="openai"``, tools left out of the system prompt); ``False``: the model
             writes calls as text in the env's own format (``hermes`` by default).
@@ -124,6 +126,8 @@ class ChatPolicy:
     max_reply_bytes: int = MAX_REPLY_BYTES
 
     def __post_init__(self):
+        if self.api_key is None:  # as the SDK does (it reads OPENAI_BASE_URL too, when base_url is None)
+            self.api_key = os.environ.get("OPENAI_API_KEY") or None
         self._clients: list[Any] = []
         self._httpx_only = False
         self._busy: list[int] = []
@@ -174,18 +178,25 @@ class ChatPolicy:
         return text.replace(self.api_key, "***") if self.api_key else text
 
     async def preflight(self, timeout: float = 10.0) -> None:
-        """One tiny request before any episode: an unreachable endpoint, an unknown model or a
-        refused key fails here, in seconds, as one line (a :class:`PolicyError`)."""
+        """One tiny request before any episode: an unreachable endpoint, an unknown model, a base
+        URL without its ``/v1`` or a refused (or missing) key fails here, in seconds, as one line
+        (a :class:`PolicyError`)."""
         import openai
 
         client = self.client(max_retries=0, timeout=timeout, aiohttp=False)
-        where = self.base_url or "the OpenAI API"
+        where = self.base_url or os.environ.get("OPENAI_BASE_URL") or "the OpenAI API"
         try:
-            await client.chat.completions.create(model=self.model, max_tokens=1,
-                                                 messages=[{"role": "user", "content": "ping"}])
+            await client.chat.completions.create(**_PING, model=self.model)
         except openai.AuthenticationError:
+            if not self.api_key:
+                raise PolicyError(f"{where} wants an API key (401) and none was given: set OPENAI_API_KEY, or "
+                                  "name the variable that holds it with --api-key-env VAR") from None
             raise PolicyError(f"{where} refused the API key (401)") from None
         except openai.NotFoundError as exc:
+            with_v1 = await self._with_v1(str(client.base_url), timeout)
+            if with_v1:
+                raise PolicyError(f"{where} has no chat completions endpoint but {with_v1} has: add /v1 "
+                                  f"(--base-url {with_v1})") from None
             raise PolicyError(f"{where} does not serve model {self.model!r} (404: {self.scrub(_message(exc))})") from None
         except openai.APITimeoutError:
             raise PolicyError(f"{where} did not answer within {timeout:g} s") from None
@@ -195,6 +206,30 @@ class ChatPolicy:
             raise PolicyError(f"{where} answered {exc.status_code}: {self.scrub(_message(exc))}") from None
         finally:
             await client.close()
+
+    async def _with_v1(self, url: str, timeout: float) -> str | None:
+        """``url`` + ``/v1`` when ``url`` lacks it and that one serves chat completions (the
+        common slip: vLLM's and SGLang's routes are under ``/v1``), else None."""
+        import dataclasses
+        from urllib.parse import urlsplit
+
+        import openai
+
+        if urlsplit(url).path.rstrip("/").endswith("/v1"):
+            return None
+        candidate = url.rstrip("/") + "/v1"
+        client = dataclasses.replace(self, base_url=candidate).client(max_retries=0, timeout=timeout, aiohttp=False)
+        try:
+            await client.chat.completions.create(**_PING, model=self.model)
+        except openai.NotFoundError as exc:  # a JSON error: the route is there, the model is not
+            return candidate if isinstance(exc.body, dict) else None
+        except openai.APIStatusError:  # 401, 429, 5xx: a route that answers
+            return candidate
+        except openai.OpenAIError:
+            return None
+        finally:
+            await client.close()
+        return candidate
 
     async def __call__(self, env: Any, obs: str, info: dict[str, Any], *, seed: int | None = None) -> Turn:
         import openai

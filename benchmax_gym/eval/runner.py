@@ -56,16 +56,17 @@ class EvalResult:
 
 def task_indices(tasks: Any, available: int | None) -> list[int]:
     """``"all"``, ``N`` (the first N), ``"i:j"`` or ``(i, j)`` (a slice) -> task indices.
-    ``available`` is None for an unbounded source, which needs a count."""
+    ``available`` is None for an unbounded source, which needs a count. Errors name the CLI's flags
+    (``--tasks``: the ``tasks`` argument)."""
     if isinstance(tasks, str) and tasks != "all" and ":" not in tasks:
         try:
             tasks = int(tasks)
         except ValueError:
-            raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}") from None
+            raise EvalError(f"--tasks must be all, N or i:j, got {tasks!r}") from None
     if tasks == "all":
         if available is None:
-            raise EvalError("this environment's task list is unbounded: say how many with tasks=N (the first N) "
-                            "or tasks='i:j'")
+            raise EvalError("this environment's task list is unbounded: say how many with --tasks N (the first N) "
+                            "or --tasks i:j")
         return list(range(available))
     if isinstance(tasks, int) and not isinstance(tasks, bool):
         start, stop = 0, tasks
@@ -74,15 +75,15 @@ def task_indices(tasks: Any, available: int | None) -> list[int]:
         try:
             start, stop = int(left or 0), int(right) if right else available
         except ValueError:
-            raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}") from None
+            raise EvalError(f"--tasks must be all, N or i:j, got {tasks!r}") from None
     elif isinstance(tasks, (tuple, list)) and len(tasks) == 2:
         start, stop = tasks
     else:
-        raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}")
+        raise EvalError(f"--tasks must be all, N or i:j, got {tasks!r}")
     if stop is None:
-        raise EvalError("this environment's task list is unbounded: give the slice an end ('i:j')")
+        raise EvalError("this environment's task list is unbounded: give --tasks an end (i:j)")
     if not 0 <= start < stop or (available is not None and stop > available):
-        raise EvalError(f"tasks {tasks!r} is not a non-empty range within the {available} tasks")
+        raise EvalError(f"--tasks {tasks}: not a non-empty range within the {available} tasks")
     return list(range(start, stop))
 
 
@@ -340,9 +341,9 @@ async def aevaluate(
     import benchmax_gym  # noqa: F401  (registers the ids)
 
     policy = as_policy(policy)
-    for name, value in (("k", k), ("concurrency", concurrency), ("workers", workers)):
+    for name, value in (("-k", k), ("--concurrency", concurrency), ("--workers", workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise EvalError(f"{name} must be a positive int, got {value!r}")
+            raise EvalError(f"{name} must be a positive integer, got {value!r}")
     kwargs = {**(env_kwargs or {}), **policy.env_kwargs}
     first = gym.make(env_id, **kwargs)
     closing: list[Any] = [first]
@@ -359,6 +360,8 @@ async def aevaluate(
         run_dir = RunDir(out, config, set(pairs)) if out is not None else None
         done = {(r["task_index"], r["sample"]) for r in run_dir.records} if run_dir else set()
         pending = [pair for pair in pairs if pair not in done]
+        if done and progress:
+            print(f"resuming: {len(done)} of {len(pairs)} done", file=sys.stderr, flush=True)
         if pending and preflight and hasattr(policy, "preflight"):
             await policy.preflight()
         run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
@@ -454,7 +457,11 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
 
 
 def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None:
-    """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU."""
+    """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU.
+    Ctrl-C is the parent's to handle (it ends the workers): a worker ignores it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     async def main() -> None:
         import benchmax_gym  # noqa: F401  (registers the ids)
@@ -517,7 +524,7 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
                 loop.remove_reader(conn.fileno())
             except (ValueError, OSError):
                 pass
-            proc.join(timeout=10)
+            proc.join(timeout=10 if finished.done() else 0)  # interrupted: end them now
             if proc.is_alive():
                 proc.kill()
             conn.close()

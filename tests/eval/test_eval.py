@@ -184,7 +184,7 @@ def test_a_policy_that_raises_fails_its_episode_with_the_error():
 def test_tasks_selection_errors_are_clear():
     with pytest.raises(EvalError, match="unbounded: say how many"):
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS)
-    with pytest.raises(EvalError, match="tasks must be 'all', N or 'i:j'"):
+    with pytest.raises(EvalError, match="--tasks must be all, N or i:j"):
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks="some")
     with pytest.raises(EvalError, match="not a non-empty range"):
         evaluate(ENV, "solver", env_kwargs={**ENV_KWARGS, "task_args": {"num_tasks": 5}}, tasks="2:9")
