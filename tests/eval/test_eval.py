@@ -279,3 +279,17 @@ def test_workers_split_the_episodes_and_give_the_same_records(answers, tmp_path)
     assert KEY not in (tmp_path / "run" / "rollouts.jsonl").read_text()
     with pytest.raises(EvalError, match="workers must be a positive int"):
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=2, workers=0)
+
+
+def test_episode_record_has_the_reward_and_components_eval_writes():
+    """The README says episode_record() is what eval writes: the reward and its components too."""
+    env = gym.make(ENV, **ENV_KWARGS)
+    obs, info = env.reset(seed=0, options={"task_index": 0})
+    assert env.unwrapped.episode_record()["reward"] is None  # not graded yet
+    _, reward, *_, info = env.step(f"\\boxed{{{env.unwrapped.episode.task.answer}}}")
+    record = env.unwrapped.episode_record()
+    assert record["reward"] == reward == 1.0 and record["reward_components"] == info["reward_components"]
+    assert record["reward_components"]
+    env.close()
+    result = evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=1)
+    assert result.records[0]["reward"] == 1.0 and result.records[0]["reward_components"]
