@@ -221,8 +221,8 @@ class ChatPolicy:
         client = dataclasses.replace(self, base_url=candidate).client(max_retries=0, timeout=timeout, aiohttp=False)
         try:
             await client.chat.completions.create(**_PING, model=self.model)
-        except openai.NotFoundError as exc:  # a JSON error: the route is there, the model is not
-            return candidate if isinstance(exc.body, dict) else None
+        except openai.NotFoundError as exc:  # an API error (not a bare "Not Found"): the route is there
+            return candidate if isinstance(exc.body, dict) and "message" in exc.body else None
         except openai.APIStatusError:  # 401, 429, 5xx: a route that answers
             return candidate
         except openai.OpenAIError:
