@@ -335,13 +335,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from benchmax_gym.eval import EvalError, load_run
     from benchmax_gym.eval.stats import compare, format_compare
 
-    runs = {}
+    runs, infos = {}, {}
     try:
         for path in args.runs:
             name = os.path.basename(os.path.normpath(path))
             while name in runs:
                 name += "'"
-            runs[name] = load_run(path)[1]
+            infos[name], runs[name] = load_run(path)
         baseline = None
         if args.baseline is not None:
             baseline = os.path.basename(os.path.normpath(args.baseline))
@@ -356,7 +356,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from benchmax_gym.eval.plots import plot_compare
 
         os.makedirs(args.plots_dir, exist_ok=True)
-        plot_compare(result, args.plots_dir)
+        plot_compare(result, args.plots_dir, infos)
     print(json.dumps(result) if args.json else format_compare(result))
     return 0
 

@@ -78,13 +78,19 @@ def plot_run(records: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], o
     return written
 
 
-def plot_compare(result: Mapping[str, Any], out_dir: str | os.PathLike) -> list[Path]:
-    """``compare.png``: each run's mean reward per shared task (tasks sorted by the baseline)."""
+def plot_compare(result: Mapping[str, Any], out_dir: str | os.PathLike,
+                 runs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Path]:
+    """``compare.png``: each run's mean reward per shared task (tasks sorted by the baseline);
+    ``runs`` (name -> run record) puts each run's env and model in the legend and title."""
     plt = _pyplot()
+    runs = runs or {}
     rows = sorted(result["per_task"], key=lambda row: row[result["baseline"]])
     fig, ax = plt.subplots(figsize=(7, 3.5))
     for name in result["runs"]:
-        ax.plot(range(len(rows)), [row[name] for row in rows], marker=".", linestyle="none", label=name)
-    ax.set(xlabel="shared task (sorted by the baseline)", ylabel="mean reward", title="Runs per task")
+        label = f"{name} ({run_title(runs[name])})" if name in runs else name
+        ax.plot(range(len(rows)), [row[name] for row in rows], marker=".", linestyle="none", label=label)
+    envs = sorted({str(run.get("env_id")) for run in runs.values()})
+    title = "Runs per task" + (f"\n{', '.join(envs)}" if envs else "")
+    ax.set(xlabel="shared task (sorted by the baseline)", ylabel="mean reward", title=title)
     ax.legend()
     return [_save(plt, fig, Path(out_dir) / "compare.png")]

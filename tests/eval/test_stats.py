@@ -156,3 +156,20 @@ def test_plot_titles_name_the_env_and_model(tmp_path, monkeypatch):
     run = {"env_id": "benchmax/Math-v0", "policy": {"kind": "chat", "model": "Qwen/Qwen3-8B"}}
     plot_run(records, summarize(records), tmp_path, run)
     assert len(titles) == 3 and all(t.endswith("\nbenchmax/Math-v0 - Qwen/Qwen3-8B") for t in titles)
+
+
+def test_the_comparison_plot_names_env_and_models(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    seen = []
+    real_set, real_plot = matplotlib.axes.Axes.set, matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "set", lambda self, **kw: (seen.append(kw.get("title")),
+                                                                         real_set(self, **kw))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **kw: (seen.append(kw.get("label")),
+                                                                              real_plot(self, *a, **kw))[1])
+    records = [rec(f"t{i}", 0, float(i % 2)) for i in range(4)]
+    runs = {"a": {"env_id": "benchmax/Math-v0", "policy": {"kind": "chat", "model": "m1"}},
+            "b": {"env_id": "benchmax/Math-v0", "policy": {"kind": "baseline", "name": "solver"}}}
+    plot_compare(compare({"a": records, "b": records}), tmp_path, runs)
+    assert "a (benchmax/Math-v0 - m1)" in seen and "b (benchmax/Math-v0 - solver)" in seen
+    assert "Runs per task\nbenchmax/Math-v0" in seen
