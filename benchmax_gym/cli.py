@@ -339,12 +339,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         usage_error("--model and --policy exclude each other")
     extra = {}
     if args.model is not None:
-        key = None
-        if args.api_key_env:
-            key = os.environ.get(args.api_key_env)
-            if not key:
-                usage_error(f"--api-key-env {args.api_key_env}: the variable is not set")
-            extra["api_key_env"] = args.api_key_env  # the variable's name, never the key
+        # the key's variable: --api-key-env, else OPENAI_API_KEY as the SDK reads it (and it reads
+        # OPENAI_BASE_URL when --base-url is not given)
+        variable = args.api_key_env or "OPENAI_API_KEY"
+        key = os.environ.get(variable) or None
+        if args.api_key_env and not key:
+            usage_error(f"--api-key-env {args.api_key_env}: the variable is not set")
+        if key:
+            extra["api_key_env"] = variable  # the variable's name, never the key
         try:
             import openai  # noqa: F401
         except ImportError:
@@ -361,6 +363,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.env_id, policy, env_kwargs=_parse_env_args(args.env_arg), k=args.k, tasks=args.tasks,
             concurrency=args.concurrency, workers=args.workers, seed=args.seed, out=args.out, progress=not args.quiet,
             plots=not args.no_plots, extra_run_info=extra))
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {_eval_progress(args.out)}; rerun the same command to resume", file=sys.stderr)
+        return 130
     except gym.error.Error as exc:
         usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
     except (EvalError, PolicyError) as exc:
@@ -375,18 +380,29 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_progress(out: str) -> str:
+    """``N/M done`` of the run directory ``out`` (what an interrupted eval leaves there)."""
+    from benchmax_gym.eval import EvalError, load_run
+
+    try:
+        run, records = load_run(out)
+    except EvalError:
+        return "no episode done"
+    return f"{len(records)}/{run.get('episodes', '?')} done"
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Paired comparison of eval runs on the tasks they share."""
     from benchmax_gym.eval import EvalError, load_run
     from benchmax_gym.eval.stats import compare, format_compare
 
-    runs = {}
+    runs, infos = {}, {}
     try:
         for path in args.runs:
             name = os.path.basename(os.path.normpath(path))
             while name in runs:
                 name += "'"
-            runs[name] = load_run(path)[1]
+            infos[name], runs[name] = load_run(path)
         baseline = None
         if args.baseline is not None:
             baseline = os.path.basename(os.path.normpath(args.baseline))
@@ -401,7 +417,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from benchmax_gym.eval.plots import plot_compare
 
         os.makedirs(args.plots_dir, exist_ok=True)
-        plot_compare(result, args.plots_dir)
+        plot_compare(result, args.plots_dir, infos)
     print(json.dumps(result) if args.json else format_compare(result))
     return 0
 
@@ -578,26 +594,30 @@ def main(argv: list[str] | None = None) -> int:
     ev = sub.add_parser("eval", help="score a model endpoint (OpenAI-compatible) or a baseline on an environment")
     ev.add_argument("env_id", help="an id from `benchmax-gym list`")
     ev.add_argument("--model", help="the served model's name (with --base-url)")
-    ev.add_argument("--base-url", help="an OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
-    ev.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the API key "
-                    "(never written to the run)")
+    ev.add_argument("--base-url", help="an OpenAI-compatible endpoint, with its /v1, e.g. http://localhost:8000/v1 "
+                    "(vLLM, SGLang) (default: $OPENAI_BASE_URL, else the OpenAI API)")
+    ev.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the API key, never "
+                    "written to the run (default: OPENAI_API_KEY)")
     ev.add_argument("--policy", choices=("solver", "random", "empty"), help="a baseline instead of a model")
     ev.add_argument("--tool-mode", choices=("native", "text"), default="native",
-                    help="native: tools as schemas, the model's tool_calls; text: calls written in the env's format")
-    ev.add_argument("-k", type=int, default=1, help="samples per task (pass@k for every k up to this)")
-    ev.add_argument("--tasks", default="all", help="all, N (the first N) or i:j")
-    ev.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
+                    help="native: tools as schemas, the model's tool_calls; text: calls written in the env's format "
+                    "(default: native)")
+    ev.add_argument("-k", type=int, default=1, help="samples per task, pass@k for every k up to this (default: 1)")
+    ev.add_argument("--tasks", default="all", help="all, N (the first N) or i:j (default: all)")
+    ev.add_argument("--concurrency", type=int, default=64, help="episodes in flight (default: 64)")
     ev.add_argument("--workers", type=int, default=1, help="processes to spread episodes over (concurrency is "
-                    "split among them): one process tops out at a few hundred model calls per second")
-    ev.add_argument("--temperature", type=float)
-    ev.add_argument("--top-p", type=float)
-    ev.add_argument("--max-tokens", type=int)
-    ev.add_argument("--timeout", type=float, default=120.0, help="seconds per model request")
+                    "split among them): one process tops out at a few hundred model calls per second (default: 1)")
+    ev.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
+    ev.add_argument("--top-p", type=float, help="nucleus sampling (default: the server's)")
+    ev.add_argument("--max-tokens", type=int, help="tokens per model turn (default: the server's)")
+    ev.add_argument("--timeout", type=float, default=120.0, help="seconds per model request, the whole reply "
+                    "included (default: 120)")
     ev.add_argument("--max-retries", type=int, default=4, help="retries per request on 429/5xx/timeouts "
-                    "(with backoff, honouring Retry-After)")
-    ev.add_argument("--seed", type=int, default=0)
+                    "(with backoff, honouring Retry-After) (default: 4)")
+    ev.add_argument("--seed", type=int, default=0, help="the run's seed: each episode's reset and sampling seed "
+                    "derives from it (default: 0)")
     ev.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                    help="keyword argument for gym.make, as for run")
+                    help="keyword argument for gym.make, as for run; repeatable")
     ev.add_argument("--out", required=True, help="the run directory (run again with the same one to resume)")
     ev.add_argument("--no-plots", action="store_true", help="no PNGs in the run directory")
     ev.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -606,9 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     cmp = sub.add_parser("compare", help="compare eval runs on the tasks they share (paired)")
     cmp.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
     cmp.add_argument("--baseline", help="the run the others are compared with (default: the first)")
-    cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    cmp.add_argument("--plots-dir", help="write comparison PNGs here")
-    cmp.add_argument("--json", action="store_true")
+    cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    cmp.add_argument("--plots-dir", help="write comparison PNGs here (default: none)")
+    cmp.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     cmp.set_defaults(func=cmd_compare)
     mcp = sub.add_parser("mcp-serve", help="serve an environment's tools as an MCP server (one workspace per session)")
     mcp.add_argument("env_id", help="an id from `benchmax-gym list`")

@@ -554,6 +554,9 @@ class OpenEnvEnv(gym.Env[str, str]):
                     "messages": [{"role": "user", "content": obs}]}
         episode.messages.extend(info["messages"])
         episode.done = terminated or truncated
+        if episode.done and (not self.ours or "reward_components" in info):  # graded (as ToolEnv records it)
+            episode.reward = float(reward)
+            episode.reward_components = dict(info.get("reward_components") or {})
         return obs, reward, terminated, truncated, info
 
     def _refused(self, code: str, message: str):

@@ -80,6 +80,8 @@ class Episode:
     state: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     tool_errors: int = 0
+    reward: float | None = None  # the final reward, once graded
+    reward_components: dict[str, float] = field(default_factory=dict)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
 
@@ -419,12 +421,14 @@ class ToolEnv(gym.Env[str, str]):
     def episode_record(self) -> dict[str, Any]:
         """The current (or just finished) episode as a JSON-able record - what RecordEpisodes and
         eval write and trainer adapters read: the task's id and index, the transcript (:attr:`messages`),
-        the model's raw text per turn, turns and tool errors. Never the ground truth."""
+        the model's raw text per turn, turns, tool errors, and the reward and its components once the
+        episode is graded (``None`` and ``{}`` before). Never the ground truth."""
         episode = self.episode
         if episode is None:
             return {}
         return {"task_id": episode.task.id, "task_index": episode.index, "messages": [dict(m) for m in episode.messages],
-                "actions": list(episode.actions), "turns": episode.turn, "tool_errors": episode.tool_errors}
+                "actions": list(episode.actions), "turns": episode.turn, "tool_errors": episode.tool_errors,
+                "reward": episode.reward, "reward_components": dict(episode.reward_components)}
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -651,6 +655,7 @@ class ToolEnv(gym.Env[str, str]):
             reward, components, reward_errors = plan.score
             reward = float(reward)
             info["reward_components"] = components
+            episode.reward, episode.reward_components = reward, dict(components)
             if reward_errors:
                 info["reward_errors"] = reward_errors
             info.update(self.final_info(episode))

@@ -8,8 +8,10 @@ the action text plus what the model reported (tokens, ``finish_reason``). ``env_
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
+import os
 import random
 import time
 import weakref
@@ -19,11 +21,59 @@ from typing import Any
 
 BASELINES = ("solver", "random", "empty")
 HTTPX_CLIENTS = 8  # httpx clients a ChatPolicy spreads its requests over (one aiohttp client suffices)
+_PING = {"max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]}
+MAX_REPLY_BYTES = 64 << 20  # a chat reply larger than this is refused (a logprobs-heavy one is ~MBs)
 
 
 class PolicyError(RuntimeError):
     """The policy could not produce a turn (the model endpoint kept failing); the episode is
     recorded as failed with this message and the run goes on."""
+
+
+_BOUNDED: dict[type, type] = {}
+
+
+def _bounded(client_cls: type) -> type:
+    """``client_cls`` (the SDK's httpx or aiohttp client) whose non-streamed replies must arrive
+    whole within a deadline and under a size: the SDK's ``timeout`` bounds each read, so a server
+    dripping a byte at a time, or streaming forever, is never timed out, and a reply is read into
+    memory however large. A late reply raises the transport's own timeout (the SDK retries it as
+    one); a huge one a :class:`PolicyError` (not retried: the same request gets the same reply)."""
+    if client_cls in _BOUNDED:
+        return _BOUNDED[client_cls]
+    try:
+        import httpx2 as httpx  # the openai SDK's fork of httpx, when it uses it
+    except ImportError:
+        import httpx
+
+    class Bounded(client_cls):
+        deadline: float = 120.0
+        max_bytes: int = MAX_REPLY_BYTES
+
+        async def send(self, request, *, stream: bool = False, **kwargs):
+            if stream:
+                return await super().send(request, stream=True, **kwargs)
+            response = None
+            try:
+                async with asyncio.timeout(self.deadline):
+                    response = await super().send(request, stream=True, **kwargs)
+                    parts, size = [], 0  # counted as it comes (a declared length may lie)
+                    async for part in response.aiter_bytes():
+                        size += len(part)
+                        if size > self.max_bytes:
+                            raise PolicyError(f"the endpoint's reply is over the limit of {self.max_bytes} bytes")
+                        parts.append(part)
+                    response._content = b"".join(parts)  # what aread() sets: the SDK reads it from here
+            except TimeoutError:
+                raise httpx.ReadTimeout(f"no whole reply within {self.deadline:g} s", request=request) from None
+            finally:
+                if response is not None:
+                    await response.aclose()
+            return response
+
+    Bounded.__name__ = Bounded.__qualname__ = f"Bounded{client_cls.__name__}"
+    _BOUNDED[client_cls] = Bounded
+    return Bounded
 
 
 @dataclass
@@ -46,14 +96,16 @@ class ChatPolicy:
     Args:
         model: the served model name.
         base_url: the endpoint, e.g. ``http://localhost:8000/v1`` (default: the SDK's, OpenAI).
-        api_key: the key (read it from an environment variable; it is never written anywhere).
+        api_key: the key (default: ``$OPENAI_API_KEY``, as the SDK reads it; never written anywhere).
         native_tools: pass the env's tools as schemas and read ``tool_calls`` (the env speaks
             ``tool_format="openai"``, tools left out of the system prompt); ``False``: the model
             writes calls as text in the env's own format (``hermes`` by default).
         temperature, top_p, max_tokens: sampling parameters (left to the server when None).
-        timeout: seconds per request; max_retries: the SDK's retries with backoff on 408/409/429/5xx
-            and connection errors, honouring ``Retry-After``.
+        timeout: seconds per request, the whole reply included (a server dripping its body is cut
+            off); max_retries: the SDK's retries with backoff on 408/409/429/5xx, timeouts and
+            connection errors, honouring ``Retry-After``.
         extra_body: more request fields (vLLM's ``top_k``, ``chat_template_kwargs``...).
+        max_reply_bytes: a larger reply fails its episode (bounds memory against a hostile endpoint).
     """
 
     model: str
@@ -67,8 +119,11 @@ class ChatPolicy:
     max_retries: int = 4
     extra_body: dict[str, Any] | None = None
     name: str = "model"
+    max_reply_bytes: int = MAX_REPLY_BYTES
 
     def __post_init__(self):
+        if self.api_key is None:  # as the SDK does (it reads OPENAI_BASE_URL too, when base_url is None)
+            self.api_key = os.environ.get("OPENAI_API_KEY") or None
         self._clients: list[Any] = []
         self._httpx_only = False
         self._busy: list[int] = []
@@ -93,9 +148,12 @@ class ChatPolicy:
         http = None
         if aiohttp:
             try:
-                http = openai.DefaultAioHttpClient(timeout=timeout or self.timeout)
+                http = _bounded(openai.DefaultAioHttpClient)(timeout=timeout or self.timeout)
             except RuntimeError:  # openai without its aiohttp extra
                 self._httpx_only = True
+        if http is None:
+            http = _bounded(openai.DefaultAsyncHttpxClient)(timeout=timeout or self.timeout)
+        http.deadline, http.max_bytes = timeout or self.timeout, self.max_reply_bytes
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
                                   timeout=timeout or self.timeout, http_client=http,
                                   max_retries=self.max_retries if max_retries is None else max_retries)
@@ -116,18 +174,25 @@ class ChatPolicy:
         return text.replace(self.api_key, "***") if self.api_key else text
 
     async def preflight(self, timeout: float = 10.0) -> None:
-        """One tiny request before any episode: an unreachable endpoint, an unknown model or a
-        refused key fails here, in seconds, as one line (a :class:`PolicyError`)."""
+        """One tiny request before any episode: an unreachable endpoint, an unknown model, a base
+        URL without its ``/v1`` or a refused (or missing) key fails here, in seconds, as one line
+        (a :class:`PolicyError`)."""
         import openai
 
         client = self.client(max_retries=0, timeout=timeout, aiohttp=False)
-        where = self.base_url or "the OpenAI API"
+        where = self.base_url or os.environ.get("OPENAI_BASE_URL") or "the OpenAI API"
         try:
-            await client.chat.completions.create(model=self.model, max_tokens=1,
-                                                 messages=[{"role": "user", "content": "ping"}])
+            await client.chat.completions.create(**_PING, model=self.model)
         except openai.AuthenticationError:
+            if not self.api_key:
+                raise PolicyError(f"{where} wants an API key (401) and none was given: set OPENAI_API_KEY, or "
+                                  "name the variable that holds it with --api-key-env VAR") from None
             raise PolicyError(f"{where} refused the API key (401)") from None
         except openai.NotFoundError as exc:
+            with_v1 = await self._with_v1(str(client.base_url), timeout)
+            if with_v1:
+                raise PolicyError(f"{where} has no chat completions endpoint but {with_v1} has: add /v1 "
+                                  f"(--base-url {with_v1})") from None
             raise PolicyError(f"{where} does not serve model {self.model!r} (404: {self.scrub(_message(exc))})") from None
         except openai.APITimeoutError:
             raise PolicyError(f"{where} did not answer within {timeout:g} s") from None
@@ -137,6 +202,30 @@ class ChatPolicy:
             raise PolicyError(f"{where} answered {exc.status_code}: {self.scrub(_message(exc))}") from None
         finally:
             await client.close()
+
+    async def _with_v1(self, url: str, timeout: float) -> str | None:
+        """``url`` + ``/v1`` when ``url`` lacks it and that one serves chat completions (the
+        common slip: vLLM's and SGLang's routes are under ``/v1``), else None."""
+        import dataclasses
+        from urllib.parse import urlsplit
+
+        import openai
+
+        if urlsplit(url).path.rstrip("/").endswith("/v1"):
+            return None
+        candidate = url.rstrip("/") + "/v1"
+        client = dataclasses.replace(self, base_url=candidate).client(max_retries=0, timeout=timeout, aiohttp=False)
+        try:
+            await client.chat.completions.create(**_PING, model=self.model)
+        except openai.NotFoundError as exc:  # an API error (not a bare "Not Found"): the route is there
+            return candidate if isinstance(exc.body, dict) and "message" in exc.body else None
+        except openai.APIStatusError:  # 401, 429, 5xx: a route that answers
+            return candidate
+        except openai.OpenAIError:
+            return None
+        finally:
+            await client.close()
+        return candidate
 
     async def __call__(self, env: Any, obs: str, info: dict[str, Any], *, seed: int | None = None) -> Turn:
         import openai
@@ -169,29 +258,68 @@ class ChatPolicy:
         except ValueError as exc:  # a body that is not JSON
             raise PolicyError(self.scrub(f"the endpoint's reply is not valid JSON: {exc}")) from None
         seconds = time.perf_counter() - start
-        if not isinstance(response, dict):
-            raise PolicyError(self.scrub(f"the endpoint's reply is not a JSON object: {str(response)[:200]}"))
-        choices = response.get("choices")
-        if not choices or not isinstance(choices[0], dict):
-            raise PolicyError("the endpoint answered with no choices")
-        choice = choices[0]
-        message = choice.get("message") or {}
+        message, finish, usage = _reply_parts(response, self.scrub)
+        content = message.get("content")
         if self.native_tools:
-            calls = [_without_none(c) for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-            action = json.dumps({"role": "assistant", "content": message.get("content"), "tool_calls": calls},
-                                ensure_ascii=False)
+            calls = [_without_none(c) for c in message.get("tool_calls") or []]
+            action = json.dumps({"role": "assistant", "content": content, "tool_calls": calls}, ensure_ascii=False)
         else:
-            action = message.get("content") or ""
-        usage = response.get("usage") or {}
+            action = content or ""
+        reasoning = message.get("reasoning_content")
+        if self.api_key:  # a server echoing the request's headers must not put the key in the record
+            action, reasoning = self.scrub(action), reasoning and self.scrub(reasoning)
         return Turn(action=action, prompt_tokens=usage.get("prompt_tokens"),
-                    completion_tokens=usage.get("completion_tokens"),
-                    finish_reason=choice.get("finish_reason"), model_seconds=seconds,
-                    reasoning=message.get("reasoning_content"))
+                    completion_tokens=usage.get("completion_tokens"), finish_reason=finish,
+                    model_seconds=seconds, reasoning=reasoning)
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, []
         for client in clients:
             await client.close()
+
+
+def _reply_parts(response: Any, scrub: Callable[[str], str]) -> tuple[dict, str | None, dict]:
+    """``(message, finish_reason, usage)`` of a chat completion, each field of the type the
+    protocol gives it; anything else fails the episode with a :class:`PolicyError` naming the
+    field (a malformed reply must never reach the env, or the run)."""
+
+    def bad(where: str, value: Any, kind: str) -> PolicyError:
+        return PolicyError(scrub(f"the endpoint's reply is malformed: {where} is {str(value)[:100]!r}, not {kind}"))
+
+    if not isinstance(response, dict):
+        raise bad("the reply", response, "a JSON object")
+    choices = response.get("choices")
+    if not choices or not isinstance(choices, list):
+        raise PolicyError("the endpoint answered with no choices")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise bad("choices[0]", choice, "an object")
+    message = choice.get("message") or {}
+    if not isinstance(message, dict):
+        raise bad("choices[0].message", message, "an object")
+    for key in ("content", "reasoning_content"):
+        if not isinstance(message.get(key), (str, type(None))):
+            raise bad(f"message.{key}", message[key], "text")
+    calls = message.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise bad("message.tool_calls", calls, "a list")
+        for i, call in enumerate(calls):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                    or not isinstance(function.get("arguments", ""), (str, dict)):
+                raise bad(f"message.tool_calls[{i}]", call, "a function call (name, arguments)")
+    finish = choice.get("finish_reason")
+    if not isinstance(finish, (str, type(None))):
+        raise bad("finish_reason", finish, "text")
+    usage = response.get("usage") or {}
+    if not isinstance(usage, dict):
+        raise bad("usage", usage, "an object")
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            raise bad(f"usage.{key}", value, "a count")
+    return message, finish, usage
 
 
 def _without_none(value: Any) -> Any:

@@ -17,8 +17,10 @@ import json
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -54,16 +56,17 @@ class EvalResult:
 
 def task_indices(tasks: Any, available: int | None) -> list[int]:
     """``"all"``, ``N`` (the first N), ``"i:j"`` or ``(i, j)`` (a slice) -> task indices.
-    ``available`` is None for an unbounded source, which needs a count."""
+    ``available`` is None for an unbounded source, which needs a count. Errors name the CLI's flags
+    (``--tasks``: the ``tasks`` argument)."""
     if isinstance(tasks, str) and tasks != "all" and ":" not in tasks:
         try:
             tasks = int(tasks)
         except ValueError:
-            raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}") from None
+            raise EvalError(f"--tasks must be all, N or i:j, got {tasks!r}") from None
     if tasks == "all":
         if available is None:
-            raise EvalError("this environment's task list is unbounded: say how many with tasks=N (the first N) "
-                            "or tasks='i:j'")
+            raise EvalError("this environment's task list is unbounded: say how many with --tasks N (the first N) "
+                            "or --tasks i:j")
         return list(range(available))
     if isinstance(tasks, int) and not isinstance(tasks, bool):
         start, stop = 0, tasks
@@ -72,15 +75,15 @@ def task_indices(tasks: Any, available: int | None) -> list[int]:
         try:
             start, stop = int(left or 0), int(right) if right else available
         except ValueError:
-            raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}") from None
+            raise EvalError(f"--tasks must be all, N or i:j, got {tasks!r}") from None
     elif isinstance(tasks, (tuple, list)) and len(tasks) == 2:
         start, stop = tasks
     else:
-        raise EvalError(f"tasks must be 'all', N or 'i:j', got {tasks!r}")
+        raise EvalError(f"--tasks must be all, N or i:j, got {tasks!r}")
     if stop is None:
-        raise EvalError("this environment's task list is unbounded: give the slice an end ('i:j')")
+        raise EvalError("this environment's task list is unbounded: give --tasks an end (i:j)")
     if not 0 <= start < stop or (available is not None and stop > available):
-        raise EvalError(f"tasks {tasks!r} is not a non-empty range within the {available} tasks")
+        raise EvalError(f"--tasks {tasks}: not a non-empty range within the {available} tasks")
     return list(range(start, stop))
 
 
@@ -91,39 +94,94 @@ def episode_seed(seed: int, task_index: int, sample: int) -> int:
 
 # -- the run directory -----------------------------------------------------------------------------
 
+# A run directory may have been handed over, unpacked from elsewhere, or shared: nothing in it is
+# followed or trusted. Files are opened O_NOFOLLOW and used only when regular with one link
+# (core.files), read up to a bound, and replaced through exclusive temporary files.
+MAX_RUN_JSON_BYTES = 64 << 20
+MAX_ROLLOUTS_BYTES = 16 << 30
+_WRITE_FLAGS = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+def _read_safely(folder: Path, name: str, max_bytes: int) -> bytes | None:
+    """The bytes of ``folder/name`` (None when absent); a symlink, FIFO, device, hard link or a
+    file over ``max_bytes`` is an :class:`EvalError`."""
+    from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file
+
+    try:
+        return read_workspace_file(folder, name, max_bytes)[0]
+    except WorkspaceFileError as exc:
+        if exc.code == "file_missing":
+            return None
+        raise EvalError(f"{folder}: {name} refused: {exc} (a run directory holds only the regular files eval "
+                        "writes); choose a new directory") from None
+
+
+def _open_append(folder: Path, name: str) -> int:
+    """An append descriptor on ``folder/name``, created if absent, never through a link or onto
+    a FIFO or device."""
+    try:
+        fd = os.open(folder / name, _WRITE_FLAGS | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise EvalError(f"{folder}: cannot open {name} ({os.strerror(exc.errno)}; a symbolic link or FIFO?); "
+                        "choose a new directory") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise EvalError(f"{folder}: {name} is not a regular file with one link; choose a new directory")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _replace_file(folder: Path, name: str, data: bytes) -> None:
+    """Write ``folder/name`` whole: into a new exclusive temporary file, then renamed over it (a
+    link there is replaced, never followed)."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")  # O_EXCL | O_NOFOLLOW
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
 
 class RunDir:
     """``run.json`` + ``rollouts.jsonl`` + ``summary.json`` in ``path``; refuses a directory that holds
-    something else, a corrupt record, or a run of another configuration."""
+    something else, a corrupt, foreign or repeated record, or a run of another configuration.
+    ``pairs``: the run's ``(task_index, sample)`` pairs (a record of any other is refused)."""
 
-    def __init__(self, path: str | os.PathLike, config: dict[str, Any]):
+    def __init__(self, path: str | os.PathLike, config: dict[str, Any], pairs: set[tuple[int, int]] | None = None):
         self.path = Path(path)
         self.config = config
+        self.pairs = pairs
         self.records: list[dict[str, Any]] = []
         self.run: dict[str, Any] = {}
+        self._fd: int | None = None
         if self.path.exists() and not self.path.is_dir():
-            raise EvalError(f"out {self.path}: exists and is not a directory")
+            raise EvalError(f"--out {self.path}: exists and is not a directory")
         entries = sorted(p.name for p in self.path.iterdir()) if self.path.is_dir() else []
         if entries:
             self._resume(entries)
 
     def _resume(self, entries: list[str]) -> None:
-        run_file = self.path / "run.json"
-        if "run.json" not in entries:
-            raise EvalError(f"out {self.path}: not empty and not a benchmax-gym eval run (no run.json); "
+        raw = _read_safely(self.path, "run.json", MAX_RUN_JSON_BYTES) if "run.json" in entries else None
+        if raw is None:
+            raise EvalError(f"--out {self.path}: not empty and not a benchmax-gym eval run (no run.json); "
                             "choose a new directory")
         try:
-            run = json.loads(run_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise EvalError(f"out {self.path}: run.json is unreadable ({exc}); choose a new directory") from None
+            run = json.loads(raw)
+        except ValueError as exc:
+            raise EvalError(f"--out {self.path}: run.json is unreadable ({exc}); choose a new directory") from None
         if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
-            raise EvalError(f"out {self.path}: run.json is not a {RUN_FORMAT} record; choose a new directory")
+            raise EvalError(f"--out {self.path}: run.json is not a {RUN_FORMAT} record; choose a new directory")
         differs = [k for k in RESUME_KEYS if _normal(run.get(k)) != _normal(self.config.get(k))]
         if differs:
-            raise EvalError(f"out {self.path} holds a run with other settings ({', '.join(differs)}); "
+            raise EvalError(f"--out {self.path} holds a run with other settings ({', '.join(differs)}); "
                             "resume it with the same ones or choose a new directory")
         self.run = run
-        self.records = read_rollouts(self.path, repair=True)
+        self.records = read_rollouts(self.path, repair=True, pairs=self.pairs)
 
     def start(self, run: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -131,22 +189,29 @@ class RunDir:
             run = {**self.run, "resumed": [*self.run.get("resumed", []), run["started"]]}
         self.run = run
         self.write_json("run.json", run)
-        self._file = open(self.path / "rollouts.jsonl", "a", encoding="utf-8")
+        self._fd = _open_append(self.path, "rollouts.jsonl")
 
-    def add(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-        self._file.flush()  # a record is on disk once its episode ends (what resume reads)
+    def add(self, record: dict[str, Any], scrub: Any = None) -> None:
+        line = json.dumps(record, ensure_ascii=False, default=str)
+        data = ((scrub(line) if scrub else line) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:  # on disk once its episode ends (what resume reads)
+            view = view[os.write(self._fd, view):]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def finish(self, run: dict[str, Any], summary: dict[str, Any]) -> None:
-        self._file.close()
+        self.close()
         self.run = run
         self.write_json("run.json", run)
         self.write_json("summary.json", summary)
 
     def write_json(self, name: str, value: Any) -> None:
-        tmp = self.path / f".{name}.tmp"
-        tmp.write_text(json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path / name)
+        _replace_file(self.path, name,
+                      (json.dumps(value, indent=2, ensure_ascii=False, default=str) + "\n").encode("utf-8"))
 
 
 def _normal(value: Any) -> Any:
@@ -188,7 +253,10 @@ def max_reward(env: gym.Env) -> float:
 
 async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, seed: int,
                        executor: concurrent.futures.Executor) -> dict[str, Any]:
-    """One episode of ``task_index``; a policy that cannot produce a turn ends it as failed."""
+    """One episode of ``task_index``. An episode whose policy cannot produce a turn (the endpoint
+    kept failing, a malformed reply, your function raised) or whose env raised is *failed*: its
+    record has the ``error``, ``reward`` None and no components, and the summary leaves it out of
+    every statistic (a failure is not a score of 0); the run goes on."""
     loop = asyncio.get_running_loop()
     base = env.unwrapped
     start = time.perf_counter()
@@ -199,11 +267,16 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     else:  # tools that block (a sandbox, a server): the sync API in a worker thread
         reset = lambda **kw: loop.run_in_executor(executor, lambda: env.reset(**kw))  # noqa: E731
         step = lambda action: loop.run_in_executor(executor, env.step, action)  # noqa: E731
-    obs, info = await reset(seed=seed, options={"task_index": task_index})
     reward, terminated, truncated, error = 0.0, False, False, None
     turns: list[dict[str, Any]] = []
     codes: list[str] = []
     components: dict[str, float] = {}
+    try:
+        obs, info = await reset(seed=seed, options={"task_index": task_index})
+    except Exception as exc:  # the env could not start this task: the episode fails, the run goes on
+        obs, info, terminated = None, {}, True
+        error = policy.scrub(f"the env's reset raised {type(exc).__name__}: {exc}")
+        base = None  # its episode (if any) is an earlier one
     while not (terminated or truncated):
         try:
             turn: Turn = await policy(base, obs, info, seed=seed)
@@ -214,30 +287,36 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
             error = policy.scrub(f"{type(exc).__name__}: {exc}")
             break
         t0 = time.perf_counter()
-        obs, reward, terminated, truncated, info = await step(turn.action)
+        try:
+            obs, reward, terminated, truncated, info = await step(turn.action)
+        except Exception as exc:
+            error = policy.scrub(f"the env's step raised {type(exc).__name__}: {exc}")
+            break
         codes += info.get("errors") or []
         components = info.get("reward_components", components)
         turns.append({"model_seconds": round(turn.model_seconds, 4), "env_seconds": round(time.perf_counter() - t0, 4),
                       "prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
                       "finish_reason": turn.finish_reason, "errors": info.get("errors") or [],
                       **({"reasoning": turn.reasoning} if turn.reasoning else {})})
-    episode = base.episode
+    episode = base.episode if base is not None else None
     tokens = [t["prompt_tokens"] for t in turns], [t["completion_tokens"] for t in turns]
+    failed = error is not None
     return {
         "task_index": task_index, "sample": sample, "seed": seed,
-        "task_id": episode.task.id, "metadata": dict(episode.task.metadata),
-        "reward": float(reward) if error is None else 0.0,
-        "success": error is None and float(reward) >= max_reward(env) - 1e-9,
-        "reward_components": components if error is None else {},
+        "task_id": episode.task.id if episode is not None else None,
+        "metadata": dict(episode.task.metadata) if episode is not None else {},
+        **(base.episode_record() if episode is not None else {}),
+        "reward": None if failed else float(reward),
+        "success": not failed and float(reward) >= max_reward(env) - 1e-9,
+        "reward_components": {} if failed else components,
         "error": error, "terminated": bool(terminated), "truncated": bool(truncated),
-        "turns": len(turns), "tool_errors": episode.tool_errors, "parse_errors": codes.count(PARSE_ERROR),
-        "errors": codes,
+        "turns": len(turns), "tool_errors": episode.tool_errors if episode is not None else 0,
+        "parse_errors": codes.count(PARSE_ERROR), "errors": codes,
         "prompt_tokens": sum(tokens[0]) if turns and None not in tokens[0] else None,
         "completion_tokens": sum(tokens[1]) if turns and None not in tokens[1] else None,
         "finish_reason_length": sum(t["finish_reason"] == "length" for t in turns),
         "seconds": round(time.perf_counter() - start, 4),
         "turn_log": turns,
-        **base.episode_record(),
     }
 
 
@@ -262,9 +341,9 @@ async def aevaluate(
     import benchmax_gym  # noqa: F401  (registers the ids)
 
     policy = as_policy(policy)
-    for name, value in (("k", k), ("concurrency", concurrency), ("workers", workers)):
+    for name, value in (("-k", k), ("--concurrency", concurrency), ("--workers", workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise EvalError(f"{name} must be a positive int, got {value!r}")
+            raise EvalError(f"{name} must be a positive integer, got {value!r}")
     kwargs = {**(env_kwargs or {}), **policy.env_kwargs}
     first = gym.make(env_id, **kwargs)
     closing: list[Any] = [first]
@@ -277,20 +356,24 @@ async def aevaluate(
         config = {"format": RUN_FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
                   "policy": policy.describe(), "k": k, "tasks": tasks if isinstance(tasks, (str, int)) else list(tasks),
                   "seed": seed, **dict(extra_run_info or {})}
-        run_dir = RunDir(out, config) if out is not None else None
+        pairs = [(i, s) for i in indices for s in range(k)]
+        run_dir = RunDir(out, config, set(pairs)) if out is not None else None
         done = {(r["task_index"], r["sample"]) for r in run_dir.records} if run_dir else set()
-        pending = [(i, s) for i in indices for s in range(k) if (i, s) not in done]
+        pending = [pair for pair in pairs if pair not in done]
+        if done and progress:
+            print(f"resuming: {len(done)} of {len(pairs)} done", file=sys.stderr, flush=True)
         if pending and preflight and hasattr(policy, "preflight"):
             await policy.preflight()
         run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
                **_provenance()}
         if run_dir:
             run_dir.start(run)
-        sink = _Sink(run_dir, len(pending), env_id, progress)
+            closing.append(run_dir)
+        sink = _Sink(run_dir, len(pending), env_id, progress, policy.scrub)
         try:
             if workers > 1 and len(pending) > 1:
                 first.close()
-                closing.clear()
+                closing.remove(first)
                 await _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, min(workers, len(pending)),
                                        sink)
             else:
@@ -313,17 +396,17 @@ async def aevaluate(
     if run_dir:
         run_dir.finish(run, summary)
         if plots:
-            _plot(records, summary, run_dir.path)
+            _plot(records, summary, run_dir.path, run)
     return EvalResult(run=run, records=records, summary=summary, out=run_dir.path if run_dir else None)
 
 
 class _Sink:
     """Where finished episodes go: the records, the run directory, the progress bar (running mean)."""
 
-    def __init__(self, run_dir: RunDir | None, total: int, desc: str, progress: bool):
+    def __init__(self, run_dir: RunDir | None, total: int, desc: str, progress: bool, scrub: Any = None):
         from tqdm import tqdm
 
-        self.run_dir, self.progress = run_dir, progress
+        self.run_dir, self.progress, self.scrub = run_dir, progress, scrub
         self.records: list[dict[str, Any]] = []
         self.reward, self.failed = 0.0, 0
         self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not progress, dynamic_ncols=True)
@@ -331,12 +414,14 @@ class _Sink:
     def add(self, record: dict[str, Any]) -> None:
         self.records.append(record)
         if self.run_dir:
-            self.run_dir.add(record)
-        self.reward += record["reward"]
+            self.run_dir.add(record, self.scrub)
         self.failed += record["error"] is not None
+        self.reward += record["reward"] or 0.0
         if self.progress:
             self.bar.update(1)
-            self.bar.set_postfix(mean_reward=f"{self.reward / len(self.records):.3f}", failed=self.failed, refresh=False)
+            scored = len(self.records) - self.failed
+            self.bar.set_postfix(mean_reward=f"{self.reward / scored:.3f}" if scored else "-", failed=self.failed,
+                                 refresh=False)
 
 
 class _PipeSink:
@@ -372,7 +457,11 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
 
 
 def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None:
-    """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU."""
+    """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU.
+    Ctrl-C is the parent's to handle (it ends the workers): a worker ignores it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     async def main() -> None:
         import benchmax_gym  # noqa: F401  (registers the ids)
@@ -435,7 +524,7 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
                 loop.remove_reader(conn.fileno())
             except (ValueError, OSError):
                 pass
-            proc.join(timeout=10)
+            proc.join(timeout=10 if finished.done() else 0)  # interrupted: end them now
             if proc.is_alive():
                 proc.kill()
             conn.close()
@@ -443,13 +532,13 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
         raise RuntimeError(f"an eval worker failed: {errors[0]}")
 
 
-def _plot(records, summary, path: Path) -> None:
+def _plot(records, summary, path: Path, run: dict[str, Any]) -> None:
     try:
         from benchmax_gym.eval.plots import plot_run
     except ImportError:
         return
     try:
-        plot_run(records, summary, path)
+        plot_run(records, summary, path, run)
     except ImportError:
         pass  # matplotlib is in the [plots] extra
 
@@ -487,27 +576,65 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
         return pool.submit(asyncio.run, aevaluate(env_id, policy, **kwargs)).result()
 
 
-def read_rollouts(folder: Path, repair: bool = False) -> list[dict[str, Any]]:
+_COUNTS = ("turns", "tool_errors", "parse_errors", "prompt_tokens", "completion_tokens", "finish_reason_length")
+
+
+def _record_problem(record: Any) -> str | None:
+    """What makes ``record`` no rollout record (the fields the summary reads, by type), or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for key in ("task_index", "sample"):
+        if type(record.get(key)) is not int or record[key] < 0:
+            return f"{key} is {record.get(key)!r}, not an index"
+    reward = record.get("reward")
+    if reward is not None and (type(reward) not in (int, float) or not np.isfinite(reward)):
+        return f"reward is {reward!r}, not a number"
+    if record.get("error") is not None and not isinstance(record["error"], str):
+        return "error is not text"
+    if not isinstance(record.get("metadata", {}), dict):
+        return "metadata is not an object"
+    for key in _COUNTS:
+        if record.get(key) is not None and type(record[key]) is not int:
+            return f"{key} is {record[key]!r}, not a count"
+    return None
+
+
+def read_rollouts(folder: Path, repair: bool = False,
+                  pairs: set[tuple[int, int]] | None = None) -> list[dict[str, Any]]:
     """The records of ``folder/rollouts.jsonl``. A last line cut short (a run killed while writing
-    it) is dropped - and removed from the file when ``repair``; any other bad line is an error."""
-    path = folder / "rollouts.jsonl"
-    if not path.exists():
+    it) is dropped - and removed from the file when ``repair``; any other bad line, a pair twice,
+    or (given ``pairs``) a pair outside the run is an error: counted, it would skew the summary."""
+    data = _read_safely(folder, "rollouts.jsonl", MAX_ROLLOUTS_BYTES)
+    if data is None:
         return []
-    lines = path.read_bytes().split(b"\n")
-    records, good = [], 0
+    lines = data.split(b"\n")
+    records, good, seen = [], 0, set()
     for i, line in enumerate(lines):
         if line.strip():
             try:
                 record = json.loads(line)
-                if not isinstance(record, dict) or "task_index" not in record or "sample" not in record:
-                    raise ValueError("not a rollout record")
+                problem = _record_problem(record)
+                if problem:
+                    raise ValueError(problem)
             except ValueError as exc:
                 if i == len(lines) - 1:
                     if repair:
-                        with open(path, "r+b") as f:
-                            f.truncate(good)
+                        fd = _open_append(folder, "rollouts.jsonl")
+                        try:
+                            os.ftruncate(fd, good)
+                        finally:
+                            os.close(fd)
                     break
-                raise EvalError(f"{folder}: rollouts.jsonl line {i + 1} is corrupt ({exc})") from None
+                raise EvalError(f"{folder}: rollouts.jsonl line {i + 1} is corrupt ({exc}); choose a new "
+                                "directory") from None
+            pair = (record["task_index"], record["sample"])
+            if pair in seen:
+                raise EvalError(f"{folder}: rollouts.jsonl line {i + 1} repeats task {pair[0]} sample {pair[1]}; "
+                                "this run's records were changed: choose a new directory")
+            if pairs is not None and pair not in pairs:
+                raise EvalError(f"{folder}: rollouts.jsonl line {i + 1} is task {pair[0]} sample {pair[1]}, "
+                                "not a pair of this run (--tasks, -k); choose a new directory")
+            seen.add(pair)
             records.append(record)
         good += len(line) + 1
     return records
@@ -516,11 +643,12 @@ def read_rollouts(folder: Path, repair: bool = False) -> list[dict[str, Any]]:
 def load_run(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(run, records)`` of a run directory (for ``compare``); refuses anything else."""
     folder = Path(path)
+    raw = _read_safely(folder, "run.json", MAX_RUN_JSON_BYTES) if folder.is_dir() else None
+    if raw is None:
+        raise EvalError(f"{folder}: not a benchmax-gym eval run (no run.json)")
     try:
-        run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise EvalError(f"{folder}: not a benchmax-gym eval run (no run.json)") from None
-    except (OSError, ValueError) as exc:
+        run = json.loads(raw)
+    except ValueError as exc:
         raise EvalError(f"{folder}: run.json is unreadable ({exc})") from None
     if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
         raise EvalError(f"{folder}: run.json is not a {RUN_FORMAT} record")

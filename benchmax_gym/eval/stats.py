@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 MAX_GROUPS = 50  # a metadata key with more distinct values is not broken down by
+MAX_SHOWN_GROUPS = 8  # the text summary shows this many groups of a key (summary.json has all)
 MAX_COUNTED_VALUES = 64  # at most this many distinct rewards: IQM intervals from counts, not sorts
 
 
@@ -105,8 +106,13 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     ``by``: metadata keys to break results down by (default: every key with 2 to 50 categorical
     values). Deterministic given ``seed``.
     """
+    everything = records
+    records = [r for r in records if r.get("error") is None]  # a failed episode has no score
+    failed = len(everything) - len(records)
     if not records:
-        return {"episodes": 0, "tasks": 0, "notes": ["no episodes"]}
+        return {"episodes": len(everything), "scored_episodes": 0, "failed_episodes": failed, "tasks": 0,
+                "notes": [f"all {failed} episodes failed (their errors are in rollouts.jsonl)" if failed
+                          else "no episodes"]}
     tasks = _by_task(records)
     ids = sorted(tasks)
     rows = [tasks[t] for t in ids]
@@ -119,6 +125,9 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     task_success = np.bincount(owner, successes, len(ids)) / sizes
     options = {"seed": seed, "confidence": confidence, "resamples": resamples}
     notes = []
+    if failed:
+        notes.append(f"{failed} failed episodes (the endpoint or env failed; errors in rollouts.jsonl) are left out "
+                     "of every statistic")
     if sizes.min() != sizes.max():
         notes.append(f"tasks have {sizes.min()} to {sizes.max()} samples: pass@k goes up to {sizes.min()}, and "
                      "means weight each task by its samples")
@@ -162,10 +171,11 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
 
     turns = sum(int(r.get("turns") or 0) for r in records)
     return {
-        "episodes": len(records),
+        "episodes": len(everything),
+        "scored_episodes": len(records),
         "tasks": len(ids),
         "samples_per_task": {"min": int(sizes.min()), "max": int(sizes.max())},
-        "failed_episodes": sum(r.get("error") is not None for r in records),
+        "failed_episodes": failed,
         "mean_reward": _estimate(rewards.mean(), reward_ci),
         "success_rate": _estimate(successes.mean(), success_ci),
         "iqm": _estimate(trim_mean(rewards, 0.25), iqm_ci),
@@ -202,7 +212,7 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
     baseline = names[0] if baseline is None else baseline
     if baseline not in runs:
         raise ValueError(f"baseline {baseline!r} is not one of the runs {names}")
-    grouped = {name: _by_task(records) for name, records in runs.items()}
+    grouped = {name: _by_task([r for r in records if r.get("error") is None]) for name, records in runs.items()}
     shared = sorted(set.intersection(*(set(g) for g in grouped.values())))
     if not shared:
         raise ValueError("the runs share no task")
@@ -249,11 +259,12 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
 
 def format_summary(summary: Mapping[str, Any]) -> str:
     """The summary as a compact text table (CIs as [low, high])."""
-    if not summary.get("episodes"):
-        return "no episodes"
+    if not summary.get("scored_episodes", summary.get("episodes")):
+        return "; ".join(summary.get("notes") or ["no episodes"])
     level = f"{summary['confidence']:.0%} CI"
     rows = [
-        ("episodes", f"{summary['episodes']} over {summary['tasks']} tasks ({summary['failed_episodes']} failed)"),
+        ("episodes", f"{summary['episodes']} over {summary['tasks']} tasks ({summary['failed_episodes']} failed"
+                     f"{', left out' if summary['failed_episodes'] else ''})"),
         (f"mean reward ({level})", _ci(summary["mean_reward"])),
         (f"success rate ({level})", _ci(summary["success_rate"])),
         (f"IQM ({level})", _ci(summary["iqm"])),
@@ -267,8 +278,9 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     if summary.get("length_cut_turns"):
         rows.append(("turns cut by max tokens", str(summary["length_cut_turns"])))
     for key, cells in summary.get("by", {}).items():
+        more = f"  (+{len(cells) - MAX_SHOWN_GROUPS} more in summary.json)" if len(cells) > MAX_SHOWN_GROUPS else ""
         rows.append((f"by {key}", "  ".join(f"{v}: {c['mean_reward']:.3f} (n={c['episodes']})"
-                                            for v, c in list(cells.items())[:8])))
+                                            for v, c in list(cells.items())[:MAX_SHOWN_GROUPS]) + more))
     rows += [("note", n) for n in summary.get("notes", [])]
     return _table(rows)
 

@@ -6,7 +6,11 @@ function, so a test scripts the model: right answers, wrong ones, malformed call
 queued per request: ``{"status": 429, "retry_after": 0.2}``, ``{"status": 500}``,
 ``{"delay": 5.0}`` (past the client's timeout), ``{"malformed": True}`` (a body that is not
 JSON), ``{"finish_reason": "length"}``; ``"message"`` sets an error's text. ``max_in_flight``
-tells how many requests it held at once.
+tells how many requests it held at once. Hostile replies, for the client's limits: ``{"drip": 0.5}``
+(a JSON prefix, then one byte every 0.5 s, never ending), ``{"endless": True}`` (bytes as fast as
+they go, no length), ``{"huge": N}`` (a valid reply of about N bytes, its length declared),
+``{"body": {...}}`` (this JSON as the reply, however malformed), ``{"echo_headers": True}`` (the
+request's headers as the reply's content, as a misconfigured proxy might).
 
 Example::
 
@@ -140,12 +144,23 @@ class FakeChatServer:
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                return await answer(body, fault or {})
+                return await answer(body, fault or {}, request)
             finally:
                 with self._lock:
                     self.in_flight -= 1
 
-        async def answer(body, fault):
+        async def streamed(request, first: bytes, then: bytes, every: float):
+            """``first``, then ``then`` every ``every`` s until the client goes (10 min at most)."""
+            yield first
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and not await request.is_disconnected():
+                if every:
+                    await asyncio.sleep(every)
+                yield then
+
+        async def answer(body, fault, request):
+            from starlette.responses import StreamingResponse
+
             if body.get("model") not in self.models:
                 return error(404, f"The model `{body.get('model')}` does not exist.", "invalid_request_error",
                              "model_not_found")
@@ -157,6 +172,19 @@ class FakeChatServer:
                              headers=headers)
             if fault.get("malformed"):
                 return Response(b'{"id": "x", "choices": [', media_type="application/json")
+            if fault.get("drip"):
+                return StreamingResponse(streamed(request, b'{"id": "x", "choices": [', b" ", fault["drip"]),
+                                         media_type="application/json")
+            if fault.get("endless"):
+                return StreamingResponse(streamed(request, b'{"id": "x", "choices": [', b" " * (1 << 20), 0),
+                                         media_type="application/json")
+            if "body" in fault:
+                return JSONResponse(fault["body"])
+            if fault.get("huge"):
+                reply = self._completion(body, {"content": "a" * int(fault["huge"])}, None)
+                return JSONResponse(reply)
+            if fault.get("echo_headers"):
+                return JSONResponse(self._completion(body, {"content": json.dumps(dict(request.headers))}, None))
             if self.latency:
                 await asyncio.sleep(self.latency)
             turn = self.reply(body)

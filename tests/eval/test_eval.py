@@ -102,9 +102,9 @@ def test_retries_honour_retry_after_and_a_failing_endpoint_fails_only_its_episod
         requests = len(server.requests)
     r = by_index(result)
     assert r[0]["error"] is None and r[0]["success"]
-    assert r[1]["error"] and "500" in r[1]["error"] and r[1]["reward"] == 0.0 and not r[1]["success"]
+    assert r[1]["error"] and "500" in r[1]["error"] and r[1]["reward"] is None and not r[1]["success"]
     assert r[2]["error"] is None  # the timed-out request was retried
-    assert r[3]["error"].startswith("the endpoint's reply is not valid JSON") and r[3]["reward"] == 0.0
+    assert r[3]["error"].startswith("the endpoint's reply is not valid JSON") and r[3]["reward"] is None
     assert r[4]["finish_reason_length"] == 1
     assert r[5]["error"] is None and r[5]["success"]  # the run went on
     assert requests == 3 + 3 + 3 + 1 + 1 + 2
@@ -178,13 +178,13 @@ def test_a_policy_that_raises_fails_its_episode_with_the_error():
         raise RuntimeError("my policy broke")
 
     result = evaluate(ENV, broken, env_kwargs=ENV_KWARGS, tasks=2)
-    assert all(r["error"] == "RuntimeError: my policy broke" and r["reward"] == 0.0 for r in result.records)
+    assert all(r["error"] == "RuntimeError: my policy broke" and r["reward"] is None for r in result.records)
 
 
 def test_tasks_selection_errors_are_clear():
     with pytest.raises(EvalError, match="unbounded: say how many"):
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS)
-    with pytest.raises(EvalError, match="tasks must be 'all', N or 'i:j'"):
+    with pytest.raises(EvalError, match="--tasks must be all, N or i:j"):
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks="some")
     with pytest.raises(EvalError, match="not a non-empty range"):
         evaluate(ENV, "solver", env_kwargs={**ENV_KWARGS, "task_args": {"num_tasks": 5}}, tasks="2:9")
@@ -279,3 +279,17 @@ def test_workers_split_the_episodes_and_give_the_same_records(answers, tmp_path)
     assert KEY not in (tmp_path / "run" / "rollouts.jsonl").read_text()
     with pytest.raises(EvalError, match="workers must be a positive int"):
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=2, workers=0)
+
+
+def test_episode_record_has_the_reward_and_components_eval_writes():
+    """The README says episode_record() is what eval writes: the reward and its components too."""
+    env = gym.make(ENV, **ENV_KWARGS)
+    obs, info = env.reset(seed=0, options={"task_index": 0})
+    assert env.unwrapped.episode_record()["reward"] is None  # not graded yet
+    _, reward, *_, info = env.step(f"\\boxed{{{env.unwrapped.episode.task.answer}}}")
+    record = env.unwrapped.episode_record()
+    assert record["reward"] == reward == 1.0 and record["reward_components"] == info["reward_components"]
+    assert record["reward_components"]
+    env.close()
+    result = evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=1)
+    assert result.records[0]["reward"] == 1.0 and result.records[0]["reward_components"]

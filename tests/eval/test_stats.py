@@ -122,3 +122,54 @@ def test_intervals_from_reward_counts_match_the_sorting_path(samples, monkeypatc
         for bound in ("value", "ci_low", "ci_high"):
             assert counted[key][bound] == pytest.approx(sorted_[key][bound], abs=1e-12), (key, bound)
     assert counted["iqm"]["ci_low"] < counted["iqm"]["ci_high"]
+
+
+def test_failed_episodes_are_left_out_and_said_so():
+    records = [rec("t0", 0, 1.0), rec("t1", 0, 1.0), {**rec("t2", 0, 0.0), "reward": None, "error": "endpoint 500"}]
+    s = summarize(records)
+    assert s["episodes"] == 3 and s["scored_episodes"] == 2 and s["failed_episodes"] == 1
+    assert s["mean_reward"]["value"] == 1.0 and s["tasks"] == 2  # not 2/3: a failure is no zero
+    assert "1 failed, left out" in format_summary(s)
+    everything_failed = summarize([{**rec("t0", 0, 0.0), "reward": None, "error": "x"}])
+    assert "all 1 episodes failed" in format_summary(everything_failed)
+    assert compare({"a": records, "b": [rec("t0", 0, 0.0), rec("t1", 0, 0.0), rec("t2", 0, 0.0)]})["shared_tasks"] == 2
+
+
+def test_the_text_summary_says_how_many_groups_it_leaves_out():
+    records = [rec(f"t{i}", 0, 1.0, metadata={"template": f"tpl{i}"}) for i in range(11)]
+    line = next(x for x in format_summary(summarize(records)).splitlines() if x.startswith("by template"))
+    assert line.count("(n=") == 8 and "(+3 more in summary.json)" in line
+
+
+def test_plot_titles_name_the_env_and_model(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    titles = []
+    real = matplotlib.axes.Axes.set
+
+    def spy(self, **kwargs):
+        titles.append(kwargs.get("title"))
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set", spy)
+    records = [rec(f"t{i}", 0, 1.0) for i in range(3)]
+    run = {"env_id": "benchmax/Math-v0", "policy": {"kind": "chat", "model": "Qwen/Qwen3-8B"}}
+    plot_run(records, summarize(records), tmp_path, run)
+    assert len(titles) == 3 and all(t.endswith("\nbenchmax/Math-v0 - Qwen/Qwen3-8B") for t in titles)
+
+
+def test_the_comparison_plot_names_env_and_models(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    seen = []
+    real_set, real_plot = matplotlib.axes.Axes.set, matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "set", lambda self, **kw: (seen.append(kw.get("title")),
+                                                                         real_set(self, **kw))[1])
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **kw: (seen.append(kw.get("label")),
+                                                                              real_plot(self, *a, **kw))[1])
+    records = [rec(f"t{i}", 0, float(i % 2)) for i in range(4)]
+    runs = {"a": {"env_id": "benchmax/Math-v0", "policy": {"kind": "chat", "model": "m1"}},
+            "b": {"env_id": "benchmax/Math-v0", "policy": {"kind": "baseline", "name": "solver"}}}
+    plot_compare(compare({"a": records, "b": records}), tmp_path, runs)
+    assert "a (benchmax/Math-v0 - m1)" in seen and "b (benchmax/Math-v0 - solver)" in seen
+    assert "Runs per task\nbenchmax/Math-v0" in seen

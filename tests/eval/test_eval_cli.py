@@ -1,0 +1,89 @@
+"""The eval command as a user meets it (issue #27 items 12, 17, 20): Ctrl-C, a base URL without
+/v1, the API key from OPENAI_API_KEY, help with defaults, errors in flag words, resume's notice."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmax_gym.testing.openai_server import FakeChatServer
+
+ENV = "benchmax/Math-v0"
+CLI = [sys.executable, "-m", "benchmax_gym"]
+KEY = "sk-test-0123456789abcdef"
+BASE = ["--env-arg", "python_tool=false", "--quiet", "--no-plots"]
+
+
+def answer(body):
+    return {"content": "\\boxed{0}"}
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    return {**env, **extra}
+
+
+def eval_cli(*args, env=None, timeout=300):
+    return subprocess.run([*CLI, "eval", ENV, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or clean_env())
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_says_how_far_it_got_and_how_to_resume(tmp_path, workers):
+    out = tmp_path / "run"
+    with FakeChatServer(answer, latency=0.3) as server:
+        cmd = [*CLI, "eval", ENV, "--model", "test-model", "--base-url", server.url, "--tasks", "40",
+               "--concurrency", "2", "--workers", workers, "--out", str(out), *BASE]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+        rollouts = out / "rollouts.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and (not rollouts.exists() or len(rollouts.read_text().splitlines()) < 3):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 130, stderr
+        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+        done = len(rollouts.read_text().splitlines())
+        assert stderr.strip() == f"interrupted: {done}/40 done; rerun the same command to resume"
+        again = subprocess.run([*cmd[:-2], "--no-plots"], capture_output=True, text=True, timeout=300,
+                               env=clean_env())  # progress on: it says it resumes
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {done} of 40 done" in again.stderr
+
+
+def test_a_base_url_without_v1_is_named_and_a_missing_key_is_not_called_refused(tmp_path):
+    with FakeChatServer(answer, api_key=KEY) as server:
+        bare = server.url[:-len("/v1")]
+        out = eval_cli("--model", "test-model", "--base-url", bare, "--tasks", "2", "--out", str(tmp_path / "a"), *BASE,
+                       env=clean_env(OPENAI_API_KEY=KEY))
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert f"add /v1 (--base-url {bare}/v1)" in out.stderr and "does not serve model" not in out.stderr
+        out = eval_cli("--model", "test-model", "--base-url", server.url, "--tasks", "2", "--out", str(tmp_path / "b"),
+                       *BASE)
+        assert out.returncode == 2 and "none was given: set OPENAI_API_KEY" in out.stderr
+        assert "refused" not in out.stderr
+        # OPENAI_API_KEY is used as the SDK uses it, and its name (never the key) is recorded
+        out = eval_cli("--model", "test-model", "--base-url", server.url, "--tasks", "2", "--out",
+                       str(tmp_path / "c"), *BASE, env=clean_env(OPENAI_API_KEY=KEY))
+        assert out.returncode == 0, out.stderr
+    run = json.loads((tmp_path / "c" / "run.json").read_text())
+    assert run["api_key_env"] == "OPENAI_API_KEY" and KEY not in json.dumps(run)
+
+
+def test_help_shows_defaults_and_errors_speak_flags(tmp_path):
+    text = subprocess.run([*CLI, "eval", "--help"], capture_output=True, text=True, timeout=120).stdout
+    for default in ("(default: 1)", "(default: all)", "(default: 64)", "(default: 120)", "(default: 4)",
+                    "(default: native)", "(default: OPENAI_API_KEY)"):
+        assert default in " ".join(text.split()), default
+    text = subprocess.run([*CLI, "compare", "--help"], capture_output=True, text=True, timeout=120).stdout
+    assert "(default: 0)" in text
+    out = eval_cli("--policy", "solver", "--out", str(tmp_path / "x"), *BASE)  # Math's default tasks: unbounded
+    assert out.returncode == 2 and "--tasks N" in out.stderr and "tasks=N" not in out.stderr
+    out = eval_cli("--policy", "solver", "--tasks", "some", "--out", str(tmp_path / "x"), *BASE)
+    assert out.returncode == 2 and "--tasks must be all, N or i:j" in out.stderr
+    out = eval_cli("--policy", "solver", "--tasks", "2", "-k", "0", "--out", str(tmp_path / "x"), *BASE)
+    assert out.returncode == 2 and "-k must be a positive integer" in out.stderr
