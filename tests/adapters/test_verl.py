@@ -2,6 +2,10 @@
 instantiate from its registry) and run against a scripted LLM server returning verl's TokenOutput."""
 
 import asyncio
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import hydra
 from omegaconf import OmegaConf
@@ -60,7 +64,9 @@ def test_the_registered_agent_loop_plays_concurrent_trajectories_token_exact(qwe
     outputs = asyncio.run(main())
     chat = ChatTemplate(qwen_tokenizer)
     for row, out in zip(rows, outputs):
-        assert out.reward_score == 1.0 and out.extra_fields["reward_extra_info"]["reward/correct"] == 1.0
+        assert out.reward_score == 1.0 and out.extra_fields["reward_components"]["correct"] == 1.0
+        assert out.extra_fields["reward_extra_info"] == {"reward": 1.0, "turns": out.extra_fields["reward_extra_info"]["turns"],
+                                                         "tool_errors": 0.0, "truncated": 0.0}
         # the same ids as a TokenSession fed the same replies (checked against the template elsewhere)
         reference = TokenSession("benchmax/Math-v0", chat)
         reference.reset(options={"task_index": row["extra_info"]["task_index"]})
@@ -110,3 +116,52 @@ def test_a_wrong_env_in_the_config_fails_when_verl_builds_the_loop(qwen_tokenize
                                     data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
         assert isinstance(caught.value, error) or isinstance(caught.value.__cause__, error), caught.value
         assert ("Mth" if "Mth" in env_id else "max_turn") in str(caught.value)
+
+
+# -- verl's own path in a fresh worker process, from the launch script's own overrides ----------
+
+def _verl_run(tmp_path, env_ids, reply_tokens, response_length, n=2):
+    import json
+
+    import pandas as pd
+
+    from launch import run_fresh, script_argv, tiny_model_dir
+
+    data = tmp_path / "data" / "benchmax-math"
+    data.mkdir(parents=True)
+    rows = [r for env_id in env_ids for r in task_rows(env_id, n)]
+    for name in ("train", "validation"):
+        pd.DataFrame(rows).to_parquet(data / f"{name}.parquet")
+    argv = script_argv("verl_math.sh", tmp_path, f"actor_rollout_ref.model.path={tiny_model_dir(tmp_path / 'model')}",
+                       f"data.max_response_length={response_length}", "data.max_prompt_length=8192")
+    assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"overrides": argv[2:], "reply_tokens": reply_tokens}))
+    return run_fresh([Path(__file__).with_name("verl_worker.py"), spec])
+
+
+def test_the_launch_script_runs_a_mixed_batch_through_a_fresh_agent_loop_worker(tmp_path):
+    """verl_math.sh's overrides composed with verl's Hydra schema; a fresh AgentLoopWorker finds
+    "benchmax" through the config file alone; Math + Excel + CRM rows in one batch get through
+    verl's post-processing (its reward_extra_keys come from the first sample)."""
+    envs = ["benchmax/Math-v0", "benchmax/Excel-v0", "benchmax/CRM-v0"]
+    out = _verl_run(tmp_path, envs, reply_tokens=24, response_length=1024)
+    assert out["imported_adapter"]  # by the config file's _target_, in the worker itself
+    assert out["env_ids"] == [e for e in envs for _ in range(2)]
+    assert sorted(out["reward_extra_keys"]) == ["reward", "tool_errors", "truncated", "turns"]
+    assert {"correct"} <= set(out["components"][0]) and out["components"][0] != out["components"][-1]
+    assert out["responses_shape"] == [6, 1024]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(response_length=st.integers(8, 120), reply_tokens=st.integers(1, 100))
+def test_budget_property_through_the_worker(tmp_path_factory, response_length, reply_tokens):
+    """Every request asks for at least 1 and at most what is left; responses fit verl's width; a
+    trajectory the budget cut is truncated and graded (CRM included: its cut used to raise)."""
+    tmp_path = tmp_path_factory.mktemp("verl")
+    out = _verl_run(tmp_path, ["benchmax/Math-v0", "benchmax/CRM-v0"], reply_tokens, response_length, n=1)
+    assert out["responses_shape"] == [2, response_length]
+    assert all(1 <= r["max_tokens"] <= response_length for r in out["requests"])
+    assert all(n <= response_length for n in out["response_lengths"])
+    for truncated, components in zip(out["truncated"], out["components"]):
+        assert components  # graded, cut or not
