@@ -153,15 +153,38 @@ def test_the_launch_script_runs_a_mixed_batch_through_a_fresh_agent_loop_worker(
     assert out["responses_shape"] == [6, 1024]
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(response_length=st.integers(8, 120), reply_tokens=st.integers(1, 100))
-def test_budget_property_through_the_worker(tmp_path_factory, response_length, reply_tokens):
-    """Every request asks for at least 1 and at most what is left; responses fit verl's width; a
-    trajectory the budget cut is truncated and graded (CRM included: its cut used to raise)."""
-    tmp_path = tmp_path_factory.mktemp("verl")
-    out = _verl_run(tmp_path, ["benchmax/Math-v0", "benchmax/CRM-v0"], reply_tokens, response_length, n=1)
-    assert out["responses_shape"] == [2, response_length]
-    assert all(1 <= r["max_tokens"] <= response_length for r in out["requests"])
-    assert all(n <= response_length for n in out["response_lengths"])
-    for truncated, components in zip(out["truncated"], out["components"]):
-        assert components  # graded, cut or not
+def test_replies_cut_by_response_length_fit_verls_width_and_are_graded(tmp_path):
+    """The issue's case through verl's own post-processing: replies longer than what is left
+    (CRM included: its cut used to raise ResetNeeded); responses fit ``response_length``."""
+    out = _verl_run(tmp_path, ["benchmax/Math-v0", "benchmax/CRM-v0"], reply_tokens=30, response_length=40, n=1)
+    assert out["responses_shape"] == [2, 40]
+    assert all(1 <= r["max_tokens"] <= 40 for r in out["requests"])
+    assert out["truncated"] == [1.0, 1.0] and all(out["components"])  # cut, graded as it stands
+
+
+class LengthServer:
+    """Replies of scripted lengths (a tool call padded with text), honouring max_tokens."""
+
+    def __init__(self, tokenizer, lengths):
+        self.tokenizer, self.lengths, self.requests = tokenizer, list(lengths), []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        limit = sampling_params["max_tokens"]
+        self.requests.append(limit)
+        length = self.lengths.pop(0) if self.lengths else 4
+        call = self.tokenizer.encode('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', add_special_tokens=False)
+        ids = (call + self.tokenizer.encode(" x" * length, add_special_tokens=False))[:length]
+        ids = (ids + [self.tokenizer.eos_token_id])[:limit]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(response_length=st.integers(1, 160), lengths=st.lists(st.integers(1, 90), max_size=5))
+def test_budget_property_every_request_within_what_is_left(qwen_tokenizer, response_length, lengths):
+    server = LengthServer(qwen_tokenizer, lengths)
+    loop = _agent_loop(qwen_tokenizer, server, response_length=response_length)
+    out = asyncio.run(loop.run({}, **task_rows("benchmax/Math-v0", 1)[0]))
+    assert all(1 <= m <= response_length for m in server.requests)
+    assert len(out.response_ids) <= response_length and len(out.response_mask) == len(out.response_ids)
+    assert out.response_mask[-1] == 1  # never ends on env ids cut short
+    assert out.extra_fields["reward_components"]  # graded, cut or not
