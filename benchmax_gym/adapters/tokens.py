@@ -383,6 +383,7 @@ class TokenEpisode:
     reward_components: dict[str, float] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False
+    cut: bool = False  # the token budget ended it (truncated, graded as it stands)
     info: dict[str, Any] = field(default_factory=dict)  # the last step's
     record: dict[str, Any] = field(default_factory=dict)  # env.episode_record(): the transcript, never the answer
 
@@ -394,11 +395,14 @@ class TokenEpisode:
     def done(self) -> bool:
         return self.terminated or self.truncated
 
-    def metrics(self) -> dict[str, float]:
-        """What adapters put in a trainer's logs: the reward, its components, turns, tool errors."""
+    def metrics(self, components: bool = True) -> dict[str, float]:
+        """What adapters put in a trainer's logs: the reward, turns, tool errors, whether the
+        budget cut it, and (``components``) the reward's components, which differ between envs:
+        trainers that batch per-sample keys by the first sample's take ``components=False``."""
         out = {"reward": self.reward, "turns": float(len(self.turns)),
-               "tool_errors": float(self.record.get("tool_errors", 0))}
-        out.update({f"reward/{k}": float(v) for k, v in self.reward_components.items()})
+               "tool_errors": float(self.record.get("tool_errors", 0)), "truncated": float(self.cut)}
+        if components:
+            out.update({f"reward/{k}": float(v) for k, v in self.reward_components.items()})
         return out
 
 
@@ -519,6 +523,7 @@ class TokenSession:
     def _cut(self, graded: tuple) -> list[int]:
         """End an episode the budget cut, with the step that graded it (an empty final reply)."""
         obs, reward, _, _, info = graded
+        self.episode.cut = True
         return self._end(obs, reward, False, True, info)
 
     def _end(self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> list[int]:

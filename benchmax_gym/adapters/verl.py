@@ -78,8 +78,6 @@ class BenchmaxAgentLoop(AgentLoopBase):
         finally:
             await asyncio.to_thread(session.close)
         episode = session.episode
-        metrics = episode.metrics()
-        common = {k: metrics[k] for k in ("reward", "turns", "tool_errors")} | {"truncated": float(episode.truncated)}
         return AgentLoopOutput(
             prompt_ids=episode.prompt_ids,
             response_ids=episode.completion_ids,
@@ -88,7 +86,7 @@ class BenchmaxAgentLoop(AgentLoopBase):
             reward_score=episode.reward,
             num_turns=1 + 2 * len(episode.turns),
             metrics={},
-            extra_fields={"reward_extra_info": common, "reward_components": dict(episode.reward_components),
+            extra_fields={"reward_extra_info": episode.metrics(components=False), "reward_components": dict(episode.reward_components),
                           "turn_scores": [], "tool_rewards": []},
         )
 

@@ -45,3 +45,20 @@ def run_fresh(args, timeout=600):
                          env=environ)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def stub_vllm():
+    """Where vLLM is not installed (CPU), the three names OpenRLHF's samples generator and vLLM
+    engine module import from it, so their vLLM-free functions (``_process_response_into_experience``,
+    ``_load_agent_executor``) run as they are; nothing here generates."""
+    import importlib.util
+    import types
+    import uuid
+
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    vllm = types.ModuleType("vllm")
+    vllm.__version__, vllm.__path__, vllm.SamplingParams = "0.0.0", [], types.SimpleNamespace
+    inputs, utils = types.ModuleType("vllm.inputs"), types.ModuleType("vllm.utils")
+    inputs.TokensPrompt, utils.random_uuid = dict, lambda: uuid.uuid4().hex
+    sys.modules.update({"vllm": vllm, "vllm.inputs": inputs, "vllm.utils": utils})

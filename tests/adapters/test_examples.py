@@ -32,10 +32,17 @@ def test_skyrl_smoke_plays_real_generations():
 
 
 def test_openrlhf_smoke_plays_real_generations():
+    from benchmax_gym.adapters.openrlhf import task_rows
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen2.5")
     outputs = run_example("openrlhf_smoke")
-    for out in outputs:
+    for row, out in zip(task_rows("benchmax/Math-v0", 4), outputs):
         assert out["action_ranges"] and len(out["rollout_log_probs"]) == len(out["observation_tokens"])
-        assert out["extra_logs"] == {} or "reward/correct" in out["extra_logs"]
+        start = out["action_ranges"][0][0]
+        prompt = tokenizer.decode(out["observation_tokens"][:start])
+        assert prompt.startswith("<|im_start|>system") and row["prompt"][-1]["content"] in prompt  # whole, not cut
+        assert len(out["observation_tokens"]) - start <= 96 and set(out["extra_logs"]) >= {"reward", "truncated"}
 
 
 def test_verl_smoke_plays_real_generations():
@@ -51,7 +58,8 @@ def test_make_dataset_writes_rows_the_adapter_plays(trainer, tmp_path):
                                  "--env-kwargs", '{"max_turns": 3}'])
     if trainer == "openrlhf":
         rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
-        assert [r["label"] for r in rows] == ["0", "1", "2", "3", "4"]
+        assert [json.loads(r["label"]) for r in rows] == [
+            {"env_id": "benchmax/Math-v0", "task_index": i, "env_kwargs": {"max_turns": 3}} for i in range(5)]
         return
     train = datasets.load_dataset("parquet", data_files=str(tmp_path / "train.parquet"))["train"]
     validation = datasets.load_dataset("parquet", data_files=str(tmp_path / "validation.parquet"))["train"]
