@@ -188,3 +188,35 @@ def test_budget_property_every_request_within_what_is_left(qwen_tokenizer, respo
     assert len(out.response_ids) <= response_length and len(out.response_mask) == len(out.response_ids)
     assert out.response_mask[-1] == 1  # never ends on env ids cut short
     assert out.extra_fields["reward_components"]  # graded, cut or not
+
+
+def test_envs_are_built_reset_and_stepped_off_the_workers_event_loop(qwen_tokenizer, monkeypatch):
+    """verl's worker serves every trajectory from one event loop: a CRM database copy or tool
+    run on it would stall the others. Each env call here runs in another thread."""
+    import threading
+
+    import benchmax_gym.adapters.verl as adapter
+    from benchmax_gym.envs.crm.env import CRMEnv
+
+    threads = []
+    make_env = adapter.make_env
+    monkeypatch.setattr(adapter, "make_env", lambda *a: threads.append(("make", threading.get_ident())) or make_env(*a))
+    for name in ("reset", "step"):
+        original = getattr(CRMEnv, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            threads.append((_name, threading.get_ident()))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(CRMEnv, name, spy)
+    server = LengthServer(qwen_tokenizer, [20, 20])
+    loop = _agent_loop(qwen_tokenizer, server, response_length=256)
+    row = task_rows("benchmax/CRM-v0", 1)[0]
+    threads.clear()
+
+    async def main():
+        return threading.get_ident(), await loop.run({}, **row)
+
+    loop_thread, out = asyncio.run(main())
+    assert {name for name, _ in threads} == {"make", "reset", "step"}
+    assert all(ident != loop_thread for _, ident in threads), (loop_thread, threads)
