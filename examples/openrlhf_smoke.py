@@ -3,7 +3,8 @@
 generating real tokens in vLLM's output shape, under a ``max_length`` that holds the whole
 prompt (~610 tokens with this tokenizer) and a 96-token response budget.
 
-    pip install -e '.[openrlhf-cpu]'      # see the README: openrlhf without its GPU extras
+    pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
+    pip install transformers aiohttp pylatexenc && pip install --no-deps openrlhf==0.11.2
     python examples/openrlhf_smoke.py
 """
 

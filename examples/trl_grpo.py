@@ -7,6 +7,8 @@ On a GPU (vLLM colocated with training):
 
 On CPU, the smoke version the tests run (a tiny random model and a tokenizer built locally):
 
+    pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
+    pip install 'benchmax-gym[trl]'
     python examples/trl_grpo.py --smoke
 """
 

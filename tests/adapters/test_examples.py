@@ -82,3 +82,11 @@ def test_make_dataset_writes_rows_the_adapter_plays(trainer, tmp_path):
 @pytest.mark.parametrize("script", ["skyrl_math.sh", "openrlhf_math.sh", "verl_math.sh"])
 def test_the_gpu_scripts_are_valid_shell(script):
     assert subprocess.run(["bash", "-n", str(EXAMPLES / script)]).returncode == 0
+
+
+@pytest.mark.parametrize("script", ["trl_grpo.py", "skyrl_smoke.py", "openrlhf_smoke.py", "verl_smoke.py"])
+def test_each_smoke_script_names_the_readmes_cpu_install_line(script):
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| ") and f"`{script}" in line)
+    install = row.split("|")[2].strip().strip("`")
+    assert install.startswith("pip install") and install in (EXAMPLES / script).read_text()
