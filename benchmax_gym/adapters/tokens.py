@@ -44,6 +44,7 @@ graded as it stands (an empty final reply), without them.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -562,8 +563,9 @@ def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any
         for index in range(min(size, n) if n is not None else size):
             env.reset(options={"task_index": index})  # a task's prompt may describe its files (Excel)
             messages = base.chat_messages("hf")
-            if mark_task:
-                messages = [{**m, TASK_KEY: index if i == 0 else None} for i, m in enumerate(messages)]
+            if mark_task:  # the env and the task, as JSON: rows of several envs may share a dataset
+                mark = json.dumps({"env_id": env_id, "task_index": index, "env_kwargs": env_kwargs or {}})
+                messages = [{**m, TASK_KEY: mark if i == 0 else None} for i, m in enumerate(messages)]
             rows.append({"prompt": messages, "task_index": index})
     finally:
         env.close()

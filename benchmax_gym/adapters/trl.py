@@ -63,7 +63,8 @@ class TRLRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays multi-turn episodes of ``env_id``.
 
     Args:
-        env_id: any registered id (built-in or yours).
+        env_id: any registered id (built-in or yours); rows of other envs (their
+            :meth:`dataset`, concatenated) play their own env in the same batch.
         tokenizer: the model's tokenizer (checked here: a chat template that can render tool
             results is required).
         env_kwargs: ``gym.make`` arguments.
@@ -83,7 +84,7 @@ class TRLRollout:
         self.chat = ChatTemplate(tokenizer, **(chat_kwargs or {}))
         self.generate = generate or (lambda trainer, sessions: generate_turn(
             trainer, [s.input_ids for s in sessions], sessions[0].budget))
-        self._sessions: list[TokenSession] = []
+        self._sessions: dict[str, list[TokenSession]] = {}  # per env (its id and kwargs, as JSON)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="benchmax-trl")
         self.__name__ = "benchmax_rollout"
 
@@ -101,11 +102,17 @@ class TRLRollout:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tasks = [_task_of(p) for p in prompts]
         budget = getattr(trainer, "max_completion_length", None) or getattr(trainer.args, "max_completion_length", None)
-        while len(self._sessions) < len(prompts):
-            self._sessions.append(TokenSession(make_env(self.env_id, self.env_kwargs), self.chat))
-        sessions = self._sessions[: len(prompts)]
+        sessions, used = [], {}
+        for env, _ in tasks:  # reuse each env's sessions from batch to batch
+            pool = self._sessions.setdefault(env, [])
+            used[env] = used.get(env, 0) + 1
+            if len(pool) < used[env]:
+                spec = json.loads(env)
+                pool.append(TokenSession(make_env(spec["env_id"], spec["env_kwargs"]), self.chat))
+            sessions.append(pool[used[env] - 1])
         for session in sessions:
             session.max_tokens = budget
+        tasks = [index for _, index in tasks]
         list(self._pool.map(lambda st: st[0].reset(options={"task_index": st[1]}), zip(sessions, tasks)))
         while active := sorted((s for s in sessions if not s.done), key=lambda s: s.budget or 0):
             for _, group in itertools.groupby(active, key=lambda s: s.budget):  # each asks for what it has left
@@ -136,15 +143,19 @@ class TRLRollout:
             metrics[mode][f"env/{name}"].append(sum(values) / len(values))
 
     def close(self) -> None:
-        for session in self._sessions:
-            session.close()
+        for pool in self._sessions.values():
+            for session in pool:
+                session.close()
         self._sessions.clear()
         self._pool.shutdown(wait=False)
 
 
-def _task_of(prompt: Any) -> int:
+def _task_of(prompt: Any) -> tuple[str, int]:
+    """The env (its id and kwargs, as JSON: a pool key) and task index a dataset prompt carries."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and prompt[0].get(TASK_KEY) is not None:
-        return int(prompt[0][TASK_KEY])
+        mark = json.loads(prompt[0][TASK_KEY])
+        env = json.dumps({"env_id": mark["env_id"], "env_kwargs": mark.get("env_kwargs") or {}}, sort_keys=True)
+        return env, int(mark["task_index"])
     raise ValueError("a prompt without its task: build train_dataset with TRLRollout.dataset() "
                      f"(its first message carries {TASK_KEY!r})")
 

@@ -240,6 +240,34 @@ def test_budget_property_each_turn_asks_for_what_is_left(qwen_tokenizer, budget,
     out = rollout(list(rollout.dataset(3)["prompt"]), trainer)
     assert all(a == left and a >= 1 for a, left in asked)
     assert all(len(c) <= budget and m[-1] == 1 for c, m in zip(out["completion_ids"], out["env_mask"]))
-    for session in rollout._sessions[:3]:
+    for session in rollout._sessions[next(iter(rollout._sessions))][:3]:
         assert session.episode.reward_components  # graded, cut or not
+    rollout.close()
+
+
+def test_a_grpo_step_on_a_batch_mixing_math_excel_and_crm_rows(qwen_tokenizer, output_dir):
+    """One dataset of three envs: each row plays its own env, and the batch goes through
+    GRPOTrainer's own post-processing (advantages, loss, logged metrics) in one step."""
+    import datasets
+    from trl import GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout
+
+    envs = ["benchmax/Math-v0", "benchmax/Excel-v0", "benchmax/CRM-v0"]
+    played = []
+
+    def scripted(trainer, sessions):
+        played.extend(s.env.spec.id for s in sessions)
+        return [model_ids(s.chat, "<answer>1</answer>") for s in sessions], [None] * len(sessions)
+
+    rollout = TRLRollout(envs[0], qwen_tokenizer, generate=scripted)
+    rows = datasets.concatenate_datasets([TRLRollout(e, qwen_tokenizer).dataset(1) for e in envs])
+    trainer = GRPOTrainer(model=tiny_model(qwen_tokenizer), reward_funcs=rollout.reward,
+                          args=_config(output_dir, per_device_train_batch_size=6, max_completion_length=4096,
+                                       shuffle_dataset=False),
+                          train_dataset=rows, rollout_func=rollout, processing_class=qwen_tokenizer)
+    trainer.train()
+    assert sorted(set(played)) == sorted(envs)  # each row played its own env
+    logs = trainer.state.log_history[0]
+    assert logs["env/turns"] == 1.0 and "env/reward/correct" in logs
     rollout.close()
