@@ -26,7 +26,8 @@ and stepped in a thread, off the worker's event loop that serves the other traje
 
 The env's reward is the trajectory's ``reward_score``. verl's post-processing reads the keys of
 ``reward_extra_info`` from a batch's first sample and indexes every sample with them, so that
-dict holds only keys every env has (``reward``, ``turns``, ``tool_errors``, ``truncated``); the
+dict holds only keys every env has (``reward``, ``turns``, ``tool_errors``, ``truncated``: the
+budget cut it); the
 env's own components (they differ between envs) are in ``extra_fields["reward_components"]``.
 """
 
@@ -86,8 +87,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
             reward_score=episode.reward,
             num_turns=1 + 2 * len(episode.turns),
             metrics={},
-            extra_fields={"reward_extra_info": episode.metrics(components=False), "reward_components": dict(episode.reward_components),
-                          "turn_scores": [], "tool_rewards": []},
+            extra_fields={"reward_extra_info": episode.metrics(components=False),
+                          "reward_components": dict(episode.reward_components), "turn_scores": [], "tool_rewards": []},
         )
 
 

@@ -3,7 +3,6 @@ dataset writer's files feed the adapters, and the GPU scripts parse."""
 
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import datasets

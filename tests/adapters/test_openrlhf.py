@@ -3,7 +3,6 @@ generation engine (vLLM's generate shape), its outputs turned into a batch by Op
 samples generator and Experience concat; the launch script parsed by OpenRLHF's own entry point."""
 
 import asyncio
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
