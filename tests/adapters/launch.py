@@ -1,6 +1,7 @@
 """What the launch-script tests share: a script's real arguments, read by running it with the
 trainer's command (``python``, ``python3``, ``uv``) replaced by a stub that records its argv."""
 
+import contextlib
 import json
 import os
 import subprocess
@@ -47,18 +48,27 @@ def run_fresh(args, timeout=600):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@contextlib.contextmanager
 def stub_vllm():
     """Where vLLM is not installed (CPU), the three names OpenRLHF's samples generator and vLLM
-    engine module import from it, so their vLLM-free functions (``_process_response_into_experience``,
-    ``_load_agent_executor``) run as they are; nothing here generates."""
+    engine module import from it, while they are imported, so their vLLM-free functions
+    (``_process_response_into_experience``, ``_load_agent_executor``) run as they are; nothing
+    here generates. Removed afterwards: other libraries (TRL) probe whether vLLM is installed."""
     import importlib.util
     import types
     import uuid
 
     if importlib.util.find_spec("vllm") is not None:
+        yield
         return
     vllm = types.ModuleType("vllm")
     vllm.__version__, vllm.__path__, vllm.SamplingParams = "0.0.0", [], types.SimpleNamespace
     inputs, utils = types.ModuleType("vllm.inputs"), types.ModuleType("vllm.utils")
     inputs.TokensPrompt, utils.random_uuid = dict, lambda: uuid.uuid4().hex
-    sys.modules.update({"vllm": vllm, "vllm.inputs": inputs, "vllm.utils": utils})
+    stubs = {"vllm": vllm, "vllm.inputs": inputs, "vllm.utils": utils}
+    sys.modules.update(stubs)
+    try:
+        yield
+    finally:
+        for name in stubs:
+            sys.modules.pop(name, None)

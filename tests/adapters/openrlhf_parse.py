@@ -57,8 +57,8 @@ def main(path):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from launch import stub_vllm
 
-    stub_vllm()
-    from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
+    with stub_vllm():  # (CPU) the loader's module imports vLLM
+        from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
 
     _load_agent_executor(parsed["train.agent_func_path"])
     print(json.dumps({k: v for k, v in parsed.items() if isinstance(v, (str, int, float, bool, type(None)))}))

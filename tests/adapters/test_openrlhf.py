@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from launch import stub_vllm
 from openrlhf.utils.agent import AgentExecutorBase
 
-stub_vllm()
-from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
-from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
-from openrlhf.trainer.ray.vllm_engine import _load_agent_executor  # noqa: E402
+with stub_vllm():
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
 
 from benchmax_gym.adapters.openrlhf import make_executor, task_rows
 from benchmax_gym.testing.tokenizers import ScriptedEngine
