@@ -168,7 +168,11 @@ class ChatTemplate:
         if self._special_re is None or not any(
                 isinstance(v, str) and self._special_re.search(v) for m in messages for v in m.values()):
             return self.encode(render(messages))
-        swap = {t: chr(0xF0000 + i) for i, t in enumerate(self._specials)}
+        texts = "".join(v for m in messages for v in m.values() if isinstance(v, str))
+        base = 0xF0000  # private-use characters no content holds
+        while any(chr(base + i) in texts for i in range(len(self._specials))):
+            base += len(self._specials)
+        swap = {t: chr(base + i) for i, t in enumerate(self._specials)}
         back = str.maketrans({c: t for t, c in swap.items()})
         escaped = [{k: self._special_re.sub(lambda x: swap[x.group()], v) if isinstance(v, str) else v
                     for k, v in m.items()} for m in messages]
