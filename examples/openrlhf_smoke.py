@@ -4,7 +4,7 @@ generating real tokens in vLLM's output shape, under a ``max_length`` that holds
 prompt (~610 tokens with this tokenizer) and a 96-token response budget.
 
     pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
-    pip install transformers aiohttp pylatexenc && pip install --no-deps openrlhf==0.11.2
+    pip install 'benchmax-gym[trl]' aiohttp pylatexenc && pip install --no-deps openrlhf==0.11.2
     python examples/openrlhf_smoke.py
 """
 

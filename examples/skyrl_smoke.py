@@ -3,7 +3,7 @@ SkyRL's generator makes (make per trajectory, init, step until done, get_metrics
 worker threads, with the dataset rows ``make_dataset.py skyrl`` writes.
 
     pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
-    pip install 'benchmax-gym[skyrl]' transformers
+    pip install 'benchmax-gym[skyrl,trl]'
     python examples/skyrl_smoke.py
 """
 
