@@ -3,7 +3,7 @@ it (the entry of ``verl_agent_loops.yaml``, hydra-instantiated) with a tiny mode
 tokens behind verl's server-manager interface, on rows ``make_dataset.py verl`` writes.
 
     pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
-    pip install 'benchmax-gym[trl]' ray==2.60.0 hydra-core tensordict codetiming orjson cachetools fastapi pandas && pip install --no-deps verl==0.9.1
+    pip install 'benchmax-gym[trl]' ray==2.60.0 hydra-core tensordict codetiming orjson cachetools fastapi pandas pillow && pip install --no-deps verl==0.9.1
     python examples/verl_smoke.py
 """
 
