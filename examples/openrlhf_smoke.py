@@ -1,7 +1,10 @@
-"""CPU smoke of the OpenRLHF adapter: OpenRLHF's own MultiTurnAgentExecutor (loaded from
-``examples/openrlhf_agent.py`` as ``--agent_func_path`` loads it) with a tiny model generating
-real tokens in vLLM's output shape.
+"""CPU smoke of the OpenRLHF adapter: the agent executor (loaded from
+``examples/openrlhf_agent.py`` as ``--train.agent_func_path`` loads it) with a tiny model
+generating real tokens in vLLM's output shape, under a ``max_length`` that holds the whole
+prompt (~610 tokens with this tokenizer) and a 96-token response budget.
 
+    pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
+    pip install 'benchmax-gym[trl]' aiohttp pylatexenc && pip install --no-deps openrlhf==0.11.2
     python examples/openrlhf_smoke.py
 """
 
@@ -24,10 +27,13 @@ def main(argv: list[str] | None = None) -> list:
     tokenizer = tiny_tokenizer("qwen2.5")
     engine = TinyGenerator(tiny_model(tokenizer), tokenizer)
     rows = task_rows("benchmax/Math-v0", 4)
+    session = __import__("benchmax_gym.adapters", fromlist=["TokenSession"]).TokenSession("benchmax/Math-v0", tokenizer)
+    prompt = max(len(session.reset(options={"task_index": i})) for i in range(len(rows)))
+    session.close()
 
     async def run():
         params = SimpleNamespace(max_tokens=None, logprobs=1)
-        return await asyncio.gather(*(executor.execute(r["prompt"], r["label"], params, 512, tokenizer, engine)
+        return await asyncio.gather(*(executor.execute(r["prompt"], r["label"], params, prompt + 96, tokenizer, engine)
                                       for r in rows))
 
     outputs = asyncio.run(run())

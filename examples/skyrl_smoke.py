@@ -2,6 +2,8 @@
 SkyRL's generator makes (make per trajectory, init, step until done, get_metrics, close), from
 worker threads, with the dataset rows ``make_dataset.py skyrl`` writes.
 
+    pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
+    pip install 'benchmax-gym[skyrl,trl]'
     python examples/skyrl_smoke.py
 """
 

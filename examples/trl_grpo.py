@@ -7,6 +7,8 @@ On a GPU (vLLM colocated with training):
 
 On CPU, the smoke version the tests run (a tiny random model and a tokenizer built locally):
 
+    pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>   # first: else the CUDA build
+    pip install 'benchmax-gym[trl]'
     python examples/trl_grpo.py --smoke
 """
 
@@ -19,7 +21,7 @@ import tempfile
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env-id", default="benchmax/Math-v0")
     parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct")
@@ -28,7 +30,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-steps", type=int, default=500)
     parser.add_argument("--output-dir", default="runs/trl-grpo-math")
     parser.add_argument("--smoke", action="store_true", help="one step on CPU with a tiny local model")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def grpo_config(args: argparse.Namespace) -> dict:
+    """GRPOConfig's arguments for the GPU run."""
+    return dict(output_dir=args.output_dir, per_device_train_batch_size=8, num_generations=8,
+                gradient_accumulation_steps=4, max_completion_length=2048, max_steps=args.max_steps,
+                learning_rate=1e-6, bf16=True, use_vllm=args.use_vllm, vllm_mode="colocate",
+                logging_steps=1, save_steps=100)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
 
     from trl import GRPOConfig, GRPOTrainer
 
@@ -48,10 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
         model = args.model
-        config = dict(output_dir=args.output_dir, per_device_train_batch_size=8, num_generations=8,
-                      gradient_accumulation_steps=4, max_completion_length=2048, max_steps=args.max_steps,
-                      learning_rate=1e-6, bf16=True, use_vllm=args.use_vllm, vllm_mode="colocate",
-                      logging_steps=1, save_steps=100)
+        config = grpo_config(args)
     rollout = TRLRollout(args.env_id, tokenizer, env_kwargs={"max_turns": 4})
     trainer = GRPOTrainer(model=model, reward_funcs=rollout.reward, args=GRPOConfig(**config),
                           train_dataset=rollout.dataset(args.tasks), rollout_func=rollout, processing_class=tokenizer)

@@ -18,5 +18,5 @@ python3 -m verl.trainer.main_ppo \
   +ray_kwargs.ray_init.runtime_env.env_vars.PYTHONSTARTUP="" \
   trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.total_epochs=20 trainer.logger='["console"]' \
   "$@"
-# The "benchmax" loop must be registered in verl's agent-loop workers: importing
-# benchmax_gym.adapters.verl does it; the config file above names the class by path, which imports it.
+# The rows name agent_name "benchmax"; verl_agent_loops.yaml registers it in each agent-loop worker
+# (a fresh process: its _target_ imports benchmax_gym.adapters.verl there).

@@ -5,7 +5,7 @@ The trainers are optional extras; each adapter module imports its trainer lazily
 
 * :mod:`.trl`: ``rollout_func`` and ``environment_factory`` for TRL's ``GRPOTrainer``;
 * :mod:`.skyrl`: a ``skyrl_gym`` ``BaseTextEnv`` registered as ``benchmax``;
-* :mod:`.openrlhf`: an ``AgentExecutor`` for ``--agent_func_path``;
+* :mod:`.openrlhf`: an ``AgentExecutor`` for ``--train.agent_func_path``;
 * :mod:`.verl`: an ``AgentLoopBase`` registered as ``benchmax``.
 """
 

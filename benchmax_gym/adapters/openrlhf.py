@@ -1,4 +1,4 @@
-"""OpenRLHF: any benchmax-gym env as an agent for ``--agent_func_path`` (``pip install 'benchmax-gym[openrlhf]'``).
+"""OpenRLHF: any benchmax-gym env as an agent for ``--train.agent_func_path`` (``pip install 'benchmax-gym[openrlhf]'``).
 
 OpenRLHF loads a Python file and instantiates its ``AgentExecutor`` class. Point it at a file
 of two lines (``examples/openrlhf_agent.py``)::
@@ -7,101 +7,106 @@ of two lines (``examples/openrlhf_agent.py``)::
     AgentExecutor = make_executor("benchmax/Math-v0", max_turns=4)
 
 or at this module itself, configured by ``BENCHMAX_ENV_ID`` and ``BENCHMAX_ENV_KWARGS`` (JSON).
-Each prompt gets its own env; the row's ``label`` is its task index (rows from
-:func:`task_rows`). OpenRLHF's own ``MultiTurnAgentExecutor`` runs the loop: it keeps the model's
-token ids as generated and tokenises the environment's feedback on its own, which this adapter
-renders with the chat template (the rest of the assistant's turn end, the tool results, the next
-generation prompt), so the concatenation is what the template renders for the conversation.
-The env's reward components go to ``extra_logs``, which OpenRLHF logs.
+Each prompt gets its own env. The row's ``label`` picks the task: a task index, or a JSON
+object ``{"env_id": ..., "task_index": ..., "env_kwargs": {...}}`` (rows from :func:`task_rows`),
+so one dataset may mix envs (``make_executor()`` without an env then takes every env from its rows).
+
+The executor plays the episode with :class:`TokenSession` (the same engine as every adapter)
+and returns what OpenRLHF's ``MultiTurnAgentExecutor`` returns, for its samples generator:
+the model's ids as generated, env turns rendered by the chat template (special-token texts in
+tool output stay text), and the budget rule: ``max_length`` (``--data.max_len``) bounds prompt
+and response, each request asks for what is left (at least 1), env ids that would overflow end
+the episode truncated and graded as it stands (OpenRLHF's own loop stops there ungraded);
+``--rollout.max_new_tokens`` caps each turn.
+``extra_logs`` holds the keys every env has (OpenRLHF merges a batch's logs by the first
+sample's keys): ``reward``, ``turns``, ``tool_errors``, ``truncated``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+from copy import deepcopy
 from typing import Any
 
-from benchmax_gym.adapters.tokens import ChatTemplate, make_env, task_dataset
+from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
 
 try:
-    import torch
-    from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+    from openrlhf.utils.agent import AgentExecutorBase
 except ImportError:  # pragma: no cover - exercised by the missing-extra test in a bare venv
     raise ImportError("the OpenRLHF adapter needs openrlhf: pip install 'benchmax-gym[openrlhf]'") from None
 
 
-class _Generations:
-    """The engine, seen by one prompt's agent: it remembers the model's last token ids, which
-    OpenRLHF does not pass to ``step`` (whether the reply ended with a stop token decides how
-    its turn is closed)."""
-
-    def __init__(self, engine: Any):
-        self.engine = engine
-        self.last_ids: list[int] = []
-
-    async def generate(self, *args: Any, **kwargs: Any) -> Any:
-        output = await self.engine.generate(*args, **kwargs)
-        self.last_ids = list(output.outputs[0].token_ids)
-        return output
+def _task(label: Any, env_id: str | None, env_kwargs: dict[str, Any]) -> tuple[str, int | None, dict[str, Any]]:
+    """(env id, task index, env kwargs) from a row's label."""
+    if isinstance(label, str) and label.lstrip().startswith("{"):
+        label = json.loads(label)
+    if isinstance(label, dict):
+        index = label.get("task_index")
+        return (label.get("env_id") or env_id, None if index is None else int(index),
+                {**env_kwargs, **(label.get("env_kwargs") or {})})
+    return env_id, None if label in (None, "") else int(label), env_kwargs
 
 
-class BenchmaxAgentInstance(AgentInstanceBase):
-    """One benchmax-gym episode behind OpenRLHF's ``reset(states)`` / ``step(states)``."""
+def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | None = None, **env_kwargs: Any) -> type:
+    """An ``AgentExecutor`` class (no-argument constructor, as OpenRLHF makes it) for ``env_id``
+    (``None``: each row's label names its env)."""
+    if env_id is not None:
+        make_env(env_id, env_kwargs).close()  # a wrong id or argument fails when OpenRLHF loads the file
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], chat: ChatTemplate, generations: _Generations):
-        self.env = make_env(env_id, env_kwargs)
-        self.chat = chat
-        self.generations = generations
-
-    async def reset(self, states: dict, **kwargs: Any) -> dict:
-        label = states.get("label")
-        options = {"task_index": int(label)} if label not in (None, "") else None
-        self.env.reset(options=options)
-        return {"observation": self.chat.render(self.env.unwrapped.chat_messages("hf"), add_generation_prompt=True)}
-
-    async def step(self, states: dict, **kwargs: Any) -> dict:
-        _, reward, terminated, truncated, info = self.env.step(states["action_text"])
-        done = terminated or truncated
-        if done:
-            feedback = ""
-            logs = {f"reward/{k}": float(v) for k, v in info.get("reward_components", {}).items()}
-            logs["tool_errors"] = float(self.env.unwrapped.episode_record().get("tool_errors", 0))
-            self.env.close()
-        else:
-            feedback = self.chat.env_text(info["messages"], self.generations.last_ids)
-            logs = {}
-        return {"rewards": torch.tensor(float(reward)), "scores": torch.tensor(float(reward)),
-                "environment_feedback": feedback, "done": done, "sampling_params": states.get("sampling_params"),
-                "extra_logs": logs}
-
-
-def make_executor(env_id: str, *, chat_kwargs: dict[str, Any] | None = None, **env_kwargs: Any) -> type:
-    """An ``AgentExecutor`` class (no-argument constructor, as OpenRLHF makes it) for ``env_id``."""
-    make_env(env_id, env_kwargs).close()  # a wrong id or argument fails when OpenRLHF loads the file
-
-    class AgentExecutor(MultiTurnAgentExecutor):
-        __doc__ = f"OpenRLHF's multi-turn executor over {env_id} (benchmax-gym)."
+    class AgentExecutor(AgentExecutorBase):
+        __doc__ = f"benchmax-gym episodes of {env_id or 'the env each row names'} for OpenRLHF."
 
         def __init__(self):
-            super().__init__(BenchmaxAgentInstance)
             self._chat: ChatTemplate | None = None
 
         async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
             if self._chat is None or self._chat.tokenizer is not hf_tokenizer:
                 self._chat = ChatTemplate(hf_tokenizer, **(chat_kwargs or {}))
-            generations = _Generations(llm_engine)
-            # the parent builds its instance first thing, before any await: no other prompt interleaves
-            self.agent_instance_cls = lambda: BenchmaxAgentInstance(env_id, env_kwargs, self._chat, generations)
-            return await super().execute(prompt, label, sampling_params, max_length, hf_tokenizer, generations, images)
+            name, index, kwargs = _task(label, env_id, env_kwargs)
+            if not name:
+                raise ValueError("env_id is missing: pass it to make_executor(), or give it in the row's label")
+            session = TokenSession(await asyncio.to_thread(make_env, name, kwargs), self._chat)
+            try:
+                prompt_ids = await session.areset(options=None if index is None else {"task_index": index})
+                if len(prompt_ids) >= max_length:
+                    raise ValueError(f"{name} task {index}: its prompt is {len(prompt_ids)} tokens, max_length is "
+                                     f"{max_length}: raise --data.max_len")
+                session.max_tokens = max_length - len(prompt_ids)
+                while not session.done:
+                    params = deepcopy(sampling_params)
+                    cap = sampling_params.max_tokens  # --rollout.max_new_tokens: a per-turn cap
+                    params.max_tokens = session.budget if cap is None else min(cap, session.budget)
+                    output = (await llm_engine.generate(session.input_ids, params, multi_modal_data=None)).outputs[0]
+                    ids = list(output.token_ids)
+                    logprobs = None
+                    if sampling_params.logprobs is not None:
+                        logprobs = [lp[t].logprob for lp, t in zip(output.logprobs, ids)]
+                    await session.astep(ids, logprobs)
+            finally:
+                await asyncio.to_thread(session.close)
+            episode = session.episode
+            start = len(episode.prompt_ids)
+            logprobs = None
+            if sampling_params.logprobs is not None:
+                logprobs = [0.0] * start + (episode.logprobs or [0.0] * len(episode.completion_ids))
+            return {"prompt": prompt, "label": label, "images": images, "mm_train_inputs": None,
+                    "reward": episode.reward, "scores": episode.reward, "observation_tokens": episode.input_ids,
+                    "action_ranges": [(start + a, start + b) for a, b in episode.turns],
+                    "rollout_log_probs": logprobs, "truncated": episode.cut,
+                    "extra_logs": episode.metrics(components=False)}
 
     return AgentExecutor
 
 
 def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
     """Rows for OpenRLHF's prompt dataset: ``prompt`` (the env's messages; the agent renders its
-    own) and ``label`` (the task index), for ``--input_key prompt --label_key label``."""
+    own) and ``label`` (JSON: the env and task), for ``--data.input_key prompt --data.label_key label``."""
     rows = task_dataset(env_id, n, env_kwargs=env_kwargs).to_list()
-    return [{"prompt": r["prompt"], "label": str(r["task_index"])} for r in rows]
+    extra = {"env_kwargs": env_kwargs} if env_kwargs else {}
+    return [{"prompt": r["prompt"], "label": json.dumps({"env_id": env_id, "task_index": r["task_index"], **extra})}
+            for r in rows]
 
 
 if os.environ.get("BENCHMAX_ENV_ID"):  # loaded by path as an agent file

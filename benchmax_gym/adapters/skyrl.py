@@ -3,19 +3,18 @@
 ``import benchmax_gym.adapters.skyrl`` registers ``"benchmax"`` with ``skyrl_gym.register``.
 SkyRL's generator makes a fresh env per trajectory, ``skyrl_gym.make("benchmax",
 env_config=..., extras=row)``, possibly from worker threads, then calls ``init``, ``step`` until
-done, ``get_metrics`` and ``close``. Configure it in SkyRL's config::
+done, ``get_metrics`` and ``close``. Set ``environment.env_class=benchmax`` and let the dataset
+rows name everything else: ``env_id``, ``task_index`` and ``env_kwargs`` (JSON) are columns of
+the rows :func:`task_rows` (``examples/make_dataset.py skyrl``) writes, so one dataset may mix
+envs. SkyRL 0.4's typed config has no place for them: its ``environment.skyrl_gym`` section
+takes only its own envs' fields and rejects ``skyrl_gym.benchmax`` (``Invalid fields``). A
+``env_config`` with ``env_id`` / ``env_kwargs`` (a SkyRL build that passes one) is read as the
+rows' defaults.
 
-    environment:
-      env_class: benchmax
-      skyrl_gym:
-        benchmax:
-          env_id: benchmax/Math-v0
-          env_kwargs: {max_turns: 4}
-
-A dataset row picks its task with ``task_index`` (rows from :func:`task_rows` carry it), or
-with ``env_id`` / ``env_kwargs`` of its own. The env's opening messages replace the row's prompt
-(the env owns its system prompt and task text); its reward components are in ``metadata`` and
-``get_metrics()``.
+The env's opening messages replace the row's prompt (the env owns its system prompt and task
+text); its reward components are in ``metadata`` and ``get_metrics()``. SkyRL's generator owns
+the token loop (it renders the observations with the chat template and enforces its own
+generation limits), so the token budget is SkyRL's there.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ class BenchmaxTextEnv(BaseTextEnv):
         extras = dict(extras or {})
         env_id = extras.get("env_id") or _get(env_config, "env_id")
         if not env_id:
-            raise ValueError("env_id is missing: set skyrl_gym.benchmax.env_id in the config, or env_id in the row")
+            raise ValueError("env_id is missing: give the row an env_id column (examples/make_dataset.py skyrl writes it)")
         row_kwargs = extras.get("env_kwargs") or {}
         if isinstance(row_kwargs, str):  # parquet rows carry them as JSON
             row_kwargs = json.loads(row_kwargs)

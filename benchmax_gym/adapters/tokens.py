@@ -29,13 +29,24 @@ template's own rendering is what differs:
 * templates whose turn end lacks the stop token the model emitted (an EOS a template never
   writes): the EOS is kept here;
 * a reply cut by the token budget has no stop token: its turn is closed by environment tokens
-  (loss mask 0), which is what the template writes after it.
+  (loss mask 0), which is what the template writes after it;
+* message contents holding the text of a special token (a tool printing ``<|im_end|>``): the
+  template's own special tokens are its ids, the contents' are plain text (see
+  :meth:`ChatTemplate.encode_messages`), where encoding the rendering would make them control
+  tokens.
+
+The token budget (``max_tokens``) is one rule for every adapter: a turn never asks for more than
+what is left nor for 0 (:attr:`TokenSession.budget`), a reply longer than what is left is cut,
+and environment ids that would leave no room for another reply end the episode *truncated*,
+graded as it stands (an empty final reply), without them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +104,9 @@ class ChatTemplate:
         self._backend = backend if getattr(tokenizer, "is_fast", False) else None
         self._plain_decode = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._bytes = _byte_table(tokenizer, self._backend) if self._plain_decode else None
+        self._specials = _special_tokens(tokenizer)
+        self._special_re = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
+        self._literal = _literal_backend(self._backend)
         self._skeletons: dict[tuple, Any] = {}
         self._checks: dict[tuple, int] = {}
         self._checked: set[tuple] = set()  # shapes whose skeleton was checked checks_per_shape times
@@ -141,7 +155,40 @@ class ChatTemplate:
 
     def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """The first prompt, rendered with the generation prompt."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        return self.encode_messages(messages, lambda m: self.render(m, add_generation_prompt=True))
+
+    def encode_messages(self, messages: list[dict[str, Any]], render: Any) -> list[int]:
+        """``render(messages)`` encoded with special tokens parsed only where the template wrote
+        them: a special token's text inside a message (a tool printing ``<|im_start|>system``)
+        stays plain text, never a control token. Without such text it is ``encode(render(...))``.
+
+        The contents' special-token texts are swapped for private-use characters, the rendering
+        is split at the template's own special tokens (as the tokenizer splits it), and each run
+        between them is encoded, characters swapped back, with special-token parsing off."""
+        if self._special_re is None or not any(
+                isinstance(v, str) and self._special_re.search(v) for m in messages for v in m.values()):
+            return self.encode(render(messages))
+        texts = "".join(v for m in messages for v in m.values() if isinstance(v, str))
+        base = 0xF0000  # private-use characters no content holds
+        while any(chr(base + i) in texts for i in range(len(self._specials))):
+            base += len(self._specials)
+        swap = {t: chr(base + i) for i, t in enumerate(self._specials)}
+        back = str.maketrans({c: t for t, c in swap.items()})
+        escaped = [{k: self._special_re.sub(lambda x: swap[x.group()], v) if isinstance(v, str) else v
+                    for k, v in m.items()} for m in messages]
+        text, ids, at = render(escaped), [], 0
+        for match in self._special_re.finditer(text):
+            ids += self._encode_literal(text[at:match.start()].translate(back))
+            ids.append(self.tokenizer.convert_tokens_to_ids(match.group()))
+            at = match.end()
+        return ids + self._encode_literal(text[at:].translate(back))
+
+    def _encode_literal(self, text: str) -> list[int]:
+        if not text:
+            return []
+        if self._literal is not None:
+            return self._literal.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def render_turn(self, messages: list[dict[str, Any]]) -> str:
         """What the template writes after an assistant's content when ``messages`` follow: its
@@ -184,7 +231,7 @@ class ChatTemplate:
         return text[len(stop):] if stop and text.startswith(stop) else text
 
     def env_ids(self, messages: list[dict[str, Any]], model_ids: list[int]) -> list[int]:
-        return self.encode(self.env_text(messages, model_ids))
+        return self.encode_messages(messages, lambda m: self.env_text(m, model_ids))
 
     def turn_rest(self, model_ids: list[int]) -> str:
         """The part of the template's final turn end the model did not generate."""
@@ -256,6 +303,24 @@ class ChatTemplate:
         return stops
 
 
+def _special_tokens(tokenizer: Any) -> list[str]:
+    """The texts of the tokenizer's special tokens, longest first (the regex tries them in order)."""
+    special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    special |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    return sorted((t for t in special if t), key=len, reverse=True)
+
+
+def _literal_backend(backend: Any) -> Any:
+    """A copy of the Rust tokenizer that reads special tokens' texts as plain text."""
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    literal = Tokenizer.from_str(backend.to_str())
+    literal.encode_special_tokens = True
+    return literal
+
+
 def _byte_levels() -> dict[str, int]:
     """GPT-2's map from the printable characters byte-level BPE writes back to the bytes they stand for."""
     kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -323,6 +388,7 @@ class TokenEpisode:
     reward_components: dict[str, float] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False
+    cut: bool = False  # the token budget ended it (truncated, graded as it stands)
     info: dict[str, Any] = field(default_factory=dict)  # the last step's
     record: dict[str, Any] = field(default_factory=dict)  # env.episode_record(): the transcript, never the answer
 
@@ -334,11 +400,14 @@ class TokenEpisode:
     def done(self) -> bool:
         return self.terminated or self.truncated
 
-    def metrics(self) -> dict[str, float]:
-        """What adapters put in a trainer's logs: the reward, its components, turns, tool errors."""
+    def metrics(self, components: bool = True) -> dict[str, float]:
+        """What adapters put in a trainer's logs: the reward, turns, tool errors, whether the
+        budget cut it, and (``components``) the reward's components, which differ between envs:
+        trainers that batch per-sample keys by the first sample's take ``components=False``."""
         out = {"reward": self.reward, "turns": float(len(self.turns)),
-               "tool_errors": float(self.record.get("tool_errors", 0))}
-        out.update({f"reward/{k}": float(v) for k, v in self.reward_components.items()})
+               "tool_errors": float(self.record.get("tool_errors", 0)), "truncated": float(self.cut)}
+        if components:
+            out.update({f"reward/{k}": float(v) for k, v in self.reward_components.items()})
         return out
 
 
@@ -348,12 +417,21 @@ class TokenSession:
     Args:
         env: a made env, or an env id (made with ``env_kwargs``).
         chat: the :class:`ChatTemplate` (or a tokenizer, wrapped with defaults).
-        max_tokens: budget for ``completion_ids``; a turn that reaches it ends the episode
-            (truncated, graded as it stands).
+        max_tokens: budget for ``completion_ids`` (at least 1): a reply is cut to what is left,
+            and env ids that would leave nothing for the next reply end the episode (truncated,
+            graded as it stands).
+
+    The async methods run the env's ``reset``/``step`` in a worker thread: a trainer's event
+    loop (verl's agent-loop worker) keeps serving other trajectories while a tool or a
+    database copy works, and the env sees the same calls, through the same wrappers, as
+    the sync methods make.
     """
 
     def __init__(self, env: gym.Env | str, chat: ChatTemplate | Any, *, max_tokens: int | None = None,
                  env_kwargs: dict[str, Any] | None = None):
+        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)
+                                       or max_tokens < 1):
+            raise ValueError(f"max_tokens must be an int of at least 1 (or None: no budget), got {max_tokens!r}")
         self.env = make_env(env, env_kwargs) if isinstance(env, str) else env
         # behind Gymnasium's default wrappers only (their checks hold here: reset comes first), the
         # env's own step, as the vector workers call it
@@ -375,7 +453,7 @@ class TokenSession:
 
     @property
     def budget(self) -> int | None:
-        """Tokens the next reply may still take (``None``: unbounded)."""
+        """Tokens the next reply may take (``None``: unbounded); at least 1 while the episode runs."""
         if self.max_tokens is None:
             return None
         return max(self.max_tokens - len(self.episode.completion_ids), 0)
@@ -384,16 +462,18 @@ class TokenSession:
         return self._start(*self.env.reset(seed=seed, options=options))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> list[int]:
-        return self._start(*await _areset(self.env, seed, options))
+        return self._start(*await asyncio.to_thread(self.env.reset, seed=seed, options=options))
 
     def step(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
         """Append the model's ids, step the env with their text; returns the env's ids (empty once done)."""
         action = self._add_model_turn(model_ids, logprobs)
-        return self._add_env_turn(model_ids, *self._env_step(action))
+        ids = self._add_env_turn(*self._env_step(action))
+        return self._cut(self._env_step("")) if ids is None else ids
 
     async def astep(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
         action = self._add_model_turn(model_ids, logprobs)
-        return self._add_env_turn(model_ids, *await _astep(self.env, action))
+        ids = self._add_env_turn(*await asyncio.to_thread(self._env_step, action))
+        return self._cut(await asyncio.to_thread(self._env_step, "")) if ids is None else ids
 
     def close(self) -> None:
         self.env.close()
@@ -411,7 +491,7 @@ class TokenSession:
         if episode is None or episode.done:
             raise gym.error.ResetNeeded("call reset() before step(); the episode has ended")
         model_ids = list(model_ids)
-        budget = None if self.max_tokens is None else self.max_tokens - len(episode.completion_ids)
+        budget = self.budget
         if budget is not None and len(model_ids) > budget:
             model_ids, logprobs = model_ids[:budget], (logprobs[:budget] if logprobs is not None else None)
         if logprobs is not None and len(logprobs) != len(model_ids):
@@ -427,26 +507,38 @@ class TokenSession:
         self._last_ids = model_ids
         return self.chat.text(model_ids)
 
-    def _add_env_turn(self, model_ids: list[int], obs: str, reward: float, terminated: bool, truncated: bool,
-                      info: dict[str, Any]) -> list[int]:
+    def _add_env_turn(self, obs: str, reward: float, terminated: bool, truncated: bool,
+                      info: dict[str, Any]) -> list[int] | None:
+        """The env's ids, appended; ``None`` when they would spend the budget (the caller grades
+        the episode with an empty final reply, then :meth:`_end`)."""
         episode = self.episode
         episode.info = self.info = info
         self.obs = obs
-        out_of_budget = self.max_tokens is not None and len(episode.completion_ids) >= self.max_tokens
-        if terminated or truncated or out_of_budget:
-            if not (terminated or truncated):  # the budget is spent: grade the episode as it stands
-                reward, info = _finish(self.env, info)
-                truncated = True
-            episode.reward, episode.terminated, episode.truncated = float(reward), terminated, truncated
-            episode.reward_components = dict(info.get("reward_components", {}))
-            episode.record = self.env.unwrapped.episode_record()
-            return []
+        if terminated or truncated:
+            return self._end(obs, reward, terminated, truncated, info)
         ids = self.chat.env_ids(info["messages"], self._last_ids)  # (rendering only reads them)
+        if self.max_tokens is not None and len(episode.completion_ids) + len(ids) >= self.max_tokens:
+            return None
         episode.completion_ids += ids
         episode.loss_mask += [0] * len(ids)
         if episode.logprobs is not None:
             episode.logprobs += [0.0] * len(ids)
         return ids
+
+    def _cut(self, graded: tuple) -> list[int]:
+        """End an episode the budget cut, with the step that graded it (an empty final reply)."""
+        obs, reward, _, _, info = graded
+        self.episode.cut = True
+        return self._end(obs, reward, False, True, info)
+
+    def _end(self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> list[int]:
+        episode = self.episode
+        episode.info = self.info = info
+        self.obs = obs
+        episode.reward, episode.terminated, episode.truncated = float(reward), terminated, truncated
+        episode.reward_components = dict(info.get("reward_components", {}))
+        episode.record = self.env.unwrapped.episode_record()
+        return []
 
 
 def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
@@ -475,37 +567,13 @@ def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any
         for index in range(min(size, n) if n is not None else size):
             env.reset(options={"task_index": index})  # a task's prompt may describe its files (Excel)
             messages = base.chat_messages("hf")
-            if mark_task:
-                messages = [{**m, TASK_KEY: index if i == 0 else None} for i, m in enumerate(messages)]
+            if mark_task:  # the env and the task, as JSON: rows of several envs may share a dataset
+                mark = json.dumps({"env_id": env_id, "task_index": index, "env_kwargs": env_kwargs or {}})
+                messages = [{**m, TASK_KEY: mark if i == 0 else None} for i, m in enumerate(messages)]
             rows.append({"prompt": messages, "task_index": index})
     finally:
         env.close()
     return datasets.Dataset.from_list(rows)
-
-
-def _finish(env: gym.Env, info: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-    """Grade an episode the token budget cut short: an empty final reply ends it."""
-    _, reward, _, _, final = env.step("")
-    return reward, final
-
-
-async def _areset(env: gym.Env, seed: int | None, options: dict[str, Any] | None):
-    return await _in_background(env, "reset", seed=seed, options=options)
-
-
-async def _astep(env: gym.Env, action: str):
-    return await _in_background(env, "step", action)
-
-
-async def _in_background(env: gym.Env, name: str, *args: Any, **kwargs: Any):
-    """The env's own coroutine when nothing in its step waits on I/O (cheapest), else the sync
-    call in a thread, so blocking tools never stall the caller's event loop (as eval does)."""
-    from benchmax_gym.wrappers.worker import async_api
-
-    api = async_api(env)
-    if api is not None and not getattr(api, "needs_event_loop", True):
-        return await getattr(api, "a" + name)(*args, **kwargs)
-    return await asyncio.to_thread(getattr(env, name), *args, **kwargs)
 
 
 __all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "make_env", "task_dataset"]

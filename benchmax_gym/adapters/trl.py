@@ -13,10 +13,22 @@ Two ways, as TRL offers them:
 
 * :func:`trl_environment`, an ``environment_factory``: TRL runs the loop and calls the env's tools
   as methods (typed, documented), the task comes from the dataset row (``task_index``), and
-  ``get_reward`` grades the episode. The model ends an episode by calling ``final_answer``::
+  ``Env.reward`` (the reward function) grades the episode. The model ends an episode as the
+  env's prompt says, with a reply without a tool call, or by calling ``final_answer``::
 
       Env = trl_environment("benchmax/Math-v0")
-      trainer = GRPOTrainer(model, environment_factory=Env, train_dataset=Env.dataset(), ...)
+      trainer = GRPOTrainer(model, environment_factory=Env, reward_funcs=Env.reward,
+                            train_dataset=Env.dataset(), ...)
+
+  The class has no ``get_reward``: TRL calls that without the completion, so the reply that ends
+  the episode (the answer, when the model follows the prompt) would never reach the env.
+  ``Env.reward`` gets TRL's ``completions`` and ``environments``, steps each unfinished env with
+  its completion's last reply, and returns the env's reward.
+
+The token budget (``max_completion_length``) follows the one rule of
+:class:`~benchmax_gym.adapters.tokens.TokenSession`: each turn asks the backend for what is left
+(sessions with the same budget generate together), env ids that would overflow end the episode
+truncated and graded as it stands.
 
 The env's reward components go into the trainer's logged metrics as ``env/<component>``.
 """
@@ -24,7 +36,9 @@ The env's reward components go into the trainer's logged metrics as ``env/<compo
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import inspect
+import itertools
 import json
 import threading
 from typing import Any, ClassVar
@@ -49,15 +63,17 @@ class TRLRollout:
     """A ``rollout_func`` for ``GRPOTrainer`` that plays multi-turn episodes of ``env_id``.
 
     Args:
-        env_id: any registered id (built-in or yours).
+        env_id: any registered id (built-in or yours); rows of other envs (their
+            :meth:`dataset`, concatenated) play their own env in the same batch.
         tokenizer: the model's tokenizer (checked here: a chat template that can render tool
             results is required).
         env_kwargs: ``gym.make`` arguments.
         chat_kwargs: :class:`ChatTemplate` options (``tool_role``, template variables).
         max_workers: threads stepping envs (tools that wait on I/O overlap).
         generate: ``generate(trainer, sessions) -> (ids, logprobs)``, one reply per session
-            (its ``input_ids`` so far), to generate with another backend; the default is the
-            trainer's own (:func:`generate_turn`).
+            (its ``input_ids`` so far, at most its ``budget`` ids: the sessions of one call
+            share it), to generate with another backend; the default is the trainer's own
+            (:func:`generate_turn`).
     """
 
     def __init__(self, env_id: str, tokenizer: Any, *, env_kwargs: dict[str, Any] | None = None,
@@ -66,8 +82,9 @@ class TRLRollout:
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails here, not mid-training
         self.chat = ChatTemplate(tokenizer, **(chat_kwargs or {}))
-        self.generate = generate or (lambda trainer, sessions: generate_turn(trainer, [s.input_ids for s in sessions]))
-        self._sessions: list[TokenSession] = []
+        self.generate = generate or (lambda trainer, sessions: generate_turn(
+            trainer, [s.input_ids for s in sessions], sessions[0].budget))
+        self._sessions: dict[str, list[TokenSession]] = {}  # per env (its id and kwargs, as JSON)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="benchmax-trl")
         self.__name__ = "benchmax_rollout"
 
@@ -85,15 +102,23 @@ class TRLRollout:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tasks = [_task_of(p) for p in prompts]
         budget = getattr(trainer, "max_completion_length", None) or getattr(trainer.args, "max_completion_length", None)
-        while len(self._sessions) < len(prompts):
-            self._sessions.append(TokenSession(make_env(self.env_id, self.env_kwargs), self.chat))
-        sessions = self._sessions[: len(prompts)]
+        sessions, used = [], {}
+        for env, _ in tasks:  # reuse each env's sessions from batch to batch
+            pool = self._sessions.setdefault(env, [])
+            used[env] = used.get(env, 0) + 1
+            if len(pool) < used[env]:
+                spec = json.loads(env)
+                pool.append(TokenSession(make_env(spec["env_id"], spec["env_kwargs"]), self.chat))
+            sessions.append(pool[used[env] - 1])
         for session in sessions:
             session.max_tokens = budget
+        tasks = [index for _, index in tasks]
         list(self._pool.map(lambda st: st[0].reset(options={"task_index": st[1]}), zip(sessions, tasks)))
-        while active := [s for s in sessions if not s.done]:
-            ids, logprobs = self.generate(trainer, active)
-            list(self._pool.map(lambda a: a[0].step(*a[1:]), zip(active, ids, logprobs)))
+        while active := sorted((s for s in sessions if not s.done), key=lambda s: s.budget or 0):
+            for _, group in itertools.groupby(active, key=lambda s: s.budget):  # each asks for what it has left
+                group = list(group)
+                ids, logprobs = self.generate(trainer, group)
+                list(self._pool.map(lambda a: a[0].step(*a[1:]), zip(group, ids, logprobs)))
         episodes = [s.episode for s in sessions]
         self._log(trainer, episodes)
         have_logprobs = all(e.logprobs is not None for e in episodes)
@@ -118,25 +143,59 @@ class TRLRollout:
             metrics[mode][f"env/{name}"].append(sum(values) / len(values))
 
     def close(self) -> None:
-        for session in self._sessions:
-            session.close()
+        for pool in self._sessions.values():
+            for session in pool:
+                session.close()
         self._sessions.clear()
         self._pool.shutdown(wait=False)
 
 
-def _task_of(prompt: Any) -> int:
+def _task_of(prompt: Any) -> tuple[str, int]:
+    """The env (its id and kwargs, as JSON: a pool key) and task index a dataset prompt carries."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and prompt[0].get(TASK_KEY) is not None:
-        return int(prompt[0][TASK_KEY])
+        mark = json.loads(prompt[0][TASK_KEY])
+        env = json.dumps({"env_id": mark["env_id"], "env_kwargs": mark.get("env_kwargs") or {}}, sort_keys=True)
+        return env, int(mark["task_index"])
     raise ValueError("a prompt without its task: build train_dataset with TRLRollout.dataset() "
                      f"(its first message carries {TASK_KEY!r})")
 
 
-def generate_turn(trainer: Any, input_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float] | None]]:
-    """One turn for each sequence with the trainer's own generation backend (vLLM or transformers)."""
-    completion_ids, logprobs = trainer._generate_single_turn(input_ids, None, {}, 1)
+def generate_turn(trainer: Any, input_ids: list[list[int]],
+                  max_new_tokens: int | None = None) -> tuple[list[list[int]], list[list[float] | None]]:
+    """One turn for each sequence with the trainer's own generation backend (vLLM or
+    transformers), asking for at most ``max_new_tokens`` (``None``: the trainer's own limit)."""
+    with _max_new_tokens(trainer, max_new_tokens):
+        completion_ids, logprobs = trainer._generate_single_turn(input_ids, None, {}, 1)
     if logprobs is None:
         logprobs = [None] * len(completion_ids)
     return [list(c) for c in completion_ids], [list(lp) if lp is not None else None for lp in logprobs]
+
+
+@contextlib.contextmanager
+def _max_new_tokens(trainer: Any, n: int | None):
+    """The trainer's generation limit set to ``n`` for one call: the vLLM generator's
+    ``max_completion_length`` and the transformers ``generation_config`` (and the kwargs TRL
+    applies over the model's), as GRPOTrainer reads them at each generation."""
+    if n is None:
+        yield
+        return
+    saved = []
+    targets = [getattr(trainer, "vllm_generation", None), getattr(trainer, "generation_config", None)]
+    for target, name in zip(targets, ("max_completion_length", "max_new_tokens")):
+        if target is not None and hasattr(target, name):
+            saved.append((target, name, getattr(target, name)))
+            setattr(target, name, n)
+    kwargs = getattr(trainer, "generation_kwargs", None)
+    old = kwargs.get("max_new_tokens") if isinstance(kwargs, dict) else None
+    if isinstance(kwargs, dict):
+        kwargs["max_new_tokens"] = n
+    try:
+        yield
+    finally:
+        for target, name, value in saved:
+            setattr(target, name, value)
+        if isinstance(kwargs, dict):
+            kwargs["max_new_tokens"] = old
 
 
 # -- environment_factory --------------------------------------------------------------------------
@@ -180,13 +239,16 @@ class TRLEnvironment:
             A confirmation.
         """
         if not self.done:
-            self._end(*self.env.step({"role": "assistant", "content": answer}))
+            # every family's rubric reads the answer from <answer> tags (Math also from \boxed{})
+            text = answer if "<answer>" in str(answer).lower() else f"<answer>{answer}</answer>"
+            self._end(*self.env.step({"role": "assistant", "content": text}))
         return "Answer recorded."
 
-    def get_reward(self) -> float:
-        """The env's verified reward; an episode the model did not end is graded as it stands."""
+    def _grade(self, reply: str = "") -> float:
+        """The env's verified reward; an episode the model has not ended ends with ``reply``
+        (its last reply without a tool call: its answer), graded as it stands."""
         if not self.done:
-            self._end(*self.env.step({"role": "assistant", "content": ""}))
+            self._end(*self.env.step({"role": "assistant", "content": reply}))
         return self.reward
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
@@ -211,8 +273,8 @@ class TRLEnvironment:
 
 def trl_environment(env_id: str, **env_kwargs: Any) -> type[TRLEnvironment]:
     """A class for ``GRPOTrainer(environment_factory=...)``: ``reset(**row)``, one method per
-    tool (typed signature, Google-style docstring from the tool's schema), ``final_answer`` and
-    ``get_reward``."""
+    tool (typed signature, Google-style docstring from the tool's schema), ``final_answer``,
+    and ``reward``: the reward function to pass as ``reward_funcs``."""
     _require_trl()
     env = make_env(env_id, {**env_kwargs, "tools_in_prompt": False})
     try:
@@ -225,11 +287,41 @@ def trl_environment(env_id: str, **env_kwargs: Any) -> type[TRLEnvironment]:
     methods: dict[str, Any] = {"env_id": env_id, "env_kwargs": dict(env_kwargs)}
     for schema in schemas:
         function = schema.get("function", schema)
-        if function["name"] in ("reset", "get_reward", "final_answer") or not function["name"].isidentifier():
+        if function["name"] in ("reset", "get_reward", "reward", "final_answer") \
+                or not function["name"].isidentifier():
             raise ValueError(f"tool {function['name']!r} cannot be a method name of a TRL environment")
         methods[function["name"]] = _tool_method(function)
     name = "".join(part for part in env_id.replace("/", "-").replace("_", "-").split("-") if part).replace(".", "")
-    return type(f"{name}TRLEnvironment", (TRLEnvironment,), methods)
+    cls = type(f"{name}TRLEnvironment", (TRLEnvironment,), methods)
+    cls.reward = _EnvReward(cls)
+    return cls
+
+
+class _EnvReward:
+    """``Env.reward``: TRL's reward function for the envs of class ``cls``. An object, not a
+    method: TRL offers every public method of an environment class to the model as a tool."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.__name__ = cls.__name__  # TRL logs it as rewards/<class name>
+
+    def __call__(self, completions: list[Any], environments: list[Any] | None = None,
+                 **kwargs: Any) -> list[float | None]:
+        if environments is None:
+            raise ValueError(f"environments is missing: pass environment_factory={self.cls.__name__} to GRPOTrainer")
+        return [e._grade(_last_reply(c)) if type(e) is self.cls else None for c, e in zip(completions, environments)]
+
+
+def _last_reply(completion: Any) -> str:
+    """The completion's last assistant reply that calls no tool (TRL's conversational
+    completions are message lists), else ``""``."""
+    if isinstance(completion, str):
+        return completion
+    last = completion[-1] if completion else {}
+    if last.get("role") == "assistant" and not last.get("tool_calls"):
+        content = last.get("content")
+        return content if isinstance(content, str) else ""
+    return ""
 
 
 def _tool_method(function: dict[str, Any]):

@@ -1,24 +1,39 @@
 """verl: any benchmax-gym env as a verl agent loop (``pip install 'benchmax-gym[verl]'``).
 
-``import benchmax_gym.adapters.verl`` registers the agent loop ``"benchmax"`` (verl's
-``@register``). A dataset row names its env and task in ``extra_info`` (rows from
-:func:`task_rows` do): ``{"env_id": ..., "task_index": ..., "env_kwargs": {...}}``, with
-``agent_name: benchmax``. Or give the env in verl's agent-loop config file
-(``actor_rollout_ref.rollout.agent.agent_loop_config_path``)::
+A dataset row names its env and task in ``extra_info`` (rows from :func:`task_rows` do):
+``{"env_id": ..., "task_index": ..., "env_kwargs": {...}}``, with ``agent_name: benchmax``; rows
+of one batch may name different envs. verl's agent-loop workers are fresh Ray processes that
+import nothing of this package, so name the loop in verl's agent-loop config file
+(``actor_rollout_ref.rollout.agent.agent_loop_config_path``, ``examples/verl_agent_loops.yaml``):
+its ``_target_`` imports this module in each worker. An entry may also fix the env::
 
+    - name: benchmax                 # rows name their env
+      _target_: benchmax_gym.adapters.verl.BenchmaxAgentLoop
     - name: benchmax_math
       _target_: benchmax_gym.adapters.verl.BenchmaxAgentLoop
       env_id: benchmax/Math-v0
       env_kwargs: {max_turns: 4}
 
+(``import benchmax_gym.adapters.verl`` also registers ``"benchmax"`` with verl's ``@register``,
+in the process that imports it.)
+
 Each trajectory plays one episode at the token level (:class:`TokenSession`): the model's ids
 as the server returned them, env turns rendered by the chat template, one ``request_id`` per
-trajectory (the server's prefix cache holds), the response capped at ``response_length``. The
-env's reward is the trajectory's ``reward_score``; its components go to ``extra_fields``.
+trajectory (the server's prefix cache holds), the response within ``response_length`` by
+:class:`TokenSession`'s budget rule (each request asks for what is left, at least 1; env ids
+that would overflow end the episode truncated, graded as it stands). The env is built, reset
+and stepped in a thread, off the worker's event loop that serves the other trajectories.
+
+The env's reward is the trajectory's ``reward_score``. verl's post-processing reads the keys of
+``reward_extra_info`` from a batch's first sample and indexes every sample with them, so that
+dict holds only keys every env has (``reward``, ``turns``, ``tool_errors``, ``truncated``: the
+budget cut it); the
+env's own components (they differ between envs) are in ``extra_fields["reward_components"]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from uuid import uuid4
 
@@ -49,8 +64,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
         env_id = extra.get("env_id") or self.env_id
         if not env_id:
             raise ValueError("env_id is missing: give it in the row's extra_info or the agent loop config")
-        session = TokenSession(make_env(env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})}), self.chat,
-                               max_tokens=self.response_length)
+        env = await asyncio.to_thread(make_env, env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})})
+        session = TokenSession(env, self.chat, max_tokens=self.response_length)
         task = extra.get("task_index")
         request_id = uuid4().hex  # one per trajectory: every turn extends the same prefix
         try:
@@ -62,7 +77,7 @@ class BenchmaxAgentLoop(AgentLoopBase):
                                                             sampling_params=params)
                 await session.astep(output.token_ids, output.log_probs or None)
         finally:
-            session.close()
+            await asyncio.to_thread(session.close)
         episode = session.episode
         return AgentLoopOutput(
             prompt_ids=episode.prompt_ids,
@@ -72,7 +87,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
             reward_score=episode.reward,
             num_turns=1 + 2 * len(episode.turns),
             metrics={},
-            extra_fields={"reward_extra_info": episode.metrics(), "turn_scores": [], "tool_rewards": []},
+            extra_fields={"reward_extra_info": episode.metrics(components=False),
+                          "reward_components": dict(episode.reward_components), "turn_scores": [], "tool_rewards": []},
         )
 
 

@@ -1,8 +1,12 @@
 """What the adapter tests share: a real tokenizer per template style, trained here (no Hub)."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # launch.py: the launch-script helpers
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 

@@ -1,15 +1,23 @@
-"""OpenRLHF: the agent file loaded as ``--agent_func_path`` loads it, run by OpenRLHF's own
-MultiTurnAgentExecutor with a scripted generation engine (vLLM's generate shape)."""
+"""OpenRLHF: the agent file loaded as ``--train.agent_func_path`` loads it, run with a scripted
+generation engine (vLLM's generate shape), its outputs turned into a batch by OpenRLHF's own
+samples generator and Experience concat; the launch script parsed by OpenRLHF's own entry point."""
 
 import asyncio
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from launch import stub_vllm
 from openrlhf.utils.agent import AgentExecutorBase
+
+with stub_vllm():
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+    from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
 
 from benchmax_gym.adapters.openrlhf import make_executor, task_rows
 from benchmax_gym.testing.tokenizers import ScriptedEngine
@@ -18,12 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_agent_file(path):
-    """What OpenRLHF's vllm_engine._load_agent_executor does with --agent_func_path."""
-    spec = importlib.util.spec_from_file_location("agent_module", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert issubclass(module.AgentExecutor, AgentExecutorBase)
-    return module.AgentExecutor()
+    """OpenRLHF's own loader for --train.agent_func_path."""
+    executor = _load_agent_executor(str(path))
+    assert isinstance(executor, AgentExecutorBase)
+    return executor
 
 
 def _params(logprobs=None):
@@ -74,7 +80,7 @@ def test_the_example_agent_file_loads_as_openrlhf_loads_it_and_plays(qwen_tokeni
     for row, out in zip(rows, outputs):
         text = qwen_tokenizer.decode(out["observation_tokens"])
         assert row["prompt"][-1]["content"] in text  # its own task: no cross-talk
-        assert out["reward"] == 1.0 and out["extra_logs"]["reward/correct"] == 1.0
+        assert out["reward"] == 1.0 and out["extra_logs"]["reward"] == 1.0 and out["extra_logs"]["truncated"] == 0.0
         assert len(out["action_ranges"]) >= 2  # a tool call, then the answer
         assert len(out["rollout_log_probs"]) == len(out["observation_tokens"])
         model = {i for a, b in out["action_ranges"] for i in range(a, b)}
@@ -90,7 +96,7 @@ def test_the_module_itself_is_an_agent_file_configured_by_environment_variables(
     env = {"BENCHMAX_ENV_ID": "benchmax/CRM-v0", "BENCHMAX_ENV_KWARGS": '{"max_turns": 3}', "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "MultiTurnAgentExecutor"
+    assert out.stdout.strip() == "AgentExecutorBase"
     env["BENCHMAX_ENV_KWARGS"] = '{"max_turn": 3}'
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "max_turn" in out.stderr.splitlines()[-1]
@@ -111,6 +117,7 @@ def test_a_reply_cut_by_the_engine_is_closed_by_environment_tokens(qwen_tokenize
     engine = Cut(qwen_tokenizer, lambda ids, turn: call if turn == 0 else "\\boxed{0}")
     out = asyncio.run(executor.execute("p", "0", _params(), 4096, qwen_tokenizer, engine))
     (a, b), (c, _) = out["action_ranges"]
+    assert out["observation_tokens"][a:b] == qwen_tokenizer.encode(call, add_special_tokens=False)  # kept as cut
     feedback = qwen_tokenizer.decode(out["observation_tokens"][b:c])
     assert feedback.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n2\n")
 
@@ -122,3 +129,75 @@ def test_bad_input_fails_when_the_agent_file_loads():
         make_executor("benchmax/Mth-v0")
     with pytest.raises(TypeError, match="max_turn"):
         make_executor("benchmax/Math-v0", max_turn=2)
+
+
+def _experiences(outputs, max_len):
+    """OpenRLHF's samples generator turns each output into an Experience, then concatenates the batch."""
+    exps = [SamplesGenerator._process_response_into_experience(None, out, max_len=max_len) for out in outputs]
+    return exps, Experience.concat_experiences(exps, 0)
+
+
+def test_a_mixed_batch_of_math_excel_and_crm_rows_through_openrlhfs_post_processing(qwen_tokenizer):
+    """One dataset mixing envs (each label names its env); OpenRLHF merges per-sample logs by
+    the first sample's keys: every env's logs have the same keys."""
+    executor = make_executor()()
+    rows = [r for env_id in ("benchmax/Math-v0", "benchmax/Excel-v0", "benchmax/CRM-v0") for r in task_rows(env_id, 2)]
+    engine = ScriptedEngine(qwen_tokenizer, lambda ids, turn: "<answer>1</answer>")
+
+    async def main():
+        return await asyncio.gather(*(executor.execute(r["prompt"], r["label"], _params(), 16384, qwen_tokenizer,
+                                                       engine) for r in rows))
+
+    outputs = asyncio.run(main())
+    _, batch = _experiences(outputs, 16384)
+    assert batch.sequences.shape[0] == 6 and set(batch.info) >= {"reward", "turns", "tool_errors", "truncated"}
+    texts = [qwen_tokenizer.decode(o["observation_tokens"]) for o in outputs]
+    assert all(r["prompt"][-1]["content"][:200] in t for r, t in zip(rows, texts))  # each row's own env and task
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(room=st.integers(1, 160), lengths=st.lists(st.integers(1, 90), max_size=5))
+def test_budget_property_max_length_holds_and_cut_episodes_are_graded(qwen_tokenizer, room, lengths):
+    """max_length = prompt + room: every request asks for 1..what is left, the sequence fits, and
+    a trajectory the budget cut is truncated with its reward and logs (OpenRLHF's own loop
+    stopped such trajectories ungraded)."""
+    from benchmax_gym.adapters import ChatTemplate, TokenSession
+
+    row = task_rows("benchmax/Math-v0", 1)[0]
+    session = TokenSession("benchmax/Math-v0", ChatTemplate(qwen_tokenizer))
+    prompt = len(session.reset(options={"task_index": 0}))
+    session.close()
+    asked, replies = [], list(lengths)
+    call = '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+
+    class Lengths(ScriptedEngine):
+        async def generate(self, prompt_ids, sampling_params, multi_modal_data=None):
+            asked.append((len(prompt_ids), sampling_params.max_tokens))
+            out = await super().generate(prompt_ids, sampling_params, multi_modal_data)
+            n = replies.pop(0) if replies else 4
+            ids = (out.outputs[0].token_ids[:-1] + qwen_tokenizer.encode(" x" * n))[:n] + [qwen_tokenizer.eos_token_id]
+            out.outputs[0].token_ids = ids[: sampling_params.max_tokens]
+            return out
+
+    engine = Lengths(qwen_tokenizer, lambda ids, turn: call)
+    out = asyncio.run(make_executor("benchmax/Math-v0")().execute(row["prompt"], row["label"], _params(), prompt + room,
+                                                                  qwen_tokenizer, engine))
+    assert all(1 <= m <= prompt + room - n for n, m in asked)
+    assert len(out["observation_tokens"]) <= prompt + room
+    assert out["action_ranges"][-1][1] == len(out["observation_tokens"])  # ends on the model's ids
+    assert "reward" in out["extra_logs"] and out["extra_logs"]["truncated"] == float(out["truncated"])
+    (experience,), _ = _experiences([out], prompt + room)
+    assert experience.rewards is not None and experience.info["reward"].item() == out["reward"]
+
+
+def test_the_launch_script_parses_with_openrlhfs_own_entry_point_and_loads_its_agent(tmp_path):
+    import json
+
+    from launch import run_fresh, script_argv
+
+    argv = script_argv("openrlhf_math.sh", tmp_path)
+    (tmp_path / "argv.json").write_text(json.dumps(argv))
+    args = run_fresh([Path(__file__).with_name("openrlhf_parse.py"), tmp_path / "argv.json"])
+    assert args["train.agent_func_path"].endswith("examples/openrlhf_agent.py")
+    assert args["data.prompt_dataset"] == "data/benchmax-math/train.jsonl" and args["data.label_key"] == "label"
+    assert args["algo.advantage.estimator"] == "group_norm"

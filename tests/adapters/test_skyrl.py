@@ -103,9 +103,27 @@ def test_observations_are_openai_messages_the_template_renders():
 
 
 def test_bad_configuration_fails_when_skyrl_makes_the_env():
-    with pytest.raises(ValueError, match="env_id is missing"):
+    with pytest.raises(ValueError, match="env_id is missing.*env_id column"):
         skyrl_gym.make("benchmax", env_config=OmegaConf.create({}), extras={})
     with pytest.raises(Exception, match="Mth"):
         skyrl_gym.make("benchmax", env_config={"env_id": "benchmax/Mth-v0"}, extras={})
     with pytest.raises(TypeError, match="max_turn"):
         skyrl_gym.make("benchmax", env_config={"env_id": "benchmax/Math-v0", "env_kwargs": {"max_turn": 2}}, extras={})
+
+
+def test_a_mixed_dataset_plays_each_rows_env_and_skyrl_aggregates_the_metrics():
+    """Rows of Math, Excel and CRM under one env_class, no env config (SkyRL 0.4's typed config
+    has no place for one): each row plays its own env; skyrl_gym's aggregation takes them all."""
+    from skyrl_gym.metrics import aggregate_for_environment
+
+    rows = [r for env_id in ("benchmax/Math-v0", "benchmax/Excel-v0", "benchmax/CRM-v0") for r in task_rows(env_id, 2)]
+
+    async def main():
+        with concurrent.futures.ThreadPoolExecutor(4) as executor:
+            return await asyncio.gather(*(_agent_loop(executor, {}, row, lambda h: "<answer>1</answer>") for row in rows))
+
+    results = asyncio.run(main())
+    for row, (history, rewards, last, metrics) in zip(rows, results):
+        assert history[:2] == row["prompt"] and last["done"]
+    aggregated = aggregate_for_environment("benchmax", [m for *_, m in results])
+    assert aggregated["turns"] == 1.0 and "reward/correct" in aggregated

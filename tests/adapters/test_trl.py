@@ -4,6 +4,8 @@ rollout_func (multi-turn, token-exact) and through environment_factory."""
 import tempfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from benchmax_gym.core.sandbox import remove_tree
 from benchmax_gym.testing.tokenizers import model_ids, tiny_model
@@ -109,11 +111,14 @@ def test_environment_factory_exposes_tools_as_typed_documented_methods():
     expression = prompt.split(":", 1)[1].strip()
     assert env.calculator(expression=expression).strip().lstrip("-").isdigit()
     answer = env.calculator(expression=expression).strip()
-    assert env.final_answer(answer=f"\\boxed{{{answer}}}") == "Answer recorded."
-    assert env.get_reward() == 1.0 and set(env.reward_components.values()) == {1.0}
+    assert env.final_answer(answer=answer) == "Answer recorded."  # the bare answer, as the schema asks
+    assert Env.reward([""], environments=[env]) == [1.0] and set(env.reward_components.values()) == {1.0}
     assert env.calculator(expression="1+1").startswith("Error: the episode is over")
+    env.reset(**rows[1])
+    env.final_answer(answer=f"\\boxed{{{answer}}}")  # or boxed, as the env's prompt says
+    assert Env.reward([""], environments=[env]) == [1.0]
     env.reset(**rows[0])  # a fresh episode: an unfinished one is graded as it stands
-    assert env.get_reward() == 0.0
+    assert Env.reward([[{"role": "assistant", "content": "no answer"}]], environments=[env]) == [0.0]
 
 
 def test_a_grpo_step_through_environment_factory(output_dir):
@@ -126,11 +131,42 @@ def test_a_grpo_step_through_environment_factory(output_dir):
     tokenizer = tiny_tokenizer("qwen2.5")
     Env = trl_environment("benchmax/Math-v0")
     trainer = GRPOTrainer(model=tiny_model(tokenizer), args=_config(output_dir), train_dataset=Env.dataset(8),
-                          environment_factory=Env, processing_class=tokenizer)
+                          environment_factory=Env, reward_funcs=Env.reward, processing_class=tokenizer)
     trainer.train()
     logs = trainer.state.log_history[0]
-    assert any(key.startswith("rewards/") and Env.__name__ in key for key in logs)  # get_reward is the reward
+    assert any(key.startswith("rewards/") and Env.__name__ in key for key in logs)  # Env.reward is the reward
     assert all(isinstance(e, Env) for e in trainer.environments)
+
+
+def test_a_reply_that_follows_the_prompt_earns_the_reward_through_trls_reward_path(output_dir):
+    """The env's prompt says: reply without a tool call, the answer in \\boxed{}. TRL scores it
+    through its own _calculate_rewards (completions and environments as it passes them)."""
+    import gymnasium as gym
+    from trl import GRPOTrainer
+
+    from benchmax_gym.adapters.trl import trl_environment
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen2.5")
+    Env = trl_environment("benchmax/Math-v0")
+    rows = Env.dataset(4)
+    assert "without a tool call" in rows[0]["prompt"][0]["content"] and "\\boxed{}" in rows[0]["prompt"][0]["content"]
+    trainer = GRPOTrainer(model=tiny_model(tokenizer), args=_config(output_dir), train_dataset=rows,
+                          environment_factory=Env, reward_funcs=Env.reward, processing_class=tokenizer)
+    twin = gym.make("benchmax/Math-v0")
+    answers = []
+    for row in rows:
+        twin.reset(options={"task_index": row["task_index"]})
+        answers.append(twin.unwrapped.episode.task.answer)
+    twin.close()
+    trainer.environments = [Env() for _ in rows]
+    for env, row in zip(trainer.environments, rows):
+        env.reset(**row)
+    replies = [f"The answer is \\boxed{{{answers[0]}}}", f"\\boxed{{{answers[1]}}}", "I do not know", ""]
+    completions = [[{"role": "assistant", "content": r}] for r in replies]
+    rewards = trainer._calculate_rewards([dict(r) for r in rows], [r["prompt"] for r in rows], completions,
+                                         [tokenizer.encode(r) for r in replies])
+    assert rewards[:, 0].tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_bad_input_fails_at_construction(qwen_tokenizer):
@@ -149,4 +185,89 @@ def test_bad_input_fails_at_construction(qwen_tokenizer):
     rollout = TRLRollout("benchmax/Math-v0", qwen_tokenizer)
     with pytest.raises(ValueError, match="TRLRollout.dataset"):
         rollout([[{"role": "user", "content": "a prompt of my own"}]], None)
+    rollout.close()
+
+
+def test_the_trainers_own_generation_asks_for_what_is_left(qwen_tokenizer, output_dir):
+    """generate_turn sets GRPOTrainer's own limit for the call (and restores it): a real
+    transformers generation of a random model stops at what was asked."""
+    from trl import GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout, generate_turn
+
+    rollout = TRLRollout("benchmax/Math-v0", qwen_tokenizer)
+    trainer = GRPOTrainer(model=tiny_model(qwen_tokenizer), reward_funcs=rollout.reward, args=_config(output_dir),
+                          train_dataset=rollout.dataset(4), rollout_func=rollout, processing_class=qwen_tokenizer)
+    seen = []
+    original = trainer._generate_single_turn
+
+    def spy(*args, **kwargs):
+        seen.append((trainer.generation_config.max_new_tokens, trainer.generation_kwargs["max_new_tokens"]))
+        return original(*args, **kwargs)
+
+    trainer._generate_single_turn = spy
+    prompts = [qwen_tokenizer.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")] * 3
+    ids, _ = generate_turn(trainer, prompts, 5)
+    assert seen == [(5, 5)] and all(1 <= len(i) <= 5 for i in ids)
+    assert trainer.generation_config.max_new_tokens == 48 == trainer.generation_kwargs["max_new_tokens"]
+    rollout.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(budget=st.integers(1, 200), lengths=st.lists(st.integers(1, 90), min_size=1, max_size=8))
+def test_budget_property_each_turn_asks_for_what_is_left(qwen_tokenizer, budget, lengths):
+    """Sessions of one batch ask, turn by turn, for exactly what each has left (grouped by it),
+    never 0; completions fit; an episode the budget cut is truncated and graded."""
+    from types import SimpleNamespace
+
+    from benchmax_gym.adapters.trl import TRLRollout
+
+    asked, replies = [], list(lengths)
+    call = '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
+
+    def scripted(trainer, sessions):
+        assert len({s.budget for s in sessions}) == 1  # one limit per call
+        asked.extend((s.budget, budget - len(s.episode.completion_ids)) for s in sessions)
+        out = []
+        for s in sessions:
+            n = replies.pop(0) if replies else 3
+            ids = (s.chat.encode(call) + s.chat.encode(" x" * n))[:n] + [qwen_tokenizer.eos_token_id]
+            out.append(ids[: s.budget])
+        return out, [None] * len(out)
+
+    rollout = TRLRollout("benchmax/Math-v0", qwen_tokenizer, env_kwargs={"max_turns": 4}, generate=scripted)
+    trainer = SimpleNamespace(max_completion_length=budget, _metrics=None)
+    out = rollout(list(rollout.dataset(3)["prompt"]), trainer)
+    assert all(a == left and a >= 1 for a, left in asked)
+    assert all(len(c) <= budget and m[-1] == 1 for c, m in zip(out["completion_ids"], out["env_mask"]))
+    for session in rollout._sessions[next(iter(rollout._sessions))][:3]:
+        assert session.episode.reward_components  # graded, cut or not
+    rollout.close()
+
+
+def test_a_grpo_step_on_a_batch_mixing_math_excel_and_crm_rows(qwen_tokenizer, output_dir):
+    """One dataset of three envs: each row plays its own env, and the batch goes through
+    GRPOTrainer's own post-processing (advantages, loss, logged metrics) in one step."""
+    import datasets
+    from trl import GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout
+
+    envs = ["benchmax/Math-v0", "benchmax/Excel-v0", "benchmax/CRM-v0"]
+    played = []
+
+    def scripted(trainer, sessions):
+        played.extend(s.env.spec.id for s in sessions)
+        return [model_ids(s.chat, "<answer>1</answer>") for s in sessions], [None] * len(sessions)
+
+    rollout = TRLRollout(envs[0], qwen_tokenizer, generate=scripted)
+    rows = datasets.concatenate_datasets([TRLRollout(e, qwen_tokenizer).dataset(1) for e in envs])
+    trainer = GRPOTrainer(model=tiny_model(qwen_tokenizer), reward_funcs=rollout.reward,
+                          args=_config(output_dir, per_device_train_batch_size=6, max_completion_length=4096,
+                                       shuffle_dataset=False),
+                          train_dataset=rows, rollout_func=rollout, processing_class=qwen_tokenizer)
+    trainer.train()
+    assert sorted(set(played)) == sorted(envs)  # each row played its own env
+    logs = trainer.state.log_history[0]
+    assert logs["env/turns"] == 1.0 and "env/reward/correct" in logs
     rollout.close()

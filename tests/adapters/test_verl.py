@@ -2,6 +2,10 @@
 instantiate from its registry) and run against a scripted LLM server returning verl's TokenOutput."""
 
 import asyncio
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import hydra
 from omegaconf import OmegaConf
@@ -60,7 +64,9 @@ def test_the_registered_agent_loop_plays_concurrent_trajectories_token_exact(qwe
     outputs = asyncio.run(main())
     chat = ChatTemplate(qwen_tokenizer)
     for row, out in zip(rows, outputs):
-        assert out.reward_score == 1.0 and out.extra_fields["reward_extra_info"]["reward/correct"] == 1.0
+        assert out.reward_score == 1.0 and out.extra_fields["reward_components"]["correct"] == 1.0
+        assert out.extra_fields["reward_extra_info"] == {"reward": 1.0, "turns": out.extra_fields["reward_extra_info"]["turns"],
+                                                         "tool_errors": 0.0, "truncated": 0.0}
         # the same ids as a TokenSession fed the same replies (checked against the template elsewhere)
         reference = TokenSession("benchmax/Math-v0", chat)
         reference.reset(options={"task_index": row["extra_info"]["task_index"]})
@@ -110,3 +116,107 @@ def test_a_wrong_env_in_the_config_fails_when_verl_builds_the_loop(qwen_tokenize
                                     data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
         assert isinstance(caught.value, error) or isinstance(caught.value.__cause__, error), caught.value
         assert ("Mth" if "Mth" in env_id else "max_turn") in str(caught.value)
+
+
+# -- verl's own path in a fresh worker process, from the launch script's own overrides ----------
+
+def _verl_run(tmp_path, env_ids, reply_tokens, response_length, n=2):
+    import json
+
+    import pandas as pd
+
+    from launch import run_fresh, script_argv, tiny_model_dir
+
+    data = tmp_path / "data" / "benchmax-math"
+    data.mkdir(parents=True)
+    rows = [r for env_id in env_ids for r in task_rows(env_id, n)]
+    for name in ("train", "validation"):
+        pd.DataFrame(rows).to_parquet(data / f"{name}.parquet")
+    argv = script_argv("verl_math.sh", tmp_path, f"actor_rollout_ref.model.path={tiny_model_dir(tmp_path / 'model')}",
+                       f"data.max_response_length={response_length}", "data.max_prompt_length=8192")
+    assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"overrides": argv[2:], "reply_tokens": reply_tokens}))
+    return run_fresh([Path(__file__).with_name("verl_worker.py"), spec])
+
+
+def test_the_launch_script_runs_a_mixed_batch_through_a_fresh_agent_loop_worker(tmp_path):
+    """verl_math.sh's overrides composed with verl's Hydra schema; a fresh AgentLoopWorker finds
+    "benchmax" through the config file alone; Math + Excel + CRM rows in one batch get through
+    verl's post-processing (its reward_extra_keys come from the first sample)."""
+    envs = ["benchmax/Math-v0", "benchmax/Excel-v0", "benchmax/CRM-v0"]
+    out = _verl_run(tmp_path, envs, reply_tokens=24, response_length=1024)
+    assert out["imported_adapter"]  # by the config file's _target_, in the worker itself
+    assert out["env_ids"] == [e for e in envs for _ in range(2)]
+    assert sorted(out["reward_extra_keys"]) == ["reward", "tool_errors", "truncated", "turns"]
+    assert {"correct"} <= set(out["components"][0]) and out["components"][0] != out["components"][-1]
+    assert out["responses_shape"] == [6, 1024]
+
+
+def test_replies_cut_by_response_length_fit_verls_width_and_are_graded(tmp_path):
+    """The issue's case through verl's own post-processing: replies longer than what is left
+    (CRM included: its cut used to raise ResetNeeded); responses fit ``response_length``."""
+    out = _verl_run(tmp_path, ["benchmax/Math-v0", "benchmax/CRM-v0"], reply_tokens=30, response_length=40, n=1)
+    assert out["responses_shape"] == [2, 40]
+    assert all(1 <= r["max_tokens"] <= 40 for r in out["requests"])
+    assert out["truncated"] == [1.0, 1.0] and all(out["components"])  # cut, graded as it stands
+
+
+class LengthServer:
+    """Replies of scripted lengths (a tool call padded with text), honouring max_tokens."""
+
+    def __init__(self, tokenizer, lengths):
+        self.tokenizer, self.lengths, self.requests = tokenizer, list(lengths), []
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        limit = sampling_params["max_tokens"]
+        self.requests.append(limit)
+        length = self.lengths.pop(0) if self.lengths else 4
+        call = self.tokenizer.encode('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', add_special_tokens=False)
+        ids = (call + self.tokenizer.encode(" x" * length, add_special_tokens=False))[:length]
+        ids = (ids + [self.tokenizer.eos_token_id])[:limit]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(response_length=st.integers(1, 160), lengths=st.lists(st.integers(1, 90), max_size=5))
+def test_budget_property_every_request_within_what_is_left(qwen_tokenizer, response_length, lengths):
+    server = LengthServer(qwen_tokenizer, lengths)
+    loop = _agent_loop(qwen_tokenizer, server, response_length=response_length)
+    out = asyncio.run(loop.run({}, **task_rows("benchmax/Math-v0", 1)[0]))
+    assert all(1 <= m <= response_length for m in server.requests)
+    assert len(out.response_ids) <= response_length and len(out.response_mask) == len(out.response_ids)
+    assert out.response_mask[-1] == 1  # never ends on env ids cut short
+    assert out.extra_fields["reward_components"]  # graded, cut or not
+
+
+def test_envs_are_built_reset_and_stepped_off_the_workers_event_loop(qwen_tokenizer, monkeypatch):
+    """verl's worker serves every trajectory from one event loop: a CRM database copy or tool
+    run on it would stall the others. Each env call here runs in another thread."""
+    import threading
+
+    import benchmax_gym.adapters.verl as adapter
+    from benchmax_gym.envs.crm.env import CRMEnv
+
+    threads = []
+    make_env = adapter.make_env
+    monkeypatch.setattr(adapter, "make_env", lambda *a: threads.append(("make", threading.get_ident())) or make_env(*a))
+    for name in ("reset", "step"):
+        original = getattr(CRMEnv, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            threads.append((_name, threading.get_ident()))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(CRMEnv, name, spy)
+    server = LengthServer(qwen_tokenizer, [20, 20])
+    loop = _agent_loop(qwen_tokenizer, server, response_length=256)
+    row = task_rows("benchmax/CRM-v0", 1)[0]
+    threads.clear()
+
+    async def main():
+        return threading.get_ident(), await loop.run({}, **row)
+
+    loop_thread, out = asyncio.run(main())
+    assert {name for name, _ in threads} == {"make", "reset", "step"}
+    assert all(ident != loop_thread for _, ident in threads), (loop_thread, threads)

@@ -1,0 +1,74 @@
+"""What the launch-script tests share: a script's real arguments, read by running it with the
+trainer's command (``python``, ``python3``, ``uv``) replaced by a stub that records its argv."""
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def script_argv(script, tmp_path, *extra, env=None):
+    """The argv ``examples/<script>`` runs its trainer with (``$HOME`` is ``tmp_path``)."""
+    stubs = tmp_path / "stubs"
+    stubs.mkdir(exist_ok=True)
+    record = tmp_path / "argv.json"
+    for name in ("python", "python3", "uv"):
+        stub = stubs / name
+        stub.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                        f"open({str(record)!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+        stub.chmod(0o755)
+    environ = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(tmp_path), **(env or {})}
+    out = subprocess.run(["bash", str(EXAMPLES / script), *extra], env=environ, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(record.read_text())
+
+
+def tiny_model_dir(path, style="qwen2.5"):
+    """A tiny random model and its tokenizer saved as a model path trainers load."""
+    from benchmax_gym.testing.tokenizers import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer(style)
+    tiny_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def run_fresh(args, timeout=600):
+    """``python args...`` in a fresh process (this tree first on the path); its last stdout line as JSON."""
+    root = str(Path(__file__).resolve().parents[2])
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                         env=environ)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def stub_vllm():
+    """Where vLLM is not installed (CPU), the three names OpenRLHF's samples generator and vLLM
+    engine module import from it, while they are imported, so their vLLM-free functions
+    (``_process_response_into_experience``, ``_load_agent_executor``) run as they are; nothing
+    here generates. Removed afterwards: other libraries (TRL) probe whether vLLM is installed."""
+    import importlib.util
+    import types
+    import uuid
+
+    if importlib.util.find_spec("vllm") is not None:
+        yield
+        return
+    vllm = types.ModuleType("vllm")
+    vllm.__version__, vllm.__path__, vllm.SamplingParams = "0.0.0", [], types.SimpleNamespace
+    inputs, utils = types.ModuleType("vllm.inputs"), types.ModuleType("vllm.utils")
+    inputs.TokensPrompt, utils.random_uuid = dict, lambda: uuid.uuid4().hex
+    stubs = {"vllm": vllm, "vllm.inputs": inputs, "vllm.utils": utils}
+    sys.modules.update(stubs)
+    try:
+        yield
+    finally:
+        for name in stubs:
+            sys.modules.pop(name, None)
