@@ -217,14 +217,20 @@ _BLOCKED_SYSCALLS = {
 _ARCHES = {"x86_64": (0, 0xC000003E, 56), "aarch64": (1, 0xC00000B7, 220)}  # column, AUDIT_ARCH, clone
 _CLONE3 = 435
 _CLONE_NEW_NAMESPACES = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
+_MEMFD_CREATE = (319, 279)
+_SOCKET_CALLS = ((41, 198), (53, 199))  # socket, socketpair
+_SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK: all normal code uses
 
 
-@functools.lru_cache(maxsize=1)
-def seccomp_filter() -> bytes | None:
+@functools.lru_cache(maxsize=2)
+def seccomp_filter(memfd: bool = True) -> bytes | None:
     """The classic-BPF program bubblewrap loads with ``--seccomp`` (None on other architectures):
     the calls above fail with EPERM, ``clone`` with a new-namespace flag too, ``clone3`` with
     ENOSYS (its flags are behind a pointer; libc then falls back to ``clone``), and so does any
-    call through a foreign ABI (x32, i386)."""
+    call through a foreign ABI (x32, i386). Sockets of any family but those in
+    ``_SOCKET_FAMILIES`` fail with EAFNOSUPPORT (AF_VSOCK reaches the VM's host). Without
+    ``memfd`` (no cgroup caps the call's memory) ``memfd_create`` fails too: its pages are not
+    address space, so no per-process limit counts them."""
     import platform
     import struct
 
@@ -232,20 +238,32 @@ def seccomp_filter() -> bytes | None:
     if arch is None:
         return None
     column, audit_arch, clone = arch
-    eperm, enosys, allow = 0x00050000 | 1, 0x00050000 | 38, 0x7FFF0000
-    prog: list[tuple[int, Any, Any, int]] = [(0x20, 0, 0, 4), (0x15, 1, 0, audit_arch), (0x06, 0, 0, eperm),
-                                             (0x20, 0, 0, 0)]  # arch check, then load the number
+    eperm, enosys, eafnosupport, allow = 0x00050000 | 1, 0x00050000 | 38, 0x00050000 | 97, 0x7FFF0000
+    blocked = [numbers[column] for numbers in _BLOCKED_SYSCALLS.values()]
+    if not memfd:
+        blocked.append(_MEMFD_CREATE[column])
+    prog: list = [(0x20, 0, 0, 4), (0x15, 1, 0, audit_arch), (0x06, 0, 0, eperm),
+                  (0x20, 0, 0, 0)]  # arch check, then load the number
     if column == 0:
         prog.append((0x35, "deny", 0, 0x40000000))  # x32 ABI
-    prog += [(0x15, "deny", 0, numbers[column]) for numbers in _BLOCKED_SYSCALLS.values()]
-    prog += [(0x15, "enosys", 0, _CLONE3), (0x15, 0, "allow", clone),
-             (0x20, 0, 0, 16), (0x45, "deny", 0, _CLONE_NEW_NAMESPACES)]  # clone: args[0], low 32 bits
-    labels = {"allow": len(prog), "deny": len(prog) + 1, "enosys": len(prog) + 2}
-    prog += [(0x06, 0, 0, allow), (0x06, 0, 0, eperm), (0x06, 0, 0, enosys)]
+    prog += [(0x15, "deny", 0, number) for number in blocked]
+    prog += [(0x15, "enosys", 0, _CLONE3)]
+    prog += [(0x15, "family", 0, numbers[column]) for numbers in _SOCKET_CALLS]
+    prog += [(0x15, 0, "allow", clone), (0x20, 0, 0, 16), (0x45, "deny", "allow", _CLONE_NEW_NAMESPACES),
+             "family", (0x20, 0, 0, 16)]  # clone: args[0], low 32 bits; socket: args[0], the family
+    prog += [(0x15, "allow", 0, family) for family in _SOCKET_FAMILIES]
+    prog += [(0x06, 0, 0, eafnosupport), "allow", (0x06, 0, 0, allow), "deny", (0x06, 0, 0, eperm),
+             "enosys", (0x06, 0, 0, enosys)]
+    labels, code = {}, []
+    for item in prog:
+        if isinstance(item, str):
+            labels[item] = len(code)
+        else:
+            code.append(item)
     out = b""
-    for i, (code, jt, jf, k) in enumerate(prog):
+    for i, (op, jt, jf, k) in enumerate(code):
         jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
-        out += struct.pack("=HBBI", code, jt, jf, k)
+        out += struct.pack("=HBBI", op, jt, jf, k)
     return out
 
 

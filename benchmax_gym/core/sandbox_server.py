@@ -58,22 +58,20 @@ MAX_CALLS = 8  # calls at once; more wait their turn (each holds two processes)
 
 def configure():
     """Read the configuration: the first line on stdin (not the command line: /proc/PID/cmdline
-    is readable inside). Returns whatever of the requests came with it."""
+    is readable inside), and nothing past it."""
     global ISOLATED, EPISODES, MAX_CALLS
-    data = b""
-    while b"\n" not in data:
-        chunk = os.read(0, 65536)
+    data = bytearray()
+    while not data.endswith(b"\n"):  # a byte at a time: no request is read with it (see zygote())
+        chunk = os.read(0, 1)
         if not chunk:
             sys.exit(0)
         data += chunk
-    line, _, rest = data.partition(b"\n")
-    CONFIG.update(json.loads(line))
+    CONFIG.update(json.loads(data))
     if CONFIG.get("path"):
         sys.path[:] = CONFIG["path"]
     ISOLATED = CONFIG["level"] == "bubblewrap"
     EPISODES = CONFIG["episodes"]
     MAX_CALLS = CONFIG.get("max_calls", MAX_CALLS)
-    return rest
 
 
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 38, 22, 24, 47
@@ -460,22 +458,79 @@ def monitor(request, nproc):
     return result, child
 
 
-def new_monitor(network):
-    """Fork a call's monitor, ready before its request comes (the server keeps one spare, so a
-    call does not wait for forks and namespaces), in the network namespace ``network`` (a
-    descriptor, or None): ``(request pipe, result pipe)``. The monitor writes its pid, then, once
-    it has served the one request it reads, its result."""
-    request_read, request_write = os.pipe()
-    result_read, result_write = os.pipe()
+ZYGOTE = []  # the server's end of its socket to the zygote
+
+
+def start_zygote():
+    """Fork the zygote: the process every call's monitor is forked from. It is forked once, after
+    the preload and before the first request is read, and it only ever reads "fork a monitor"
+    (with a network namespace) and answers with the monitor's two pipe ends, so its memory - and
+    so the code's - never holds another episode's request, result or queue (a monitor forked from
+    the server's loop inherited its frames: ``sys._getframe().f_back`` reached them)."""
+    import socket
+
+    server_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     if os.fork() == 0:
         try:
-            os.close(request_write)
-            os.close(result_read)
-            serve_call(request_read, result_write, network)
+            os.dup2(zygote_end.fileno(), 3)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the host's request channel
+            os.closerange(4, 65536)
+            zygote(socket.socket(fileno=3))
         finally:
-            os._exit(1)  # a fork never returns into the server's loop
-    os.close(request_read)
-    os.close(result_write)
+            os._exit(0)
+    zygote_end.close()
+    ZYGOTE.append(server_end)
+
+
+def zygote(sock):
+    """The zygote's loop: per message, fork a monitor (``serve_call``) and pass back the write end
+    of its request pipe and the read end of its result pipe. Never returns."""
+    import socket
+
+    signal.signal(signal.SIGCHLD, lambda *_: reap())  # forks that exit (the monitors are reparented)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 16, 1)
+        except OSError:
+            os._exit(0)
+        if not message:  # the server is gone
+            os._exit(0)
+        network = fds[0] if fds else None
+        request_read, request_write = os.pipe()
+        result_read, result_write = os.pipe()
+        if os.fork() == 0:
+            try:
+                os.close(request_write)
+                os.close(result_read)
+                serve_call(request_read, result_write, network)
+            finally:
+                os._exit(1)  # a fork never returns into the zygote's loop
+        for fd in (request_read, result_write, *fds):
+            os.close(fd)
+        try:
+            socket.send_fds(sock, [b"m"], [request_write, result_read])
+        except OSError:
+            os._exit(0)
+        os.close(request_write)
+        os.close(result_read)
+
+
+def new_monitor(network):
+    """A call's monitor from the zygote, ready before its request comes (the server keeps one
+    spare, so a call does not wait for forks and namespaces), in the network namespace
+    ``network`` (a descriptor, or None): ``(request pipe, result pipe)``. The monitor writes its
+    pid, then, once it has served the one request it reads, its result."""
+    import socket
+
+    sock = ZYGOTE[0]
+    if network is None:
+        sock.send(b"n")
+    else:
+        socket.send_fds(sock, [b"n"], [network])
+    _, fds, _, _ = socket.recv_fds(sock, 16, 2)
+    if len(fds) != 2:
+        raise OSError("the zygote is gone")
+    request_write, result_read = fds
     os.set_blocking(result_read, False)
     return request_write, result_read
 
@@ -500,6 +555,10 @@ def serve_call(request_fd, result_fd, network):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # nothing of the server's channel is kept
+        import fcntl  # out of the way of 3-5 first: any of them may be one of these
+        request_fd, result_fd = (fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (request_fd, result_fd))
+        if network is not None:
+            network = fcntl.fcntl(network, fcntl.F_DUPFD, 100)
         os.dup2(request_fd, 3)
         os.dup2(result_fd, 4)
         if network is not None:
@@ -579,7 +638,7 @@ def write_all(fd, data):
 
 
 def main():
-    early_requests = configure()
+    configure()
     set_dumpable(0)  # never model code's: its memory and descriptors stay out of reach
     if ISOLATED:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as init, a signal without handler never arrives
@@ -592,6 +651,7 @@ def main():
     # Every call forks from here: keep the collector off what is already loaded, or its first
     # full pass in a fork touches (and so copies) every page of it.
     gc.freeze()
+    start_zygote()
 
     def reply(message):
         try:
@@ -610,7 +670,7 @@ def main():
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel.register(wake_read, selectors.EVENT_READ)
-    pending = early_requests
+    pending = b""
     calls = {}  # result pipe fd -> Call
     queue = collections.deque()  # requests waiting for one of the max_calls slots
     networks = []  # idle network namespaces (descriptors)
