@@ -706,3 +706,26 @@ def test_an_episode_never_sees_another_episodes_requests_or_results(bubblewrap):
     finally:
         for box in boxes:
             box.close()
+
+
+def test_seccomp_refuses_socket_families_normal_code_never_uses(env):
+    """AF_VSOCK reaches the host of a VM: only unix, inet, inet6 and netlink sockets are made."""
+    code = ("import socket\n"
+            "for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, 40, 17, 38, 9):\n"
+            "    kind = socket.SOCK_RAW if family in (16, 17) else socket.SOCK_DGRAM if family == 9 else socket.SOCK_STREAM\n"
+            "    try:\n"
+            "        socket.socket(family, kind).close(); print(family, 'made')\n"
+            "    except OSError as e:\n"
+            "        print(family, 'refused', e.errno)\n"
+            "try:\n"
+            "    socket.socketpair(40); print('pair made')\n"
+            "except OSError as e:\n"
+            "    print('pair refused', e.errno)\n"
+            "a, b = socket.socketpair(); a.close(); b.close(); print('unix pair made')")
+    obs, info = run_python(env, code)
+    assert info["error"] is None, obs
+    for family in (1, 2, 10, 16):
+        assert f"{family} made" in obs, obs
+    for family in (40, 17, 38, 9):  # AF_VSOCK, AF_PACKET, AF_ALG, AF_X25
+        assert f"{family} refused 97" in obs, obs
+    assert "pair refused 97" in obs and "unix pair made" in obs
