@@ -267,6 +267,122 @@ def seccomp_filter(memfd: bool = True) -> bytes | None:
     return out
 
 
+# -- cgroups: one per call caps the memory and processes of the call as a whole -----------------
+
+
+def _cgroup_mounts() -> dict[str, str]:
+    """Where this process's own cgroups are: ``{"memory": dir, "pids": dir}`` (v1 hierarchies) and
+    ``{"unified": dir}`` (v2), from /proc/self/cgroup and the cgroup mounts showing their root."""
+    own = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else ["unified"]:
+                own[name] = path
+    found = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            dash = fields.index("-")
+            root, point, fstype, options = fields[3], fields[4], fields[dash + 1], fields[dash + 3].split(",")
+            if fstype == "cgroup2":
+                names = ["unified"]
+            elif fstype == "cgroup":
+                names = [o for o in options if o in ("memory", "pids")]
+            else:
+                continue
+            for name in names:
+                path = own.get(name)
+                if path is not None and (path + "/").startswith(root.rstrip("/") + "/") and name not in found:
+                    found[name] = os.path.join(point, path[len(root.rstrip("/")):].lstrip("/"))
+    return found
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _make_cgroup_parents() -> tuple[dict[str, str] | None, str]:
+    """Make this pool's parent cgroups (the server makes one per call under them): ``({"memory",
+    "pids"} or {"unified"}: dirs, words)``, or ``(None, why not)``."""
+    try:
+        mounts = _cgroup_mounts()
+    except (OSError, ValueError) as exc:
+        return None, f"cannot read this process's cgroups ({exc})"
+    name = f"benchmax-gym-{os.getpid()}-{secrets.token_hex(4)}"
+    why = []
+    if "memory" in mounts and "pids" in mounts:  # v1 (or hybrid): one hierarchy each
+        made = {}
+        try:
+            for key in ("memory", "pids"):
+                os.mkdir(os.path.join(mounts[key], name), 0o755)
+                made[key] = os.path.join(mounts[key], name)
+            _write(os.path.join(made["memory"], "memory.limit_in_bytes"), str(1 << 40))
+            _write(os.path.join(made["pids"], "pids.max"), "max")
+            return made, "cgroup v1"
+        except OSError as exc:
+            why.append(f"cgroup v1: {exc.strerror or exc}")
+            _remove_cgroups(made)
+    if "unified" in mounts:
+        parent = mounts["unified"]
+        made = {}
+        try:
+            with open(os.path.join(parent, "cgroup.controllers")) as f:
+                if not {"memory", "pids"} <= set(f.read().split()):
+                    raise OSError(f"memory and pids controllers not available in {parent}")
+            with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                if not {"memory", "pids"} <= set(f.read().split()):
+                    _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
+            os.mkdir(os.path.join(parent, name), 0o755)
+            made["unified"] = os.path.join(parent, name)
+            _write(os.path.join(made["unified"], "cgroup.subtree_control"), "+memory +pids")
+            return made, "cgroup v2"
+        except OSError as exc:
+            why.append(f"cgroup v2: {exc.strerror or exc}")
+            _remove_cgroups(made)
+    return None, "; ".join(why) or "no memory and pids cgroup controllers mounted"
+
+
+def _remove_cgroups(dirs: dict[str, str] | None, wait: float = 0.0) -> bool:
+    """Remove these cgroups and the per-call ones under them (retrying up to ``wait`` seconds
+    while killed processes leave them). True when all are gone."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = False
+        for path in (dirs or {}).values():
+            for entry in _quietly_list(path):
+                if entry.is_dir(follow_symlinks=False):
+                    left |= not _quietly(os.rmdir, entry.path)
+            left |= os.path.isdir(path) and not _quietly(os.rmdir, path)
+        if not left or time.monotonic() >= deadline:
+            return not left
+        time.sleep(0.01)
+
+
+def _quietly_list(path: str) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(path))
+    except OSError:
+        return []
+
+
+@functools.lru_cache(maxsize=1)
+def memory_mechanism() -> tuple[bool, str]:
+    """Whether a cgroup per call caps a call's memory and processes together here, and how the
+    memory limit works (what ``doctor`` shows)."""
+    dirs, how = _make_cgroup_parents()
+    if dirs is not None:
+        _remove_cgroups(dirs)
+        return True, (f"a {how} cgroup per call caps the call's processes together (memory_mb, "
+                      "max_processes; memfd and tmpfs pages included)")
+    return False, (f"per process only ({how}): each process's new address space is capped at "
+                   "memory_mb / max_processes and memfd_create is refused")
+
+
 def resolve_level(mode: str) -> str:
     """The level a sandbox in ``mode`` gets on this machine (``unavailable`` if none)."""
     if mode not in MODES:
@@ -340,7 +456,8 @@ def _inside(path: str, binds) -> str | None:
     return None
 
 
-def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.Popen:
+def _spawn(level: str, episodes: Path, preload: tuple[str, ...],
+           cgroups: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the server for the episodes under ``episodes`` (requests on stdin, JSON lines on
     stdout, its own errors - bubblewrap's included - on a captured stderr, never the user's)."""
     inside = level == BUBBLEWRAP
@@ -350,8 +467,9 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.P
         "episodes": "/sandbox/episodes" if inside else str(episodes),
         "preload": list(preload),
         "nproc_base": 0 if root else user_process_count(os.getuid()),
-        "seccomp": (seccomp_filter() or b"").hex() if inside else "",
+        "seccomp": (seccomp_filter(memfd=cgroups is not None) or b"").hex() if inside else "",
         "max_calls": MAX_CONCURRENT_CALLS,
+        "cgroups": ({key: f"/sandbox/cgroup/{key}" for key in cgroups} if inside else cgroups) if cgroups else None,
     }
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp",
            "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -372,6 +490,8 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.P
         argv += ["--perms", "0755", "--dir", "/sandbox"]  # bwrap would create it closed (0700)
         for host, dest in binds:
             argv += ["--ro-bind", host, dest]
+        for key, path in (cgroups or {}).items():  # the monitors hide it from the code
+            argv += ["--bind", path, f"/sandbox/cgroup/{key}"]
         argv += ["--ro-bind", str(SERVER), "/sandbox/server.py", "--bind", str(episodes), "/sandbox/episodes",
                  "--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
         for key, value in {**env, **extra_env}.items():
@@ -520,8 +640,9 @@ class _Pool:
     their episodes' files, and the server (started by the first call, restarted when it dies,
     killed with the directory when the last user lets go)."""
 
-    def __init__(self, level: str, preload: tuple[str, ...]):
+    def __init__(self, level: str, preload: tuple[str, ...], cgroups: bool = True):
         self.level, self.preload, self.pid = level, preload, os.getpid()
+        self.cgroups = _make_cgroup_parents()[0] if cgroups and memory_mechanism()[0] else None
         self.dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=_workspace_root()))
         os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
         self.users = 0
@@ -541,7 +662,7 @@ class _Pool:
                 if server is not None:
                     server.kill()
                     self.restarts += 1
-                server = self._server = _Server(_spawn(self.level, self.dir, self.preload))
+                server = self._server = _Server(_spawn(self.level, self.dir, self.preload, self.cgroups))
             return server
 
     def restart(self, server: _Server) -> None:
@@ -553,6 +674,8 @@ class _Pool:
             server, self._server = self._server, None
         if server is not None and self.pid == os.getpid():
             server.kill()
+        if self.pid == os.getpid():
+            _remove_cgroups(self.cgroups, wait=2.0)
         remove_tree(self.dir)
 
 
@@ -829,6 +952,10 @@ class Sandbox:
                                   notes=["the sandbox's reply channel was out of step; the result was discarded"])
             if reply.get("cancelled"):
                 return ExecResult(seconds=seconds, error_override="tool_error", notes=["the episode ended"])
+            if reply.get("oom"):  # the call's cgroup hit memory_mb: the kernel killed a process
+                reply["exit_code"], reply["signal"] = EXIT_MEMORY, None
+                reply.setdefault("notes", []).append(
+                    f"memory limit of {self.limits.memory_mb} MiB for the call's processes together exceeded: a process was killed")
             if "internal_error" in reply:
                 log.error("sandbox server error: %s", reply["internal_error"])
                 return ExecResult(timed_out=True, seconds=seconds, notes=["the sandbox failed to run the code"])

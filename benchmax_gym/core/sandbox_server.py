@@ -185,7 +185,7 @@ def user_process_count(uid):
 STATUS_FD = 1023  # where the code's process reports how the code ended (see run_child)
 
 
-def run_child(request, nproc, write_out, write_err, write_status):
+def run_child(request, nproc, write_out, write_err, write_status, cgroup_procs=()):
     """In the forked child: limits, identity, then the code. Never returns.
 
     When the code ends, the process reports its exit status on ``STATUS_FD`` and closes its output
@@ -194,6 +194,8 @@ def run_child(request, nproc, write_out, write_err, write_status):
     limits = request["limits"]
     gc.enable()
     try:
+        for fd in cgroup_procs:  # join the call's cgroups while still allowed to (before setuid)
+            os.write(fd, b"0")
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -207,7 +209,8 @@ def run_child(request, nproc, write_out, write_err, write_status):
         mb = 1024 * 1024
         for which, value in (
             (resource.RLIMIT_CPU, limits["cpu_seconds"]),
-            (resource.RLIMIT_AS, limits["memory_mb"] * mb),
+            (resource.RLIMIT_AS, limits["memory_mb"] * mb if cgroup_procs else
+             CONFIG.get("base_as", 0) + limits["memory_mb"] * mb // limits["max_processes"]),
             (resource.RLIMIT_FSIZE, limits["max_file_mb"] * mb),
             (resource.RLIMIT_NPROC, nproc),
             (resource.RLIMIT_CORE, 0),
@@ -367,11 +370,72 @@ def enter_episode(episode):
     mount(f"{EPISODES}/ws-{episode}", "/workspace", None, MS_BIND | MS_REC)
     mount(f"{EPISODES}/tmp-{episode}", "/tmp", None, MS_BIND | MS_REC)
     mount("tmpfs", EPISODES, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
+    if CONFIG.get("cgroups"):
+        mount("tmpfs", "/sandbox/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
     remount_read_only("/")
     load_seccomp()
 
 
-def monitor(request, nproc):
+def make_cgroup(limits):
+    """The call's own cgroup (one per hierarchy), capping its processes' memory and number
+    together; None where the host gave none (then each process has its own share, see
+    run_child). Made by the server, joined by the code's process, removed once empty."""
+    dirs = CONFIG.get("cgroups")
+    if not dirs:
+        return None
+    name = "call-" + os.urandom(8).hex()
+    memory, pids = limits["memory_mb"] << 20, limits["max_processes"]
+    files = {"memory": [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)],
+             "pids": [("pids.max", pids)],
+             "unified": [("memory.max", memory), ("memory.swap.max", 0), ("pids.max", pids)]}
+    try:
+        for key, parent in dirs.items():
+            os.mkdir(f"{parent}/{name}", 0o755)
+            for file, value in files[key]:
+                path = f"{parent}/{name}/{file}"
+                if file.startswith("pids") or file in ("memory.limit_in_bytes", "memory.max") or os.path.exists(path):
+                    fd = os.open(path, os.O_WRONLY)
+                    try:
+                        os.write(fd, b"%d" % value)
+                    finally:
+                        os.close(fd)
+    except OSError:
+        remove_cgroup(name)
+        raise
+    return name
+
+
+def remove_cgroup(name):
+    """True once the call's cgroups are gone (they stay while a killed process is still exiting)."""
+    gone = True
+    for parent in (CONFIG.get("cgroups") or {}).values():
+        try:
+            os.rmdir(f"{parent}/{name}")
+        except FileNotFoundError:
+            pass
+        except OSError:
+            gone = False
+    return gone
+
+
+def open_cgroup(name):
+    """In the monitor, before the cgroups are hidden: ``(cgroup.procs descriptors for the code's
+    process to join, a descriptor to read the OOM kill count from)``."""
+    dirs = CONFIG["cgroups"]
+    procs = [os.open(f"{parent}/{name}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for parent in dirs.values()]
+    events = (f"{dirs['memory']}/{name}/memory.oom_control" if "memory" in dirs
+              else f"{dirs['unified']}/{name}/memory.events")
+    return procs, os.open(events, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def oom_kills(fd):
+    for line in os.pread(fd, 4096, 0).decode().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+def monitor(request, nproc, cgroup=None):
     """Run one call in a fresh child and return its result (what the host reads); the caller
     sweeps up after sending it."""
     limits = request["limits"]
@@ -385,7 +449,7 @@ def monitor(request, nproc):
     if child == 0:
         for fd in (read_out, read_err, read_status):
             os.close(fd)
-        run_child(request, nproc, write_out, write_err, write_status)
+        run_child(request, nproc, write_out, write_err, write_status, cgroup[0] if cgroup else ())
     for fd in (write_out, write_err, write_status):
         os.close(fd)
     buffers = {read_out: bytearray(), read_err: bytearray()}
@@ -443,6 +507,8 @@ def monitor(request, nproc):
     for fd in (*buffers, read_status, exit_fd):
         os.close(fd)
     result = {"timed_out": timed_out, "seconds": time.monotonic() - start}
+    if cgroup and oom_kills(cgroup[1]):
+        result["oom"] = True
     if status is None:
         status = signal.SIGKILL  # timed out: killed
     result["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
@@ -586,9 +652,10 @@ def serve_call(request_fd, result_fd, network):
         if request is None:
             os._exit(0)
         os.close(request_fd)
+        cgroup = open_cgroup(request["cgroup"]) if request.get("cgroup") else None
         if ISOLATED:
             enter_episode(request["episode"])
-        result, child = monitor(request, request["nproc"])
+        result, child = monitor(request, request["nproc"], cgroup)
     except BaseException:
         result = {"internal_error": traceback.format_exc()}
     data = json.dumps(result).encode() + b"\n"
@@ -616,12 +683,12 @@ def process_limit(request):
 
 
 class Call:
-    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "network")
+    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "network", "cgroup")
 
-    def __init__(self, request_id, episode, deadline, network):
+    def __init__(self, request_id, episode, deadline, network, cgroup):
         self.id, self.episode, self.data, self.monitor, self.deadline = request_id, episode, b"", None, deadline
         self.eof = self.cancelled = False
-        self.network = network
+        self.network, self.cgroup = network, cgroup
 
 
 def kill(pid):
@@ -648,6 +715,8 @@ def main():
     os.dup2(2, 1)
     preload()
     seccomp_program()
+    with open("/proc/self/status") as f:  # what every call's process starts with (shared pages)
+        CONFIG["base_as"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     # Every call forks from here: keep the collector off what is already loaded, or its first
     # full pass in a fork touches (and so copies) every page of it.
     gc.freeze()
@@ -674,6 +743,8 @@ def main():
     calls = {}  # result pipe fd -> Call
     queue = collections.deque()  # requests waiting for one of the max_calls slots
     networks = []  # idle network namespaces (descriptors)
+    doomed = [entry.name for parent in (CONFIG.get("cgroups") or {}).values()  # a previous server's
+              for entry in os.scandir(parent) if entry.is_dir()]  # ended calls' cgroups, removed when empty
 
     def monitor_with_network():
         network = (networks.pop() if networks else new_network()) if ISOLATED else None
@@ -683,6 +754,7 @@ def main():
 
     def dispatch(request):
         request["nproc"] = process_limit(request)
+        request["cgroup"] = make_cgroup(request["limits"])
         data = json.dumps(request).encode() + b"\n"
         request_fd, read_fd, network = spare.pop() if spare else monitor_with_network()
         try:
@@ -694,7 +766,7 @@ def main():
             write_all(request_fd, data)
         os.close(request_fd)
         deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
-        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, network)
+        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, network, request["cgroup"])
         sel.register(read_fd, selectors.EVENT_READ)
 
     def finish(fd, call, result):
@@ -705,6 +777,9 @@ def main():
             if call.monitor:
                 kill(call.monitor)  # nothing of the call may still be in its network namespace
             networks.append(call.network)
+        if call.cgroup:
+            kill(call.monitor)  # its processes then leave the cgroup, which is removed once empty
+            doomed.append(call.cgroup)
         result["id"] = call.id
         reply(result)
         while queue and len(calls) < MAX_CALLS:
@@ -751,7 +826,10 @@ def main():
     while True:
         now = time.monotonic()
         wait = min([c.deadline for c in calls.values()], default=now + 1.0) - now
-        for key, _ in sel.select(max(0.0, min(wait, 1.0)) if calls else None):
+        if doomed:
+            doomed[:] = [name for name in doomed if not remove_cgroup(name)]
+            wait = min(wait, 0.02)
+        for key, _ in sel.select(max(0.0, min(wait, 1.0)) if calls or doomed else None):
             if key.fd == wake_read:
                 try:
                     while os.read(wake_read, 4096):

@@ -385,7 +385,8 @@ def _drop_privileges_and_run(code: str) -> subprocess.CompletedProcess:
         argv = [sys.executable, script]
         if os.geteuid() == 0:
             argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": "/tmp"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": "/tmp",
+               "PYTHONPATH": os.path.dirname(os.path.dirname(benchmax_gym.__file__))}  # the code under test
         return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=home)
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -729,3 +730,95 @@ def test_seccomp_refuses_socket_families_normal_code_never_uses(env):
     for family in (40, 17, 38, 9):  # AF_VSOCK, AF_PACKET, AF_ALG, AF_X25
         assert f"{family} refused 97" in obs, obs
     assert "pair refused 97" in obs and "unix pair made" in obs
+
+
+# Eight processes each try to hold 100 MiB (touched) at once, then as many memfds of 64 MiB as
+# they can: under memory_mb=256 at most two may hold theirs together, and memfds count too.
+MEMORY_ATTACK = r"""
+import mmap, os, time
+r, w = os.pipe()
+kids = []
+for i in range(8):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            held = [mmap.mmap(-1, 4 << 20) for _ in range(25)]
+            for m in held:
+                m.write(b'x' * (4 << 20))
+            os.write(w, b'%d\n' % os.getpid())
+        except BaseException:
+            pass
+        time.sleep(4)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+time.sleep(3)
+os.set_blocking(r, False)
+try:
+    done = {int(x) for x in os.read(r, 1 << 20).split()}
+except BlockingIOError:
+    done = set()
+alive = {pid for pid in kids if os.waitpid(pid, os.WNOHANG) == (0, 0)}
+print('HOLDING', len(done & alive) * 100, flush=True)
+fds, wrote = [], 0
+try:
+    for i in range(16):
+        fd = os.memfd_create(f'm{i}')
+        for _ in range(16):
+            os.write(fd, b'x' * (4 << 20)); wrote += 4
+        fds.append(fd)
+except OSError as e:
+    print('MEMFD refused', e.errno, flush=True)
+print('MEMFD', wrote)
+"""
+
+
+def _memory_attack(box):
+    result = box.run(MEMORY_ATTACK)
+    holding = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("HOLDING")]
+    memfd = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("MEMFD ") and line.split()[1].isdigit()]
+    return result, holding, memfd
+
+
+def test_the_memory_limit_holds_for_the_call_as_a_whole(bubblewrap):
+    """Before, every process had its own ``memory_mb`` (8 forks held 800 MiB under 256) and memfd
+    pages counted nowhere. A cgroup per call caps them together where this machine allows (CI:
+    it must); elsewhere each process gets ``memory_mb / max_processes`` and memfds are refused."""
+    from benchmax_gym.core.sandbox import _Pool, memory_mechanism
+
+    limits = SandboxLimits(timeout=20, memory_mb=256, max_processes=16)
+    for cgroups in (True, False):
+        pool = _Pool(BUBBLEWRAP, (), cgroups=cgroups)
+        if cgroups and pool.cgroups is None:
+            assert not os.environ.get("CI"), memory_mechanism()
+            continue
+        try:
+            with Sandbox(limits=limits, pool=pool) as box:
+                result, holding, memfd = _memory_attack(box)
+                assert holding and holding[0] <= 256, result.text
+                if cgroups:  # memfds are allowed, and counted: the writer is killed
+                    assert result.error == "memory_limit" and "for the call's processes together" in result.text
+                    assert not memfd or memfd[0] < 256, result.text
+                else:
+                    assert "MEMFD refused 1" in result.stdout and memfd == [0], result.text
+                assert box.run("print('ok')").stdout == "ok\n"
+        finally:
+            pool.shut_down()
+        for path in (pool.cgroups or {}).values():
+            assert not os.path.exists(path)  # every call's cgroup, and the pool's, are removed
+
+
+def test_the_memory_limit_holds_for_the_call_as_a_whole_on_a_non_root_host(bubblewrap):
+    """The same attack from an unprivileged host user (no cgroup to write: per-process shares)."""
+    out = _drop_privileges_and_run(
+        "import json\nfrom benchmax_gym.core.sandbox import Sandbox, SandboxLimits\n"
+        f"MEMORY_ATTACK = {MEMORY_ATTACK!r}\n"
+        "with Sandbox(limits=SandboxLimits(timeout=20, memory_mb=256, max_processes=16)) as box:\n"
+        "    r = box.run(MEMORY_ATTACK)\n"
+        "    print(json.dumps([r.stdout, r.text, box.run('print(1)').stdout]))\n")
+    assert out.returncode == 0, out.stderr
+    stdout, text, after = json.loads(out.stdout.splitlines()[-1])
+    holding = [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("HOLDING")]
+    assert holding and holding[0] <= 256, text
+    assert "MEMFD refused 1" in stdout or "for the call's processes together" in text, text
+    assert after == "1\n"
