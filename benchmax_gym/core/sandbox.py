@@ -402,6 +402,83 @@ def _workspace_root() -> Path:
     return root
 
 
+# -- a tmpfs per episode: its size and entries are capped while the code writes ------------------
+
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_SHARED, _MNT_DETACH = 2, 4, 4096, 1 << 20, 2
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    import ctypes
+
+    if _libc().mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                     data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _detach(path: str) -> bool:
+    return _libc().umount2(str(path).encode(), _MNT_DETACH) == 0
+
+
+def _share_pool_dir(path: Path) -> bool:
+    """Make a pool's directory a shared mount (root hosts), so that the episodes' tmpfs mounted
+    under it later reach the server already running on it (bubblewrap's copy is its slave)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        _mount(str(path), str(path), None, _MS_BIND)
+    except OSError as exc:
+        log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
+        return False
+    try:
+        _mount("none", str(path), None, _MS_SHARED)
+        return True
+    except OSError as exc:
+        log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
+        _detach(str(path))
+        return False
+
+
+def _sweep_stale_pools(root: Path) -> None:
+    """Detach what pools of processes that died without closing (SIGKILL) left mounted."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return
+    prefix = str(root) + "/sandbox-"
+    stale = set()
+    for point in points:
+        if point.startswith(prefix):
+            pool = point[:len(prefix)] + point[len(prefix):].split("/", 1)[0]
+            pid = pool[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                stale.add(pool)
+    for pool in stale:
+        for point in sorted((p for p in points if p == pool or p.startswith(pool + "/")), key=len, reverse=True):
+            _detach(point)
+        remove_tree(Path(pool))
+
+
+def _episode_tmpfs(path: Path, limits: "SandboxLimits") -> bool:
+    """Mount the episode's tmpfs: ``workspace_mb`` for its workspace and ``/tmp`` together, and
+    one entry per 4 KiB of it (an empty file, a link or a FIFO costs at least a block)."""
+    try:
+        _mount("tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"size={limits.workspace_mb}m,nr_inodes={max(64, limits.workspace_mb * 256)},mode=711")
+        return True
+    except OSError as exc:
+        log.warning("no tmpfs for a sandbox workspace (%s): the quota is checked after each call", exc)
+        return False
+
+
 def _own_workspace(workspace: Path) -> int | None:
     """Give a fresh workspace to the uid its code will run as: on root hosts a fresh unprivileged
     uid per sandbox (its process limit then counts only its own processes); None elsewhere."""
@@ -643,8 +720,12 @@ class _Pool:
     def __init__(self, level: str, preload: tuple[str, ...], cgroups: bool = True):
         self.level, self.preload, self.pid = level, preload, os.getpid()
         self.cgroups = _make_cgroup_parents()[0] if cgroups and memory_mechanism()[0] else None
-        self.dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=_workspace_root()))
+        root = _workspace_root()
+        if os.geteuid() == 0:
+            _sweep_stale_pools(root)
+        self.dir = Path(tempfile.mkdtemp(prefix=f"sandbox-{os.getpid()}-", dir=root))
         os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
+        self.tmpfs = _share_pool_dir(self.dir)  # episodes then get a tmpfs each
         self.users = 0
         self.restarts = 0
         self._server: _Server | None = None
@@ -676,6 +757,8 @@ class _Pool:
             server.kill()
         if self.pid == os.getpid():
             _remove_cgroups(self.cgroups, wait=2.0)
+            if self.tmpfs:
+                _detach(str(self.dir))
         remove_tree(self.dir)
 
 
@@ -795,8 +878,9 @@ def _quietly(fn, *args, **kwargs) -> bool:
 
 
 def _usage(st: os.stat_result) -> int:
-    """Bytes an entry counts against the quota: its size or its blocks, whichever is larger."""
-    return max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512)
+    """Bytes an entry counts against the quota: its size or its blocks, whichever is larger, and at
+    least one block (an empty file, a link or a FIFO is not free: each costs a walk)."""
+    return max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512, 4096)
 
 
 def _workspace_usage(root: Path) -> int:
@@ -849,8 +933,12 @@ class Sandbox:
         self._pool = pool if pool is not None else _acquire(self.level, self.preload)
         self._pid = os.getpid()
         self.name = secrets.token_hex(8)
-        self.workspace = self._pool.dir / f"ws-{self.name}"
-        self.tmp = self._pool.dir / f"tmp-{self.name}"
+        self._dir = self._pool.dir / f"ep-{self.name}"  # the episode's tmpfs (root hosts), or a directory
+        self._dir.mkdir(mode=0o700)
+        os.chmod(self._dir, 0o711 if os.geteuid() == 0 else 0o700)  # root: the episode's uid passes through
+        self.tmpfs = self._pool.tmpfs and _episode_tmpfs(self._dir, self.limits)
+        self.workspace = self._dir / "workspace"
+        self.tmp = self._dir / "tmp"
         self.workspace.mkdir(mode=0o700)
         self.tmp.mkdir(mode=0o700)
         self.uid = _own_workspace(self.workspace)
@@ -896,8 +984,9 @@ class Sandbox:
             server.cancel({"cancel": self.name})
             with self._lock:  # run() returns as soon as the server says the call ended
                 pass
-        remove_tree(self.workspace)
-        remove_tree(self.tmp)
+        if self.tmpfs:
+            _detach(str(self._dir))  # its pages go with the last mount of it (a call's copy)
+        remove_tree(self._dir)
         if self._owned_pool:
             _release(self._pool)
 
@@ -933,6 +1022,7 @@ class Sandbox:
                 return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
                                   error_override="tool_error")
             started = time.monotonic()
+            before = os.statvfs(self._dir) if self.tmpfs else None
             request = {"code": code, "timeout": timeout, "episode": self.name, "uid": self.uid,
                        "limits": asdict(self.limits)}
             self._running = (server, 0)
@@ -960,13 +1050,23 @@ class Sandbox:
                 log.error("sandbox server error: %s", reply["internal_error"])
                 return ExecResult(timed_out=True, seconds=seconds, notes=["the sandbox failed to run the code"])
             result = ExecResult(**{k: reply[k] for k in ExecResult.__dataclass_fields__ if k in reply})
-            if self._usage() > self.limits.workspace_mb * 1024 * 1024:
+            if self.tmpfs:  # the kernel held the quota during the call: say so if this call spent it
+                st = os.statvfs(self._dir)
+                if (st.f_bavail == 0 and (st.f_bfree < before.f_bfree or result.exit_code == EXIT_FILE_SIZE)
+                        or st.f_favail == 0 and (st.f_ffree < before.f_ffree or result.exit_code == EXIT_FILE_SIZE)):
+                    result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB (files and "
+                                        f"{st.f_files} entries, /tmp included) is full: delete files to write more")
+                    result.error_override = "file_size_limit"
+            elif self._usage() > self.limits.workspace_mb * 1024 * 1024:
                 self._enforce_quota(started)
                 result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB exceeded: files written by this call were deleted")
                 result.error_override = "file_size_limit"
             return result
 
     def _usage(self) -> int:
+        if self.tmpfs:
+            st = os.statvfs(self._dir)
+            return (st.f_blocks - st.f_bfree) * st.f_frsize
         return _workspace_usage(self.workspace) + _workspace_usage(self.tmp)
 
     def _enforce_quota(self, since: float) -> None:

@@ -76,7 +76,7 @@ def configure():
 
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 38, 22, 24, 47
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_SLAVE = 1, 2, 4, 32, 4096, 16384, 1 << 19
 _libc = []
 
 
@@ -225,7 +225,7 @@ def run_child(request, nproc, write_out, write_err, write_status, cgroup_procs=(
             drop_capabilities()
         if ISOLATED:
             set_dumpable(1)  # the channel is closed; the code may see its own /proc entries
-        os.chdir("/workspace" if ISOLATED else os.path.join(EPISODES, "ws-" + request["episode"]))
+        os.chdir("/workspace" if ISOLATED else os.path.join(EPISODES, "ep-" + request["episode"], "workspace"))
         os.environ["HOME"] = os.getcwd()
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
@@ -246,7 +246,7 @@ def run_child(request, nproc, write_out, write_err, write_status, cgroup_procs=(
         status = 1
         if isinstance(exc, MemoryError):
             status = EXIT_MEMORY
-        elif isinstance(exc, OSError) and exc.errno == 27:  # EFBIG
+        elif isinstance(exc, OSError) and exc.errno in (27, 28, 122):  # EFBIG, ENOSPC, EDQUOT
             status = EXIT_FILE_SIZE
         elif isinstance(exc, BlockingIOError) and exc.errno == 11:  # EAGAIN from fork
             status = EXIT_PROCESSES
@@ -357,7 +357,7 @@ def outer_pid():
 def prepare_namespace():
     """In the monitor, init of fresh namespaces, before it knows its episode: a fresh /proc, /dev/shm
     and /dev/pts, /dev read-only, nothing propagating back."""
-    mount("none", "/", None, MS_REC | MS_PRIVATE)
+    mount("none", "/", None, MS_REC | MS_SLAVE)  # an episode's tmpfs mounted later still arrives
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
     mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=620")
@@ -367,8 +367,8 @@ def prepare_namespace():
 def enter_episode(episode):
     """Then only this episode's files: its workspace at /workspace and its own /tmp, every other
     episode hidden, the rest read-only; then the seccomp filter."""
-    mount(f"{EPISODES}/ws-{episode}", "/workspace", None, MS_BIND | MS_REC)
-    mount(f"{EPISODES}/tmp-{episode}", "/tmp", None, MS_BIND | MS_REC)
+    mount(f"{EPISODES}/ep-{episode}/workspace", "/workspace", None, MS_BIND | MS_REC)
+    mount(f"{EPISODES}/ep-{episode}/tmp", "/tmp", None, MS_BIND | MS_REC)
     mount("tmpfs", EPISODES, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
     if CONFIG.get("cgroups"):
         mount("tmpfs", "/sandbox/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")

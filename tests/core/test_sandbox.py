@@ -822,3 +822,74 @@ def test_the_memory_limit_holds_for_the_call_as_a_whole_on_a_non_root_host(bubbl
     assert holding and holding[0] <= 256, text
     assert "MEMFD refused 1" in stdout or "for the call's processes together" in text, text
     assert after == "1\n"
+
+
+# Writes 4 MiB chunks into many files (workspace and /tmp) and makes empty files, links and FIFOs,
+# reporting what it got written while it ran (the post-call check used to come only after it).
+DISK_ATTACK = r"""
+import os
+wrote = 0
+try:
+    for i in range(200):
+        with open(('/tmp/' if i % 2 else '') + f'big{i}', 'wb') as f:
+            for _ in range(2):
+                f.write(b'x' * (2 << 20)); f.flush(); wrote += 2
+except OSError as e:
+    print('DATA stopped', e.errno)
+print('DATA', wrote, flush=True)
+for name in ('big%d' % i for i in range(200)):
+    for d in ('', '/tmp/'):
+        try:
+            os.unlink(d + name)
+        except OSError:
+            pass
+made = 0
+try:
+    for i in range(60000):
+        kind = i % 3
+        name = f'e{i}'
+        if kind == 0:
+            open(name, 'w').close()
+        elif kind == 1:
+            os.symlink('nowhere', name)
+        else:
+            os.mkfifo(name)
+        made += 1
+except OSError as e:
+    print('ENTRIES stopped', e.errno)
+print('ENTRIES', made, flush=True)
+"""
+
+
+def test_the_workspace_quota_holds_during_the_call(bubblewrap):
+    """Root hosts: a tmpfs per episode (workspace and /tmp together) with ``size=`` and
+    ``nr_inodes=``: the call cannot write past the quota nor make more than one entry per 4 KiB of
+    it. Before, a call wrote 800 MiB under 20 and made 60,000 free entries."""
+    if os.geteuid() != 0:
+        pytest.skip("tmpfs workspaces need a root host (elsewhere the quota is checked after each call)")
+    with Sandbox(limits=SandboxLimits(timeout=60, max_file_mb=8, workspace_mb=20)) as box:
+        assert box.tmpfs
+        result = box.run(DISK_ATTACK)
+        lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+        assert "DATA stopped 28" in result.stdout and int(lines["DATA"]) <= 20, result.text
+        assert "ENTRIES stopped 28" in result.stdout and int(lines["ENTRIES"]) <= 20 * 256, result.text
+        assert box.run("import os; print(len(os.listdir('.')))").stdout.strip() == lines["ENTRIES"]
+        assert box.run("import os\nfor n in os.listdir('.'):\n    os.unlink(n)\nopen('f', 'w').write('ok')\n"
+                       "print(open('f').read())").stdout == "ok\n"  # room again once the code deletes
+
+
+def test_empty_entries_count_against_the_quota_where_it_is_checked_after_the_call(bubblewrap):
+    """Without a tmpfs (non-root hosts), each entry counts at least a block: 60,000 empty files,
+    links and FIFOs no longer fit in 20 MiB for free (each later call walked them)."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    pool = _Pool(BUBBLEWRAP, ())
+    pool.tmpfs = False
+    try:
+        with Sandbox(limits=SandboxLimits(timeout=60, max_file_mb=8, workspace_mb=20), pool=pool) as box:
+            assert not box.tmpfs
+            result = box.run(DISK_ATTACK.replace("range(200)", "range(0)"))
+            assert result.error == "file_size_limit" and "quota" in result.text
+            assert box._usage() <= 20 << 20
+    finally:
+        pool.shut_down()
