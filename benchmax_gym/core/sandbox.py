@@ -746,6 +746,12 @@ class _Pool:
                 server = self._server = _Server(_spawn(self.level, self.dir, self.preload, self.cgroups))
             return server
 
+    def forget(self, episode: str) -> None:
+        """Tell the running server an episode ended (its network namespace goes)."""
+        server = self._server
+        if server is not None and not server.dead and self.pid == os.getpid():
+            server.cancel({"forget": episode})
+
     def restart(self, server: _Server) -> None:
         """Kill ``server`` (hung, or its channel no longer trusted); the next call starts another."""
         server.kill()
@@ -984,6 +990,7 @@ class Sandbox:
             server.cancel({"cancel": self.name})
             with self._lock:  # run() returns as soon as the server says the call ended
                 pass
+        self._pool.forget(self.name)
         if self.tmpfs:
             _detach(str(self._dir))  # its pages go with the last mount of it (a call's copy)
         remove_tree(self._dir)

@@ -315,8 +315,9 @@ def loopback_up():
 
 def new_network():
     """A network namespace with only a loopback device, up, held by a descriptor (no process needs
-    to live in it). Calls borrow one each, never two at once: made and torn down per call, network
-    namespaces cost milliseconds of kernel work each and serialise on a global lock."""
+    to live in it). One per episode, made at its first call and closed when it ends: nothing of
+    another episode's sockets (``/proc/net/tcp``'s TIME_WAIT entries) can reach its calls. Not one
+    per call: network namespaces cost milliseconds of kernel work each and serialise on a global lock."""
     ready_read, ready_write = os.pipe()
     hold_read, hold_write = os.pipe()
     pid = os.fork()
@@ -530,7 +531,7 @@ ZYGOTE = []  # the server's end of its socket to the zygote
 def start_zygote():
     """Fork the zygote: the process every call's monitor is forked from. It is forked once, after
     the preload and before the first request is read, and it only ever reads "fork a monitor"
-    (with a network namespace) and answers with the monitor's two pipe ends, so its memory - and
+    and answers with the monitor's two channel ends, so its memory - and
     so the code's - never holds another episode's request, result or queue (a monitor forked from
     the server's loop inherited its frames: ``sys._getframe().f_back`` reached them)."""
     import socket
@@ -549,8 +550,8 @@ def start_zygote():
 
 
 def zygote(sock):
-    """The zygote's loop: per message, fork a monitor (``serve_call``) and pass back the write end
-    of its request pipe and the read end of its result pipe. Never returns."""
+    """The zygote's loop: per message, fork a monitor (``serve_call``) and pass back the server's
+    end of its request socket and the read end of its result pipe. Never returns."""
     import socket
 
     signal.signal(signal.SIGCHLD, lambda *_: reap())  # forks that exit (the monitors are reparented)
@@ -561,17 +562,18 @@ def zygote(sock):
             os._exit(0)
         if not message:  # the server is gone
             os._exit(0)
-        network = fds[0] if fds else None
-        request_read, request_write = os.pipe()
+        for fd in fds:
+            os.close(fd)
+        request_read, request_write = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
         result_read, result_write = os.pipe()
         if os.fork() == 0:
             try:
                 os.close(request_write)
                 os.close(result_read)
-                serve_call(request_read, result_write, network)
+                serve_call(request_read, result_write)
             finally:
                 os._exit(1)  # a fork never returns into the zygote's loop
-        for fd in (request_read, result_write, *fds):
+        for fd in (request_read, result_write):
             os.close(fd)
         try:
             socket.send_fds(sock, [b"m"], [request_write, result_read])
@@ -581,18 +583,14 @@ def zygote(sock):
         os.close(result_read)
 
 
-def new_monitor(network):
+def new_monitor():
     """A call's monitor from the zygote, ready before its request comes (the server keeps one
-    spare, so a call does not wait for forks and namespaces), in the network namespace
-    ``network`` (a descriptor, or None): ``(request pipe, result pipe)``. The monitor writes its
-    pid, then, once it has served the one request it reads, its result."""
+    spare, so a call does not wait for forks and namespaces): ``(request socket, result pipe)``.
+    The monitor writes its pid, then, once it has served the one request it reads, its result."""
+    sock = ZYGOTE[0]
+    sock.send(b"n")
     import socket
 
-    sock = ZYGOTE[0]
-    if network is None:
-        sock.send(b"n")
-    else:
-        socket.send_fds(sock, [b"n"], [network])
     _, fds, _, _ = socket.recv_fds(sock, 16, 2)
     if len(fds) != 2:
         raise OSError("the zygote is gone")
@@ -601,17 +599,36 @@ def new_monitor(network):
     return request_write, result_read
 
 
+def send_request(fd, data, network):
+    """Send the request, with the episode's network namespace (a descriptor) if it has one."""
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    try:
+        sent = socket.send_fds(sock, [data[:65536]], [network]) if network is not None else sock.send(data[:65536])
+        sock.sendall(data[sent:])
+    finally:
+        sock.close()
+
+
 def read_request(fd):
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1 << 20)
+    """``(request, network namespace descriptor or None)``; None for a spare the server let go."""
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+    while data and not data.endswith(b"\n"):
+        chunk = sock.recv(1 << 20)
         if not chunk:
-            return None  # a spare the server let go
+            break
         data += chunk
-    return json.loads(data)
+    sock.close()
+    if not data.endswith(b"\n"):
+        return None
+    return json.loads(data), (fds[0] if fds else None)
 
 
-def serve_call(request_fd, result_fd, network):
+def serve_call(request_fd, result_fd):
     """In the fork: become (bubblewrap: create, in new namespaces) the call's monitor, then serve
     the request read from ``request_fd``. Never returns."""
     child = None
@@ -621,20 +638,14 @@ def serve_call(request_fd, result_fd, network):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # nothing of the server's channel is kept
-        import fcntl  # out of the way of 3-5 first: any of them may be one of these
+        import fcntl  # out of the way of 3 and 4 first: either may be one of these
         request_fd, result_fd = (fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (request_fd, result_fd))
-        if network is not None:
-            network = fcntl.fcntl(network, fcntl.F_DUPFD, 100)
         os.dup2(request_fd, 3)
         os.dup2(result_fd, 4)
-        if network is not None:
-            os.dup2(network, 5)
-        os.closerange(6 if network is not None else 5, 65536)
+        os.closerange(5, 65536)
         request_fd, result_fd = 3, 4
         if ISOLATED:
             try:
-                check(libc().setns(5, CLONE_NEWNET), "setns")
-                os.close(5)
                 check(libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
                 pid = os.fork()  # the monitor: init of the new PID namespace
             except BaseException:
@@ -648,10 +659,14 @@ def serve_call(request_fd, result_fd, network):
         else:  # as before: at this level nothing shields the monitor from the code
             set_dumpable(1)
             os.write(result_fd, b"%d\n" % os.getpid())
-        request = read_request(request_fd)
+        request, network = read_request(request_fd) or (None, None)
         if request is None:
             os._exit(0)
-        os.close(request_fd)
+        if ISOLATED:  # the episode's own network namespace: nothing of another episode's sockets
+            if network is None:
+                raise OSError("no network namespace for the call")
+            check(libc().setns(network, CLONE_NEWNET), "setns")
+            os.close(network)
         cgroup = open_cgroup(request["cgroup"]) if request.get("cgroup") else None
         if ISOLATED:
             enter_episode(request["episode"])
@@ -683,12 +698,12 @@ def process_limit(request):
 
 
 class Call:
-    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "network", "cgroup")
+    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "cgroup")
 
-    def __init__(self, request_id, episode, deadline, network, cgroup):
+    def __init__(self, request_id, episode, deadline, cgroup):
         self.id, self.episode, self.data, self.monitor, self.deadline = request_id, episode, b"", None, deadline
         self.eof = self.cancelled = False
-        self.network, self.cgroup = network, cgroup
+        self.cgroup = cgroup
 
 
 def kill(pid):
@@ -742,43 +757,39 @@ def main():
     pending = b""
     calls = {}  # result pipe fd -> Call
     queue = collections.deque()  # requests waiting for one of the max_calls slots
-    networks = []  # idle network namespaces (descriptors)
+    networks = {}  # episode -> its network namespace (a descriptor), until the host says it ended
     doomed = [entry.name for parent in (CONFIG.get("cgroups") or {}).values()  # a previous server's
               for entry in os.scandir(parent) if entry.is_dir()]  # ended calls' cgroups, removed when empty
 
-    def monitor_with_network():
-        network = (networks.pop() if networks else new_network()) if ISOLATED else None
-        return (*new_monitor(network), network)
-
-    spare = [monitor_with_network()]  # a monitor ready for the next call
+    spare = [new_monitor()]  # a monitor ready for the next call
 
     def dispatch(request):
         request["nproc"] = process_limit(request)
         request["cgroup"] = make_cgroup(request["limits"])
         data = json.dumps(request).encode() + b"\n"
-        request_fd, read_fd, network = spare.pop() if spare else monitor_with_network()
+        network = None
+        if ISOLATED:
+            network = networks.get(request["episode"])
+            if network is None:
+                network = networks[request["episode"]] = new_network()
+        request_fd, read_fd = spare.pop() if spare else new_monitor()
         try:
-            write_all(request_fd, data)  # the monitor reads it once its namespaces are ready
+            send_request(request_fd, data, network)  # the monitor reads it once its namespaces are ready
         except OSError:  # a spare that died: a fresh monitor
             os.close(read_fd)
-            os.close(request_fd)
-            request_fd, read_fd = new_monitor(network)
-            write_all(request_fd, data)
-        os.close(request_fd)
+            request_fd, read_fd = new_monitor()
+            send_request(request_fd, data, network)
         deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
-        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, network, request["cgroup"])
+        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, request["cgroup"])
         sel.register(read_fd, selectors.EVENT_READ)
 
     def finish(fd, call, result):
         sel.unregister(fd)
         os.close(fd)
         del calls[fd]
-        if call.network is not None:
-            if call.monitor:
-                kill(call.monitor)  # nothing of the call may still be in its network namespace
-            networks.append(call.network)
-        if call.cgroup:
-            kill(call.monitor)  # its processes then leave the cgroup, which is removed once empty
+        if ISOLATED and call.monitor:
+            kill(call.monitor)  # nothing of the call lingers into the episode's next one
+        if call.cgroup:  # removed once its processes are gone
             doomed.append(call.cgroup)
         result["id"] = call.id
         reply(result)
@@ -787,7 +798,7 @@ def main():
             reply({"id": request.get("id"), "started": True})
             dispatch(request)
         if not spare and not queue:  # the next call's monitor, made while the model reads this result
-            spare.append(monitor_with_network())
+            spare.append(new_monitor())
 
     def result_of(call):
         lines = call.data.split(b"\n")
@@ -806,6 +817,11 @@ def main():
         return {"cancelled": True} if call.cancelled else result
 
     def handle(request):
+        if "forget" in request:  # the episode ended: its network namespace goes
+            network = networks.pop(request["forget"], None)
+            if network is not None:
+                os.close(network)
+            return
         if "cancel" in request:  # the episode ended while its call ran or waited
             for call in calls.values():
                 if call.episode == request["cancel"]:

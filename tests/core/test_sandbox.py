@@ -893,3 +893,30 @@ def test_empty_entries_count_against_the_quota_where_it_is_checked_after_the_cal
             assert box._usage() <= 20 << 20
     finally:
         pool.shut_down()
+
+
+def test_episodes_never_share_a_network_namespace(bubblewrap):
+    """Network namespaces were pooled across episodes: the next episode read the TIME_WAIT
+    sockets (ports, addresses) the last one left in /proc/net/tcp. Now each episode has its own."""
+    first, second = (Sandbox(limits=SandboxLimits(timeout=20)) for _ in range(2))
+    try:
+        leave = ("import socket\nserver = socket.create_server(('127.0.0.1', 0))\nport = server.getsockname()[1]\n"
+                 "client = socket.create_connection(('127.0.0.1', port))\nconn, _ = server.accept()\n"
+                 "client.sendall(b'x'); conn.recv(1); client.close(); conn.close(); server.close()\n"
+                 "print('PORT %04X' % port)")
+        look = "print(open('/proc/net/tcp').read())"
+        result = first.run(leave)
+        port = result.stdout.split()[-1]
+        assert result.error is None and len(port) == 4, result.text
+        assert f":{port} " in first.run(look).stdout  # its own calls share its namespace
+        result = second.run(look)
+        assert result.error is None and f":{port} " not in result.stdout, result.stdout
+        first.close()  # an ended episode's namespace goes; the next ones get fresh ones
+        third = Sandbox(limits=SandboxLimits(timeout=20))
+        try:
+            assert f":{port} " not in third.run(look).stdout
+        finally:
+            third.close()
+    finally:
+        first.close()
+        second.close()
