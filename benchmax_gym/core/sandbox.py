@@ -313,7 +313,7 @@ def _make_cgroup_parents() -> tuple[dict[str, str] | None, str]:
         mounts = _cgroup_mounts()
     except (OSError, ValueError) as exc:
         return None, f"cannot read this process's cgroups ({exc})"
-    name = f"benchmax-gym-{os.getpid()}-{secrets.token_hex(4)}"
+    name = f"benchmax-gym-{secrets.token_hex(6)}"  # shown to the code in mountinfo: nothing of the host
     why = []
     if "memory" in mounts and "pids" in mounts:  # v1 (or hybrid): one hierarchy each
         made = {}
@@ -377,7 +377,7 @@ def memory_mechanism() -> tuple[bool, str]:
     dirs, how = _make_cgroup_parents()
     if dirs is not None:
         _remove_cgroups(dirs)
-        return True, (f"a {how} cgroup per call caps the call's processes together (memory_mb, "
+        return True, (f"a cgroup per call ({how}) caps the call's processes together (memory_mb, "
                       "max_processes; memfd and tmpfs pages included)")
     return False, (f"per process only ({how}): each process's new address space is capped at "
                    "memory_mb / max_processes and memfd_create is refused")
@@ -428,12 +428,13 @@ def _detach(path: str) -> bool:
 
 
 def _share_pool_dir(path: Path) -> bool:
-    """Make a pool's directory a shared mount (root hosts), so that the episodes' tmpfs mounted
-    under it later reach the server already running on it (bubblewrap's copy is its slave)."""
+    """Make a pool's directory a shared tmpfs (root hosts), so that the episodes' tmpfs mounted
+    under it later reach the server already running on it (bubblewrap's copy is its slave), and
+    the code's mountinfo shows no host path for it (a bind mount shows its source's)."""
     if os.geteuid() != 0:
         return False
     try:
-        _mount(str(path), str(path), None, _MS_BIND)
+        _mount("tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=711")
     except OSError as exc:
         log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
         return False
@@ -477,6 +478,37 @@ def _episode_tmpfs(path: Path, limits: "SandboxLimits") -> bool:
     except OSError as exc:
         log.warning("no tmpfs for a sandbox workspace (%s): the quota is checked after each call", exc)
         return False
+
+
+@functools.lru_cache(maxsize=1)
+def disk_mechanism() -> tuple[bool, str]:
+    """Whether episodes get a tmpfs each here (the quota then holds during the call), and words."""
+    probe = Path(tempfile.mkdtemp(prefix="probe-", dir=_workspace_root()))
+    try:
+        if _share_pool_dir(probe):
+            _detach(str(probe))
+            return True, ("a tmpfs per episode (size=workspace_mb, one entry per 4 KiB of it, workspace and "
+                          "/tmp together) stops writes during the call")
+        why = "not root" if os.geteuid() != 0 else "mounting a tmpfs failed"
+        return False, (f"checked after each call ({why}: no tmpfs per episode); files the call wrote past "
+                       "workspace_mb are deleted, every entry counting at least 4 KiB")
+    finally:
+        remove_tree(probe)
+
+
+def isolation_report() -> list[tuple[str, str]]:
+    """What ``doctor`` says about the sandbox's limits and what the code can still see."""
+    python = ", ".join(host for host, _ in _python_layout()[0])
+    return [
+        ("sandbox memory", memory_mechanism()[1]),
+        ("sandbox disk", disk_mechanism()[1]),
+        ("sandbox network", "a network namespace per episode (loopback only), closed when it ends"),
+        ("sandbox mountinfo", f"the code's /proc/self/mountinfo names the host directories bound for Python ({python}): "
+                              "the kernel shows a bind mount's source directory, and copying the interpreter and its "
+                              "packages into each server would cost seconds and hundreds of MiB; workspaces, "
+                              "episodes, the server's source and cgroups appear at neutral paths"
+                              + ("" if disk_mechanism()[0] else " (episodes not: they are not tmpfs here)")),
+    ]
 
 
 def _own_workspace(workspace: Path) -> int | None:
@@ -569,7 +601,15 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...],
             argv += ["--ro-bind", host, dest]
         for key, path in (cgroups or {}).items():  # the monitors hide it from the code
             argv += ["--bind", path, f"/sandbox/cgroup/{key}"]
-        argv += ["--ro-bind", str(SERVER), "/sandbox/server.py", "--bind", str(episodes), "/sandbox/episodes",
+        source_read, source_write = os.pipe()  # the server's source as data: no host path in mountinfo
+        source = SERVER.read_bytes()
+        if len(source) >= 65536:
+            raise OSError("sandbox_server.py no longer fits a pipe's buffer")
+        os.write(source_write, source)
+        os.close(source_write)
+        pass_fds = (source_read,)
+        argv += ["--perms", "0444", "--ro-bind-data", str(source_read), "/sandbox/server.py",
+                 "--bind", str(episodes), "/sandbox/episodes",
                  "--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
         for key, value in {**env, **extra_env}.items():
             argv += ["--setenv", key, value]
@@ -577,10 +617,15 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...],
     else:
         config["path"] = [os.path.realpath(p) for p in sys.path if p]
         argv = [_interpreter(), "-I", "-S", "-B", str(SERVER)]
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=str(episodes), env=env, start_new_session=True, close_fds=True,
-    )
+        pass_fds = ()
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=str(episodes), env=env, start_new_session=True, close_fds=True, pass_fds=pass_fds,
+        )
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
     try:  # the configuration is its first line of input (a pipe holds it until it starts)
         proc.stdin.write((json.dumps(config) + "\n").encode())
         proc.stdin.flush()

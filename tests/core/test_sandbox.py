@@ -920,3 +920,23 @@ def test_episodes_never_share_a_network_namespace(bubblewrap):
     finally:
         first.close()
         second.close()
+
+
+def test_mountinfo_names_no_host_path_but_the_pythons_and_doctor_says_why(bubblewrap):
+    """The server's source, workspaces, episodes and cgroups were bound from host paths that
+    /proc/self/mountinfo names; they now come as data, tmpfs and neutral names. The interpreter
+    and its packages are still bound (the kernel shows a bind's source): ``doctor`` says so."""
+    from benchmax_gym.core.sandbox import _workspace_root, isolation_report
+
+    with Sandbox() as box:
+        result = box.run("print(open('/proc/self/mountinfo').read())")
+        pool = str(box._pool.dir)
+    assert result.error is None, result.text
+    assert os.path.join(os.path.dirname(os.path.dirname(benchmax_gym.__file__)), "benchmax_gym") not in result.stdout
+    assert f"-{os.getpid()}-" not in result.stdout and "sandbox_server" not in result.stdout
+    if os.geteuid() == 0:  # a tmpfs per pool and per episode (elsewhere the episodes' directory shows)
+        assert str(_workspace_root()) not in result.stdout and pool not in result.stdout
+        assert " /workspace /workspace " in result.stdout
+    report = dict(isolation_report())
+    assert {"sandbox memory", "sandbox disk", "sandbox network", "sandbox mountinfo"} <= set(report)
+    assert os.path.realpath(sys.base_prefix) in report["sandbox mountinfo"]
