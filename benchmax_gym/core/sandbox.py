@@ -762,7 +762,7 @@ class _Pool:
     their episodes' files, and the server (started by the first call, restarted when it dies,
     killed with the directory when the last user lets go)."""
 
-    def __init__(self, level: str, preload: tuple[str, ...], cgroups: bool = True):
+    def __init__(self, level: str, preload: tuple[str, ...], cgroups: bool = True, tmpfs: bool = True):
         self.level, self.preload, self.pid = level, preload, os.getpid()
         self.cgroups = _make_cgroup_parents()[0] if cgroups and memory_mechanism()[0] else None
         root = _workspace_root()
@@ -770,7 +770,7 @@ class _Pool:
             _sweep_stale_pools(root)
         self.dir = Path(tempfile.mkdtemp(prefix=f"sandbox-{os.getpid()}-", dir=root))
         os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
-        self.tmpfs = _share_pool_dir(self.dir)  # episodes then get a tmpfs each
+        self.tmpfs = tmpfs and _share_pool_dir(self.dir)  # episodes then get a tmpfs each
         self.users = 0
         self.restarts = 0
         self._server: _Server | None = None

@@ -600,13 +600,20 @@ def new_monitor():
 
 
 def send_request(fd, data, network):
-    """Send the request, with the episode's network namespace (a descriptor) if it has one."""
+    """Send the request, with the episode's network namespace (a descriptor) if it has one.
+    Raises OSError only if nothing reached the monitor (then another may be sent it): the
+    monitor closes its end as soon as it has read the request, and one more ``send`` (even of
+    nothing: ``sendall(b"")`` sends) would then fail after a delivery, running the call twice."""
     import socket
 
     sock = socket.socket(fileno=fd)
     try:
         sent = socket.send_fds(sock, [data[:65536]], [network]) if network is not None else sock.send(data[:65536])
-        sock.sendall(data[sent:])
+        try:
+            if sent < len(data):
+                sock.sendall(data[sent:])
+        except OSError:
+            pass  # the monitor has part of it: it fails the call, which is never run twice
     finally:
         sock.close()
 

@@ -883,8 +883,7 @@ def test_empty_entries_count_against_the_quota_where_it_is_checked_after_the_cal
     links and FIFOs no longer fit in 20 MiB for free (each later call walked them)."""
     from benchmax_gym.core.sandbox import _Pool
 
-    pool = _Pool(BUBBLEWRAP, ())
-    pool.tmpfs = False
+    pool = _Pool(BUBBLEWRAP, (), tmpfs=False)
     try:
         with Sandbox(limits=SandboxLimits(timeout=60, max_file_mb=8, workspace_mb=20), pool=pool) as box:
             assert not box.tmpfs
@@ -940,3 +939,23 @@ def test_mountinfo_names_no_host_path_but_the_pythons_and_doctor_says_why(bubble
     report = dict(isolation_report())
     assert {"sandbox memory", "sandbox disk", "sandbox network", "sandbox mountinfo"} <= set(report)
     assert os.path.realpath(sys.base_prefix) in report["sandbox mountinfo"]
+
+
+def test_each_call_runs_exactly_once(bubblewrap):
+    """The monitor closes its request socket as soon as it has read the request; a send after
+    that failed, and the server gave the call to a second monitor: it ran twice."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    for _ in range(4):  # a new server's first calls are where it showed most
+        pool = _Pool(BUBBLEWRAP, ())
+        boxes = [Sandbox(limits=SandboxLimits(timeout=20), pool=pool) for _ in range(4)]
+        try:
+            for _ in range(3):
+                for box in boxes:
+                    result = box.run("import os, time\nopen('runs', 'a').write('x')\ntime.sleep(0.1)")
+                    assert result.error is None, result.text
+            assert [box.run("print(open('runs').read())").stdout for box in boxes] == ["xxx\n"] * 4
+        finally:
+            for box in boxes:
+                box.close()
+            pool.shut_down()
