@@ -48,6 +48,7 @@ import functools
 import json
 import logging
 import os
+import re
 import secrets
 import selectors
 import shutil
@@ -447,21 +448,22 @@ def _share_pool_dir(path: Path) -> bool:
         return False
 
 
-def _sweep_stale_pools(root: Path) -> None:
-    """Detach what pools of processes that died without closing (SIGKILL) left mounted."""
+_POOL_MOUNT = re.compile(r"^(.*/benchmax-gym-\d+/sandbox-(\d+)-[^/]+)(/|$)")
+
+
+def _sweep_stale_pools() -> None:
+    """Detach what pools of processes that died without closing (SIGKILL, SIGTERM) left mounted,
+    wherever their temp root was (a worker's, a test's): their tmpfs hold the dead episodes' files."""
     try:
         with open("/proc/self/mountinfo") as f:
             points = [line.split()[4] for line in f]
     except OSError:
         return
-    prefix = str(root) + "/sandbox-"
     stale = set()
     for point in points:
-        if point.startswith(prefix):
-            pool = point[:len(prefix)] + point[len(prefix):].split("/", 1)[0]
-            pid = pool[len(prefix):].split("-", 1)[0]
-            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                stale.add(pool)
+        match = _POOL_MOUNT.match(point)
+        if match and not os.path.exists(f"/proc/{match.group(2)}"):
+            stale.add(match.group(1))
     for pool in stale:
         for point in sorted((p for p in points if p == pool or p.startswith(pool + "/")), key=len, reverse=True):
             _detach(point)
@@ -767,7 +769,7 @@ class _Pool:
         self.cgroups = _make_cgroup_parents()[0] if cgroups and memory_mechanism()[0] else None
         root = _workspace_root()
         if os.geteuid() == 0:
-            _sweep_stale_pools(root)
+            _sweep_stale_pools()
         self.dir = Path(tempfile.mkdtemp(prefix=f"sandbox-{os.getpid()}-", dir=root))
         os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
         self.tmpfs = tmpfs and _share_pool_dir(self.dir)  # episodes then get a tmpfs each
@@ -865,7 +867,8 @@ _MAX_DEPTH = 128  # deeper directories are moved up to the workspace's top level
 def _walk(root: Path, visit=None, remove: bool = False) -> None:
     """Visit every entry under ``root`` as ``visit(parts, stat)``, or delete them all: iterative,
     one directory fd per level (any name length), never following a symlink, opening up modes
-    the code closed. A directory nested deeper than ``_MAX_DEPTH`` is moved up to ``root`` first."""
+    the code closed. A directory nested deeper than ``_MAX_DEPTH`` is moved up to ``root`` first.
+    Mounts under ``root`` are not walked; deleting detaches them (root hosts' tmpfs)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         root_fd = os.open(root, flags)
@@ -873,6 +876,7 @@ def _walk(root: Path, visit=None, remove: bool = False) -> None:
         return
     stack: list[tuple[int, tuple[str, ...], list[str]]] = []
     try:
+        root_dev = os.fstat(root_fd).st_dev
         stack.append((root_fd, (), _listdir(root_fd)))
         moved = 0
         while stack:
@@ -889,6 +893,13 @@ def _walk(root: Path, visit=None, remove: bool = False) -> None:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
+            if st.st_dev != root_dev and stat.S_ISDIR(st.st_mode):  # a mount (a pool's or episode's tmpfs)
+                if not remove or not _detach(f"/proc/self/fd/{fd}/{name}"):
+                    continue  # not walked into, not counted: another file system
+                try:  # a worker killed with its sandboxes leaves them; what is under them goes with them
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
             if visit is not None:
                 visit(parts + (name,), st)
             if not stat.S_ISDIR(st.st_mode):

@@ -959,3 +959,26 @@ def test_each_call_runs_exactly_once(bubblewrap):
             for box in boxes:
                 box.close()
             pool.shut_down()
+
+
+def test_a_killed_hosts_tmpfs_are_swept_by_the_next_pool(bubblewrap, tmp_path):
+    """Root hosts mount a tmpfs per pool and per episode; a host killed before closing leaves them
+    mounted (in its own temp root, wherever that was): the next pool on the machine detaches them."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    if os.geteuid() != 0:
+        pytest.skip("tmpfs workspaces are for root hosts")
+    code = ("import os, signal\nfrom benchmax_gym.core.sandbox import Sandbox\nbox = Sandbox()\n"
+            "box.run(\"open('f', 'w').write('x')\")\nprint(box._pool.dir, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    pool_dir = out.stdout.strip()
+    assert pool_dir.startswith(str(tmp_path)), out.stderr
+
+    def mounted():
+        with open("/proc/self/mountinfo") as f:
+            return [line.split()[4] for line in f if pool_dir in line]
+
+    assert len(mounted()) == 2  # the pool's and its episode's
+    _Pool(BUBBLEWRAP, ()).shut_down()
+    assert mounted() == [] and not os.path.exists(pool_dir)
