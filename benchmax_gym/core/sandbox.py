@@ -15,7 +15,10 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   private writable ``/tmp``, a fresh ``/dev/shm``, and read-only system and Python directories -
   nothing of the host's other files, no answer files, no other episode's workspace (they are
   hidden in its mount namespace);
-* network: none (a network namespace of its own per call; connecting anywhere fails);
+* network: none (a network namespace of its own per episode, loopback only; connecting anywhere
+  fails, and nothing of another episode's sockets shows in ``/proc/net``);
+* memory: each call's process is forked from a zygote forked before any request, so nothing of
+  another episode's code, output or waiting requests is in its memory (frames, objects);
 * processes: a PID namespace of its own per call (``/proc`` shows only the call's processes), whose
   init is the call's monitor, so the kernel drops any SIGKILL/SIGSTOP the code sends it, and kills
   everything in the namespace when the call ends; the monitor and the server are non-dumpable, so
@@ -24,14 +27,18 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   a channel, and the server cannot be seen at all. On root hosts the code also runs as the
   episode's own unprivileged uid; elsewhere it drops every capability;
 * system calls: a seccomp filter refuses what normal code never needs (io_uring, keyctl, bpf,
-  perf_event_open, ptrace, mount, new namespaces, kernel modules, ...);
+  perf_event_open, ptrace, mount, new namespaces, kernel modules, sockets of families other than
+  unix, inet, inet6 and netlink, ...);
 * host layout: the interpreter and its packages appear at neutral paths (``/sandbox/python``,
-  ``/sandbox/venv``), not at their host paths (``/proc/self/mountinfo`` still names the bind
-  sources: the kernel shows a bind mount's source directory);
+  ``/sandbox/venv``), not at their host paths (``/proc/self/mountinfo`` still names these two bind
+  sources: the kernel shows a bind mount's source directory; the server's source, episodes and
+  cgroups show no host path);
 * limits per call: wall-clock timeout that kills the whole process tree (anything the code
-  leaves running is swept away after every call), CPU seconds, address space, number of
-  processes (a fork bomb is contained), size of any file written, workspace quota (workspace and
-  ``/tmp`` together), and stdout/stderr capped with a visible marker;
+  leaves running is swept away after every call), CPU seconds, memory and number of processes of
+  the call as a whole (a cgroup per call where one can be made; elsewhere ``memory_mb /
+  max_processes`` of address space each and no ``memfd_create``), size of any file written,
+  workspace quota (workspace and ``/tmp`` together: a tmpfs per episode on root hosts, so writes
+  stop during the call; elsewhere checked after it), and stdout/stderr capped with a visible marker;
 * environment: scrubbed - no inherited variables, so no API keys or tokens.
 
 Levels: ``bubblewrap`` (bubblewrap from Debian's ``bubblewrap`` package, detected at run time);
@@ -505,7 +512,8 @@ def isolation_report() -> list[tuple[str, str]]:
         ("sandbox memory", memory_mechanism()[1]),
         ("sandbox disk", disk_mechanism()[1]),
         ("sandbox network", "a network namespace per episode (loopback only), closed when it ends"),
-        ("sandbox mountinfo", f"the code's /proc/self/mountinfo names the host directories bound for Python ({python}): "
+        ("sandbox mountinfo", "the code's /proc/self/mountinfo names the host directories bound for "
+                              f"Python ({python}): "
                               "the kernel shows a bind mount's source directory, and copying the interpreter and its "
                               "packages into each server would cost seconds and hundreds of MiB; workspaces, "
                               "episodes, the server's source and cgroups appear at neutral paths"
@@ -1108,7 +1116,8 @@ class Sandbox:
             if reply.get("oom"):  # the call's cgroup hit memory_mb: the kernel killed a process
                 reply["exit_code"], reply["signal"] = EXIT_MEMORY, None
                 reply.setdefault("notes", []).append(
-                    f"memory limit of {self.limits.memory_mb} MiB for the call's processes together exceeded: a process was killed")
+                    f"memory limit of {self.limits.memory_mb} MiB for the call's processes together "
+                    "exceeded: a process was killed")
             if "internal_error" in reply:
                 log.error("sandbox server error: %s", reply["internal_error"])
                 return ExecResult(timed_out=True, seconds=seconds, notes=["the sandbox failed to run the code"])

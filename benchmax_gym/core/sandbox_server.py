@@ -8,12 +8,15 @@ a fresh fork, so nothing of one call survives into another but the episode's fil
 
 * at level ``bubblewrap`` the server runs inside bubblewrap (no network, read-only system files, a
   scrubbed environment) and sees every episode's directory under ``/sandbox/episodes``. Per call
-  it forks a child that unshares new mount, PID, network and IPC namespaces and forks the call's
-  *monitor*: the new PID namespace's init, which mounts that episode's workspace at
-  ``/workspace`` and its own directory at ``/tmp``, a fresh ``/dev/shm`` and ``/proc``, hides
-  ``/sandbox/episodes`` and makes everything else read-only, loads the seccomp filter, and forks
-  the code's process. The code thus sees only its own episode's files and its own processes, and
-  the kernel kills everything in the namespace when the monitor exits;
+  its *zygote* (forked once after the preload, before any request: it never holds another
+  episode's data) forks a child that unshares new mount, PID and IPC namespaces and forks the
+  call's *monitor*: the new PID namespace's init, which enters the episode's network namespace,
+  mounts that episode's workspace at ``/workspace`` and its own directory at ``/tmp``, a fresh
+  ``/dev/shm`` and ``/proc``, hides ``/sandbox/episodes`` and ``/sandbox/cgroup`` and makes
+  everything else read-only, loads the seccomp filter, and forks the code's process, which joins
+  the call's cgroup (where the host gave cgroups). The code thus sees only its own episode's
+  files and its own processes, and the kernel kills everything in the namespace when the monitor
+  exits;
 * at level ``rlimits`` (opted into: no isolation) the monitor is a plain fork working in the
   episode's directory.
 
@@ -26,8 +29,8 @@ process keeps none of their descriptors, and (bubblewrap) cannot see or signal t
 
 Configuration comes as the first line on stdin: the level, where episode directories are, modules to
 preload, ``sys.path`` (inside bubblewrap the interpreter runs with ``-S`` at a neutral path), the
-seccomp program, and how many processes this uid already runs outside (the base of the process
-limit).
+seccomp program, how many processes this uid already runs outside (the base of the process
+limit), and the parent cgroups to make each call's cgroup under (or none).
 """
 
 import collections
