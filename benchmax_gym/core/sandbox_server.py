@@ -188,7 +188,7 @@ def user_process_count(uid):
 STATUS_FD = 1023  # where the code's process reports how the code ended (see run_child)
 
 
-def run_child(request, nproc, write_out, write_err, write_status, cgroup_procs=()):
+def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=False):
     """In the forked child: limits, identity, then the code. Never returns.
 
     When the code ends, the process reports its exit status on ``STATUS_FD`` and closes its output
@@ -197,8 +197,9 @@ def run_child(request, nproc, write_out, write_err, write_status, cgroup_procs=(
     limits = request["limits"]
     gc.enable()
     try:
-        for fd in cgroup_procs:  # join the call's cgroups while still allowed to (before setuid)
-            os.write(fd, b"0")
+        if in_cgroup:  # the OOM killer takes the code's processes, never the monitor that reports
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -212,7 +213,7 @@ def run_child(request, nproc, write_out, write_err, write_status, cgroup_procs=(
         mb = 1024 * 1024
         for which, value in (
             (resource.RLIMIT_CPU, limits["cpu_seconds"]),
-            (resource.RLIMIT_AS, limits["memory_mb"] * mb if cgroup_procs else
+            (resource.RLIMIT_AS, limits["memory_mb"] * mb if in_cgroup else
              CONFIG.get("base_as", 0) + limits["memory_mb"] * mb // limits["max_processes"]),
             (resource.RLIMIT_FSIZE, limits["max_file_mb"] * mb),
             (resource.RLIMIT_NPROC, nproc),
@@ -380,33 +381,40 @@ def enter_episode(episode):
     load_seccomp()
 
 
-def make_cgroup(limits):
-    """The call's own cgroup (one per hierarchy), capping its processes' memory and number
-    together; None where the host gave none (then each process has its own share, see
-    run_child). Made by the server, joined by the code's process, removed once empty."""
+def make_cgroup():
+    """A call's own cgroup (one per hierarchy), capping its processes' memory and number together;
+    None where the host gave none (then each process has its own share, see run_child). Made by
+    the server with the spare monitor, which joins it before its request comes (moving a process
+    between cgroups waits for an RCU grace period: ~10 ms on a busy machine, off the call's path);
+    its limits are set when the request comes; removed once empty."""
     dirs = CONFIG.get("cgroups")
     if not dirs:
         return None
     name = "call-" + os.urandom(8).hex()
-    memory, pids = limits["memory_mb"] << 20, limits["max_processes"]
-    files = {"memory": [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)],
-             "pids": [("pids.max", pids)],
-             "unified": [("memory.max", memory), ("memory.swap.max", 0), ("pids.max", pids)]}
     try:
-        for key, parent in dirs.items():
+        for parent in dirs.values():
             os.mkdir(f"{parent}/{name}", 0o755)
-            for file, value in files[key]:
-                path = f"{parent}/{name}/{file}"
-                if file.startswith("pids") or file in ("memory.limit_in_bytes", "memory.max") or os.path.exists(path):
-                    fd = os.open(path, os.O_WRONLY)
-                    try:
-                        os.write(fd, b"%d" % value)
-                    finally:
-                        os.close(fd)
     except OSError:
         remove_cgroup(name)
         raise
     return name
+
+
+def limit_cgroup(name, limits):
+    """Set the call's limits: ``memory_mb`` (no swap) and ``max_processes`` (and its monitor)."""
+    memory, pids = limits["memory_mb"] << 20, limits["max_processes"] + 1
+    files = {"memory": [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)],
+             "pids": [("pids.max", pids)],
+             "unified": [("memory.max", memory), ("memory.swap.max", 0), ("pids.max", pids)]}
+    for key, parent in CONFIG["cgroups"].items():
+        for file, value in files[key]:
+            path = f"{parent}/{name}/{file}"
+            if file.startswith("pids") or file in ("memory.limit_in_bytes", "memory.max") or os.path.exists(path):
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, b"%d" % value)
+                finally:
+                    os.close(fd)
 
 
 def remove_cgroup(name):
@@ -422,14 +430,20 @@ def remove_cgroup(name):
     return gone
 
 
-def open_cgroup(name):
-    """In the monitor, before the cgroups are hidden: ``(cgroup.procs descriptors for the code's
-    process to join, a descriptor to read the OOM kill count from)``."""
+def join_cgroup(name):
+    """In the monitor, before its request (and before the cgroups are hidden): join the call's
+    cgroups, so the code's process starts in them; returns a descriptor to read the OOM kill
+    count from. The code's processes volunteer first for the OOM killer (see run_child)."""
     dirs = CONFIG["cgroups"]
-    procs = [os.open(f"{parent}/{name}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) for parent in dirs.values()]
+    for parent in dirs.values():
+        fd = os.open(f"{parent}/{name}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
     events = (f"{dirs['memory']}/{name}/memory.oom_control" if "memory" in dirs
               else f"{dirs['unified']}/{name}/memory.events")
-    return procs, os.open(events, os.O_RDONLY | os.O_CLOEXEC)
+    return os.open(events, os.O_RDONLY | os.O_CLOEXEC)
 
 
 def oom_kills(fd):
@@ -453,7 +467,7 @@ def monitor(request, nproc, cgroup=None):
     if child == 0:
         for fd in (read_out, read_err, read_status):
             os.close(fd)
-        run_child(request, nproc, write_out, write_err, write_status, cgroup[0] if cgroup else ())
+        run_child(request, nproc, write_out, write_err, write_status, cgroup is not None)
     for fd in (write_out, write_err, write_status):
         os.close(fd)
     buffers = {read_out: bytearray(), read_err: bytearray()}
@@ -511,7 +525,7 @@ def monitor(request, nproc, cgroup=None):
     for fd in (*buffers, read_status, exit_fd):
         os.close(fd)
     result = {"timed_out": timed_out, "seconds": time.monotonic() - start}
-    if cgroup and oom_kills(cgroup[1]):
+    if cgroup is not None and oom_kills(cgroup):
         result["oom"] = True
     if status is None:
         status = signal.SIGKILL  # timed out: killed
@@ -560,20 +574,21 @@ def zygote(sock):
     signal.signal(signal.SIGCHLD, lambda *_: reap())  # forks that exit (the monitors are reparented)
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 16, 1)
+            message, fds, _, _ = socket.recv_fds(sock, 256, 1)
         except OSError:
             os._exit(0)
         if not message:  # the server is gone
             os._exit(0)
         for fd in fds:
             os.close(fd)
+        cgroup = message[1:].decode() or None  # the name of the call's cgroup, if any
         request_read, request_write = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
         result_read, result_write = os.pipe()
         if os.fork() == 0:
             try:
                 os.close(request_write)
                 os.close(result_read)
-                serve_call(request_read, result_write)
+                serve_call(request_read, result_write, cgroup)
             finally:
                 os._exit(1)  # a fork never returns into the zygote's loop
         for fd in (request_read, result_write):
@@ -588,18 +603,20 @@ def zygote(sock):
 
 def new_monitor():
     """A call's monitor from the zygote, ready before its request comes (the server keeps one
-    spare, so a call does not wait for forks and namespaces): ``(request socket, result pipe)``.
-    The monitor writes its pid, then, once it has served the one request it reads, its result."""
-    sock = ZYGOTE[0]
-    sock.send(b"n")
+    spare, so a call does not wait for forks, namespaces and cgroups): ``(request socket, result
+    pipe, cgroup name or None)``. The monitor writes its pid, then, once it has served the one
+    request it reads, its result."""
     import socket
 
+    cgroup = make_cgroup()
+    sock = ZYGOTE[0]
+    sock.send(b"n" + (cgroup or "").encode())
     _, fds, _, _ = socket.recv_fds(sock, 16, 2)
     if len(fds) != 2:
         raise OSError("the zygote is gone")
     request_write, result_read = fds
     os.set_blocking(result_read, False)
-    return request_write, result_read
+    return request_write, result_read, cgroup
 
 
 def send_request(fd, data, network):
@@ -638,7 +655,7 @@ def read_request(fd):
     return json.loads(data), (fds[0] if fds else None)
 
 
-def serve_call(request_fd, result_fd):
+def serve_call(request_fd, result_fd, cgroup_name=None):
     """In the fork: become (bubblewrap: create, in new namespaces) the call's monitor, then serve
     the request read from ``request_fd``. Never returns."""
     child = None
@@ -669,6 +686,7 @@ def serve_call(request_fd, result_fd):
         else:  # as before: at this level nothing shields the monitor from the code
             set_dumpable(1)
             os.write(result_fd, b"%d\n" % os.getpid())
+        cgroup = join_cgroup(cgroup_name) if cgroup_name else None
         request, network = read_request(request_fd) or (None, None)
         if request is None:
             os._exit(0)
@@ -677,7 +695,6 @@ def serve_call(request_fd, result_fd):
                 raise OSError("no network namespace for the call")
             check(libc().setns(network, CLONE_NEWNET), "setns")
             os.close(network)
-        cgroup = open_cgroup(request["cgroup"]) if request.get("cgroup") else None
         if ISOLATED:
             enter_episode(request["episode"])
         result, child = monitor(request, request["nproc"], cgroup)
@@ -775,22 +792,27 @@ def main():
 
     def dispatch(request):
         request["nproc"] = process_limit(request)
-        request["cgroup"] = make_cgroup(request["limits"])
         data = json.dumps(request).encode() + b"\n"
         network = None
         if ISOLATED:
             network = networks.get(request["episode"])
             if network is None:
                 network = networks[request["episode"]] = new_network()
-        request_fd, read_fd = spare.pop() if spare else new_monitor()
+        request_fd, read_fd, cgroup = spare.pop() if spare else new_monitor()
         try:
+            if cgroup:
+                limit_cgroup(cgroup, request["limits"])
             send_request(request_fd, data, network)  # the monitor reads it once its namespaces are ready
         except OSError:  # a spare that died: a fresh monitor
             os.close(read_fd)
-            request_fd, read_fd = new_monitor()
+            if cgroup:
+                doomed.append(cgroup)
+            request_fd, read_fd, cgroup = new_monitor()
+            if cgroup:
+                limit_cgroup(cgroup, request["limits"])
             send_request(request_fd, data, network)
         deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
-        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, request["cgroup"])
+        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, cgroup)
         sel.register(read_fd, selectors.EVENT_READ)
 
     def finish(fd, call, result):
