@@ -57,6 +57,7 @@ CONFIG: dict = {}
 ISOLATED = False
 EPISODES = ""
 MAX_CALLS = 8  # calls at once; more wait their turn (each holds two processes)
+SPARE_MONITORS = 2
 
 
 def configure():
@@ -788,7 +789,10 @@ def main():
     doomed = [entry.name for parent in (CONFIG.get("cgroups") or {}).values()  # a previous server's
               for entry in os.scandir(parent) if entry.is_dir()]  # ended calls' cgroups, removed when empty
 
-    spare = [new_monitor()]  # a monitor ready for the next call
+    # Monitors (and a network namespace for a new episode) ready before the calls that need them:
+    # two monitors, so that back-to-back calls never wait for one to fork, unshare and join its cgroup.
+    spare = [new_monitor() for _ in range(SPARE_MONITORS)]
+    spare_networks = [new_network()] if ISOLATED else []
 
     def dispatch(request):
         request["nproc"] = process_limit(request)
@@ -797,7 +801,7 @@ def main():
         if ISOLATED:
             network = networks.get(request["episode"])
             if network is None:
-                network = networks[request["episode"]] = new_network()
+                network = networks[request["episode"]] = spare_networks.pop() if spare_networks else new_network()
         request_fd, read_fd, cgroup = spare.pop() if spare else new_monitor()
         try:
             if cgroup:
@@ -829,8 +833,10 @@ def main():
             request = queue.popleft()
             reply({"id": request.get("id"), "started": True})
             dispatch(request)
-        if not spare and not queue:  # the next call's monitor, made while the model reads this result
-            spare.append(new_monitor())
+        while len(spare) < SPARE_MONITORS and not queue:  # made while the model reads this result
+            spare.insert(0, new_monitor())  # the oldest is used first: it is ready
+        if ISOLATED and not spare_networks and not queue:
+            spare_networks.append(new_network())
 
     def result_of(call):
         lines = call.data.split(b"\n")
