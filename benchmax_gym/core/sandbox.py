@@ -321,7 +321,12 @@ def _make_cgroup_parents() -> tuple[dict[str, str] | None, str]:
         mounts = _cgroup_mounts()
     except (OSError, ValueError) as exc:
         return None, f"cannot read this process's cgroups ({exc})"
-    name = f"benchmax-gym-{secrets.token_hex(6)}"  # shown to the code in mountinfo: nothing of the host
+    for parent in mounts.values():  # what pools of processes killed before closing left behind
+        for entry in _quietly_list(parent):
+            pid = entry.name.split("-")[2] if entry.name.startswith("benchmax-gym-") else ""
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                _remove_cgroups({"stale": entry.path})
+    name = f"benchmax-gym-{os.getpid()}-{secrets.token_hex(4)}"  # its owner, to sweep it if killed
     why = []
     if "memory" in mounts and "pids" in mounts:  # v1 (or hybrid): one hierarchy each
         made = {}
