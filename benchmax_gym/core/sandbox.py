@@ -521,7 +521,7 @@ def isolation_report() -> list[tuple[str, str]]:
                               f"Python ({python}): "
                               "the kernel shows a bind mount's source directory, and copying the interpreter and its "
                               "packages into each server would cost seconds and hundreds of MiB; workspaces, "
-                              "episodes, the server's source and cgroups appear at neutral paths"
+                              "episodes and the server's source appear at neutral paths, cgroups by their owner's pid"
                               + ("" if disk_mechanism()[0] else " (episodes not: they are not tmpfs here)")),
     ]
 
