@@ -66,7 +66,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from importlib import metadata
 
     from benchmax_gym import registry
-    from benchmax_gym.core.sandbox import BUBBLEWRAP, bubblewrap_status, resolve_level, seccomp_filter
+    from benchmax_gym.core.sandbox import BUBBLEWRAP, bubblewrap_status, isolation_report, resolve_level, seccomp_filter
 
     rows = [("python", f"{platform.python_version()} ({sys.executable})")]
     for dist in ("benchmax-gym", "gymnasium", "numpy", "datasets", "math-verify", "mcp", "openpyxl"):
@@ -86,6 +86,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         sandbox = (f"{level}: {detail}. Tools that run model code are left out; install bubblewrap, "
                    "or opt in to resource limits only with sandbox='rlimits'")
     rows.append(("sandbox", sandbox))
+    if level == BUBBLEWRAP:
+        rows += isolation_report()
     rows.append(("environments", ", ".join(registry.env_ids())))
     rows += extras_rows()
     width = max(len(k) for k, _ in rows)

@@ -317,7 +317,7 @@ def test_an_idle_session_is_freed_and_a_reset_opens_a_new_one(served):
 def _workspaces():
     from benchmax_gym.core.sandbox import _workspace_root
 
-    return set(_workspace_root().glob("sandbox-*/ws-*"))
+    return set(_workspace_root().glob("sandbox-*/ep-*"))  # an episode: its workspace and /tmp
 
 
 def test_stopping_the_server_closes_its_open_sessions():
@@ -353,7 +353,7 @@ def test_a_client_that_vanishes_mid_episode_has_its_environment_freed(serve_cli,
     idle = set(server.descendants())
 
     def workspaces():
-        return [p for p in tmp_path.rglob("*") if p.is_dir() and p.name.startswith(("benchmax-excel-", "ws-"))]
+        return [p for p in tmp_path.rglob("*") if p.is_dir() and p.name.startswith(("benchmax-excel-", "ep-"))]
 
     client = subprocess.Popen([sys.executable, "-c", VANISHING_CLIENT, server.url, call("run_python", code="print(6*7)")],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

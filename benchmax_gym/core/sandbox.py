@@ -15,7 +15,10 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   private writable ``/tmp``, a fresh ``/dev/shm``, and read-only system and Python directories -
   nothing of the host's other files, no answer files, no other episode's workspace (they are
   hidden in its mount namespace);
-* network: none (a network namespace of its own per call; connecting anywhere fails);
+* network: none (a network namespace of its own per episode, loopback only; connecting anywhere
+  fails, and nothing of another episode's sockets shows in ``/proc/net``);
+* memory: each call's process is forked from a zygote forked before any request, so nothing of
+  another episode's code, output or waiting requests is in its memory (frames, objects);
 * processes: a PID namespace of its own per call (``/proc`` shows only the call's processes), whose
   init is the call's monitor, so the kernel drops any SIGKILL/SIGSTOP the code sends it, and kills
   everything in the namespace when the call ends; the monitor and the server are non-dumpable, so
@@ -24,14 +27,18 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   a channel, and the server cannot be seen at all. On root hosts the code also runs as the
   episode's own unprivileged uid; elsewhere it drops every capability;
 * system calls: a seccomp filter refuses what normal code never needs (io_uring, keyctl, bpf,
-  perf_event_open, ptrace, mount, new namespaces, kernel modules, ...);
+  perf_event_open, ptrace, mount, new namespaces, kernel modules, sockets of families other than
+  unix, inet, inet6 and netlink, ...);
 * host layout: the interpreter and its packages appear at neutral paths (``/sandbox/python``,
-  ``/sandbox/venv``), not at their host paths (``/proc/self/mountinfo`` still names the bind
-  sources: the kernel shows a bind mount's source directory);
+  ``/sandbox/venv``), not at their host paths (``/proc/self/mountinfo`` still names these two bind
+  sources: the kernel shows a bind mount's source directory; the server's source, episodes and
+  cgroups show no host path);
 * limits per call: wall-clock timeout that kills the whole process tree (anything the code
-  leaves running is swept away after every call), CPU seconds, address space, number of
-  processes (a fork bomb is contained), size of any file written, workspace quota (workspace and
-  ``/tmp`` together), and stdout/stderr capped with a visible marker;
+  leaves running is swept away after every call), CPU seconds, memory and number of processes of
+  the call as a whole (a cgroup per call where one can be made; elsewhere ``memory_mb /
+  max_processes`` of address space each and no ``memfd_create``), size of any file written,
+  workspace quota (workspace and ``/tmp`` together: a tmpfs per episode on root hosts, so writes
+  stop during the call; elsewhere checked after it), and stdout/stderr capped with a visible marker;
 * environment: scrubbed - no inherited variables, so no API keys or tokens.
 
 Levels: ``bubblewrap`` (bubblewrap from Debian's ``bubblewrap`` package, detected at run time);
@@ -48,6 +55,7 @@ import functools
 import json
 import logging
 import os
+import re
 import secrets
 import selectors
 import shutil
@@ -217,14 +225,20 @@ _BLOCKED_SYSCALLS = {
 _ARCHES = {"x86_64": (0, 0xC000003E, 56), "aarch64": (1, 0xC00000B7, 220)}  # column, AUDIT_ARCH, clone
 _CLONE3 = 435
 _CLONE_NEW_NAMESPACES = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
+_MEMFD_CREATE = (319, 279)
+_SOCKET_CALLS = ((41, 198), (53, 199))  # socket, socketpair
+_SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK: all normal code uses
 
 
-@functools.lru_cache(maxsize=1)
-def seccomp_filter() -> bytes | None:
+@functools.lru_cache(maxsize=2)
+def seccomp_filter(memfd: bool = True) -> bytes | None:
     """The classic-BPF program bubblewrap loads with ``--seccomp`` (None on other architectures):
     the calls above fail with EPERM, ``clone`` with a new-namespace flag too, ``clone3`` with
     ENOSYS (its flags are behind a pointer; libc then falls back to ``clone``), and so does any
-    call through a foreign ABI (x32, i386)."""
+    call through a foreign ABI (x32, i386). Sockets of any family but those in
+    ``_SOCKET_FAMILIES`` fail with EAFNOSUPPORT (AF_VSOCK reaches the VM's host). Without
+    ``memfd`` (no cgroup caps the call's memory) ``memfd_create`` fails too: its pages are not
+    address space, so no per-process limit counts them."""
     import platform
     import struct
 
@@ -232,21 +246,154 @@ def seccomp_filter() -> bytes | None:
     if arch is None:
         return None
     column, audit_arch, clone = arch
-    eperm, enosys, allow = 0x00050000 | 1, 0x00050000 | 38, 0x7FFF0000
-    prog: list[tuple[int, Any, Any, int]] = [(0x20, 0, 0, 4), (0x15, 1, 0, audit_arch), (0x06, 0, 0, eperm),
-                                             (0x20, 0, 0, 0)]  # arch check, then load the number
+    eperm, enosys, eafnosupport, allow = 0x00050000 | 1, 0x00050000 | 38, 0x00050000 | 97, 0x7FFF0000
+    blocked = [numbers[column] for numbers in _BLOCKED_SYSCALLS.values()]
+    if not memfd:
+        blocked.append(_MEMFD_CREATE[column])
+    prog: list = [(0x20, 0, 0, 4), (0x15, 1, 0, audit_arch), (0x06, 0, 0, eperm),
+                  (0x20, 0, 0, 0)]  # arch check, then load the number
     if column == 0:
         prog.append((0x35, "deny", 0, 0x40000000))  # x32 ABI
-    prog += [(0x15, "deny", 0, numbers[column]) for numbers in _BLOCKED_SYSCALLS.values()]
-    prog += [(0x15, "enosys", 0, _CLONE3), (0x15, 0, "allow", clone),
-             (0x20, 0, 0, 16), (0x45, "deny", 0, _CLONE_NEW_NAMESPACES)]  # clone: args[0], low 32 bits
-    labels = {"allow": len(prog), "deny": len(prog) + 1, "enosys": len(prog) + 2}
-    prog += [(0x06, 0, 0, allow), (0x06, 0, 0, eperm), (0x06, 0, 0, enosys)]
+    prog += [(0x15, "deny", 0, number) for number in blocked]
+    prog += [(0x15, "enosys", 0, _CLONE3)]
+    prog += [(0x15, "family", 0, numbers[column]) for numbers in _SOCKET_CALLS]
+    prog += [(0x15, 0, "allow", clone), (0x20, 0, 0, 16), (0x45, "deny", "allow", _CLONE_NEW_NAMESPACES),
+             "family", (0x20, 0, 0, 16)]  # clone: args[0], low 32 bits; socket: args[0], the family
+    prog += [(0x15, "allow", 0, family) for family in _SOCKET_FAMILIES]
+    prog += [(0x06, 0, 0, eafnosupport), "allow", (0x06, 0, 0, allow), "deny", (0x06, 0, 0, eperm),
+             "enosys", (0x06, 0, 0, enosys)]
+    labels, code = {}, []
+    for item in prog:
+        if isinstance(item, str):
+            labels[item] = len(code)
+        else:
+            code.append(item)
     out = b""
-    for i, (code, jt, jf, k) in enumerate(prog):
+    for i, (op, jt, jf, k) in enumerate(code):
         jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
-        out += struct.pack("=HBBI", code, jt, jf, k)
+        out += struct.pack("=HBBI", op, jt, jf, k)
     return out
+
+
+# -- cgroups: one per call caps the memory and processes of the call as a whole -----------------
+
+
+def _cgroup_mounts() -> dict[str, str]:
+    """Where this process's own cgroups are: ``{"memory": dir, "pids": dir}`` (v1 hierarchies) and
+    ``{"unified": dir}`` (v2), from /proc/self/cgroup and the cgroup mounts showing their root."""
+    own = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for name in controllers.split(",") if controllers else ["unified"]:
+                own[name] = path
+    found = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            dash = fields.index("-")
+            root, point, fstype, options = fields[3], fields[4], fields[dash + 1], fields[dash + 3].split(",")
+            if fstype == "cgroup2":
+                names = ["unified"]
+            elif fstype == "cgroup":
+                names = [o for o in options if o in ("memory", "pids")]
+            else:
+                continue
+            for name in names:
+                path = own.get(name)
+                if path is not None and (path + "/").startswith(root.rstrip("/") + "/") and name not in found:
+                    found[name] = os.path.join(point, path[len(root.rstrip("/")):].lstrip("/"))
+    return found
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _make_cgroup_parents() -> tuple[dict[str, str] | None, str]:
+    """Make this pool's parent cgroups (the server makes one per call under them): ``({"memory",
+    "pids"} or {"unified"}: dirs, words)``, or ``(None, why not)``."""
+    try:
+        mounts = _cgroup_mounts()
+    except (OSError, ValueError) as exc:
+        return None, f"cannot read this process's cgroups ({exc})"
+    for parent in mounts.values():  # what pools of processes killed before closing left behind
+        for entry in _quietly_list(parent):
+            pid = entry.name.split("-")[2] if entry.name.startswith("benchmax-gym-") else ""
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                _remove_cgroups({"stale": entry.path})
+    name = f"benchmax-gym-{os.getpid()}-{secrets.token_hex(4)}"  # its owner, to sweep it if killed
+    why = []
+    if "memory" in mounts and "pids" in mounts:  # v1 (or hybrid): one hierarchy each
+        made = {}
+        try:
+            for key in ("memory", "pids"):
+                os.mkdir(os.path.join(mounts[key], name), 0o755)
+                made[key] = os.path.join(mounts[key], name)
+            _write(os.path.join(made["memory"], "memory.limit_in_bytes"), str(1 << 40))
+            _write(os.path.join(made["pids"], "pids.max"), "max")
+            return made, "cgroup v1"
+        except OSError as exc:
+            why.append(f"cgroup v1: {exc.strerror or exc}")
+            _remove_cgroups(made)
+    if "unified" in mounts:
+        parent = mounts["unified"]
+        made = {}
+        try:
+            with open(os.path.join(parent, "cgroup.controllers")) as f:
+                if not {"memory", "pids"} <= set(f.read().split()):
+                    raise OSError(f"memory and pids controllers not available in {parent}")
+            with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                if not {"memory", "pids"} <= set(f.read().split()):
+                    _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
+            os.mkdir(os.path.join(parent, name), 0o755)
+            made["unified"] = os.path.join(parent, name)
+            _write(os.path.join(made["unified"], "cgroup.subtree_control"), "+memory +pids")
+            return made, "cgroup v2"
+        except OSError as exc:
+            why.append(f"cgroup v2: {exc.strerror or exc}")
+            _remove_cgroups(made)
+    return None, "; ".join(why) or "no memory and pids cgroup controllers mounted"
+
+
+def _remove_cgroups(dirs: dict[str, str] | None, wait: float = 0.0) -> bool:
+    """Remove these cgroups and the per-call ones under them (retrying up to ``wait`` seconds
+    while killed processes leave them). True when all are gone."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = False
+        for path in (dirs or {}).values():
+            for entry in _quietly_list(path):
+                if entry.is_dir(follow_symlinks=False):
+                    left |= not _quietly(os.rmdir, entry.path)
+            left |= os.path.isdir(path) and not _quietly(os.rmdir, path)
+        if not left or time.monotonic() >= deadline:
+            return not left
+        time.sleep(0.01)
+
+
+def _quietly_list(path: str) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(path))
+    except OSError:
+        return []
+
+
+@functools.lru_cache(maxsize=1)
+def memory_mechanism() -> tuple[bool, str]:
+    """Whether a cgroup per call caps a call's memory and processes together here, and how the
+    memory limit works (what ``doctor`` shows)."""
+    dirs, how = _make_cgroup_parents()
+    if dirs is not None:
+        _remove_cgroups(dirs)
+        return True, (f"a cgroup per call ({how}) caps the call's processes together (memory_mb, "
+                      "max_processes; memfd and tmpfs pages included)")
+    return False, (f"per process only ({how}): each process's new address space is capped at "
+                   "memory_mb / max_processes and memfd_create is refused")
 
 
 def resolve_level(mode: str) -> str:
@@ -266,6 +413,117 @@ def _workspace_root() -> Path:
     root.mkdir(mode=0o711, exist_ok=True)
     os.chmod(root, 0o711)
     return root
+
+
+# -- a tmpfs per episode: its size and entries are capped while the code writes ------------------
+
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_SHARED, _MNT_DETACH = 2, 4, 4096, 1 << 20, 2
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    import ctypes
+
+    if _libc().mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
+                     data.encode() if data else None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def _detach(path: str) -> bool:
+    return _libc().umount2(str(path).encode(), _MNT_DETACH) == 0
+
+
+def _share_pool_dir(path: Path) -> bool:
+    """Make a pool's directory a shared tmpfs (root hosts), so that the episodes' tmpfs mounted
+    under it later reach the server already running on it (bubblewrap's copy is its slave), and
+    the code's mountinfo shows no host path for it (a bind mount shows its source's)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        _mount("tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=711")
+    except OSError as exc:
+        log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
+        return False
+    try:
+        _mount("none", str(path), None, _MS_SHARED)
+        return True
+    except OSError as exc:
+        log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
+        _detach(str(path))
+        return False
+
+
+_POOL_MOUNT = re.compile(r"^(.*/benchmax-gym-\d+/sandbox-(\d+)-[^/]+)(/|$)")
+
+
+def _sweep_stale_pools() -> None:
+    """Detach what pools of processes that died without closing (SIGKILL, SIGTERM) left mounted,
+    wherever their temp root was (a worker's, a test's): their tmpfs hold the dead episodes' files."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return
+    stale = set()
+    for point in points:
+        match = _POOL_MOUNT.match(point)
+        if match and not os.path.exists(f"/proc/{match.group(2)}"):
+            stale.add(match.group(1))
+    for pool in stale:
+        for point in sorted((p for p in points if p == pool or p.startswith(pool + "/")), key=len, reverse=True):
+            _detach(point)
+        remove_tree(Path(pool))
+
+
+def _episode_tmpfs(path: Path, limits: "SandboxLimits") -> bool:
+    """Mount the episode's tmpfs: ``workspace_mb`` for its workspace and ``/tmp`` together, and
+    one entry per 4 KiB of it (an empty file, a link or a FIFO costs at least a block)."""
+    try:
+        _mount("tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV,
+               f"size={limits.workspace_mb}m,nr_inodes={max(64, limits.workspace_mb * 256)},mode=711")
+        return True
+    except OSError as exc:
+        log.warning("no tmpfs for a sandbox workspace (%s): the quota is checked after each call", exc)
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def disk_mechanism() -> tuple[bool, str]:
+    """Whether episodes get a tmpfs each here (the quota then holds during the call), and words."""
+    probe = Path(tempfile.mkdtemp(prefix="probe-", dir=_workspace_root()))
+    try:
+        if _share_pool_dir(probe):
+            _detach(str(probe))
+            return True, ("a tmpfs per episode (size=workspace_mb, one entry per 4 KiB of it, workspace and "
+                          "/tmp together) stops writes during the call")
+        why = "not root" if os.geteuid() != 0 else "mounting a tmpfs failed"
+        return False, (f"checked after each call ({why}: no tmpfs per episode); files the call wrote past "
+                       "workspace_mb are deleted, every entry counting at least 4 KiB")
+    finally:
+        remove_tree(probe)
+
+
+def isolation_report() -> list[tuple[str, str]]:
+    """What ``doctor`` says about the sandbox's limits and what the code can still see."""
+    python = ", ".join(host for host, _ in _python_layout()[0])
+    return [
+        ("sandbox memory", memory_mechanism()[1]),
+        ("sandbox disk", disk_mechanism()[1]),
+        ("sandbox network", "a network namespace per episode (loopback only), closed when it ends"),
+        ("sandbox mountinfo", "the code's /proc/self/mountinfo names the host directories bound for "
+                              f"Python ({python}): "
+                              "the kernel shows a bind mount's source directory, and copying the interpreter and its "
+                              "packages into each server would cost seconds and hundreds of MiB; workspaces, "
+                              "episodes and the server's source appear at neutral paths, cgroups by their owner's pid"
+                              + ("" if disk_mechanism()[0] else " (episodes not: they are not tmpfs here)")),
+    ]
 
 
 def _own_workspace(workspace: Path) -> int | None:
@@ -322,7 +580,8 @@ def _inside(path: str, binds) -> str | None:
     return None
 
 
-def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.Popen:
+def _spawn(level: str, episodes: Path, preload: tuple[str, ...],
+           cgroups: dict[str, str] | None = None) -> subprocess.Popen:
     """Start the server for the episodes under ``episodes`` (requests on stdin, JSON lines on
     stdout, its own errors - bubblewrap's included - on a captured stderr, never the user's)."""
     inside = level == BUBBLEWRAP
@@ -332,8 +591,9 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.P
         "episodes": "/sandbox/episodes" if inside else str(episodes),
         "preload": list(preload),
         "nproc_base": 0 if root else user_process_count(os.getuid()),
-        "seccomp": (seccomp_filter() or b"").hex() if inside else "",
+        "seccomp": (seccomp_filter(memfd=cgroups is not None) or b"").hex() if inside else "",
         "max_calls": MAX_CONCURRENT_CALLS,
+        "cgroups": ({key: f"/sandbox/cgroup/{key}" for key in cgroups} if inside else cgroups) if cgroups else None,
     }
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp", "TMPDIR": "/tmp",
            "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -354,7 +614,17 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.P
         argv += ["--perms", "0755", "--dir", "/sandbox"]  # bwrap would create it closed (0700)
         for host, dest in binds:
             argv += ["--ro-bind", host, dest]
-        argv += ["--ro-bind", str(SERVER), "/sandbox/server.py", "--bind", str(episodes), "/sandbox/episodes",
+        for key, path in (cgroups or {}).items():  # the monitors hide it from the code
+            argv += ["--bind", path, f"/sandbox/cgroup/{key}"]
+        source_read, source_write = os.pipe()  # the server's source as data: no host path in mountinfo
+        source = SERVER.read_bytes()
+        if len(source) >= 65536:
+            raise OSError("sandbox_server.py no longer fits a pipe's buffer")
+        os.write(source_write, source)
+        os.close(source_write)
+        pass_fds = (source_read,)
+        argv += ["--perms", "0444", "--ro-bind-data", str(source_read), "/sandbox/server.py",
+                 "--bind", str(episodes), "/sandbox/episodes",
                  "--proc", "/proc", "--dev", "/dev", "--chdir", "/", "--clearenv"]
         for key, value in {**env, **extra_env}.items():
             argv += ["--setenv", key, value]
@@ -362,10 +632,15 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...]) -> subprocess.P
     else:
         config["path"] = [os.path.realpath(p) for p in sys.path if p]
         argv = [_interpreter(), "-I", "-S", "-B", str(SERVER)]
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=str(episodes), env=env, start_new_session=True, close_fds=True,
-    )
+        pass_fds = ()
+    try:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=str(episodes), env=env, start_new_session=True, close_fds=True, pass_fds=pass_fds,
+        )
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
     try:  # the configuration is its first line of input (a pipe holds it until it starts)
         proc.stdin.write((json.dumps(config) + "\n").encode())
         proc.stdin.flush()
@@ -502,10 +777,15 @@ class _Pool:
     their episodes' files, and the server (started by the first call, restarted when it dies,
     killed with the directory when the last user lets go)."""
 
-    def __init__(self, level: str, preload: tuple[str, ...]):
+    def __init__(self, level: str, preload: tuple[str, ...], cgroups: bool = True, tmpfs: bool = True):
         self.level, self.preload, self.pid = level, preload, os.getpid()
-        self.dir = Path(tempfile.mkdtemp(prefix="sandbox-", dir=_workspace_root()))
+        self.cgroups = _make_cgroup_parents()[0] if cgroups and memory_mechanism()[0] else None
+        root = _workspace_root()
+        if os.geteuid() == 0:
+            _sweep_stale_pools()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"sandbox-{os.getpid()}-", dir=root))
         os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
+        self.tmpfs = tmpfs and _share_pool_dir(self.dir)  # episodes then get a tmpfs each
         self.users = 0
         self.restarts = 0
         self._server: _Server | None = None
@@ -523,8 +803,14 @@ class _Pool:
                 if server is not None:
                     server.kill()
                     self.restarts += 1
-                server = self._server = _Server(_spawn(self.level, self.dir, self.preload))
+                server = self._server = _Server(_spawn(self.level, self.dir, self.preload, self.cgroups))
             return server
+
+    def forget(self, episode: str) -> None:
+        """Tell the running server an episode ended (its network namespace goes)."""
+        server = self._server
+        if server is not None and not server.dead and self.pid == os.getpid():
+            server.cancel({"forget": episode})
 
     def restart(self, server: _Server) -> None:
         """Kill ``server`` (hung, or its channel no longer trusted); the next call starts another."""
@@ -535,6 +821,10 @@ class _Pool:
             server, self._server = self._server, None
         if server is not None and self.pid == os.getpid():
             server.kill()
+        if self.pid == os.getpid():
+            _remove_cgroups(self.cgroups, wait=2.0)
+            if self.tmpfs:
+                _detach(str(self.dir))
         remove_tree(self.dir)
 
 
@@ -590,7 +880,8 @@ _MAX_DEPTH = 128  # deeper directories are moved up to the workspace's top level
 def _walk(root: Path, visit=None, remove: bool = False) -> None:
     """Visit every entry under ``root`` as ``visit(parts, stat)``, or delete them all: iterative,
     one directory fd per level (any name length), never following a symlink, opening up modes
-    the code closed. A directory nested deeper than ``_MAX_DEPTH`` is moved up to ``root`` first."""
+    the code closed. A directory nested deeper than ``_MAX_DEPTH`` is moved up to ``root`` first.
+    Mounts under ``root`` are not walked; deleting detaches them (root hosts' tmpfs)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         root_fd = os.open(root, flags)
@@ -598,6 +889,7 @@ def _walk(root: Path, visit=None, remove: bool = False) -> None:
         return
     stack: list[tuple[int, tuple[str, ...], list[str]]] = []
     try:
+        root_dev = os.fstat(root_fd).st_dev
         stack.append((root_fd, (), _listdir(root_fd)))
         moved = 0
         while stack:
@@ -614,6 +906,13 @@ def _walk(root: Path, visit=None, remove: bool = False) -> None:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
+            if st.st_dev != root_dev and stat.S_ISDIR(st.st_mode):  # a mount (a pool's or episode's tmpfs)
+                if not remove or not _detach(f"/proc/self/fd/{fd}/{name}"):
+                    continue  # not walked into, not counted: another file system
+                try:  # a worker killed with its sandboxes leaves them; what is under them goes with them
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
             if visit is not None:
                 visit(parts + (name,), st)
             if not stat.S_ISDIR(st.st_mode):
@@ -654,8 +953,9 @@ def _quietly(fn, *args, **kwargs) -> bool:
 
 
 def _usage(st: os.stat_result) -> int:
-    """Bytes an entry counts against the quota: its size or its blocks, whichever is larger."""
-    return max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512)
+    """Bytes an entry counts against the quota: its size or its blocks, whichever is larger, and at
+    least one block (an empty file, a link or a FIFO is not free: each costs a walk)."""
+    return max(st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_blocks * 512, 4096)
 
 
 def _workspace_usage(root: Path) -> int:
@@ -708,8 +1008,12 @@ class Sandbox:
         self._pool = pool if pool is not None else _acquire(self.level, self.preload)
         self._pid = os.getpid()
         self.name = secrets.token_hex(8)
-        self.workspace = self._pool.dir / f"ws-{self.name}"
-        self.tmp = self._pool.dir / f"tmp-{self.name}"
+        self._dir = self._pool.dir / f"ep-{self.name}"  # the episode's tmpfs (root hosts), or a directory
+        self._dir.mkdir(mode=0o700)
+        os.chmod(self._dir, 0o711 if os.geteuid() == 0 else 0o700)  # root: the episode's uid passes through
+        self.tmpfs = self._pool.tmpfs and _episode_tmpfs(self._dir, self.limits)
+        self.workspace = self._dir / "workspace"
+        self.tmp = self._dir / "tmp"
         self.workspace.mkdir(mode=0o700)
         self.tmp.mkdir(mode=0o700)
         self.uid = _own_workspace(self.workspace)
@@ -755,8 +1059,10 @@ class Sandbox:
             server.cancel({"cancel": self.name})
             with self._lock:  # run() returns as soon as the server says the call ended
                 pass
-        remove_tree(self.workspace)
-        remove_tree(self.tmp)
+        self._pool.forget(self.name)
+        if self.tmpfs:
+            _detach(str(self._dir))  # its pages go with the last mount of it (a call's copy)
+        remove_tree(self._dir)
         if self._owned_pool:
             _release(self._pool)
 
@@ -792,6 +1098,7 @@ class Sandbox:
                 return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
                                   error_override="tool_error")
             started = time.monotonic()
+            before = os.statvfs(self._dir) if self.tmpfs else None
             request = {"code": code, "timeout": timeout, "episode": self.name, "uid": self.uid,
                        "limits": asdict(self.limits)}
             self._running = (server, 0)
@@ -811,17 +1118,32 @@ class Sandbox:
                                   notes=["the sandbox's reply channel was out of step; the result was discarded"])
             if reply.get("cancelled"):
                 return ExecResult(seconds=seconds, error_override="tool_error", notes=["the episode ended"])
+            if reply.get("oom"):  # the call's cgroup hit memory_mb: the kernel killed a process
+                reply["exit_code"], reply["signal"] = EXIT_MEMORY, None
+                reply.setdefault("notes", []).append(
+                    f"memory limit of {self.limits.memory_mb} MiB for the call's processes together "
+                    "exceeded: a process was killed")
             if "internal_error" in reply:
                 log.error("sandbox server error: %s", reply["internal_error"])
                 return ExecResult(timed_out=True, seconds=seconds, notes=["the sandbox failed to run the code"])
             result = ExecResult(**{k: reply[k] for k in ExecResult.__dataclass_fields__ if k in reply})
-            if self._usage() > self.limits.workspace_mb * 1024 * 1024:
+            if self.tmpfs:  # the kernel held the quota during the call: say so if this call spent it
+                st = os.statvfs(self._dir)
+                if (st.f_bavail == 0 and (st.f_bfree < before.f_bfree or result.exit_code == EXIT_FILE_SIZE)
+                        or st.f_favail == 0 and (st.f_ffree < before.f_ffree or result.exit_code == EXIT_FILE_SIZE)):
+                    result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB (files and "
+                                        f"{st.f_files} entries, /tmp included) is full: delete files to write more")
+                    result.error_override = "file_size_limit"
+            elif self._usage() > self.limits.workspace_mb * 1024 * 1024:
                 self._enforce_quota(started)
                 result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB exceeded: files written by this call were deleted")
                 result.error_override = "file_size_limit"
             return result
 
     def _usage(self) -> int:
+        if self.tmpfs:
+            st = os.statvfs(self._dir)
+            return (st.f_blocks - st.f_bfree) * st.f_frsize
         return _workspace_usage(self.workspace) + _workspace_usage(self.tmp)
 
     def _enforce_quota(self, since: float) -> None:

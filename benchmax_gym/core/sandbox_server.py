@@ -8,12 +8,15 @@ a fresh fork, so nothing of one call survives into another but the episode's fil
 
 * at level ``bubblewrap`` the server runs inside bubblewrap (no network, read-only system files, a
   scrubbed environment) and sees every episode's directory under ``/sandbox/episodes``. Per call
-  it forks a child that unshares new mount, PID, network and IPC namespaces and forks the call's
-  *monitor*: the new PID namespace's init, which mounts that episode's workspace at
-  ``/workspace`` and its own directory at ``/tmp``, a fresh ``/dev/shm`` and ``/proc``, hides
-  ``/sandbox/episodes`` and makes everything else read-only, loads the seccomp filter, and forks
-  the code's process. The code thus sees only its own episode's files and its own processes, and
-  the kernel kills everything in the namespace when the monitor exits;
+  its *zygote* (forked once after the preload, before any request: it never holds another
+  episode's data) forks a child that unshares new mount, PID and IPC namespaces and forks the
+  call's *monitor*: the new PID namespace's init, which enters the episode's network namespace,
+  mounts that episode's workspace at ``/workspace`` and its own directory at ``/tmp``, a fresh
+  ``/dev/shm`` and ``/proc``, hides ``/sandbox/episodes`` and ``/sandbox/cgroup`` and makes
+  everything else read-only, loads the seccomp filter, and forks the code's process, which joins
+  the call's cgroup (where the host gave cgroups). The code thus sees only its own episode's
+  files and its own processes, and the kernel kills everything in the namespace when the monitor
+  exits;
 * at level ``rlimits`` (opted into: no isolation) the monitor is a plain fork working in the
   episode's directory.
 
@@ -26,8 +29,8 @@ process keeps none of their descriptors, and (bubblewrap) cannot see or signal t
 
 Configuration comes as the first line on stdin: the level, where episode directories are, modules to
 preload, ``sys.path`` (inside bubblewrap the interpreter runs with ``-S`` at a neutral path), the
-seccomp program, and how many processes this uid already runs outside (the base of the process
-limit).
+seccomp program, how many processes this uid already runs outside (the base of the process
+limit), and the parent cgroups to make each call's cgroup under (or none).
 """
 
 import collections
@@ -54,31 +57,30 @@ CONFIG: dict = {}
 ISOLATED = False
 EPISODES = ""
 MAX_CALLS = 8  # calls at once; more wait their turn (each holds two processes)
+SPARE_MONITORS = 2
 
 
 def configure():
     """Read the configuration: the first line on stdin (not the command line: /proc/PID/cmdline
-    is readable inside). Returns whatever of the requests came with it."""
+    is readable inside), and nothing past it."""
     global ISOLATED, EPISODES, MAX_CALLS
-    data = b""
-    while b"\n" not in data:
-        chunk = os.read(0, 65536)
+    data = bytearray()
+    while not data.endswith(b"\n"):  # a byte at a time: no request is read with it (see zygote())
+        chunk = os.read(0, 1)
         if not chunk:
             sys.exit(0)
         data += chunk
-    line, _, rest = data.partition(b"\n")
-    CONFIG.update(json.loads(line))
+    CONFIG.update(json.loads(data))
     if CONFIG.get("path"):
         sys.path[:] = CONFIG["path"]
     ISOLATED = CONFIG["level"] == "bubblewrap"
     EPISODES = CONFIG["episodes"]
     MAX_CALLS = CONFIG.get("max_calls", MAX_CALLS)
-    return rest
 
 
 PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 38, 22, 24, 47
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x08000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_SLAVE = 1, 2, 4, 32, 4096, 16384, 1 << 19
 _libc = []
 
 
@@ -187,7 +189,7 @@ def user_process_count(uid):
 STATUS_FD = 1023  # where the code's process reports how the code ended (see run_child)
 
 
-def run_child(request, nproc, write_out, write_err, write_status):
+def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=False):
     """In the forked child: limits, identity, then the code. Never returns.
 
     When the code ends, the process reports its exit status on ``STATUS_FD`` and closes its output
@@ -196,6 +198,9 @@ def run_child(request, nproc, write_out, write_err, write_status):
     limits = request["limits"]
     gc.enable()
     try:
+        if in_cgroup:  # the OOM killer takes the code's processes, never the monitor that reports
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -209,7 +214,8 @@ def run_child(request, nproc, write_out, write_err, write_status):
         mb = 1024 * 1024
         for which, value in (
             (resource.RLIMIT_CPU, limits["cpu_seconds"]),
-            (resource.RLIMIT_AS, limits["memory_mb"] * mb),
+            (resource.RLIMIT_AS, limits["memory_mb"] * mb if in_cgroup else
+             CONFIG.get("base_as", 0) + limits["memory_mb"] * mb // limits["max_processes"]),
             (resource.RLIMIT_FSIZE, limits["max_file_mb"] * mb),
             (resource.RLIMIT_NPROC, nproc),
             (resource.RLIMIT_CORE, 0),
@@ -224,7 +230,7 @@ def run_child(request, nproc, write_out, write_err, write_status):
             drop_capabilities()
         if ISOLATED:
             set_dumpable(1)  # the channel is closed; the code may see its own /proc entries
-        os.chdir("/workspace" if ISOLATED else os.path.join(EPISODES, "ws-" + request["episode"]))
+        os.chdir("/workspace" if ISOLATED else os.path.join(EPISODES, "ep-" + request["episode"], "workspace"))
         os.environ["HOME"] = os.getcwd()
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
@@ -245,7 +251,7 @@ def run_child(request, nproc, write_out, write_err, write_status):
         status = 1
         if isinstance(exc, MemoryError):
             status = EXIT_MEMORY
-        elif isinstance(exc, OSError) and exc.errno == 27:  # EFBIG
+        elif isinstance(exc, OSError) and exc.errno in (27, 28, 122):  # EFBIG, ENOSPC, EDQUOT
             status = EXIT_FILE_SIZE
         elif isinstance(exc, BlockingIOError) and exc.errno == 11:  # EAGAIN from fork
             status = EXIT_PROCESSES
@@ -314,8 +320,9 @@ def loopback_up():
 
 def new_network():
     """A network namespace with only a loopback device, up, held by a descriptor (no process needs
-    to live in it). Calls borrow one each, never two at once: made and torn down per call, network
-    namespaces cost milliseconds of kernel work each and serialise on a global lock."""
+    to live in it). One per episode, made at its first call and closed when it ends: nothing of
+    another episode's sockets (``/proc/net/tcp``'s TIME_WAIT entries) can reach its calls. Not one
+    per call: network namespaces cost milliseconds of kernel work each and serialise on a global lock."""
     ready_read, ready_write = os.pipe()
     hold_read, hold_write = os.pipe()
     pid = os.fork()
@@ -356,7 +363,7 @@ def outer_pid():
 def prepare_namespace():
     """In the monitor, init of fresh namespaces, before it knows its episode: a fresh /proc, /dev/shm
     and /dev/pts, /dev read-only, nothing propagating back."""
-    mount("none", "/", None, MS_REC | MS_PRIVATE)
+    mount("none", "/", None, MS_REC | MS_SLAVE)  # an episode's tmpfs mounted later still arrives
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
     mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=620")
@@ -366,14 +373,88 @@ def prepare_namespace():
 def enter_episode(episode):
     """Then only this episode's files: its workspace at /workspace and its own /tmp, every other
     episode hidden, the rest read-only; then the seccomp filter."""
-    mount(f"{EPISODES}/ws-{episode}", "/workspace", None, MS_BIND | MS_REC)
-    mount(f"{EPISODES}/tmp-{episode}", "/tmp", None, MS_BIND | MS_REC)
+    mount(f"{EPISODES}/ep-{episode}/workspace", "/workspace", None, MS_BIND | MS_REC)
+    mount(f"{EPISODES}/ep-{episode}/tmp", "/tmp", None, MS_BIND | MS_REC)
     mount("tmpfs", EPISODES, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
+    if CONFIG.get("cgroups"):
+        mount("tmpfs", "/sandbox/cgroup", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
     remount_read_only("/")
     load_seccomp()
 
 
-def monitor(request, nproc):
+def make_cgroup():
+    """A call's own cgroup (one per hierarchy), capping its processes' memory and number together;
+    None where the host gave none (then each process has its own share, see run_child). Made by
+    the server with the spare monitor, which joins it before its request comes (moving a process
+    between cgroups waits for an RCU grace period: ~10 ms on a busy machine, off the call's path);
+    its limits are set when the request comes; removed once empty."""
+    dirs = CONFIG.get("cgroups")
+    if not dirs:
+        return None
+    name = "call-" + os.urandom(8).hex()
+    try:
+        for parent in dirs.values():
+            os.mkdir(f"{parent}/{name}", 0o755)
+    except OSError:
+        remove_cgroup(name)
+        raise
+    return name
+
+
+def limit_cgroup(name, limits):
+    """Set the call's limits: ``memory_mb`` (no swap) and ``max_processes`` (and its monitor)."""
+    memory, pids = limits["memory_mb"] << 20, limits["max_processes"] + 1
+    files = {"memory": [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)],
+             "pids": [("pids.max", pids)],
+             "unified": [("memory.max", memory), ("memory.swap.max", 0), ("pids.max", pids)]}
+    for key, parent in CONFIG["cgroups"].items():
+        for file, value in files[key]:
+            path = f"{parent}/{name}/{file}"
+            if file.startswith("pids") or file in ("memory.limit_in_bytes", "memory.max") or os.path.exists(path):
+                fd = os.open(path, os.O_WRONLY)
+                try:
+                    os.write(fd, b"%d" % value)
+                finally:
+                    os.close(fd)
+
+
+def remove_cgroup(name):
+    """True once the call's cgroups are gone (they stay while a killed process is still exiting)."""
+    gone = True
+    for parent in (CONFIG.get("cgroups") or {}).values():
+        try:
+            os.rmdir(f"{parent}/{name}")
+        except FileNotFoundError:
+            pass
+        except OSError:
+            gone = False
+    return gone
+
+
+def join_cgroup(name):
+    """In the monitor, before its request (and before the cgroups are hidden): join the call's
+    cgroups, so the code's process starts in them; returns a descriptor to read the OOM kill
+    count from. The code's processes volunteer first for the OOM killer (see run_child)."""
+    dirs = CONFIG["cgroups"]
+    for parent in dirs.values():
+        fd = os.open(f"{parent}/{name}/cgroup.procs", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+    events = (f"{dirs['memory']}/{name}/memory.oom_control" if "memory" in dirs
+              else f"{dirs['unified']}/{name}/memory.events")
+    return os.open(events, os.O_RDONLY | os.O_CLOEXEC)
+
+
+def oom_kills(fd):
+    for line in os.pread(fd, 4096, 0).decode().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+def monitor(request, nproc, cgroup=None):
     """Run one call in a fresh child and return its result (what the host reads); the caller
     sweeps up after sending it."""
     limits = request["limits"]
@@ -387,7 +468,7 @@ def monitor(request, nproc):
     if child == 0:
         for fd in (read_out, read_err, read_status):
             os.close(fd)
-        run_child(request, nproc, write_out, write_err, write_status)
+        run_child(request, nproc, write_out, write_err, write_status, cgroup is not None)
     for fd in (write_out, write_err, write_status):
         os.close(fd)
     buffers = {read_out: bytearray(), read_err: bytearray()}
@@ -445,6 +526,8 @@ def monitor(request, nproc):
     for fd in (*buffers, read_status, exit_fd):
         os.close(fd)
     result = {"timed_out": timed_out, "seconds": time.monotonic() - start}
+    if cgroup is not None and oom_kills(cgroup):
+        result["oom"] = True
     if status is None:
         status = signal.SIGKILL  # timed out: killed
     result["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
@@ -460,37 +543,120 @@ def monitor(request, nproc):
     return result, child
 
 
-def new_monitor(network):
-    """Fork a call's monitor, ready before its request comes (the server keeps one spare, so a
-    call does not wait for forks and namespaces), in the network namespace ``network`` (a
-    descriptor, or None): ``(request pipe, result pipe)``. The monitor writes its pid, then, once
-    it has served the one request it reads, its result."""
-    request_read, request_write = os.pipe()
-    result_read, result_write = os.pipe()
+ZYGOTE = []  # the server's end of its socket to the zygote
+
+
+def start_zygote():
+    """Fork the zygote: the process every call's monitor is forked from. It is forked once, after
+    the preload and before the first request is read, and it only ever reads "fork a monitor"
+    and answers with the monitor's two channel ends, so its memory - and
+    so the code's - never holds another episode's request, result or queue (a monitor forked from
+    the server's loop inherited its frames: ``sys._getframe().f_back`` reached them)."""
+    import socket
+
+    server_end, zygote_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     if os.fork() == 0:
         try:
-            os.close(request_write)
-            os.close(result_read)
-            serve_call(request_read, result_write, network)
+            os.dup2(zygote_end.fileno(), 3)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # not the host's request channel
+            os.closerange(4, 65536)
+            zygote(socket.socket(fileno=3))
         finally:
-            os._exit(1)  # a fork never returns into the server's loop
-    os.close(request_read)
-    os.close(result_write)
+            os._exit(0)
+    zygote_end.close()
+    ZYGOTE.append(server_end)
+
+
+def zygote(sock):
+    """The zygote's loop: per message, fork a monitor (``serve_call``) and pass back the server's
+    end of its request socket and the read end of its result pipe. Never returns."""
+    import socket
+
+    signal.signal(signal.SIGCHLD, lambda *_: reap())  # forks that exit (the monitors are reparented)
+    while True:
+        try:
+            message, fds, _, _ = socket.recv_fds(sock, 256, 1)
+        except OSError:
+            os._exit(0)
+        if not message:  # the server is gone
+            os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        cgroup = message[1:].decode() or None  # the name of the call's cgroup, if any
+        request_read, request_write = (s.detach() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM))
+        result_read, result_write = os.pipe()
+        if os.fork() == 0:
+            try:
+                os.close(request_write)
+                os.close(result_read)
+                serve_call(request_read, result_write, cgroup)
+            finally:
+                os._exit(1)  # a fork never returns into the zygote's loop
+        for fd in (request_read, result_write):
+            os.close(fd)
+        try:
+            socket.send_fds(sock, [b"m"], [request_write, result_read])
+        except OSError:
+            os._exit(0)
+        os.close(request_write)
+        os.close(result_read)
+
+
+def new_monitor():
+    """A call's monitor from the zygote, ready before its request comes (the server keeps one
+    spare, so a call does not wait for forks, namespaces and cgroups): ``(request socket, result
+    pipe, cgroup name or None)``. The monitor writes its pid, then, once it has served the one
+    request it reads, its result."""
+    import socket
+
+    cgroup = make_cgroup()
+    sock = ZYGOTE[0]
+    sock.send(b"n" + (cgroup or "").encode())
+    _, fds, _, _ = socket.recv_fds(sock, 16, 2)
+    if len(fds) != 2:
+        raise OSError("the zygote is gone")
+    request_write, result_read = fds
     os.set_blocking(result_read, False)
-    return request_write, result_read
+    return request_write, result_read, cgroup
+
+
+def send_request(fd, data, network):
+    """Send the request, with the episode's network namespace (a descriptor) if it has one.
+    Raises OSError only if nothing reached the monitor (then another may be sent it): the
+    monitor closes its end as soon as it has read the request, and one more ``send`` (even of
+    nothing: ``sendall(b"")`` sends) would then fail after a delivery, running the call twice."""
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    try:
+        sent = socket.send_fds(sock, [data[:65536]], [network]) if network is not None else sock.send(data[:65536])
+        try:
+            if sent < len(data):
+                sock.sendall(data[sent:])
+        except OSError:
+            pass  # the monitor has part of it: it fails the call, which is never run twice
+    finally:
+        sock.close()
 
 
 def read_request(fd):
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1 << 20)
+    """``(request, network namespace descriptor or None)``; None for a spare the server let go."""
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+    while data and not data.endswith(b"\n"):
+        chunk = sock.recv(1 << 20)
         if not chunk:
-            return None  # a spare the server let go
+            break
         data += chunk
-    return json.loads(data)
+    sock.close()
+    if not data.endswith(b"\n"):
+        return None
+    return json.loads(data), (fds[0] if fds else None)
 
 
-def serve_call(request_fd, result_fd, network):
+def serve_call(request_fd, result_fd, cgroup_name=None):
     """In the fork: become (bubblewrap: create, in new namespaces) the call's monitor, then serve
     the request read from ``request_fd``. Never returns."""
     child = None
@@ -500,16 +666,14 @@ def serve_call(request_fd, result_fd, network):
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # nothing of the server's channel is kept
+        import fcntl  # out of the way of 3 and 4 first: either may be one of these
+        request_fd, result_fd = (fcntl.fcntl(fd, fcntl.F_DUPFD, 100) for fd in (request_fd, result_fd))
         os.dup2(request_fd, 3)
         os.dup2(result_fd, 4)
-        if network is not None:
-            os.dup2(network, 5)
-        os.closerange(6 if network is not None else 5, 65536)
+        os.closerange(5, 65536)
         request_fd, result_fd = 3, 4
         if ISOLATED:
             try:
-                check(libc().setns(5, CLONE_NEWNET), "setns")
-                os.close(5)
                 check(libc().unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC), "unshare")
                 pid = os.fork()  # the monitor: init of the new PID namespace
             except BaseException:
@@ -523,13 +687,18 @@ def serve_call(request_fd, result_fd, network):
         else:  # as before: at this level nothing shields the monitor from the code
             set_dumpable(1)
             os.write(result_fd, b"%d\n" % os.getpid())
-        request = read_request(request_fd)
+        cgroup = join_cgroup(cgroup_name) if cgroup_name else None
+        request, network = read_request(request_fd) or (None, None)
         if request is None:
             os._exit(0)
-        os.close(request_fd)
+        if ISOLATED:  # the episode's own network namespace: nothing of another episode's sockets
+            if network is None:
+                raise OSError("no network namespace for the call")
+            check(libc().setns(network, CLONE_NEWNET), "setns")
+            os.close(network)
         if ISOLATED:
             enter_episode(request["episode"])
-        result, child = monitor(request, request["nproc"])
+        result, child = monitor(request, request["nproc"], cgroup)
     except BaseException:
         result = {"internal_error": traceback.format_exc()}
     data = json.dumps(result).encode() + b"\n"
@@ -557,12 +726,12 @@ def process_limit(request):
 
 
 class Call:
-    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "network")
+    __slots__ = ("id", "episode", "data", "monitor", "deadline", "eof", "cancelled", "cgroup")
 
-    def __init__(self, request_id, episode, deadline, network):
+    def __init__(self, request_id, episode, deadline, cgroup):
         self.id, self.episode, self.data, self.monitor, self.deadline = request_id, episode, b"", None, deadline
         self.eof = self.cancelled = False
-        self.network = network
+        self.cgroup = cgroup
 
 
 def kill(pid):
@@ -579,7 +748,7 @@ def write_all(fd, data):
 
 
 def main():
-    early_requests = configure()
+    configure()
     set_dumpable(0)  # never model code's: its memory and descriptors stay out of reach
     if ISOLATED:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # as init, a signal without handler never arrives
@@ -589,9 +758,12 @@ def main():
     os.dup2(2, 1)
     preload()
     seccomp_program()
+    with open("/proc/self/status") as f:  # what every call's process starts with (shared pages)
+        CONFIG["base_as"] = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     # Every call forks from here: keep the collector off what is already loaded, or its first
     # full pass in a fork touches (and so copies) every page of it.
     gc.freeze()
+    start_zygote()
 
     def reply(message):
         try:
@@ -610,49 +782,61 @@ def main():
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     sel.register(wake_read, selectors.EVENT_READ)
-    pending = early_requests
+    pending = b""
     calls = {}  # result pipe fd -> Call
     queue = collections.deque()  # requests waiting for one of the max_calls slots
-    networks = []  # idle network namespaces (descriptors)
+    networks = {}  # episode -> its network namespace (a descriptor), until the host says it ended
+    doomed = [entry.name for parent in (CONFIG.get("cgroups") or {}).values()  # a previous server's
+              for entry in os.scandir(parent) if entry.is_dir()]  # ended calls' cgroups, removed when empty
 
-    def monitor_with_network():
-        network = (networks.pop() if networks else new_network()) if ISOLATED else None
-        return (*new_monitor(network), network)
-
-    spare = [monitor_with_network()]  # a monitor ready for the next call
+    # Monitors (and a network namespace for a new episode) ready before the calls that need them:
+    # two monitors, so that back-to-back calls never wait for one to fork, unshare and join its cgroup.
+    spare = [new_monitor() for _ in range(SPARE_MONITORS)]
+    spare_networks = [new_network()] if ISOLATED else []
 
     def dispatch(request):
         request["nproc"] = process_limit(request)
         data = json.dumps(request).encode() + b"\n"
-        request_fd, read_fd, network = spare.pop() if spare else monitor_with_network()
+        network = None
+        if ISOLATED:
+            network = networks.get(request["episode"])
+            if network is None:
+                network = networks[request["episode"]] = spare_networks.pop() if spare_networks else new_network()
+        request_fd, read_fd, cgroup = spare.pop() if spare else new_monitor()
         try:
-            write_all(request_fd, data)  # the monitor reads it once its namespaces are ready
+            if cgroup:
+                limit_cgroup(cgroup, request["limits"])
+            send_request(request_fd, data, network)  # the monitor reads it once its namespaces are ready
         except OSError:  # a spare that died: a fresh monitor
             os.close(read_fd)
-            os.close(request_fd)
-            request_fd, read_fd = new_monitor(network)
-            write_all(request_fd, data)
-        os.close(request_fd)
+            if cgroup:
+                doomed.append(cgroup)
+            request_fd, read_fd, cgroup = new_monitor()
+            if cgroup:
+                limit_cgroup(cgroup, request["limits"])
+            send_request(request_fd, data, network)
         deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
-        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, network)
+        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, cgroup)
         sel.register(read_fd, selectors.EVENT_READ)
 
     def finish(fd, call, result):
         sel.unregister(fd)
         os.close(fd)
         del calls[fd]
-        if call.network is not None:
-            if call.monitor:
-                kill(call.monitor)  # nothing of the call may still be in its network namespace
-            networks.append(call.network)
+        if ISOLATED and call.monitor:
+            kill(call.monitor)  # nothing of the call lingers into the episode's next one
+        if call.cgroup:  # removed once its processes are gone
+            doomed.append(call.cgroup)
         result["id"] = call.id
         reply(result)
         while queue and len(calls) < MAX_CALLS:
             request = queue.popleft()
             reply({"id": request.get("id"), "started": True})
             dispatch(request)
-        if not spare and not queue:  # the next call's monitor, made while the model reads this result
-            spare.append(monitor_with_network())
+        while len(spare) < SPARE_MONITORS and not queue:  # made while the model reads this result
+            spare.insert(0, new_monitor())  # the oldest is used first: it is ready
+        if ISOLATED and not spare_networks and not queue:
+            spare_networks.append(new_network())
 
     def result_of(call):
         lines = call.data.split(b"\n")
@@ -671,6 +855,11 @@ def main():
         return {"cancelled": True} if call.cancelled else result
 
     def handle(request):
+        if "forget" in request:  # the episode ended: its network namespace goes
+            network = networks.pop(request["forget"], None)
+            if network is not None:
+                os.close(network)
+            return
         if "cancel" in request:  # the episode ended while its call ran or waited
             for call in calls.values():
                 if call.episode == request["cancel"]:
@@ -691,7 +880,10 @@ def main():
     while True:
         now = time.monotonic()
         wait = min([c.deadline for c in calls.values()], default=now + 1.0) - now
-        for key, _ in sel.select(max(0.0, min(wait, 1.0)) if calls else None):
+        if doomed:
+            doomed[:] = [name for name in doomed if not remove_cgroup(name)]
+            wait = min(wait, 0.02)
+        for key, _ in sel.select(max(0.0, min(wait, 1.0)) if calls or doomed else None):
             if key.fd == wake_read:
                 try:
                     while os.read(wake_read, 4096):

@@ -385,7 +385,8 @@ def _drop_privileges_and_run(code: str) -> subprocess.CompletedProcess:
         argv = [sys.executable, script]
         if os.geteuid() == 0:
             argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": "/tmp"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": "/tmp",
+               "PYTHONPATH": os.path.dirname(os.path.dirname(benchmax_gym.__file__))}  # the code under test
         return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=home)
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -564,7 +565,7 @@ def test_the_server_starts_at_the_first_call_and_is_shared_by_every_episode(bubb
             env.reset(seed=10 + i)  # new episodes keep the server warm
         assert len(sandbox_processes()) == 1
         server = sandbox_processes()[0]
-        assert len(server.children(recursive=True)) <= 3  # the server and a spare monitor, at rest
+        assert len(server.children(recursive=True)) <= 4  # the server, its zygote and two spare monitors, at rest
     finally:
         for env in envs:
             env.close()
@@ -627,9 +628,9 @@ def test_an_episode_that_ends_during_its_call_leaves_nothing(bubblewrap):
     assert not box.workspace.exists() and not box.tmp.exists()
     server = sandbox_processes()[0]
     deadline = time.monotonic() + 5  # the call's processes are gone (a spare monitor may be starting)
-    while len(server.children(recursive=True)) > 3 and time.monotonic() < deadline:
+    while len(server.children(recursive=True)) > 4 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(server.children(recursive=True)) <= 3, [p.cmdline() for p in server.children(recursive=True)]
+    assert len(server.children(recursive=True)) <= 4, [p.cmdline() for p in server.children(recursive=True)]
     env.close()
 
 
@@ -645,3 +646,351 @@ def test_excel_code_finds_openpyxl_numpy_and_pandas_already_imported(bubblewrap)
         assert "['openpyxl', 'numpy', 'pandas']\n3" in obs
     finally:
         env.close()
+
+
+# -- issue 27: one episode never sees another; limits hold for the whole call ------------------------
+
+# Model code that looks for another episode's marker (given reversed, so that its own code does not
+# hold it) in every frame above it and every object the collector knows, with what they refer to.
+SNOOP = """
+import gc, sys
+needle = {marker!r}[::-1]
+found = set()
+def look(value, where):
+    if value is needle:
+        return
+    if isinstance(value, (str, bytes, bytearray)):
+        text = value if isinstance(value, str) else bytes(value).decode('latin-1')
+        if needle in text:
+            found.add(where)
+frame = sys._getframe()
+frame = frame.f_back  # its own module frame holds the needle
+while frame is not None:
+    for name, value in list(frame.f_locals.items()):
+        look(repr(value)[:1_000_000], 'frame ' + frame.f_code.co_name + '.' + name)
+    frame = frame.f_back
+for obj in gc.get_objects():
+    for value in [obj, *gc.get_referents(obj)]:
+        look(value, 'gc ' + type(obj).__name__)
+print('LEAKS', sorted(found))
+"""
+
+
+def _marker_code(marker):
+    return f"secret = {marker!r}\nprint(secret)\nopen('m.txt', 'w').write(secret)"
+
+
+def test_an_episode_never_sees_another_episodes_requests_or_results(bubblewrap):
+    """Each call's monitor comes from a zygote forked before any request, so nothing of another
+    episode's code, output or waiting requests is in the code's memory: before, walking
+    sys._getframe().f_back reached the server's ``finish()`` with the previous call's result."""
+    boxes = [Sandbox(limits=SandboxLimits(timeout=20)) for _ in range(4)]
+    try:
+        marker = "EPISODE-A-" + os.urandom(6).hex()
+        result = boxes[0].run(_marker_code(marker))
+        assert marker in result.stdout
+        # across episodes: the next call of another episode, right after
+        result = boxes[1].run(SNOOP.format(marker=marker[::-1]))
+        assert result.error is None, result.text
+        assert "LEAKS []" in result.stdout, result.stdout
+        # concurrent episodes: others' calls run and wait in the queue while one looks
+        threads = [threading.Thread(target=box.run, args=(_marker_code(marker) + "\nimport time; time.sleep(1.5)",))
+                   for box in boxes[2:]]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+        result = boxes[1].run(SNOOP.format(marker=marker[::-1]))
+        for thread in threads:
+            thread.join()
+        assert result.error is None, result.text
+        assert "LEAKS []" in result.stdout, result.stdout
+    finally:
+        for box in boxes:
+            box.close()
+
+
+def test_seccomp_refuses_socket_families_normal_code_never_uses(env):
+    """AF_VSOCK reaches the host of a VM: only unix, inet, inet6 and netlink sockets are made."""
+    code = ("import socket\n"
+            "for family in (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, 40, 17, 38, 9):\n"
+            "    kind = socket.SOCK_RAW if family in (16, 17) else socket.SOCK_DGRAM if family == 9 else socket.SOCK_STREAM\n"
+            "    try:\n"
+            "        socket.socket(family, kind).close(); print(family, 'made')\n"
+            "    except OSError as e:\n"
+            "        print(family, 'refused', e.errno)\n"
+            "try:\n"
+            "    socket.socketpair(40); print('pair made')\n"
+            "except OSError as e:\n"
+            "    print('pair refused', e.errno)\n"
+            "a, b = socket.socketpair(); a.close(); b.close(); print('unix pair made')")
+    obs, info = run_python(env, code)
+    assert info["error"] is None, obs
+    for family in (1, 2, 10, 16):
+        assert f"{family} made" in obs, obs
+    for family in (40, 17, 38, 9):  # AF_VSOCK, AF_PACKET, AF_ALG, AF_X25
+        assert f"{family} refused 97" in obs, obs
+    assert "pair refused 97" in obs and "unix pair made" in obs
+
+
+# Eight processes each try to hold 100 MiB (touched) at once, then as many memfds of 64 MiB as
+# they can: under memory_mb=256 at most two may hold theirs together, and memfds count too.
+MEMORY_ATTACK = r"""
+import mmap, os, time
+r, w = os.pipe()
+kids = []
+for i in range(8):
+    pid = os.fork()
+    if pid == 0:
+        try:
+            held = [mmap.mmap(-1, 4 << 20) for _ in range(25)]
+            for m in held:
+                m.write(b'x' * (4 << 20))
+            os.write(w, b'%d\n' % os.getpid())
+        except BaseException:
+            pass
+        time.sleep(4)
+        os._exit(0)
+    kids.append(pid)
+os.close(w)
+time.sleep(3)
+os.set_blocking(r, False)
+try:
+    done = {int(x) for x in os.read(r, 1 << 20).split()}
+except BlockingIOError:
+    done = set()
+alive = {pid for pid in kids if os.waitpid(pid, os.WNOHANG) == (0, 0)}
+print('HOLDING', len(done & alive) * 100, flush=True)
+fds, wrote = [], 0
+try:
+    for i in range(16):
+        fd = os.memfd_create(f'm{i}')
+        for _ in range(16):
+            os.write(fd, b'x' * (4 << 20)); wrote += 4
+        fds.append(fd)
+except OSError as e:
+    print('MEMFD refused', e.errno, flush=True)
+print('MEMFD', wrote)
+"""
+
+
+def _memory_attack(box):
+    result = box.run(MEMORY_ATTACK)
+    holding = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("HOLDING")]
+    memfd = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("MEMFD ") and line.split()[1].isdigit()]
+    return result, holding, memfd
+
+
+def test_the_memory_limit_holds_for_the_call_as_a_whole(bubblewrap):
+    """Before, every process had its own ``memory_mb`` (8 forks held 800 MiB under 256) and memfd
+    pages counted nowhere. A cgroup per call caps them together where this machine allows (CI:
+    it must); elsewhere each process gets ``memory_mb / max_processes`` and memfds are refused."""
+    from benchmax_gym.core.sandbox import _Pool, memory_mechanism
+
+    limits = SandboxLimits(timeout=20, memory_mb=256, max_processes=16)
+    for cgroups in (True, False):
+        pool = _Pool(BUBBLEWRAP, (), cgroups=cgroups)
+        if cgroups and pool.cgroups is None:
+            assert not os.environ.get("CI"), memory_mechanism()
+            continue
+        try:
+            with Sandbox(limits=limits, pool=pool) as box:
+                result, holding, memfd = _memory_attack(box)
+                assert holding and holding[0] <= 256, result.text
+                if cgroups:  # memfds are allowed, and counted: the writer is killed
+                    assert result.error == "memory_limit" and "for the call's processes together" in result.text
+                    assert not memfd or memfd[0] < 256, result.text
+                else:
+                    assert "MEMFD refused 1" in result.stdout and memfd == [0], result.text
+                assert box.run("print('ok')").stdout == "ok\n"
+        finally:
+            pool.shut_down()
+        for path in (pool.cgroups or {}).values():
+            assert not os.path.exists(path)  # every call's cgroup, and the pool's, are removed
+
+
+def test_the_memory_limit_holds_for_the_call_as_a_whole_on_a_non_root_host(bubblewrap):
+    """The same attack from an unprivileged host user (no cgroup to write: per-process shares)."""
+    out = _drop_privileges_and_run(
+        "import json\nfrom benchmax_gym.core.sandbox import Sandbox, SandboxLimits\n"
+        f"MEMORY_ATTACK = {MEMORY_ATTACK!r}\n"
+        "with Sandbox(limits=SandboxLimits(timeout=20, memory_mb=256, max_processes=16)) as box:\n"
+        "    r = box.run(MEMORY_ATTACK)\n"
+        "    print(json.dumps([r.stdout, r.text, box.run('print(1)').stdout]))\n")
+    assert out.returncode == 0, out.stderr
+    stdout, text, after = json.loads(out.stdout.splitlines()[-1])
+    holding = [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("HOLDING")]
+    assert holding and holding[0] <= 256, text
+    assert "MEMFD refused 1" in stdout or "for the call's processes together" in text, text
+    assert after == "1\n"
+
+
+# Writes 4 MiB chunks into many files (workspace and /tmp) and makes empty files, links and FIFOs,
+# reporting what it got written while it ran (the post-call check used to come only after it).
+DISK_ATTACK = r"""
+import os
+wrote = 0
+try:
+    for i in range(200):
+        with open(('/tmp/' if i % 2 else '') + f'big{i}', 'wb') as f:
+            for _ in range(2):
+                f.write(b'x' * (2 << 20)); f.flush(); wrote += 2
+except OSError as e:
+    print('DATA stopped', e.errno)
+print('DATA', wrote, flush=True)
+for name in ('big%d' % i for i in range(200)):
+    for d in ('', '/tmp/'):
+        try:
+            os.unlink(d + name)
+        except OSError:
+            pass
+made = 0
+try:
+    for i in range(60000):
+        kind = i % 3
+        name = f'e{i}'
+        if kind == 0:
+            open(name, 'w').close()
+        elif kind == 1:
+            os.symlink('nowhere', name)
+        else:
+            os.mkfifo(name)
+        made += 1
+except OSError as e:
+    print('ENTRIES stopped', e.errno)
+print('ENTRIES', made, flush=True)
+"""
+
+
+def test_the_workspace_quota_holds_during_the_call(bubblewrap):
+    """Root hosts: a tmpfs per episode (workspace and /tmp together) with ``size=`` and
+    ``nr_inodes=``: the call cannot write past the quota nor make more than one entry per 4 KiB of
+    it. Before, a call wrote 800 MiB under 20 and made 60,000 free entries."""
+    if os.geteuid() != 0:
+        pytest.skip("tmpfs workspaces need a root host (elsewhere the quota is checked after each call)")
+    with Sandbox(limits=SandboxLimits(timeout=60, max_file_mb=8, workspace_mb=20)) as box:
+        assert box.tmpfs
+        result = box.run(DISK_ATTACK)
+        lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+        assert "DATA stopped 28" in result.stdout and int(lines["DATA"]) <= 20, result.text
+        assert "ENTRIES stopped 28" in result.stdout and int(lines["ENTRIES"]) <= 20 * 256, result.text
+        assert box.run("import os; print(len(os.listdir('.')))").stdout.strip() == lines["ENTRIES"]
+        assert box.run("import os\nfor n in os.listdir('.'):\n    os.unlink(n)\nopen('f', 'w').write('ok')\n"
+                       "print(open('f').read())").stdout == "ok\n"  # room again once the code deletes
+
+
+def test_empty_entries_count_against_the_quota_where_it_is_checked_after_the_call(bubblewrap):
+    """Without a tmpfs (non-root hosts), each entry counts at least a block: 60,000 empty files,
+    links and FIFOs no longer fit in 20 MiB for free (each later call walked them)."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    pool = _Pool(BUBBLEWRAP, (), tmpfs=False)
+    try:
+        with Sandbox(limits=SandboxLimits(timeout=60, max_file_mb=8, workspace_mb=20), pool=pool) as box:
+            assert not box.tmpfs
+            result = box.run(DISK_ATTACK.replace("range(200)", "range(0)"))
+            assert result.error == "file_size_limit" and "quota" in result.text
+            assert box._usage() <= 20 << 20
+    finally:
+        pool.shut_down()
+
+
+def test_episodes_never_share_a_network_namespace(bubblewrap):
+    """Network namespaces were pooled across episodes: the next episode read the TIME_WAIT
+    sockets (ports, addresses) the last one left in /proc/net/tcp. Now each episode has its own."""
+    first, second = (Sandbox(limits=SandboxLimits(timeout=20)) for _ in range(2))
+    try:
+        leave = ("import socket\nserver = socket.create_server(('127.0.0.1', 0))\nport = server.getsockname()[1]\n"
+                 "client = socket.create_connection(('127.0.0.1', port))\nconn, _ = server.accept()\n"
+                 "client.sendall(b'x'); conn.recv(1); client.close(); conn.close(); server.close()\n"
+                 "print('PORT %04X' % port)")
+        look = "print(open('/proc/net/tcp').read())"
+        result = first.run(leave)
+        port = result.stdout.split()[-1]
+        assert result.error is None and len(port) == 4, result.text
+        assert f":{port} " in first.run(look).stdout  # its own calls share its namespace
+        result = second.run(look)
+        assert result.error is None and f":{port} " not in result.stdout, result.stdout
+        first.close()  # an ended episode's namespace goes; the next ones get fresh ones
+        third = Sandbox(limits=SandboxLimits(timeout=20))
+        try:
+            assert f":{port} " not in third.run(look).stdout
+        finally:
+            third.close()
+    finally:
+        first.close()
+        second.close()
+
+
+def test_mountinfo_names_no_host_path_but_the_pythons_and_doctor_says_why(bubblewrap):
+    """The server's source, workspaces, episodes and cgroups were bound from host paths that
+    /proc/self/mountinfo names; they now come as data, tmpfs and neutral names. The interpreter
+    and its packages are still bound (the kernel shows a bind's source): ``doctor`` says so."""
+    from benchmax_gym.core.sandbox import _workspace_root, isolation_report
+
+    with Sandbox() as box:
+        result = box.run("print(open('/proc/self/mountinfo').read())")
+        pool = str(box._pool.dir)
+    assert result.error is None, result.text
+    assert os.path.join(os.path.dirname(os.path.dirname(benchmax_gym.__file__)), "benchmax_gym") not in result.stdout
+    assert "sandbox_server" not in result.stdout
+    if os.geteuid() == 0:  # a tmpfs per pool and per episode (elsewhere the episodes' directory shows)
+        assert str(_workspace_root()) not in result.stdout and pool not in result.stdout
+        assert " /workspace /workspace " in result.stdout
+    report = dict(isolation_report())
+    assert {"sandbox memory", "sandbox disk", "sandbox network", "sandbox mountinfo"} <= set(report)
+    assert os.path.realpath(sys.base_prefix) in report["sandbox mountinfo"]
+
+
+def test_each_call_runs_exactly_once(bubblewrap):
+    """The monitor closes its request socket as soon as it has read the request; a send after
+    that failed, and the server gave the call to a second monitor: it ran twice."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    for _ in range(4):  # a new server's first calls are where it showed most
+        pool = _Pool(BUBBLEWRAP, ())
+        boxes = [Sandbox(limits=SandboxLimits(timeout=20), pool=pool) for _ in range(4)]
+        try:
+            for _ in range(3):
+                for box in boxes:
+                    result = box.run("import os, time\nopen('runs', 'a').write('x')\ntime.sleep(0.1)")
+                    assert result.error is None, result.text
+            assert [box.run("print(open('runs').read())").stdout for box in boxes] == ["xxx\n"] * 4
+        finally:
+            for box in boxes:
+                box.close()
+            pool.shut_down()
+
+
+def test_a_killed_hosts_tmpfs_are_swept_by_the_next_pool(bubblewrap, tmp_path):
+    """Root hosts mount a tmpfs per pool and per episode; a host killed before closing leaves them
+    mounted (in its own temp root, wherever that was): the next pool on the machine detaches them."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    if os.geteuid() != 0:
+        pytest.skip("tmpfs workspaces are for root hosts")
+    code = ("import os, signal\nfrom benchmax_gym.core.sandbox import Sandbox\nbox = Sandbox()\n"
+            "box.run(\"open('f', 'w').write('x')\")\nprint(box._pool.dir, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    pool_dir = out.stdout.strip()
+    assert pool_dir.startswith(str(tmp_path)), out.stderr
+
+    def mounted():
+        with open("/proc/self/mountinfo") as f:
+            return [line.split()[4] for line in f if pool_dir in line]
+
+    assert len(mounted()) == 2  # the pool's and its episode's
+    def stale_cgroups(pool):
+        return [name for path in (pool.cgroups or {}).values() for name in os.listdir(os.path.dirname(path))
+                if name.startswith("benchmax-gym-") and name.split("-")[2].isdigit()
+                and not os.path.exists(f"/proc/{name.split('-')[2]}")]
+
+    deadline = time.monotonic() + 10
+    while True:  # its cgroups go once its server's processes are gone (they die with it, in ms)
+        pool = _Pool(BUBBLEWRAP, ())
+        pool.shut_down()
+        if not stale_cgroups(pool) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert mounted() == [] and not os.path.exists(pool_dir)
+    assert stale_cgroups(pool) == []

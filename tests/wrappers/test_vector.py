@@ -384,8 +384,8 @@ def test_a_worker_that_cannot_build_its_envs_says_why():
 
 
 def workspace_dirs(root):
-    """Episode workspaces under ``root``: sandboxes' ``ws-*`` and MCP-v0's ``benchmax-mcp-*``."""
-    return sorted(p for pattern in ("**/ws-*", "**/benchmax-mcp-*") for p in root.glob(pattern) if p.is_dir())
+    """Episode workspaces under ``root``: sandboxes' ``ep-*`` and MCP-v0's ``benchmax-mcp-*``."""
+    return sorted(p for pattern in ("**/ep-*", "**/benchmax-mcp-*") for p in root.glob(pattern) if p.is_dir())
 
 
 def processes_in(root):

@@ -2,8 +2,10 @@
 FIFOs, devices, zip bombs and workbooks that expand to millions of cells. The host tools and the
 grader open only regular files inside the workspace, within size bounds, and say so clearly."""
 
+import errno
 import json
 import os
+import shutil
 import threading
 import time
 
@@ -113,7 +115,12 @@ def test_hard_link_to_an_outside_file_is_refused(host_book):
     ws = workspace(env)
     before = host_book.read_bytes()
     plant(env, "import os\nos.remove('workbook.xlsx')")
-    os.link(host_book, ws / "workbook.xlsx")  # what code that can see a host file would plant
+    try:
+        os.link(host_book, ws / "workbook.xlsx")  # what code that can see a host file would plant
+    except OSError as exc:  # root hosts: the workspace is a tmpfs of its own, no host file links in;
+        assert exc.errno == errno.EXDEV  # a file elsewhere on it (the episode's /tmp) still can
+        shutil.copyfile(host_book, ws.parent / "tmp" / "outside.xlsx")
+        os.link(ws.parent / "tmp" / "outside.xlsx", ws / "workbook.xlsx")
     for action in (call("list_sheets"), call("write_cells", sheet="HostSecret", cells={"A1": "pwned"})):
         obs, _, _, _, info = env.step(action)
         assert info["error"] == "unsafe_file" and "host-secret-value" not in obs, obs
