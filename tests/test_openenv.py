@@ -34,6 +34,8 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 from test_contract import BUILTIN, CUSTOM, OFFLINE, policy_for  # noqa: E402
 
+import snooping  # noqa: E402
+
 CLI = [sys.executable, "-m", "benchmax_gym.cli"]
 
 
@@ -391,6 +393,31 @@ def test_bearer_token_is_required_of_every_client(serve_cli, monkeypatch):
     env = gym.make("benchmax/OpenEnv-v0", base_url=server.url)
     env.reset(seed=0)
     env.close()
+
+
+def test_a_session_never_sees_another_sessions_code_or_output(serve_cli):
+    """Every session's python calls share the server's one sandbox server: a call's code must not
+    find another session's code or output in its memory, neither after that session's call nor
+    while it runs. Before issue 27 item 1 the code's frames reached the server's main loop and
+    ``finish()``, which held the other session's last code and output."""
+    snooping.need_bubblewrap()
+    server = serve_cli("openenv-serve", "benchmax/Math-v0")
+
+    async def main():
+        async with GenericEnvClient(base_url=server.url) as a, GenericEnvClient(base_url=server.url) as b:
+            await a.reset(seed=0)
+            await b.reset(seed=1)
+
+            def python(client):
+                async def run(code):
+                    step = await client.step({"text": call("python", code=code)})
+                    assert step.observation["info"]["error"] is None, step.observation["text"]
+                    return step.observation["text"]
+                return run
+
+            return await snooping.two_episodes(python(a), python(b))
+
+    assert asyncio.run(asyncio.wait_for(main(), 240)) == {"after": [], "during": []}
 
 
 def test_user_registered_ids_serve_from_the_cli_with_import(serve_cli):

@@ -11,6 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
@@ -20,6 +21,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 CLI = [sys.executable, "-m", "benchmax_gym.cli"]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import snooping  # noqa: E402
 
 
 def text(result):
@@ -201,6 +205,29 @@ def test_http_frees_a_sessions_environment_when_the_session_ends(serve):
 
     assert asyncio.run(together()) > idle
     assert served.wait_for(idle) == idle
+
+
+def test_http_a_session_never_sees_another_sessions_code_or_output(serve):
+    """Every session's python calls share the server's one sandbox server: a call's code must not
+    find another session's code or output in its memory, neither after that session's call nor
+    while it runs. Before issue 27 item 1 the code's frames reached the server's main loop and
+    ``finish()``, which held the other session's last code and output. Legacy sessions: the modern
+    stateless protocol shares one environment (documented)."""
+    snooping.need_bubblewrap()
+    served = serve("benchmax/Math-v0")
+
+    async def main():
+        async with Client(served.url, mode="legacy") as a, Client(served.url, mode="legacy") as b:
+            def python(client):
+                async def run(code):
+                    result = await client.call_tool("python", {"code": code})
+                    assert not result.is_error, text(result)
+                    return text(result)
+                return run
+
+            return await snooping.two_episodes(python(a), python(b))
+
+    assert asyncio.run(asyncio.wait_for(main(), 240)) == {"after": [], "during": []}
 
 
 CLIENT_THEN_VANISH = """

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import gymnasium as gym
 import psutil
@@ -18,6 +19,9 @@ import pytest
 
 import benchmax_gym  # noqa: F401
 from benchmax_gym.core.sandbox import BUBBLEWRAP, Sandbox, SandboxLimits, bubblewrap_status
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import snooping  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -650,35 +654,6 @@ def test_excel_code_finds_openpyxl_numpy_and_pandas_already_imported(bubblewrap)
 
 # -- issue 27: one episode never sees another; limits hold for the whole call ------------------------
 
-# Model code that looks for another episode's marker (given reversed, so that its own code does not
-# hold it) in every frame above it and every object the collector knows, with what they refer to.
-SNOOP = """
-import gc, sys
-needle = {marker!r}[::-1]
-found = set()
-def look(value, where):
-    if value is needle:
-        return
-    if isinstance(value, (str, bytes, bytearray)):
-        text = value if isinstance(value, str) else bytes(value).decode('latin-1')
-        if needle in text:
-            found.add(where)
-frame = sys._getframe()
-frame = frame.f_back  # its own module frame holds the needle
-while frame is not None:
-    for name, value in list(frame.f_locals.items()):
-        look(repr(value)[:1_000_000], 'frame ' + frame.f_code.co_name + '.' + name)
-    frame = frame.f_back
-for obj in gc.get_objects():
-    for value in [obj, *gc.get_referents(obj)]:
-        look(value, 'gc ' + type(obj).__name__)
-print('LEAKS', sorted(found))
-"""
-
-
-def _marker_code(marker):
-    return f"secret = {marker!r}\nprint(secret)\nopen('m.txt', 'w').write(secret)"
-
 
 def test_an_episode_never_sees_another_episodes_requests_or_results(bubblewrap):
     """Each call's monitor comes from a zygote forked before any request, so nothing of another
@@ -686,24 +661,24 @@ def test_an_episode_never_sees_another_episodes_requests_or_results(bubblewrap):
     sys._getframe().f_back reached the server's ``finish()`` with the previous call's result."""
     boxes = [Sandbox(limits=SandboxLimits(timeout=20)) for _ in range(4)]
     try:
-        marker = "EPISODE-A-" + os.urandom(6).hex()
-        result = boxes[0].run(_marker_code(marker))
-        assert marker in result.stdout
+        other, own = snooping.marker("A"), snooping.marker("B")
+        result = boxes[0].run(snooping.leave(other))
+        assert other in result.stdout
         # across episodes: the next call of another episode, right after
-        result = boxes[1].run(SNOOP.format(marker=marker[::-1]))
+        result = boxes[1].run(snooping.snoop(other, own))
         assert result.error is None, result.text
-        assert "LEAKS []" in result.stdout, result.stdout
+        assert snooping.leaks(result.stdout) == []
         # concurrent episodes: others' calls run and wait in the queue while one looks
-        threads = [threading.Thread(target=box.run, args=(_marker_code(marker) + "\nimport time; time.sleep(1.5)",))
+        threads = [threading.Thread(target=box.run, args=(snooping.leave(other, "import time; time.sleep(1.5)"),))
                    for box in boxes[2:]]
         for thread in threads:
             thread.start()
         time.sleep(0.5)
-        result = boxes[1].run(SNOOP.format(marker=marker[::-1]))
+        result = boxes[1].run(snooping.snoop(other, own))
         for thread in threads:
             thread.join()
         assert result.error is None, result.text
-        assert "LEAKS []" in result.stdout, result.stdout
+        assert snooping.leaks(result.stdout) == []
     finally:
         for box in boxes:
             box.close()
