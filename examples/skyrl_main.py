@@ -1,8 +1,8 @@
-"""SkyRL entrypoint that registers the ``benchmax`` env class, then trains (skyrl-train's main).
+"""SkyRL entrypoint that registers the ``benchmax`` env class, then trains (SkyRL's main).
 
-Run from a SkyRL checkout (``skyrl-train`` is not on PyPI), with this package installed in its
-environment (``uv pip install 'benchmax-gym[skyrl]'``); ``examples/skyrl_math.sh`` has the whole
-command. The CPU smoke version the tests run is ``examples/skyrl_smoke.py``.
+Run from a SkyRL checkout (SkyRL 0.4's trainer is PyPI's ``skyrl``, Python >= 3.12), with this
+package installed in its environment (``uv pip install 'benchmax-gym[skyrl]'``);
+``examples/skyrl_math.sh`` has the whole command. The CPU smoke version the tests run is ``examples/skyrl_smoke.py``.
 """
 
 import sys

@@ -77,3 +77,29 @@ def cached_venv():
         return str(venv / "bin" / "python")
 
     return build
+
+
+@pytest.fixture(scope="session")
+def cached_target():
+    """``cached_target(name, *pip_args)``: a folder under the repository that ``pip install
+    --target`` filled with ``pip_args`` (this venv's pip), built once and reused while they are
+    the same; for code to put on a child process's PYTHONPATH beside this venv's packages
+    (SkyRL's trainer, whose wheel says Python >= 3.12: see tests/adapters/test_skyrl.py)."""
+    import shutil
+    import sys
+
+    from filelock import FileLock
+
+    def build(name: str, *pip_args: str) -> str:
+        target = Path(__file__).resolve().parent.parent / name
+        marker = target / "benchmax-built-for"
+        wanted = " ".join(pip_args)
+        with FileLock(str(target) + ".lock"):
+            if not (marker.is_file() and marker.read_text() == wanted):
+                shutil.rmtree(target, ignore_errors=True)
+                subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(target), *pip_args],
+                               check=True, timeout=900)
+                marker.write_text(wanted)
+        return str(target)
+
+    return build

@@ -55,7 +55,8 @@ def test_wheel_in_a_fresh_venv(tmp_path):
     # from a clean copy: a build/ left in the checkout would put stale files in the wheel
     source = tmp_path / "source"
     shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache"))
+        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache",
+        ".pip-target-*"))
     dist = tmp_path / "dist"
     build = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)],

@@ -83,8 +83,8 @@ def test_the_skyrl_script_names_what_a_fresh_process_loads(tmp_path):
     dotlist overrides (OmegaConf parses them as SkyRL's from_cli_overrides does), the env class
     the rows name, and none of the ``environment.skyrl_gym.benchmax`` route SkyRL 0.4's typed
     config rejects; in a fresh process the entry point's import registers "benchmax" and the
-    rows make_dataset.py writes play. (SkyRL's typed config itself, skyrl-train, is not
-    installable here: not checked.)"""
+    rows make_dataset.py writes play. (SkyRL's own typed config checks these overrides in
+    tests/adapters/test_skyrl.py.)"""
     from omegaconf import OmegaConf
 
     from launch import run_fresh, script_argv
@@ -112,7 +112,7 @@ for row in rows:
 print(json.dumps(rewards))
 """)
     assert run_fresh([script]) == [0.0, 0.0]
-    assert "from skyrl.train" in (EXAMPLES / "skyrl_main.py").read_text()  # its trainer: skyrl-train
+    assert "from skyrl.train" in (EXAMPLES / "skyrl_main.py").read_text()  # its trainer: SkyRL 0.4's skyrl.train
 
 
 @pytest.mark.parametrize("script", ["trl_grpo.py", "skyrl_smoke.py", "openrlhf_smoke.py", "verl_smoke.py"])

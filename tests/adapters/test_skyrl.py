@@ -127,3 +127,110 @@ def test_a_mixed_dataset_plays_each_rows_env_and_skyrl_aggregates_the_metrics():
         assert history[:2] == row["prompt"] and last["done"]
     aggregated = aggregate_for_environment("benchmax", [m for *_, m in results])
     assert aggregated["turns"] == 1.0 and "reward/correct" in aggregated
+
+
+# SkyRL's typed config, for real. SkyRL 0.4's trainer, which owns it (SkyRLTrainConfig, validate_cfg),
+# is PyPI's `skyrl` 0.4.0 (skyrl_math.sh's `--extra fsdp` is `skyrl[fsdp]`); `skyrl-train` stops at
+# 0.3.1. Both say Python 3.12 (skyrl 0.4.0: Requires-Python >=3.12,<3.15; skyrl-train 0.1.0-0.3.1:
+# ==3.12.*), so neither installs in this Python 3.11 venv. Its config code runs here all the same:
+# the wheel goes into a folder with --no-deps --ignore-requires-python (plus the five modules its
+# import chain needs that this venv lacks, pinned below) and runs in a fresh process beside this
+# venv's torch, pydantic, omegaconf and skyrl-gym 0.4.0. One thing differs on 3.11:
+# SkyRLTrainConfig.__post_init__ imports skyrl.backends, whose skyrl.tinker.types puts a
+# typing.TypedDict in a pydantic model, which pydantic refuses before Python 3.12
+# ("Please use `typing_extensions.TypedDict`"); the child aliases typing.TypedDict to
+# typing_extensions' for that. SkyRL's own code is not changed. (A Python 3.12 venv would need
+# PyPI's CUDA torch, several GB: __post_init__ imports torch too.)
+SKYRL_TRAINER = ("skyrl==0.4.0", "loguru==0.7.3", "cloudpathlib==0.26.0", "pybase64==1.5.1", "jaxtyping==0.3.11",
+                 "wadler-lindig==0.1.8")
+
+_SKYRL_CONFIG_CHILD = r"""
+import json, sys, typing, typing_extensions
+typing.TypedDict = typing_extensions.TypedDict  # pydantic's rule for Python < 3.12 (see the test file)
+from skyrl.train.config import SkyRLTrainConfig
+from skyrl.train.utils import validate_cfg  # what skyrl.train.entrypoints.main_base imports
+results = []
+for overrides in json.loads(sys.argv[1]):
+    try:
+        cfg = SkyRLTrainConfig.from_cli_overrides(overrides)  # skyrl_main.py's main(), then validate_cfg
+        validate_cfg(cfg)
+    except Exception as e:
+        results.append({"error": f"{type(e).__name__}: {e}"})
+        continue
+    gym = cfg.environment.skyrl_gym
+    results.append({"env_class": cfg.environment.env_class, "strategy": cfg.trainer.strategy,
+                    "train_data": list(cfg.data.train_data), "n_samples": cfg.generator.n_samples_per_prompt,
+                    "max_turns": cfg.generator.max_turns, "logger": cfg.trainer.logger,
+                    # what SkyRLGymGenerator passes skyrl_gym.make as env_config for the env class:
+                    "env_config": getattr(gym, cfg.environment.env_class, dict())})
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def skyrl_config(cached_target):
+    """``skyrl_config([overrides, ...])``: for each override list, what SkyRL 0.4's own
+    ``SkyRLTrainConfig.from_cli_overrides`` + ``validate_cfg`` made of it, or the error they raised."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = cached_target(".pip-target-skyrl-0.4.0", "--no-deps", "--ignore-requires-python", *SKYRL_TRAINER)
+    root = str(Path(__file__).resolve().parents[2])
+
+    def run(cases):
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join([target, root])}
+        out = subprocess.run([sys.executable, "-c", _SKYRL_CONFIG_CHILD, json.dumps(cases)], capture_output=True,
+                             text=True, timeout=300, env=environ, cwd=target)
+        assert out.returncode == 0, out.stderr[-4000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    run.target = target
+    return run
+
+
+def test_skyrl_math_sh_validates_with_skyrls_own_typed_config_and_the_old_route_is_rejected(skyrl_config, tmp_path):
+    """skyrl_math.sh's real overrides (a stub uv records them) go through SkyRL 0.4's own
+    SkyRLTrainConfig.from_cli_overrides and validate_cfg, as skyrl_main.py's main() does; the
+    route the docstring used to give (a ``benchmax`` key under environment.skyrl_gym, with or
+    without Hydra's ``+``) is refused by that same code."""
+    from pathlib import Path
+
+    from launch import EXAMPLES, script_argv
+
+    argv = script_argv("skyrl_math.sh", tmp_path)
+    at = argv.index("python")
+    overrides = argv[at + 2:]
+    main = (EXAMPLES / "skyrl_main.py").read_text()
+    assert "SkyRLTrainConfig.from_cli_overrides(sys.argv[1:])" in main and "validate_cfg(cfg)" in main
+    main_base = Path(skyrl_config.target, "skyrl/train/entrypoints/main_base.py").read_text()
+    assert "from skyrl.train.utils import validate_cfg" in main_base  # the validate_cfg skyrl_main.py imports
+    old = "environment.skyrl_gym.benchmax.env_id=benchmax/Math-v0"
+    script, old_route, plus_route = skyrl_config([overrides, overrides + [old], overrides + ["+" + old]])
+    assert script == {"env_class": "benchmax", "strategy": "fsdp", "n_samples": 8, "max_turns": 4,
+                      "logger": "console", "env_config": {},
+                      "train_data": [str(tmp_path / "data/benchmax-math/train.parquet")]}, script
+    assert old_route["error"].startswith("ValueError: Invalid fields {'benchmax'} for SkyRLGymConfig"), old_route
+    assert plus_route["error"].startswith("ValueError: The '+' prefix"), plus_route
+
+
+def test_the_adapters_docstring_gives_the_route_skyrls_typed_config_takes(skyrl_config):
+    """The docstring's route: ``environment.env_class=benchmax`` and nothing else in SkyRL's
+    config (SkyRL's generator then makes the env with ``env_config={}`` and the row as extras,
+    which plays); ``skyrl_gym.benchmax`` rejected with ``Invalid fields``, as it says."""
+    import benchmax_gym.adapters.skyrl as adapter
+
+    doc = " ".join(adapter.__doc__.split())
+    assert "``environment.env_class=benchmax``" in doc and "rejects ``skyrl_gym.benchmax`` (``Invalid fields``)" in doc
+    (docstring_route, rejected) = skyrl_config([["environment.env_class=benchmax", "trainer.logger=console"],
+                                                ["environment.skyrl_gym.benchmax.env_kwargs.max_turns=3"]])
+    assert docstring_route["env_class"] == "benchmax" and docstring_route["env_config"] == {}, docstring_route
+    assert "Invalid fields {'benchmax'}" in rejected["error"], rejected
+    row = task_rows("benchmax/Math-v0", 1)[0]
+    env = skyrl_gym.make("benchmax", env_config=docstring_route["env_config"],
+                         extras={k: v for k, v in row.items() if k not in ("prompt", "env_class")})
+    env.init(row["prompt"])
+    assert env.step("<answer>0</answer>")["done"]
+    env.close()
