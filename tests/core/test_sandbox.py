@@ -569,7 +569,11 @@ def test_the_server_starts_at_the_first_call_and_is_shared_by_every_episode(bubb
             env.reset(seed=10 + i)  # new episodes keep the server warm
         assert len(sandbox_processes()) == 1
         server = sandbox_processes()[0]
-        assert len(server.children(recursive=True)) <= 4  # the server, its zygote and two spare monitors, at rest
+        # at rest: the server, its zygote and two spare monitors (the last call's monitor may still be exiting)
+        deadline = time.monotonic() + 10
+        while len(server.children(recursive=True)) > 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.children(recursive=True)) <= 4
     finally:
         for env in envs:
             env.close()
