@@ -1,0 +1,45 @@
+"""How an episode ended: the one closed set every path reports (issue 29).
+
+A failure that is not the model's (a worker lost, a tool that timed out, a server gone, a model
+endpoint that failed, a deadline) must never look like a wrong answer: only ``scored`` and
+``truncated`` episodes are training signal and enter statistics. The model's own mistakes (bad
+JSON, an unknown tool, wrong arguments, a tool error its input caused) are part of ``scored``
+episodes.
+
+A finished episode's last ``info`` carries ``info["outcome"]``. A failed episode's reward is
+``None`` in records (eval's ``rollouts.jsonl``, ``episode_record()``) and ``float("nan")`` where
+an API must return a float (``step()``, a vector env's reward array).
+"""
+
+from __future__ import annotations
+
+import math
+
+SCORED = "scored"  #: the rubric ran on what the model did, right or wrong
+TRUNCATED = "truncated"  #: turn or token limit: graded as it stands, and marked
+ENV_ERROR = "env_error"  #: the environment itself failed (an exception, a worker or host lost)
+TOOL_TIMEOUT = "tool_timeout"  #: a tool ran past its timeout for reasons not the model's
+TOOL_UNAVAILABLE = "tool_unavailable"  #: a tool's backend is gone (sandbox died, MCP server closed)
+MODEL_ERROR = "model_error"  #: the model endpoint failed (HTTP errors, malformed replies)
+DEADLINE = "deadline"  #: the episode's wall-clock deadline (``episode_timeout=``) passed
+CANCELLED = "cancelled"  #: stopped from outside (Ctrl-C, a closed env mid-episode)
+
+#: outcomes whose reward is a training signal
+SIGNAL = frozenset({SCORED, TRUNCATED})
+#: outcomes that are failures: no reward, never in a loss, a baseline or a statistic
+FAILURES = frozenset({ENV_ERROR, TOOL_TIMEOUT, TOOL_UNAVAILABLE, MODEL_ERROR, DEADLINE, CANCELLED})
+OUTCOMES = SIGNAL | FAILURES
+
+
+def is_failure(outcome: str | None) -> bool:
+    """True for a failed episode; ``None`` (an episode not finished) is not a failure."""
+    return outcome in FAILURES
+
+
+def failed_reward() -> float:
+    """The float a failed episode's step returns where an API needs one: NaN, never 0."""
+    return math.nan
+
+
+__all__ = ["CANCELLED", "DEADLINE", "ENV_ERROR", "FAILURES", "MODEL_ERROR", "OUTCOMES", "SCORED", "SIGNAL",
+           "TOOL_TIMEOUT", "TOOL_UNAVAILABLE", "TRUNCATED", "failed_reward", "is_failure"]
