@@ -122,7 +122,7 @@ def extras_rows() -> list[tuple[str, str]]:
     package metadata (importlib.metadata): nothing heavy is imported."""
     from importlib import metadata
 
-    from packaging.requirements import Requirement  # a dependency of datasets and huggingface-hub
+    from packaging.requirements import Requirement
 
     rows = []
     for extra, requirements in extras_requirements().items():
