@@ -88,7 +88,8 @@ def test_failed_episodes_are_counted_apart_retried_exactly_and_compare_refuses_t
         assert summary["mean_reward"]["value"] == pytest.approx(np.mean(scored))
         assert summary["failed_episodes"] == len(FAILING) and summary["scored_episodes"] == len(scored)
         assert summary["failure_rate"]["value"] == pytest.approx(len(FAILING) / (TASKS * K))
-        assert summary["failure_rate"]["ci_low"] <= summary["failure_rate"]["value"] <= summary["failure_rate"]["ci_high"]
+        rate = summary["failure_rate"]
+        assert rate["ci_low"] <= rate["value"] <= rate["ci_high"]
         assert summary["outcomes"] == {"model_error": len(FAILING), "scored": len(scored)}
         assert json.loads((run / "summary.json").read_text())["outcomes"] == summary["outcomes"]
         shutil.copytree(run, before)
