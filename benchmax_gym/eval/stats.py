@@ -318,7 +318,7 @@ def _accounting_rows(summary: Mapping[str, Any], level: str) -> list[tuple[str, 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
     """The summary as a compact text table (CIs as [low, high])."""
-    if not summary.get("scored_episodes", summary.get("episodes")) and "outcomes" not in summary:
+    if not summary.get("episodes") or (not summary.get("scored_episodes") and "outcomes" not in summary):
         return "; ".join(summary.get("notes") or ["no episodes"])
     if not summary.get("scored_episodes"):  # every episode failed: the accounting is all there is
         level = f"{summary.get('confidence', 0.95):.0%} CI"
