@@ -364,7 +364,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         result = asyncio.run(aevaluate(
             args.env_id, policy, env_kwargs=_parse_env_args(args.env_arg), k=args.k, tasks=args.tasks,
             concurrency=args.concurrency, workers=args.workers, seed=args.seed, out=args.out, progress=not args.quiet,
-            plots=not args.no_plots, extra_run_info=extra))
+            plots=not args.no_plots, extra_run_info=extra, retry_failed=args.retry_failed))
     except KeyboardInterrupt:
         print(f"\ninterrupted: {_eval_progress(args.out)}; rerun the same command to resume", file=sys.stderr)
         return 130
@@ -393,6 +393,24 @@ def _eval_progress(out: str) -> str:
     return f"{len(records)}/{run.get('episodes', '?')} done"
 
 
+def _check_failure_gap(runs: dict[str, list], gap: float, allow: bool) -> None:
+    """Refuse (or, with ``allow``, warn about) runs whose failure rates differ by more than ``gap``:
+    each mean leaves its run's failures out, so such means are over different episodes."""
+    from benchmax_gym.core.outcomes import is_failure
+    from benchmax_gym.eval.runner import outcome_of
+
+    rates = {name: sum(is_failure(outcome_of(r)) for r in records) / len(records)
+             for name, records in runs.items() if records}
+    if len(rates) < 2 or max(rates.values()) - min(rates.values()) <= gap + 1e-12:
+        return
+    said = ", ".join(f"{name} {rate:.3f}" for name, rate in rates.items())
+    if not allow:
+        usage_error(f"the runs' failure rates differ by more than --max-failure-gap {gap} ({said}): their means "
+                    "are not comparable; rerun the failed episodes (eval --retry-failed) or pass --allow-failure-gap")
+    print(f"benchmax-gym: warning: the runs' failure rates differ by more than --max-failure-gap {gap} ({said}); "
+          "their means are over different episodes", file=sys.stderr)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Paired comparison of eval runs on the tasks they share."""
     from benchmax_gym.eval import EvalError, load_run
@@ -410,6 +428,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             baseline = os.path.basename(os.path.normpath(args.baseline))
             if baseline not in runs:
                 usage_error(f"--baseline {args.baseline}: not one of the runs compared")
+        if not 0 <= args.max_failure_gap <= 1:
+            usage_error(f"--max-failure-gap must be within [0, 1], got {args.max_failure_gap}")
+        _check_failure_gap(runs, args.max_failure_gap, args.allow_failure_gap)
         result = compare(runs, baseline=baseline, seed=args.seed)
     except EvalError as exc:
         usage_error(exc)
@@ -621,6 +642,9 @@ def main(argv: list[str] | None = None) -> int:
     ev.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="keyword argument for gym.make, as for run; repeatable")
     ev.add_argument("--out", required=True, help="the run directory (run again with the same one to resume)")
+    ev.add_argument("--retry-failed", action="store_true", help="run again exactly the failed episodes (model or "
+                    "env errors) of the run in --out, same seeds and settings, replacing their records; nothing "
+                    "else runs")
     ev.add_argument("--no-plots", action="store_true", help="no PNGs in the run directory")
     ev.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     ev.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -630,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--baseline", help="the run the others are compared with (default: the first)")
     cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
     cmp.add_argument("--plots-dir", help="write comparison PNGs here (default: none)")
+    cmp.add_argument("--max-failure-gap", type=float, default=0.05, metavar="RATE",
+                     help="refuse runs whose failure rates (failed episodes / episodes) differ by more than this: "
+                     "their means are over different episodes (default: 0.05)")
+    cmp.add_argument("--allow-failure-gap", action="store_true",
+                     help="compare despite --max-failure-gap, with a warning")
     cmp.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     cmp.set_defaults(func=cmd_compare)
     mcp = sub.add_parser("mcp-serve", help="serve an environment's tools as an MCP server (one workspace per session)")

@@ -5,6 +5,9 @@ its model call is awaited, and env steps go to a thread pool, so no episode wait
 model call. A run directory holds ``run.json`` (what was run, by whom, with which versions),
 ``rollouts.jsonl`` (one full transcript per episode, written as each ends) and ``summary.json``;
 running again with the same ``out`` resumes: only the pairs not yet in ``rollouts.jsonl`` run.
+Every record has an ``outcome`` (:mod:`benchmax_gym.core.outcomes`); ``retry_failed`` re-runs
+the failed pairs of a run directory. An episode cut by Ctrl-C is not written: it is a pair not
+yet done, which resuming runs (so no record is ever ``cancelled`` from eval itself).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import numpy as np
 
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
+from benchmax_gym.core.outcomes import ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, TRUNCATED, is_failure
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
 from benchmax_gym.wrappers.worker import async_api
 
@@ -183,10 +187,21 @@ class RunDir:
         self.run = run
         self.records = read_rollouts(self.path, repair=True, pairs=self.pairs)
 
+    def drop(self, pairs: set[tuple[int, int]]) -> None:
+        """Remove the records of ``pairs`` (to run them again): ``rollouts.jsonl`` is rewritten whole
+        through an exclusive temporary file and renamed over, every other line kept byte for byte.
+        Interrupted after this, the dropped pairs are pairs not yet done: resuming runs them."""
+        data = _read_safely(self.path, "rollouts.jsonl", MAX_ROLLOUTS_BYTES) or b""
+        kept = [line for line in data.split(b"\n") if line.strip()
+                and (json.loads(line)["task_index"], json.loads(line)["sample"]) not in pairs]
+        _replace_file(self.path, "rollouts.jsonl", b"".join(line + b"\n" for line in kept))
+        self.records = [r for r in self.records if (r["task_index"], r["sample"]) not in pairs]
+
     def start(self, run: dict[str, Any]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         if self.run:  # resumed: keep the first start, note this one
-            run = {**self.run, "resumed": [*self.run.get("resumed", []), run["started"]]}
+            run = {**self.run, "resumed": [*self.run.get("resumed", []), run["started"]],
+                   **({"retried": run["retried"]} if "retried" in run else {})}
         self.run = run
         self.write_json("run.json", run)
         self._fd = _open_append(self.path, "rollouts.jsonl")
@@ -267,7 +282,7 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     else:  # tools that block (a sandbox, a server): the sync API in a worker thread
         reset = lambda **kw: loop.run_in_executor(executor, lambda: env.reset(**kw))  # noqa: E731
         step = lambda action: loop.run_in_executor(executor, env.step, action)  # noqa: E731
-    reward, terminated, truncated, error = 0.0, False, False, None
+    reward, terminated, truncated, error, failure = 0.0, False, False, None, None
     turns: list[dict[str, Any]] = []
     codes: list[str] = []
     components: dict[str, float] = {}
@@ -275,22 +290,22 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
         obs, info = await reset(seed=seed, options={"task_index": task_index})
     except Exception as exc:  # the env could not start this task: the episode fails, the run goes on
         obs, info, terminated = None, {}, True
-        error = policy.scrub(f"the env's reset raised {type(exc).__name__}: {exc}")
+        error, failure = policy.scrub(f"the env's reset raised {type(exc).__name__}: {exc}"), ENV_ERROR
         base = None  # its episode (if any) is an earlier one
     while not (terminated or truncated):
         try:
             turn: Turn = await policy(base, obs, info, seed=seed)
         except PolicyError as exc:
-            error = policy.scrub(str(exc))
+            error, failure = policy.scrub(str(exc)), MODEL_ERROR
             break
         except Exception as exc:  # the user's policy raised: record it, go on with the run
-            error = policy.scrub(f"{type(exc).__name__}: {exc}")
+            error, failure = policy.scrub(f"{type(exc).__name__}: {exc}"), MODEL_ERROR
             break
         t0 = time.perf_counter()
         try:
             obs, reward, terminated, truncated, info = await step(turn.action)
         except Exception as exc:
-            error = policy.scrub(f"the env's step raised {type(exc).__name__}: {exc}")
+            error, failure = policy.scrub(f"the env's step raised {type(exc).__name__}: {exc}"), ENV_ERROR
             break
         codes += info.get("errors") or []
         components = info.get("reward_components", components)
@@ -300,7 +315,12 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
                       **({"reasoning": turn.reasoning} if turn.reasoning else {})})
     episode = base.episode if base is not None else None
     tokens = [t["prompt_tokens"] for t in turns], [t["completion_tokens"] for t in turns]
-    failed = error is not None
+    reported = info.get("outcome") if isinstance(info, Mapping) else None
+    if failure is None and reported in FAILURES:  # the env's own failure (a tool timed out, a worker lost)
+        failure = reported
+        error = policy.scrub(str(info.get("error") or f"the env ended the episode as {reported}"))
+    failed = failure is not None
+    outcome = failure or (reported if reported in OUTCOMES else TRUNCATED if truncated else SCORED)
     return {
         "task_index": task_index, "sample": sample, "seed": seed,
         "task_id": episode.task.id if episode is not None else None,
@@ -309,7 +329,7 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
         "reward": None if failed else float(reward),
         "success": not failed and float(reward) >= max_reward(env) - 1e-9,
         "reward_components": {} if failed else components,
-        "error": error, "terminated": bool(terminated), "truncated": bool(truncated),
+        "outcome": outcome, "error": error, "terminated": bool(terminated), "truncated": bool(truncated),
         "turns": len(turns), "tool_errors": episode.tool_errors if episode is not None else 0,
         "parse_errors": codes.count(PARSE_ERROR), "errors": codes,
         "prompt_tokens": sum(tokens[0]) if turns and None not in tokens[0] else None,
@@ -335,6 +355,7 @@ async def aevaluate(
     plots: bool = False,
     workers: int = 1,
     extra_run_info: Mapping[str, Any] | None = None,
+    retry_failed: bool = False,
 ) -> EvalResult:
     """Evaluate ``policy`` on ``env_id``: every selected task ``k`` times, ``concurrency`` episodes
     in flight. See :func:`evaluate`."""
@@ -360,13 +381,24 @@ async def aevaluate(
         run_dir = RunDir(out, config, set(pairs)) if out is not None else None
         done = {(r["task_index"], r["sample"]) for r in run_dir.records} if run_dir else set()
         pending = [pair for pair in pairs if pair not in done]
-        if done and progress:
+        if retry_failed:
+            if run_dir is None or not run_dir.run:
+                raise EvalError(f"--retry-failed: {out} holds no eval run to retry")
+            failed = {(r["task_index"], r["sample"]) for r in run_dir.records if is_failure(r["outcome"])}
+            pending = [pair for pair in pairs if pair in failed]  # exactly those, nothing else
+            if progress:
+                print(f"retrying {len(pending)} failed episodes of {len(pairs)}", file=sys.stderr, flush=True)
+        elif done and progress:
             print(f"resuming: {len(done)} of {len(pairs)} done", file=sys.stderr, flush=True)
         if pending and preflight and hasattr(policy, "preflight"):
             await policy.preflight()
         run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
                **_provenance()}
         if run_dir:
+            if retry_failed:
+                run_dir.drop(set(pending))
+                run = {**run, "retried": [*run_dir.run.get("retried", []), {"started": run["started"],
+                                                                             "episodes": len(pending)}]}
             run_dir.start(run)
             closing.append(run_dir)
         sink = _Sink(run_dir, len(pending), env_id, progress, policy.scrub)
@@ -415,7 +447,7 @@ class _Sink:
         self.records.append(record)
         if self.run_dir:
             self.run_dir.add(record, self.scrub)
-        self.failed += record["error"] is not None
+        self.failed += is_failure(record["outcome"])
         self.reward += record["reward"] or 0.0
         if self.progress:
             self.bar.update(1)
@@ -556,6 +588,8 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
             derives from it, so a run is the same whatever order its episodes finish in).
         out: a run directory (resumed when it holds this run already); progress: a progress bar;
         plots: PNGs in ``out`` (needs matplotlib).
+        retry_failed: run again exactly the failed (task, sample) pairs of the run in ``out`` (same
+            seeds), replacing their records, then summarise the whole run anew.
         workers: processes to spread the episodes over (``concurrency`` is split among them). One
             process's event loop tops out at a few hundred model calls per second; beyond that,
             more workers. They are spawned: an id registered in your script must be registered
@@ -579,6 +613,19 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
 _COUNTS = ("turns", "tool_errors", "parse_errors", "prompt_tokens", "completion_tokens", "finish_reason_length")
 
 
+def outcome_of(record: Mapping[str, Any]) -> str:
+    """A record's ``outcome``; for a record written before outcomes (an older run directory),
+    derived as eval classified it: an error the env raised is ``env_error``, any other error
+    (the endpoint, a malformed reply, your policy) ``model_error``, else ``truncated`` or ``scored``."""
+    outcome = record.get("outcome")
+    if outcome in OUTCOMES:
+        return outcome
+    error = record.get("error")
+    if error is not None:
+        return ENV_ERROR if str(error).startswith("the env") else MODEL_ERROR
+    return TRUNCATED if record.get("truncated") else SCORED
+
+
 def _record_problem(record: Any) -> str | None:
     """What makes ``record`` no rollout record (the fields the summary reads, by type), or None."""
     if not isinstance(record, dict):
@@ -591,6 +638,11 @@ def _record_problem(record: Any) -> str | None:
         return f"reward is {reward!r}, not a number"
     if record.get("error") is not None and not isinstance(record["error"], str):
         return "error is not text"
+    if "outcome" in record:
+        if record["outcome"] not in OUTCOMES:
+            return f"outcome is {record['outcome']!r}, not one of {sorted(OUTCOMES)}"
+        if is_failure(record["outcome"]) and reward is not None:
+            return f"outcome is {record['outcome']}, a failure, yet reward is {reward!r}"
     if not isinstance(record.get("metadata", {}), dict):
         return "metadata is not an object"
     for key in _COUNTS:
@@ -603,7 +655,8 @@ def read_rollouts(folder: Path, repair: bool = False,
                   pairs: set[tuple[int, int]] | None = None) -> list[dict[str, Any]]:
     """The records of ``folder/rollouts.jsonl``. A last line cut short (a run killed while writing
     it) is dropped - and removed from the file when ``repair``; any other bad line, a pair twice,
-    or (given ``pairs``) a pair outside the run is an error: counted, it would skew the summary."""
+    or (given ``pairs``) a pair outside the run is an error: counted, it would skew the summary.
+    A record without ``outcome`` (an older run) gets the derived one (:func:`outcome_of`)."""
     data = _read_safely(folder, "rollouts.jsonl", MAX_ROLLOUTS_BYTES)
     if data is None:
         return []
@@ -635,6 +688,7 @@ def read_rollouts(folder: Path, repair: bool = False,
                 raise EvalError(f"{folder}: rollouts.jsonl line {i + 1} is task {pair[0]} sample {pair[1]}, "
                                 "not a pair of this run (--tasks, -k); choose a new directory")
             seen.add(pair)
+            record.setdefault("outcome", outcome_of(record))  # an older run: derived
             records.append(record)
         good += len(line) + 1
     return records

@@ -88,6 +88,46 @@ def _groups(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None) ->
     return out
 
 
+def _signal(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ``scored`` and ``truncated`` episodes: the only ones whose reward is a score (issue 29)."""
+    from benchmax_gym.core.outcomes import SIGNAL
+    from benchmax_gym.eval.runner import outcome_of
+
+    return [r for r in records if outcome_of(r) in SIGNAL]
+
+
+def outcome_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How many episodes ended with each outcome (only those that occur), by name."""
+    from benchmax_gym.eval.runner import outcome_of
+
+    return dict(sorted(Counter(outcome_of(r) for r in records).items()))
+
+
+def failure_rate(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence: float = 0.95,
+                 resamples: int = 2000) -> dict[str, float | None]:
+    """The share of failed episodes, with a bootstrap CI over tasks (by ``task_index``: a failed
+    episode may have no task id): a run's failures cluster by task as its scores do."""
+    from benchmax_gym.core.outcomes import is_failure
+    from benchmax_gym.eval.runner import outcome_of
+
+    if not records:
+        return {"value": 0.0, "ci_low": None, "ci_high": None}
+    index = {t: i for i, t in enumerate(sorted({r["task_index"] for r in records}))}
+    owner = np.array([index[r["task_index"]] for r in records])
+    sizes = np.bincount(owner, minlength=len(index)).astype(float)
+    failed = np.bincount(owner, [float(is_failure(outcome_of(r))) for r in records], len(index))
+    value = failed.sum() / sizes.sum()
+    if value in (0.0, 1.0):  # every resample is the same: no bootstrap (it would warn of degenerate data)
+        return _estimate(value, (float(value), float(value)))
+
+    def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
+        picked = picked.astype(np.intp, copy=False)
+        return (failed[picked].sum(axis=-1) / sizes[picked].sum(axis=-1))[None]
+
+    (ci,) = _intervals(len(index), per_resample, seed=seed, confidence=confidence, resamples=resamples)
+    return _estimate(value, ci)
+
+
 def _iqm_of_counts(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``trim_mean(x, 0.25)`` of each row's multiset: ``counts[r, j]`` copies of ``values[j]``
     (sorted ascending). The kept middle is positions ``[low, total - low)`` of the sorted episodes."""
@@ -104,13 +144,18 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     """The statistics of one run's episode records (see :func:`benchmax_gym.eval.runner.play_episode`).
 
     ``by``: metadata keys to break results down by (default: every key with 2 to 50 categorical
-    values). Deterministic given ``seed``.
+    values). Deterministic given ``seed``. Every score statistic is over the ``scored`` and
+    ``truncated`` episodes only (a failure is not a score of 0); ``failure_rate`` (with its CI) and
+    ``outcomes`` (the count of each) account for the rest.
     """
     everything = records
-    records = [r for r in records if r.get("error") is None]  # a failed episode has no score
+    records = _signal(records)  # a failed episode has no score
     failed = len(everything) - len(records)
+    accounting = {"failure_rate": failure_rate(everything, seed=seed, confidence=confidence, resamples=resamples),
+                  "outcomes": outcome_counts(everything)}
     if not records:
         return {"episodes": len(everything), "scored_episodes": 0, "failed_episodes": failed, "tasks": 0,
+                **accounting, "confidence": confidence,
                 "notes": [f"all {failed} episodes failed (their errors are in rollouts.jsonl)" if failed
                           else "no episodes"]}
     tasks = _by_task(records)
@@ -176,6 +221,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         "tasks": len(ids),
         "samples_per_task": {"min": int(sizes.min()), "max": int(sizes.max())},
         "failed_episodes": failed,
+        **accounting,
         "mean_reward": _estimate(rewards.mean(), reward_ci),
         "success_rate": _estimate(successes.mean(), success_ci),
         "iqm": _estimate(trim_mean(rewards, 0.25), iqm_ci),
@@ -212,7 +258,7 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
     baseline = names[0] if baseline is None else baseline
     if baseline not in runs:
         raise ValueError(f"baseline {baseline!r} is not one of the runs {names}")
-    grouped = {name: _by_task([r for r in records if r.get("error") is None]) for name, records in runs.items()}
+    grouped = {name: _by_task(_signal(records)) for name, records in runs.items()}
     shared = sorted(set.intersection(*(set(g) for g in grouped.values())))
     if not shared:
         raise ValueError("the runs share no task")
@@ -240,6 +286,9 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
         "shared_tasks": len(shared),
         "dropped_tasks": {name: len(grouped[name]) - len(shared) for name in names},
         "mean_reward": {name: float(means[name].mean()) for name in names},
+        # over each run's episodes: means of runs failing at different rates are not comparable
+        "failure_rate": {name: failure_rate(runs[name], seed=seed, confidence=confidence,
+                                            resamples=resamples)["value"] for name in names},
         "against_baseline": against,
         "per_task": [{"task_id": t, **{name: float(means[name][i]) for name in names}} for i, t in enumerate(shared)],
         "confidence": confidence,
@@ -257,14 +306,29 @@ def _table(rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
+def _accounting_rows(summary: Mapping[str, Any], level: str) -> list[tuple[str, str]]:
+    """The failure rate (CI) and the count by outcome (summaries written before outcomes have neither)."""
+    rows = []
+    if "failure_rate" in summary:
+        rows.append((f"failure rate ({level})", _ci(summary["failure_rate"])))
+    if summary.get("outcomes"):
+        rows.append(("outcomes", "  ".join(f"{name} {n}" for name, n in summary["outcomes"].items())))
+    return rows
+
+
 def format_summary(summary: Mapping[str, Any]) -> str:
     """The summary as a compact text table (CIs as [low, high])."""
-    if not summary.get("scored_episodes", summary.get("episodes")):
+    if not summary.get("episodes") or (not summary.get("scored_episodes") and "outcomes" not in summary):
         return "; ".join(summary.get("notes") or ["no episodes"])
+    if not summary.get("scored_episodes"):  # every episode failed: the accounting is all there is
+        level = f"{summary.get('confidence', 0.95):.0%} CI"
+        return _table([("episodes", f"{summary['episodes']}, none scored"), *_accounting_rows(summary, level),
+                       *[("note", n) for n in summary.get("notes", [])]])
     level = f"{summary['confidence']:.0%} CI"
     rows = [
         ("episodes", f"{summary['episodes']} over {summary['tasks']} tasks ({summary['failed_episodes']} failed"
                      f"{', left out' if summary['failed_episodes'] else ''})"),
+        *_accounting_rows(summary, level),
         (f"mean reward ({level})", _ci(summary["mean_reward"])),
         (f"success rate ({level})", _ci(summary["success_rate"])),
         (f"IQM ({level})", _ci(summary["iqm"])),
@@ -290,7 +354,9 @@ def format_compare(result: Mapping[str, Any]) -> str:
     probability of improvement over it."""
     level = f"{result['confidence']:.0%} CI"
     width = max(len(n) for n in result["runs"])
-    lines = [f"{result['shared_tasks']} shared tasks; baseline {result['baseline']}",
+    rates = result.get("failure_rate") or {}
+    lines = [f"{result['shared_tasks']} shared tasks; baseline {result['baseline']}"
+             + (f"; failure rates {', '.join(f'{n} {rates[n]:.3f}' for n in result['runs'])}" if rates else ""),
              f"{'run':<{width}}  {'mean reward':>11}  {'difference (' + level + ')':<30}  P(improvement) ({level})"]
     for name in result["runs"]:
         row = result["against_baseline"].get(name)

@@ -10,7 +10,9 @@ tells how many requests it held at once. Hostile replies, for the client's limit
 (a JSON prefix, then one byte every 0.5 s, never ending), ``{"endless": True}`` (bytes as fast as
 they go, no length), ``{"huge": N}`` (a valid reply of about N bytes, its length declared),
 ``{"body": {...}}`` (this JSON as the reply, however malformed), ``{"echo_headers": True}`` (the
-request's headers as the reply's content, as a misconfigured proxy might).
+request's headers as the reply's content, as a misconfigured proxy might). ``fault_for`` chooses
+a fault from the request itself (``body -> fault or None``), so the same requests fail however
+concurrent requests interleave; set it to ``None`` and the server is healthy again.
 
 Example::
 
@@ -60,16 +62,19 @@ class FakeChatServer:
         models: the model names it knows; another name gets a 404 as OpenAI sends it.
         api_key: when set, a request without ``Authorization: Bearer <api_key>`` gets a 401.
         faults: one fault per request, in order, before normal replies resume (``None``: none).
+        fault_for: ``body -> fault or None``, asked when the queue is empty (deterministic by content).
     """
 
     def __init__(self, reply: Reply = calculator_model, *, latency: float = 0.0,
                  models: Iterable[str] = ("test-model",), api_key: str | None = None,
-                 faults: Iterable[dict[str, Any] | None] = ()):
+                 faults: Iterable[dict[str, Any] | None] = (),
+                 fault_for: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None):
         self.reply = reply
         self.latency = latency
         self.models = list(models)
         self.api_key = api_key
         self.faults: list[dict[str, Any] | None] = list(faults)
+        self.fault_for = fault_for
         self.requests: list[dict[str, Any]] = []  # every request body, in arrival order
         self.headers: list[dict[str, str]] = []
         self.in_flight = self.max_in_flight = 0
@@ -140,7 +145,7 @@ class FakeChatServer:
             with self._lock:
                 self.requests.append(body)
                 self.headers.append(dict(request.headers))
-                fault = self.faults.pop(0) if self.faults else None
+                fault = self.faults.pop(0) if self.faults else self.fault_for(body) if self.fault_for else None
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
