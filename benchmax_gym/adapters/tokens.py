@@ -39,6 +39,12 @@ The token budget (``max_tokens``) is one rule for every adapter: a turn never as
 what is left nor for 0 (:attr:`TokenSession.budget`), a reply longer than what is left is cut,
 and environment ids that would leave no room for another reply end the episode *truncated*,
 graded as it stands (an empty final reply), without them.
+
+A failed episode (issue 29: the last info's ``outcome`` is one of
+:data:`~benchmax_gym.core.outcomes.FAILURES`, a worker lost, a tool gone, a deadline) is never
+training signal: its :class:`TokenEpisode` has ``failed`` set, ``reward`` ``None`` (the env's
+NaN never reaches a sum) and an all-zero ``loss_mask``; each adapter then keeps it out of its
+trainer's loss and group baseline as that trainer allows (see the adapter's docstring).
 """
 
 from __future__ import annotations
@@ -46,11 +52,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+
+from benchmax_gym.core import outcomes
 
 _SENTINEL = "BENCHMAX_SENTINEL_7f3a"
 log = logging.getLogger(__name__)
@@ -384,13 +393,19 @@ class TokenEpisode:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None  # per completion token; 0.0 for environment tokens
     turns: list[tuple[int, int]] = field(default_factory=list)  # (start, end) of each model turn in completion_ids
-    reward: float = 0.0
+    reward: float | None = 0.0  # None: a failed episode (no reward, never 0 or NaN)
     reward_components: dict[str, float] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False
     cut: bool = False  # the token budget ended it (truncated, graded as it stands)
     info: dict[str, Any] = field(default_factory=dict)  # the last step's
     record: dict[str, Any] = field(default_factory=dict)  # env.episode_record(): the transcript, never the answer
+    outcome: str | None = None  # the last info's ``outcome`` (issue 29); None until it ends, or from an older env
+
+    @property
+    def failed(self) -> bool:
+        """Not the model's doing (a worker lost, a tool gone...): never in a loss or a baseline."""
+        return outcomes.is_failure(self.outcome)
 
     @property
     def input_ids(self) -> list[int]:
@@ -404,11 +419,19 @@ class TokenEpisode:
         """What adapters put in a trainer's logs: the reward, turns, tool errors, whether the
         budget cut it, and (``components``) the reward's components, which differ between envs:
         trainers that batch per-sample keys by the first sample's take ``components=False``."""
-        out = {"reward": self.reward, "turns": float(len(self.turns)),
-               "tool_errors": float(self.record.get("tool_errors", 0)), "truncated": float(self.cut)}
+        out = {"reward": self.reward if self.reward is not None else math.nan, "turns": float(len(self.turns)),
+               "tool_errors": float(self.record.get("tool_errors", 0)), "truncated": float(self.cut),
+               **self.outcome_metrics()}
         if components:
             out.update({f"reward/{k}": float(v) for k, v in self.reward_components.items()})
         return out
+
+    def outcome_metrics(self) -> dict[str, float]:
+        """``outcome/<name>``: 1.0 for this episode's outcome, 0.0 for every other (every episode
+        has every key, so trainers that batch by the first sample's keys count them all; summed
+        over a batch they are the counts). An episode without one counts as ``scored``."""
+        mine = self.outcome if self.outcome in outcomes.OUTCOMES else outcomes.SCORED
+        return {f"outcome/{name}": float(name == mine) for name in sorted(outcomes.OUTCOMES)}
 
 
 class TokenSession:
@@ -536,6 +559,10 @@ class TokenSession:
         episode.info = self.info = info
         self.obs = obs
         episode.reward, episode.terminated, episode.truncated = float(reward), terminated, truncated
+        episode.outcome = info.get("outcome")
+        if episode.failed:  # no reward, no loss: the trainer adapters keep it out (issue 29)
+            episode.reward = None
+            episode.loss_mask = [0] * len(episode.loss_mask)
         episode.reward_components = dict(info.get("reward_components", {}))
         episode.record = self.env.unwrapped.episode_record()
         return []

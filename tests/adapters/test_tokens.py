@@ -383,3 +383,28 @@ def test_contents_holding_private_use_characters_and_markers_keep_both_as_text(q
     last = model_ids(chat, "x")
     ids = chat.env_ids(turn, last)
     assert qwen_tokenizer.decode(ids) == chat.env_text(turn, last)
+
+
+def test_a_failed_episode_has_no_reward_and_no_loss_tokens(qwen_tokenizer):
+    """Issue 29: an episode whose last info reports a failure carries its outcome, reward None
+    (not 0, not the env's NaN) and an all-zero loss mask; a scored one is unchanged."""
+    import math
+
+    from flaky import ENV_ID
+
+    chat = ChatTemplate(qwen_tokenizer)
+    failed = TokenSession(gym.make(ENV_ID, fail_tasks=[1]), chat)
+    failed.reset(options={"task_index": 1})
+    failed.step(model_ids(chat, failed.env.unwrapped.reference_solver()(failed.obs, failed.info)))
+    episode = failed.episode
+    assert episode.done and episode.outcome == "tool_unavailable" and episode.failed
+    assert episode.reward is None and episode.completion_ids and set(episode.loss_mask) == {0}
+    metrics = episode.metrics()
+    assert math.isnan(metrics["reward"]) and metrics["outcome/tool_unavailable"] == 1.0
+    assert metrics["outcome/scored"] == 0.0 and len([k for k in metrics if k.startswith("outcome/")]) == 8
+    scored = TokenSession(gym.make(ENV_ID, fail_tasks=[1]), chat)
+    play_tokens(scored, seed=0)
+    assert scored.episode.outcome == "scored" and not scored.episode.failed and scored.episode.reward == 1.0
+    assert 1 in scored.episode.loss_mask and scored.episode.metrics()["outcome/scored"] == 1.0
+    failed.close()
+    scored.close()

@@ -1,0 +1,40 @@
+"""A real env that reports failures as the engine does (issue 29): ``benchmax-test/FlakyMath-v0``
+is ``benchmax/Math-v0`` whose chosen tasks (``fail_tasks``) end at their first step with
+``info["outcome"] = "tool_unavailable"`` and reward NaN; the others end with ``"scored"``.
+Importing this module registers the id (subprocesses import it too)."""
+
+import math
+
+import gymnasium as gym
+
+ENV_ID = "benchmax-test/FlakyMath-v0"
+
+
+class FailTasks(gym.Wrapper):
+    """The tasks in ``fail_tasks`` lose their tool backend at the first step."""
+
+    def __init__(self, env, fail_tasks=()):
+        super().__init__(env)
+        self.fail_tasks, self.task = {int(t) for t in fail_tasks}, None
+
+    def reset(self, *, seed=None, options=None):
+        self.task = (options or {}).get("task_index")
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        if self.task in self.fail_tasks:
+            return obs, math.nan, True, False, {**info, "outcome": "tool_unavailable"}
+        if terminated or truncated:
+            info = {**info, "outcome": "truncated" if truncated else "scored"}
+        return obs, reward, terminated, truncated, info
+
+
+def _make(fail_tasks=(), **kwargs):
+    import benchmax_gym  # noqa: F401
+
+    return FailTasks(gym.make("benchmax/Math-v0", **kwargs).env, fail_tasks)
+
+
+if ENV_ID not in gym.registry:
+    gym.register(ENV_ID, entry_point=_make, disable_env_checker=True)
