@@ -30,7 +30,22 @@ The token budget (``max_completion_length``) follows the one rule of
 (sessions with the same budget generate together), env ids that would overflow end the episode
 truncated and graded as it stands.
 
-The env's reward components go into the trainer's logged metrics as ``env/<component>``.
+The env's reward components go into the trainer's logged metrics as ``env/<component>``, and
+each batch's outcome counts as ``env/outcome/<name>``.
+
+Failed episodes (issue 29: a tool gone, a worker lost, a deadline; never the model's mistakes)
+never enter the loss. GRPOTrainer needs every sample of a group back, so a failed one is kept:
+its reward is ``None`` (TRL reads it as NaN: "unscorable", left out of the group's nanmean and
+nanstd, advantage 0) and its ``env_mask`` is all zero (no token in the loss). ``failed_group``
+(:class:`TRLRollout`) says what happens to the rest of its group:
+
+================  ===========================================================================
+``renormalise``   (default) the group's baseline and std are over its scored samples only
+``drop``          the whole group is left out: every reward ``None``, every mask zero
+================  ===========================================================================
+
+With ``environment_factory`` TRL owns the loop and the mask: ``Env.reward`` gives a failed
+episode ``None`` (out of the baseline, advantage 0).
 """
 
 from __future__ import annotations
@@ -50,6 +65,9 @@ from benchmax_gym.adapters.tokens import (
     make_env,
     task_dataset,
 )
+from benchmax_gym.core import outcomes
+
+FAILED_GROUP = ("renormalise", "drop")
 
 
 def _require_trl() -> None:
@@ -74,11 +92,17 @@ class TRLRollout:
             (its ``input_ids`` so far, at most its ``budget`` ids: the sessions of one call
             share it), to generate with another backend; the default is the trainer's own
             (:func:`generate_turn`).
+        failed_group: ``"renormalise"`` (default) or ``"drop"``: the group of a failed episode
+            (a group is a run of the same prompt, as GRPOTrainer's sampler orders them).
     """
 
     def __init__(self, env_id: str, tokenizer: Any, *, env_kwargs: dict[str, Any] | None = None,
-                 chat_kwargs: dict[str, Any] | None = None, max_workers: int = 16, generate: Any = None):
+                 chat_kwargs: dict[str, Any] | None = None, max_workers: int = 16, generate: Any = None,
+                 failed_group: str = "renormalise"):
         _require_trl()
+        if failed_group not in FAILED_GROUP:
+            raise ValueError(f"failed_group must be one of {FAILED_GROUP}, got {failed_group!r}")
+        self.failed_group = failed_group
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails here, not mid-training
         self.chat = ChatTemplate(tokenizer, **(chat_kwargs or {}))
@@ -97,7 +121,7 @@ class TRLRollout:
         """The reward function to pass as ``reward_funcs``: the env's verified reward."""
         if env_reward is None:
             raise ValueError("env_reward is missing: use TRLRollout as the trainer's rollout_func")
-        return [float(r) for r in env_reward]
+        return [None if r is None else float(r) for r in env_reward]  # None: failed, TRL's "unscorable"
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         tasks = [_task_of(p) for p in prompts]
@@ -122,25 +146,35 @@ class TRLRollout:
         episodes = [s.episode for s in sessions]
         self._log(trainer, episodes)
         have_logprobs = all(e.logprobs is not None for e in episodes)
+        masks, rewards = [e.loss_mask for e in episodes], [e.reward for e in episodes]
+        if self.failed_group == "drop":
+            groups = [list(g) for _, g in itertools.groupby(range(len(prompts)), key=lambda i: json.dumps(prompts[i]))]
+            for group in groups:
+                if any(episodes[i].failed for i in group):
+                    for i in group:
+                        masks[i], rewards[i] = [0] * len(masks[i]), None
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],
             "logprobs": [e.logprobs for e in episodes] if have_logprobs else None,
-            "env_mask": [e.loss_mask for e in episodes],
-            "env_reward": [e.reward for e in episodes],
+            "env_mask": masks,
+            "env_reward": rewards,
         }
 
     @staticmethod
     def _log(trainer: Any, episodes: list[Any]) -> None:
-        """The env's reward components, turns and tool errors, in the trainer's logged metrics."""
+        """The env's reward components, turns and tool errors (means over the scored episodes),
+        and the batch's outcome counts, in the trainer's logged metrics."""
         metrics = getattr(trainer, "_metrics", None)
         if metrics is None:
             return
         mode = "train" if getattr(trainer.model, "training", True) else "eval"
-        names = sorted({k for e in episodes for k in e.metrics()})
-        for name in names:
-            values = [e.metrics()[name] for e in episodes if name in e.metrics()]
+        scored = [e.metrics() for e in episodes if not e.failed]
+        for name in sorted({k for m in scored for k in m if not k.startswith("outcome/")}):
+            values = [m[name] for m in scored if name in m]
             metrics[mode][f"env/{name}"].append(sum(values) / len(values))
+        for name, count in _outcome_counts(episodes).items():
+            metrics[mode][f"env/{name}"].append(count)
 
     def close(self) -> None:
         for pool in self._sessions.values():
@@ -148,6 +182,15 @@ class TRLRollout:
                 session.close()
         self._sessions.clear()
         self._pool.shutdown(wait=False)
+
+
+def _outcome_counts(episodes: list[Any]) -> dict[str, float]:
+    """``outcome/<name>``: how many of ``episodes`` ended so, every name present."""
+    counts: dict[str, float] = {}
+    for episode in episodes:
+        for name, value in episode.outcome_metrics().items():
+            counts[name] = counts.get(name, 0.0) + value
+    return counts
 
 
 def _task_of(prompt: Any) -> tuple[str, int]:
@@ -211,7 +254,7 @@ class TRLEnvironment:
 
     def __init__(self):
         self.env = make_env(self.env_id, {**self.env_kwargs, "tool_format": "openai", "tools_in_prompt": False})
-        self.reward = 0.0
+        self.reward: float | None = 0.0
         self.reward_components: dict[str, float] = {}
         self.done = False
         self._calls = 0
@@ -244,7 +287,7 @@ class TRLEnvironment:
             self._end(*self.env.step({"role": "assistant", "content": text}))
         return "Answer recorded."
 
-    def _grade(self, reply: str = "") -> float:
+    def _grade(self, reply: str = "") -> float | None:
         """The env's verified reward; an episode the model has not ended ends with ``reply``
         (its last reply without a tool call: its answer), graded as it stands."""
         if not self.done:
@@ -267,7 +310,8 @@ class TRLEnvironment:
 
     def _end(self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
         self.done = True
-        self.reward = float(reward)
+        # a failed episode has no reward: TRL leaves None out of the baseline (advantage 0)
+        self.reward = None if outcomes.is_failure(info.get("outcome")) else float(reward)
         self.reward_components = dict(info.get("reward_components", {}))
 
 

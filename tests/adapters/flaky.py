@@ -1,6 +1,7 @@
 """A real env that reports failures as the engine does (issue 29): ``benchmax-test/FlakyMath-v0``
 is ``benchmax/Math-v0`` whose chosen tasks (``fail_tasks``) end at their first step with
-``info["outcome"] = "tool_unavailable"`` and reward NaN; the others end with ``"scored"``.
+``info["outcome"] = "tool_unavailable"`` and reward NaN, as does any step whose reply holds
+``fail_marker`` (a fault injected per sample); the others end with ``"scored"``.
 Importing this module registers the id (subprocesses import it too)."""
 
 import math
@@ -13,9 +14,9 @@ ENV_ID = "benchmax-test/FlakyMath-v0"
 class FailTasks(gym.Wrapper):
     """The tasks in ``fail_tasks`` lose their tool backend at the first step."""
 
-    def __init__(self, env, fail_tasks=()):
+    def __init__(self, env, fail_tasks=(), fail_marker=None):
         super().__init__(env)
-        self.fail_tasks, self.task = {int(t) for t in fail_tasks}, None
+        self.fail_tasks, self.fail_marker, self.task = {int(t) for t in fail_tasks}, fail_marker, None
 
     def reset(self, *, seed=None, options=None):
         self.task = (options or {}).get("task_index")
@@ -23,17 +24,17 @@ class FailTasks(gym.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        if self.task in self.fail_tasks:
+        if self.task in self.fail_tasks or (self.fail_marker and self.fail_marker in str(action)):
             return obs, math.nan, True, False, {**info, "outcome": "tool_unavailable"}
         if terminated or truncated:
             info = {**info, "outcome": "truncated" if truncated else "scored"}
         return obs, reward, terminated, truncated, info
 
 
-def _make(fail_tasks=(), **kwargs):
+def _make(fail_tasks=(), fail_marker=None, **kwargs):
     import benchmax_gym  # noqa: F401
 
-    return FailTasks(gym.make("benchmax/Math-v0", **kwargs).env, fail_tasks)
+    return FailTasks(gym.make("benchmax/Math-v0", **kwargs).env, fail_tasks, fail_marker)
 
 
 if ENV_ID not in gym.registry:

@@ -271,3 +271,63 @@ def test_a_grpo_step_on_a_batch_mixing_math_excel_and_crm_rows(qwen_tokenizer, o
     logs = trainer.state.log_history[0]
     assert logs["env/turns"] == 1.0 and "env/reward/correct" in logs
     rollout.close()
+
+
+def _flaky_grpo_step(qwen_tokenizer, output_dir, failed_group):
+    """One GRPO step on FlakyMath: each prompt's 3 samples answer right, wrong, and lose their
+    tool backend (a failure, issue 29). Returns the scored batch GRPOTrainer built and its logs."""
+    from flaky import ENV_ID
+    from trl import GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout
+
+    order = []
+
+    def scripted(trainer, sessions):
+        ids = []
+        for s in sessions:
+            if id(s) not in order:
+                order.append(id(s))
+            reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
+            kind = order.index(id(s)) % 3
+            if kind == 2:
+                reply = "FAULT " + reply
+            elif kind == 1 and s.info["turn"] > 0:
+                reply = "The answer is \\boxed{-1}"
+            ids.append(model_ids(s.chat, reply))
+        return ids, [None] * len(ids)
+
+    rollout = TRLRollout(ENV_ID, qwen_tokenizer, env_kwargs={"fail_marker": "FAULT"}, generate=scripted,
+                         failed_group=failed_group)
+    trainer = GRPOTrainer(model=tiny_model(qwen_tokenizer), reward_funcs=rollout.reward,
+                          args=_config(output_dir, per_device_train_batch_size=6, num_generations=3,
+                                       max_completion_length=2048),
+                          train_dataset=rollout.dataset(4), rollout_func=rollout, processing_class=qwen_tokenizer)
+    batches = []
+    original = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: batches.append(original(inputs)) or batches[-1]
+    trainer.train()
+    rollout.close()
+    return batches[0], trainer.state.log_history[0]
+
+
+def test_a_failed_sample_never_enters_the_loss_and_its_group_renormalises(qwen_tokenizer, output_dir):
+    import torch
+
+    batch, logs = _flaky_grpo_step(qwen_tokenizer, output_dir, "renormalise")
+    mask = (batch["completion_mask"] * batch["tool_mask"]).sum(dim=1)
+    advantages = batch["advantages"].view(-1, 3)
+    assert (mask.view(-1, 3)[:, 2] == 0).all() and (mask.view(-1, 3)[:, :2] > 0).all()  # no failed token in the loss
+    assert (advantages[:, 2] == 0).all()
+    scored = torch.tensor([1.0, 0.0])  # what the group's other two earn, without the failed sample
+    expected = (scored - scored.mean()) / (scored.std() + 1e-4)
+    for group in advantages:
+        assert torch.allclose(group[:2], expected)
+    assert logs["env/outcome/tool_unavailable"] == 2 and logs["env/outcome/scored"] == 4
+    assert logs["env/reward"] == 0.5  # over the scored episodes only
+
+
+def test_failed_group_drop_leaves_the_whole_group_out(qwen_tokenizer, output_dir):
+    batch, logs = _flaky_grpo_step(qwen_tokenizer, output_dir, "drop")
+    assert (batch["tool_mask"] * batch["completion_mask"]).sum() == 0 and (batch["advantages"] == 0).all()
+    assert logs["env/outcome/tool_unavailable"] == 2
