@@ -427,11 +427,11 @@ class TokenEpisode:
         return out
 
     def outcome_metrics(self) -> dict[str, float]:
-        """``outcome/<name>``: 1.0 for this episode's outcome, 0.0 for every other (every episode
+        """``env/outcome/<name>``: 1.0 for this episode's outcome, 0.0 for every other (every episode
         has every key, so trainers that batch by the first sample's keys count them all; summed
         over a batch they are the counts). An episode without one counts as ``scored``."""
         mine = self.outcome if self.outcome in outcomes.OUTCOMES else outcomes.SCORED
-        return {f"outcome/{name}": float(name == mine) for name in sorted(outcomes.OUTCOMES)}
+        return {f"env/outcome/{name}": float(name == mine) for name in sorted(outcomes.OUTCOMES)}
 
 
 class TokenSession:
@@ -568,6 +568,17 @@ class TokenSession:
         return []
 
 
+def outcome_counts(episodes: list[TokenEpisode] | list[dict[str, float]]) -> dict[str, float]:
+    """``env/outcome/<name>``: how many of ``episodes`` (or their metrics dicts) ended so,
+    every name present: what each adapter logs per batch."""
+    counts = {f"env/outcome/{name}": 0.0 for name in sorted(outcomes.OUTCOMES)}
+    for episode in episodes:
+        for name, value in (episode if isinstance(episode, dict) else episode.outcome_metrics()).items():
+            if name in counts:
+                counts[name] += float(value)
+    return counts
+
+
 def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     """``gym.make`` for adapters: an unknown id fails naming the registered benchmax ids."""
     import benchmax_gym  # noqa: F401  (registers the benchmax/* ids)
@@ -603,4 +614,5 @@ def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any
     return datasets.Dataset.from_list(rows)
 
 
-__all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "make_env", "task_dataset"]
+__all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "make_env", "outcome_counts",
+           "task_dataset"]

@@ -63,6 +63,7 @@ from benchmax_gym.adapters.tokens import (
     ChatTemplate,
     TokenSession,
     make_env,
+    outcome_counts,
     task_dataset,
 )
 from benchmax_gym.core import outcomes
@@ -170,11 +171,11 @@ class TRLRollout:
             return
         mode = "train" if getattr(trainer.model, "training", True) else "eval"
         scored = [e.metrics() for e in episodes if not e.failed]
-        for name in sorted({k for m in scored for k in m if not k.startswith("outcome/")}):
+        for name in sorted({k for m in scored for k in m if not k.startswith("env/outcome/")}):
             values = [m[name] for m in scored if name in m]
             metrics[mode][f"env/{name}"].append(sum(values) / len(values))
-        for name, count in _outcome_counts(episodes).items():
-            metrics[mode][f"env/{name}"].append(count)
+        for name, count in outcome_counts(episodes).items():
+            metrics[mode][name].append(count)
 
     def close(self) -> None:
         for pool in self._sessions.values():
@@ -182,15 +183,6 @@ class TRLRollout:
                 session.close()
         self._sessions.clear()
         self._pool.shutdown(wait=False)
-
-
-def _outcome_counts(episodes: list[Any]) -> dict[str, float]:
-    """``outcome/<name>``: how many of ``episodes`` ended so, every name present."""
-    counts: dict[str, float] = {}
-    for episode in episodes:
-        for name, value in episode.outcome_metrics().items():
-            counts[name] = counts.get(name, 0.0) + value
-    return counts
 
 
 def _task_of(prompt: Any) -> tuple[str, int]:

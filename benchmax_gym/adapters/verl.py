@@ -29,18 +29,40 @@ The env's reward is the trajectory's ``reward_score``. verl's post-processing re
 dict holds only keys every env has (``reward``, ``turns``, ``tool_errors``, ``truncated``: the
 budget cut it); the
 env's own components (they differ between envs) are in ``extra_fields["reward_components"]``.
+``reward_extra_info`` also holds ``env/outcome/<name>`` (1.0 for the episode's outcome), so a
+batch's sums are its outcome counts.
+
+Failed episodes (issue 29: a tool gone, a worker lost, a deadline) never enter the loss. verl
+needs every trajectory back, so a failed one is kept with an all-zero ``response_mask`` (no token
+in the loss) and ``reward_score`` NaN (``None`` would turn off the batch's ``rm_scores``). verl's
+own GRPO would average that NaN into the group, so train with the estimators registered here
+(``algorithm.adv_estimator=...``), verl's GRPO over each group's scored trajectories:
+
+=======================  =====================================================================
+``benchmax_grpo``        the group's mean and std over its scored trajectories (renormalised);
+                         failed ones get advantage 0
+``benchmax_grpo_drop``   a group with a failure is left out: every advantage 0
+=======================  =====================================================================
+
+(verl's reward metrics, ``critic/score/*``, are means over the batch: NaN when it holds a
+failure; ``env/outcome/*`` counts them.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections import defaultdict
 from typing import Any
 from uuid import uuid4
+
+import torch
 
 from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
 
 try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+    from verl.trainer.ppo.core_algos import register_adv_est
 except ImportError:  # pragma: no cover - exercised by the missing-extra test in a bare venv
     raise ImportError("the verl adapter needs verl: pip install 'benchmax-gym[verl]'") from None
 
@@ -84,12 +106,49 @@ class BenchmaxAgentLoop(AgentLoopBase):
             response_ids=episode.completion_ids,
             response_mask=episode.loss_mask,
             response_logprobs=episode.logprobs,
-            reward_score=episode.reward,
+            reward_score=math.nan if episode.failed else episode.reward,  # NaN: failed (benchmax_grpo)
             num_turns=1 + 2 * len(episode.turns),
             metrics={},
             extra_fields={"reward_extra_info": episode.metrics(components=False),
                           "reward_components": dict(episode.reward_components), "turn_scores": [], "tool_rewards": []},
         )
+
+
+def _grpo_over_scored(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
+                      config: Any, drop: bool, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``compute_grpo_outcome_advantage`` with failed trajectories (a NaN score) out of
+    their group's mean and std and given advantage 0; ``drop``: their whole group gets 0."""
+    norm = True if config is None else config.get("norm_adv_by_std_in_grpo", True)
+    scores = token_level_rewards.sum(dim=-1)
+    failed = torch.isnan(scores)
+    advantages = torch.zeros_like(scores)
+    groups: dict[Any, list[int]] = defaultdict(list)
+    for i, key in enumerate(index):
+        groups[key].append(i)
+    with torch.no_grad():
+        for members in groups.values():
+            kept = [i for i in members if not failed[i]]
+            if not kept or (drop and len(kept) < len(members)):
+                continue
+            group = scores[kept]
+            mean, std = (torch.tensor(0.0), torch.tensor(1.0)) if len(kept) == 1 else (group.mean(), group.std())
+            advantages[kept] = (group - mean) / (std + epsilon) if norm else group - mean
+    advantages = advantages.unsqueeze(-1) * response_mask
+    return advantages, advantages
+
+
+@register_adv_est("benchmax_grpo")
+def benchmax_grpo(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
+                  config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO over each group's scored trajectories: failures out of the baseline, advantage 0."""
+    return _grpo_over_scored(token_level_rewards, response_mask, index, config, drop=False)
+
+
+@register_adv_est("benchmax_grpo_drop")
+def benchmax_grpo_drop(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
+                       config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO with every group that holds a failed trajectory left out (advantage 0)."""
+    return _grpo_over_scored(token_level_rewards, response_mask, index, config, drop=True)
 
 
 def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:

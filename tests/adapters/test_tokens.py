@@ -400,11 +400,11 @@ def test_a_failed_episode_has_no_reward_and_no_loss_tokens(qwen_tokenizer):
     assert episode.done and episode.outcome == "tool_unavailable" and episode.failed
     assert episode.reward is None and episode.completion_ids and set(episode.loss_mask) == {0}
     metrics = episode.metrics()
-    assert math.isnan(metrics["reward"]) and metrics["outcome/tool_unavailable"] == 1.0
-    assert metrics["outcome/scored"] == 0.0 and len([k for k in metrics if k.startswith("outcome/")]) == 8
+    assert math.isnan(metrics["reward"]) and metrics["env/outcome/tool_unavailable"] == 1.0
+    assert metrics["env/outcome/scored"] == 0.0 and len([k for k in metrics if k.startswith("env/outcome/")]) == 8
     scored = TokenSession(gym.make(ENV_ID, fail_tasks=[1]), chat)
     play_tokens(scored, seed=0)
     assert scored.episode.outcome == "scored" and not scored.episode.failed and scored.episode.reward == 1.0
-    assert 1 in scored.episode.loss_mask and scored.episode.metrics()["outcome/scored"] == 1.0
+    assert 1 in scored.episode.loss_mask and scored.episode.metrics()["env/outcome/scored"] == 1.0
     failed.close()
     scored.close()

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
 from verl.workers.rollout.replica import TokenOutput
 
+from benchmax_gym.adapters.tokens import outcome_counts
 from benchmax_gym.adapters.verl import BenchmaxAgentLoop, task_rows
 
 
@@ -66,7 +67,8 @@ def test_the_registered_agent_loop_plays_concurrent_trajectories_token_exact(qwe
     for row, out in zip(rows, outputs):
         assert out.reward_score == 1.0 and out.extra_fields["reward_components"]["correct"] == 1.0
         assert out.extra_fields["reward_extra_info"] == {"reward": 1.0, "turns": out.extra_fields["reward_extra_info"]["turns"],
-                                                         "tool_errors": 0.0, "truncated": 0.0}
+                                                         "tool_errors": 0.0, "truncated": 0.0,
+                                                         **outcome_counts([{"env/outcome/scored": 1.0}])}
         # the same ids as a TokenSession fed the same replies (checked against the template elsewhere)
         reference = TokenSession("benchmax/Math-v0", chat)
         reference.reset(options={"task_index": row["extra_info"]["task_index"]})
@@ -148,7 +150,8 @@ def test_the_launch_script_runs_a_mixed_batch_through_a_fresh_agent_loop_worker(
     out = _verl_run(tmp_path, envs, reply_tokens=24, response_length=1024)
     assert out["imported_adapter"]  # by the config file's _target_, in the worker itself
     assert out["env_ids"] == [e for e in envs for _ in range(2)]
-    assert sorted(out["reward_extra_keys"]) == ["reward", "tool_errors", "truncated", "turns"]
+    assert sorted(out["reward_extra_keys"]) == sorted(["reward", "tool_errors", "truncated", "turns",
+                                                       *outcome_counts([])])
     assert {"correct"} <= set(out["components"][0]) and out["components"][0] != out["components"][-1]
     assert out["responses_shape"] == [6, 1024]
 
@@ -220,3 +223,77 @@ def test_envs_are_built_reset_and_stepped_off_the_workers_event_loop(qwen_tokeni
     loop_thread, out = asyncio.run(main())
     assert {name for name, _ in threads} == {"make", "reset", "step"}
     assert all(ident != loop_thread for _, ident in threads), (loop_thread, threads)
+
+
+class FlakyServer(SolverServer):
+    """The solver's replies, or (``kind``) a wrong final answer, or a reply that loses the tool
+    backend (FlakyMath's injected failure)."""
+
+    def __init__(self, tokenizer, kind):
+        super().__init__(tokenizer, "benchmax/Math-v0")
+        self.kind, self.turns = kind, {}
+
+    async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+        out = await super().generate(request_id, prompt_ids, sampling_params, **kwargs)
+        turn = self.turns[request_id] = self.turns.get(request_id, -1) + 1
+        text = {"fault": "FAULT", "wrong": "<answer>-1</answer>" if turn else None}.get(self.kind)
+        if text is None:
+            return out
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+
+
+def _flaky_batch(qwen_tokenizer):
+    """Two groups of three trajectories (right, wrong, failed) as verl's trainer holds them for
+    its advantage step: rewards on each response's last token, response masks, uids."""
+    import numpy as np
+    import torch
+    from flaky import ENV_ID
+    from verl.protocol import DataProto
+
+    rows = task_rows(ENV_ID, 2, fail_marker="FAULT")
+    loops = {kind: _agent_loop(qwen_tokenizer, FlakyServer(qwen_tokenizer, kind)) for kind in ("right", "wrong", "fault")}
+
+    async def main():
+        return await asyncio.gather(*(loops[k].run({}, **row) for row in rows for k in loops))
+
+    outputs = asyncio.run(main())
+    width = max(len(o.response_ids) for o in outputs)
+    rewards, masks = torch.zeros(len(outputs), width), torch.zeros(len(outputs), width, dtype=torch.int64)
+    for i, out in enumerate(outputs):
+        rewards[i, len(out.response_ids) - 1] = out.reward_score
+        masks[i, :len(out.response_mask)] = torch.tensor(out.response_mask)
+    uids = np.array([str(i // 3) for i in range(len(outputs))], dtype=object)
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": masks},
+                               non_tensors={"uid": uids})
+    return data, outputs
+
+
+def test_a_failed_trajectory_never_enters_the_loss_and_its_group_renormalises(qwen_tokenizer):
+    """verl's advantage step with benchmax_grpo, looked up in verl's registry and called as
+    ray_trainer.compute_advantage calls it (that module needs torchdata, not installed): the failed
+    trajectory has no token in the loss and advantage 0; the others get the advantages GRPO gives
+    their group without it. benchmax_grpo_drop leaves the group out."""
+    import math
+
+    import torch
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    def compute_advantage(data, adv_estimator):  # ray_trainer.compute_advantage's call for such estimators
+        return get_adv_estimator_fn(adv_estimator)(
+            token_level_rewards=data.batch["token_level_rewards"], response_mask=data.batch["response_mask"],
+            config=None, index=data.non_tensor_batch["uid"])[0]
+
+    data, outputs = _flaky_batch(qwen_tokenizer)
+    assert [o.extra_fields["reward_extra_info"]["env/outcome/tool_unavailable"] for o in outputs] == [0, 0, 1] * 2
+    assert [o.reward_score for o in outputs][:2] == [1.0, 0.0] and math.isnan(outputs[2].reward_score)
+    failed = data.batch["response_mask"].view(2, 3, -1)[:, 2]
+    assert failed.sum() == 0 and all(any(o.response_ids) for o in outputs)  # generated, masked out
+    advantages = compute_advantage(data, adv_estimator="benchmax_grpo")
+    scores = (advantages.sum(-1) / data.batch["response_mask"].sum(-1).clamp(min=1)).view(2, 3)
+    scored = torch.tensor([1.0, 0.0])
+    expected = (scored - scored.mean()) / (scored.std() + 1e-6)
+    assert torch.allclose(scores[:, :2], expected.expand(2, 2)) and (scores[:, 2] == 0).all()
+    assert not torch.isnan(advantages).any()
+    data, _ = _flaky_batch(qwen_tokenizer)
+    assert (compute_advantage(data, adv_estimator="benchmax_grpo_drop") == 0).all()
