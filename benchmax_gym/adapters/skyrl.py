@@ -15,6 +15,15 @@ The env's opening messages replace the row's prompt (the env owns its system pro
 text); its reward components are in ``metadata`` and ``get_metrics()``. SkyRL's generator owns
 the token loop (it renders the observations with the chat template and enforces its own
 generation limits), so the token budget is SkyRL's there.
+
+Failed episodes (issue 29: a tool gone, a worker lost, a deadline): SkyRL's generator owns the
+loss mask and the group advantages too, and a ``skyrl_gym`` step can return nothing but
+``observations``, ``reward``, ``done`` and ``metadata``. So the env reports the failure and
+leaves no fake score: the final step's reward is NaN (the env's own, never 0),
+``metadata["outcome"]`` names it and ``metadata["failed"]`` is set; ``get_metrics()`` has
+``env/outcome/<name>`` (1.0 for the episode's outcome), which :meth:`BenchmaxTextEnv.aggregate_metrics`
+sums into a batch's counts. Keeping the sample out of the loss and the baseline is the trainer's
+to do (skyrl-train's generator: not installed here, not done by this adapter).
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from benchmax_gym.adapters.tokens import make_env, task_dataset
+from benchmax_gym.adapters.tokens import make_env, outcome_counts, task_dataset
+from benchmax_gym.core import outcomes
 
 try:
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
@@ -65,6 +75,7 @@ class BenchmaxTextEnv(BaseTextEnv):
         self.seed = extras.get("seed")
         self.reward_components: dict[str, float] = {}
         self.tool_errors = 0
+        self.outcome: str | None = None
 
     def init(self, prompt: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         options = {"task_index": int(self.task_index)} if self.task_index is not None else None
@@ -77,6 +88,8 @@ class BenchmaxTextEnv(BaseTextEnv):
         done = terminated or truncated
         metadata = {"error": info.get("error"), "task_id": info.get("task_id")}
         if done:
+            self.outcome = info.get("outcome")
+            metadata.update(outcome=self.outcome, failed=outcomes.is_failure(self.outcome))
             self.reward_components = dict(info.get("reward_components", {}))
             self.tool_errors = self.env.unwrapped.episode_record().get("tool_errors", 0)
             metadata["reward_components"] = self.reward_components
@@ -84,8 +97,19 @@ class BenchmaxTextEnv(BaseTextEnv):
         return BaseTextEnvStepOutput(observations=observations, reward=float(reward), done=done, metadata=metadata)
 
     def get_metrics(self) -> dict[str, Any]:
+        mine = self.outcome if self.outcome in outcomes.OUTCOMES else outcomes.SCORED
         return {"turns": self.turns, "tool_errors": self.tool_errors,
-                **{f"reward/{k}": v for k, v in self.reward_components.items()}}
+                **{f"reward/{k}": v for k, v in self.reward_components.items()},
+                **{name: float(name == f"env/outcome/{mine}") for name in outcome_counts([])}}
+
+    @staticmethod
+    def aggregate_metrics(metrics: list[dict[str, Any]]) -> dict[str, Any]:
+        """skyrl_gym's means, except ``env/outcome/<name>``: a batch's counts."""
+        from skyrl_gym.metrics import default_aggregate_metrics
+
+        out = default_aggregate_metrics([{k: v for k, v in m.items() if not k.startswith("env/outcome/")}
+                                         for m in metrics])
+        return {**out, **outcome_counts(metrics)}
 
     def close(self) -> None:
         self.env.close()

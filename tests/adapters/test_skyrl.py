@@ -234,3 +234,28 @@ def test_the_adapters_docstring_gives_the_route_skyrls_typed_config_takes(skyrl_
     env.init(row["prompt"])
     assert env.step("<answer>0</answer>")["done"]
     env.close()
+
+
+def test_a_failed_episode_reports_its_outcome_and_skyrl_aggregates_the_counts():
+    """FlakyMath's task 1 loses its tool backend: its last step says so (outcome, failed, reward
+    NaN, never a fake 0) and skyrl_gym's aggregation counts the outcomes of the batch."""
+    import math
+
+    from flaky import ENV_ID
+    from skyrl_gym.metrics import aggregate_for_environment
+
+    rows = task_rows(ENV_ID, 3, fail_tasks=[1])
+
+    async def main():
+        with concurrent.futures.ThreadPoolExecutor(4) as executor:
+            return await asyncio.gather(*(_agent_loop(executor, {}, row, _solver("benchmax/Math-v0", row["task_index"]))
+                                          for row in rows))
+
+    results = asyncio.run(main())
+    lasts = [last for _, _, last, _ in results]
+    assert [last["metadata"]["outcome"] for last in lasts] == ["scored", "tool_unavailable", "scored"]
+    assert [last["metadata"]["failed"] for last in lasts] == [False, True, False]
+    assert math.isnan(lasts[1]["reward"]) and lasts[0]["reward"] == lasts[2]["reward"] == 1.0
+    aggregated = aggregate_for_environment("benchmax", [m for *_, m in results])
+    assert aggregated["env/outcome/tool_unavailable"] == 1.0 and aggregated["env/outcome/scored"] == 2.0
+    assert aggregated["env/outcome/deadline"] == 0.0 and "turns" in aggregated
