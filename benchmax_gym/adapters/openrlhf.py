@@ -19,13 +19,25 @@ and response, each request asks for what is left (at least 1), env ids that woul
 the episode truncated and graded as it stands (OpenRLHF's own loop stops there ungraded);
 ``--rollout.max_new_tokens`` caps each turn.
 ``extra_logs`` holds the keys every env has (OpenRLHF merges a batch's logs by the first
-sample's keys): ``reward``, ``turns``, ``tool_errors``, ``truncated``.
+sample's keys): ``reward``, ``turns``, ``tool_errors``, ``truncated`` and ``env/outcome/<name>``
+(1.0 for the episode's outcome: a batch's sums are its outcome counts).
+
+Failed episodes (issue 29: a tool gone, a worker lost, a deadline): OpenRLHF needs every sample
+of a prompt's group (its advantages reshape rewards by ``n_samples_per_prompt``), has no
+NaN-aware baseline and no hook for one, so a single sample cannot leave the baseline. The one
+thing its own code can do is drop the prompt's whole group: a failed sample's ``scores`` (and
+``reward``) are NaN, and OpenRLHF's dynamic filtering (``--algo.dynamic_filtering_enable``)
+drops every group whose mean score is outside its range, which NaN always is. Train with it on
+when failures can happen: without it the NaN reaches the group's advantages (loud, never a
+fake 0). Policy: ``failed_group="drop"`` only; its range also drops groups whose samples all
+score the same (DAPO's filter: widen ``--algo.dynamic_filtering_range`` to keep them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from copy import deepcopy
 from typing import Any
@@ -91,8 +103,9 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
             logprobs = None
             if sampling_params.logprobs is not None:
                 logprobs = [0.0] * start + (episode.logprobs or [0.0] * len(episode.completion_ids))
+            reward = math.nan if episode.failed else episode.reward  # NaN: dynamic filtering drops the group
             return {"prompt": prompt, "label": label, "images": images, "mm_train_inputs": None,
-                    "reward": episode.reward, "scores": episode.reward, "observation_tokens": episode.input_ids,
+                    "reward": reward, "scores": reward, "observation_tokens": episode.input_ids,
                     "action_ranges": [(start + a, start + b) for a, b in episode.turns],
                     "rollout_log_probs": logprobs, "truncated": episode.cut,
                     "extra_logs": episode.metrics(components=False)}

@@ -201,3 +201,45 @@ def test_the_launch_script_parses_with_openrlhfs_own_entry_point_and_loads_its_a
     assert args["train.agent_func_path"].endswith("examples/openrlhf_agent.py")
     assert args["data.prompt_dataset"] == "data/benchmax-math/train.jsonl" and args["data.label_key"] == "label"
     assert args["algo.advantage.estimator"] == "group_norm"
+
+
+def test_a_failed_sample_drops_its_group_through_openrlhfs_dynamic_filtering(qwen_tokenizer):
+    """Two prompts, two samples each (FlakyMath): one group right + wrong, the other right +
+    a failed sample. OpenRLHF's own _generate_vllm (its dynamic filter, over Ray object refs as
+    its engines return them) keeps the first group and drops the second; no failed sample
+    becomes an Experience. Outcomes are in every sample's extra_logs."""
+    import math
+
+    import ray
+    from flaky import ENV_ID
+
+    executor = make_executor(ENV_ID, fail_marker="FAULT")()
+    rows = task_rows(ENV_ID, 2, fail_marker="FAULT")
+    right = SolverEngine(qwen_tokenizer, "benchmax/Math-v0")
+    wrong = ScriptedEngine(qwen_tokenizer, lambda ids, turn: "<answer>-1</answer>")
+    fault = ScriptedEngine(qwen_tokenizer, lambda ids, turn: "FAULT")
+
+    async def play(row, engine):
+        return await executor.execute(row["prompt"], row["label"], _params(), 16384, qwen_tokenizer, engine)
+
+    async def main():
+        return await asyncio.gather(play(rows[0], right), play(rows[0], wrong), play(rows[1], right),
+                                    play(rows[1], fault))
+
+    outputs = asyncio.run(main())
+    assert [o["reward"] for o in outputs[:3]] == [1.0, 0.0, 1.0] and math.isnan(outputs[3]["scores"])
+    assert [o["extra_logs"]["env/outcome/tool_unavailable"] for o in outputs] == [0.0, 0.0, 0.0, 1.0]
+    assert all(o["extra_logs"].keys() == outputs[0]["extra_logs"].keys() for o in outputs)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        generator = SamplesGenerator.__new__(SamplesGenerator)
+        generator.args = SimpleNamespace(algo=SimpleNamespace(dynamic_filtering_range=(0.0, 1.0)))
+        groups = {rows[0]["label"]: outputs[:2], rows[1]["label"]: outputs[2:]}
+        generator._dispatch_prompts_to_vllm = lambda prompts, labels, **kwargs: [ray.put(groups[lb]) for lb in labels]
+        batches = iter([(None, [r["prompt"] for r in rows], [r["label"] for r in rows], [None, None])])
+        experiences, consumed, _ = generator._generate_vllm(batches, 2, True, max_len=16384)
+    finally:
+        ray.shutdown()
+    assert consumed == 2 and len(experiences) == 2  # the first group only
+    assert [e.labels[0] for e in experiences] == [rows[0]["label"]] * 2
+    assert sorted(e.rewards.item() for e in experiences) == [0.0, 1.0]
