@@ -331,3 +331,19 @@ def test_failed_group_drop_leaves_the_whole_group_out(qwen_tokenizer, output_dir
     batch, logs = _flaky_grpo_step(qwen_tokenizer, output_dir, "drop")
     assert (batch["tool_mask"] * batch["completion_mask"]).sum() == 0 and (batch["advantages"] == 0).all()
     assert logs["env/outcome/tool_unavailable"] == 2
+
+
+def test_environment_factory_gives_a_failed_episode_no_reward():
+    """A tool whose backend is gone mid-episode (FlakyMath task 1): Env.reward gives None, which
+    TRL's _calculate_rewards reads as unscorable (NaN: out of the baseline), never 0."""
+    from flaky import ENV_ID
+
+    from benchmax_gym.adapters.trl import trl_environment
+
+    Env = trl_environment(ENV_ID, fail_tasks=[1])
+    env = Env()
+    env.reset(task_index=1)
+    env.calculator(expression="1+1")
+    assert env.done and Env.reward([""], environments=[env]) == [None]
+    env.reset(task_index=0)
+    assert Env.reward([[{"role": "assistant", "content": "no answer"}]], environments=[env]) == [0.0]
