@@ -418,7 +418,9 @@ class TokenEpisode:
     def metrics(self, components: bool = True) -> dict[str, float]:
         """What adapters put in a trainer's logs: the reward, turns, tool errors, whether the
         budget cut it, and (``components``) the reward's components, which differ between envs:
-        trainers that batch per-sample keys by the first sample's take ``components=False``."""
+        trainers that batch per-sample keys by the first sample's take ``components=False``.
+        A failed episode's ``reward`` here is NaN (every sample has the key; no fake 0), and
+        :meth:`outcome_metrics` are always in."""
         out = {"reward": self.reward if self.reward is not None else math.nan, "turns": float(len(self.turns)),
                "tool_errors": float(self.record.get("tool_errors", 0)), "truncated": float(self.cut),
                **self.outcome_metrics()}
