@@ -258,13 +258,3 @@ def test_format_number_refuses_non_numbers():
         format_number("3")
     with pytest.raises(TypeError):
         format_number(True)
-
-
-def test_evaluate_is_fast():
-    # distinct expressions, so the parse cache does not help
-    expressions = [f"({i} + 7) * 3 - {i} / 2" for i in range(2000)]
-    start = time.perf_counter()
-    for expression in expressions:
-        evaluate(expression)
-    per_call = (time.perf_counter() - start) / len(expressions)
-    assert per_call < 500e-6  # ~15 us on a laptop; generous for slow CI machines
