@@ -74,7 +74,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.sandbox_server import user_process_count
-from benchmax_gym.core.tools import Tool, ToolError, tool
+from benchmax_gym.core.outcomes import DEADLINE
+from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, tool
 
 log = logging.getLogger(__name__)
 
@@ -1209,7 +1210,14 @@ def python_tool(name: str = "python", description: str | None = None) -> Tool:
         box: Sandbox | None = episode.state.get("sandbox") if episode is not None else None
         if box is None:
             raise ToolError("no sandbox is running for this episode")
-        result = box.run(code)
+        timeout = None
+        if episode.deadline is not None:  # the call may not run past the episode's deadline
+            timeout = episode.deadline - time.monotonic()
+            if timeout <= 0:
+                raise ToolFailure("the episode's time limit has passed", DEADLINE)
+        result = box.run(code, timeout)
+        if result.timed_out and timeout is not None and timeout < box.limits.timeout:
+            raise ToolFailure(f"the episode's time limit ran out during the call\n{result.text}", DEADLINE)
         if result.error:
             raise ToolError(result.text, code=result.error)
         return result.text

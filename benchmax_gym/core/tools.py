@@ -32,7 +32,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 
@@ -47,6 +47,18 @@ class ToolError(Exception):
         self.code = code
 
 
+class ToolFailure(Exception):
+    """Raised by a tool (or the machinery under it) for a failure that is not the model's: its
+    backend is gone (``tool_unavailable``), it overran for reasons not the input's
+    (``tool_timeout``), the environment broke (``env_error``), the episode's deadline passed
+    (``deadline``). The call's result carries ``outcome`` and the engine ends the episode with it
+    (see :mod:`benchmax_gym.core.outcomes`); a :class:`ToolError` is the model's and scored."""
+
+    def __init__(self, message: str, outcome: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
 class ArgumentError(ToolError):
     def __init__(self, message: str):
         super().__init__(message, code="bad_arguments")
@@ -58,6 +70,19 @@ class ToolResult:
 
     content: str
     error: str | None = None
+    #: a failure that is not the model's (a :class:`FailedResult`) ends the episode with it; a
+    #: class attribute, so that the ordinary result costs nothing more to make
+    outcome: ClassVar[str | None] = None
+
+
+class FailedResult(ToolResult):
+    """The result of a call that failed for a reason not the model's (:class:`ToolFailure`)."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, content: str, outcome: str):
+        super().__init__(content, outcome)
+        self.outcome = outcome
 
 
 @dataclass
@@ -477,4 +502,6 @@ def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:
 def _error_result(name: str, exc: Exception) -> ToolResult:
     if isinstance(exc, ToolError):
         return ToolResult(f"Error: {exc}", exc.code)
+    if isinstance(exc, ToolFailure):
+        return FailedResult(f"Error: tool '{name}' failed: {exc}", exc.outcome)
     return ToolResult(f"Error: tool '{name}' failed: {type(exc).__name__}: {exc}", "tool_error")
