@@ -445,7 +445,7 @@ class Toolset:
             else:
                 value = self._pool().submit(t.fn, **kwargs).result(timeout)
         except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
-            return ToolResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
+            return _timed_out(name, timeout)
         except Exception as exc:  # the tool's own failure is the model's observation
             return _error_result(name, exc)
         text = value if type(value) is str else to_text(value)
@@ -460,7 +460,7 @@ class Toolset:
         except ArgumentError as exc:
             return _bad_arguments(t.name, exc)
         except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
-            return ToolResult(f"Error: tool '{t.name}' timed out after {timeout:g} s.", "tool_timeout")
+            return _timed_out(t.name, timeout)
         except Exception as exc:  # the tool's own failure is the model's observation
             return _error_result(t.name, exc)
         text = value if type(value) is str else to_text(value)
@@ -482,7 +482,7 @@ class Toolset:
                 fut = loop.run_in_executor(self._pool(), lambda: t.fn(**kwargs))
                 value = await (fut if t.self_timed else asyncio.wait_for(fut, timeout))
         except (TimeoutError, asyncio.TimeoutError):
-            return ToolResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
+            return _timed_out(name, timeout)
         except Exception as exc:
             return _error_result(name, exc)
         return ToolResult(truncate(to_text(value), max_chars))
@@ -493,6 +493,12 @@ class Toolset:
                 # A tool stuck past its timeout cannot be killed in a thread; do not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
+
+
+def _timed_out(name: str, timeout: float) -> ToolResult:
+    """A tool the engine timed out: the tool's failure, not the model's (model-written code
+    times itself out in the sandbox and reports a ToolError, which is scored)."""
+    return FailedResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
 
 
 def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:

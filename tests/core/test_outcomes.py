@@ -164,3 +164,17 @@ def test_sandboxed_code_is_cut_at_the_deadline_but_a_model_loop_is_the_models_ti
     _, reward, _, truncated, info = env.step(loop)
     assert info["outcome"] == DEADLINE and math.isnan(reward) and truncated
     env.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("name", ["nap", "anap"])
+def test_a_tool_past_its_timeout_ends_the_episode_with_tool_timeout(name, asynchronous):
+    """A tool the engine had to time out (not model-written code, which times itself out in the
+    sandbox and is the model's error) failed: ``tool_timeout``, ungraded, without waiting for it."""
+    env = make(tool_timeout=0.2)
+    env.reset(seed=0)
+    action = call(name, seconds=5)
+    obs, reward, terminated, truncated, info = asyncio.run(env.astep(action)) if asynchronous else env.step(action)
+    assert info["outcome"] == info["error"] == "tool_timeout" and "timed out" in obs
+    assert math.isnan(reward) and truncated and not terminated and env.episode_record()["reward"] is None
+    env.close()
