@@ -28,7 +28,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.outcomes import TOOL_TIMEOUT, TOOL_UNAVAILABLE
+from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure
 from benchmax_gym.envs.mcp.stdio import StderrTail, stdio_transport
 
@@ -306,6 +306,9 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
                 TOOL_UNAVAILABLE) from None
         text = result_text(result)
         if result.is_error:
+            outcome = (result.meta or {}).get("benchmax/outcome")  # a benchmax mcp-serve's failure (issue 29)
+            if outcome in FAILURES:
+                raise ToolFailure(text or f"tool {name!r} failed", outcome)
             raise ToolError(text or f"tool {name!r} reported an error")
         return text
 
