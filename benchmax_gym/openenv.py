@@ -45,6 +45,7 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.checks import positive_int, positive_number
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.formats import PARSE_ERROR
+from benchmax_gym.core.outcomes import SCORED, failed_reward, is_failure
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task
 
@@ -195,7 +196,8 @@ def _classes() -> SimpleNamespace:
             info = sent["info"]
             return BenchmaxGymObservation(
                 text=obs, messages=info.pop("messages"), assistant=sent["assistant"], info=info, metadata=info,
-                reward=reward, done=terminated or truncated, truncated=truncated, tool_errors=base.episode.tool_errors)
+                reward=None if reward != reward else reward,  # a failed episode's NaN: no reward (JSON has no NaN)
+                done=terminated or truncated, truncated=truncated, tool_errors=base.episode.tool_errors)
 
         @property
         def state(self) -> BenchmaxGymState:
@@ -554,7 +556,11 @@ class OpenEnvEnv(gym.Env[str, str]):
                     "messages": [{"role": "user", "content": obs}]}
         episode.messages.extend(info["messages"])
         episode.done = terminated or truncated
-        if episode.done and (not self.ours or "reward_components" in info):  # graded (as ToolEnv records it)
+        if episode.done:  # how it ended: ours says; another server's episode ended as it graded it
+            episode.outcome = info.get("outcome") if self.ours else info.setdefault("outcome", SCORED)
+        if is_failure(episode.outcome):  # the server's failed episode: ungraded, NaN as ToolEnv returns it
+            reward = failed_reward()
+        elif episode.done and (not self.ours or "reward_components" in info):  # graded (as ToolEnv records it)
             episode.reward = float(reward)
             episode.reward_components = dict(info.get("reward_components") or {})
         return obs, reward, terminated, truncated, info

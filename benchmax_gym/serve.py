@@ -6,6 +6,10 @@ environment, reset once at its first tool call: its own workspace, workbook, dat
 sandbox, so sessions never see each other's changes. The server's instructions are the
 environment's system prompt.
 
+A call that fails for a reason that is not the model's (the sandbox died, a backend is down, a
+tool timed out: :mod:`benchmax_gym.core.outcomes`) is an error result whose ``_meta`` carries
+``{"benchmax/outcome": name}``; an MCP-v0 episode run on the server ends with that outcome.
+
 Sessions: over stdio the session is the process. Over HTTP it is the ``mcp-session-id`` of the
 initialize-handshake era; its environment is closed (sandbox killed, workspace deleted) when the
 session ends: the client's DELETE, or ``idle_timeout`` seconds with no request in flight (a
@@ -34,6 +38,8 @@ from mcp.server.lowlevel import Server
 import benchmax_gym  # noqa: F401  (registers the ids)
 
 TOKEN_ENV = "BENCHMAX_GYM_MCP_TOKEN"
+#: the ``_meta`` key of a tool result that failed for a reason not the model's (core.outcomes)
+OUTCOME_META = "benchmax/outcome"
 _ENV_KEY = "benchmax_gym.env"  # where a session's environment (a future of it) lives in its connection state
 
 
@@ -132,7 +138,9 @@ def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: in
             timeout=env.tool_timeout, max_chars=env.max_tool_output_chars,
         )
         return types.CallToolResult(
-            content=[types.TextContent(type="text", text=result.content)], is_error=result.error is not None
+            content=[types.TextContent(type="text", text=result.content)], is_error=result.error is not None,
+            # a failure that is not the model's (issue 29) says so: an episode run on it ends with it
+            meta={OUTCOME_META: result.outcome} if result.outcome else None,
         )
 
     server = Server(f"benchmax-gym {env_id}", instructions=instructions,

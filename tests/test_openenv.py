@@ -167,6 +167,36 @@ def test_served_and_consumed_plays_exactly_as_in_process(env_id, served):
         remote.close()
 
 
+@pytest.mark.parametrize("late", [False, True])
+def test_the_outcome_travels_and_a_failure_is_no_reward_on_either_side(served, late):
+    """Issue 29 across the wire: the finished episode's ``outcome`` arrives as the env gave it, and
+    a failed episode (here: past its ``episode_timeout``) is NaN in ``step`` and ``None`` in the
+    record on the consumer's side exactly as in process."""
+    import math
+
+    kwargs = {"python_tool": False, "episode_timeout": 0.3}
+    direct = gym.make("benchmax/Math-v0", **kwargs)
+    remote = gym.make("benchmax/OpenEnv-v0", base_url=served("benchmax/Math-v0", kwargs))
+    try:
+        ends = []
+        for env in (direct, remote):
+            env.reset(seed=3)
+            if late:
+                time.sleep(0.6)
+            ends.append(env.step("\\boxed{1}"))
+        (obs_d, reward_d, term_d, trunc_d, info_d), (obs_r, reward_r, term_r, trunc_r, info_r) = ends
+        assert (obs_r, term_r, trunc_r, info_r["outcome"]) == (obs_d, term_d, trunc_d, info_d["outcome"])
+        assert norm(remote.unwrapped.episode_record()) == norm(direct.unwrapped.episode_record())
+        if late:
+            assert info_r["outcome"] == "deadline" and math.isnan(reward_r) and math.isnan(reward_d) and trunc_r
+            assert remote.unwrapped.episode_record()["reward"] is None
+        else:
+            assert info_r["outcome"] == "scored" and reward_r == reward_d
+    finally:
+        direct.close()
+        remote.close()
+
+
 def test_the_trainer_adapters_play_an_openenv_server_token_exactly(served):
     """A TokenSession (what every trainer adapter uses) on benchmax/OpenEnv-v0 gives the ids it
     gives in-process: the served env's transcript is the same, so is its rendering."""

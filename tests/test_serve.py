@@ -415,3 +415,55 @@ def test_http_auth_token_flag_and_bad_options(serve):
         out = subprocess.run([*CLI, "mcp-serve", "benchmax/Math-v0", "--transport", "http", *bad],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_failure_that_is_not_the_models_travels_as_its_outcome(tmp_path):
+    """Issue 29 over MCP: live Wikipedia failing past its retries is ``tool_unavailable`` in the
+    result's ``_meta``; MCP-v0 playing that server ends its episode with it (reward NaN); a model's
+    own mistake (an unknown article) stays a plain tool error, with no outcome."""
+    import math
+
+    import gymnasium as gym
+
+    import benchmax_gym
+    from benchmax_gym.envs.wikipedia.tasks import encyclopedia
+    from benchmax_gym.serve import OUTCOME_META, build_server
+    from benchmax_gym.testing.mediawiki import MediaWikiStub
+
+    questions = tmp_path / "questions.json"
+    questions.write_text(json.dumps([{"Question": "Where does the Limmat flow?", "Answer": "Zürich"}]))
+    live = {"backend": "live", "tasks": "bamboogle", "task_args": {"dataset": str(questions)}}
+    with MediaWikiStub(encyclopedia(0, 50).records) as wiki:
+        server = build_server("benchmax/Wikipedia-v0", {**live, "backend_args": {"api_url": wiki.api_url, "max_retries": 0}})
+
+        async def main():
+            async with Client(server) as client:
+                missing = await client.call_tool("get_article", {"title": "No Such Article Here"})
+                wiki.fail_next = [(503, {})] * 3
+                failed = await client.call_tool("get_article", {"title": "Paris"})
+                return missing, failed
+
+        try:
+            missing, failed = asyncio.run(main())
+        finally:
+            server.sessions.close()
+        assert missing.is_error and not (missing.meta or {}).get(OUTCOME_META)
+        assert failed.is_error and failed.meta[OUTCOME_META] == "tool_unavailable" and "unavailable" in text(failed)
+
+    # MCP-v0 over a served family: the outcome ends the episode on the consumer's side
+    with MediaWikiStub(encyclopedia(0, 50).records) as wiki:
+        backend_args = json.dumps({"api_url": wiki.api_url, "max_retries": 0})
+        spec = {"command": CLI[0], "args": [*CLI[1:], "mcp-serve", "benchmax/Wikipedia-v0", "--env-arg", "backend=live",
+                                            "--env-arg", f"backend_args={backend_args}", "--env-arg", "tasks=bamboogle",
+                                            "--env-arg", f"task_args.dataset={questions}"],
+                "env": {"PYTHONPATH": str(Path(benchmax_gym.__file__).resolve().parents[1])}}  # this code, not an installed one
+        env = gym.make("benchmax/MCP-v0", server=spec, tasks=[{"prompt": "p"}], reward=lambda completion: 0.0)
+        try:
+            env.reset(seed=0)
+            wiki.fail_next = [(503, {})] * 3
+            obs, reward, terminated, truncated, info = env.step(
+                '<tool_call>{"name": "get_article", "arguments": {"title": "Paris"}}</tool_call>')
+            assert info["outcome"] == "tool_unavailable", obs
+            assert math.isnan(reward) and truncated and not terminated
+        finally:
+            env.close()

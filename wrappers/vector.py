@@ -19,7 +19,11 @@ survives faults:
 
 * **Faults.** An environment whose step raises is rebuilt; a worker that dies (even by SIGKILL)
   or exceeds ``step_timeout`` is killed and restarted. The affected environments report
-  ``truncated=True`` with ``info["error"]``; the others go on untouched. ``close()``, garbage
+  ``truncated=True`` with ``info["error"]`` and ``info["outcome"] == "env_error"`` (in
+  ``final_info`` under ``SAME_STEP``), reward NaN (issue 29: never a reward): every env a lost
+  worker held, the one past ``step_timeout`` and its neighbours alike (nothing tells which hung and
+  why, so none of them is the model's); the others go on untouched. Every batch's
+  ``info["scored"]`` (bool array) says which rewards are signal: ``rewards[info["scored"]]``. ``close()``, garbage
   collection and interpreter exit leave no process behind.
 
 ``gym.make_vec("benchmax/Math-v0", num_envs=64)`` returns one (vector options such as
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import os
 import time
 import weakref
@@ -50,7 +55,7 @@ from gymnasium.vector.utils import batch_space
 
 from .batching import _stack, batch_infos
 from .channel import WorkerLost, _Process, readable
-from .worker import WORKER_RESTARTED
+from .worker import ENV_ERROR, WORKER_RESTARTED
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
@@ -129,7 +134,7 @@ class WorkerVectorEnv(VectorEnv):
         if info_keys is not None:
             if isinstance(info_keys, str) or not all(isinstance(k, str) for k in info_keys):
                 raise ValueError(f"info_keys must be a list of info key names or None, got {info_keys!r}")
-            info_keys = tuple(info_keys)
+            info_keys = tuple(info_keys) + (() if "outcome" in info_keys else ("outcome",))  # always kept
         self.info_keys = info_keys
         self._fns = fns
         split = np.array_split(np.arange(self.num_envs), num_workers)
@@ -204,13 +209,13 @@ class WorkerVectorEnv(VectorEnv):
         for i in self._groups[w]:
             sent = self._pending.pop(i, None)
             self._lost_reset.pop(i, None)
-            info = {"error": f"{WORKER_RESTARTED}: {reason}"}
+            info = {"error": f"{WORKER_RESTARTED}: {reason}", "outcome": ENV_ERROR}
             if sent is None and i not in self._ready:
                 self._lost[i] = info  # idle: its next step reports the lost episode
                 continue
             if self.autoreset_mode == AutoresetMode.SAME_STEP:
                 info = {"final_obs": "", "final_info": info}
-            self._ready[i] = ("", 0.0, False, True, info)
+            self._ready[i] = ("", math.nan, False, True, info)
         if self.autoreset_mode == AutoresetMode.SAME_STEP:
             # SAME_STEP returns a fresh observation with the truncation: reset them now.
             restarted = [i for i in self._groups[w] if i in self._ready]
@@ -218,7 +223,7 @@ class WorkerVectorEnv(VectorEnv):
                 self._workers[w].send(("reset", [(i, None, None) for i in restarted]))
                 for i, (obs, info) in self._collect_now(w, set(restarted)).items():
                     final = self._ready[i][4]
-                    self._ready[i] = (obs, 0.0, False, True, {**info, **final})
+                    self._ready[i] = (obs, math.nan, False, True, {**info, **final})
 
     def _collect_now(self, w: int, wanted: set[int]) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -268,7 +273,7 @@ class WorkerVectorEnv(VectorEnv):
                 self._lost_reset[i] = error  # reset now; the result reports the truncation
                 resets.append((i, None, None))
             else:
-                self._ready[i] = ("", 0.0, False, True, error)
+                self._ready[i] = ("", math.nan, False, True, error)
         self._dispatch("step", jobs)
         self._dispatch("reset", resets)
 
@@ -367,16 +372,20 @@ class WorkerVectorEnv(VectorEnv):
         if error is None:
             return result
         obs, info = result
-        return obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error}
+        return obs, math.nan, False, True, {**info, "final_obs": "", "final_info": error}
 
     def _batch(self, results: list[tuple]):
         if not results:
             return (_stack(self.single_observation_space, []), np.zeros(0), np.zeros(0, dtype=np.bool_),
                     np.zeros(0, dtype=np.bool_), {})
         obs, rewards, terminated, truncated, infos = zip(*results)  # by columns, in C
-        return (_stack(self.single_observation_space, obs), np.array(rewards, dtype=np.float64),
-                np.array(terminated, dtype=np.bool_), np.array(truncated, dtype=np.bool_),
-                batch_infos(infos, len(results)))
+        rewards = np.array(rewards, dtype=np.float64)
+        batched = batch_infos(infos, len(results))
+        # the rewards that are signal (a failed episode's is NaN, issue 29): rewards[info["scored"]]
+        batched["scored"] = scored = rewards == rewards
+        batched["_scored"] = np.ones_like(scored)
+        return (_stack(self.single_observation_space, obs), rewards,
+                np.array(terminated, dtype=np.bool_), np.array(truncated, dtype=np.bool_), batched)
 
     # -- Gymnasium vector API ---------------------------------------------------------------------
 
@@ -506,8 +515,8 @@ class SubprocVectorEnv(WorkerVectorEnv):
             "error"]`` (default ``None``: all). The others never leave the workers: a training
             loop that reads a few keys gets a lighter batch (the transcript messages and tool
             calls are most of an info; 64 calculator envs stepped about a third faster).
-            ``final_obs``/``final_info`` stay (``final_info`` filtered alike), and an env whose
-            worker was lost still reports its ``error``.
+            ``final_obs``/``final_info`` stay (``final_info`` filtered alike), ``outcome`` is
+            always kept, and an env whose worker was lost still reports its ``error``.
         **env_kwargs: ``gym.make`` keyword arguments, with an id.
     """
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import os
 import pickle
 import signal
@@ -128,7 +129,8 @@ class _Worker:
 
     async def _broken(self, i: int, exc: Exception):
         """The env raised: rebuild it; its episode ends truncated, with the error in the info."""
-        error = {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+        error = {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "outcome": ENV_ERROR,
+                 "traceback": traceback.format_exc(limit=5)}
         try:
             self.envs[i].close()
         except Exception:
@@ -137,8 +139,8 @@ class _Worker:
         self.needs_reset[i] = True
         if self.mode == AutoresetMode.SAME_STEP:
             obs, info = await self._reset(i, None, None)
-            return obs, 0.0, False, True, {**info, "final_obs": "", "final_info": error}
-        return "", 0.0, False, True, error
+            return obs, math.nan, False, True, {**info, "final_obs": "", "final_info": error}
+        return "", math.nan, False, True, error
 
     def _step_plain(self, i: int, action: Any) -> None:
         """``_step`` for a plain env that needs no reset, without a coroutine when its episode
@@ -172,7 +174,7 @@ class _Worker:
         except StopIteration as done:
             return done.value
         except Exception as exc:  # a reset that raised
-            return ("", 0.0, False, True, {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}"})
+            return _raised(exc)
         job.close()
         raise RuntimeError("a plain environment awaited")
 
@@ -181,7 +183,7 @@ class _Worker:
         try:
             return task.result()
         except Exception as exc:  # a reset that raised
-            return ("", 0.0, False, True, {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}"})
+            return _raised(exc)
 
     def _deliver(self, i: int, result: Any) -> None:
         if self.keep is not None:
@@ -299,3 +301,8 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
         loop.run_forever()
     worker.close()
     loop.close()
+
+
+def _raised(exc: Exception) -> tuple:
+    """The result of a reset that raised: the env failed (issue 29), not the model."""
+    return "", math.nan, False, True, {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "outcome": ENV_ERROR}

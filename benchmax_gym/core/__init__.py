@@ -5,10 +5,10 @@ from benchmax_gym.core.formats import FORMATS, Parsed, ToolCall, ToolCallFormat,
 from benchmax_gym.core.rubric import RewardFn, Rubric, final_answer
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import DatasetTasks, GeneratedTasks, ListTasks, Task, TaskSource, load_records
-from benchmax_gym.core.tools import Tool, ToolError, ToolResult, Toolset, tool
+from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, ToolResult, Toolset, tool
 
 __all__ = [
     "DatasetTasks", "Episode", "FORMATS", "GeneratedTasks", "ListTasks", "Parsed", "RewardFn", "Rubric",
-    "Task", "TaskSource", "Tool", "ToolCall", "ToolCallFormat", "ToolEnv", "ToolError", "ToolResult",
+    "Task", "TaskSource", "Tool", "ToolCall", "ToolCallFormat", "ToolEnv", "ToolError", "ToolFailure", "ToolResult",
     "Toolset", "UnicodeText", "final_answer", "get_format", "load_records", "tool",
 ]

@@ -9,6 +9,14 @@
                          -> run each call (timeout, output cap) -> obs = tool results, reward 0
     final answer         -> rubric scores the episode -> reward, terminated=True
     turn limit           -> rubric scores the episode as it stands -> truncated=True
+    a failure            -> (not the model's: a tool's backend gone, the deadline passed)
+                            reward NaN, not graded, truncated=True
+
+The step that ends an episode carries ``info["outcome"]`` (:mod:`core.outcomes`): ``scored``
+after a final answer, ``truncated`` at the turn limit, or the failure. Steps mid-episode carry no
+``outcome`` key (read it with ``info.get("outcome")``; a vector env's batched info then masks it
+with ``_outcome``). A failure is truncation in Gymnasium's sense - the episode was cut off from
+outside, not brought to an end by the model - and its resources are released at once.
 
 A family (Math, Excel, ...) supplies only a TaskSource, a Toolset, a Rubric, a system prompt and,
 when it needs per-episode state, an ``open_episode`` hook that registers what it opens on
@@ -32,6 +40,7 @@ import inspect
 import json
 import logging
 import marshal
+import math
 import time
 import os
 import uuid
@@ -45,10 +54,11 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.checks import positive_int, positive_number
+from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
-from benchmax_gym.core.tools import ToolResult, Toolset, truncate
+from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, truncate
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +92,8 @@ class Episode:
     tool_errors: int = 0
     reward: float | None = None  # the final reward, once graded
     reward_components: dict[str, float] = field(default_factory=dict)
+    outcome: str | None = None  # how it ended (core.outcomes), once it has
+    deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
 
@@ -133,6 +145,11 @@ class ToolEnv(gym.Env[str, str]):
         max_action_chars: longer actions are refused (``action_too_long``) without being run.
         max_tool_output_chars: each tool result is cut to this with a visible marker.
         tool_timeout: seconds per tool call (``tool_timeout`` error when exceeded).
+        episode_timeout: wall-clock seconds for the whole episode, all turns (None: no limit).
+            A step that starts past it, or a tool call cut short by it (each call's timeout is
+            bounded by the time left), ends the episode with outcome ``deadline``: reward NaN,
+            ``truncated=True`` (Gymnasium's truncation: cut off by a limit outside the task),
+            its resources released at once.
         max_calls_per_action: calls beyond this in one action are not run (``too_many_calls``).
         max_observation_chars: the observation space's length bound.
         tools_in_prompt: render tool schemas into the system prompt (turn off when a trainer's
@@ -177,6 +194,7 @@ class ToolEnv(gym.Env[str, str]):
         max_action_chars: int = 32_000,
         max_tool_output_chars: int = 8_000,
         tool_timeout: float = 10.0,
+        episode_timeout: float | None = None,
         max_calls_per_action: int = 8,
         max_observation_chars: int = 1_000_000,
         tools_in_prompt: bool = True,
@@ -209,6 +227,7 @@ class ToolEnv(gym.Env[str, str]):
         self.max_action_chars = positive_int("max_action_chars", max_action_chars)
         self.max_tool_output_chars = positive_int("max_tool_output_chars", max_tool_output_chars)
         self.tool_timeout = positive_number("tool_timeout", tool_timeout)
+        self.episode_timeout = None if episode_timeout is None else positive_number("episode_timeout", episode_timeout)
         self.max_calls_per_action = positive_int("max_calls_per_action", max_calls_per_action)
         self.max_observation_chars = positive_int("max_observation_chars", max_observation_chars)
         if reward_weights is not None:
@@ -323,11 +342,15 @@ class ToolEnv(gym.Env[str, str]):
         plan = self._plan_step(action)
         timed = self.info_timings
         t = time.perf_counter() if timed else 0.0
-        if plan.to_run:
+        if plan.episode.deadline is not None:
+            self._run_before_deadline(plan)
+        elif plan.to_run:
             run, results = self.toolset.run, plan.results
             for call in plan.to_run:
                 results.append(run(call.name, call.arguments, episode=plan.episode, timeout=self.tool_timeout,
                                    max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run))
+                if results[-1].outcome:
+                    break  # a failure ends the episode: the calls after it do not run
         if timed:
             plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
@@ -343,13 +366,19 @@ class ToolEnv(gym.Env[str, str]):
         plan = self._plan_step(action)
         timed = self.info_timings
         t = time.perf_counter() if timed else 0.0
-        for call in plan.to_run:
-            plan.results.append(
-                await self.toolset.arun(
-                    call.name, call.arguments, episode=plan.episode, timeout=self.tool_timeout,
-                    max_chars=self.max_tool_output_chars,
-                )
-            )
+        deadline = plan.episode.deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            plan.failure = DEADLINE
+        for call in () if plan.failure else plan.to_run:
+            timeout = self.tool_timeout if deadline is None else self._time_left(plan, deadline)
+            if timeout is None:
+                break
+            result = await self.toolset.arun(call.name, call.arguments, episode=plan.episode, timeout=timeout,
+                                             max_chars=self.max_tool_output_chars)
+            result = self._deadline_hit(result, timeout)
+            plan.results.append(result)
+            if result.outcome:
+                break
         if timed:
             plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
@@ -421,14 +450,16 @@ class ToolEnv(gym.Env[str, str]):
     def episode_record(self) -> dict[str, Any]:
         """The current (or just finished) episode as a JSON-able record - what RecordEpisodes and
         eval write and trainer adapters read: the task's id and index, the transcript (:attr:`messages`),
-        the model's raw text per turn, turns, tool errors, and the reward and its components once the
-        episode is graded (``None`` and ``{}`` before). Never the ground truth."""
+        the model's raw text per turn, turns, tool errors, its ``outcome`` once it ended, and the
+        reward and its components once the episode is graded (``None`` and ``{}`` before, and for a
+        failed episode, which is never graded). Never the ground truth."""
         episode = self.episode
         if episode is None:
             return {}
         return {"task_id": episode.task.id, "task_index": episode.index, "messages": [dict(m) for m in episode.messages],
                 "actions": list(episode.actions), "turns": episode.turn, "tool_errors": episode.tool_errors,
-                "reward": episode.reward, "reward_components": dict(episode.reward_components)}
+                "outcome": episode.outcome, "reward": episode.reward,
+                "reward_components": dict(episode.reward_components)}
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -439,6 +470,8 @@ class ToolEnv(gym.Env[str, str]):
             index = self.tasks.sample_index(self.np_random)
         task = self.tasks[index]
         self.episode = Episode(task=task, rollout_id=uuid.uuid4().hex, index=int(index))
+        if self.episode_timeout is not None:
+            self.episode.deadline = time.monotonic() + self.episode_timeout
         # An env dropped without close() (or an interpreter exiting) still releases what the
         # episode opened; after an explicit release this does nothing (ExitStack closes once).
         weakref.finalize(self.episode, _release_in, os.getpid(), self.episode.resources)
@@ -498,8 +531,9 @@ class ToolEnv(gym.Env[str, str]):
         returns, without the plan, parse and result objects and their frames (a third of a
         calculator step). ``None``, with nothing changed, for any other step."""
         episode = self.episode
-        if episode is None or episode.done or len(action) > self.max_action_chars or episode.turn + 2 >= self.max_turns:
-            return None  # (the general path raises, cuts, or adds a note about the turn limit)
+        if (episode is None or episode.done or len(action) > self.max_action_chars or episode.turn + 2 >= self.max_turns
+                or episode.deadline is not None):
+            return None  # (the general path raises, cuts, adds a note about the turn limit, or keeps the deadline)
         tags = self.reasoning_tags
         if tags and (tags[1] in action or tags[0] in action):
             return None
@@ -528,11 +562,57 @@ class ToolEnv(gym.Env[str, str]):
         obs = self.format.render_results([(call_id, name, result.content)])
         if len(obs) > self.max_observation_chars:
             obs = truncate(obs, self.max_observation_chars)
-        return obs, 0.0, False, False, {
+        info = {
             "messages": [message], "task_id": episode.task.id, "turn": turn,
             "tool_calls": [{"id": call_id, "name": name, "arguments": arguments}],
             "error": error, "errors": [error] if error else [],
         }
+        if error and result.outcome:  # (a failed result always has an error: the common step reads no more)
+            return obs, self._fail(episode, info, result.outcome), False, True, info
+        return obs, 0.0, False, False, info
+
+    def _fail(self, episode: Episode, info: dict[str, Any], outcome: str) -> float:
+        """End ``episode`` with a failure that is not the model's: never graded (its record's
+        reward stays ``None``), ``info["outcome"]`` set, what it opened released now (a dead
+        sandbox, a deadline's workspace) rather than at the next reset. Returns the step's reward, NaN."""
+        episode.done, episode.outcome = True, outcome
+        info["outcome"] = outcome
+        info["reward_components"] = {}
+        self._release(episode)
+        return math.nan
+
+    def _time_left(self, plan: "_StepPlan", deadline: float) -> float | None:
+        """The next call's timeout: the tool timeout bounded by the time left before the episode's
+        deadline; None (and the plan fails with ``deadline``) when none is left."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            plan.failure = DEADLINE
+            return None
+        return min(self.tool_timeout, left)
+
+    def _deadline_hit(self, result: ToolResult, timeout: float) -> ToolResult:
+        """A call cut short by the deadline (its timeout was the time left) ends with ``deadline``."""
+        if result.error == TOOL_TIMEOUT and timeout < self.tool_timeout:
+            return FailedResult(result.content, DEADLINE)
+        return result
+
+    def _run_before_deadline(self, plan: "_StepPlan") -> None:
+        """``step``'s calls in an episode with a deadline: none runs once it passed (a final answer
+        after it is not graded either), each call's timeout is bounded by the time left."""
+        deadline = plan.episode.deadline
+        if time.monotonic() >= deadline:
+            plan.failure = DEADLINE
+            return
+        for call in plan.to_run:
+            timeout = self._time_left(plan, deadline)
+            if timeout is None:
+                return
+            result = self.toolset.run(call.name, call.arguments, episode=plan.episode, timeout=timeout,
+                                      max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run)
+            result = self._deadline_hit(result, timeout)
+            plan.results.append(result)
+            if result.outcome:
+                return
 
     def _plan_step(self, action: Any) -> "_StepPlan":
         t0 = time.perf_counter() if self.info_timings else 0.0
@@ -598,6 +678,17 @@ class ToolEnv(gym.Env[str, str]):
             if r.error:
                 plan.errors.append(r.error)
                 episode.tool_errors += 1
+                if r.outcome and not plan.failure:
+                    plan.failure = r.outcome
+        if plan.failure:  # the episode ends here, ungraded; calls not run get no result
+            if plan.failure == DEADLINE:
+                if DEADLINE not in plan.errors:
+                    plan.errors.append(DEADLINE)
+                plan.notes.append(f"The episode's time limit ({self.episode_timeout:g} s) has passed: the episode is over.")
+            del plan.to_run[len(plan.results):]
+            plan.skipped = ()
+            plan.truncated, plan.final = True, False
+            return
         if plan.skipped:
             plan.results += [
                 ToolResult(f"Error: not run: at most {self.max_calls_per_action} tool calls per reply.", TOO_MANY_CALLS)
@@ -651,7 +742,9 @@ class ToolEnv(gym.Env[str, str]):
             "errors": plan.errors,
         }
         reward = 0.0
-        if plan.grade:
+        if plan.failure:
+            reward = self._fail(episode, info, plan.failure)
+        elif plan.grade:
             reward, components, reward_errors = plan.score
             reward = float(reward)
             info["reward_components"] = components
@@ -660,6 +753,7 @@ class ToolEnv(gym.Env[str, str]):
                 info["reward_errors"] = reward_errors
             info.update(self.final_info(episode))
             episode.done = True
+            episode.outcome = info["outcome"] = TRUNCATED if plan.truncated else SCORED
             if plan.final:
                 obs = ""
         if self.info_timings:
@@ -684,6 +778,7 @@ class _StepPlan:
     default on the class (a dataclass with list factories cost a microsecond a step)."""
 
     parsed: Parsed | None = None
+    failure: str | None = None  # an outcome that is not the model's: the episode ends ungraded
     skipped: list | tuple = ()
     final = truncated = grade = False
     completion = ""

@@ -6,9 +6,33 @@ endpoint that failed, a deadline) must never look like a wrong answer: only ``sc
 JSON, an unknown tool, wrong arguments, a tool error its input caused) are part of ``scored``
 episodes.
 
-A finished episode's last ``info`` carries ``info["outcome"]``. A failed episode's reward is
-``None`` in records (eval's ``rollouts.jsonl``, ``episode_record()``) and ``float("nan")`` where
-an API must return a float (``step()``, a vector env's reward array).
+A finished episode's last ``info`` carries ``info["outcome"]``; steps before it carry no
+``outcome`` key. A failed episode's reward is ``None`` in records (eval's ``rollouts.jsonl``,
+``episode_record()``) and ``float("nan")`` where an API must return a float (``step()``, a vector
+env's reward array). A failure ends the episode at the step it happens in with
+``terminated=False, truncated=True`` (Gymnasium's truncation: cut off from outside the task, not
+ended by the model), ungraded, its resources released.
+
+Whose fault: a failure is classified where it happens (a tool raises
+:class:`~benchmax_gym.core.tools.ToolFailure` with its outcome):
+
+* the model's, hence ``scored``: anything its input caused - unparsable or unknown calls, bad
+  arguments, a :class:`~benchmax_gym.core.tools.ToolError` (bad SQL, a missing sheet), an
+  exception a tool raises on its input (``tool_error``), and model-written code that loops or
+  sleeps until the sandbox's call timeout kills it (``info["error"] == "tool_timeout"``, the
+  episode goes on): the model wrote that code.
+* ``tool_timeout``: a tool itself (not model code) ran past ``tool_timeout`` and the engine gave
+  up on it; an MCP call past its timeout (the server is restarted, its state lost).
+* ``tool_unavailable``: the sandbox server failed to start, or died under isolated code (the
+  ``bubblewrap`` level; at ``rlimits`` the code can kill its own server, so there it stays the
+  model's error - a model must not escape a bad reward by breaking its tools); an MCP server's
+  process or transport went away; a remote backend (live Wikipedia) unreachable or failing past
+  its retries.
+* ``env_error``: the environment broke under the model: the sandbox server's internal error
+  (isolated level), a family's state gone (the CRM database unusable), a vector worker or Ray
+  host lost. (A sandbox channel out of step means code escaped isolation: the model's, scored.)
+* ``deadline``: ``episode_timeout`` passed - a step that starts after it, or a call cut short by
+  it (each call's timeout is bounded by the time left).
 """
 
 from __future__ import annotations

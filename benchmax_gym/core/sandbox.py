@@ -74,7 +74,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.sandbox_server import user_process_count
-from benchmax_gym.core.tools import Tool, ToolError, tool
+from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, TOOL_UNAVAILABLE
+from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, tool
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,8 @@ class ExecResult:
     stderr_dropped_bytes: int = 0
     notes: list[str] = field(default_factory=list)
     error_override: str | None = None
+    #: a failure of the sandbox, not of the code (core.outcomes): it ends the episode
+    outcome: str | None = None
 
     @property
     def error(self) -> str | None:
@@ -1096,7 +1099,7 @@ class Sandbox:
                 log.error("the sandbox failed to start: %s", why or "no message")
                 self._pool.restart(server)
                 return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
-                                  error_override="tool_error")
+                                  error_override="tool_error", outcome=TOOL_UNAVAILABLE)
             started = time.monotonic()
             before = os.statvfs(self._dir) if self.tmpfs else None
             request = {"code": code, "timeout": timeout, "episode": self.name, "uid": self.uid,
@@ -1110,10 +1113,11 @@ class Sandbox:
             if reply.get("lost"):
                 # The server itself hung or died: kill it all; the next call starts afresh.
                 self._pool.restart(server)
-                return ExecResult(timed_out=True, seconds=seconds,
+                return ExecResult(timed_out=True, seconds=seconds, outcome=self._not_the_codes(TOOL_UNAVAILABLE),
                                   notes=["the sandbox stopped responding and was restarted"])
             if reply.get("out_of_step"):
                 log.error("sandbox reply channel out of step; its result was discarded (%s)", reply["out_of_step"])
+                # only code that escaped isolation writes the channel (rlimits level): the model's doing
                 return ExecResult(seconds=seconds, error_override="tool_error",
                                   notes=["the sandbox's reply channel was out of step; the result was discarded"])
             if reply.get("cancelled"):
@@ -1125,7 +1129,8 @@ class Sandbox:
                     "exceeded: a process was killed")
             if "internal_error" in reply:
                 log.error("sandbox server error: %s", reply["internal_error"])
-                return ExecResult(timed_out=True, seconds=seconds, notes=["the sandbox failed to run the code"])
+                return ExecResult(timed_out=True, seconds=seconds, outcome=self._not_the_codes(ENV_ERROR),
+                                  notes=["the sandbox failed to run the code"])
             result = ExecResult(**{k: reply[k] for k in ExecResult.__dataclass_fields__ if k in reply})
             if self.tmpfs:  # the kernel held the quota during the call: say so if this call spent it
                 st = os.statvfs(self._dir)
@@ -1139,6 +1144,12 @@ class Sandbox:
                 result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB exceeded: files written by this call were deleted")
                 result.error_override = "file_size_limit"
             return result
+
+    def _not_the_codes(self, outcome: str) -> str | None:
+        """``outcome`` for a server that died or failed under isolated code, which cannot reach
+        it; None at the ``rlimits`` level, where the code itself can kill its server: a model must
+        not escape a bad reward by breaking its sandbox (it is then the model's error, scored)."""
+        return outcome if self._pool.level == BUBBLEWRAP else None
 
     def _usage(self) -> int:
         if self.tmpfs:
@@ -1209,7 +1220,16 @@ def python_tool(name: str = "python", description: str | None = None) -> Tool:
         box: Sandbox | None = episode.state.get("sandbox") if episode is not None else None
         if box is None:
             raise ToolError("no sandbox is running for this episode")
-        result = box.run(code)
+        timeout = None
+        if episode.deadline is not None:  # the call may not run past the episode's deadline
+            timeout = episode.deadline - time.monotonic()
+            if timeout <= 0:
+                raise ToolFailure("the episode's time limit has passed", DEADLINE)
+        result = box.run(code, timeout)
+        if result.outcome:  # the sandbox failed, not the code
+            raise ToolFailure(result.text, result.outcome)
+        if result.timed_out and timeout is not None and timeout < box.limits.timeout:
+            raise ToolFailure(f"the episode's time limit ran out during the call\n{result.text}", DEADLINE)
         if result.error:
             raise ToolError(result.text, code=result.error)
         return result.text

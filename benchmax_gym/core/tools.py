@@ -32,7 +32,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pydantic
 
@@ -47,6 +47,18 @@ class ToolError(Exception):
         self.code = code
 
 
+class ToolFailure(Exception):
+    """Raised by a tool (or the machinery under it) for a failure that is not the model's: its
+    backend is gone (``tool_unavailable``), it overran for reasons not the input's
+    (``tool_timeout``), the environment broke (``env_error``), the episode's deadline passed
+    (``deadline``). The call's result carries ``outcome`` and the engine ends the episode with it
+    (see :mod:`benchmax_gym.core.outcomes`); a :class:`ToolError` is the model's and scored."""
+
+    def __init__(self, message: str, outcome: str):
+        super().__init__(message)
+        self.outcome = outcome
+
+
 class ArgumentError(ToolError):
     def __init__(self, message: str):
         super().__init__(message, code="bad_arguments")
@@ -58,6 +70,19 @@ class ToolResult:
 
     content: str
     error: str | None = None
+    #: a failure that is not the model's (a :class:`FailedResult`) ends the episode with it; a
+    #: class attribute, so that the ordinary result costs nothing more to make
+    outcome: ClassVar[str | None] = None
+
+
+class FailedResult(ToolResult):
+    """The result of a call that failed for a reason not the model's (:class:`ToolFailure`)."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self, content: str, outcome: str):
+        super().__init__(content, outcome)
+        self.outcome = outcome
 
 
 @dataclass
@@ -420,7 +445,7 @@ class Toolset:
             else:
                 value = self._pool().submit(t.fn, **kwargs).result(timeout)
         except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
-            return ToolResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
+            return _timed_out(name, timeout)
         except Exception as exc:  # the tool's own failure is the model's observation
             return _error_result(name, exc)
         text = value if type(value) is str else to_text(value)
@@ -435,7 +460,7 @@ class Toolset:
         except ArgumentError as exc:
             return _bad_arguments(t.name, exc)
         except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
-            return ToolResult(f"Error: tool '{t.name}' timed out after {timeout:g} s.", "tool_timeout")
+            return _timed_out(t.name, timeout)
         except Exception as exc:  # the tool's own failure is the model's observation
             return _error_result(t.name, exc)
         text = value if type(value) is str else to_text(value)
@@ -457,7 +482,7 @@ class Toolset:
                 fut = loop.run_in_executor(self._pool(), lambda: t.fn(**kwargs))
                 value = await (fut if t.self_timed else asyncio.wait_for(fut, timeout))
         except (TimeoutError, asyncio.TimeoutError):
-            return ToolResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
+            return _timed_out(name, timeout)
         except Exception as exc:
             return _error_result(name, exc)
         return ToolResult(truncate(to_text(value), max_chars))
@@ -470,6 +495,12 @@ class Toolset:
                 self._executor = None
 
 
+def _timed_out(name: str, timeout: float) -> ToolResult:
+    """A tool the engine timed out: the tool's failure, not the model's (model-written code
+    times itself out in the sandbox and reports a ToolError, which is scored)."""
+    return FailedResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
+
+
 def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:
     return ToolResult(f"Error: bad arguments for '{name}': {exc}", "bad_arguments")
 
@@ -477,4 +508,6 @@ def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:
 def _error_result(name: str, exc: Exception) -> ToolResult:
     if isinstance(exc, ToolError):
         return ToolResult(f"Error: {exc}", exc.code)
+    if isinstance(exc, ToolFailure):
+        return FailedResult(f"Error: tool '{name}' failed: {exc}", exc.outcome)
     return ToolResult(f"Error: tool '{name}' failed: {type(exc).__name__}: {exc}", "tool_error")

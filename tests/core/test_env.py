@@ -143,8 +143,6 @@ def test_wrong_final_answer_scores_zero():
         (call("add", a=1), "bad_arguments", "missing required argument 'b'"),
         (call("broken"), "tool_error", "disk on fire"),
         (call("refuse"), "tool_error", "not allowed here"),
-        (call("nap", seconds=5), "tool_timeout", "timed out"),
-        (call("anap", seconds=5), "tool_timeout", "timed out"),
     ],
 )
 def test_bad_actions_become_observations(action, code, says):

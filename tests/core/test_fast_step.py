@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv, ToolError, Toolset, tool
+from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv, ToolError, ToolFailure, Toolset, tool
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sample_tools import add, anap, nap
@@ -47,7 +47,19 @@ def listing(n: int) -> list:
     return list(range(n))
 
 
-TOOLS = [add, nap, anap, broken, boom, deny, echo, listing]
+@tool(inline=True)
+def gone() -> str:
+    """Its backend is gone: a failure that is not the model's, which ends the episode."""
+    raise ToolFailure("the server went away", "tool_unavailable")
+
+
+@tool
+def gone_thread() -> str:
+    """The same failure, from a thread."""
+    raise ToolFailure("the server went away", "tool_unavailable")
+
+
+TOOLS = [add, nap, anap, broken, boom, deny, echo, listing, gone, gone_thread]
 
 
 def make(**kwargs) -> ToolEnv:
@@ -56,7 +68,8 @@ def make(**kwargs) -> ToolEnv:
                    system_prompt="Test.", **kwargs)
 
 
-_names = st.sampled_from(["add", "nap", "anap", "broken", "boom", "deny", "echo", "listing", "nope", ""])
+_names = st.sampled_from(["add", "nap", "anap", "broken", "boom", "deny", "echo", "listing", "gone", "gone_thread",
+                          "nope", ""])
 _values = st.one_of(st.integers(-5, 40), st.text(max_size=12), st.booleans(), st.none(), st.floats(allow_nan=False),
                     st.lists(st.integers(), max_size=2))
 _arguments = st.one_of(
@@ -98,7 +111,8 @@ _text = st.sampled_from(["", "Let me compute.", "  ", "\n", "<think>hmm</think>"
 @st.composite
 def _one_call(draw):
     """The step the fast path is for: text, one plain call, text."""
-    name = draw(st.sampled_from(["add", "echo", "listing", "boom", "deny", "nap", "anap", "broken"]))
+    name = draw(st.sampled_from(["add", "echo", "listing", "boom", "deny", "nap", "anap", "broken", "gone",
+                                 "gone_thread"]))
     args = {"add": {"a": 2, "b": 3}, "echo": {"text": "hey", "times": draw(st.integers(0, 30))},
             "listing": {"n": draw(st.integers(0, 30))}, "nap": {"seconds": 0}, "anap": {"seconds": 0}}.get(name, {})
     args = draw(st.one_of(st.just(args), _arguments))
@@ -141,7 +155,8 @@ def _play(env: ToolEnv, actions: list[str]) -> list:
         except Exception as exc:
             out.append(("raised", type(exc).__name__, str(exc)))
     episode = env.episode
-    out.append((episode.messages, episode.actions, episode.turn, episode.tool_errors, episode.done))
+    out.append((episode.messages, episode.actions, episode.turn, episode.tool_errors, episode.done, episode.outcome,
+                env.episode_record()))
     return out
 
 

@@ -237,6 +237,8 @@ def test_killed_host_same_step_and_no_workspace_left(cluster):
     os.kill(victim["pid"], signal.SIGKILL)
     obs, rewards, terminated, truncated, info = envs.step([CALC, CALC])
     assert truncated.tolist() == [True, False] and "worker_restarted" in info["final_info"]["error"][0]
+    # issue 29: the lost host's env failed (no reward); the other's reward is signal
+    assert info["final_info"]["outcome"][0] == "env_error" and np.isnan(rewards[0]) and info["scored"].tolist() == [False, True]
     assert info["_task_id"][0] and "calculator" in obs[0]  # a fresh episode, in the same step
     # Ray killed the host's sandbox; a task on its node removed its workspace
     assert gone([victim["pid"]], [victim["workspace"]]) and not processes_in(victim["workspace"])
@@ -428,6 +430,7 @@ def test_a_host_lost_without_its_connection_closing_is_found_through_ray(cluster
         obs, rewards, terminated, truncated, info, ids = envs.recv(min_ready=4)
         assert truncated.tolist() == [False, False, True, True]
         assert "worker_restarted" in info["error"][2] and "Actor" in info["error"][2] and envs.faults == 1
+        assert list(info["outcome"][2:]) == ["env_error"] * 2 and np.isnan(rewards[2:]).all()
         obs, *_ = envs.step(["b"] * 4)  # (next-step autoreset: the truncated envs start afresh)
         assert obs[0].startswith("echo b") and obs[2].startswith("start")
         obs, *_ = envs.step(["c"] * 4)
@@ -443,7 +446,9 @@ def test_info_keys_travel_to_the_hosts(cluster):
     envs.reset(seed=0)
     obs, rewards, terminated, truncated, info = envs.step([CALC, "\\boxed{42}"])
     assert "42" in obs[0] and terminated.tolist() == [False, True]
-    assert set(info) == {"error", "_error", "reward_components", "_reward_components"}
+    assert set(info) == {"error", "_error", "reward_components", "_reward_components",
+                         "outcome", "_outcome", "scored", "_scored"}  # how an episode ended always travels
+    assert info["outcome"][1] == "scored" and info["_outcome"].tolist() == [False, True]
     assert info["_reward_components"].tolist() == [False, True]
     envs.close()
 

@@ -161,7 +161,8 @@ def test_info_keys_return_only_those_keys_and_step_alike(mode):
             assert [e is not None for e in x[4]["error"]] == [False, True, False, True]
             assert list(x[4]["error"]) == list(y[4]["error"])
         assert x[0] == y[0] and all((x[k] == y[k]).all() for k in (1, 2, 3))
-        allowed = {*keys, *(f"_{k}" for k in keys), "final_obs", "_final_obs", "final_info", "_final_info"}
+        allowed = {*keys, *(f"_{k}" for k in keys), "final_obs", "_final_obs", "final_info", "_final_info",
+                   "outcome", "_outcome", "scored", "_scored"}  # how an episode ended is always kept
         assert set(x[4]) <= allowed and "messages" in y[4] and "messages" not in x[4]
         for key in ("error", "reward_components"):
             if key in y[4]:
@@ -264,6 +265,10 @@ def test_worker_killed_mid_step():
     assert truncated.tolist() == [False, False, True, True]
     assert info["_error"].tolist()[2:] == [True, True] and "worker_restarted" in info["error"][2]
     assert envs.worker_pids[1] != victim and envs.faults == 1
+    # issue 29: a lost worker is the envs' failure, never a reward; the mask says which rewards are signal
+    assert info["_outcome"].tolist() == [False, False, True, True] and list(info["outcome"][2:]) == ["env_error"] * 2
+    assert info["scored"].tolist() == [True, True, False, False] and np.isnan(rewards[2:]).all()
+    assert rewards[info["scored"]].tolist() == [0.0, 0.0]
     obs, rewards, terminated, truncated, info = envs.step([nap_action(0.01)] * 4)
     assert "slept" in obs[0] and "slept" in obs[1]  # untouched envs go on
     assert info["turn"].tolist()[2:] == [0, 0]  # restarted envs autoreset (NEXT_STEP)
@@ -294,6 +299,7 @@ def test_env_that_raises_is_rebuilt_and_the_others_go_on():
     obs, rewards, terminated, truncated, info = envs.step(["a", "raise", "b", "c"])
     assert truncated.tolist() == [False, True, False, False]
     assert "the tool exploded" in info["error"][1] and obs[0] == "echo a 1"
+    assert info["outcome"][1] == "env_error" and np.isnan(rewards[1]) and info["scored"].tolist() == [True, False, True, True]
     obs, rewards, terminated, truncated, info = envs.step(["d", "x", "e", "f"])
     assert obs[0] == "echo d 2" and obs[1].startswith("start ")  # rebuilt env reset (NEXT_STEP)
     assert envs.faults == 0  # no worker restart was needed
@@ -308,6 +314,8 @@ def test_step_timeout_restarts_a_hung_worker():
     assert time.perf_counter() - start < 6
     assert truncated.tolist() == [False, False, True, True]
     assert "step_timeout" in info["error"][2]
+    # the hung env and the one sharing its worker: both lost with it, both env_error
+    assert list(info["outcome"][2:]) == ["env_error"] * 2 and info["scored"].tolist() == [True, True, False, False]
     obs, *_ = envs.step(["x", "y", "z", "w"])
     assert obs[0] == "echo x 2" and obs[2].startswith("start ")
     envs.close()
@@ -319,6 +327,7 @@ def test_same_step_mode_faults_return_fresh_observations():
     os.kill(envs.worker_pids[0], signal.SIGKILL)
     obs, rewards, terminated, truncated, info = envs.step(["a", "end"])
     assert truncated[0] and obs[0].startswith("start ") and "worker_restarted" in info["final_info"]["error"][0]
+    assert info["final_info"]["outcome"][0] == "env_error" and np.isnan(rewards[0]) and not info["scored"][0]
     assert terminated[1] and obs[1].startswith("start ") and info["final_obs"][1] == "echo end 1"
     envs.close()
 
@@ -328,6 +337,7 @@ def test_dead_worker_between_calls():
     envs.reset(seed=0)
     obs, rewards, terminated, truncated, info = envs.step(["a", "die"])
     assert truncated.tolist() == [False, True] and "worker_restarted" in info["error"][1]
+    assert info["outcome"][1] == "env_error" and np.isnan(rewards[1]) and info["scored"].tolist() == [True, False]
     obs, *_ = envs.step(["b", "c"])
     assert obs[0] == "echo b 2" and obs[1].startswith("start ")
     envs.close()

@@ -22,7 +22,8 @@ import sqlite3
 import time
 from typing import Any
 
-from benchmax_gym.core.tools import ToolError, tool
+from benchmax_gym.core.outcomes import ENV_ERROR
+from benchmax_gym.core.tools import ToolError, ToolFailure, tool
 from benchmax_gym.envs.crm.org import CASE_PRIORITIES, CASE_STATUSES, RESOLUTIONS, sf_id
 
 _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
@@ -143,12 +144,14 @@ class EpisodeDB:
             columns = [d[0] for d in cur.description or ()]
             cur.close()
         except sqlite3.OperationalError as exc:
+            _broken(exc)
             if "pattern too complex" in str(exc):
                 raise ToolError(f"LIKE and GLOB patterns are limited to {MAX_PATTERN_CHARS} characters") from None
             if str(exc) == "interrupted":
                 raise ToolError(f"the query ran longer than {self.timeout:g} s and was stopped") from None
             raise ToolError(_sql_message(exc)) from None
         except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as exc:
+            _broken(exc)
             raise ToolError(_sql_message(exc)) from None
         finally:
             self.con.set_progress_handler(None, 0)
@@ -178,7 +181,21 @@ def _sql_message(exc: Exception) -> str:
 
 
 def _db(episode) -> EpisodeDB:
-    return episode.state["db"]
+    db = episode.state["db"]
+    try:
+        db.con.total_changes  # noqa: B018 - raises once the episode's database is gone
+    except sqlite3.ProgrammingError as exc:
+        raise ToolFailure(f"the CRM database is unusable ({exc})", ENV_ERROR) from None
+    return db
+
+
+#: SQLite's primary result codes for a database that broke under us, never for a model's query
+_BROKEN = {sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_NOTADB}
+
+
+def _broken(exc: Exception) -> None:
+    if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _BROKEN:
+        raise ToolFailure(f"the CRM database is unusable ({exc})", ENV_ERROR) from None
 
 
 @tool(inline=True)

@@ -28,7 +28,8 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.tools import Tool, ToolError
+from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
+from benchmax_gym.core.tools import Tool, ToolError, ToolFailure
 from benchmax_gym.envs.mcp.stdio import StderrTail, stdio_transport
 
 WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episode's directory
@@ -290,19 +291,24 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(exc).lower()
             await connection.close()
             said = "" if timed_out else connection.stderr.describe()  # a crashed server's last words
+            # Either way the server's state is gone and the episode cannot go on as it was: a
+            # failure that is not the model's (core.outcomes), which ends it.
             try:
                 await connection.start(env.workspace)
             except RuntimeError as failed:
-                raise ToolError(f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}){said}"
-                                f"\nRestarting it failed: {failed}") from None
+                raise ToolFailure(f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}){said}"
+                                  f"\nRestarting it failed: {failed}", TOOL_UNAVAILABLE) from None
             if timed_out:
-                raise ToolError(f"tool {name!r} timed out after {env.tool_timeout:g} s; the MCP server "
-                                f"{server.name!r} was restarted", code="tool_timeout") from None
-            raise ToolError(
-                f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}); it was restarted{said}"
-            ) from None
+                raise ToolFailure(f"tool {name!r} timed out after {env.tool_timeout:g} s; the MCP server "
+                                  f"{server.name!r} was restarted", TOOL_TIMEOUT) from None
+            raise ToolFailure(
+                f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}); it was restarted{said}",
+                TOOL_UNAVAILABLE) from None
         text = result_text(result)
         if result.is_error:
+            outcome = (result.meta or {}).get("benchmax/outcome")  # a benchmax mcp-serve's failure (issue 29)
+            if outcome in FAILURES:
+                raise ToolFailure(text or f"tool {name!r} failed", outcome)
             raise ToolError(text or f"tool {name!r} reported an error")
         return text
 

@@ -40,7 +40,8 @@ import httpx
 from benchmax_gym.core.cache import cache_root
 from benchmax_gym.core.checks import int_between, number_between, optional, positive_number, text
 from benchmax_gym.core.sources import SourceConfig, arg
-from benchmax_gym.core.tools import ToolError
+from benchmax_gym.core.outcomes import TOOL_UNAVAILABLE
+from benchmax_gym.core.tools import ToolFailure
 
 USER_AGENT = "benchmax-gym/0.1 (https://github.com/benchmax-gym; multi-hop search QA environment)"
 DISAMBIGUATION_CATEGORIES = "Category:All disambiguation pages|Category:Disambiguation pages"
@@ -340,7 +341,7 @@ class LiveBackend:
         try:
             results = self.wiki.search(query, limit=limit)
         except self._errors as exc:
-            raise ToolError(f"Wikipedia search is unavailable right now ({exc}); try again") from None
+            raise ToolFailure(f"Wikipedia search is unavailable ({exc})", TOOL_UNAVAILABLE) from None
         return [SearchHit(title, _plain(page.search_meta.snippet)) for title, page in results.pages.items()][:limit]
 
     def article(self, title: str) -> Article | None:
@@ -351,7 +352,7 @@ class LiveBackend:
                 return None
             disambiguation = bool(self.wiki.categories(page, clcategories=DISAMBIGUATION_CATEGORIES))
         except self._errors as exc:
-            raise ToolError(f"Wikipedia is unavailable right now ({exc}); try again") from None
+            raise ToolFailure(f"Wikipedia is unavailable ({exc})", TOOL_UNAVAILABLE) from None
         sections = (Section("", summary.strip()), *_flatten(page.sections))
         redirected_from = title if title_key(page.title) != title_key(title) else None
         return Article(page.title, tuple(s for s in sections if s.title or s.text), redirected_from, disambiguation)

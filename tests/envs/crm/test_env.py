@@ -385,3 +385,18 @@ def test_crmarena_tasks_for_another_org_are_refused_and_optional_context_is_show
     own = dict(foreign, query=f"Which agent is {agent}?", answer=[agent])
     path.write_text(json.dumps(own))
     assert gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org)).reset()[0]
+
+
+def test_a_database_made_unusable_ends_the_episode_with_env_error(cache):
+    """The episode's database gone (here: its connection closed under the tools) is the
+    environment's failure, not the model's (issue 29); a bad query stays the model's tool error."""
+    import math
+    env = make(cache)
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(call(env, "query", sql="SELECT nope FROM nowhere"))
+    assert info["error"] == "tool_error" and "outcome" not in info
+    env.unwrapped.episode.state["db"].con.close()  # the injected fault
+    _, reward, terminated, truncated, info = env.step(call(env, "query", sql='SELECT Id FROM "Case"'))
+    assert info["outcome"] == info["error"] == "env_error" and math.isnan(reward) and truncated and not terminated
+    assert env.unwrapped.episode_record()["reward"] is None
+    env.close()

@@ -177,3 +177,24 @@ def test_episode_workspaces_are_removed():
 def test_bad_configuration_fails_at_make(kwargs, says):
     with pytest.raises(ValueError, match=says):
         gym.make("benchmax/Excel-v0", **kwargs)
+
+
+def test_a_sandbox_server_killed_during_a_call_ends_the_episode_with_tool_unavailable():
+    """Excel's python tool on a sandbox that dies mid-call: ``tool_unavailable``, ungraded (issue 29)."""
+    import math
+    import sys
+    from pathlib import Path
+
+    from benchmax_gym.core.sandbox import bubblewrap_status
+    if not bubblewrap_status()[0]:
+        pytest.skip("bubblewrap is not usable here")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from faults import kill_sandbox_server_during
+
+    env = gym.make("benchmax/Excel-v0", tool_timeout=60)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = kill_sandbox_server_during(
+        env, call("run_python", code="import time; time.sleep(60)"))
+    assert info["outcome"] == "tool_unavailable" and math.isnan(reward) and truncated and not terminated
+    assert env.unwrapped.episode_record()["reward"] is None and env.unwrapped.episode_record()["outcome"] == "tool_unavailable"
+    env.close()

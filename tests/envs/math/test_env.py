@@ -154,3 +154,28 @@ def test_hf_field_mapping(shared_data):
     assert len(env.unwrapped.tasks) == 10
     obs, _ = env.reset(seed=0)
     assert env.unwrapped.episode.task.prompt in obs
+
+
+def test_a_sandbox_server_killed_during_a_call_ends_the_episode_with_tool_unavailable():
+    """The sandbox dying is not the model's mistake (issue 29): ungraded, reward NaN; the next
+    episode's code runs on a fresh server."""
+    import math
+    import sys
+    from pathlib import Path
+
+    from benchmax_gym.core.sandbox import bubblewrap_status
+    if not bubblewrap_status()[0]:
+        pytest.skip("bubblewrap is not usable here")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from faults import kill_sandbox_server_during
+
+    env = gym.make("benchmax/Math-v0", tool_timeout=60)
+    env.reset(seed=0)
+    python = '<tool_call>{"name": "python", "arguments": {"code": %s}}</tool_call>'
+    obs, reward, terminated, truncated, info = kill_sandbox_server_during(env, python % '"import time; time.sleep(60)"')
+    assert info["outcome"] == info["error"] == "tool_unavailable" and math.isnan(reward) and truncated and not terminated
+    assert env.unwrapped.episode_record()["reward"] is None
+    env.reset(seed=1)
+    obs, _, _, _, info = env.step(python % '"print(6 * 7)"')
+    assert info["error"] is None and "42" in obs
+    env.close()

@@ -3,6 +3,9 @@
 import asyncio
 import gc
 import json
+import math
+import os
+import signal
 import sys
 import textwrap
 import time
@@ -322,9 +325,10 @@ def test_server_that_hangs_on_initialize_shows_its_stderr(broken_server):
 def test_server_crash_mid_episode_shows_its_stderr(broken_server):
     env = make_broken(broken_server("once"))
     env.reset(seed=0)
-    obs, _, terminated, _, info = env.step(call("crash"))
-    # It dies saying why; the restart fails saying why: the model sees both.
-    assert info["error"] == "tool_error" and not terminated
+    obs, reward, terminated, truncated, info = env.step(call("crash"))
+    # It dies saying why; the restart fails saying why: both are shown. Not the model's failure:
+    # the episode ends ungraded (issue 29).
+    assert info["error"] == info["outcome"] == "tool_unavailable" and math.isnan(reward) and truncated and not terminated
     assert "the index file is corrupt" in obs and "address already in use" in obs
     env.close()
 
@@ -348,13 +352,38 @@ def test_server_that_prints_garbage_still_serves(broken_server):
     env.close()
 
 
-def test_server_that_exits_mid_episode_is_restarted(broken_server):
+def test_server_that_exits_mid_episode_ends_it_and_is_restarted(broken_server):
+    """Its state is gone, so the episode cannot go on as it was: ``tool_unavailable``, ungraded;
+    the restarted server serves the next episode."""
     env = make_broken(broken_server("ok"))
     env.reset(seed=0)
-    obs, _, terminated, _, info = env.step(call("crash"))
-    assert info["error"] == "tool_error" and "restarted" in obs and not terminated
+    obs, reward, terminated, truncated, info = env.step(call("crash"))
+    assert info["outcome"] == "tool_unavailable" and "restarted" in obs and truncated and not terminated
+    assert math.isnan(reward) and env.unwrapped.episode_record()["reward"] is None
+    env.reset(seed=1)
     obs, _, _, _, info = env.step(call("ping"))
     assert info["error"] is None and "pong" in obs
+    env.close()
+
+
+def test_a_killed_server_process_ends_the_episode_with_tool_unavailable(broken_server):
+    env = make_broken(broken_server("ok"))
+    env.reset(seed=0)
+    obs, _, _, _, info = env.step(call("bump"))
+    assert info["error"] is None
+    for connection in env.unwrapped.connections.values():
+        for pid in list(connection.pids):
+            os.kill(pid, signal.SIGKILL)  # the injected fault: its process is gone
+    _, reward, terminated, truncated, info = env.step(call("bump"))
+    assert info["outcome"] == "tool_unavailable" and math.isnan(reward) and truncated and not terminated
+    env.close()
+
+
+def test_a_server_tool_past_its_timeout_ends_the_episode_with_tool_timeout(broken_server):
+    env = make_broken(broken_server("ok"), tool_timeout=0.5)
+    env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step(call("nap", seconds=30))
+    assert info["outcome"] == "tool_timeout" and math.isnan(reward) and truncated and not terminated
     env.close()
 
 

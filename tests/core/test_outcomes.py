@@ -1,0 +1,180 @@
+"""Issue 29 in the engine: every finished episode says how it ended (``info["outcome"]``), and a
+failure that is not the model's ends the episode ungraded - reward NaN in ``step``, ``None`` in
+the record - with what it opened released at once; ``episode_timeout`` is one such failure."""
+
+import asyncio
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv, ToolError, ToolFailure, Toolset, tool
+from benchmax_gym.core.outcomes import DEADLINE, FAILURES, SCORED, TOOL_UNAVAILABLE, TRUNCATED
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sample_tools import add, anap, nap
+
+
+@tool(inline=True)
+def gone() -> str:
+    """Its backend is gone."""
+    raise ToolFailure("the server went away", TOOL_UNAVAILABLE)
+
+
+@tool(inline=True)
+def refuse() -> str:
+    """The model's own mistake: scored as today."""
+    raise ToolError("no such row")
+
+
+class Env(ToolEnv):
+    released: list
+
+    def open_episode(self, episode, options):
+        self.released = []
+        episode.resources.callback(self.released.append, episode.rollout_id)
+
+
+def make(**kwargs) -> Env:
+    tasks = ListTasks([Task(f"t{i}", f"Question {i}", "42") for i in range(3)])
+    return Env(tasks=tasks, toolset=Toolset([add, nap, anap, gone, refuse]),
+               rubric=Rubric([lambda completion, answer: float(completion == answer)]), system_prompt="Test.", **kwargs)
+
+
+def call(name, **args):
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+def test_a_final_answer_is_scored_and_steps_before_it_carry_no_outcome():
+    env = make()
+    env.reset(seed=0)
+    *_, info = env.step(call("add", a=1, b=2))
+    assert "outcome" not in info
+    *_, info = env.step(call("refuse"))  # the model's mistake is part of a scored episode
+    assert info["error"] == "tool_error" and "outcome" not in info
+    _, reward, terminated, truncated, info = env.step("42")
+    assert (reward, terminated, truncated, info["outcome"]) == (1.0, True, False, SCORED)
+    record = env.episode_record()
+    assert record["outcome"] == SCORED and record["reward"] == 1.0
+    env.close()
+
+
+def test_the_turn_limit_is_truncated_and_graded():
+    env = make(max_turns=2)
+    env.reset(seed=0)
+    env.step(call("add", a=1, b=2))
+    _, reward, terminated, truncated, info = env.step(call("add", a=1, b=2))
+    assert (reward, terminated, truncated, info["outcome"]) == (0.0, False, True, TRUNCATED)
+    assert env.episode_record()["outcome"] == TRUNCATED
+    env.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("action", [call("gone"), call("gone") + call("add", a=1, b=2)])
+def test_a_tool_failure_ends_the_episode_ungraded_and_releases_it(action, asynchronous):
+    env = make()
+    env.reset(seed=0)
+    result = asyncio.run(env.astep(action)) if asynchronous else env.step(action)
+    _, reward, terminated, truncated, info = result
+    assert math.isnan(reward) and not terminated and truncated
+    assert info["outcome"] == TOOL_UNAVAILABLE and info["reward_components"] == {}
+    assert info["error"] == TOOL_UNAVAILABLE and len(info["tool_calls"]) == 1  # the call after it never ran
+    assert env.released == [env.episode.rollout_id]  # released now, not at the next reset
+    record = env.episode_record()
+    assert record["outcome"] == TOOL_UNAVAILABLE and record["reward"] is None and record["reward_components"] == {}
+    with pytest.raises(gym.error.ResetNeeded):
+        env.step("42")
+    env.reset(seed=1)
+    assert env.episode_record()["outcome"] is None
+    env.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("name", ["nap", "anap"])
+def test_a_call_that_would_run_past_the_deadline_is_cut_to_the_time_left(name, asynchronous):
+    env = make(episode_timeout=0.5, tool_timeout=30)
+    env.reset(seed=0)
+    action = call(name, seconds=20)
+    _, reward, terminated, truncated, info = asyncio.run(env.astep(action)) if asynchronous else env.step(action)
+    assert info["outcome"] == DEADLINE and math.isnan(reward) and truncated and not terminated
+    assert info["error"] == DEADLINE and env.released
+    assert env.episode_record()["reward"] is None
+    env.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_step_that_starts_past_the_deadline_runs_nothing_and_is_not_graded(asynchronous):
+    env = make(episode_timeout=0.2)
+    env.reset(seed=0)
+    *_, info = env.step(call("add", a=1, b=2))  # in time
+    assert "outcome" not in info
+    time.sleep(0.3)
+    result = asyncio.run(env.astep("42")) if asynchronous else env.step("42")  # the right answer, too late
+    obs, reward, terminated, truncated, info = result
+    assert info["outcome"] == DEADLINE and math.isnan(reward) and truncated and not terminated
+    assert "time limit" in obs and env.episode_record()["reward"] is None
+    env.close()
+
+
+def test_the_deadline_is_per_episode():
+    env = make(episode_timeout=0.3)
+    env.reset(seed=0)
+    time.sleep(0.4)
+    env.reset(seed=1)  # a new episode, a new deadline
+    *_, info = env.step("42")
+    assert info["outcome"] == SCORED
+    env.close()
+
+
+@pytest.mark.parametrize("value", [0, -1, "10", float("nan"), True])
+def test_a_bad_episode_timeout_fails_at_make_naming_it(value):
+    with pytest.raises(ValueError, match="episode_timeout"):
+        gym.make("benchmax/Math-v0", python_tool=False, episode_timeout=value)
+
+
+def test_episode_timeout_reaches_a_family_through_make():
+    env = gym.make("benchmax/Math-v0", python_tool=False, episode_timeout=60)
+    assert env.unwrapped.episode_timeout == 60.0
+    env.close()
+
+
+def test_the_failures_are_the_outcomes_that_are_not_signal():
+    assert DEADLINE in FAILURES and TOOL_UNAVAILABLE in FAILURES and SCORED not in FAILURES
+
+
+def test_sandboxed_code_is_cut_at_the_deadline_but_a_model_loop_is_the_models_timeout():
+    """The python tool's call is bounded by the time left: a loop cut by the deadline ends the
+    episode with ``deadline``; the same loop hitting the call's own timeout is the model's
+    mistake, scored as before (``info["error"] == "tool_timeout"``, the episode goes on)."""
+    from benchmax_gym.core.sandbox import bubblewrap_status
+    if not bubblewrap_status()[0]:
+        pytest.skip("bubblewrap is not usable here")
+    loop = call("python", code="while True: pass")
+    env = gym.make("benchmax/Math-v0", tool_timeout=1, episode_timeout=600)
+    env.reset(seed=0)
+    _, reward, _, truncated, info = env.step(loop)
+    assert info["error"] == "tool_timeout" and "outcome" not in info and reward == 0.0 and not truncated
+    env.close()
+    env = gym.make("benchmax/Math-v0", tool_timeout=30, episode_timeout=1.5)
+    env.reset(seed=0)
+    _, reward, _, truncated, info = env.step(loop)
+    assert info["outcome"] == DEADLINE and math.isnan(reward) and truncated
+    env.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("name", ["nap", "anap"])
+def test_a_tool_past_its_timeout_ends_the_episode_with_tool_timeout(name, asynchronous):
+    """A tool the engine had to time out (not model-written code, which times itself out in the
+    sandbox and is the model's error) failed: ``tool_timeout``, ungraded, without waiting for it."""
+    env = make(tool_timeout=0.2)
+    env.reset(seed=0)
+    action = call(name, seconds=5)
+    obs, reward, terminated, truncated, info = asyncio.run(env.astep(action)) if asynchronous else env.step(action)
+    assert info["outcome"] == info["error"] == "tool_timeout" and "timed out" in obs
+    assert math.isnan(reward) and truncated and not terminated and env.episode_record()["reward"] is None
+    env.close()
