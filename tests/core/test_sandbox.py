@@ -571,7 +571,14 @@ def test_the_server_starts_at_the_first_call_and_is_shared_by_every_episode(bubb
         server = sandbox_processes()[0]
         # at rest: the server, its zygote and two spare monitors (the last call's monitor may still be exiting)
         def alive():
-            return [p for p in server.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+            found = []
+            for p in server.children(recursive=True):
+                try:
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        found.append(p)
+                except psutil.NoSuchProcess:
+                    pass
+            return found
 
         deadline = time.monotonic() + 30  # a loaded machine (parallel test workers) is slow to settle
         while len(alive()) > 4 and time.monotonic() < deadline:
