@@ -54,7 +54,7 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.checks import positive_int, positive_number
-from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED
+from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
@@ -356,7 +356,10 @@ class ToolEnv(gym.Env[str, str]):
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
-            plan.score = self.rubric.score(run_coroutine=self.aio.run, **self._reward_context(plan))
+            try:
+                plan.score = self.rubric.score(run_coroutine=self.aio.run, **self._reward_context(plan))
+            except RewardFailure as exc:
+                self._reward_failed(plan, exc)
             if timed:
                 plan.reward_s = time.perf_counter() - t
         return self._finish_step(plan)
@@ -384,7 +387,10 @@ class ToolEnv(gym.Env[str, str]):
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
-            plan.score = await self.rubric.ascore(**self._reward_context(plan))
+            try:
+                plan.score = await self.rubric.ascore(**self._reward_context(plan))
+            except RewardFailure as exc:
+                self._reward_failed(plan, exc)
             if timed:
                 plan.reward_s = time.perf_counter() - t
         return self._finish_step(plan)
@@ -580,6 +586,13 @@ class ToolEnv(gym.Env[str, str]):
         info["reward_components"] = {}
         self._release(episode)
         return math.nan
+
+    @staticmethod
+    def _reward_failed(plan: "_StepPlan", exc: RewardFailure) -> None:
+        """A reward component could not score (its judge down): the episode ends ungraded."""
+        log.warning("reward failed for task %s: %s", plan.episode.task.id, exc)
+        plan.failure, plan.grade, plan.final, plan.truncated = exc.outcome, False, False, True
+        plan.notes.append(f"The episode could not be graded ({exc.outcome}): it is over.")
 
     def _time_left(self, plan: "_StepPlan", deadline: float) -> float | None:
         """The next call's timeout: the tool timeout bounded by the time left before the episode's

@@ -31,6 +31,9 @@ Whose fault: a failure is classified where it happens (a tool raises
 * ``env_error``: the environment broke under the model: the sandbox server's internal error
   (isolated level), a family's state gone (the CRM database unusable), a vector worker or Ray
   host lost. (A sandbox channel out of step means code escaped isolation: the model's, scored.)
+* ``model_error`` from a reward: a component that cannot score (a judge endpoint failing past
+  its retries) raises :class:`RewardFailure`; the episode ends ungraded with its outcome,
+  never a 0.
 * ``deadline``: ``episode_timeout`` passed - a step that starts after it, or a call cut short by
   it (each call's timeout is bounded by the time left).
 """
@@ -55,6 +58,19 @@ FAILURES = frozenset({ENV_ERROR, TOOL_TIMEOUT, TOOL_UNAVAILABLE, MODEL_ERROR, DE
 OUTCOMES = SIGNAL | FAILURES
 
 
+class RewardFailure(Exception):
+    """Raised by a reward component that cannot score for reasons not the model's (a judge model
+    unreachable, its reply unusable past retries). Unlike any other exception in a component
+    (scored 0 and logged), it ends the episode ungraded with ``outcome`` (``model_error`` by
+    default): a failure is never a reward."""
+
+    def __init__(self, message: str, outcome: str = MODEL_ERROR):
+        if outcome not in FAILURES:
+            raise ValueError(f"outcome must be one of {sorted(FAILURES)}, got {outcome!r}")
+        super().__init__(message)
+        self.outcome = outcome
+
+
 def is_failure(outcome: str | None) -> bool:
     """True for a failed episode; ``None`` (an episode not finished) is not a failure."""
     return outcome in FAILURES
@@ -65,5 +81,5 @@ def failed_reward() -> float:
     return math.nan
 
 
-__all__ = ["CANCELLED", "DEADLINE", "ENV_ERROR", "FAILURES", "MODEL_ERROR", "OUTCOMES", "SCORED", "SIGNAL",
+__all__ = ["CANCELLED", "DEADLINE", "ENV_ERROR", "FAILURES", "MODEL_ERROR", "OUTCOMES", "RewardFailure", "SCORED", "SIGNAL",
            "TOOL_TIMEOUT", "TOOL_UNAVAILABLE", "TRUNCATED", "failed_reward", "is_failure"]

@@ -11,7 +11,9 @@ A reward function asks for what it needs by parameter name, from:
 
 The reward is the weighted sum of the components. A function may also return a dict of named
 scores (as benchmax's ``compute_reward`` does); each entry becomes a component with the
-function's weight. A component that raises scores 0, is logged
+function's weight. A component that raises :class:`~benchmax_gym.core.outcomes.RewardFailure`
+(it could not score, e.g. its judge is down) fails the episode with that outcome; any other
+exception scores 0, is logged
 with its traceback, and never breaks the episode; ``info["reward_components"]`` shows each
 score and ``info["reward_errors"]`` says which failed and why.
 
@@ -38,6 +40,8 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from benchmax_gym.core.outcomes import RewardFailure
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +183,8 @@ class Rubric:
                 value = rf.fn(**{n: context.get(n) for n in rf.params})
                 if rf.is_async:
                     value = run_coroutine(value) if run_coroutine is not None else await value
+            except RewardFailure:
+                raise  # not a score: the engine ends the episode with its outcome
             except Exception as exc:
                 self._fail(rf, exc, components, errors)
                 continue

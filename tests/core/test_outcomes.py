@@ -178,3 +178,28 @@ def test_a_tool_past_its_timeout_ends_the_episode_with_tool_timeout(name, asynch
     assert info["outcome"] == info["error"] == "tool_timeout" and "timed out" in obs
     assert math.isnan(reward) and truncated and not terminated and env.episode_record()["reward"] is None
     env.close()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_reward_that_cannot_score_fails_the_episode_instead_of_scoring_zero(asynchronous):
+    from benchmax_gym.core.outcomes import MODEL_ERROR, RewardFailure
+
+    def judge(completion):
+        raise RewardFailure("the judge endpoint answered 500 three times")
+
+    def broken(completion):
+        raise ValueError("a bug in the rubric: scored 0, as before")
+
+    tasks = ListTasks([Task("t0", "Question 0", "42")])
+    env = Env(tasks=tasks, toolset=Toolset([add]), rubric=Rubric([judge, broken]), system_prompt="Test.")
+    env.reset(seed=0)
+    step = (lambda a: asyncio.run(env.astep(a))) if asynchronous else env.step
+    _, reward, terminated, truncated, info = step("42")
+    assert math.isnan(reward) and (terminated, truncated, info["outcome"]) == (False, True, MODEL_ERROR)
+    assert env.episode_record()["reward"] is None and env.released
+    env2 = Env(tasks=tasks, toolset=Toolset([add]), rubric=Rubric([broken]), system_prompt="Test.")
+    env2.reset(seed=0)
+    _, reward, _, _, info = env2.step("42")
+    assert reward == 0.0 and info["outcome"] == SCORED and "broken" in info["reward_errors"]
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        RewardFailure("x", outcome="scored")
