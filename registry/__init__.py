@@ -175,6 +175,8 @@ def register_tool_env(
     system_prompt: str = "",
     description: str = "",
     solver: Callable[[gym.Env], Callable[[str, dict[str, Any]], str]] | None = None,
+    setup: Callable[[Any, Any], Any] | None = None,
+    teardown: Callable[[Any], Any] | None = None,
     **defaults: Any,
 ) -> str:
     """Register a tool environment made of your own tools, tasks and reward functions.
@@ -190,6 +192,11 @@ def register_tool_env(
             returns the action (it may read ``env.episode.task``); what ``benchmax-gym run``
             (``--policy solver``, the default) and ``testing.play(env)`` play. Without one they
             ask for a policy.
+        setup: ``setup(task, episode) -> state`` (sync or async), run at each reset: per-episode
+            state (a database copy, a workspace, a client) that tools and reward functions
+            receive by naming a parameter ``state``.
+        teardown: ``teardown(state)`` (sync or async), run exactly once when the episode is
+            left: at the next reset, ``close()``, a failure, or the env's garbage collection.
         **defaults: default engine options (``max_turns``, ``tool_format``, ...), overridable
             in ``gym.make``.
 
@@ -203,10 +210,13 @@ def register_tool_env(
     """
     from benchmax_gym.core import Rubric, ToolEnv, Toolset
     from benchmax_gym.core.tasks import given_tasks
+    from benchmax_gym.core.tools import check_schema
 
     if not isinstance(env_id, str) or "-v" not in env_id:
         raise ValueError(f"env_id must look like 'namespace/Name-v0', got {env_id!r}")
     toolset = tools if isinstance(tools, Toolset) else Toolset(tools)
+    for t in toolset:  # a Tool built by hand with a schema from elsewhere is refused here, not at its first call
+        check_schema(t.name, t.parameters)
     source = given_tasks(list(tasks) if not hasattr(tasks, "get") else tasks)
     if source is None:
         raise ValueError(f"tasks must be a TaskSource or a non-empty list of Tasks or task dicts, got {tasks!r}")
@@ -216,6 +226,11 @@ def register_tool_env(
     if solver is not None and not callable(solver):
         raise TypeError(f"solver must be a callable solver(env) -> policy, got {solver!r}")
     factory, extra = (ToolEnv, {}) if solver is None else (_tool_env_with_solver, {"solver": solver})
+    for hook, fn in (("setup", setup), ("teardown", teardown)):
+        if fn is not None:
+            if not callable(fn):
+                raise TypeError(f"{hook} must be a callable, got {fn!r}")
+            extra[hook] = fn
     return register_parts(env_id, factory, description or system_prompt.split("\n")[0][:80], defaults,
                           tasks=tasks, toolset=toolset, rubric=rubric, system_prompt=system_prompt, **extra)
 

@@ -31,6 +31,7 @@ at ``gym.make``) with a message naming the argument.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import difflib
@@ -68,6 +69,7 @@ StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 ACTION_TOO_LONG = "action_too_long"
 TOO_MANY_CALLS = "too_many_calls"
+NOT_RUN = "not_run"  # a call after a terminal tool's, in the same reply
 
 
 @dataclass
@@ -78,7 +80,8 @@ class Episode:
     ``resources`` closes what the episode opened (the sandbox, a family's workspace or
     connection) when it ends, last opened first.
     ``task`` holds the ground truth: tools may use it on the environment's side, but nothing
-    of it may be returned to the model.
+    of it may be returned to the model. ``setup_state`` is what the environment's ``setup``
+    returned (tools and reward functions receive it as ``state``).
     """
 
     task: Task
@@ -95,6 +98,7 @@ class Episode:
     outcome: str | None = None  # how it ended (core.outcomes), once it has
     deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
+    setup_state: Any = None
 
 
 def _chat_tool_call(call: dict[str, Any], style: str) -> dict[str, Any]:
@@ -166,6 +170,17 @@ class ToolEnv(gym.Env[str, str]):
             by default. Tool calls and the final answer are read only outside them (a call or a
             ``\\boxed{}`` inside the thinking is not acted on); the raw reply, thinking
             included, is kept in ``episode.actions``. ``None``: the whole reply is read.
+        setup: ``setup(task, episode) -> state``, sync or async, run at every reset (after
+            ``open_episode``): per-episode state (a database copy, a workspace, a client) that
+            tools and reward functions receive by naming a parameter ``state``
+            (``episode.setup_state``). A subclass may define it as a method instead.
+        teardown: ``teardown(state)``, sync or async: releases what ``setup`` made, exactly
+            once, on whichever path the episode leaves by - the next reset, ``close()``, a
+            failure that ends it, garbage collection of the env (through ``episode.resources``).
+            It takes only the state, so that it can run after the env is gone; a subclass's
+            ``teardown`` method gets ``self`` as a weak proxy for that reason. A vector worker
+            killed outright runs nothing: keep files under ``tempfile.gettempdir()``, which the
+            vector env deletes with the dead worker.
 
     Example::
 
@@ -178,6 +193,10 @@ class ToolEnv(gym.Env[str, str]):
     #: a family's typed choices, ``{"task_args": (GeneratedMath, GSM8K, ...)}``: their fields are
     #: suggested when an argument is misspelt
     choices: dict[str, tuple[Any, ...]] = {}
+
+    #: ``setup(task, episode) -> state`` and ``teardown(state)`` (see the arguments); None: none
+    setup: Any = None
+    teardown: Any = None
 
     # render_fps only quiets Gymnasium's checker: a transcript has no frame rate (toy_text uses 4 too)
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
@@ -203,10 +222,17 @@ class ToolEnv(gym.Env[str, str]):
         sandbox: SandboxConfig | None = None,
         render_mode: str | None = None,
         reasoning_tags: tuple[str, str] | list[str] | None = ("<think>", "</think>"),
+        setup: Any = None,
+        teardown: Any = None,
         **unknown: Any,
     ):
         if unknown:
             raise TypeError(unknown_arguments_message(type(self), unknown))
+        for hook, fn in (("setup", setup), ("teardown", teardown)):
+            if fn is not None:
+                if not callable(fn):
+                    raise TypeError(f"{hook} must be a callable, got {fn!r}")
+                setattr(self, hook, fn)  # an instance attribute: called as given, never bound
         if reasoning_tags is not None and not (
                 isinstance(reasoning_tags, (tuple, list)) and len(reasoning_tags) == 2
                 and all(isinstance(t, str) and t for t in reasoning_tags)):
@@ -263,6 +289,7 @@ class ToolEnv(gym.Env[str, str]):
         known once a server is up (MCP-v0) call this again when they learn them."""
         self.toolset = toolset
         self.tool_schemas = toolset.schemas
+        self._terminal = frozenset(t.name for t in toolset if t.terminal)
         self._tool_params = {t.name: t.parameters for t in toolset}
         self.system_prompt = self.build_system_prompt(self._family_prompt, self._tools_in_prompt)
 
@@ -324,6 +351,9 @@ class ToolEnv(gym.Env[str, str]):
         self._end_episode()
         episode, options = self._new_episode(options)
         self.open_episode(episode, options)
+        if self.setup is not None or self.teardown is not None:
+            state = self.setup(episode.task, episode) if self.setup is not None else None
+            self._keep_state(episode, self.aio.run(state) if inspect.isawaitable(state) else state)
         return self._first_observation(episode)
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
@@ -332,6 +362,9 @@ class ToolEnv(gym.Env[str, str]):
         await self._aend_episode()
         episode, options = self._new_episode(options)
         await self.aopen_episode(episode, options)
+        if self.setup is not None or self.teardown is not None:
+            state = self.setup(episode.task, episode) if self.setup is not None else None
+            self._keep_state(episode, await state if inspect.isawaitable(state) else state)
         return self._first_observation(episode)
 
     def step(self, action: str) -> StepResult:
@@ -351,6 +384,8 @@ class ToolEnv(gym.Env[str, str]):
                                    max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run))
                 if results[-1].outcome:
                     break  # a failure ends the episode: the calls after it do not run
+                if call.name in self._terminal and self._ended_by(plan, call):
+                    break
         if timed:
             plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
@@ -381,6 +416,8 @@ class ToolEnv(gym.Env[str, str]):
             result = self._deadline_hit(result, timeout)
             plan.results.append(result)
             if result.outcome:
+                break
+            if call.name in self._terminal and self._ended_by(plan, call):
                 break
         if timed:
             plan.tools_s = time.perf_counter() - t
@@ -522,6 +559,12 @@ class ToolEnv(gym.Env[str, str]):
                 await self.aclose_episode(episode)
             except Exception:
                 log.exception("close_episode failed for task %s", episode.task.id)
+            once = episode.state.get("_teardown")
+            if once is not None:  # an async teardown is awaited here, not run by the sync ExitStack
+                try:
+                    await once.arun()
+                except Exception:
+                    log.exception("teardown failed for task %s", episode.task.id)
             self._release(episode)
 
     @staticmethod
@@ -548,8 +591,8 @@ class ToolEnv(gym.Env[str, str]):
             return None
         name, arguments, content = one
         tool = self.toolset.tools.get(name)
-        if tool is None:
-            return None
+        if tool is None or tool.terminal:
+            return None  # (a terminal tool may end the episode: the general path grades it)
         episode.turn = turn = episode.turn + 1
         episode.actions.append(action)
         call_id = f"call_{turn}_0"
@@ -576,6 +619,29 @@ class ToolEnv(gym.Env[str, str]):
         if error and result.outcome:  # (a failed result always has an error: the common step reads no more)
             return obs, self._fail(episode, info, result.outcome), False, True, info
         return obs, 0.0, False, False, info
+
+    @staticmethod
+    def _ended_by(plan: "_StepPlan", call: Any) -> bool:
+        """Whether ``call`` (of a terminal tool, just run) ended the episode: it did unless it
+        failed (bad arguments, an exception), which leaves the episode going."""
+        if plan.results[-1].error:
+            return False
+        plan.ended_by, plan.final = call.name, True
+        plan.completion = plan.parsed.content if plan.parsed is not None else ""
+        return True
+
+    def _keep_state(self, episode: Episode, state: Any) -> None:
+        """Hold ``setup``'s state on the episode, its ``teardown`` on ``episode.resources``."""
+        episode.setup_state = state
+        teardown = self.teardown
+        if teardown is None:
+            return
+        if inspect.ismethod(teardown) and teardown.__self__ is self:
+            # a method would keep the env alive from the episode's finalizer: self goes by proxy
+            teardown = functools.partial(teardown.__func__, weakref.proxy(self))
+        once = _Teardown(teardown, state, self.aio)
+        episode.state["_teardown"] = once
+        episode.resources.callback(once)
 
     def _fail(self, episode: Episode, info: dict[str, Any], outcome: str) -> float:
         """End ``episode`` with a failure that is not the model's: never graded (its record's
@@ -625,6 +691,8 @@ class ToolEnv(gym.Env[str, str]):
             result = self._deadline_hit(result, timeout)
             plan.results.append(result)
             if result.outcome:
+                return
+            if call.name in self._terminal and self._ended_by(plan, call):
                 return
 
     def _plan_step(self, action: Any) -> "_StepPlan":
@@ -702,6 +770,14 @@ class ToolEnv(gym.Env[str, str]):
             plan.skipped = ()
             plan.truncated, plan.final = True, False
             return
+        if plan.ended_by is not None:  # a terminal tool ended the episode: the calls after it are not run
+            plan.to_run += plan.skipped
+            plan.skipped = ()
+            unrun = len(plan.to_run) - len(plan.results)
+            if unrun:
+                plan.results += [ToolResult(f"Error: not run: '{plan.ended_by}' ended the episode.", NOT_RUN)] * unrun
+                plan.errors.append(NOT_RUN)
+                episode.tool_errors += unrun
         if plan.skipped:
             plan.results += [
                 ToolResult(f"Error: not run: at most {self.max_calls_per_action} tool calls per reply.", TOO_MANY_CALLS)
@@ -727,6 +803,7 @@ class ToolEnv(gym.Env[str, str]):
             "task": episode.task,
             "messages": episode.messages,
             "episode": episode,
+            "state": episode.setup_state,
             **self.reward_context(episode),
         }
 
@@ -767,7 +844,7 @@ class ToolEnv(gym.Env[str, str]):
             info.update(self.final_info(episode))
             episode.done = True
             episode.outcome = info["outcome"] = TRUNCATED if plan.truncated else SCORED
-            if plan.final:
+            if plan.final and plan.ended_by is None:  # (a terminal tool's result stays in sight)
                 obs = ""
         if self.info_timings:
             info["timings"] = {
@@ -786,11 +863,43 @@ def _release_in(pid: int, release: contextlib.ExitStack | Any) -> None:
         release.close() if isinstance(release, contextlib.ExitStack) else release()
 
 
+class _Teardown:
+    """An episode's ``teardown(state)``, run once, by whichever path gets there first: the
+    episode's ExitStack (sync paths, garbage collection) or ``areset`` awaiting it.
+    It holds the env's loop, never the env (the episode's finalizer holds this)."""
+
+    __slots__ = ("fn", "state", "aio", "done")
+
+    def __init__(self, fn: Any, state: Any, aio: OwnLoop):
+        self.fn, self.state, self.aio, self.done = fn, state, aio, False
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        result = self.fn(self.state)
+        if inspect.isawaitable(result):
+            running = asyncio._get_running_loop()
+            if running is not None and running is self.aio._loop:  # on the env's own loop (a failure in astep)
+                running.create_task(result)
+            else:
+                self.aio.run(result)
+
+    async def arun(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        result = self.fn(self.state)
+        if inspect.isawaitable(result):
+            await result
+
+
 class _StepPlan:
     """One step's working state, shared by ``step`` and ``astep``: a plain class whose scalars
     default on the class (a dataclass with list factories cost a microsecond a step)."""
 
     parsed: Parsed | None = None
+    ended_by: str | None = None  # the terminal tool whose call ended the episode
     failure: str | None = None  # an outcome that is not the model's: the episode ends ungraded
     skipped: list | tuple = ()
     final = truncated = grade = False

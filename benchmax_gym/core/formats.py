@@ -427,7 +427,11 @@ class XmlFormat(ToolCallFormat):
 
     @staticmethod
     def _convert(value: str, schema: dict[str, Any]) -> Any:
-        """XML values are text; decode them as JSON unless the schema admits a string."""
+        """XML values are text; decode them as JSON unless the schema admits a string. ``null``
+        is JSON's null for every parameter, as in the JSON formats (and vLLM's qwen3_coder
+        parser): a string parameter then gets ``None``, which its validation takes or refuses."""
+        if value.strip().lower() == "null":
+            return None
         if _admits_string(schema):
             return value
         try:

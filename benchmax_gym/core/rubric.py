@@ -45,7 +45,7 @@ from benchmax_gym.core.outcomes import RewardFailure
 
 log = logging.getLogger(__name__)
 
-CONTEXT_NAMES = ("completion", "answer", "task", "messages", "episode")
+CONTEXT_NAMES = ("completion", "answer", "task", "messages", "episode", "state")
 
 
 def answer_tags(completion: str) -> list[str]:

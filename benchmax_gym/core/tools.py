@@ -7,7 +7,14 @@ error message, never an exception in the environment.
 
 A tool may take a parameter named ``episode``: the engine passes the running
 :class:`~benchmax_gym.core.env.Episode` (per-episode state, workspace), and the parameter is
-hidden from the schema. Tools may be sync or ``async``.
+hidden from the schema; one named ``state`` receives what the environment's ``setup(task,
+episode)`` returned for this episode (see :class:`~benchmax_gym.core.env.ToolEnv`). Tools may be
+sync or ``async``.
+
+A terminal tool (``@tool(terminal=True)``: "submit", "transfer to a human") ends the episode
+once a call to it has run without error: the rubric scores the episode at that step. Calls after
+it in the same reply are not run (each gets a ``not_run`` result); a terminal call refused for
+bad arguments, or that raised, is an ordinary error and the episode goes on.
 
 Example::
 
@@ -26,17 +33,33 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import inspect
 import json
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pydantic
 
-INJECTED = ("episode",)
+INJECTED = ("episode", "state")
+
+#: what ``Tool.from_schema(..., lenient=True)`` reads a catalogue's non-standard type names as
+#: (None: no constraint)
+TYPE_ALIASES: dict[str, str | None] = {
+    "dict": "object", "float": "number", "tuple": "array", "any": None,
+    "int": "integer", "str": "string", "bool": "boolean", "list": "array",
+}
+_JSON_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
+
+
+class ToolSchemaError(ValueError):
+    """A tool's JSON schema is not a valid one: raised where the tool is built (so at
+    ``register_tool_env`` or ``gym.make``), in one line naming the tool, the place in the schema
+    and the problem."""
 
 
 class ToolError(Exception):
@@ -101,6 +124,8 @@ class Tool:
             calls, which must restart a server that overran): the engine adds no timeout; a sync
             one is called directly by ``step`` and in a thread by ``astep``.
         wants_episode: pass the running episode as ``episode=``.
+        wants_state: pass what the environment's ``setup`` returned for the episode as ``state=``.
+        terminal: a call that runs without error ends the episode (the rubric scores it then).
     """
 
     name: str
@@ -111,6 +136,8 @@ class Tool:
     inline: bool = False
     wants_episode: bool = False
     self_timed: bool = False
+    wants_state: bool = False
+    terminal: bool = False
     is_async: bool = field(init=False)
 
     def __post_init__(self):
@@ -120,7 +147,8 @@ class Tool:
     def direct(self) -> bool:
         """Called directly in the caller's thread by ``step``: sync, and inline or self-timed,
         without the episode (a calculator, the sandboxed ``python``)."""
-        return not self.is_async and (self.inline or self.self_timed) and not self.wants_episode
+        return (not self.is_async and (self.inline or self.self_timed) and not self.wants_episode
+                and not self.wants_state)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -140,13 +168,32 @@ class Tool:
         *,
         inline: bool = False,
         wants_episode: bool = False,
+        wants_state: bool | None = None,
+        terminal: bool = False,
+        lenient: bool = False,
     ) -> "Tool":
-        """A tool described by a JSON schema (MCP servers, benchmax envs); validated with jsonschema."""
-        import jsonschema
+        """A tool described by a JSON schema (a catalogue's, an MCP server's, a benchmax env's);
+        calls are validated with jsonschema and ``fn(**arguments)`` is called.
 
-        params = dict(parameters or {"type": "object", "properties": {}})
-        validator_cls = jsonschema.validators.validator_for(params)
-        validator = validator_cls(params)
+        The schema is checked here against its draft's metaschema (``$schema``, else 2020-12):
+        an unknown type, a malformed ``required``, a top level that is not an object raise
+        :class:`ToolSchemaError`, naming the tool, the place and the problem. ``lenient=True``
+        first reads well-known non-standard type names (:data:`TYPE_ALIASES`: ``dict`` as
+        ``object``, ``float`` as ``number``, ``tuple`` as ``array``, ``any`` as no constraint)
+        with a warning; the model is shown the corrected schema. ``wants_state``: pass the
+        episode's setup state as ``state=`` (default: when ``fn`` has a ``state`` parameter the
+        schema does not describe).
+
+        Example::
+
+            schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+            weather = Tool.from_schema("weather", "Today's weather in a city.", schema,
+                                       lambda city: f"Sunny in {city}")
+        """
+        params = check_schema(name, parameters, lenient=lenient)
+        validator = jsonschema_validator(params)
+        if wants_state is None:
+            wants_state = _takes(fn, "state") and "state" not in (params.get("properties") or {})
 
         def validate(args: dict[str, Any]) -> dict[str, Any]:
             if validator.is_valid(args):  # the common case, without collecting and sorting errors
@@ -158,8 +205,100 @@ class Tool:
 
         return cls(
             name=name, description=description, parameters=params, fn=fn, validate=validate,
-            inline=inline, wants_episode=wants_episode,
+            inline=inline, wants_episode=wants_episode, wants_state=wants_state, terminal=terminal,
         )
+
+
+def _takes(fn: Callable[..., Any], parameter: str) -> bool:
+    try:
+        return parameter in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+
+
+def jsonschema_validator(schema: dict[str, Any]):
+    """A validator for a checked schema, of the draft it names (2020-12 when it names none)."""
+    import jsonschema
+
+    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+
+
+def check_schema(name: str, parameters: Any, *, lenient: bool = False) -> dict[str, Any]:
+    """``parameters`` as a tool's arguments schema (a copy; ``None`` is an empty object), or
+    :class:`ToolSchemaError` in one line. ``lenient``: read :data:`TYPE_ALIASES` first, with a warning."""
+    import jsonschema
+
+    if parameters is None:
+        return {"type": "object", "properties": {}}
+    if not isinstance(parameters, Mapping):
+        raise ToolSchemaError(f"tool {name!r}: parameters schema at '/' must be a JSON object "
+                              f"(a dict), got {type(parameters).__name__}")
+    params = copy.deepcopy(dict(parameters))
+    if lenient:
+        mapped: list[str] = []
+        params = _map_aliases(params, "", mapped)
+        if mapped:
+            warnings.warn(f"tool {name!r}: non-standard schema types read leniently: {', '.join(mapped)}",
+                          stacklevel=3)
+    kind = params.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise ToolSchemaError(f"tool {name!r}: parameters schema at '/type' must be \"object\" (tool arguments "
+                              f"are a JSON object), got {kind!r}")
+    validator_cls = jsonschema.validators.validator_for(params, default=jsonschema.Draft202012Validator)
+    try:
+        validator_cls.check_schema(params)
+    except jsonschema.SchemaError as exc:
+        raise ToolSchemaError(f"tool {name!r}: parameters schema at {_pointer(exc.path)}: "
+                              f"{_schema_problem(exc)}") from None
+    except Exception as exc:  # a metaschema that cannot be read (an unknown $schema URI, say)
+        raise ToolSchemaError(f"tool {name!r}: parameters schema at '/': cannot be checked: "
+                              f"{type(exc).__name__}: {exc}".replace("\n", " ")) from None
+    return params
+
+
+def _pointer(path: Iterable[Any]) -> str:
+    return "'/" + "/".join(str(p) for p in path) + "'"
+
+
+def _schema_problem(exc: Any) -> str:
+    path = list(exc.path)
+    if path and path[-1] == "type" or len(path) > 1 and path[-2] == "type":
+        return (f"unknown type {exc.instance!r} (JSON Schema's types are {', '.join(_JSON_TYPES)}; "
+                "lenient=True reads dict, float, tuple and any)")
+    return exc.message.replace("\n", " ")
+
+
+# keywords whose values are data, not schemas: never rewritten
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "example"})
+
+
+def _map_aliases(node: Any, where: str, mapped: list[str]) -> Any:
+    """A copy of a schema with :data:`TYPE_ALIASES` read as standard types (``mapped`` says where)."""
+    if isinstance(node, list):
+        return [_map_aliases(v, f"{where}/{i}", mapped) for i, v in enumerate(node)]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        here = f"{where}/{key}"
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key == "properties" and isinstance(value, dict):  # property names are not keywords
+            out[key] = {k: _map_aliases(v, f"{here}/{k}", mapped) for k, v in value.items()}
+        elif key == "type" and isinstance(value, str) and value in TYPE_ALIASES:
+            mapped.append(f"{here} {value!r} as {TYPE_ALIASES[value] or 'any type'}")
+            if TYPE_ALIASES[value] is not None:
+                out[key] = TYPE_ALIASES[value]
+        elif key == "type" and isinstance(value, list) and any(v in TYPE_ALIASES for v in value):
+            if any(isinstance(v, str) and TYPE_ALIASES.get(v, "") is None for v in value):
+                mapped.append(f"{here} {value!r} as any type")  # a union with "any" is no constraint
+                continue
+            standard = [TYPE_ALIASES.get(v, v) if isinstance(v, str) else v for v in value]
+            mapped.append(f"{here} {value!r} as {standard!r}")
+            out[key] = list(dict.fromkeys(standard))
+        else:
+            out[key] = _map_aliases(value, here, mapped)
+    return out
 
 
 def _jsonschema_message(error) -> str:
@@ -168,17 +307,19 @@ def _jsonschema_message(error) -> str:
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, inline: bool = False, self_timed: bool = False
+    fn: Callable[..., Any] | None = None, *, name: str | None = None, inline: bool = False, self_timed: bool = False,
+    terminal: bool = False,
 ):
     """Decorator: make a :class:`Tool` from a typed, documented function.
 
     ``inline=True`` is for cheap sync tools that bound their own work (no timeout thread);
-    ``self_timed=True`` for sync tools that enforce their own time limit.
+    ``self_timed=True`` for sync tools that enforce their own time limit; ``terminal=True`` for a
+    tool whose successful call ends the episode (``submit``, ``transfer_to_human``).
     """
 
     def build(f: Callable[..., Any]) -> Tool:
         t = _tool_from_function(f, name=name or f.__name__, inline=inline)
-        t.self_timed = self_timed
+        t.self_timed, t.terminal = self_timed, terminal
         return t
 
     return build(fn) if fn is not None else build
@@ -239,10 +380,11 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
     except Exception as exc:  # a hint that cannot be resolved is a bug in the tool's module
         raise TypeError(f"tool {name!r}: cannot resolve type hints: {exc}") from exc
     fields: dict[str, Any] = {}
-    wants_episode = False
+    wants_episode = wants_state = False
     for pname, param in sig.parameters.items():
         if pname in INJECTED:
-            wants_episode = True
+            wants_episode = wants_episode or pname == "episode"
+            wants_state = wants_state or pname == "state"
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
             raise TypeError(
@@ -279,6 +421,7 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
         validate=validate,
         inline=inline,
         wants_episode=wants_episode,
+        wants_state=wants_state,
     )
 
 
@@ -406,8 +549,14 @@ class Toolset:
             kwargs = t.validate(arguments)
         except ArgumentError as exc:
             return None, None, _bad_arguments(name, exc)
-        if t.wants_episode:  # a new dict: validate may return the call's own (info["tool_calls"] shows it)
-            kwargs = {**kwargs, "episode": episode}
+        except Exception as exc:  # the validator itself broke (a $ref it cannot resolve): the call's error
+            return None, None, _validator_failed(name, exc)
+        if t.wants_episode or t.wants_state:  # a new dict: validate may return the call's own (info shows it)
+            kwargs = dict(kwargs)
+            if t.wants_episode:
+                kwargs["episode"] = episode
+            if t.wants_state:
+                kwargs["state"] = getattr(episode, "setup_state", None)
         return t, kwargs, None
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -422,13 +571,15 @@ class Toolset:
             run_coroutine: Callable[[Any, float], Any] | None = None) -> ToolResult:
         """Run one call synchronously. Async tools go through ``run_coroutine(coro, timeout)``."""
         t = self.tools.get(name)
-        if t is not None and type(arguments) is dict and not t.wants_episode:
+        if t is not None and type(arguments) is dict and not t.wants_episode and not t.wants_state:
             if t.direct:
                 return self.run_direct(t, arguments, timeout, max_chars)
             try:
                 kwargs = t.validate(arguments)
             except ArgumentError as exc:
                 return _bad_arguments(name, exc)
+            except Exception as exc:  # the validator itself broke: the call's error
+                return _validator_failed(name, exc)
         else:
             t, kwargs, failed = self._prepare(name, arguments, episode)
             if failed:
@@ -456,9 +607,13 @@ class Toolset:
         """``run`` for a tool that is called directly in this thread (``t.direct``) with an
         arguments dict; the engine's fast step calls it itself."""
         try:
-            value = t.fn(**t.validate(arguments))
+            kwargs = t.validate(arguments)
         except ArgumentError as exc:
             return _bad_arguments(t.name, exc)
+        except Exception as exc:  # the validator itself broke: the call's error
+            return _validator_failed(t.name, exc)
+        try:
+            value = t.fn(**kwargs)
         except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
             return _timed_out(t.name, timeout)
         except Exception as exc:  # the tool's own failure is the model's observation
@@ -499,6 +654,12 @@ def _timed_out(name: str, timeout: float) -> ToolResult:
     """A tool the engine timed out: the tool's failure, not the model's (model-written code
     times itself out in the sandbox and reports a ToolError, which is scored)."""
     return FailedResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
+
+
+def _validator_failed(name: str, exc: Exception) -> ToolResult:
+    """Checking a call's arguments raised (not a refusal: the schema's validator broke on them)."""
+    return ToolResult(f"Error: tool '{name}' could not check its arguments: {type(exc).__name__}: {exc}",
+                      "tool_error")
 
 
 def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:
