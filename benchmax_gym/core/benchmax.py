@@ -178,6 +178,9 @@ class BenchmaxEnv(ToolEnv):
         benchmax_env: a BaseEnv subclass (instantiated here with ``env_kwargs``) or an instance.
         rows: dataset rows, see the module docstring.
         env_kwargs: constructor arguments when ``benchmax_env`` is a class.
+        lenient_schemas: read ``list_tools``' non-standard schema types (``dict``, ``float``,
+            ``tuple``, ``any``) as standard ones, with a warning (see ``Tool.from_schema``);
+            by default a tool whose schema is invalid fails ``gym.make``, naming it.
         **engine_kwargs: the engine's options (``tool_format``, ``max_turns``, ...).
     """
 
@@ -187,8 +190,10 @@ class BenchmaxEnv(ToolEnv):
         rows: Sequence[Mapping[str, Any]],
         *,
         env_kwargs: Mapping[str, Any] | None = None,
+        lenient_schemas: bool = False,
         **engine_kwargs: Any,
     ):
+        self.lenient_schemas = bool(lenient_schemas)
         if not _keeps_the_contract(benchmax_env):
             raise TypeError("benchmax_env must be a benchmax BaseEnv subclass or instance (benchmax_gym's or "
                             "the benchmax package's), or have async list_tools, run_tool and compute_reward; "
@@ -217,7 +222,8 @@ class BenchmaxEnv(ToolEnv):
         definitions = self.aio.run(benchmax_env.list_tools())
         tools = [
             Tool.from_schema(
-                d.name, d.description, d.input_schema, functools.partial(self._call_tool, d.name), wants_episode=True
+                d.name, d.description, d.input_schema, functools.partial(self._call_tool, d.name), wants_episode=True,
+                wants_state=False, lenient=self.lenient_schemas,
             )
             for d in definitions
         ]

@@ -797,11 +797,15 @@ class ToolEnv(gym.Env[str, str]):
 
     def _reward_context(self, plan: "_StepPlan") -> dict[str, Any]:
         episode = plan.episode
+        messages = episode.messages
+        if plan.results:  # this step's results (a terminal tool's, the last turn's) are graded too
+            messages = messages + [{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.content}
+                                   for c, r in zip(plan.to_run + list(plan.skipped), plan.results)]
         return {
             "completion": plan.completion,
             "answer": episode.task.answer,
             "task": episode.task,
-            "messages": episode.messages,
+            "messages": messages,
             "episode": episode,
             "state": episode.setup_state,
             **self.reward_context(episode),

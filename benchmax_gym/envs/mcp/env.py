@@ -48,6 +48,10 @@ class MCPEnv(ToolEnv):
             its call becomes a tool error (the server keeps running); smaller results are cut
             to ``max_tool_output_chars`` as usual.
         system_prompt: the instructions before the tools (a generic one by default).
+        lenient_schemas: read a server's non-standard schema types (``dict``, ``float``,
+            ``tuple``, ``any``) as standard ones, with a warning (see ``Tool.from_schema``); by
+            default a tool whose schema is invalid fails the first reset (when the servers list
+            their tools), naming it.
         **engine_kwargs: the engine's options (``max_turns``, ``tool_timeout``, ...).
 
     Servers start at the first reset (their tools are only known then) and are restarted if they
@@ -65,8 +69,10 @@ class MCPEnv(ToolEnv):
         max_message_mb: float = 16.0,
         system_prompt: str | None = None,
         max_turns: int = 10,
+        lenient_schemas: bool = False,
         **engine_kwargs: Any,
     ):
+        self.lenient_schemas = bool(lenient_schemas)
         example = server is None
         if example and (tasks is not None or reward is not None):
             raise ValueError("tasks and reward need a server=; without one the bundled example runs")

@@ -312,7 +312,8 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             raise ToolError(text or f"tool {name!r} reported an error")
         return text
 
-    tool = Tool.from_schema(name, remote.description or name, remote.input_schema, call, wants_episode=True)
+    tool = Tool.from_schema(name, remote.description or name, remote.input_schema, call, wants_episode=True,
+                            wants_state=False, lenient=getattr(env, "lenient_schemas", False))
     tool.self_timed = True  # the call times itself out and restarts the server before answering
     return tool
 
