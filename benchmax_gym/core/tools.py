@@ -245,14 +245,19 @@ def check_schema(name: str, parameters: Any, *, lenient: bool = False) -> dict[s
         raise ToolSchemaError(f"tool {name!r}: parameters schema at '/type' must be \"object\" (tool arguments "
                               f"are a JSON object), got {kind!r}")
     validator_cls = jsonschema.validators.validator_for(params, default=jsonschema.Draft202012Validator)
-    try:
-        validator_cls.check_schema(params)
-    except jsonschema.SchemaError as exc:
-        raise ToolSchemaError(f"tool {name!r}: parameters schema at {_pointer(exc.path)}: "
-                              f"{_schema_problem(exc)}") from None
-    except Exception as exc:  # a metaschema that cannot be read (an unknown $schema URI, say)
+    try:  # what check_schema does, keeping every error (it raises only its best one, in no stable order)
+        meta = validator_cls(validator_cls.META_SCHEMA, format_checker=validator_cls.FORMAT_CHECKER)
+        errors = sorted(meta.iter_errors(params), key=lambda e: [str(p) for p in e.absolute_path])
+    except Exception as exc:  # a metaschema that cannot be read
         raise ToolSchemaError(f"tool {name!r}: parameters schema at '/': cannot be checked: "
                               f"{type(exc).__name__}: {exc}".replace("\n", " ")) from None
+    if errors:
+        problems = [f"at {_pointer(e.absolute_path)}: {_schema_problem(e)}" for e in errors[:3]]
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        if any("unknown type" in problem for problem in problems):
+            more += (f". JSON Schema's types are {', '.join(_JSON_TYPES)}; lenient=True reads "
+                     "dict, float, tuple and any")
+        raise ToolSchemaError(f"tool {name!r}: parameters schema " + "; ".join(problems) + more)
     return params
 
 
@@ -260,12 +265,13 @@ def _pointer(path: Iterable[Any]) -> str:
     return "'/" + "/".join(str(p) for p in path) + "'"
 
 
-def _schema_problem(exc: Any) -> str:
-    path = list(exc.path)
+def _schema_problem(error: Any) -> str:
+    import jsonschema
+
+    path = list(error.absolute_path)
     if path and path[-1] == "type" or len(path) > 1 and path[-2] == "type":
-        return (f"unknown type {exc.instance!r} (JSON Schema's types are {', '.join(_JSON_TYPES)}; "
-                "lenient=True reads dict, float, tuple and any)")
-    return exc.message.replace("\n", " ")
+        return f"unknown type {error.instance!r}"
+    return jsonschema.exceptions.best_match([error]).message.replace("\n", " ")
 
 
 # keywords whose values are data, not schemas: never rewritten
