@@ -5,7 +5,7 @@ import sys
 
 import gymnasium as gym
 
-from benchmax_gym import BaseEnv, ToolDefinition, final_answer, register_benchmax_env, register_tool_env
+from benchmax_gym import BaseEnv, ToolDefinition, final_answer, register_benchmax_env, register_tool_env, tool
 from benchmax_gym.registry import VectorFactory
 
 CITY = {"Lima": "Peru", "Paris": "France"}
@@ -22,6 +22,40 @@ def country(city: str) -> str:
 
 def stated(completion: str, answer: str) -> float:
     return float((final_answer(completion) or "").casefold() == answer.casefold())
+
+
+def open_desk(task, episode):
+    """Per-episode state: what this episode looked up and submitted (issue 31's setup)."""
+    return {"looked_up": [], "submitted": None}
+
+
+def close_desk(state):
+    state["closed"] = True
+
+
+def locate(city: str, state) -> str:
+    """Look up a city's country.
+
+    Args:
+        city: the city's English name
+    """
+    state["looked_up"].append(city)
+    return CITY.get(city, "unknown")
+
+
+@tool(terminal=True)
+def submit(country: str, state) -> str:
+    """Submit the country: this ends the session.
+
+    Args:
+        country: the country's English name
+    """
+    state["submitted"] = country
+    return "submitted"
+
+
+def submitted(state, answer: str) -> float:
+    return float((state["submitted"] or "").casefold() == answer.casefold())
 
 
 class Notes(BaseEnv):
@@ -53,6 +87,9 @@ class Notes(BaseEnv):
 if "matrix/Geo-v0" not in gym.registry:
     register_tool_env("matrix/Geo-v0", tools=[country], rubric=[stated], system_prompt="Answer with the tools.",
                       tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], max_turns=4)
+    register_tool_env("matrix/Desk-v0", tools=[locate, submit], rubric=[submitted], setup=open_desk,
+                      teardown=close_desk, system_prompt="Look the city up, then submit its country.",
+                      tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], max_turns=4)
     register_benchmax_env("matrix/Notes-v0", Notes, [{"prompt": "Remember 42.", "ground_truth": "42"}])
     gym.register("matrix/MCPConfig-v0", entry_point="benchmax_gym.envs.mcp.env:MCPEnv",
                  vector_entry_point=VectorFactory("matrix/MCPConfig-v0"), kwargs={
@@ -68,6 +105,8 @@ CASES = {
                          None, 1.0),  # None: the task's own answer, boxed
     "matrix/Geo-v0": ({}, '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
                       "<answer>Peru</answer>", 1.0),
+    "matrix/Desk-v0": ({}, '<tool_call>{"name": "locate", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
+                       '<tool_call>{"name": "submit", "arguments": {"country": "Peru"}}</tool_call>', 1.0),
     "matrix/Notes-v0": ({}, '<tool_call>{"name": "write_note", "arguments": {"text": "42"}}</tool_call>', "saved",
                         "<answer>42</answer>", 1.0),
     "matrix/MCPConfig-v0": ({}, '<tool_call>{"name": "calculate", "arguments": {"expression": "6 * 7"}}</tool_call>',
