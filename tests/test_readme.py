@@ -1,11 +1,14 @@
 """The README's examples, run as written."""
 
 import re
+import sqlite3
 from pathlib import Path
 
 import gymnasium as gym
+import pytest
 
 from benchmax_gym import registry
+from benchmax_gym.core.tools import ArgumentError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -39,3 +42,36 @@ def test_add_an_environment_example_rewards_the_answer_not_a_guess_list():
         env.close()
         gym.registry.pop("me/Geo-v0", None)
         registry.ENVS.pop("me/Geo-v0", None)
+
+
+def test_add_an_environment_state_and_terminal_tool_example_grades_the_final_state():
+    namespace: dict = {}
+    exec(compile(_code_block("Add an environment", "setup=open_bank"), str(README), "exec"), namespace)  # noqa: S102
+    env = namespace["env"]
+    call = '<tool_call>{{"name": "{}", "arguments": {}}}</tool_call>'.format
+    try:
+        env.reset(seed=0)
+        db = env.unwrapped.episode.setup_state
+        obs, _, _, _, info = env.step(call("transfer", '{"source": "alice", "target": "bob", "amount": 500}'))
+        assert info["error"] == "tool_error" and "cannot move 500" in obs  # refused; the episode goes on
+        env.step(call("transfer", '{"source": "alice", "target": "bob", "amount": 30}'))
+        obs, reward, terminated, _, _ = env.step(call("done", '{"summary": "moved 30"}'))
+        assert terminated and reward == 1.0 and "session closed" in obs
+        env.reset(seed=0)  # the last episode's database is closed; this one starts afresh
+        with pytest.raises(sqlite3.ProgrammingError):
+            db.execute("SELECT 1")
+        _, reward, terminated, _, _ = env.step(call("done", '{"summary": "nothing"}'))
+        assert terminated and reward == 0.0
+    finally:
+        env.close()
+        gym.registry.pop("me/Bank-v0", None)
+        registry.ENVS.pop("me/Bank-v0", None)
+
+
+def test_add_an_environment_from_schema_example_validates_calls():
+    namespace: dict = {}
+    exec(compile(_code_block("Add an environment", "Tool.from_schema("), str(README), "exec"), namespace)  # noqa: S102
+    weather = namespace["weather"]
+    assert weather.fn(**weather.validate({"city": "Lima", "units": "F"})) == "18 degrees F in Lima"
+    with pytest.raises(ArgumentError, match="'K' is not one of"):
+        weather.validate({"city": "Lima", "units": "K"})
