@@ -247,6 +247,58 @@ def test_killed_host_same_step_and_no_workspace_left(cluster):
     assert gone([h["pid"] for h in hosts], [h["workspace"] for h in hosts], actors=True)
 
 
+BANK_LOG = f"/tmp/benchmax-ray-bank-{os.getpid()}.log"  # setups and teardowns, from every host
+
+
+def deposit(amount: int, state) -> str:
+    """Deposit money.
+
+    Args:
+        amount: how much
+    """
+    state["balance"] += amount
+    return f"balance {state['balance']}"
+
+
+def bank_env():
+    """Per-episode state (issue 31) on a host: setup and teardown log where they ran."""
+
+    def setup(task, episode):
+        with open(BANK_LOG, "a") as f:
+            f.write(f"setup {episode.rollout_id}\n")
+        return {"balance": 0, "id": episode.rollout_id}
+
+    def teardown(state):
+        with open(BANK_LOG, "a") as f:
+            f.write(f"teardown {state['id']}\n")
+
+    if "testing/RayBank-v0" not in gym.registry:
+        benchmax_gym.register_tool_env(
+            "testing/RayBank-v0", tools=[deposit], tasks=[{"prompt": "Save.", "answer": "ok"}],
+            rubric=[lambda state: float(state["balance"])], setup=setup, teardown=teardown, max_turns=4)
+    return gym.make("testing/RayBank-v0")
+
+
+def test_episodes_on_hosts_keep_their_own_state_and_tear_it_down_once(cluster):
+    if os.path.exists(BANK_LOG):
+        os.unlink(BANK_LOG)
+    envs = RayVectorEnv([bank_env] * 4, num_hosts=2, actor_options=HOST)
+    try:
+        envs.reset(seed=0)
+        deposits = [f'<tool_call>{{"name": "deposit", "arguments": {{"amount": {i + 1}}}}}</tool_call>' for i in range(4)]
+        envs.step(deposits)
+        envs.step(deposits)
+        _, rewards, terminated, _, _ = envs.step(["done"] * 4)
+        assert terminated.all() and rewards.tolist() == [2.0, 4.0, 6.0, 8.0]
+    finally:
+        envs.close()
+    with open(BANK_LOG) as f:
+        lines = [line.split() for line in f.read().splitlines()]
+    os.unlink(BANK_LOG)
+    setups = [rid for what, rid in lines if what == "setup"]
+    assert len(setups) >= 4 and sorted(rid for what, rid in lines if what == "teardown") == sorted(setups)
+
+
 def test_host_that_cannot_build_its_envs_says_why(cluster):
     start = time.perf_counter()
     with pytest.raises(RuntimeError, match="could not build.*ModuleNotFoundError: No module named 'not_installed_on"):
