@@ -3,11 +3,15 @@
 ::
 
     reset(seed, options) -> pick a Task (options["task_index"] or self.np_random)
-                         -> open_episode(): the family's per-episode state
+                         -> open_episode(): the family's per-episode state; setup(task, episode):
+                            the user's (tools and rewards receive it as ``state``; teardown(state)
+                            runs once, when the episode is left)
                          -> obs = system prompt (+ tool schemas) and the task, as text
     step(action: str)    -> parse tool calls | final answer | parse error
                          -> run each call (timeout, output cap) -> obs = tool results, reward 0
     final answer         -> rubric scores the episode -> reward, terminated=True
+    terminal tool        -> (a call to a ``terminal=True`` tool that ran without error) the same,
+                            its result kept in obs; calls after it in the reply are not run
     turn limit           -> rubric scores the episode as it stands -> truncated=True
     a failure            -> (not the model's: a tool's backend gone, the deadline passed)
                             reward NaN, not graded, truncated=True

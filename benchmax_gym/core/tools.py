@@ -226,9 +226,7 @@ def jsonschema_validator(schema: dict[str, Any]):
 def check_schema(name: str, parameters: Any, *, lenient: bool = False) -> dict[str, Any]:
     """``parameters`` as a tool's arguments schema (a copy; ``None`` is an empty object), or
     :class:`ToolSchemaError` in one line. ``lenient``: read :data:`TYPE_ALIASES` first, with a warning."""
-    import jsonschema
-
-    if parameters is None:
+    if parameters is None or (isinstance(parameters, Mapping) and not parameters):
         return {"type": "object", "properties": {}}
     if not isinstance(parameters, Mapping):
         raise ToolSchemaError(f"tool {name!r}: parameters schema at '/' must be a JSON object "
@@ -244,21 +242,42 @@ def check_schema(name: str, parameters: Any, *, lenient: bool = False) -> dict[s
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise ToolSchemaError(f"tool {name!r}: parameters schema at '/type' must be \"object\" (tool arguments "
                               f"are a JSON object), got {kind!r}")
+    try:  # a schema checked before in this process (every env of a vector worker lists the same tools)
+        key = json.dumps(params, sort_keys=True)
+    except (TypeError, ValueError):
+        key = None
+    if key is None or key not in _CHECKED:
+        problem = _metaschema_problem(params)
+        if problem:
+            raise ToolSchemaError(f"tool {name!r}: parameters schema {problem}")
+        if key is not None:
+            if len(_CHECKED) >= 4096:
+                _CHECKED.clear()
+            _CHECKED.add(key)
+    return params
+
+
+#: the canonical JSON of schemas that passed the metaschema (checking one costs milliseconds)
+_CHECKED: set[str] = set()
+
+
+def _metaschema_problem(params: dict[str, Any]) -> str | None:
+    """What ``check_schema`` of the schema's draft finds, every problem (up to 3) in one line."""
+    import jsonschema
+
     validator_cls = jsonschema.validators.validator_for(params, default=jsonschema.Draft202012Validator)
     try:  # what check_schema does, keeping every error (it raises only its best one, in no stable order)
         meta = validator_cls(validator_cls.META_SCHEMA, format_checker=validator_cls.FORMAT_CHECKER)
         errors = sorted(meta.iter_errors(params), key=lambda e: [str(p) for p in e.absolute_path])
     except Exception as exc:  # a metaschema that cannot be read
-        raise ToolSchemaError(f"tool {name!r}: parameters schema at '/': cannot be checked: "
-                              f"{type(exc).__name__}: {exc}".replace("\n", " ")) from None
-    if errors:
-        problems = [f"at {_pointer(e.absolute_path)}: {_schema_problem(e)}" for e in errors[:3]]
-        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        if any("unknown type" in problem for problem in problems):
-            more += (f". JSON Schema's types are {', '.join(_JSON_TYPES)}; lenient=True reads "
-                     "dict, float, tuple and any")
-        raise ToolSchemaError(f"tool {name!r}: parameters schema " + "; ".join(problems) + more)
-    return params
+        return f"at '/': cannot be checked: {type(exc).__name__}: {exc}".replace("\n", " ")
+    if not errors:
+        return None
+    problems = [f"at {_pointer(e.absolute_path)}: {_schema_problem(e)}" for e in errors[:3]]
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    if any("unknown type" in problem for problem in problems):
+        more += f". JSON Schema's types are {', '.join(_JSON_TYPES)}; lenient=True reads dict, float, tuple and any"
+    return "; ".join(problems) + more
 
 
 def _pointer(path: Iterable[Any]) -> str:
