@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-import benchmax_gym
+import benchmax_gym  # noqa: F401  (registers benchmax/MCP-v0)
 from benchmax_gym import BaseEnv, ToolDefinition, final_answer, register_benchmax_env, register_tool_env
 from benchmax_gym.core import ListTasks, Rubric, Task, Tool, ToolEnv, ToolError, Toolset, tool
 from benchmax_gym.core.formats import get_format
@@ -245,6 +245,38 @@ def test_async_setup_and_teardown_through_reset_and_areset():
     env.close()
     assert calls == ["setup", "teardown ['a']", "setup", "teardown []", "setup", "teardown ['b']", "setup",
                      "teardown []"]
+
+
+async def open_account_async(task, episode):
+    await asyncio.sleep(0)
+    return open_account(task, episode)
+
+
+async def close_account_async(state):
+    await asyncio.sleep(0)
+    close_account(state)
+
+
+ASYNC_BANK = register_tool_env("authoring/AsyncBank-v0", tools=[deposit, outage, close_day], tasks=TASKS,
+                               rubric=[balance], setup=open_account_async, teardown=close_account_async, max_turns=5)
+
+
+@pytest.mark.parametrize("mode", ["sync", "subprocess"])
+def test_an_async_teardown_runs_once_in_a_vector_worker_also_when_a_failure_ends_the_episode(mode):
+    how = {"num_workers": 1} if mode == "subprocess" else {"vectorization_mode": mode}
+    envs = gym.make_vec(ASYNC_BANK, num_envs=2, **how)
+    try:
+        envs.reset(seed=0, options={"task_index": 0})
+        _, rewards, _, truncated, _ = envs.step([call("outage"), call("deposit", amount=3)])  # on the worker's loop
+        assert truncated.tolist() == [True, False] and np.isnan(rewards[0])
+        envs.step([call("deposit", amount=1)] * 2)  # env 0 starts a new episode (its next-step autoreset)
+        _, rewards, terminated, _, _ = envs.step([call("close_day", note="a")] * 2)
+        assert terminated.all() and rewards[1] == 4.0
+    finally:
+        envs.close()
+    seen, _ = events()
+    assert len(seen) == 3
+    assert_each_torn_down_once()
 
 
 class Counting(ToolEnv):
