@@ -165,7 +165,7 @@ class Curriculum:
         self.members = dict(members)
         self.group_size = group_size
         self.open: dict[tuple[str, int, str], list[float]] = {}
-        self.groups: dict[tuple[str, int], list[int]] = collections.defaultdict(lambda: [0, 0])  # [complete, zero-var]
+        self.groups: dict[tuple[str, int], list[int]] = {}  # (member, level) -> [complete, zero-variance]
         self.follower = False  # set in a vector env's workers: the parent moves the levels
 
     def level(self, member: str) -> int:
@@ -191,7 +191,7 @@ class Curriculum:
         rewards = self.open.pop(key, None) or []  # (re-inserted: the dict keeps the most recent last)
         rewards.append(float(reward))
         if len(rewards) >= self.group_size:
-            counts = self.groups[key[:2]]
+            counts = self.groups.setdefault(key[:2], [0, 0])
             counts[0] += 1
             counts[1] += max(rewards) == min(rewards)
         else:

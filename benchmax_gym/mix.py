@@ -69,7 +69,6 @@ SAMPLING = ("stratified", "random")
 PHI = (math.sqrt(5.0) - 1.0) / 2.0  # the golden ratio's fraction: the most evenly spread additive sequence
 #: the members of ``gym.make("benchmax/Mix-v0")`` with no ``members=`` (two offline families)
 DEFAULT_MEMBERS = {"benchmax/Math-v0": 0.5, "benchmax/Wikipedia-v0": 0.5}
-MIX_INFO_KEYS = ("member", "mix_episode")  # what a vector env's workers always send back for its controller
 
 
 class MemberSpec:
