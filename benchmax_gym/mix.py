@@ -335,6 +335,11 @@ class MixEnv(gym.Env[str, str]):
         return member
 
     @property
+    def built_members(self) -> list[str]:
+        """The members built so far, as ``"name@level"`` (a member is built when first drawn)."""
+        return [m.key for m in self._built.values()]
+
+    @property
     def member(self) -> str | None:
         """The member playing now (None before the first reset)."""
         return self._current.name if self._current else None

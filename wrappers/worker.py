@@ -229,7 +229,10 @@ class _Worker:
                     out.append((i, attr(*args, **kwargs) if callable(attr) else attr))
                 except Exception as exc:
                     out.append((i, exc))
-            self.emit(("called", out))
+            try:
+                self.emit(("called", out))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:  # (else the parent waits forever)
+                self.emit(("called", [(i, TypeError(f"{name!r} cannot be sent to the parent: {exc}")) for i, _ in out]))
         elif command == "set_attr":
             name, values = payload
             for i, value in values:
