@@ -29,7 +29,8 @@ Ray hosts and run records unchanged, and needs no registration step).
   member (then ``task_index`` is that member's); ``options={"task_index": i}`` alone names task
   ``i`` of the mixture's own task list (:class:`MixTasks`: position ``i`` of the unshifted
   sequence, the k-th task of its member), the same whatever the seed (GRPO groups, eval).
-  Forced resets do not advance the sampler.
+  Forced resets do not advance the sampler. ``options={"difficulty": level}`` plays that level
+  (a GRPO group's k rollouts at one level, even if the controller moves meanwhile).
 * **Lazily built**: a member (at a difficulty level) is made the first time it is drawn, so a
   worker never builds an env it never samples.
 * **What the model sees is the member's**: its system prompt, tools (``info["tools"]``) and
@@ -42,9 +43,13 @@ Ray hosts and run records unchanged, and needs no registration step).
   mixture's and each built member's), the counts and the curriculum, so a resumed run continues
   the same sequence.
 * **Curricula and statistics**: see :mod:`benchmax_gym.curriculum`. The step that ends an episode
-  carries ``info["difficulty"]`` (the level), ``info["success_rate"]`` (the member's recent
-  success rate), ``info["zero_variance"]`` (its share of zero-variance task groups at that level)
-  and ``info["mix_episode"]`` (what a vector env's parent feeds its one controller).
+  carries ``info["difficulty"]`` (the level) and ``info["mix_episode"]`` (member, level, task,
+  reward, success, outcome: what a vector env's parent feeds its one controller). The
+  controller's figures (a member's recent success rate, its zero-variance share) change with
+  every episode, so a lone env keeps them out of its info (Gymnasium's checker wants a step's
+  info to follow from the seed and actions): read ``env.unwrapped.curriculum.stats()``. A
+  ``SubprocVectorEnv``/``RayVectorEnv`` adds ``info["success_rate"]`` and
+  ``info["zero_variance"]`` for each ended episode, from its one controller over all workers.
 
 Attributes the mixture does not define (``tool_schemas``, ``toolset``, ``rubric``, ``episode``,
 ``messages``...) are the current member's (before the first reset: the first member's).
@@ -344,6 +349,29 @@ class MixEnv(gym.Env[str, str]):
         """The member playing now (None before the first reset)."""
         return self._current.name if self._current else None
 
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The playing member's tools; before a reset, the tools every member shares (an MCP
+        server, a TRL environment class: one tool set for all episodes), or a ValueError when
+        the members' tools differ (serve or train each member's id then)."""
+        if self._current is not None:
+            return self._current.core.tool_schemas
+        return self._common().tool_schemas
+
+    @property
+    def _family_prompt(self) -> str:  # (what mcp-serve gives as the server's instructions)
+        return self._common()._family_prompt
+
+    def _common(self) -> Any:
+        drawn = [s.name for s in self.specs if s.weight > 0]
+        cores = [self._member(n, self._level_for(n)).core for n in drawn]
+        names = [sorted(t["function"]["name"] for t in c.tool_schemas) for c in cores]
+        if any(n != names[0] for n in names[1:]):
+            tools = "; ".join(f"{m}: {', '.join(n)}" for m, n in zip(drawn, names))
+            raise ValueError(f"the members of this mixture have different tools ({tools}), so there is no one tool "
+                             "set to serve or to make methods of: use each member's id there")
+        return cores[0]
+
     def __getattr__(self, name: str) -> Any:
         # (only for attributes the mixture lacks: the current member's, or the first member's before a reset)
         if name.startswith("_") or "_built" not in self.__dict__:
@@ -369,7 +397,14 @@ class MixEnv(gym.Env[str, str]):
             name, options["task_index"] = self.tasks.locate(int(index))
         else:
             name = self._names[self._sampler.draw(self.np_random)]
-        member = self._member(name, self._level_for(name))
+        level = options.pop("difficulty", None)
+        if level is None:
+            level = self._level_for(name)
+        elif isinstance(level, bool) or not isinstance(level, (int, np.integer)) or not (
+                0 <= level < len(self.curriculum.members[name].levels)):
+            raise ValueError(f"options['difficulty'] must be a level of {name} from 0 to "
+                             f"{len(self.curriculum.members[name].levels) - 1}, got {level!r}")
+        member = self._member(name, int(level))
         member_seed = None
         if self._seed is not None and member.key not in self._seeded:  # each member seeded once per mixture seed
             self._seeded.add(member.key)
@@ -442,8 +477,6 @@ class MixEnv(gym.Env[str, str]):
         self.curriculum.record(name, level, self._task_id, float(reward), success, outcome)
         info["difficulty"] = level
         info["mix_episode"] = report
-        info["success_rate"] = self.curriculum.members[name].success_rate()
-        info["zero_variance"] = self.curriculum.zero_variance(name, level)
 
     def render(self):
         return self._current.core.render() if self._current else None

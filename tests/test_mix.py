@@ -217,8 +217,26 @@ def test_subprocess_workers_share_one_curriculum_through_the_parent():
     assert list(info["difficulty"]) == [2, 2, 2, 2]
     _, _, terminated, _, info = envs.step(["\\boxed{not a number}"] * 4)
     assert terminated.all() and list(info["difficulty"]) == [2, 2, 2, 2]
+    assert info["_success_rate"].all() and info["_zero_variance"].all()  # the parent's figures, per ended episode
     assert envs.curriculum_stats()["Math-v0"]["level"] == 1
     _, _, _, _, info = envs.step(["x"] * 4)  # autoreset: the next episodes, at the level the parent set
     assert list(info["difficulty"]) == [1, 1, 1, 1]
     assert envs.get_attr("curriculum")[0].follower
     envs.close()
+
+
+def test_one_tool_set_for_all_episodes_is_refused_when_members_differ_and_given_when_they_share():
+    from benchmax_gym.adapters.trl import trl_environment
+    from benchmax_gym.serve import build_server
+
+    with pytest.raises(ValueError, match=r"different tools \(Math-v0: calculator.*; Wikipedia-v0: get_article, search\)"):
+        trl_environment("benchmax/Mix-v0", members=TWO)
+    with pytest.raises(ValueError, match=r"different tools"):
+        build_server("benchmax/Mix-v0", {"members": TWO})
+    levels = [(("easy", "benchmax/Math-v0", {"task_args": {"difficulty": {"digits": 1}}}), 1.0),
+              (("hard", "benchmax/Math-v0", {"task_args": {"difficulty": {"digits": 5}}}), 1.0)]
+    Env = trl_environment("benchmax/Mix-v0", members=levels, python_tool=False)
+    instance = Env()
+    assert callable(instance.calculator)
+    instance.env.close()
+    assert build_server("benchmax/Mix-v0", {"members": levels, "python_tool": False}) is not None

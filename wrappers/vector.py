@@ -208,9 +208,8 @@ class WorkerVectorEnv(VectorEnv):
                 continue
             moved |= controller.record(report["member"], report["level"], report["task_id"], report["reward"],
                                        report["success"], report["outcome"])
-            if "success_rate" in info:
-                info["success_rate"] = controller.members[report["member"]].success_rate()
-                info["zero_variance"] = controller.zero_variance(report["member"], report["level"])
+            info["success_rate"] = controller.members[report["member"]].success_rate()
+            info["zero_variance"] = controller.zero_variance(report["member"], report["level"])
         if moved:
             for w in range(len(self._workers)):
                 self._send_levels(w)
