@@ -414,9 +414,26 @@ class MixEnv(gym.Env[str, str]):
 
     def _started(self, member: _Member, obs: str, info: dict[str, Any]):
         self._current = member
-        self._task_id = f"{member.name}/{info.get('task_id')}"
-        info["member"], info["task_id"], info["difficulty"] = member.name, self._task_id, member.level
+        self._task_id = task_id = f"{member.name}/{info.get('task_id')}"
+        info["member"], info["task_id"], info["difficulty"] = member.name, task_id, member.level
+        self.step = self._stepper(member, task_id)
         return obs, info
+
+    def _stepper(self, member: _Member, task_id: str):
+        """``step`` for this episode: the member's step, its info marked, in one frame with
+        everything bound (the mixture's whole cost on a step mid-episode; benchmarks/mixture.py)."""
+        member_step, name, ended = member.step, member.name, self._ended
+
+        def step(action: str):
+            result = member_step(action)
+            info = result[4]
+            info["member"] = name
+            info["task_id"] = task_id
+            if result[2] or result[3]:
+                ended(member, result[1], info)
+            return result
+
+        return step
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -489,6 +506,7 @@ class MixEnv(gym.Env[str, str]):
                 pass
         self._built.clear()
         self._current = None
+        self.__dict__.pop("step", None)  # (the episode's bound step)
         super().close()
 
     # -- records, solvers ---------------------------------------------------------------------------
