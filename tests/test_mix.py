@@ -240,3 +240,22 @@ def test_one_tool_set_for_all_episodes_is_refused_when_members_differ_and_given_
     assert callable(instance.calculator)
     instance.env.close()
     assert build_server("benchmax/Mix-v0", {"members": levels, "python_tool": False}) is not None
+
+
+def test_eval_summarises_each_member_with_cis_and_zero_variance_per_difficulty():
+    from benchmax_gym.eval import evaluate
+    from benchmax_gym.eval.stats import format_summary
+
+    result = evaluate("benchmax/Mix-v0", "solver", env_kwargs={"members": TWO, "python_tool": False},
+                      tasks=6, k=2, concurrency=2)
+    members = {r["member"] for r in result.records}
+    assert members == {"Math-v0", "Wikipedia-v0"}
+    assert len({r["task_id"] for r in result.records}) == 6  # namespaced: no two members' tasks merge
+    by_member = result.summary["by_member"]
+    for member in members:
+        summary = by_member[member]
+        assert summary["scored_episodes"] == sum(r["member"] == member for r in result.records)
+        assert set(summary["success_rate"]) == {"value", "ci_low", "ci_high"}
+        assert summary["zero_variance_by_difficulty"] == {"0": 1.0}  # the solver: every pair alike
+    assert result.summary["zero_variance_groups"] == 1.0
+    assert "member Math-v0" in format_summary(result.summary)
