@@ -39,3 +39,15 @@ def test_add_an_environment_example_rewards_the_answer_not_a_guess_list():
         env.close()
         gym.registry.pop("me/Geo-v0", None)
         registry.ENVS.pop("me/Geo-v0", None)
+
+
+def test_mixtures_example_runs_three_members_through_make_vec():
+    namespace: dict = {}
+    exec(compile(_code_block("Mixtures and curricula", "make_vec"), str(README), "exec"), namespace)  # noqa: S102
+    info, state = namespace["info"], namespace["state"]
+    assert set(info["member"]) <= {"Math-v0", "Wikipedia-v0", "CRM-v0"}
+    assert namespace["terminated"].all()
+    assert all(k.split("/")[0] in ("Math-v0", "Wikipedia-v0", "CRM-v0")
+               for k in info["reward_components"] if not k.startswith("_"))
+    assert len(state["envs"]) == 4  # every Math episode was counted by the parent's controller:
+    assert state["curriculum"]["members"]["Math-v0"]["episodes"] == list(info["member"]).count("Math-v0")
