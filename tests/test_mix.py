@@ -259,3 +259,24 @@ def test_eval_summarises_each_member_with_cis_and_zero_variance_per_difficulty()
         assert summary["zero_variance_by_difficulty"] == {"0": 1.0}  # the solver: every pair alike
     assert result.summary["zero_variance_groups"] == 1.0
     assert "member Math-v0" in format_summary(result.summary)
+
+
+def test_a_restarted_worker_follows_the_parents_levels_and_its_lost_episode_does_not_count():
+    import os
+    import signal
+
+    curriculum = {"Math-v0": {"knob": "task_args.difficulty.digits", "values": [1, 2, 3], "window": 4, "start": 2}}
+    envs = gym.make_vec("benchmax/Mix-v0", num_envs=4, num_workers=2, members=[("benchmax/Math-v0", 1.0)],
+                        curriculum=curriculum)
+    envs.reset(seed=0)
+    envs.step(["\\boxed{not a number}"] * 4)  # 4 wrong answers: the level drops to 1
+    envs.step(["x"] * 4)  # autoreset at level 1
+    victim = envs.worker_pids[1]
+    os.kill(victim, signal.SIGKILL)
+    _, _, _, truncated, info = envs.step(["\\boxed{not a number}"] * 4)
+    assert envs.worker_pids[1] != victim and list(info["outcome"][2:]) == ["env_error"] * 2
+    # the two lost episodes are not the model's: only the other two count
+    assert envs.curriculum_stats()["Math-v0"]["episodes"] == 6
+    _, _, _, _, info = envs.step(["x"] * 4)  # every env starts anew, the restarted ones at the parent's level
+    assert list(info["difficulty"]) == [1, 1, 1, 1]
+    envs.close()
