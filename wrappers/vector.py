@@ -26,6 +26,12 @@ survives faults:
   ``info["scored"]`` (bool array) says which rewards are signal: ``rewards[info["scored"]]``. ``close()``, garbage
   collection and interpreter exit leave no process behind.
 
+* **Mixtures** (``benchmax/Mix-v0``): the parent holds the one curriculum controller
+  (``envs.curriculum``, ``envs.curriculum_stats()``), fed by every worker's ended episodes, and
+  sends its levels to every worker (a restarted one included); ended episodes' infos get the
+  batch-wide ``success_rate`` and ``zero_variance``; ``get_mix_state``/``set_mix_state`` save and
+  restore every env's sampler and the controller.
+
 ``gym.make_vec("benchmax/Math-v0", num_envs=64)`` returns one (vector options such as
 ``num_workers``, ``autoreset_mode`` and ``step_timeout`` go in as keyword arguments).
 
