@@ -12,7 +12,8 @@
 
 One registered id, configured by ``members=`` (the decision: a mixture is a value passed to
 ``gym.make``/``make_vec``/eval/the adapters like any other argument, so it travels to workers,
-Ray hosts and run records unchanged, and needs no registration step).
+Ray hosts and run records unchanged, and needs no registration step). :func:`register_mix`
+also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture under one id.
 
 * **Members**: ``{id: weight}``; a list of ``(spec, weight)`` pairs where a spec is an id,
   ``(id, kwargs)`` or ``(name, id, kwargs)`` (kwargs are a dict, which cannot be a dict key), or
@@ -571,4 +572,21 @@ class MixEnv(gym.Env[str, str]):
         self.curriculum.set_levels(levels)
 
 
-__all__ = ["DEFAULT_MEMBERS", "MemberSpec", "MixEnv", "MixSampler", "MixTasks", "parse_members"]
+def register_mix(env_id: str, members: Any, description: str = "", **kwargs: Any) -> str:
+    """Register a named mixture, ``gym.make(env_id)`` being ``benchmax/Mix-v0`` with these
+    ``members`` and options (checked now, by building nothing: a bad one fails here). For the CLI
+    and eval by id, or to keep a training mixture under one name. Returns the id. Example::
+
+        register_mix("me/Train-v0", [("benchmax/Math-v0", 0.7), ("benchmax/Wikipedia-v0", 0.3)], curriculum=True)
+        envs = gym.make_vec("me/Train-v0", num_envs=64)
+    """
+    from benchmax_gym.registry import register_parts
+
+    if not isinstance(env_id, str) or "-v" not in env_id:
+        raise ValueError(f"env_id must look like 'namespace/Name-v0', got {env_id!r}")
+    MixEnv(members, **kwargs).close()  # every check of make, now
+    names = ", ".join(s.name for s in parse_members(members))
+    return register_parts(env_id, MixEnv, description or f"A mixture of {names}.", members=members, **kwargs)
+
+
+__all__ = ["DEFAULT_MEMBERS", "MemberSpec", "MixEnv", "MixSampler", "MixTasks", "parse_members", "register_mix"]

@@ -280,3 +280,25 @@ def test_a_restarted_worker_follows_the_parents_levels_and_its_lost_episode_does
     _, _, _, _, info = envs.step(["x"] * 4)  # every env starts anew, the restarted ones at the parent's level
     assert list(info["difficulty"]) == [1, 1, 1, 1]
     envs.close()
+
+
+def test_a_named_mixture_registers_checks_at_once_and_runs_in_workers():
+    from benchmax_gym import registry
+    from benchmax_gym.mix import register_mix
+
+    with pytest.raises(ValueError, match="members: 'benchmax/Nope-v0' is not a registered env id"):
+        register_mix("testing/BadMix-v0", {"benchmax/Nope-v0": 1.0})
+    assert "testing/BadMix-v0" not in gym.registry
+    env_id = register_mix("testing/Mix-v0", TWO, python_tool=False)
+    try:
+        env = gym.make(env_id)
+        _, info = env.reset(seed=0, options={"member": "Math-v0"})
+        assert [t["function"]["name"] for t in info["tools"]] == ["calculator"]
+        env.close()
+        envs = gym.make_vec(env_id, num_envs=2, num_workers=2)
+        _, info = envs.reset(seed=0)
+        assert set(info["member"]) <= {"Math-v0", "Wikipedia-v0"}
+        envs.close()
+    finally:
+        gym.registry.pop(env_id, None)
+        registry.ENVS.pop(env_id, None)
