@@ -98,7 +98,8 @@ class MemberLevels:
             schedule = tuple(sorted((int(e), int(level)) for e, level in schedule))
             bad = [level for _, level in schedule if not 0 <= level < len(self.levels)]
             if bad:
-                raise ValueError(f"curriculum[{name!r}]['schedule'] names levels {bad} outside 0..{len(self.levels) - 1}")
+                raise ValueError(f"curriculum[{name!r}]['schedule'] names levels {bad} "
+                                 f"outside 0..{len(self.levels) - 1}")
         self.schedule = schedule
         self.level = start
         self.episodes = 0  # graded episodes seen (failures never count)

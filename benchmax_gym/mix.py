@@ -114,14 +114,16 @@ def parse_members(members: Any) -> list[MemberSpec]:
             elif isinstance(spec, (tuple, list)) and len(spec) == 3 and isinstance(spec[2], Mapping):
                 name, env_id, kwargs = spec
             else:
-                raise ValueError(f"members: each key must be an env id, (id, kwargs) or (name, id, kwargs), got {spec!r}")
+                raise ValueError("members: each key must be an env id, (id, kwargs) or (name, id, kwargs), "
+                                 f"got {spec!r}")
             rows.append((name, env_id, kwargs, weight))
     elif isinstance(members, (list, tuple)) and members and all(isinstance(m, Mapping) for m in members):
         rows = []
         for m in members:
             extra = set(m) - {"id", "weight", "kwargs", "name"}
             if "id" not in m or extra:
-                raise ValueError(f"members: each entry needs 'id' (and may have 'weight', 'kwargs', 'name'), got {dict(m)!r}")
+                raise ValueError("members: each entry needs 'id' (and may have 'weight', 'kwargs', 'name'), "
+                                 f"got {dict(m)!r}")
             rows.append((m.get("name"), m["id"], m.get("kwargs") or {}, m.get("weight", 1.0)))
     else:
         raise ValueError("members must be {id or (name, id, kwargs): weight}, a list of (id or (id, kwargs) or "
@@ -131,7 +133,8 @@ def parse_members(members: Any) -> list[MemberSpec]:
     for name, env_id, kwargs, weight in rows:
         if not isinstance(env_id, str) or env_id not in gym.registry:
             close = [i for i in gym.registry if isinstance(env_id, str) and env_id.lower() in i.lower()]
-            raise ValueError(f"members: {env_id!r} is not a registered env id" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"members: {env_id!r} is not a registered env id{hint}")
         if env_id == "benchmax/Mix-v0":
             raise ValueError("members: a mixture cannot hold benchmax/Mix-v0 (list its members instead)")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0 or math.isinf(weight):

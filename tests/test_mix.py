@@ -146,7 +146,8 @@ def test_bad_arguments_fail_at_make_naming_them():
         gym.make("benchmax/Mix-v0", sampling="shuffled")
     with pytest.raises(ValueError, match=r"curriculum names members \['Excel-v0'\]"):
         gym.make("benchmax/Mix-v0", curriculum={"Excel-v0": "auto"})
-    with pytest.raises(TypeError, match=r"MixEnv got an unexpected keyword argument 'tool_fromat' \(did you mean 'tool_format'"):
+    with pytest.raises(TypeError,
+                       match=r"MixEnv got an unexpected keyword argument 'tool_fromat' \(did you mean 'tool_format'"):
         gym.make("benchmax/Mix-v0", tool_fromat="json")
 
 
@@ -229,7 +230,8 @@ def test_one_tool_set_for_all_episodes_is_refused_when_members_differ_and_given_
     from benchmax_gym.adapters.trl import trl_environment
     from benchmax_gym.serve import build_server
 
-    with pytest.raises(ValueError, match=r"different tools \(Math-v0: calculator.*; Wikipedia-v0: get_article, search\)"):
+    with pytest.raises(ValueError,
+                       match=r"different tools \(Math-v0: calculator.*; Wikipedia-v0: get_article, search\)"):
         trl_environment("benchmax/Mix-v0", members=TWO)
     with pytest.raises(ValueError, match=r"different tools"):
         build_server("benchmax/Mix-v0", {"members": TWO})
