@@ -284,9 +284,19 @@ class MixEnv(gym.Env[str, str]):
         self._kwargs = {}
         for s in self.specs:  # what each member is made with: the shared options it takes, then its own
             known = knows[s.env_id]
+            wrong = {k: v for k, v in s.kwargs.items() if known is not None and k not in known}
+            if wrong:  # here, at make, not in the worker that first draws it
+                raise TypeError(f"members: {s.name}: {unknown_arguments_message(classes[s.env_id], wrong)}")
             self._kwargs[s.name] = {**{k: v for k, v in shared.items() if known is None or k in known}, **s.kwargs}
         self._sampler = MixSampler([s.weight for s in self.specs], sampling)
         self.curriculum = self._curriculum(curriculum, band, window, group_size)
+        for s in self.specs:
+            known = knows[s.env_id]
+            heads = {path.partition(".")[0] for level in self.curriculum.members[s.name].levels for path in level}
+            wrong = sorted(h for h in heads if known is not None and h not in known)
+            if wrong:
+                raise ValueError(f"curriculum[{s.name!r}]: a knob's path starts with {wrong}, not an argument of "
+                                 f"{s.env_id} (e.g. 'task_args.difficulty.digits')")
         widest = lambda key, default: max(int(kw.get(key, default)) for kw in self._kwargs.values())  # noqa: E731
         self.observation_space = UnicodeText(widest("max_observation_chars", 1_000_000))
         self.action_space = UnicodeText(widest("max_action_chars", 32_000))

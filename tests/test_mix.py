@@ -142,6 +142,11 @@ def test_bad_arguments_fail_at_make_naming_them():
         gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": -1})
     with pytest.raises(ValueError, match=r"two members are named 'Math-v0'"):
         gym.make("benchmax/Mix-v0", members=[("benchmax/Math-v0", 1), (("benchmax/Math-v0", {"max_turns": 3}), 1)])
+    with pytest.raises(TypeError, match=r"members: Math-v0: MathEnv got an unexpected keyword argument 'max_turnz' "
+                                        r"\(did you mean 'max_turns'"):
+        gym.make("benchmax/Mix-v0", members=[("benchmax/Math-v0", {"max_turnz": 3}, 1.0)])
+    with pytest.raises(ValueError, match=r"curriculum\['Math-v0'\]: a knob's path starts with \['task_arg'\]"):
+        gym.make("benchmax/Mix-v0", curriculum={"Math-v0": {"knob": "task_arg.difficulty.digits", "values": [1, 2]}})
     with pytest.raises(ValueError, match=r"sampling must be one of"):
         gym.make("benchmax/Mix-v0", sampling="shuffled")
     with pytest.raises(ValueError, match=r"curriculum names members \['Excel-v0'\]"):
