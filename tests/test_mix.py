@@ -1,6 +1,7 @@
 """benchmax/Mix-v0: weighted members in one env (the contract suite covers it as a registered id;
 the curriculum controller alone is in tests/test_curriculum.py)."""
 
+import json
 import math
 
 import gymnasium as gym
@@ -120,17 +121,28 @@ def test_reward_components_and_records_are_namespaced_per_member():
 
 def test_saved_state_continues_the_same_sequence_in_a_fresh_env():
     kwargs = {"members": [("benchmax/Math-v0", 0.6), ("benchmax/Wikipedia-v0", 0.4)],
-              "curriculum": {"Math-v0": {"knob": "task_args.difficulty.digits", "values": [1, 2, 3], "window": 2}}}
+              "curriculum": {"Math-v0": {"knob": "task_args.difficulty.digits", "values": [1, 2, 3], "window": 2,
+                                         "start": 2}}}
+
+    def episodes(env, n):  # wrong answers: the curriculum moves Math down as it goes
+        out = []
+        for _ in range(n):
+            _, info = env.reset()
+            env.step("\\boxed{wrong}")
+            out.append((info["task_id"], info["difficulty"]))
+        return out
+
     mix = gym.make("benchmax/Mix-v0", **kwargs)
     mix.reset(seed=11)
-    for _ in range(7):
-        mix.reset()
+    episodes(mix, 3)
     state = mix.unwrapped.get_state()
-    rest = [mix.reset()[1]["task_id"] for _ in range(12)]
+    rest = episodes(mix, 12)
+    assert {level for task, level in rest if task.startswith("Math")} >= {1, 0}  # it moved after the save
     resumed = gym.make("benchmax/Mix-v0", **kwargs)
-    resumed.unwrapped.set_state(state)
-    assert [resumed.reset()[1]["task_id"] for _ in range(12)] == rest
+    resumed.unwrapped.set_state(json.loads(json.dumps(state)))  # (as a checkpoint file keeps it)
+    assert episodes(resumed, 12) == rest
     assert resumed.unwrapped.counts == mix.unwrapped.counts
+    assert resumed.unwrapped.curriculum.stats() == mix.unwrapped.curriculum.stats()
     mix.close()
     resumed.close()
 
