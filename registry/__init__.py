@@ -73,6 +73,12 @@ ENVS: dict[str, EnvEntry] = {
             "included; needs pip install 'benchmax-gym[openenv]'.",
             client=True,
         ),
+        EnvEntry(
+            "benchmax/Mix-v0",
+            "benchmax_gym.mix:MixEnv",
+            "A weighted mixture of env ids (members={id or (id, kwargs): weight}), each reset one member, "
+            "built lazily; optional curricula over the families' difficulty knobs (default: Math and Wikipedia).",
+        ),
         # One line per named dataset (GEM-style ids): the family's env with that task source.
         EnvEntry("benchmax/Math-GSM8K-v0", "benchmax_gym.envs.math.env:MathEnv",
                  "GSM8K (openai/gsm8k, or task_args={'dataset': local files}).", {"tasks": "gsm8k"}),

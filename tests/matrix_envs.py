@@ -98,6 +98,12 @@ if "matrix/Geo-v0" not in gym.registry:
         "reward": stated,
     })
 
+if "matrix/Mix-v0" not in gym.registry:  # a mixture (benchmax/Mix-v0) of two members that share their tools
+    from benchmax_gym.mix import register_mix
+
+    register_mix("matrix/Mix-v0", [(("geo", "matrix/Geo-v0", {}), 0.5), (("geo-short", "matrix/Geo-v0",
+                                                                           {"max_turns": 3}), 0.5)])
+
 # id -> (kwargs, a tool call, what its result shows, the right final reply, its reward)
 CASES = {
     "benchmax/Math-v0": ({"python_tool": False},
@@ -109,6 +115,8 @@ CASES = {
                        '<tool_call>{"name": "submit", "arguments": {"country": "Peru"}}</tool_call>', 1.0),
     "matrix/Notes-v0": ({}, '<tool_call>{"name": "write_note", "arguments": {"text": "42"}}</tool_call>', "saved",
                         "<answer>42</answer>", 1.0),
+    "matrix/Mix-v0": ({}, '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
+                      "<answer>Peru</answer>", 1.0),
     "matrix/MCPConfig-v0": ({}, '<tool_call>{"name": "calculate", "arguments": {"expression": "6 * 7"}}</tool_call>',
                             "42", "<answer>42</answer>", 1.0),
 }

@@ -68,3 +68,14 @@ def test_peers_without_an_interpreter_are_skipped_with_the_flag_named():
                          env={**env, "BENCHMAX_GEM_PYTHON": "/nonexistent/python"})
     missing = json.loads(named.stdout)["peers_not_measured"]
     assert "no interpreter at /nonexistent/python" in missing["gem_tool_env_wrapper"]
+
+
+def test_the_mixture_benchmark_reports_shares_overhead_and_the_curriculum():
+    out = _run_on_base("mixture.py", "--quick")
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    stratified = figures["shares"]["stratified"]
+    assert stratified["windows"] > 0 and set(stratified["overall_shares"]) == {"a", "b", "c"}
+    assert {"member_step_us", "mix_step_us", "overhead_pct"} <= set(figures["step_overhead"])
+    for run in ("controller", "uniform_difficulty"):
+        assert 0 <= figures["curriculum"][run]["zero_variance_group_share"] <= 1

@@ -36,6 +36,9 @@ OFFLINE = {
     "benchmax/Wikipedia-HotpotQA-v0": {"dataset": str(DATA / "hotpotqa" / "dev_distractor_100.json")},
 }
 CUSTOM = [i for i in CASES if i.startswith("matrix/")]
+# one tool set for all episodes (an MCP server's, a TRL class's methods): a mixture whose members'
+# tools differ refuses those, naming why (tests/test_mix.py)
+ONE_TOOLSET = [i for i in BUILTIN if i != "benchmax/Mix-v0"]
 FORMATS = ["hermes", "json", "openai", "xml"]
 
 
@@ -211,7 +214,7 @@ def test_every_id_runs_from_the_cli_with_its_solver(env_id):
     assert json.loads(done.stdout.strip().splitlines()[-1])["mean_reward"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("env_id", BUILTIN)
+@pytest.mark.parametrize("env_id", ONE_TOOLSET)
 def test_every_id_serves_its_tools_over_mcp(env_id):
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters
@@ -416,7 +419,7 @@ def test_every_id_runs_as_a_verl_agent_loop(env_id):
     assert all(out.extra_fields["reward_components"][k] == 1.0 for k in reference.reward_components)
 
 
-@pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
+@pytest.mark.parametrize("env_id", ONE_TOOLSET + CUSTOM)
 def test_every_ids_tools_become_typed_documented_methods_for_trls_environment_factory(env_id):
     from transformers.utils import get_json_schema
 

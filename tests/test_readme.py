@@ -75,3 +75,15 @@ def test_add_an_environment_from_schema_example_validates_calls():
     assert weather.fn(**weather.validate({"city": "Lima", "units": "F"})) == "18 degrees F in Lima"
     with pytest.raises(ArgumentError, match="'K' is not one of"):
         weather.validate({"city": "Lima", "units": "K"})
+
+
+def test_mixtures_example_runs_three_members_through_make_vec():
+    namespace: dict = {}
+    exec(compile(_code_block("Mixtures and curricula", "make_vec"), str(README), "exec"), namespace)  # noqa: S102
+    info, state = namespace["info"], namespace["state"]
+    assert set(info["member"]) <= {"Math-v0", "Wikipedia-v0", "CRM-v0"}
+    assert namespace["terminated"].all()
+    assert all(k.split("/")[0] in ("Math-v0", "Wikipedia-v0", "CRM-v0")
+               for k in info["reward_components"] if not k.startswith("_"))
+    assert len(state["envs"]) == 4  # every Math episode was counted by the parent's controller:
+    assert state["curriculum"]["members"]["Math-v0"]["episodes"] == list(info["member"]).count("Math-v0")

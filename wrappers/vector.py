@@ -26,6 +26,12 @@ survives faults:
   ``info["scored"]`` (bool array) says which rewards are signal: ``rewards[info["scored"]]``. ``close()``, garbage
   collection and interpreter exit leave no process behind.
 
+* **Mixtures** (``benchmax/Mix-v0``): the parent holds the one curriculum controller
+  (``envs.curriculum``, ``envs.curriculum_stats()``), fed by every worker's ended episodes, and
+  sends its levels to every worker (a restarted one included); ended episodes' infos get the
+  batch-wide ``success_rate`` and ``zero_variance``; ``get_mix_state``/``set_mix_state`` save and
+  restore every env's sampler and the controller.
+
 ``gym.make_vec("benchmax/Math-v0", num_envs=64)`` returns one (vector options such as
 ``num_workers``, ``autoreset_mode`` and ``step_timeout`` go in as keyword arguments).
 
@@ -55,7 +61,7 @@ from gymnasium.vector.utils import batch_space
 
 from .batching import _stack, batch_infos
 from .channel import WorkerLost, _Process, readable
-from .worker import ENV_ERROR, WORKER_RESTARTED
+from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
@@ -134,7 +140,8 @@ class WorkerVectorEnv(VectorEnv):
         if info_keys is not None:
             if isinstance(info_keys, str) or not all(isinstance(k, str) for k in info_keys):
                 raise ValueError(f"info_keys must be a list of info key names or None, got {info_keys!r}")
-            info_keys = tuple(info_keys) + (() if "outcome" in info_keys else ("outcome",))  # always kept
+            # always kept: the outcome, and what a mixture's controller in this parent reads
+            info_keys = tuple(info_keys) + tuple(k for k in ("outcome", *MIX_INFO_KEYS) if k not in info_keys)
         self.info_keys = info_keys
         self._fns = fns
         split = np.array_split(np.arange(self.num_envs), num_workers)
@@ -159,6 +166,8 @@ class WorkerVectorEnv(VectorEnv):
         except BaseException:
             self.close()
             raise
+        #: a mixture's one curriculum controller (``benchmax/Mix-v0``), fed by every worker's episodes
+        self.curriculum = self._adopt_curriculum()
         self.single_observation_space = obs_space
         self.single_action_space = act_space
         self.observation_space = batch_space(obs_space, self.num_envs)
@@ -166,6 +175,66 @@ class WorkerVectorEnv(VectorEnv):
         self.metadata = {**metadata, "autoreset_mode": self.autoreset_mode}
         self.render_mode = render_mode  # (gym.make_vec sets self.spec)
         _LIVE.add(self)
+
+    # -- a mixture's curriculum: one controller, here ---------------------------------------------
+
+    def _adopt_curriculum(self) -> Any:
+        """A mixture's controller (a copy of the first env's), held here: its envs then follow
+        the levels it sends (each worker alone would see only its own episodes)."""
+        from benchmax_gym.curriculum import Curriculum
+
+        worker, first = self._workers[0], next(iter(self._groups[0]))
+        worker.send(("call", ("curriculum", (), {}, [first])))
+        controller = dict(self._expect(worker, "called"))[first]
+        if not isinstance(controller, Curriculum):
+            return None
+        controller.follower = False
+        for w in range(len(self._workers)):
+            self._send_levels(w, controller)
+        return controller
+
+    def _send_levels(self, w: int, controller: Any = None) -> None:
+        controller = controller or self.curriculum
+        try:
+            self._workers[w].send(("curriculum", controller.levels()))
+        except WorkerLost:
+            pass  # (its restart sends them again)
+
+    def _feed_curriculum(self, infos: Sequence[dict]) -> None:
+        """Each ended episode's report into the controller; the batch's infos get the whole
+        batch's ``success_rate`` and ``zero_variance``; moved levels go to every worker."""
+        controller, moved = self.curriculum, False
+        for info in infos:
+            if not isinstance(info, dict):
+                continue
+            if "final_info" in info and isinstance(info["final_info"], dict):
+                info = info["final_info"]
+            report = info.get("mix_episode")
+            if report is None:
+                continue
+            moved |= controller.record(report["member"], report["level"], report["task_id"], report["reward"],
+                                       report["success"], report["outcome"])
+            info["success_rate"] = controller.members[report["member"]].success_rate()
+            info["zero_variance"] = controller.zero_variance(report["member"], report["level"])
+        if moved:
+            for w in range(len(self._workers)):
+                self._send_levels(w)
+
+    def curriculum_stats(self) -> dict[str, Any] | None:
+        """A mixture's per-member level, success rate and zero-variance shares over every worker (None: no mixture)."""
+        return self.curriculum.stats() if self.curriculum is not None else None
+
+    def get_mix_state(self) -> dict[str, Any]:
+        """Every env's sampler state and the controller's, for :meth:`set_mix_state` on a resumed run."""
+        return {"envs": list(self.get_attr("sampler_state")),
+                "curriculum": self.curriculum.state_dict() if self.curriculum is not None else None}
+
+    def set_mix_state(self, state: dict[str, Any]) -> None:
+        self.set_attr("sampler_state", list(state["envs"]))
+        if self.curriculum is not None and state.get("curriculum") is not None:
+            self.curriculum.load_state_dict(state["curriculum"])
+            for w in range(len(self._workers)):
+                self._send_levels(w)
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -206,6 +275,8 @@ class WorkerVectorEnv(VectorEnv):
         self._faults += 1
         self._workers[w].kill()
         self._workers[w] = self._start(w, fresh=True)
+        if getattr(self, "curriculum", None) is not None:
+            self._send_levels(w)
         for i in self._groups[w]:
             sent = self._pending.pop(i, None)
             self._lost_reset.pop(i, None)
@@ -379,6 +450,8 @@ class WorkerVectorEnv(VectorEnv):
             return (_stack(self.single_observation_space, []), np.zeros(0), np.zeros(0, dtype=np.bool_),
                     np.zeros(0, dtype=np.bool_), {})
         obs, rewards, terminated, truncated, infos = zip(*results)  # by columns, in C
+        if self.curriculum is not None:
+            self._feed_curriculum(infos)
         rewards = np.array(rewards, dtype=np.float64)
         batched = batch_infos(infos, len(results))
         # the rewards that are signal (a failed episode's is NaN, issue 29): rewards[info["scored"]]
@@ -417,6 +490,8 @@ class WorkerVectorEnv(VectorEnv):
         self._gather(len(ids), None)
         results = [self._ready.pop(i) for i in ids]
         obs_list = [r[0] for r in results]
+        if self.curriculum is not None:  # (a lost env's reset reports its episode in final_info)
+            self._feed_curriculum([r[-1] for r in results])
         infos = batch_infos([r[-1] if isinstance(r[-1], dict) else {} for r in results], self.num_envs, ids)
         for i, o in zip(ids, obs_list):
             self._last_obs[i] = o

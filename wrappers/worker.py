@@ -24,6 +24,7 @@ from benchmax_gym.core.env import fewer_collections
 # Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
 _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
 ENV_ERROR, WORKER_RESTARTED = "env_error", "worker_restarted"
+MIX_INFO_KEYS = ("member", "mix_episode")  # a mixture's (benchmax/Mix-v0) reports for the parent's controller
 FLUSH_EVERY = 256  # results per message at most, when one command steps many envs
 
 
@@ -228,12 +229,21 @@ class _Worker:
                     out.append((i, attr(*args, **kwargs) if callable(attr) else attr))
                 except Exception as exc:
                     out.append((i, exc))
-            self.emit(("called", out))
+            try:
+                self.emit(("called", out))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:  # (else the parent waits forever)
+                self.emit(("called", [(i, TypeError(f"{name!r} cannot be sent to the parent: {exc}")) for i, _ in out]))
         elif command == "set_attr":
             name, values = payload
             for i, value in values:
                 self.envs[i].set_wrapper_attr(name, value)
             self.emit(("called", []))
+        elif command == "curriculum":  # a mixture's levels, decided by the parent's controller: no reply
+            for env in self.envs.values():
+                try:
+                    env.get_wrapper_attr("set_curriculum_levels")(payload)
+                except AttributeError:
+                    pass
         elif command == "spaces":
             env = next(iter(self.envs.values()))
             self.emit(("spaces", (env.observation_space, env.action_space, env.metadata, env.render_mode)))

@@ -76,6 +76,8 @@ class BenchmaxTextEnv(BaseTextEnv):
         self.reward_components: dict[str, float] = {}
         self.tool_errors = 0
         self.outcome: str | None = None
+        self.member: str | None = None  # a mixture's member (benchmax/Mix-v0), once the episode ended
+        self.reward = 0.0
 
     def init(self, prompt: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         options = {"task_index": int(self.task_index)} if self.task_index is not None else None
@@ -91,6 +93,7 @@ class BenchmaxTextEnv(BaseTextEnv):
             self.outcome = info.get("outcome")
             metadata.update(outcome=self.outcome, failed=outcomes.is_failure(self.outcome))
             self.reward_components = dict(info.get("reward_components", {}))
+            self.member, self.reward = info.get("member"), float(reward)
             self.tool_errors = self.env.unwrapped.episode_record().get("tool_errors", 0)
             metadata["reward_components"] = self.reward_components
         observations = [] if done else [dict(m) for m in info["messages"]]
@@ -98,7 +101,11 @@ class BenchmaxTextEnv(BaseTextEnv):
 
     def get_metrics(self) -> dict[str, Any]:
         mine = self.outcome if self.outcome in outcomes.OUTCOMES else outcomes.SCORED
-        return {"turns": self.turns, "tool_errors": self.tool_errors,
+        member = {}
+        if self.member and not outcomes.is_failure(self.outcome):  # a mixture's member, seen apart
+            member = {f"env/{self.member}/reward": self.reward, f"env/{self.member}/turns": self.turns,
+                      f"env/{self.member}/tool_errors": self.tool_errors}
+        return {"turns": self.turns, "tool_errors": self.tool_errors, **member,
                 **{f"reward/{k}": v for k, v in self.reward_components.items()},
                 **{name: float(name == f"env/outcome/{mine}") for name in outcome_counts([])}}
 

@@ -426,6 +426,19 @@ class TokenEpisode:
                **self.outcome_metrics()}
         if components:
             out.update({f"reward/{k}": float(v) for k, v in self.reward_components.items()})
+            out.update(self.member_metrics(out))
+        return out
+
+    def member_metrics(self, metrics: dict[str, float] | None = None) -> dict[str, float]:
+        """A mixture's episode (``benchmax/Mix-v0``): its reward, turns and tool errors again under
+        ``<member>/...`` (logged as ``env/<member>/...``), so each member is seen apart; {} otherwise."""
+        member = self.info.get("member") if isinstance(self.info, dict) else None
+        if not member:
+            return {}
+        metrics = metrics or self.metrics(components=False)
+        out = {f"{member}/{k}": metrics[k] for k in ("reward", "turns", "tool_errors", "truncated")}
+        if "difficulty" in self.info:
+            out[f"{member}/difficulty"] = float(self.info["difficulty"])
         return out
 
     def outcome_metrics(self) -> dict[str, float]:

@@ -237,7 +237,37 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         "length_cut_turns": sum(int(r.get("finish_reason_length") or 0) for r in records),
         "confidence": confidence,
         "notes": notes,
+        "zero_variance_groups": zero_variance_share(records),
+        **_by_member(records, seed=seed, confidence=confidence, resamples=resamples),
     }
+
+
+def zero_variance_share(records: Sequence[Mapping[str, Any]]) -> float | None:
+    """The share of tasks played at least twice whose graded episodes all got the same reward:
+    GRPO groups whose advantages are all 0 (None: no task played twice). Failures are not in ``records``."""
+    groups = [[r["reward"] for r in rs] for rs in _by_task(records).values() if len(rs) > 1]
+    return sum(max(g) == min(g) for g in groups) / len(groups) if groups else None
+
+
+def _by_member(records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Any]:
+    """A mixture's run (records with ``member``, benchmax/Mix-v0): each member's own summary (CIs
+    included) and its zero-variance share per difficulty level; nothing for another env's run."""
+    members: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in records:
+        if r.get("member") is not None:
+            members[str(r["member"])].append(r)
+    if not members:
+        return {}
+    out = {}
+    for name, rs in sorted(members.items()):
+        summary = summarize([{k: v for k, v in r.items() if k != "member"} for r in rs], by=[], **options)
+        levels: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for r in rs:
+            levels[str(r.get("difficulty", 0))].append(r)
+        summary["zero_variance_by_difficulty"] = {level: zero_variance_share(group) for level, group in sorted(levels.items())}
+        summary.pop("by", None)
+        out[name] = summary
+    return {"by_member": out}
 
 
 def probability_of_improvement(x: Sequence[float], y: Sequence[float]) -> float:
@@ -345,6 +375,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         more = f"  (+{len(cells) - MAX_SHOWN_GROUPS} more in summary.json)" if len(cells) > MAX_SHOWN_GROUPS else ""
         rows.append((f"by {key}", "  ".join(f"{v}: {c['mean_reward']:.3f} (n={c['episodes']})"
                                             for v, c in list(cells.items())[:MAX_SHOWN_GROUPS]) + more))
+    for name, member in summary.get("by_member", {}).items():
+        if member.get("scored_episodes"):
+            rows.append((f"member {name}", f"reward {_ci(member['mean_reward'])}  success {_ci(member['success_rate'])}"
+                                           f"  (n={member['scored_episodes']})"))
     rows += [("note", n) for n in summary.get("notes", [])]
     return _table(rows)
 

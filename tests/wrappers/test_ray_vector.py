@@ -182,6 +182,23 @@ def test_make_vec_per_env_options_and_attributes(cluster):
     local.close()
 
 
+def test_a_mixtures_hosts_share_one_curriculum_through_the_parent(cluster):
+    """Two hosts, two envs each, a window of 4: one batch of wrong answers (4 episodes in all,
+    2 per host) moves the level for every host at once; each member is built where it is drawn."""
+    curriculum = {"Math-v0": {"knob": "task_args.difficulty.digits", "values": [1, 2, 3], "window": 4, "start": 2}}
+    envs = gym.make_vec("benchmax/Mix-v0", num_envs=4, vector_backend="ray", envs_per_host=2, actor_options=HOST,
+                        members=[("benchmax/Math-v0", 1.0), ("benchmax/Excel-SpreadsheetBench-v0", 0.0)],
+                        python_tool=False, curriculum=curriculum)
+    _, info = envs.reset(seed=0)
+    assert list(info["member"]) == ["Math-v0"] * 4 and list(info["difficulty"]) == [2] * 4
+    _, _, terminated, _, info = envs.step(["\\boxed{not a number}"] * 4)
+    assert terminated.all() and envs.curriculum_stats()["Math-v0"]["level"] == 1
+    _, _, _, _, info = envs.step(["x"] * 4)  # the next episodes, at the parent's level
+    assert list(info["difficulty"]) == [1] * 4
+    assert all(keys == ["Math-v0@2", "Math-v0@1"] for keys in envs.get_attr("built_members"))
+    envs.close()
+
+
 def test_ready_first_and_one_host_overlaps_its_envs_io(cluster):
     envs = RayVectorEnv([sleepy_env] * 8, num_hosts=2, actor_options=HOST)
     envs.reset(seed=0)
