@@ -52,10 +52,15 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
 def cmd_list(args: argparse.Namespace) -> int:
     from benchmax_gym import registry
 
+    from benchmax_gym.registry.plugins import PLUGINS, PROBLEMS
+
     ids = registry.env_ids()
     width = max(len(i) for i in ids)
     for env_id in ids:
-        print(f"{env_id:<{width}}  {registry.describe(env_id)}")
+        origin = f"  [{PLUGINS[env_id].origin}]" if env_id in PLUGINS else ""
+        print(f"{env_id:<{width}}  {registry.describe(env_id)}{origin}")
+    for problem in PROBLEMS:
+        print(f"broken plugin: {problem}")
     return 0
 
 
@@ -89,6 +94,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if level == BUBBLEWRAP:
         rows += isolation_report()
     rows.append(("environments", ", ".join(registry.env_ids())))
+    from benchmax_gym.registry.plugins import PLUGINS, check_plugins
+
+    if PLUGINS:
+        rows.append(("plugins", ", ".join(f"{p.env_id} ({p.origin})" for p in PLUGINS.values())))
+    rows += [("broken plugin", line) for line in check_plugins()]
     rows += extras_rows()
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
