@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-PLUGINS = Path(__file__).resolve().parent / "plugins"
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ROOT / "tests" / "plugins"
 
 
 def pip_install(target: Path, *folders: Path) -> None:
