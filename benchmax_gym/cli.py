@@ -732,6 +732,9 @@ def main(argv: list[str] | None = None) -> int:
                      "task_args.FIELD=VALUE sets one argument of the task source")
     mcp.set_defaults(func=cmd_mcp_serve)
     _add_launch(sub)
+    from benchmax_gym.data.commands import add_commands  # tasks from-corpus / from-traces, export-sft
+
+    add_commands(sub)
     oe = sub.add_parser("openenv-serve", help="serve an environment to OpenEnv clients (TRL, SkyRL, ...): one "
                         "environment per WebSocket session at /ws (needs the openenv extra)")
     oe.add_argument("env_id", help="an id from `benchmax-gym list` (or yours, with --import MODULE)")
