@@ -95,6 +95,7 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
 def cmd_from_corpus(args: argparse.Namespace) -> int:
     from benchmax_gym.cli import usage_error
     from benchmax_gym.data.questions import generate_from_corpus, print_summary
+    from benchmax_gym.eval.policies import PolicyError
 
     _refuse_existing(args.out, args.overwrite)
     model = None
@@ -111,7 +112,7 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
         summary = generate_from_corpus(
             args.docs, args.out, model=model, max_questions=args.max_questions, chunk_chars=args.chunk_chars,
             multi_hop=not args.single_hop_only, corpus_out=args.corpus_out, seed=args.seed, progress=not args.quiet)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, PolicyError) as exc:  # PolicyError: the endpoint failed its preflight
         usage_error(exc)
     if args.json:
         print(json.dumps(summary))
