@@ -68,3 +68,15 @@ def test_peers_without_an_interpreter_are_skipped_with_the_flag_named():
                          env={**env, "BENCHMAX_GEM_PYTHON": "/nonexistent/python"})
     missing = json.loads(named.stdout)["peers_not_measured"]
     assert "no interpreter at /nonexistent/python" in missing["gem_tool_env_wrapper"]
+
+
+def test_corpus_tasks_reports_candidates_filters_and_time_per_thousand_documents():
+    out = _run_on_base("corpus_tasks.py", "--documents", "40")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    for corpus in ("sample_corpus", "encyclopedia_corpus"):
+        summary = result[corpus]
+        assert summary["candidates"]["total"] >= summary["kept"] > 0
+        assert [f["filter"] for f in summary["filters"]] == ["answer_in_support", "question_free_of_answer", "unique"]
+        assert summary["seconds_per_1000_documents"] > 0
+    assert result["encyclopedia_corpus"]["documents"] == 40

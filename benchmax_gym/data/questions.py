@@ -76,13 +76,13 @@ class Candidate:
 # -- the offline template generator -----------------------------------------------------------------
 
 
-def _blank(sentence: str, start: int, end: int) -> str:
-    return sentence[:start] + "____" + sentence[end:]
-
-
 def _mask_title(sentence: str, title: str, replacement: str) -> str | None:
     found = re.search(re.escape(title), sentence, re.IGNORECASE)
-    return sentence[:found.start()] + replacement + sentence[found.end():] if found else None
+    if not found:
+        return None
+    if found.start() == 0:
+        replacement = replacement[:1].upper() + replacement[1:]
+    return sentence[:found.start()] + replacement + sentence[found.end():]
 
 
 def _usable(sentence: str) -> bool:
@@ -106,8 +106,7 @@ def _cloze_facts(chunk: Chunk) -> list[tuple[str, str, str]]:
 
 
 def _cloze_question(title: str, sentence: str, kind: str, value: str, subject: str | None = None) -> str | None:
-    at = sentence.find(value)
-    cloze = _blank(sentence, at, at + len(value))
+    cloze = re.sub(rf"(?<![\d,.]){re.escape(value)}(?![\d,]|\.\d)", "____", sentence)  # every occurrence
     if subject is not None:  # a bridge: the entity's own name is not said
         cloze = _mask_title(cloze, title, subject) or cloze
     what = "year" if kind == "year" else "number"
