@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import marshal
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -313,12 +314,48 @@ class DatasetTasks(TaskSource):
         if not tasks:
             raise ValueError(f"no usable tasks in {path!r} (split={split!r})")
         self.tasks = tasks
+        # what the records are (datasets' fingerprint: the files or hub revision and the loading
+        # settings) and how they became tasks: the key of the content hash's cache on disk
+        fingerprint = getattr(records, "_fingerprint", None)
+        mapper = getattr(to_task, "__qualname__", type(to_task).__qualname__)
+        code = getattr(getattr(to_task, "__func__", to_task), "__code__", None)
+        try:  # the mapping's code too: an edited to_task makes other tasks from the same records
+            code_digest = hashlib.sha256(marshal.dumps(code)).hexdigest() if code is not None else ""
+        except ValueError:
+            code_digest = ""
+        self._hash_key = (hashlib.sha256(f"{fingerprint}:{getattr(to_task, '__module__', '')}.{mapper}:{code_digest}:"
+                                         f"{limit}:{len(tasks)}".encode()).hexdigest()[:32] if fingerprint else None)
 
     def __len__(self) -> int:
         return len(self.tasks)
 
     def get(self, index: int) -> Task:
         return self.tasks[index]
+
+    def content_hash(self) -> str:
+        """As :meth:`TaskSource.content_hash`, kept on disk under the dataset's fingerprint and the
+        mapping (``task-sets/`` in the cache): a large dataset is hashed once, not in every process."""
+        if "_content_hash" in self.__dict__ or self._hash_key is None:
+            return super().content_hash()
+        from benchmax_gym.core.cache import cache_root
+
+        file = cache_root("task-sets") / self._hash_key
+        try:
+            cached = file.read_text().strip()
+            if cached.startswith("sha256:"):
+                self._content_hash = cached
+                return cached
+        except OSError:
+            pass
+        value = super().content_hash()
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(value)
+            os.replace(tmp, file)
+        except OSError:
+            pass  # a read-only cache: hashed again next time
+        return value
 
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}

@@ -64,3 +64,25 @@ def test_reset_info_carries_the_task_id_and_the_task_set_the_same_in_a_fresh_pro
     assert other.reset(seed=0)[1]["task_set"] != info["task_set"]
     env.close()
     other.close()
+
+
+def test_a_dataset_source_keeps_its_hash_on_disk_under_its_fingerprint(tmp_path, monkeypatch):
+    import json
+
+    from benchmax_gym.core.tasks import DatasetTasks
+
+    monkeypatch.setenv("BENCHMAX_GYM_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"q": f"q{i}", "a": str(i)}) + "\n" for i in range(20)))
+
+    def to_task(record, index):
+        return Task(id=str(index), prompt=record["q"], answer=record["a"])
+
+    first = DatasetTasks(str(data), to_task)
+    digest = first.content_hash()
+    assert digest == ListTasks(first.tasks).content_hash()  # the same content, the same hash
+    assert list((tmp_path / "cache" / "task-sets").iterdir())
+    second = DatasetTasks(str(data), to_task)
+    second.tasks = second.tasks[::-1]  # a hash computed again would differ: this one comes from the cache
+    assert second.content_hash() == digest
+    assert DatasetTasks(str(data), to_task, limit=5).content_hash() != digest

@@ -72,3 +72,19 @@ def test_trl_sft_trainer_tokenizes_the_export(run_dir, tmp_path, capsys):
     assert '{"name": "calculator", "arguments": {"expression":' in text  # the call, arguments as an object
     assert "<tools>" in text and '"name": "calculator"' in text  # the schemas, rendered by the template
     assert "\\boxed{" in text
+
+
+def test_a_run_jsonl_file_exports_too(tmp_path, capsys):
+    episodes = tmp_path / "episodes.jsonl"
+    assert main(["run", ENV, "--policy", "solver", "--episodes", "3", "--jsonl", str(episodes), "--quiet", "--json",
+                 "--env-arg", "python_tool=false"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["export-sft", str(episodes)])  # a file: --out must be said
+    assert "--out" in capsys.readouterr().err
+    out = tmp_path / "sft.jsonl"
+    assert main(["export-sft", str(episodes), "--out", str(out), "--env-arg", "python_tool=false", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["exported"] == 3 and summary["env_id"] == ENV
+    rows = [json.loads(line) for line in open(out)]
+    assert all(r["messages"][-1]["role"] == "assistant" and r["reward"] == 1.0 for r in rows)
