@@ -291,16 +291,17 @@ class ToolEnv(gym.Env[str, str]):
     def task_messages(self, task: Task) -> list[dict[str, Any]]:
         """The messages that open an episode: the system prompt, the task's own conversation
         (``task.messages``; a system message in it is appended to the env's, which stays first
-        since chat templates allow one, at the start), then the task's prompt as a user message
-        (left out when the conversation is there and the prompt is empty)."""
+        since chat templates allow one, at the start), then :meth:`task_prompt` as a user message
+        (left out when the conversation is there and it is empty)."""
         system, messages = self.system_prompt, []
         for m in task.messages:
             if m["role"] == "system":
                 system = "\n\n".join(p for p in (system, m.get("content") or "") if p)
             else:
                 messages.append(copy_json(dict(m)))
-        if task.prompt or not task.messages:
-            messages.append({"role": "user", "content": self.task_prompt(task)})
+        prompt = self.task_prompt(task) if task.prompt or not task.messages else self.task_prompt(task).strip()
+        if prompt or not task.messages:  # (a family's part of the prompt, Excel's workbook, stays)
+            messages.append({"role": "user", "content": prompt})
         if system:
             messages.insert(0, {"role": "system", "content": system})
         return messages

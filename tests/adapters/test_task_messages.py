@@ -96,6 +96,24 @@ def test_every_family_starts_a_task_from_a_conversation(env_id):
     env.close()
 
 
+def test_a_familys_own_part_of_the_prompt_follows_the_conversation():
+    """Excel describes the workbook in its prompt: a conversation-only task keeps that description."""
+    from benchmax_gym.envs.excel.env import ExcelEnv
+
+    from benchmax_gym import Task
+
+    generated = ExcelEnv()
+    source = generated.tasks[0]
+    generated.close()
+    env = ExcelEnv(tasks=[Task(id="c", prompt="", answer=source.answer, files=source.files,
+                               messages=({"role": "user", "content": "Please fix my sheet."},))])
+    obs, info = env.reset(seed=0)
+    roles = [m["role"] for m in info["messages"]]
+    assert roles == ["system", "user", "user"] and info["messages"][1]["content"] == "Please fix my sheet."
+    assert "sheet" in info["messages"][2]["content"].lower() and info["messages"][2]["content"].strip()
+    env.close()
+
+
 @pytest.mark.parametrize("messages, says", [
     ([], "non-empty list"),
     ([{"role": "robot", "content": "hi"}], "role in"),

@@ -95,7 +95,7 @@ class WikipediaEnv(ToolEnv):
         episode.resources.callback(backend.close)
 
     def task_prompt(self, task: Task) -> str:
-        return f"Question: {task.prompt}"
+        return f"Question: {task.prompt}" if task.prompt else ""  # a task that is a conversation only
 
     def reference_solver(self) -> WikipediaSolver:
         return WikipediaSolver(self)
