@@ -154,3 +154,36 @@ def test_an_unreachable_endpoint_fails_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "cannot reach" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def minimal_pdf(lines):
+    """A one-page PDF whose text is ``lines`` (Helvetica), written by hand: no PDF writer needed."""
+    stream = "BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({line}) '" for line in lines) + " ET"
+    objects = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+        f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = "%PDF-1.4\n", []
+    for i, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += f"{i} 0 obj\n{body}\nendobj\n"
+    xref = len(out)
+    out += f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n" + "".join(f"{o:010d} 00000 n \n" for o in offsets)
+    out += f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n"
+    return out.encode("latin-1")
+
+
+def test_a_pdf_document_is_read_with_the_pdf_extra(tmp_path, capsys):
+    pytest.importorskip("pypdf")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "Quarn_Abbey.pdf").write_bytes(minimal_pdf(["Quarn Abbey is a ruined abbey on the Kesh River.",
+                                                         "It was founded in 1140 by monks from Orrin."]))
+    (doc,) = load_documents(docs)
+    assert doc.title == "Quarn Abbey" and "founded in 1140" in doc.text
+    code, summary = main(["tasks", "from-corpus", str(docs), "--out", str(tmp_path / "t.jsonl"), "--json",
+                          "--quiet"]), json.loads(capsys.readouterr().out)
+    assert code == 0 and any(t.answer == "1140" for t in load_tasks(tmp_path / "t.jsonl").tasks)
