@@ -10,6 +10,10 @@
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
     benchmax-gym launch --nodes 4 --infra k8s --sky-python ~/.venv-sky/bin/python
     benchmax-gym openenv-serve benchmax/Excel-v0 --port 8000
+    benchmax-gym tasks from-corpus docs/ --out tasks.jsonl
+    benchmax-gym tasks from-traces runs/qwen3/rollouts.jsonl --env benchmax/Math-v0 --out tasks.jsonl --keep success=true
+    benchmax-gym export-sft runs/qwen3 --out sft.jsonl
+    benchmax-gym new acme-weather
 """
 
 from __future__ import annotations

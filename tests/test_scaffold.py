@@ -23,7 +23,7 @@ def test_a_new_package_installs_registers_and_passes_its_own_tests(tmp_path, cap
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                     "--target", str(site), str(root)], check=True, timeout=300, capture_output=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])}
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "tests"],
+    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                            cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "failed" not in tests.stdout
