@@ -171,6 +171,15 @@ class TemplateGenerator:
 
     def _bridges(self, documents, chunks, index, rng) -> list[Candidate]:
         """A names B's title; B has a year or number fact: ask B's fact, reached through A."""
+        from benchmax_gym.envs.wikipedia.backends import CorpusBackend
+
+        backend = CorpusBackend(index)
+        try:
+            return self._bridges_with(backend, documents, chunks, rng)
+        finally:
+            backend.close()
+
+    def _bridges_with(self, backend, documents, chunks, rng) -> list[Candidate]:
         out = []
         for b in documents:
             if len(b.title) < 4:
@@ -179,7 +188,7 @@ class TemplateGenerator:
             if not facts:
                 continue
             made = 0
-            for a_title, a_chunk, a_sentence in mentions(index, chunks, b.title):
+            for a_title, a_chunk, a_sentence in mentions(backend, chunks, b.title):
                 if made >= MAX_PER_DOCUMENT["bridge"]:
                     break
                 chunk_b, (kind, sentence, value) = facts[int(rng.integers(len(facts)))]
@@ -205,16 +214,11 @@ class TemplateGenerator:
         return out
 
 
-def mentions(index: Any, chunks: dict[str, list[Chunk]], title: str, limit: int = 8) -> Iterable[tuple[str, Chunk, str]]:
+def mentions(backend: Any, chunks: dict[str, list[Chunk]], title: str, limit: int = 8) -> Iterable[tuple[str, Chunk, str]]:
     """``(other title, chunk, sentence)`` where another document names ``title``: the FTS5 index
-    finds the documents, the exact phrase is checked in their chunks' sentences."""
-    from benchmax_gym.envs.wikipedia.backends import CorpusBackend
-
-    backend = CorpusBackend(index)
-    try:
-        hits = backend.search(f'"{title}"', limit + 1)
-    finally:
-        backend.close()
+    (``backend``, a :class:`CorpusBackend`) finds the documents, the exact phrase is checked in
+    their chunks' sentences."""
+    hits = backend.search(title, limit + 1)
     needle = title.casefold()
     for hit in hits:
         if hit.title == title:
@@ -349,7 +353,7 @@ class ModelGenerator:
         try:
             for doc in documents:
                 first = chunks[doc.title][0]
-                for a_title, a_chunk, _ in list(mentions(index, chunks, doc.title))[:MAX_PER_DOCUMENT["bridge"]]:
+                for a_title, a_chunk, _ in list(mentions(backend, chunks, doc.title))[:MAX_PER_DOCUMENT["bridge"]]:
                     out.append(("bridge", [a_chunk, first], BRIDGE_PROMPT.format(
                         bridge=doc.title, title_a=a_title, text_a=a_chunk.text, title_b=doc.title, text_b=first.text)))
                 words = " ".join(first.text.split()[:40])
