@@ -122,7 +122,7 @@ def check_plugins() -> list[str]:
                 obj = getattr(obj, part)
             if not callable(obj):
                 raise TypeError(f"{plugin.value} is not callable")
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a module that exits on import is broken, not doctor's end
             message = " ".join(str(exc).split())
             lines.append(f"{plugin.env_id} ({plugin.origin}): {plugin.value} does not load: "
                          f"{type(exc).__name__}: {message}")
