@@ -79,7 +79,8 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
     _refuse_existing(out, args.overwrite)
     try:
         rows, summary = export_sft(args.run, min_reward=args.min_reward, env_id=args.env,
-                                   env_kwargs=_parse_env_args(args.env_arg) if args.env_arg else None)
+                                   env_kwargs=_parse_env_args(args.env_arg) if args.env_arg else None,
+                                   tools=not args.no_tools)
     except (EvalError, ValueError, FileNotFoundError, TypeError) as exc:
         usage_error(exc)
     write_jsonl(out, rows)
@@ -179,6 +180,8 @@ def add_commands(sub: Any) -> None:
     sft.add_argument("--env", metavar="ENV_ID", help="the env whose tools to write (default: the run's)")
     sft.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="gym.make argument for the tools' env (default: the run's env_kwargs)")
+    sft.add_argument("--no-tools", action="store_true", help="no tools column (the system prompt already describes "
+                     "the tools in text; a template given tools would render them again)")
     sft.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     sft.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     sft.set_defaults(func=cmd_export_sft)

@@ -78,15 +78,17 @@ def tool_schemas(env_id: str, env_kwargs: dict[str, Any]) -> list[dict[str, Any]
 
 
 def export_sft(run: str | os.PathLike, *, min_reward: float | None = None, env_id: str | None = None,
-               env_kwargs: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+               env_kwargs: dict[str, Any] | None = None, tools: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``(rows, summary)``: the run's successful scored episodes as SFT rows (see the module
-    docstring), and how many episodes each rule left out."""
+    docstring), and how many episodes each rule left out. ``tools=False``: no ``tools`` column
+    (the env's system prompt already describes the tools in text, as in its episodes, and a
+    template given ``tools`` would describe them a second time)."""
     info, records = read_run(run)
     env_id = env_id or info.get("env_id")
     if not env_id:
         raise ValueError(f"RUN {str(run)!r} does not name its env (records of several or none): pass --env ENV_ID")
     kwargs = info.get("env_kwargs") or {} if env_kwargs is None else env_kwargs
-    tools = json.dumps(tool_schemas(env_id, dict(kwargs)), ensure_ascii=False)
+    schemas = json.dumps(tool_schemas(env_id, dict(kwargs)), ensure_ascii=False) if tools else None
     rows, left_out = [], Counter()
     for record in records:
         if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
@@ -109,6 +111,9 @@ def export_sft(run: str | os.PathLike, *, min_reward: float | None = None, env_i
         if not messages or messages[-1].get("role") != "assistant":
             left_out["does not end with the model's reply"] += 1
             continue
-        rows.append({"messages": messages, "tools": tools, "task_id": record.get("task_id"), "reward": reward})
+        row = {"messages": messages, "task_id": record.get("task_id"), "reward": reward}
+        if schemas is not None:
+            row["tools"] = schemas
+        rows.append(row)
     summary = {"episodes": len(records), "exported": len(rows), "left_out": dict(left_out), "env_id": env_id}
     return rows, summary

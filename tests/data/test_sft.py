@@ -51,6 +51,8 @@ def test_only_successful_episodes_are_written_with_tools_and_structured_calls(ru
     assert "exists" in capsys.readouterr().err
     assert main(["export-sft", str(run_dir), "--min-reward", "0", "--overwrite", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["exported"] == 4
+    assert main(["export-sft", str(run_dir), "--no-tools", "--overwrite"]) == 0
+    assert all("tools" not in json.loads(line) for line in open(run_dir / "sft.jsonl"))
 
 
 def test_trl_sft_trainer_tokenizes_the_export(run_dir, tmp_path, capsys):
