@@ -99,6 +99,13 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
     from benchmax_gym.eval.policies import PolicyError
 
     _refuse_existing(args.out, args.overwrite)
+    for flag, value in (("--concurrency", args.concurrency), ("--timeout", args.timeout)):
+        if not value > 0:
+            usage_error(f"{flag} must be a positive number, got {value}")
+    if args.max_retries < 0:
+        usage_error(f"--max-retries must be 0 or more, got {args.max_retries}")
+    if args.verify_model and not args.model:
+        usage_error("--verify-model checks a model's questions: give --model too")
     model = None
     if args.model:
         from benchmax_gym.data.questions import ModelGenerator

@@ -147,6 +147,19 @@ def test_the_model_path_filters_bad_candidates_and_never_writes_the_key(tmp_path
     assert KEY not in out.read_text()
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--model", "m", "--concurrency", "0"], "--concurrency must be a positive number"),
+    (["--verify-model", "m"], "give --model too"),
+    (["--chunk-chars", "50"], "chunk_chars must be at least 200"),
+    (["--max-questions", "0"], "--max-questions must be a positive number"),
+])
+def test_bad_options_fail_in_one_line(tmp_path, capsys, args, says):
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "from-corpus", str(CORPUS), "--out", str(tmp_path / "t.jsonl"), "--quiet", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
 def test_an_unreachable_endpoint_fails_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["tasks", "from-corpus", str(CORPUS), "--out", str(tmp_path / "t.jsonl"), "--model", "m",
