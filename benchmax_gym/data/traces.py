@@ -231,6 +231,8 @@ def tasks_from_traces(logs: str | os.PathLike, env: Any, *, keep: str = "all", t
             turn = int(turn)
         except ValueError:
             raise ValueError(f"--turn must be one of {TURNS} or a number N, got {turn!r}") from None
+    if isinstance(turn, int) and turn < 1:
+        raise ValueError(f"--turn N counts assistant messages from 1, got {turn}")
     _cut([], turn)  # a bad turn fails before any trace is read
     report, tasks = TraceReport(), []
     system = (env.system_prompt or "").strip()

@@ -126,6 +126,7 @@ def test_turn_choices_and_allowing_invalid_calls(tmp_path, capsys):
 @pytest.mark.parametrize("args, says", [
     (["--keep", "reward~1"], "--keep must be"),
     (["--turn", "middle"], "--turn must be"),
+    (["--turn", "0"], "counts assistant messages from 1"),
     (["--env", "benchmax/Nope-v0"], "--env"),
 ])
 def test_bad_options_fail_in_one_line(tmp_path, capsys, args, says):
