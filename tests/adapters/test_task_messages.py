@@ -85,6 +85,17 @@ def test_token_episode_includes_the_prefix_token_exactly(env_id, tokenizer):
     session.close()
 
 
+@pytest.mark.parametrize("style", ["qwen2.5", "llama3.1"])  # (Qwen3's rewrites history: see adapters/tokens.py)
+def test_token_exact_with_the_real_templates(env_id, style):
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    session = TokenSession(env_id, ChatTemplate(tiny_tokenizer(style)))
+    last = play_tokens(session, seed=0)
+    assert session.episode.reward == 1.0
+    assert_token_exact(session, last)
+    session.close()
+
+
 @pytest.mark.parametrize("env_id", ["benchmax/Math-v0", "benchmax/Wikipedia-v0", "benchmax/CRM-v0"])
 def test_every_family_starts_a_task_from_a_conversation(env_id):
     prefix = [{"role": "user", "content": "Earlier question."}, {"role": "assistant", "content": "Earlier answer."},
