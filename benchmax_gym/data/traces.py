@@ -2,7 +2,8 @@
 
 A trace is one conversation in the OpenAI chat format, one JSON object a line: ``{"messages":
 [...]}`` (eval's ``rollouts.jsonl``, ``run --jsonl``, most gateways), a bare list of messages, or
-a logged request and its response (``{"request": {"messages"}, "response": {"choices": [{"message"}]}}``).
+a logged request and its response (``{"request": {"messages"}, "response": {"choices": [{"message"}]}}``);
+a ``.json`` file may hold an array of them.
 Each kept trace becomes one task for the env:
 
 * ``messages``: the conversation up to the chosen turn (``turn``): ``"last-user"`` (default: up
@@ -79,6 +80,17 @@ def read_traces(logs: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     """``(where, record)`` for each line of each trace file (``where`` is ``file:line``); a line
     that is not JSON is yielded as ``None`` (reported, not fatal)."""
     for file in trace_files(logs):
+        if file.suffix == ".json":  # a JSON array of traces (or one trace)
+            try:
+                data = json.loads(file.read_text(encoding="utf-8"))
+            except ValueError:
+                data = None
+            if data is not None:
+                items = data if isinstance(data, list) and not (data and isinstance(data[0], dict)
+                                                                and "role" in data[0]) else [data]
+                for i, item in enumerate(items, 1):
+                    yield f"{file.name}[{i}]", item
+                continue
         with open(file, encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 if line.strip():

@@ -139,3 +139,11 @@ def test_bad_options_fail_in_one_line(tmp_path, capsys, args, says):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and says in err and "Traceback" not in err
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_json_array_of_traces_is_read_whole(tmp_path, capsys):
+    (tmp_path / "traces.json").write_text(json.dumps([{"messages": CONVERSATION[:5], "reward": 1.0},
+                                                      {"messages": CONVERSATION[1:2], "reward": 1.0}], indent=2))
+    code, report = from_traces(capsys, str(tmp_path / "traces.json"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
+    assert code == 0 and report["traces"] == 2 and report["kept"] == 1
+    assert report["skipped"] == {"no reference answer": 1}  # the second trace has no reply to trust
