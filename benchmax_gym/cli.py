@@ -10,6 +10,10 @@
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
     benchmax-gym launch --nodes 4 --infra k8s --sky-python ~/.venv-sky/bin/python
     benchmax-gym openenv-serve benchmax/Excel-v0 --port 8000
+    benchmax-gym tasks from-corpus docs/ --out tasks.jsonl
+    benchmax-gym tasks from-traces runs/qwen3/rollouts.jsonl --env benchmax/Math-v0 --out tasks.jsonl --keep success=true
+    benchmax-gym export-sft runs/qwen3 --out sft.jsonl
+    benchmax-gym new acme-weather
 """
 
 from __future__ import annotations
@@ -52,10 +56,15 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
 def cmd_list(args: argparse.Namespace) -> int:
     from benchmax_gym import registry
 
+    from benchmax_gym.registry.plugins import PLUGINS, PROBLEMS
+
     ids = registry.env_ids()
     width = max(len(i) for i in ids)
     for env_id in ids:
-        print(f"{env_id:<{width}}  {registry.describe(env_id)}")
+        origin = f"  [{PLUGINS[env_id].origin}]" if env_id in PLUGINS else ""
+        print(f"{env_id:<{width}}  {registry.describe(env_id)}{origin}")
+    for problem in PROBLEMS:
+        print(f"broken plugin: {problem}")
     return 0
 
 
@@ -89,6 +98,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if level == BUBBLEWRAP:
         rows += isolation_report()
     rows.append(("environments", ", ".join(registry.env_ids())))
+    from benchmax_gym.registry.plugins import PLUGINS, check_plugins
+
+    if PLUGINS:
+        rows.append(("plugins", ", ".join(f"{p.env_id} ({p.origin})" for p in PLUGINS.values())))
+    rows += [("broken plugin", line) for line in check_plugins()]
     rows += extras_rows()
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
@@ -411,6 +425,24 @@ def _check_failure_gap(runs: dict[str, list], gap: float, allow: bool) -> None:
           "their means are over different episodes", file=sys.stderr)
 
 
+def _check_task_sets(infos: dict[str, dict], allow: bool) -> None:
+    """Refuse (or, with ``allow``, warn about) runs over different task sets: each run.json holds its
+    task source's content hash (``task_set``), and the same task ids over other tasks pair nothing
+    real. A run without one (written before hashes) is named in a warning, not refused."""
+    hashes = {name: info.get("task_set") for name, info in infos.items()}
+    known = {h for h in hashes.values() if h}
+    if len(known) > 1:
+        said = ", ".join(f"{name} {h}" for name, h in hashes.items() if h)
+        if not allow:
+            usage_error(f"the runs are over different task sets ({said}): their tasks differ under the same ids; "
+                        "pass --allow-different-tasks to compare them anyway")
+        print(f"benchmax-gym: warning: the runs are over different task sets ({said})", file=sys.stderr)
+    unknown = [name for name, h in hashes.items() if not h]
+    if unknown and len(infos) > 1:
+        print(f"benchmax-gym: warning: {', '.join(unknown)} records no task set (an older run): its tasks are not "
+              "checked against the others'", file=sys.stderr)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     """Paired comparison of eval runs on the tasks they share."""
     from benchmax_gym.eval import EvalError, load_run
@@ -431,6 +463,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not 0 <= args.max_failure_gap <= 1:
             usage_error(f"--max-failure-gap must be within [0, 1], got {args.max_failure_gap}")
         _check_failure_gap(runs, args.max_failure_gap, args.allow_failure_gap)
+        _check_task_sets(infos, args.allow_different_tasks)
         result = compare(runs, baseline=baseline, seed=args.seed)
     except EvalError as exc:
         usage_error(exc)
@@ -442,6 +475,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
         os.makedirs(args.plots_dir, exist_ok=True)
         plot_compare(result, args.plots_dir, infos)
     print(json.dumps(result) if args.json else format_compare(result))
+    return 0
+
+
+def cmd_new(args: argparse.Namespace) -> int:
+    """Scaffold an environment package (see :mod:`benchmax_gym.scaffold`)."""
+    from benchmax_gym.scaffold import names, scaffold
+
+    try:
+        root = scaffold(args.name, args.dir, args.id)
+    except (ValueError, FileExistsError) as exc:
+        usage_error(exc)
+    n = names(args.name, args.id)
+    print(f"created {root}: {n['env_id']} ({n['package']}/env.py, tasks, tools, rubric, solver, tests)\n"
+          f"  cd {root} && pip install -e '.[test]' && pytest")
     return 0
 
 
@@ -659,8 +706,18 @@ def main(argv: list[str] | None = None) -> int:
                      "their means are over different episodes (default: 0.05)")
     cmp.add_argument("--allow-failure-gap", action="store_true",
                      help="compare despite --max-failure-gap, with a warning")
+    cmp.add_argument("--allow-different-tasks", action="store_true",
+                     help="compare runs whose task sets (run.json's task_set, a hash of the tasks) differ, with a "
+                     "warning")
     cmp.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
     cmp.set_defaults(func=cmd_compare)
+    new = sub.add_parser("new", help="scaffold an environment package (tasks, tools, rubric, solver, contract "
+                         "test, entry point) that passes its own tests")
+    new.add_argument("name", help="the package's name, e.g. acme-weather (its folder, distribution and, with - as _, "
+                     "import package)")
+    new.add_argument("--dir", default=".", help="where to create the NAME folder (default: here)")
+    new.add_argument("--id", help="the env id (default: PACKAGE/CamelName-v0)")
+    new.set_defaults(func=cmd_new)
     mcp = sub.add_parser("mcp-serve", help="serve an environment's tools as an MCP server (one workspace per session)")
     mcp.add_argument("env_id", help="an id from `benchmax-gym list`")
     mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio")
@@ -679,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
                      "task_args.FIELD=VALUE sets one argument of the task source")
     mcp.set_defaults(func=cmd_mcp_serve)
     _add_launch(sub)
+    from benchmax_gym.data.commands import add_commands  # tasks from-corpus / from-traces, export-sft
+
+    add_commands(sub)
     oe = sub.add_parser("openenv-serve", help="serve an environment to OpenEnv clients (TRL, SkyRL, ...): one "
                         "environment per WebSocket session at /ws (needs the openenv extra)")
     oe.add_argument("env_id", help="an id from `benchmax-gym list` (or yours, with --import MODULE)")

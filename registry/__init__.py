@@ -157,10 +157,14 @@ def _register(entry: EnvEntry, kwargs: Mapping[str, Any] | None = None) -> None:
 
 
 def register_envs() -> None:
-    """Register every built-in id (idempotent)."""
+    """Register every built-in id, then the ids other packages declare in the
+    ``benchmax_gym.envs`` entry-point group (:mod:`.plugins`; idempotent, never raises)."""
     for entry in ENVS.values():
         if entry.id not in gym.registry:
             _register(entry, entry.kwargs)
+    from benchmax_gym.registry.plugins import register_plugins
+
+    register_plugins()
 
 
 def env_ids() -> list[str]:

@@ -79,3 +79,15 @@ def test_the_mixture_benchmark_reports_shares_overhead_and_the_curriculum():
     assert {"member_step_us", "mix_step_us", "overhead_pct"} <= set(figures["step_overhead"])
     for run in ("controller", "uniform_difficulty"):
         assert 0 <= figures["curriculum"][run]["zero_variance_group_share"] <= 1
+
+
+def test_corpus_tasks_reports_candidates_filters_and_time_per_thousand_documents():
+    out = _run_on_base("corpus_tasks.py", "--documents", "40")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    for corpus in ("sample_corpus", "encyclopedia_corpus"):
+        summary = result[corpus]
+        assert summary["candidates"]["total"] >= summary["kept"] > 0
+        assert [f["filter"] for f in summary["filters"]] == ["answer_in_support", "question_free_of_answer", "unique"]
+        assert summary["seconds_per_1000_documents"] > 0
+    assert result["encyclopedia_corpus"]["documents"] == 40

@@ -363,7 +363,8 @@ def test_doctor_names_what_an_extra_misses_and_the_pip_command(monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["", "list", "doctor", "run", "eval", "compare", "mcp-serve", "launch",
-                                     "openenv-serve"])
+                                     "openenv-serve", "new", "tasks", "tasks from-corpus", "tasks from-traces",
+                                     "export-sft"])
 def test_help_has_no_restructuredtext_markup(command):
     import re
 

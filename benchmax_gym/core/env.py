@@ -320,10 +320,21 @@ class ToolEnv(gym.Env[str, str]):
         return task.prompt
 
     def task_messages(self, task: Task) -> list[dict[str, Any]]:
-        """The messages that open an episode: the system prompt, then the task."""
-        messages = [{"role": "user", "content": self.task_prompt(task)}]
-        if self.system_prompt:
-            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        """The messages that open an episode: the system prompt, the task's own conversation
+        (``task.messages``; a system message in it is appended to the env's, which stays first
+        since chat templates allow one, at the start), then :meth:`task_prompt` as a user message
+        (left out when the conversation is there and it is empty)."""
+        system, messages = self.system_prompt, []
+        for m in task.messages:
+            if m["role"] == "system":
+                system = "\n\n".join(p for p in (system, m.get("content") or "") if p)
+            else:
+                messages.append(copy_json(dict(m)))
+        prompt = self.task_prompt(task) if task.prompt or not task.messages else self.task_prompt(task).strip()
+        if prompt or not task.messages:  # (a family's part of the prompt, Excel's workbook, stays)
+            messages.append({"role": "user", "content": prompt})
+        if system:
+            messages.insert(0, {"role": "system", "content": system})
         return messages
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
@@ -535,17 +546,42 @@ class ToolEnv(gym.Env[str, str]):
     def _first_observation(self, episode: Episode) -> ResetResult:
         messages = self.task_messages(episode.task)
         episode.messages.extend(messages)
-        obs = truncate("\n\n".join(str(m.get("content") or "") for m in messages), self.max_observation_chars)
+        text = (self._conversation_text(messages) if episode.task.messages
+                else "\n\n".join(str(m.get("content") or "") for m in messages))
+        obs = truncate(text, self.max_observation_chars)
         info = {
             "messages": messages,
             "tools": copy_json(self.tool_schemas),  # users may keep and modify it
             "task_id": episode.task.id,
             "task_index": episode.index,
+            "task_set": self.tasks.content_hash(),  # the task set's identity (TaskSource.content_hash)
             "task_metadata": dict(episode.task.metadata),
             "turn": 0,
             "sandbox": self.sandbox_level,
         }
         return obs, info
+
+    def _conversation_text(self, messages: list[dict[str, Any]]) -> str:
+        """A task's opening conversation as text in the env's tool-call format: the assistant's
+        calls as it would write them, tool results as the env shows them."""
+        parts = []
+        for m in messages:
+            if m["role"] == "tool":
+                parts.append(self.format.render_results([(m.get("tool_call_id", ""), m.get("name", ""),
+                                                          str(m.get("content") or ""))]))
+                continue
+            text = str(m.get("content") or "")
+            if m.get("tool_calls"):
+                calls = []
+                for c in m["tool_calls"]:
+                    try:
+                        arguments = json.loads(c["function"]["arguments"])
+                    except (TypeError, ValueError):
+                        arguments = c["function"]["arguments"]
+                    calls.append((c["function"]["name"], arguments))
+                text = "\n".join(p for p in (text, self.format.render_calls(calls)) if p)
+            parts.append(text)
+        return "\n\n".join(parts)
 
     def _end_episode(self) -> None:
         if self.episode is not None:

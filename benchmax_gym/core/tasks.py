@@ -15,6 +15,10 @@ Two kinds of source cover every family:
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import marshal
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +28,9 @@ import numpy as np
 
 # How many indices an "infinite" generated source exposes to random selection.
 INFINITE = 2**62
+# How many of a generated source's tasks its content hash reads (beside its seed, size and
+# generator): item i of a seed is fixed, so these and the generator's settings name the rest.
+HASHED_PREFIX = 8
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,10 @@ class Task:
             workspace at reset (Excel's input workbook). Never the answer.
         private: what only the grader and the reference solver read (an expected final state,
             accepted aliases); like ``answer``, never in ``obs`` or ``info``.
+        messages: a conversation the episode starts from (OpenAI chat messages: ``user``,
+            ``assistant`` with ``tool_calls``, ``tool``; a ``system`` message is added to the
+            env's own), shown before ``prompt``; ``prompt`` may then be ``""``. What a task made
+            from an agent's trace holds (``benchmax-gym tasks from-traces``).
     """
 
     id: str
@@ -50,6 +61,28 @@ class Task:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     files: Mapping[str, bytes | str] = field(default_factory=dict)
     private: Mapping[str, Any] = field(default_factory=dict)
+    messages: Sequence[Mapping[str, Any]] = ()
+
+
+def task_digest(task: Task) -> bytes:
+    """A digest of everything that makes ``task`` what it is (what the model sees, the ground
+    truth, the files by content or path): two tasks with the same digest are the same task."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, (bytes, bytearray)):
+            return "sha256:" + hashlib.sha256(value).hexdigest()
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        if isinstance(value, (set, frozenset)):
+            return sorted(map(repr, value))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        return f"{type(value).__qualname__}:{value}"
+
+    record = [task.id, task.prompt, list(task.messages), task.answer, task.solution, dict(task.metadata),
+              dict(task.files), dict(task.private)]
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=plain, ensure_ascii=False).encode()).digest()
 
 
 # -- drawing from a generator's numpy Generator (never global random) -------------------------
@@ -96,6 +129,25 @@ class TaskSource:
         """Pick an index with the environment's generator (never global ``random``)."""
         return int(rng.integers(len(self)))
 
+    def content_hash(self) -> str:
+        """The task set's identity: a hash of its tasks, in order (``info["task_set"]`` at reset,
+        ``task_set`` in an eval's ``run.json``; ``compare`` refuses runs whose hashes differ).
+        Computed once per source, on first use."""
+        cached = self.__dict__.get("_content_hash")
+        if cached is None:
+            cached = self._content_hash = "sha256:" + self.compute_hash().hexdigest()[:32]
+        return cached
+
+    def compute_hash(self) -> Any:
+        """A ``hashlib`` object over every task in order (an unbounded source: its first
+        :data:`HASHED_PREFIX`, and its length). Subclasses may hash something cheaper that
+        identifies their tasks as surely."""
+        n = len(self)
+        digest = hashlib.sha256(f"tasks:{n}".encode())
+        for i in range(min(n, HASHED_PREFIX) if n >= INFINITE else n):
+            digest.update(task_digest(self.get(i)))
+        return digest
+
 
 class ListTasks(TaskSource):
     """Tasks held in memory (a list of :class:`Task`)."""
@@ -112,27 +164,74 @@ class ListTasks(TaskSource):
         return self.tasks[index]
 
 
-_TASK_KEYS = ("prompt", "answer", "id", "solution", "metadata")
+_TASK_KEYS = ("prompt", "answer", "id", "solution", "metadata", "messages")
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any]]:
+    """A task's opening conversation, checked: OpenAI chat messages (``role`` one of system, user,
+    assistant, tool; ``content`` text or None; an assistant's ``tool_calls`` with a function name
+    and arguments; a tool message's ``tool_call_id``), not ending with an assistant turn (the model
+    speaks next). Returns copies, tool-call arguments as JSON strings (the Chat Completions form)."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"{where} must be a non-empty list of chat messages, got {messages!r}")
+    out = []
+    for i, m in enumerate(messages):
+        here = f"{where}[{i}]"
+        if not isinstance(m, Mapping) or m.get("role") not in _ROLES:
+            raise ValueError(f"{here} must be a chat message with a role in {_ROLES}, got {m!r}")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            raise ValueError(f"{here}['content'] must be text or None, got {type(content).__name__}")
+        message: dict[str, Any] = {"role": m["role"], "content": content or ""}
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = []
+            for j, call in enumerate(m["tool_calls"]):
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+                    raise ValueError(f"{here}['tool_calls'][{j}] must be {{id, type, function: {{name, arguments}}}}")
+                arguments = function.get("arguments", "{}")
+                if not isinstance(arguments, str):
+                    arguments = json.dumps(arguments, ensure_ascii=False)
+                calls.append({"id": str(call.get("id") or f"call_p{i}_{j}"), "type": "function",
+                              "function": {"name": function["name"], "arguments": arguments}})
+            message["tool_calls"] = calls
+        if m["role"] == "tool":
+            if not m.get("tool_call_id"):
+                raise ValueError(f"{here}: a tool message needs its tool_call_id")
+            message["tool_call_id"] = str(m["tool_call_id"])
+            if m.get("name"):
+                message["name"] = str(m["name"])
+        out.append(message)
+    if out[-1]["role"] == "assistant":
+        raise ValueError(f"{where} ends with an assistant turn: a task's conversation ends where the model speaks "
+                         "next (a user or tool message)")
+    return out
 
 
 def task_from_dict(record: Mapping[str, Any], index: int) -> Task:
-    """``{"prompt", "answer", "id", "solution", "metadata", ...}`` -> Task; a clear error names the index.
+    """``{"prompt" or "messages", "answer", "id", "solution", "metadata", ...}`` -> Task; a clear
+    error names the index.
 
-    Only ``prompt`` is shown to the model and only ``metadata`` (and ``id``) appear in ``info``;
-    every other key (``expected_state``, say) is grader-only, in ``task.private``.
+    Only ``prompt`` and ``messages`` are shown to the model and only ``metadata`` (and ``id``)
+    appear in ``info``; every other key (``expected_state``, say) is grader-only, in ``task.private``.
     """
-    if not isinstance(record, Mapping) or not isinstance(record.get("prompt"), str):
-        raise ValueError(f"tasks[{index}] must be a Task or a dict with a 'prompt' string, got {record!r}")
+    has_messages = isinstance(record, Mapping) and record.get("messages") is not None
+    if not isinstance(record, Mapping) or not (isinstance(record.get("prompt"), str)
+                                               or (has_messages and record.get("prompt") is None)):
+        raise ValueError(f"tasks[{index}] must be a Task or a dict with a 'prompt' string or 'messages', "
+                         f"got {record!r}")
     metadata = record.get("metadata", {})
     if not isinstance(metadata, Mapping):
         raise ValueError(f"tasks[{index}]['metadata'] must be a dict (it is shown in info), got {metadata!r}")
     return Task(
         id=str(record.get("id", index)),
-        prompt=record["prompt"],
+        prompt=record.get("prompt") or "",
         answer=record.get("answer"),
         solution=record.get("solution"),
         metadata=dict(metadata),
         private={k: v for k, v in record.items() if k not in _TASK_KEYS},
+        messages=tuple(check_messages(record["messages"], f"tasks[{index}]['messages']")) if has_messages else (),
     )
 
 
@@ -170,6 +269,19 @@ class GeneratedTasks(TaskSource):
     def get(self, index: int) -> Task:
         return self.make(np.random.default_rng([self.seed, index]), index)
 
+    def compute_hash(self) -> Any:
+        """The generator (its function and, for a config's method, the config's settings), seed
+        and size, and the first :data:`HASHED_PREFIX` tasks (so a changed generator changes it):
+        cheap whatever the size."""
+        make = self.make
+        owner = getattr(make, "__self__", None)
+        settings = repr(owner) if dataclasses.is_dataclass(owner) else ""
+        digest = hashlib.sha256(f"generated:{getattr(make, '__qualname__', type(make).__qualname__)}:"
+                                f"{settings}:{self.seed}:{self.size}".encode())
+        for i in range(min(len(self), HASHED_PREFIX)):
+            digest.update(task_digest(self.get(i)))
+        return digest
+
 
 class DatasetTasks(TaskSource):
     """Tasks from a Hugging Face ``datasets`` dataset, through ``to_task(record, index)``.
@@ -202,12 +314,48 @@ class DatasetTasks(TaskSource):
         if not tasks:
             raise ValueError(f"no usable tasks in {path!r} (split={split!r})")
         self.tasks = tasks
+        # what the records are (datasets' fingerprint: the files or hub revision and the loading
+        # settings) and how they became tasks: the key of the content hash's cache on disk
+        fingerprint = getattr(records, "_fingerprint", None)
+        mapper = getattr(to_task, "__qualname__", type(to_task).__qualname__)
+        code = getattr(getattr(to_task, "__func__", to_task), "__code__", None)
+        try:  # the mapping's code too: an edited to_task makes other tasks from the same records
+            code_digest = hashlib.sha256(marshal.dumps(code)).hexdigest() if code is not None else ""
+        except ValueError:
+            code_digest = ""
+        self._hash_key = (hashlib.sha256(f"{fingerprint}:{getattr(to_task, '__module__', '')}.{mapper}:{code_digest}:"
+                                         f"{limit}:{len(tasks)}".encode()).hexdigest()[:32] if fingerprint else None)
 
     def __len__(self) -> int:
         return len(self.tasks)
 
     def get(self, index: int) -> Task:
         return self.tasks[index]
+
+    def content_hash(self) -> str:
+        """As :meth:`TaskSource.content_hash`, kept on disk under the dataset's fingerprint and the
+        mapping (``task-sets/`` in the cache): a large dataset is hashed once, not in every process."""
+        if "_content_hash" in self.__dict__ or self._hash_key is None:
+            return super().content_hash()
+        from benchmax_gym.core.cache import cache_root
+
+        file = cache_root("task-sets") / self._hash_key
+        try:
+            cached = file.read_text().strip()
+            if cached.startswith("sha256:"):
+                self._content_hash = cached
+                return cached
+        except OSError:
+            pass
+        value = super().content_hash()
+        try:
+            file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = file.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(value)
+            os.replace(tmp, file)
+        except OSError:
+            pass  # a read-only cache: hashed again next time
+        return value
 
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}

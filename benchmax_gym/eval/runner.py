@@ -91,6 +91,12 @@ def task_indices(tasks: Any, available: int | None) -> list[int]:
     return list(range(start, stop))
 
 
+def task_set_of(source: Any) -> str | None:
+    """The content hash of an env's task source (``TaskSource.content_hash``), None without one."""
+    digest = getattr(source, "content_hash", None)
+    return digest() if callable(digest) else None
+
+
 def episode_seed(seed: int, task_index: int, sample: int) -> int:
     """The reset (and sampling) seed of one pair: the same whatever order pairs run in."""
     return int(np.random.SeedSequence([seed, task_index, sample]).generate_state(1)[0] & 0x7FFFFFFF)
@@ -184,6 +190,10 @@ class RunDir:
         if differs:
             raise EvalError(f"--out {self.path} holds a run with other settings ({', '.join(differs)}); "
                             "resume it with the same ones or choose a new directory")
+        then, now = run.get("task_set"), self.config.get("task_set")
+        if then and now and then != now:
+            raise EvalError(f"--out {self.path} holds a run over other tasks (task set {then}, the env's is now "
+                            f"{now}): the task source changed; choose a new directory")
         self.run = run
         self.records = read_rollouts(self.path, repair=True, pairs=self.pairs)
 
@@ -376,7 +386,7 @@ async def aevaluate(
         indices = task_indices(tasks, available)
         config = {"format": RUN_FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
                   "policy": policy.describe(), "k": k, "tasks": tasks if isinstance(tasks, (str, int)) else list(tasks),
-                  "seed": seed, **dict(extra_run_info or {})}
+                  "seed": seed, "task_set": task_set_of(source), **dict(extra_run_info or {})}
         pairs = [(i, s) for i in indices for s in range(k)]
         run_dir = RunDir(out, config, set(pairs)) if out is not None else None
         done = {(r["task_index"], r["sample"]) for r in run_dir.records} if run_dir else set()

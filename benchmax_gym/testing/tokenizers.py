@@ -158,8 +158,9 @@ def whole_conversation(session: Any) -> list[int]:
     model's text, up to the end of its last turn."""
     env = session.env.unwrapped
     actions = iter(env.episode_record()["actions"])
-    messages = [{"role": "assistant", "content": next(actions)} if m["role"] == "assistant" else m
-                for m in env.chat_messages("hf")]
+    opening = len(env.task_messages(env.episode.task))  # a task's own conversation is kept as it is
+    messages = [{"role": "assistant", "content": next(actions)} if m["role"] == "assistant" and i >= opening else m
+                for i, m in enumerate(env.chat_messages("hf"))]
     if session.chat.tool_role == "user":
         messages = [{"role": "user", "content": m["content"]} if m["role"] == "tool" else m for m in messages]
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")

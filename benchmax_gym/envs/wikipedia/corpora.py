@@ -9,7 +9,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from benchmax_gym.core.checks import existing_file, optional, path
+from benchmax_gym.core.checks import optional, path
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.envs.wikipedia.backends import CorpusIndex
 from benchmax_gym.envs.wikipedia.tasks import HotpotQA, WikiTaskConfig, encyclopedia, load_corpus
@@ -35,14 +35,23 @@ def generated_index(seed: int, entities: int) -> CorpusIndex:
     return CorpusIndex.in_memory(encyclopedia(seed, entities).records, f"generated-{seed}-{entities}")
 
 
+def existing_path(name: str, value: Any) -> str:
+    """A file or folder that exists now (a folder of documents is a corpus too)."""
+    import os
+
+    if not isinstance(value, (str, os.PathLike)) or not os.path.exists(value):
+        raise ValueError(f"{name}: no such file or folder {os.fspath(value) if isinstance(value, os.PathLike) else value!r}")
+    return os.fspath(value)
+
+
 @dataclass(frozen=True)
 class LocalCorpus(SourceConfig):
     """``backend="local"``: an SQLite FTS5 index of ``corpus`` (JSON Lines or a JSON array of
-    ``{title, text}``, or a HotpotQA file: its context paragraphs; HotpotQA tasks default to their
-    own file), cached under ``cache_dir``."""
+    ``{title, text}``, a HotpotQA file: its context paragraphs, HotpotQA tasks default to their
+    own file; or a folder or file of your documents: text, Markdown, HTML), cached under ``cache_dir``."""
 
     name = "local"
-    corpus: str | None = arg(None, optional(existing_file))
+    corpus: str | None = arg(None, optional(existing_path))
     cache_dir: str | None = arg(None, optional(path))
 
     def build(self, env: Any) -> CorpusIndex:

@@ -18,7 +18,7 @@ from benchmax_gym.envs.wikipedia.backends import CorpusBackend, LiveBackend, Liv
 from benchmax_gym.envs.wikipedia.corpora import GeneratedCorpus, LocalCorpus
 from benchmax_gym.envs.wikipedia.rubric import wikipedia_rubric
 from benchmax_gym.envs.wikipedia.solver import WikipediaSolver
-from benchmax_gym.envs.wikipedia.tasks import Bamboogle, GeneratedQuestions, HotpotQA
+from benchmax_gym.envs.wikipedia.tasks import Bamboogle, GeneratedQuestions, HotpotQA, TaskFile
 from benchmax_gym.envs.wikipedia.tools import wikipedia_tools
 
 SYSTEM_PROMPT = (
@@ -29,9 +29,9 @@ SYSTEM_PROMPT = (
     "for example <answer>1875</answer>; answer yes/no questions with yes or no."
 )
 
-TASK_SOURCES = (GeneratedQuestions, HotpotQA, Bamboogle)
+TASK_SOURCES = (GeneratedQuestions, HotpotQA, Bamboogle, TaskFile)
 BACKENDS = (GeneratedCorpus, LocalCorpus, LiveWikipedia)
-DEFAULT_BACKEND = {"generated": "generated", "hotpotqa": "local", "bamboogle": "live"}
+DEFAULT_BACKEND = {"generated": "generated", "hotpotqa": "local", "bamboogle": "live", "file": "local"}
 
 
 class WikipediaEnv(ToolEnv):
@@ -42,7 +42,9 @@ class WikipediaEnv(ToolEnv):
             :class:`GeneratedQuestions`: ``difficulty`` - ``entities``, ``min_hops``, ``max_hops``,
             ``comparison`` - ``num_tasks``, ``task_seed``, which also picks the encyclopedia),
             ``"hotpotqa"`` or ``"bamboogle"`` (``dataset`` a local file in the original layout,
-            ``limit``); or one of those instances, a TaskSource or a list of Tasks.
+            ``limit``), ``"file"`` (``dataset`` a tasks JSON Lines file, as ``benchmax-gym tasks
+            from-corpus`` writes it; played with ``backend="local"`` over the documents); or one of
+            those instances, a TaskSource or a list of Tasks.
         task_args: the named source's arguments.
         backend: ``"generated"``, ``"local"`` (:class:`LocalCorpus`: ``corpus``, ``cache_dir``) or
             ``"live"`` (:class:`LiveWikipedia`: ``api_url``, ``language``, ``user_agent``,
@@ -93,7 +95,7 @@ class WikipediaEnv(ToolEnv):
         episode.resources.callback(backend.close)
 
     def task_prompt(self, task: Task) -> str:
-        return f"Question: {task.prompt}"
+        return f"Question: {task.prompt}" if task.prompt else ""  # a task that is a conversation only
 
     def reference_solver(self) -> WikipediaSolver:
         return WikipediaSolver(self)

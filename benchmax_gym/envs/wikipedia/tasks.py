@@ -110,6 +110,21 @@ class Bamboogle(QuestionFile):
         return bamboogle_tasks(self.dataset, limit=self.limit)
 
 
+@dataclass(frozen=True)
+class TaskFile(QuestionFile):
+    """``tasks="file"``: tasks in benchmax-gym's JSON Lines (``{id, prompt or messages, answer,
+    solution: {supporting: [titles]}, metadata}``), as ``benchmax-gym tasks from-corpus`` writes
+    them; played over ``backend="local"`` with ``backend_args={"corpus": the documents}``."""
+
+    name = "file"
+
+    def build(self, env: Any) -> ListTasks:
+        from benchmax_gym.data import load_tasks
+
+        tasks = load_tasks(self.dataset).tasks
+        return ListTasks(tasks[:self.limit] if self.limit else tasks)
+
+
 def _read_json_records(path: str | os.PathLike) -> list[Any]:
     """A JSON array, or JSON Lines."""
     file = Path(path)
@@ -166,8 +181,15 @@ def bamboogle_tasks(path: str | os.PathLike, *, limit: int | None = None) -> Lis
 def load_corpus(path: str | os.PathLike) -> tuple[list[dict[str, str]], str]:
     """``({title, text} records, a hash of the file)`` from JSON Lines or a JSON array of
     ``{title, text}`` records, or from a HotpotQA file (its context paragraphs; the first
-    paragraph of a title wins)."""
+    paragraph of a title wins); or from a folder or file of documents (text, Markdown, HTML:
+    :func:`benchmax_gym.data.corpus.load_documents`), hashed by their content."""
     file = Path(path)
+    if file.is_dir() or file.suffix.lower() not in (".json", ".jsonl"):  # your documents (benchmax_gym.data.corpus)
+        from benchmax_gym.data.corpus import corpus_records, load_documents
+        from benchmax_gym.envs.wikipedia.backends import records_digest
+
+        records = corpus_records(load_documents(file))
+        return records, records_digest(records)
     records = _read_json_records(file)
     corpus: list[dict[str, str]] = []
     for i, r in enumerate(records):

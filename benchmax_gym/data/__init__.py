@@ -1,0 +1,51 @@
+"""Data in and out: tasks from a user's documents (:mod:`.corpus`, :mod:`.questions`) and from
+agents' traces (:mod:`.traces`), SFT data from scored episodes (:mod:`.sft`), and reading the
+task files they write (:func:`load_tasks`).
+
+Each writes tasks as JSON Lines, one ``{id, prompt or messages, answer, solution, metadata}``
+object a line, what every family's ``tasks=`` takes as a list::
+
+    from benchmax_gym.data import load_tasks
+    env = gym.make("benchmax/Math-v0", tasks=load_tasks("tasks.jsonl"))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from benchmax_gym.core.tasks import ListTasks, task_from_dict
+
+
+def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, Any]]:
+    """The JSON objects of a JSON Lines file; a bad line is an error naming the file and line."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{what} {os.fspath(path)!r} line {number}: not JSON ({exc})") from None
+            records.append(record)
+    return records
+
+
+def load_tasks(path: str | os.PathLike) -> ListTasks:
+    """The tasks of a JSON Lines file written by ``benchmax-gym tasks ...`` (or by hand), checked
+    as ``gym.make`` checks tasks handed over (a bad record names its line's index)."""
+    records = read_jsonl(path, "tasks")
+    if not records:
+        raise ValueError(f"tasks {os.fspath(path)!r} holds no tasks")
+    return ListTasks([task_from_dict(r, i) for i, r in enumerate(records)])
+
+
+def write_jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:
+    """Write ``records`` as JSON Lines (through a temporary file, renamed: never half a file)."""
+    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)

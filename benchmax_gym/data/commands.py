@@ -1,0 +1,194 @@
+"""The data commands of ``benchmax-gym``::
+
+    benchmax-gym tasks from-corpus DOCS --out tasks.jsonl [--model M --base-url URL]
+    benchmax-gym tasks from-traces LOGS --env ENV_ID --out tasks.jsonl [--keep reward>=1]
+    benchmax-gym export-sft RUN --out sft.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def _refuse_existing(out: str, overwrite: bool) -> None:
+    from benchmax_gym.cli import usage_error
+
+    if os.path.isdir(out):
+        usage_error(f"--out {out}: is a directory")
+    if os.path.exists(out) and not overwrite:
+        usage_error(f"--out {out} exists: pass --overwrite to replace it")
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        usage_error(f"--out {out}: no such directory: {folder}")
+
+
+def cmd_from_traces(args: argparse.Namespace) -> int:
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401  (registers the ids)
+    from benchmax_gym.cli import _parse_env_args, usage_error
+    from benchmax_gym.data import write_jsonl
+    from benchmax_gym.data.traces import tasks_from_traces
+
+    _refuse_existing(args.out, args.overwrite)
+    try:
+        env = gym.make(args.env, **_parse_env_args(args.env_arg))
+    except gym.error.Error as exc:
+        usage_error(f"--env: {exc} Run `benchmax-gym list` for the available ids.")
+    except (TypeError, ValueError, OSError, ImportError) as exc:
+        usage_error(f"cannot make {args.env}: {exc}")
+    try:
+        base = env.unwrapped
+        if not len(base.toolset):  # an MCP env learns its tools at its first reset
+            env.reset(seed=0)
+        tasks, report = tasks_from_traces(args.logs, base, keep=args.keep, turn=args.turn,
+                                          answer_field=args.answer_field, allow_invalid_calls=args.allow_invalid_calls)
+    except (ValueError, FileNotFoundError) as exc:
+        usage_error(exc)
+    finally:
+        env.close()
+    summary = report.as_dict()
+    if tasks:
+        write_jsonl(args.out, tasks)
+    if args.json:
+        print(json.dumps({**summary, "out": args.out if tasks else None}))
+    else:
+        print(f"{report.traces} traces read, {report.kept} tasks written" + (f" to {args.out}" if tasks else ""))
+        for reason, count in summary["skipped"].items():
+            print(f"  skipped {count}: {reason}")
+        print(f"  tool calls checked: {report.calls_checked}; unknown tools: "
+              f"{dict(report.unknown_tools) or 'none'}; invalid arguments: {dict(report.invalid_arguments) or 'none'}")
+        for line in report.examples:
+            print(f"  {line}")
+    return 0 if tasks else 1
+
+
+def cmd_export_sft(args: argparse.Namespace) -> int:
+    from benchmax_gym.cli import _parse_env_args, usage_error
+    from benchmax_gym.data import write_jsonl
+    from benchmax_gym.data.sft import export_sft
+    from benchmax_gym.eval import EvalError
+
+    out = args.out or (os.path.join(args.run, "sft.jsonl") if os.path.isdir(args.run) else None)
+    if not out:
+        usage_error("--out is needed when RUN is a file")
+    _refuse_existing(out, args.overwrite)
+    try:
+        rows, summary = export_sft(args.run, min_reward=args.min_reward, env_id=args.env,
+                                   env_kwargs=_parse_env_args(args.env_arg) if args.env_arg else None,
+                                   tools=not args.no_tools)
+    except (EvalError, ValueError, FileNotFoundError, TypeError) as exc:
+        usage_error(exc)
+    write_jsonl(out, rows)
+    summary["out"] = out
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        left = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items()) or "none"
+        print(f"{summary['exported']} of {summary['episodes']} episodes written to {out} (left out: {left})")
+    return 0
+
+
+def cmd_from_corpus(args: argparse.Namespace) -> int:
+    from benchmax_gym.cli import usage_error
+    from benchmax_gym.data.questions import generate_from_corpus, print_summary
+    from benchmax_gym.eval.policies import PolicyError
+
+    _refuse_existing(args.out, args.overwrite)
+    for flag, value in (("--concurrency", args.concurrency), ("--timeout", args.timeout)):
+        if not value > 0:
+            usage_error(f"{flag} must be a positive number, got {value}")
+    if args.max_retries < 0:
+        usage_error(f"--max-retries must be 0 or more, got {args.max_retries}")
+    if args.verify_model and not args.model:
+        usage_error("--verify-model checks a model's questions: give --model too")
+    model = None
+    if args.model:
+        from benchmax_gym.data.questions import ModelGenerator
+
+        key = os.environ.get(args.api_key_env or "OPENAI_API_KEY") or None
+        if args.api_key_env and not key:
+            usage_error(f"--api-key-env {args.api_key_env}: the variable is not set")
+        model = ModelGenerator(args.model, base_url=args.base_url, api_key=key, concurrency=args.concurrency,
+                               timeout=args.timeout, max_retries=args.max_retries, verify_model=args.verify_model,
+                               temperature=args.temperature)
+    try:
+        summary = generate_from_corpus(
+            args.docs, args.out, model=model, max_questions=args.max_questions, chunk_chars=args.chunk_chars,
+            multi_hop=not args.single_hop_only, corpus_out=args.corpus_out, seed=args.seed, progress=not args.quiet)
+    except (ValueError, FileNotFoundError, PolicyError) as exc:  # PolicyError: the endpoint failed its preflight
+        usage_error(exc)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_summary(summary, sys.stdout)
+    return 0 if summary["kept"] else 1
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``tasks from-corpus``, ``tasks from-traces`` and ``export-sft`` to the CLI's subparsers."""
+    tasks = sub.add_parser("tasks", help="make tasks from your documents or your agents' traces")
+    which = tasks.add_subparsers(dest="tasks_command", required=True)
+
+    fc = which.add_parser("from-corpus", help="question/answer tasks over your documents, for benchmax/Wikipedia-v0's "
+                          "local backend (offline templates, or a model endpoint with model-free filters)")
+    fc.add_argument("docs", help="a file or folder of documents: .txt, .md, .html, .jsonl of {title, text}")
+    fc.add_argument("--out", required=True, help="the tasks file to write (JSON Lines)")
+    fc.add_argument("--corpus-out", help="also write the chunked corpus here as {title, text} JSON Lines "
+                    "(default: none; the local backend reads DOCS itself)")
+    fc.add_argument("--model", help="generate with this model (with --base-url) instead of the offline templates")
+    fc.add_argument("--base-url", help="an OpenAI-compatible endpoint with its /v1 (default: $OPENAI_BASE_URL)")
+    fc.add_argument("--api-key-env", metavar="VAR", help="the variable holding the API key (default: OPENAI_API_KEY); "
+                    "the key is never written")
+    fc.add_argument("--verify-model", help="a second model that answers each candidate from its chunks; kept only "
+                    "if it agrees (same endpoint)")
+    fc.add_argument("--max-questions", type=int, help="stop after this many kept questions")
+    fc.add_argument("--chunk-chars", type=int, default=1200, help="characters per chunk (default: 1200)")
+    fc.add_argument("--single-hop-only", action="store_true", help="no multi-hop (bridge, comparison) questions")
+    fc.add_argument("--concurrency", type=int, default=16, help="model requests in flight (default: 16)")
+    fc.add_argument("--timeout", type=float, default=120.0, help="seconds per model request (default: 120)")
+    fc.add_argument("--max-retries", type=int, default=4, help="retries per request (default: 4)")
+    fc.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
+    fc.add_argument("--seed", type=int, default=0, help="which facts the templates pick (default: 0)")
+    fc.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    fc.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    fc.add_argument("--quiet", action="store_true", help="no progress bar")
+    fc.set_defaults(func=cmd_from_corpus)
+
+    ft = which.add_parser("from-traces", help="tasks for an env from agent traces in the OpenAI chat format "
+                          "(eval's rollouts.jsonl, gateway logs)")
+    ft.add_argument("logs", help="a JSON Lines file of traces, or a folder of them")
+    ft.add_argument("--env", required=True, metavar="ENV_ID", help="the env the tasks are for (its tools check the calls)")
+    ft.add_argument("--out", required=True, help="the tasks file to write (JSON Lines)")
+    ft.add_argument("--keep", default="all", help="which traces' final answers are trusted as references: all, "
+                    "reward>=X (>, <=, <, =) or FIELD=VALUE, e.g. success=true (default: all)")
+    ft.add_argument("--turn", default="last-user", help="where the task's conversation ends: last-user (default), "
+                    "first-user, final (all but the final reply) or N (before the N-th assistant message)")
+    ft.add_argument("--answer-field", metavar="FIELD", help="take the reference from this field of the record "
+                    "(dotted path) instead of the final reply")
+    ft.add_argument("--allow-invalid-calls", action="store_true",
+                    help="keep traces whose conversation prefix calls unknown tools or passes invalid arguments "
+                    "(reported either way)")
+    ft.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE", help="gym.make argument, as for run")
+    ft.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    ft.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    ft.set_defaults(func=cmd_from_traces)
+
+    sft = sub.add_parser("export-sft", help="write a run's successful scored episodes as chat JSON Lines for TRL's "
+                         "SFTTrainer, with the env's tool schemas")
+    sft.add_argument("run", help="an eval run directory, or a `run --jsonl` file")
+    sft.add_argument("--out", help="the file to write (default: RUN/sft.jsonl for a run directory)")
+    sft.add_argument("--min-reward", type=float, help="keep scored episodes with at least this reward (default: "
+                     "those that succeeded: full reward)")
+    sft.add_argument("--env", metavar="ENV_ID", help="the env whose tools to write (default: the run's)")
+    sft.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
+                     help="gym.make argument for the tools' env (default: the run's env_kwargs)")
+    sft.add_argument("--no-tools", action="store_true", help="no tools column (the system prompt already describes "
+                     "the tools in text; a template given tools would render them again)")
+    sft.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    sft.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    sft.set_defaults(func=cmd_export_sft)

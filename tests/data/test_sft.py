@@ -1,0 +1,92 @@
+"""``benchmax-gym export-sft``: a run's successful scored episodes as chat JSON Lines, with the env's
+tool schemas, that TRL's SFTTrainer tokenizes as it is."""
+
+import json
+import os
+import re
+
+import pytest
+
+from benchmax_gym.cli import main
+from benchmax_gym.eval import evaluate
+
+ENV = "benchmax/Math-v0"
+TASKS = [{"id": f"m{i}", "prompt": f"Compute: {a} * {b}", "answer": str(a * b)}
+         for i, (a, b) in enumerate([(6, 7), (3, 5), (12, 4), (9, 9)])]
+
+
+def half_right(obs, info):
+    """Calls the calculator, then answers right when the product is even (two of the four tasks)."""
+    if info.get("turn", 0) == 0:
+        expression = re.search(r"Compute: (.*)", obs).group(1).strip()
+        return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+    value = int(re.search(r"-?\d+", obs.split("<tool_response>")[-1]).group())
+    return f"\\boxed{{{value if value % 2 == 0 else value + 1}}}"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft") / "run"
+    result = evaluate(ENV, half_right, env_kwargs={"tasks": TASKS, "python_tool": False}, out=out)
+    assert sorted(r["success"] for r in result.records) == [False, False, True, True]
+    return out
+
+
+def test_only_successful_episodes_are_written_with_tools_and_structured_calls(run_dir, capsys):
+    assert main(["export-sft", str(run_dir), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["episodes"] == 4 and summary["exported"] == 2 and summary["left_out"] == {"not successful": 2}
+    rows = [json.loads(line) for line in open(run_dir / "sft.jsonl")]
+    assert sorted(r["task_id"] for r in rows) == ["m0", "m2"]
+    row = rows[0]
+    assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    call = row["messages"][2]["tool_calls"][0]["function"]
+    assert call["name"] == "calculator" and isinstance(call["arguments"], dict)  # objects, as templates want
+    assert row["messages"][3]["name"] == "calculator"
+    tools = json.loads(row["tools"])
+    assert [t["function"]["name"] for t in tools] == ["calculator"]  # the run's env_kwargs: no python tool
+    # --min-reward 0 keeps every scored episode; an existing file is not overwritten silently
+    with pytest.raises(SystemExit):
+        main(["export-sft", str(run_dir)])
+    assert "exists" in capsys.readouterr().err
+    assert main(["export-sft", str(run_dir), "--min-reward", "0", "--overwrite", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["exported"] == 4
+    assert main(["export-sft", str(run_dir), "--no-tools", "--overwrite"]) == 0
+    assert all("tools" not in json.loads(line) for line in open(run_dir / "sft.jsonl"))
+
+
+def test_trl_sft_trainer_tokenizes_the_export(run_dir, tmp_path, capsys):
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    datasets = pytest.importorskip("datasets")
+    trl = pytest.importorskip("trl")
+    from benchmax_gym.testing.tokenizers import tiny_model, tiny_tokenizer
+
+    out = tmp_path / "sft.jsonl"
+    assert main(["export-sft", str(run_dir), "--out", str(out)]) == 0
+    dataset = datasets.load_dataset("json", data_files=str(out), split="train")
+    assert trl.data_utils.is_conversational(dataset[0])
+    tokenizer = tiny_tokenizer("qwen")
+    config = trl.SFTConfig(output_dir=str(tmp_path / "trainer"), max_steps=1, report_to=[], per_device_train_batch_size=1,
+                           use_cpu=True, dataset_num_proc=None)
+    trainer = trl.SFTTrainer(model=tiny_model(tokenizer), args=config, train_dataset=dataset,
+                             processing_class=tokenizer)
+    text = tokenizer.decode(trainer.train_dataset[0]["input_ids"])
+    assert '{"name": "calculator", "arguments": {"expression":' in text  # the call, arguments as an object
+    assert "<tools>" in text and '"name": "calculator"' in text  # the schemas, rendered by the template
+    assert "\\boxed{" in text
+
+
+def test_a_run_jsonl_file_exports_too(tmp_path, capsys):
+    episodes = tmp_path / "episodes.jsonl"
+    assert main(["run", ENV, "--policy", "solver", "--episodes", "3", "--jsonl", str(episodes), "--quiet", "--json",
+                 "--env-arg", "python_tool=false"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["export-sft", str(episodes)])  # a file: --out must be said
+    assert "--out" in capsys.readouterr().err
+    out = tmp_path / "sft.jsonl"
+    assert main(["export-sft", str(episodes), "--out", str(out), "--env-arg", "python_tool=false", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["exported"] == 3 and summary["env_id"] == ENV
+    rows = [json.loads(line) for line in open(out)]
+    assert all(r["messages"][-1]["role"] == "assistant" and r["reward"] == 1.0 for r in rows)

@@ -1,0 +1,149 @@
+"""``benchmax-gym tasks from-traces``: eval's own rollouts and a gateway-style log become tasks that
+start from the logged conversation; bad tool calls are reported, never silently dropped."""
+
+import json
+
+import gymnasium as gym
+import pytest
+
+import benchmax_gym  # noqa: F401
+from benchmax_gym.cli import main
+from benchmax_gym.data import load_tasks
+from benchmax_gym.eval import evaluate
+
+ENV = "benchmax/Math-v0"
+
+
+def call(name, arguments, id_="c1"):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": None, "tool_calls": [call("calculator", {"expression": "2 + 3"})]},
+    {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    {"role": "assistant", "content": "\\boxed{5}"},
+    {"role": "user", "content": "And that times 4?"},
+    {"role": "assistant", "content": None, "tool_calls": [call("calculator", {"expr": "5 * 4"}, "c2")]},  # bad args
+    {"role": "tool", "tool_call_id": "c2", "content": "Error"},
+    {"role": "assistant", "content": "It is <answer>20</answer>."},
+]
+
+
+def write_log(path):
+    lines = [
+        json.dumps({"messages": CONVERSATION, "reward": 1.0}),
+        json.dumps({"messages": [{"role": "user", "content": "Weather?"},
+                                 {"role": "assistant", "content": "", "tool_calls": [call("weather", {"city": "Lima"})]},
+                                 {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                                 {"role": "user", "content": "So 1+1?"},
+                                 {"role": "assistant", "content": "\\boxed{2}"}], "reward": 1.0}),
+        json.dumps({"request": {"messages": [{"role": "user", "content": "What is 9 - 9?"}]},
+                    "response": {"choices": [{"message": {"role": "assistant", "content": "\\boxed{1}"}}]},
+                    "reward": 0.0}),
+        json.dumps({"messages": [{"role": "user", "content": "What is 8 * 6?"},
+                                 {"role": "assistant", "content": '<tool_call>{"name": "abacus", "arguments": {}}</tool_call>'},
+                                 {"role": "user", "content": "No abacus, just answer."},
+                                 {"role": "assistant", "content": "\\boxed{48}"}], "reward": 1.0}),
+        "this line is not JSON",
+        json.dumps({"request": {"messages": [{"role": "user", "content": "What is 7 * 6?"}]},
+                    "response": {"choices": [{"message": {"role": "assistant", "content": "\\boxed{42}"}}]},
+                    "reward": 1.0}),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def from_traces(capsys, *args):
+    code = main(["tasks", "from-traces", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_eval_rollouts_become_tasks_that_replay_the_logged_question(tmp_path, capsys):
+    run = evaluate(ENV, "solver", tasks=3, out=tmp_path / "run")
+    assert all(r["success"] for r in run.records)
+    out = tmp_path / "tasks.jsonl"
+    code, report = from_traces(capsys, str(tmp_path / "run" / "rollouts.jsonl"), "--env", ENV, "--out", str(out),
+                               "--keep", "success=true")
+    assert code == 0 and report["traces"] == 3 and report["kept"] == 3 and report["calls_checked"] >= 3
+    assert report["unknown_tools"] == {} and report["invalid_arguments"] == {}
+    tasks = load_tasks(out)
+    env = gym.make(ENV, tasks=tasks)
+    logged = {r["task_id"]: r for r in run.records}
+    assert sorted(t.metadata["trace_task_id"] for t in tasks.tasks) == sorted(logged)
+    for i, task in enumerate(tasks.tasks):
+        record = logged[task.metadata["trace_task_id"]]
+        obs, info = env.reset(seed=0, options={"task_index": i})
+        # the env's own system prompt once (the logged copy of it dropped), then the logged question
+        assert [m["role"] for m in info["messages"]] == ["system", "user"]
+        assert info["messages"][1]["content"] == record["messages"][1]["content"]
+        _, reward, terminated, _, _ = env.step(f"\\boxed{{{tasks[i].answer}}}")
+        assert terminated and reward == 1.0
+    env.close()
+
+
+def test_a_gateway_log_is_cut_filtered_and_its_bad_calls_reported(tmp_path, capsys):
+    log = write_log(tmp_path / "gateway.jsonl")
+    out = tmp_path / "tasks.jsonl"
+    code, report = from_traces(capsys, str(log), "--env", ENV, "--out", str(out), "--keep", "reward>=1")
+    assert code == 0
+    assert report["traces"] == 6 and report["kept"] == 2
+    assert report["skipped"] == {"not a chat trace": 1, "not kept by --keep reward>=1": 1,
+                                 "a bad tool call in the prefix": 2}
+    assert report["unknown_tools"] == {"weather": 1, "abacus": 1}
+    assert report["invalid_arguments"] == {"calculator": 1}
+    assert any("gateway.jsonl:1: message 6: invalid arguments for calculator" in e for e in report["examples"])
+    first, second = load_tasks(out).tasks
+    # cut at the last user message: the earlier exchange is context, the reference the final answer
+    assert [m["content"] for m in first.messages][-1] == "And that times 4?" and first.answer == "20"
+    assert first.messages[0] == {"role": "system", "content": "You are terse."}
+    assert second.messages == ({"role": "user", "content": "What is 7 * 6?"},) and second.answer == "42"
+    env = gym.make(ENV, tasks=load_tasks(out))
+    obs, info = env.reset(seed=0, options={"task_index": 0})
+    assert info["messages"][0]["content"].endswith("You are terse.")  # merged into the env's system prompt
+    assert [m["role"] for m in info["messages"]] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    env.close()
+
+
+def test_turn_choices_and_allowing_invalid_calls(tmp_path, capsys):
+    log = write_log(tmp_path / "gateway.jsonl")
+    code, report = from_traces(capsys, str(log), "--env", ENV, "--out", str(tmp_path / "a.jsonl"),
+                               "--keep", "reward>=1", "--allow-invalid-calls", "--turn", "1")
+    assert code == 0 and report["kept"] == 4
+    first = load_tasks(tmp_path / "a.jsonl").tasks[0]
+    assert [m["role"] for m in first.messages] == ["system", "user"]  # before the first assistant message
+    assert first.answer == "20"  # the final answer is still the reference
+    code, report = from_traces(capsys, str(log), "--env", ENV, "--out", str(tmp_path / "b.jsonl"),
+                               "--keep", "reward>=1", "--turn", "final")
+    assert report["kept"] == 1  # the bad calls are all in the prefix now: only the clean trace is left
+    code, report = from_traces(capsys, str(log), "--env", ENV, "--out", str(tmp_path / "c.jsonl"),
+                               "--keep", "reward>=1", "--turn", "final", "--allow-invalid-calls")
+    first = load_tasks(tmp_path / "c.jsonl").tasks[0]
+    assert report["kept"] == 4 and first.messages[-1]["role"] == "tool"  # all but the final reply
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--keep", "reward~1"], "--keep must be"),
+    (["--turn", "middle"], "--turn must be"),
+    (["--turn", "0"], "counts assistant messages from 1"),
+    (["--env", "benchmax/Nope-v0"], "--env"),
+])
+def test_bad_options_fail_in_one_line(tmp_path, capsys, args, says):
+    log = write_log(tmp_path / "gateway.jsonl")
+    argv = ["tasks", "from-traces", str(log), "--out", str(tmp_path / "t.jsonl")]
+    if "--env" not in args:
+        argv += ["--env", ENV]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv + args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and says in err and "Traceback" not in err
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_a_json_array_of_traces_is_read_whole(tmp_path, capsys):
+    (tmp_path / "traces.json").write_text(json.dumps([{"messages": CONVERSATION[:5], "reward": 1.0},
+                                                      {"messages": CONVERSATION[1:2], "reward": 1.0}], indent=2))
+    code, report = from_traces(capsys, str(tmp_path / "traces.json"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
+    assert code == 0 and report["traces"] == 2 and report["kept"] == 1
+    assert report["skipped"] == {"no reference answer": 1}  # the second trace has no reply to trust

@@ -1,0 +1,1 @@
+"""A third-party environment package: its ids come from its entry points, not from an import."""

@@ -1,0 +1,1 @@
+"""Declares entry points that do not work."""
