@@ -393,13 +393,17 @@ class JudgeRubric:
     def _loop_state(self) -> tuple[Any, asyncio.Semaphore, dict]:
         """This event loop's client (one per loop: an HTTP client is bound to the loop it was
         made on), request limit and requests in flight."""
-        from benchmax_gym.eval.policies import ChatPolicy
+        from benchmax_gym.eval.policies import HTTPX_CLIENTS, ChatPolicy
 
         loop = asyncio.get_running_loop()
         with self._lock:
             state = self._per_loop.get(id(loop))
             if state is None or state[0] is not loop:
-                state = (loop, ChatPolicy(**self._policy_args), asyncio.Semaphore(self.max_concurrency), {})
+                policy = ChatPolicy(**self._policy_args)
+                policy._httpx_only = True  # spread over a few httpx clients: nothing to log when a loop ends unclosed
+                policy._clients = [policy.client(aiohttp=False) for _ in range(HTTPX_CLIENTS)]
+                policy._busy = [0] * len(policy._clients)
+                state = (loop, policy, asyncio.Semaphore(self.max_concurrency), {})
                 self._per_loop[id(loop)] = state
         return state[1], state[2], state[3]
 

@@ -454,6 +454,7 @@ async def _group_scored(records, group_rubric, first, env_id, kwargs, closing, r
         closing.append(first)
     group_rubric = group_rubric or group_rubric_of(first)
     source = first.unwrapped.tasks
+    records = sorted(records, key=lambda r: (r["task_index"], r["sample"]))
     scored = await ascore_groups(records, group_rubric, tasks=lambda r: source.get(r["task_index"]))
     if run_dir is not None:
         keys = ("task_index", "sample", "reward", "individual_reward", "group_components", "group_size",
