@@ -14,7 +14,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NOT_IN_BASE = ["psutil", "ray", "openai", "openenv", "trl", "transformers", "tokenizers", "torch", "matplotlib",
                "skyrl_gym", "verl", "openrlhf", "sky", "gem"]
 NEEDS = {"remote_throughput.py": "ray", "openenv_overhead.py": "openenv", "eval_throughput.py": "eval",
-         "adapter_overhead.py": "trl"}
+         "adapter_overhead.py": "trl",
+         "reward_group_judge.py": "eval"}
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_") and p.name != "parse_hostile.py")
 
 
@@ -68,3 +69,16 @@ def test_peers_without_an_interpreter_are_skipped_with_the_flag_named():
                          env={**env, "BENCHMAX_GEM_PYTHON": "/nonexistent/python"})
     missing = json.loads(named.stdout)["peers_not_measured"]
     assert "no interpreter at /nonexistent/python" in missing["gem_tool_env_wrapper"]
+
+
+def test_reward_group_judge_runs_briefly_and_prints_its_figures():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "reward_group_judge.py"), "--tasks", "2", "--k", "4",
+                          "--judgments", "32", "--concurrency", "8", "--latency", "0.01"],
+                         capture_output=True, text=True, timeout=120, cwd=BENCHMARKS,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(BENCHMARKS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["group"]["episodes"] == 8 and figures["group"]["group_rubric_us_per_episode"] > 0
+    assert figures["judge"]["calls"] == 32 and figures["judge"]["rescore_calls"] == 0
+    assert figures["judge"]["fraction_of_ideal"] > 0 and figures["judge"]["sdk_floor"]["calls_per_s"] > 0

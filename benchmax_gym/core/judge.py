@@ -13,7 +13,8 @@ Requests go through eval's client (:meth:`benchmax_gym.eval.policies.ChatPolicy.
 ``openai`` SDK's retries with backoff on 429/5xx and timeouts, ``Retry-After``, a whole-reply
 deadline, a reply-size cap; the API key, from ``api_key`` or ``$OPENAI_API_KEY``, is never
 written anywhere and is scrubbed from errors). At most ``max_concurrency`` requests are in flight
-per event loop; identical requests in flight at once share one.
+(one client on the judge's own event loop, in a daemon thread, whoever scores: an env's loop,
+eval's, a vector worker's); identical requests in flight at once share one.
 
 **Cache.** Every reply is stored on disk under the SHA-256 of the judge model, the sampling
 parameters and the rendered request (the prompt with the judged content in it):
@@ -48,6 +49,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hashlib
 import json
 import math
@@ -55,6 +57,7 @@ import os
 import re
 import tempfile
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -210,7 +213,7 @@ class JudgeRubric:
         api_key: default ``$OPENAI_API_KEY``; never written anywhere.
         temperature, max_tokens, extra_body: sampling (part of the cache key).
         timeout, max_retries: per request, as eval's :class:`~benchmax_gym.eval.policies.ChatPolicy`.
-        max_concurrency: requests in flight per event loop.
+        max_concurrency: requests in flight at once (all callers in this process).
         cache: keep replies on disk (``cache_dir``: default ``$BENCHMAX_GYM_CACHE/judge``).
         price_per_token: a price for every token, or ``(prompt, completion)`` prices.
         max_judged_chars: each judged text is capped at this many characters.
@@ -255,7 +258,13 @@ class JudgeRubric:
         self._policy_args = {"model": model, "base_url": base_url, "api_key": api_key, "timeout": timeout,
                              "max_retries": max_retries, "native_tools": False, "name": f"judge:{model}"}
         self._lock = threading.Lock()
-        self._per_loop: dict[int, tuple[Any, Any, asyncio.Semaphore, dict]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._policy: Any = None
+        self._limit: asyncio.Semaphore | None = None
+        self._flying: dict[str, asyncio.Future] = {}
+        self._pid = 0
+        self._at_exit = False
         self.calls = 0  # requests made (all episodes), for tests and logs
         self.cache_hits = 0
 
@@ -390,22 +399,26 @@ class JudgeRubric:
             except OSError:
                 pass
 
-    def _loop_state(self) -> tuple[Any, asyncio.Semaphore, dict]:
-        """This event loop's client (one per loop: an HTTP client is bound to the loop it was
-        made on), request limit and requests in flight."""
-        from benchmax_gym.eval.policies import HTTPX_CLIENTS, ChatPolicy
+    def _service(self) -> asyncio.AbstractEventLoop:
+        """The judge's own event loop, in a daemon thread: one HTTP client (on aiohttp when the
+        SDK's extra is installed), one request limit and one table of requests in flight for
+        every caller, whichever loop or thread it scores from (an env's private loop, eval's,
+        a vector worker's). Made on first use, and anew in a forked child."""
+        from benchmax_gym.eval.policies import ChatPolicy
 
-        loop = asyncio.get_running_loop()
         with self._lock:
-            state = self._per_loop.get(id(loop))
-            if state is None or state[0] is not loop:
-                policy = ChatPolicy(**self._policy_args)
-                policy._httpx_only = True  # spread over a few httpx clients: nothing to log when a loop ends unclosed
-                policy._clients = [policy.client(aiohttp=False) for _ in range(HTTPX_CLIENTS)]
-                policy._busy = [0] * len(policy._clients)
-                state = (loop, policy, asyncio.Semaphore(self.max_concurrency), {})
-                self._per_loop[id(loop)] = state
-        return state[1], state[2], state[3]
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, daemon=True, name=f"benchmax-judge-{self.name}")
+                thread.start()
+                self._loop, self._thread, self._pid = loop, thread, os.getpid()
+                self._policy = ChatPolicy(**self._policy_args)
+                self._limit = None  # made on the judge's loop
+                self._flying = {}
+                if not self._at_exit:
+                    self._at_exit = True
+                    atexit.register(_close_at_exit, weakref.ref(self))
+        return self._loop
 
     async def ask(self, messages: list[dict[str, Any]]) -> tuple[str, dict[str, float]]:
         """The judge's reply text to ``messages`` and what it cost (``usage``): from the cache
@@ -418,7 +431,16 @@ class JudgeRubric:
             self.cache_hits += 1
             usage["cached"] = 1
             return text, usage
-        policy, limit, flying = self._loop_state()
+        loop = self._service()
+        if asyncio.get_running_loop() is loop:
+            return await self._ask(key, messages, usage)
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._ask(key, messages, usage), loop))
+
+    async def _ask(self, key: str, messages: list[dict[str, Any]], usage: dict[str, float]):
+        """On the judge's loop: share a request already in flight, else make it."""
+        if self._limit is None:
+            self._limit = asyncio.Semaphore(self.max_concurrency)
+        flying = self._flying
         if key in flying:  # the same request is on its way: share its reply (its cost is the first's)
             text = await asyncio.shield(flying[key])
             usage["cached"] = 1
@@ -426,7 +448,7 @@ class JudgeRubric:
         future = asyncio.get_running_loop().create_future()
         flying[key] = future
         try:
-            text, usage = await self._request(policy, limit, messages, usage)
+            text, usage = await self._request(messages, usage)
             future.set_result(text)
         except BaseException as exc:
             future.set_exception(exc)
@@ -438,11 +460,11 @@ class JudgeRubric:
             await asyncio.to_thread(self._write, key, text)
         return text, usage
 
-    async def _request(self, policy: Any, limit: asyncio.Semaphore, messages: list[dict[str, Any]],
-                       usage: dict[str, float]) -> tuple[str, dict[str, float]]:
+    async def _request(self, messages: list[dict[str, Any]], usage: dict[str, float]) -> tuple[str, dict[str, float]]:
         from benchmax_gym.eval.policies import PolicyError
 
-        async with limit:
+        policy = self._policy
+        async with self._limit:
             self.calls += 1
             try:
                 message, _, reported, seconds = await policy.complete(
@@ -460,13 +482,41 @@ class JudgeRubric:
             usage["cost"] = prompt_tokens * self.prices[0] + completion_tokens * self.prices[1]
         return policy.scrub(text), usage
 
-    async def aclose(self) -> None:
-        """Close the HTTP clients made on this event loop."""
-        loop = asyncio.get_running_loop()
+    def close(self) -> None:
+        """Close the HTTP client and stop the judge's loop (done at exit; a later judgment starts
+        them again)."""
         with self._lock:
-            state = self._per_loop.pop(id(loop), None)
-        if state is not None and state[0] is loop:
-            await state[1].aclose()
+            loop, thread, policy = self._loop, self._thread, self._policy
+            self._loop = self._thread = self._policy = None
+        if loop is None or self._pid != os.getpid():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(policy.aclose(), loop).result(timeout=10)
+        except Exception:
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (a spawned worker builds its own loop and client): the runtime state stays."""
+        state = dict(self.__dict__)
+        state.update(_lock=None, _loop=None, _thread=None, _policy=None, _limit=None, _flying={}, _pid=0,
+                     _at_exit=False)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+
+def _close_at_exit(ref: Any) -> None:
+    judge = ref()
+    if judge is not None:
+        judge.close()
 
 
 def _record(episode: Any, usage: Mapping[str, Any]) -> None:

@@ -247,8 +247,9 @@ class FakeChatServer:
 def main() -> None:
     parser = argparse.ArgumentParser(description="serve the scripted calculator model over the OpenAI API")
     parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--judge", action="store_true", help="serve the scripted judge (judge_model) instead")
     args = parser.parse_args()
-    with FakeChatServer(calculator_model, latency=args.latency) as server:
+    with FakeChatServer(judge_model if args.judge else calculator_model, latency=args.latency) as server:
         print(server.url, flush=True)
         try:
             while True:
