@@ -3,13 +3,16 @@
 * ``group``: Math-v0 episodes played in-process by the reference solver (reset, a calculator
   call, the answer: today's final-only rubric scores the last step), then a ``GroupRubric``
   (relative rank, diversity penalty, best-of-k) over each task's k=8 records. ``overhead_fraction``
-  is the group's time per episode over the episode's own.
+  is the group's time per episode over the whole episode's; ``group_over_final_rubric`` over the
+  final-only rubric's own scoring.
 * ``judge``: ``JudgeRubric`` pointwise judgments (distinct, cache off) against the scripted judge
   (``benchmax_gym.testing.openai_server --judge``, in its own process) answering after
   ``--latency`` s, ``--concurrency`` in flight; ideal is concurrency / latency judgments a second.
   ``rescore_*`` re-scores the same judgments from the on-disk cache (zero calls). ``sdk_floor`` is
   the official SDK alone (on aiohttp when installed) posting the same requests, C at a time: what
-  any client reaches on this machine against this server.
+  any client reaches on this machine against this server. ``cpu_ms_per_*``: this process's CPU
+  per judgment / call (the server runs in its own process): the judge's own cost beside the SDK's,
+  a figure a loaded machine disturbs less than the rates.
 """
 
 from __future__ import annotations
@@ -47,6 +50,13 @@ def group_cost(tasks: int, k: int) -> dict:
                 done = terminated or truncated
             records.append(env.unwrapped.episode_record())
     episode_s = (time.perf_counter() - start) / len(records)
+    rubric, tasks = env.unwrapped.rubric, env.unwrapped.tasks
+    contexts = [{"completion": r["actions"][-1], "answer": tasks.get(r["task_index"]).answer,
+                 "task": tasks.get(r["task_index"]), "messages": r["messages"]} for r in records]
+    start = time.perf_counter()
+    for context in contexts:
+        rubric.score(**context)
+    final_s = (time.perf_counter() - start) / len(records)
     env.close()
     rubric = GroupRubric([("rank", relative_rank, 1.0), ("diverse", diversity_penalty, 0.1), best_of_k])
     score_groups(records[:k], rubric)  # warm
@@ -55,7 +65,9 @@ def group_cost(tasks: int, k: int) -> dict:
     group_s = (time.perf_counter() - start) / len(records)
     assert all(r["group_size"] == k for r in scored)
     return {"k": k, "episodes": len(records), "final_only_episode_us": round(1e6 * episode_s, 1),
+            "final_rubric_us_per_episode": round(1e6 * final_s, 1),
             "group_rubric_us_per_episode": round(1e6 * group_s, 1),
+            "group_over_final_rubric": round(group_s / final_s, 2),
             "overhead_fraction": round(group_s / episode_s, 4)}
 
 
@@ -65,9 +77,9 @@ async def judge_rate(url: str, judgments: int, concurrency: int, latency: float,
     task = Task(id="t", prompt="What is 2 + 2?", answer="4")
     await asyncio.gather(*(judge.score(f"warm {i}: 4", task=task) for i in range(concurrency)))
     calls = judge.calls
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     scores = await asyncio.gather(*(judge.score(f"reply {i}: 4", task=task) for i in range(judgments)))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert scores == [1.0] * judgments
     made = judge.calls - calls
     again = time.perf_counter()
@@ -77,7 +89,7 @@ async def judge_rate(url: str, judgments: int, concurrency: int, latency: float,
     ideal = concurrency / latency
     return {"concurrency": concurrency, "judgments": judgments, "calls": made, "wall_s": round(wall, 3),
             "judgments_per_s": round(judgments / wall, 1), "ideal_per_s": ideal,
-            "fraction_of_ideal": round(judgments / wall / ideal, 3),
+            "fraction_of_ideal": round(judgments / wall / ideal, 3), "cpu_ms_per_judgment": round(1000 * cpu / judgments, 3),
             "rescore_calls": judge.calls - calls - made if cache_dir else None,
             "rescore_judgments_per_s": round(judgments / cached_wall, 1) if cache_dir else None}
 
@@ -101,11 +113,12 @@ async def sdk_floor(url: str, judgments: int, concurrency: int, latency: float) 
             await client.post("/chat/completions", body=body, cast_to=object)
 
     await asyncio.gather(*(one(i) for i in range(concurrency)))
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one(i) for i in range(judgments)))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     await client.close()
-    return {"calls_per_s": round(judgments / wall, 1), "fraction_of_ideal": round(judgments / wall / (concurrency / latency), 3)}
+    return {"calls_per_s": round(judgments / wall, 1), "fraction_of_ideal": round(judgments / wall / (concurrency / latency), 3),
+            "cpu_ms_per_call": round(1000 * cpu / judgments, 3)}
 
 
 def main() -> None:

@@ -21,7 +21,9 @@ parameters and the rendered request (the prompt with the judged content in it):
 ``cache_dir`` (default ``$BENCHMAX_GYM_CACHE/judge``, ``~/.cache/benchmax-gym/judge``). Re-scoring
 a run makes zero judge calls, and identical trajectories get identical scores. The raw reply
 is what is cached, so a changed ``parse`` re-reads it without a call; a reply ``parse``
-rejects is never cached. Entries are written atomically (a temporary file, then a rename).
+rejects is never cached. Entries are written atomically (a temporary file, then a rename) by a
+helper thread; each cache folder is listed once per process, so a miss costs no disk access (an
+entry another process writes later is not seen by this one: it only costs a call).
 
 **Usage.** Each episode records what its judging cost in ``episode.state["judge"]`` (eval's
 records: ``record["judge"]``; :func:`judge_usage`): ``calls`` (requests made), ``cached`` (answered
@@ -50,8 +52,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import hashlib
 import json
+import logging
 import math
 import os
 import re
@@ -63,6 +67,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.outcomes import MODEL_ERROR, RewardFailure
+
+log = logging.getLogger(__name__)
 
 USAGE_KEY = "judge"
 USAGE_FIELDS = ("calls", "cached", "prompt_tokens", "completion_tokens", "seconds", "cost")
@@ -265,6 +271,9 @@ class JudgeRubric:
         self._flying: dict[str, asyncio.Future] = {}
         self._pid = 0
         self._at_exit = False
+        self._known: dict[str, set[str]] = {}  # cache entries by key prefix, listed once
+        self._pending: dict[str, str] = {}  # replies on their way to disk
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self.calls = 0  # requests made (all episodes), for tests and logs
         self.cache_hits = 0
 
@@ -365,9 +374,29 @@ class JudgeRubric:
     def _path(self, key: str) -> Path | None:
         return None if self.cache_dir is None else self.cache_dir / key[:2] / f"{key}.json"
 
+    def _listing(self, prefix: str) -> set[str]:
+        """The cache's entries under ``prefix`` (listed once per process): a key not in it is a
+        miss without touching the disk (opening a missing file cost ~0.6 ms on a busy overlay)."""
+        with self._lock:
+            names = self._known.get(prefix)
+        if names is None:
+            try:
+                names = {n[:-5] for n in os.listdir(self.cache_dir / prefix) if n.endswith(".json")}
+            except OSError:
+                names = set()
+            with self._lock:
+                names = self._known.setdefault(prefix, names)
+        return names
+
     def _read(self, key: str) -> str | None:
         path = self._path(key)
         if path is None:
+            return None
+        with self._lock:
+            pending = self._pending.get(key)
+        if pending is not None:  # written by this process, on its way to disk
+            return pending
+        if key not in self._listing(key[:2]):
             return None
         try:
             entry = json.loads(path.read_text(encoding="utf-8"))
@@ -376,24 +405,54 @@ class JudgeRubric:
         text = entry.get("reply") if isinstance(entry, dict) else None
         return text if isinstance(text, str) else None
 
+    def _store(self, key: str, text: str) -> None:
+        """Cache ``text`` under ``key``: readable at once, written to disk by a helper thread
+        (off the judge's loop)."""
+        if self.cache_dir is None:
+            return
+        with self._lock:
+            self._pending[key] = text
+            self._known.setdefault(key[:2], set()).add(key)
+            if self._writer is None:
+                self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="benchmax-judge-cache")
+            writer = self._writer
+        writer.submit(self._write, key, text)
+
     def _write(self, key: str, text: str) -> None:
         path = self._path(key)
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"model": self.model, "reply": text}, f, ensure_ascii=False)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:8]}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    json.dump({"model": self.model, "reply": text}, f, ensure_ascii=False)
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:  # a cache that cannot be written costs calls, not scores
+            log.warning("judge cache: cannot write %s: %s", path, exc)
+            with self._lock:
+                self._known.get(key[:2], set()).discard(key)
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+
+    def flush(self) -> None:
+        """Wait until every reply cached so far is on disk."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.shutdown(wait=True)
 
     def _forget(self, messages: Any) -> None:
-        path = self._path(self.key(messages))
+        key = self.key(messages)
+        path = self._path(key)
         if path is not None:
+            self.flush()
+            with self._lock:
+                self._known.get(key[:2], set()).discard(key)
             try:
                 path.unlink()
             except OSError:
@@ -426,7 +485,7 @@ class JudgeRubric:
         endpoint fails past its retries."""
         key = self.key(messages)
         usage = new_usage()
-        text = await asyncio.to_thread(self._read, key) if self.cache_dir is not None else None
+        text = self._read(key) if self.cache_dir is not None else None  # one small file: cheaper than a thread hop
         if text is not None:
             self.cache_hits += 1
             usage["cached"] = 1
@@ -456,8 +515,7 @@ class JudgeRubric:
             raise
         finally:
             flying.pop(key, None)
-        if self.cache_dir is not None:
-            await asyncio.to_thread(self._write, key, text)
+        self._store(key, text)
         return text, usage
 
     async def _request(self, messages: list[dict[str, Any]], usage: dict[str, float]) -> tuple[str, dict[str, float]]:
@@ -485,6 +543,7 @@ class JudgeRubric:
     def close(self) -> None:
         """Close the HTTP client and stop the judge's loop (done at exit; a later judgment starts
         them again)."""
+        self.flush()
         with self._lock:
             loop, thread, policy = self._loop, self._thread, self._policy
             self._loop = self._thread = self._policy = None
@@ -505,7 +564,7 @@ class JudgeRubric:
         """Picklable (a spawned worker builds its own loop and client): the runtime state stays."""
         state = dict(self.__dict__)
         state.update(_lock=None, _loop=None, _thread=None, _policy=None, _limit=None, _flying={}, _pid=0,
-                     _at_exit=False)
+                     _at_exit=False, _known={}, _pending={}, _writer=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -68,6 +68,7 @@ def test_rescoring_makes_zero_judge_calls_and_identical_trajectories_score_alike
     assert judge_usage(env.unwrapped.episode) == {"calls": 0, "cached": 1, "prompt_tokens": 0,
                                                   "completion_tokens": 0, "seconds": 0, "cost": 0}
     env.close()
+    judge.flush()  # on disk (a helper thread writes)
     fresh = JudgeRubric("judge", server.url, api_key=KEY, cache_dir=tmp_path / "cache")  # a new process, say
     env = judged_env(fresh)
     assert [play(env, i, f"It is {2 * i if i % 2 else 7}.")[1] for i in range(4)] == first
@@ -78,6 +79,7 @@ def test_rescoring_makes_zero_judge_calls_and_identical_trajectories_score_alike
     play(env, 0, "It is 7.")
     assert len(server.requests) == calls + 1  # other sampling, another key
     env.close()
+    other_model.flush()
     for path in (tmp_path / "cache").rglob("*.json"):
         assert KEY not in path.read_text()
 
@@ -128,6 +130,7 @@ def test_the_key_never_reaches_a_record_or_an_error(server, tmp_path):
     server.faults = [{"echo_headers": True}]  # a proxy that echoes the request's headers
     with pytest.raises(RewardFailure) as failure:
         asyncio.run(judge.score("It is 6.", task=TASKS[3]))
+    judge.flush()
     assert KEY not in str(failure.value) and "unusable" in str(failure.value)
     assert not any(KEY in p.read_text() for p in tmp_path.rglob("*") if p.is_file())
     assert KEY not in repr(judge)
@@ -173,9 +176,13 @@ def test_model_written_braces_and_placeholders_are_not_expanded(judge, server):
     assert text in server.requests[-1]["messages"][0]["content"]
 
 
+JUDGES = []
+
+
 def _register(server_url, cache_dir):
     def make(**kwargs):
         judge = JudgeRubric("judge", server_url, api_key=KEY, cache_dir=cache_dir, price_per_token=1e-3)
+        JUDGES.append(judge)
         return judged_env(judge, **kwargs)
 
     if ENV_ID in gym.registry:
@@ -209,6 +216,8 @@ def test_eval_records_judge_usage_per_episode_and_totals_it(server, tmp_path):
     lines = (tmp_path / "run" / "group_rewards.jsonl").read_text().splitlines()
     assert [json.loads(line)["reward"] for line in lines] == [r["reward"] for r in records]
     requests = len(server.requests)
+    for judge in [ruler, *JUDGES]:
+        judge.flush()  # every reply on disk: the next run's judges list the cache afresh
     again = evaluate(ENV_ID, policy, tasks=4, k=2, concurrency=4,
                      group_rubric=GroupRubric([("ruler", ruler.group, 1.0)]), preflight=False)
     assert len(server.requests) == requests and again.summary["judge"]["calls"] == 0  # all from the cache
