@@ -275,16 +275,16 @@ def score_vector_group(envs: Any, group_rubric: GroupRubric | None = None) -> li
     """Group-score the episodes a vector env's environments just finished (one record each,
     ``envs.call("episode_record")``), grouped by task index. Call it once every episode of the
     group has ended and before the next step (``autoreset_mode`` NEXT_STEP, Gymnasium's default:
-    an env resets on its next step). ``group_rubric`` defaults to the envs' own
-    (``get_attr("group_rubric")``)."""
+    an env resets on its next step). ``group_rubric`` defaults to the envs' own when they live in
+    this process (gymnasium's ``SyncVectorEnv``, ``make_vec(..., vectorization_mode="sync")``); an
+    env's own rubric in a worker process stays there (it may hold the env itself, a benchmax
+    env's ``compute_group_reward``): pass one, or use a sync vector env or eval."""
     if group_rubric is None:
-        try:
-            found = [g for g in envs.get_attr("group_rubric") if g is not None]
-        except Exception:
-            found = []
-        if not found:
-            raise ValueError("group_rubric is missing: pass one (the envs carry none)")
-        group_rubric = found[0]
+        local = getattr(envs, "envs", None)  # SyncVectorEnv's own envs, in this process
+        group_rubric = group_rubric_of(local[0]) if local else None
+        if group_rubric is None:
+            raise ValueError("group_rubric is missing: pass one (an env's own is used only when the envs live in "
+                             "this process: make_vec(..., vectorization_mode='sync'))")
     records = [dict(r) for r in envs.call("episode_record")]
     unfinished = [i for i, r in enumerate(records) if not r.get("outcome")]
     if unfinished:

@@ -119,3 +119,17 @@ def test_eval_honours_compute_group_reward_for_its_k_samples():
     assert [r["individual_reward"] for r in result.records] == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     assert [r["reward"] for r in result.records] == [0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
     assert result.summary["group_rubric"].startswith("GroupRubric([benchmax_group")
+
+
+def test_a_sync_vector_env_group_uses_the_envs_own_compute_group_reward():
+    from benchmax_gym.core.group import score_vector_group
+
+    env_id = register_benchmax_env("test/GroupVector-v0", Shipped, ROWS)
+    envs = gym.make_vec(env_id, num_envs=3, vectorization_mode="sync")
+    try:
+        envs.reset(options={"task_index": 0})  # SyncVectorEnv gives every env the same options
+        _, rewards, terminated, _, _ = envs.step(["apple", "apple", "pear"])
+        assert terminated.all() and list(rewards) == [1.0, 1.0, 0.0]
+        assert [r["reward"] for r in score_vector_group(envs)] == [0.5, 0.5, 0.0]
+    finally:
+        envs.close()
