@@ -53,14 +53,13 @@ def test_group_rewards_example_scores_a_vector_envs_group():
 def test_judged_rewards_example_builds_a_judge_that_scores_through_an_endpoint(tmp_path, monkeypatch):
     import asyncio
 
-    from benchmax_gym.core.group import GroupRubric
     from benchmax_gym.core.tasks import Task
     from benchmax_gym.testing.openai_server import FakeChatServer
 
     monkeypatch.setenv("BENCHMAX_GYM_CACHE", str(tmp_path))
     with FakeChatServer(lambda body: {"content": "<score>0.25</score>"}, models=["Qwen/Qwen3-32B"]) as server:
         code = _code_block("Rewards", "JudgeRubric(").replace("http://localhost:8000/v1", server.url)
-        namespace: dict = {"exact": lambda completion: 0.0, "GroupRubric": GroupRubric}
+        namespace: dict = {"exact": lambda completion: 0.0}
         exec(compile(code, str(README), "exec"), namespace)  # noqa: S102
         judge = namespace["judge"]
         assert namespace["rubric"].names == ["correct", "judge"]
