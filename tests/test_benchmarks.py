@@ -14,7 +14,8 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NOT_IN_BASE = ["psutil", "ray", "openai", "openenv", "trl", "transformers", "tokenizers", "torch", "matplotlib",
                "skyrl_gym", "verl", "openrlhf", "sky", "gem"]
 NEEDS = {"remote_throughput.py": "ray", "openenv_overhead.py": "openenv", "eval_throughput.py": "eval",
-         "adapter_overhead.py": "trl"}
+         "adapter_overhead.py": "trl",
+         "reward_group_judge.py": "eval"}
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_") and p.name != "parse_hostile.py")
 
 
@@ -91,3 +92,16 @@ def test_corpus_tasks_reports_candidates_filters_and_time_per_thousand_documents
         assert [f["filter"] for f in summary["filters"]] == ["answer_in_support", "question_free_of_answer", "unique"]
         assert summary["seconds_per_1000_documents"] > 0
     assert result["encyclopedia_corpus"]["documents"] == 40
+
+
+def test_reward_group_judge_runs_briefly_and_prints_its_figures():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "reward_group_judge.py"), "--tasks", "2", "--k", "4",
+                          "--judgments", "32", "--concurrency", "8", "--latency", "0.01"],
+                         capture_output=True, text=True, timeout=120, cwd=BENCHMARKS,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(BENCHMARKS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["group"]["episodes"] == 8 and figures["group"]["group_rubric_us_per_episode"] > 0
+    assert figures["judge"]["calls"] == 32 and figures["judge"]["rescore_calls"] == 0
+    assert figures["judge"]["fraction_of_ideal"] > 0 and figures["judge"]["sdk_floor"]["calls_per_s"] > 0

@@ -87,3 +87,31 @@ def test_mixtures_example_runs_three_members_through_make_vec():
                for k in info["reward_components"] if not k.startswith("_"))
     assert len(state["envs"]) == 4  # every Math episode was counted by the parent's controller:
     assert state["curriculum"]["members"]["Math-v0"]["episodes"] == list(info["member"]).count("Math-v0")
+
+
+def test_group_rewards_example_scores_a_vector_envs_group():
+    namespace: dict = {}
+    exec(compile(_code_block("Rewards", "score_vector_group("), str(README), "exec"), namespace)  # noqa: S102
+    records = namespace["records"]
+    assert len(records) == 4 and all(r["group_size"] == 4 and r["task_index"] == 3 for r in records)
+    assert [r["group_components"]["diverse"] for r in records] == [-1 / 3, -1 / 3, 0.0, 0.0]
+    assert records[0]["reward"] == records[0]["group_components"]["rank"] + 0.1 * (-1 / 3)
+
+
+def test_judged_rewards_example_builds_a_judge_that_scores_through_an_endpoint(tmp_path, monkeypatch):
+    import asyncio
+
+    from benchmax_gym.core.tasks import Task
+    from benchmax_gym.testing.openai_server import FakeChatServer
+
+    monkeypatch.setenv("BENCHMAX_GYM_CACHE", str(tmp_path))
+    with FakeChatServer(lambda body: {"content": "<score>0.25</score>"}, models=["Qwen/Qwen3-32B"]) as server:
+        code = _code_block("Rewards", "JudgeRubric(").replace("http://localhost:8000/v1", server.url)
+        namespace: dict = {"exact": lambda completion: 0.0}
+        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102
+        judge = namespace["judge"]
+        assert namespace["rubric"].names == ["correct", "judge"]
+        assert asyncio.run(judge.score("Lima", task=Task(id="q", prompt="Capital of Peru?", answer="Lima"))) == 0.25
+        sent = server.requests[-1]["messages"][0]["content"]
+        assert sent.startswith("Task: Capital of Peru?\nReference: Lima\nReply:\nLima\n")
+        judge.close()

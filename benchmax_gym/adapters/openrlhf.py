@@ -22,6 +22,12 @@ the episode truncated and graded as it stands (OpenRLHF's own loop stops there u
 sample's keys): ``reward``, ``turns``, ``tool_errors``, ``truncated`` and ``env/outcome/<name>``
 (1.0 for the episode's outcome: a batch's sums are its outcome counts).
 
+Group rewards (:mod:`benchmax_gym.core.group`): OpenRLHF's engine plays a prompt's
+``n_samples_per_prompt`` samples together on one event loop, so with
+``make_executor(..., group_size=N, group_rubric=...)`` (N = ``--rollout.n_samples_per_prompt``)
+the samples wait for each other and are scored together before they return (a failed sample is
+not a member; one that raises or is late past ``group_timeout`` leaves the rest to go on).
+
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline): OpenRLHF needs every sample
 of a prompt's group (its advantages reshape rewards by ``n_samples_per_prompt``), has no
 NaN-aware baseline and no hook for one, so a single sample cannot leave the baseline. The one
@@ -37,12 +43,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 from copy import deepcopy
 from typing import Any
 
 from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
+from benchmax_gym.core import outcomes
+from benchmax_gym.core.group import GroupRubric, group_rubric_of
+
+log = logging.getLogger(__name__)
 
 try:
     from openrlhf.utils.agent import AgentExecutorBase
@@ -61,9 +72,63 @@ def _task(label: Any, env_id: str | None, env_kwargs: dict[str, Any]) -> tuple[s
     return env_id, None if label in (None, "") else int(label), env_kwargs
 
 
-def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | None = None, **env_kwargs: Any) -> type:
+class _Rendezvous:
+    """Where a prompt's ``group_size`` samples meet to be group-scored. OpenRLHF's engine plays a
+    prompt's ``n_samples_per_prompt`` samples together (``generate_responses``: one
+    ``asyncio.gather`` on one engine, one executor), so they meet on one event loop; samples of
+    the same prompt and label form groups in arrival order. A member that waits past
+    ``timeout`` keeps its own reward (logged): a group never deadlocks training."""
+
+    def __init__(self, size: int, timeout: float):
+        self.size, self.timeout = size, timeout
+        self.open: dict[str, dict[str, Any]] = {}
+
+    async def arrive(self, key: str, record: dict[str, Any], rubric: GroupRubric | None, task: Any,
+                     wait: bool = True) -> dict[str, Any]:
+        slot = self.open.get(key)
+        if slot is None:
+            slot = self.open[key] = {"records": [], "done": asyncio.get_running_loop().create_future(),
+                                     "rubric": None, "task": None}
+        index = len(slot["records"])
+        slot["records"].append(record)
+        if rubric is not None and slot["rubric"] is None:  # a member still playing holds its env open
+            slot["rubric"], slot["task"] = rubric, task
+        if len(slot["records"]) == self.size:
+            del self.open[key]
+            rubric, task = slot["rubric"], slot["task"]
+            try:
+                scored = await rubric.ascore(slot["records"], task=task) if rubric else slot["records"]
+            except BaseException as exc:  # a bug in a group function: every member keeps its own reward
+                log.exception("group reward failed: %s", exc)
+                scored = slot["records"]
+            slot["done"].set_result(scored)
+        if not wait:
+            return record
+        try:
+            return (await asyncio.wait_for(asyncio.shield(slot["done"]), self.timeout))[index]
+        except TimeoutError:
+            log.warning("group of %r: %d of %d samples arrived within %g s; this one keeps its own reward",
+                        key[:80], len(slot["records"]), self.size, self.timeout)
+            return record
+
+
+def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | None = None,
+                  group_rubric: GroupRubric | None = None, group_size: int | None = None,
+                  group_timeout: float = 600.0, **env_kwargs: Any) -> type:
     """An ``AgentExecutor`` class (no-argument constructor, as OpenRLHF makes it) for ``env_id``
-    (``None``: each row's label names its env)."""
+    (``None``: each row's label names its env).
+
+    Group rewards: with ``group_size`` (set it to ``--rollout.n_samples_per_prompt``), each
+    prompt's samples wait for each other and are scored together by ``group_rubric`` (default:
+    the env's own, e.g. a benchmax env's ``compute_group_reward``) before they are returned; a
+    failed sample is not a member. ``group_timeout``: how long a member waits for the rest."""
+    if group_rubric is not None and not isinstance(group_rubric, GroupRubric):
+        raise TypeError(f"group_rubric must be a GroupRubric, got {type(group_rubric).__name__}")
+    if group_rubric is not None and group_size is None:
+        raise ValueError("group_size is missing: a group rubric needs the group's size, "
+                         "--rollout.n_samples_per_prompt")
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
+        raise ValueError(f"group_size must be a positive integer (--rollout.n_samples_per_prompt), got {group_size!r}")
     if env_id is not None:
         make_env(env_id, env_kwargs).close()  # a wrong id or argument fails when OpenRLHF loads the file
 
@@ -72,6 +137,7 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
 
         def __init__(self):
             self._chat: ChatTemplate | None = None
+            self._groups = _Rendezvous(group_size, group_timeout) if group_size else None
 
         async def execute(self, prompt, label, sampling_params, max_length, hf_tokenizer, llm_engine, images=None):
             if self._chat is None or self._chat.tokenizer is not hf_tokenizer:
@@ -80,6 +146,8 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
             if not name:
                 raise ValueError("env_id is missing: pass it to make_executor(), or give it in the row's label")
             session = TokenSession(await asyncio.to_thread(make_env, name, kwargs), self._chat)
+            arrived = False
+            key = json.dumps([prompt, label], sort_keys=True, default=str)
             try:
                 prompt_ids = await session.areset(options=None if index is None else {"task_index": index})
                 if len(prompt_ids) >= max_length:
@@ -96,14 +164,28 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     if sampling_params.logprobs is not None:
                         logprobs = [lp[t].logprob for lp, t in zip(output.logprobs, ids)]
                     await session.astep(ids, logprobs)
+                episode = session.episode
+                reward = math.nan if episode.failed else episode.reward  # NaN: dynamic filtering drops the group
+                rubric = group_rubric or group_rubric_of(session.env)
+                if self._groups is not None and rubric is not None:
+                    record = {**episode.record, "reward": None if episode.failed else episode.reward,
+                              "outcome": episode.outcome, "reward_components": dict(episode.reward_components)}
+                    arrived = True
+                    record = await self._groups.arrive(key, record, rubric,
+                                                       getattr(session.env.unwrapped.episode, "task", None))
+                    reward = math.nan if outcomes.is_failure(record.get("outcome")) or record["reward"] is None \
+                        else record["reward"]
+            except BaseException:
+                if self._groups is not None and not arrived:  # it raised: its siblings must not wait for it
+                    await self._groups.arrive(key, {"reward": None, "outcome": outcomes.ENV_ERROR}, None, None,
+                                              wait=False)
+                raise
             finally:
                 await asyncio.to_thread(session.close)
-            episode = session.episode
             start = len(episode.prompt_ids)
             logprobs = None
             if sampling_params.logprobs is not None:
                 logprobs = [0.0] * start + (episode.logprobs or [0.0] * len(episode.completion_ids))
-            reward = math.nan if episode.failed else episode.reward  # NaN: dynamic filtering drops the group
             return {"prompt": prompt, "label": label, "images": images, "mm_train_inputs": None,
                     "reward": reward, "scores": reward, "observation_tokens": episode.input_ids,
                     "action_ranges": [(start + a, start + b) for a, b in episode.turns],

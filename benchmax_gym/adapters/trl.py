@@ -67,6 +67,7 @@ from benchmax_gym.adapters.tokens import (
     task_dataset,
 )
 from benchmax_gym.core import outcomes
+from benchmax_gym.core.group import GroupRubric, group_rubric_of
 
 FAILED_GROUP = ("renormalise", "drop")
 
@@ -95,12 +96,18 @@ class TRLRollout:
             (:func:`generate_turn`).
         failed_group: ``"renormalise"`` (default) or ``"drop"``: the group of a failed episode
             (a group is a run of the same prompt, as GRPOTrainer's sampler orders them).
+        group_rubric: a :class:`~benchmax_gym.core.group.GroupRubric` over each group's
+            ``num_generations`` episodes (default: the env's own, if any); its rewards are
+            ``env_reward``. A group that cannot be scored (its judge down) fails whole.
     """
 
     def __init__(self, env_id: str, tokenizer: Any, *, env_kwargs: dict[str, Any] | None = None,
                  chat_kwargs: dict[str, Any] | None = None, max_workers: int = 16, generate: Any = None,
-                 failed_group: str = "renormalise"):
+                 failed_group: str = "renormalise", group_rubric: GroupRubric | None = None):
         _require_trl()
+        if group_rubric is not None and not isinstance(group_rubric, GroupRubric):
+            raise TypeError(f"group_rubric must be a GroupRubric, got {type(group_rubric).__name__}")
+        self.group_rubric = group_rubric
         if failed_group not in FAILED_GROUP:
             raise ValueError(f"failed_group must be one of {FAILED_GROUP}, got {failed_group!r}")
         self.failed_group = failed_group
@@ -148,10 +155,21 @@ class TRLRollout:
         self._log(trainer, episodes)
         have_logprobs = all(e.logprobs is not None for e in episodes)
         masks, rewards = [e.loss_mask for e in episodes], [e.reward for e in episodes]
+        groups = [list(g) for _, g in itertools.groupby(range(len(prompts)), key=lambda i: json.dumps(prompts[i]))]
+        for group in groups:
+            rubric = self.group_rubric or group_rubric_of(sessions[group[0]].env)
+            if rubric is not None:
+                records = [{**episodes[i].record, "reward": episodes[i].reward, "outcome": episodes[i].outcome,
+                            "reward_components": dict(episodes[i].reward_components)} for i in group]
+                task = getattr(sessions[group[0]].env.unwrapped.episode, "task", None)
+                for i, record in zip(group, rubric.score(records, task=task)):
+                    if outcomes.is_failure(record.get("outcome")):  # failed, or its group could not be scored
+                        masks[i], rewards[i] = [0] * len(masks[i]), None
+                    else:
+                        rewards[i] = record["reward"]
         if self.failed_group == "drop":
-            groups = [list(g) for _, g in itertools.groupby(range(len(prompts)), key=lambda i: json.dumps(prompts[i]))]
             for group in groups:
-                if any(episodes[i].failed for i in group):
+                if any(episodes[i].failed or rewards[i] is None for i in group):
                     for i in group:
                         masks[i], rewards[i] = [0] * len(masks[i]), None
         return {
@@ -243,6 +261,7 @@ class TRLEnvironment:
 
     env_id: str = ""
     env_kwargs: ClassVar[dict[str, Any]] = {}
+    group_rubric: ClassVar[GroupRubric | None] = None
 
     def __init__(self):
         self.env = make_env(self.env_id, {**self.env_kwargs, "tool_format": "openai", "tools_in_prompt": False})
@@ -307,12 +326,17 @@ class TRLEnvironment:
         self.reward_components = dict(info.get("reward_components", {}))
 
 
-def trl_environment(env_id: str, **env_kwargs: Any) -> type[TRLEnvironment]:
+def trl_environment(env_id: str, *, group_rubric: GroupRubric | None = None, **env_kwargs: Any) -> type[TRLEnvironment]:
     """A class for ``GRPOTrainer(environment_factory=...)``: ``reset(**row)``, one method per
     tool (typed signature, Google-style docstring from the tool's schema), ``final_answer``,
-    and ``reward``: the reward function to pass as ``reward_funcs``."""
+    and ``reward``: the reward function to pass as ``reward_funcs``. TRL hands that function the
+    whole batch, so ``group_rubric`` (default: the env's own) scores each run of environments on
+    one task (a prompt's ``num_generations`` samples) together."""
     _require_trl()
+    if group_rubric is not None and not isinstance(group_rubric, GroupRubric):
+        raise TypeError(f"group_rubric must be a GroupRubric, got {type(group_rubric).__name__}")
     env = make_env(env_id, {**env_kwargs, "tools_in_prompt": False})
+    group_rubric = group_rubric or group_rubric_of(env)
     try:
         schemas = env.unwrapped.tool_schemas
         if not schemas:
@@ -320,7 +344,7 @@ def trl_environment(env_id: str, **env_kwargs: Any) -> type[TRLEnvironment]:
             schemas = env.unwrapped.tool_schemas
     finally:
         env.close()
-    methods: dict[str, Any] = {"env_id": env_id, "env_kwargs": dict(env_kwargs)}
+    methods: dict[str, Any] = {"env_id": env_id, "env_kwargs": dict(env_kwargs), "group_rubric": group_rubric}
     for schema in schemas:
         function = schema.get("function", schema)
         if function["name"] in ("reset", "get_reward", "reward", "final_answer") \
@@ -345,7 +369,20 @@ class _EnvReward:
                  **kwargs: Any) -> list[float | None]:
         if environments is None:
             raise ValueError(f"environments is missing: pass environment_factory={self.cls.__name__} to GRPOTrainer")
-        return [e._grade(_last_reply(c)) if type(e) is self.cls else None for c, e in zip(completions, environments)]
+        rewards = [e._grade(_last_reply(c)) if type(e) is self.cls else None for c, e in zip(completions, environments)]
+        rubric = self.cls.group_rubric
+        if rubric is None:
+            return rewards
+        # a group: a run of environments on the same task (GRPOTrainer's sampler puts a prompt's
+        # num_generations samples together)
+        mine = [i for i, e in enumerate(environments) if type(e) is self.cls]
+        for _, run in itertools.groupby(mine, key=lambda i: environments[i].env.unwrapped.episode.index):
+            run = list(run)
+            records = [{**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]} for i in run]
+            task = environments[run[0]].env.unwrapped.episode.task
+            for i, record in zip(run, rubric.score(records, task=task)):
+                rewards[i] = None if outcomes.is_failure(record.get("outcome")) else record["reward"]
+        return rewards
 
 
 def _last_reply(completion: Any) -> str:

@@ -44,6 +44,11 @@ own GRPO would average that NaN into the group, so train with the estimators reg
 ``benchmax_grpo_drop``   a group with a failure is left out: every advantage 0
 =======================  =====================================================================
 
+Group rewards (:mod:`benchmax_gym.core.group`): an agent loop plays one trajectory and never
+sees its ``rollout.n`` siblings; the group first meets in the advantage step, over scores.
+:func:`register_group_estimator` registers an estimator that applies a reward-only
+``GroupRubric`` (a rank, best-of-k) there, then GRPO as ``benchmax_grpo``.
+
 (verl's reward metrics, ``critic/score/*``, are means over the batch: NaN when it holds a
 failure; ``env/outcome/*`` counts them.)
 """
@@ -115,11 +120,13 @@ class BenchmaxAgentLoop(AgentLoopBase):
 
 
 def _grpo_over_scored(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any,
-                      config: Any, drop: bool, epsilon: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+                      config: Any, drop: bool, epsilon: float = 1e-6,
+                      scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's ``compute_grpo_outcome_advantage`` with failed trajectories (a NaN score) out of
-    their group's mean and std and given advantage 0; ``drop``: their whole group gets 0."""
+    their group's mean and std and given advantage 0; ``drop``: their whole group gets 0.
+    ``scores``: the trajectories' scores, when not the sum of ``token_level_rewards``."""
     norm = True if config is None else config.get("norm_adv_by_std_in_grpo", True)
-    scores = token_level_rewards.sum(dim=-1)
+    scores = token_level_rewards.sum(dim=-1) if scores is None else scores
     failed = torch.isnan(scores)
     advantages = torch.zeros_like(scores)
     groups: dict[Any, list[int]] = defaultdict(list)
@@ -149,6 +156,41 @@ def benchmax_grpo_drop(token_level_rewards: torch.Tensor, response_mask: torch.T
                        config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO with every group that holds a failed trajectory left out (advantage 0)."""
     return _grpo_over_scored(token_level_rewards, response_mask, index, config, drop=True)
+
+
+def register_group_estimator(name: str, group_rubric: Any, *, drop: bool = False) -> str:
+    """Register ``name`` as a verl advantage estimator (``algorithm.adv_estimator=name``) that
+    scores each ``rollout.n`` group (verl's ``uid``) with ``group_rubric`` and then runs GRPO over
+    the group-scored rewards, failed trajectories out (as ``benchmax_grpo``; ``drop``: as
+    ``benchmax_grpo_drop``). verl's agent loops play one trajectory each; the group first meets
+    at the advantage step, which sees scores and ``uid`` only, so ``group_rubric``'s functions may
+    ask for ``rewards`` alone (``relative_rank``, ``best_of_k``); one that reads transcripts is
+    refused here. Register in the driver process (the one that runs the trainer)."""
+    from benchmax_gym.core.group import GroupRubric
+
+    if not isinstance(group_rubric, GroupRubric):
+        raise TypeError(f"group_rubric must be a GroupRubric, got {type(group_rubric).__name__}")
+    readers = [f.name for f in group_rubric.funcs if set(f.params) - {"rewards"}]
+    if readers:
+        raise ValueError(f"group_rubric: verl's advantage step sees scores only, and {readers} read more than "
+                         "rewards: score such groups with eval or TRL (see the README's Group rewards)")
+
+    @register_adv_est(name)
+    def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
+                  config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        from benchmax_gym.core.group import score_groups
+
+        raw = token_level_rewards.sum(dim=-1)
+        keys = list(index) if index is not None else [0] * len(raw)
+        records = [{"task_id": str(key), "reward": None if math.isnan(s) else s,
+                    "outcome": "env_error" if math.isnan(s) else "scored"} for key, s in zip(keys, raw.tolist())]
+        scored = score_groups(records, group_rubric)
+        scores = torch.tensor([math.nan if r["reward"] is None else r["reward"] for r in scored],
+                              dtype=raw.dtype, device=raw.device)
+        return _grpo_over_scored(token_level_rewards, response_mask, keys, config, drop, scores=scores)
+
+    estimator.__name__ = name
+    return name
 
 
 def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:

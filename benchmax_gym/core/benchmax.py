@@ -25,8 +25,16 @@ are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_rewar
   ``cleanup_rollout(rollout_id)`` where that is what the class has.
 * ``shutdown()`` (sync, as ``LocalMCPEnv``'s, or async) is called when the env closes, or when
   building it fails, for a class this env instantiated; an instance passed in is its owner's.
-* ``compute_group_reward`` is not called: a Gymnasium episode is scored on its own; normalising
-  rewards over a group of rollouts (GRPO) is the trainer's step.
+* ``compute_group_reward`` (the package's since 0.1.2.dev16, 2026-03) is honoured where a group is
+  held: the env's ``group_rubric`` (:mod:`benchmax_gym.core.group`) calls it on the k finished
+  rollouts of one task (a vector env's group, eval's ``k`` samples, a trainer adapter's group), and
+  its dicts are merged with each rollout's ``compute_reward`` components (added to the reward).
+  The arguments go by parameter name (:func:`group_reward_arguments`): the shipped
+  ``(rollout_ids, completions, ground_truths, **kwargs)`` gets the same completion as
+  ``compute_reward`` (the assistant text for the older form, else the transcript) and each other
+  row field as a per-rollout list in ``kwargs``; a form naming ``messages_list``, ``tasks`` or
+  ``termination_reasons`` gets the transcripts, the rows or the outcomes (``scored``/``truncated``).
+  Failed rollouts are never passed.
 * Tool calls are parsed by the engine's formats (hermes by default, as benchmax's prompt asks),
   and ``system_prompt`` gets the engine's tool listing rather than ``get_system_prompt(True)``'s.
 
@@ -59,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv
+from benchmax_gym.core.group import GroupFn, GroupRubric, completion_of
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.tasks import ListTasks, Task
 from benchmax_gym.core.tools import Tool, Toolset
@@ -234,6 +243,10 @@ class BenchmaxEnv(ToolEnv):
             system_prompt=benchmax_env.system_prompt or "",
             **engine_kwargs,
         )
+        group = getattr(benchmax_env, "compute_group_reward", None)
+        if group is not None and inspect.iscoroutinefunction(group):
+            group_reward_arguments(group, [])  # a signature it cannot be called with fails here
+            self.group_rubric = GroupRubric([GroupFn("benchmax_group", self._group_reward)])
 
     def _shutdown(self) -> None:
         """Shut the benchmax env down (sync or async ``shutdown``) if it is this env's own, once."""
@@ -266,6 +279,15 @@ class BenchmaxEnv(ToolEnv):
             )
         return await env.compute_reward(episode.rollout_id, messages, row)
 
+    async def _group_reward(self, records: list[dict[str, Any]]) -> list[dict[str, float]]:
+        """The benchmax env's ``compute_group_reward`` over one group's records."""
+        rows = [self.tasks.get(r["task_index"]).answer for r in records]
+        args, kwargs = group_reward_arguments(self.benchmax_env.compute_group_reward, records, rows,
+                                              self._legacy_reward)
+        # on the env's own loop, where its rollouts' resources live
+        out = await self.aio.arun(self.benchmax_env.compute_group_reward(*args, **kwargs))
+        return [dict(d or {}) for d in out]
+
     def task_messages(self, task: Task) -> Messages:
         row = task.answer
         messages = row.get("messages", row.get("prompt_messages"))
@@ -292,6 +314,45 @@ class BenchmaxEnv(ToolEnv):
 
     def close_episode(self, episode: Episode) -> None:
         self.aio.run(self.aclose_episode(episode))
+
+
+_GROUP_POSITIONAL = {
+    "rollout_ids": lambda g: g["ids"], "completions": lambda g: g["completions"],
+    "ground_truths": lambda g: g["truths"], "messages_list": lambda g: g["messages"],
+    "messages": lambda g: g["messages"], "tasks": lambda g: g["rows"], "rows": lambda g: g["rows"],
+    "termination_reasons": lambda g: g["outcomes"], "outcomes": lambda g: g["outcomes"],
+}
+
+
+def group_reward_arguments(fn: Any, records: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]] = (),
+                           legacy: bool = True) -> tuple[list[Any], dict[str, Any]]:
+    """``(args, kwargs)`` for a benchmax ``compute_group_reward`` over ``records`` (one group's
+    finished rollouts) and their dataset ``rows``, by the method's parameter names; a parameter
+    it needs that none of the forms names is a TypeError (raised when the env is built)."""
+    group = {
+        "ids": [str(r.get("rollout_id") or f"{r.get('task_id')}-{i}") for i, r in enumerate(records)],
+        "messages": [list(r.get("messages") or []) for r in records],
+        "truths": [row.get("ground_truth") for row in rows],
+        "rows": [dict(row) for row in rows],
+        "outcomes": [r.get("outcome") for r in records],
+    }
+    group["completions"] = ([extract_completion_text(m) or completion_of(r) for m, r in zip(group["messages"], records)]
+                            if legacy else group["messages"])
+    args, kwargs, named = [], {}, set()
+    for name, p in inspect.signature(fn).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if name in _GROUP_POSITIONAL:
+            value = _GROUP_POSITIONAL[name](group)
+            (args.append(value) if p.kind is p.POSITIONAL_ONLY else kwargs.__setitem__(name, value))
+            named.add(name)
+        elif p.default is p.empty:
+            raise TypeError(f"compute_group_reward asks for {name!r}; benchmax_gym passes "
+                            f"{sorted(_GROUP_POSITIONAL)} and the rows' other fields as keyword lists")
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+        extra = sorted({k for row in rows for k in row} - set(_ROW_PROMPT_KEYS) - named)
+        kwargs.update({k: [row.get(k) for row in rows] for k in extra})
+    return args, kwargs
 
 
 def register_benchmax_env(

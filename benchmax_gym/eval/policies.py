@@ -228,8 +228,6 @@ class ChatPolicy:
         return candidate
 
     async def __call__(self, env: Any, obs: str, info: dict[str, Any], *, seed: int | None = None) -> Turn:
-        import openai
-
         params: dict[str, Any] = {"model": self.model, "messages": env.chat_messages("openai")}
         if self.native_tools and env.tool_schemas:
             params["tools"] = env.tool_schemas
@@ -239,6 +237,26 @@ class ChatPolicy:
         if seed is not None:
             params["seed"] = seed
         params.update(self.extra_body or {})
+        message, finish, usage, seconds = await self.complete(params)
+        content = message.get("content")
+        if self.native_tools:
+            calls = [_without_none(c) for c in message.get("tool_calls") or []]
+            action = json.dumps({"role": "assistant", "content": content, "tool_calls": calls}, ensure_ascii=False)
+        else:
+            action = content or ""
+        reasoning = message.get("reasoning_content")
+        if self.api_key:  # a server echoing the request's headers must not put the key in the record
+            action, reasoning = self.scrub(action), reasoning and self.scrub(reasoning)
+        return Turn(action=action, prompt_tokens=usage.get("prompt_tokens"),
+                    completion_tokens=usage.get("completion_tokens"), finish_reason=finish,
+                    model_seconds=seconds, reasoning=reasoning)
+
+    async def complete(self, params: dict[str, Any]) -> tuple[dict, str | None, dict, float]:
+        """One chat completion with ``params`` as the request body: ``(message, finish_reason,
+        usage, seconds)``, each checked; any failure past the SDK's retries is a :class:`PolicyError`
+        (the key scrubbed from it). Shared by the policy and by judges (:mod:`benchmax_gym.core.judge`)."""
+        import openai
+
         start = time.perf_counter()
         try:
             # The SDK's own request path (retries, Retry-After, typed errors), without create()'s
@@ -259,18 +277,7 @@ class ChatPolicy:
             raise PolicyError(self.scrub(f"the endpoint's reply is not valid JSON: {exc}")) from None
         seconds = time.perf_counter() - start
         message, finish, usage = _reply_parts(response, self.scrub)
-        content = message.get("content")
-        if self.native_tools:
-            calls = [_without_none(c) for c in message.get("tool_calls") or []]
-            action = json.dumps({"role": "assistant", "content": content, "tool_calls": calls}, ensure_ascii=False)
-        else:
-            action = content or ""
-        reasoning = message.get("reasoning_content")
-        if self.api_key:  # a server echoing the request's headers must not put the key in the record
-            action, reasoning = self.scrub(action), reasoning and self.scrub(reasoning)
-        return Turn(action=action, prompt_tokens=usage.get("prompt_tokens"),
-                    completion_tokens=usage.get("completion_tokens"), finish_reason=finish,
-                    model_seconds=seconds, reasoning=reasoning)
+        return message, finish, usage, seconds
 
     async def aclose(self) -> None:
         clients, self._clients = self._clients, []

@@ -35,6 +35,8 @@ import numpy as np
 
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
+from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
+from benchmax_gym.core.judge import judge_usage, total_usage
 from benchmax_gym.core.outcomes import ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, TRUNCATED, is_failure
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
 from benchmax_gym.wrappers.worker import async_api
@@ -336,6 +338,7 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
         "task_id": episode.task.id if episode is not None else None,
         "metadata": dict(episode.task.metadata) if episode is not None else {},
         **(base.episode_record() if episode is not None else {}),
+        **({"judge": judge} if (judge := judge_usage(episode)) else {}),
         "reward": None if failed else float(reward),
         "success": not failed and float(reward) >= max_reward(env) - 1e-9,
         "reward_components": {} if failed else components,
@@ -366,6 +369,7 @@ async def aevaluate(
     workers: int = 1,
     extra_run_info: Mapping[str, Any] | None = None,
     retry_failed: bool = False,
+    group_rubric: GroupRubric | None = None,
 ) -> EvalResult:
     """Evaluate ``policy`` on ``env_id``: every selected task ``k`` times, ``concurrency`` episodes
     in flight. See :func:`evaluate`."""
@@ -423,6 +427,9 @@ async def aevaluate(
         finally:
             sink.bar.close()
         records = (list(run_dir.records) if run_dir else []) + sink.records
+        if group_rubric is not None or group_rubric_of(first) is not None:
+            records, group_rubric = await _group_scored(records, group_rubric, first, env_id, kwargs, closing,
+                                                        run_dir)
     finally:
         for item in closing:
             item.close()
@@ -432,6 +439,11 @@ async def aevaluate(
 
     records.sort(key=lambda r: (r["task_index"], r["sample"]))
     summary = summarize(records, seed=seed)
+    judged = total_usage(records)
+    if judged is not None:
+        summary["judge"] = judged
+    if group_rubric is not None:
+        summary["group_rubric"] = repr(group_rubric)
     run = {**(run_dir.run if run_dir else run), "ended": _now(),
            "usage": {"prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
                      "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records)}}
@@ -440,6 +452,26 @@ async def aevaluate(
         if plots:
             _plot(records, summary, run_dir.path, run)
     return EvalResult(run=run, records=records, summary=summary, out=run_dir.path if run_dir else None)
+
+
+async def _group_scored(records, group_rubric, first, env_id, kwargs, closing, run_dir) -> tuple[list, Any]:
+    """Each task's k records scored together by ``group_rubric`` (:mod:`benchmax_gym.core.group`);
+    failed episodes stay out. ``rollouts.jsonl`` keeps each episode's own reward (what resuming
+    reads); the group-scored fields go to ``group_rewards.jsonl``, rewritten whole, and into the
+    summary. ``success`` (pass@k) stays each episode's own: solved or not."""
+    if first not in closing:  # spread over workers: the first env was closed; the rubric may need one
+        first = await asyncio.to_thread(gym.make, env_id, **kwargs)
+        closing.append(first)
+    group_rubric = group_rubric or group_rubric_of(first)
+    source = first.unwrapped.tasks
+    records = sorted(records, key=lambda r: (r["task_index"], r["sample"]))
+    scored = await ascore_groups(records, group_rubric, tasks=lambda r: source.get(r["task_index"]))
+    if run_dir is not None:
+        keys = ("task_index", "sample", "reward", "individual_reward", "group_components", "group_size",
+                "group_errors", "outcome", "error", "judge")
+        lines = (json.dumps({k: r[k] for k in keys if k in r}, ensure_ascii=False, default=str) + "\n" for r in scored)
+        _replace_file(run_dir.path, "group_rewards.jsonl", "".join(lines).encode("utf-8"))
+    return scored, group_rubric
 
 
 class _Sink:
@@ -600,6 +632,9 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
         plots: PNGs in ``out`` (needs matplotlib).
         retry_failed: run again exactly the failed (task, sample) pairs of the run in ``out`` (same
             seeds), replacing their records, then summarise the whole run anew.
+        group_rubric: a :class:`~benchmax_gym.core.group.GroupRubric` that scores each task's
+            ``k`` samples together once all have run (default: the env's own, if any); the
+            summary's rewards are the group-scored ones, ``success`` stays each episode's own.
         workers: processes to spread the episodes over (``concurrency`` is split among them). One
             process's event loop tops out at a few hundred model calls per second; beyond that,
             more workers. They are spawned: an id registered in your script must be registered

@@ -22,6 +22,8 @@ Example::
     with FakeChatServer(reply, latency=0.1) as server:
         client = openai.OpenAI(base_url=server.url, api_key="test")
 
+:func:`judge_model` is a scripted judge (pointwise, group and pairwise) for judged rewards.
+
 ``python -m benchmax_gym.testing.openai_server --latency 0.1`` serves the scripted ``calculator``
 model (a tool call, then an answer) in its own process and prints the URL.
 """
@@ -51,6 +53,30 @@ def calculator_model(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("tools"):
         return {"tool_calls": [call]}
     return {"content": f"<tool_call>{json.dumps(call)}</tool_call>"}
+
+
+def judge_model(body: dict[str, Any]) -> dict[str, Any]:
+    """A scripted judge for tests and benchmarks, reading the default prompts of
+    :mod:`benchmax_gym.core.judge`: a reply that holds the reference answer scores 1, else 0
+    (``<score>``; ``<scores>`` for a group; ``<winner>`` for a pair, ties when both or neither)."""
+    import re
+
+    text = str(body["messages"][-1].get("content") or "")
+    found = re.search(r"Reference answer \(may be empty\):\n(.*?)\n\n", text, re.S)
+    answer = found.group(1).strip() if found else ""
+
+    def good(reply: str) -> bool:
+        return bool(answer) and answer in reply
+
+    group = re.findall(r"<<<REPLY \d+\n(.*?)\nREPLY \d+>>>", text, re.S)
+    if group:
+        return {"content": f"Compared. <scores>{json.dumps([float(good(r)) for r in group])}</scores>"}
+    pair = re.search(r"<<<A\n(.*?)\nA>>>.*?<<<B\n(.*?)\nB>>>", text, re.S)
+    if pair:
+        a, b = good(pair.group(1)), good(pair.group(2))
+        return {"content": f"<winner>{'tie' if a == b else 'A' if a else 'B'}</winner>"}
+    one = re.search(r"<<<REPLY\n(.*?)\nREPLY>>>", text, re.S)
+    return {"content": f"Graded. <score>{float(good(one.group(1))) if one else 0.0}</score>"}
 
 
 class FakeChatServer:
@@ -221,8 +247,9 @@ class FakeChatServer:
 def main() -> None:
     parser = argparse.ArgumentParser(description="serve the scripted calculator model over the OpenAI API")
     parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--judge", action="store_true", help="serve the scripted judge (judge_model) instead")
     args = parser.parse_args()
-    with FakeChatServer(calculator_model, latency=args.latency) as server:
+    with FakeChatServer(judge_model if args.judge else calculator_model, latency=args.latency) as server:
         print(server.url, flush=True)
         try:
             while True:

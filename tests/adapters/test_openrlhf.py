@@ -243,3 +243,41 @@ def test_a_failed_sample_drops_its_group_through_openrlhfs_dynamic_filtering(qwe
     assert consumed == 2 and len(experiences) == 2  # the first group only
     assert [e.labels[0] for e in experiences] == [rows[0]["label"]] * 2
     assert sorted(e.rewards.item() for e in experiences) == [0.0, 1.0]
+
+
+def test_a_prompts_samples_meet_and_are_group_scored_without_their_failures(qwen_tokenizer):
+    """group_size=3 (--rollout.n_samples_per_prompt): as OpenRLHF's engine plays a prompt's
+    samples (one gather), they wait for each other and a GroupRubric scores them; the failed
+    sample (FlakyMath's FAULT) is not a member and keeps NaN; a sample whose play raises does not
+    leave its siblings waiting."""
+    import math
+
+    from flaky import ENV_ID
+
+    from benchmax_gym.core.group import GroupRubric, diversity_penalty
+
+    with pytest.raises(ValueError, match="group_size"):
+        make_executor(ENV_ID, group_rubric=GroupRubric([diversity_penalty]))
+    executor = make_executor(ENV_ID, fail_marker="FAULT", group_size=3,
+                             group_rubric=GroupRubric([("diverse", diversity_penalty, 0.5)]))()
+    rows = task_rows(ENV_ID, 2, fail_marker="FAULT")
+    def says(text):
+        return ScriptedEngine(qwen_tokenizer, lambda ids, turn: text)
+
+    class Broken:
+        async def generate(self, *args, **kwargs):
+            raise RuntimeError("the engine died")
+
+    async def play(row, engine):
+        return await executor.execute(row["prompt"], row["label"], _params(), 16384, qwen_tokenizer, engine)
+
+    async def main():
+        first = await asyncio.gather(play(rows[0], says("<answer>7</answer>")), play(rows[0], says("<answer>7</answer>")),
+                                     play(rows[0], says("FAULT")))
+        second = await asyncio.gather(play(rows[1], says("<answer>1</answer>")), play(rows[1], says("<answer>2</answer>")),
+                                      play(rows[1], Broken()), return_exceptions=True)
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert [o["reward"] for o in first[:2]] == [-0.5, -0.5] and math.isnan(first[2]["reward"])  # alike: penalised
+    assert [o["reward"] for o in second[:2]] == [0.0, 0.0] and isinstance(second[2], RuntimeError)

@@ -297,3 +297,34 @@ def test_a_failed_trajectory_never_enters_the_loss_and_its_group_renormalises(qw
     assert not torch.isnan(advantages).any()
     data, _ = _flaky_batch(qwen_tokenizer)
     assert (compute_advantage(data, adv_estimator="benchmax_grpo_drop") == 0).all()
+
+
+def test_a_group_estimator_ranks_each_uid_group_without_its_failures(qwen_tokenizer):
+    """register_group_estimator: verl's advantage step, looked up in verl's registry, scores each
+    group with a reward-only GroupRubric (here best-of-k), failures out, then GRPO."""
+    import torch
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from benchmax_gym.adapters.verl import register_group_estimator
+    from benchmax_gym.core.group import GroupRubric, best_of_k, diversity_penalty
+
+    import pytest
+
+    with pytest.raises(ValueError, match="diverse"):
+        register_group_estimator("benchmax_test_diverse", GroupRubric([("diverse", diversity_penalty)]))
+    seen = []
+
+    def spy(rewards):
+        seen.append(list(rewards))
+        return best_of_k(rewards)
+
+    name = register_group_estimator("benchmax_test_best_of_k", GroupRubric([("best", spy)], combine="replace"))
+    data, _ = _flaky_batch(qwen_tokenizer)
+    advantages = get_adv_estimator_fn(name)(
+        token_level_rewards=data.batch["token_level_rewards"], response_mask=data.batch["response_mask"],
+        config=None, index=data.non_tensor_batch["uid"])[0]
+    assert seen == [[1.0, 0.0], [1.0, 0.0]]  # each uid group's scored members only
+    scores = (advantages.sum(-1) / data.batch["response_mask"].sum(-1).clamp(min=1)).view(2, 3)
+    scored = torch.tensor([1.0, 0.0])
+    expected = (scored - scored.mean()) / (scored.std() + 1e-6)
+    assert torch.allclose(scores[:, :2], expected.expand(2, 2)) and (scores[:, 2] == 0).all()
