@@ -32,7 +32,8 @@ env's own components (they differ between envs) are in ``extra_fields["reward_co
 ``reward_extra_info`` also holds ``env/outcome/<name>`` (1.0 for the episode's outcome), so a
 batch's sums are its outcome counts.
 
-Failed episodes (issue 29: a tool gone, a worker lost, a deadline) never enter the loss. verl
+Failed episodes (issue 29: a tool gone, a worker lost, a deadline; a ``generate`` call that
+raised or returned garbage is ``model_error``) never enter the loss. verl
 needs every trajectory back, so a failed one is kept with an all-zero ``response_mask`` (no token
 in the loss) and ``reward_score`` NaN (``None`` would turn off the batch's ``rm_scores``). verl's
 own GRPO would average that NaN into the group, so train with the estimators registered here
@@ -59,6 +60,7 @@ from uuid import uuid4
 import torch
 
 from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
+from benchmax_gym.core import outcomes
 
 try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
@@ -95,8 +97,12 @@ class BenchmaxAgentLoop(AgentLoopBase):
             while not session.done:
                 params = dict(sampling_params)
                 params["max_tokens"] = session.budget
-                output = await self.server_manager.generate(request_id=request_id, prompt_ids=session.input_ids,
-                                                            sampling_params=params)
+                try:
+                    output = await self.server_manager.generate(request_id=request_id, prompt_ids=session.input_ids,
+                                                                sampling_params=params)
+                except Exception as exc:  # the server failed this trajectory: model_error, out of the loss
+                    session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
+                    break
                 await session.astep(output.token_ids, output.log_probs or None)
         finally:
             await asyncio.to_thread(session.close)
