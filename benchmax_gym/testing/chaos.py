@@ -137,7 +137,8 @@ def run_vector(episodes: list[Episode], answer: list[str], *, num_envs: int = 4,
     episode that worker holds fails with it); a ``model_error`` is a policy that fails before its
     second reply (the episode ends there, its env untouched).
 
-    Returns ``results`` (episode index -> outcome, reward, components, observations),
+    Returns ``results`` (episode index -> outcome, reward, components, observations, and
+    ``signal``: the batch's ``info["scored"]``; False for a failed policy),
     ``expected`` (index -> the outcome its fault must give, the neighbours of a kill included),
     ``stalls`` (seconds each batch waited, send to receive) and ``restarts``."""
     import functools
@@ -164,7 +165,7 @@ def run_vector(episodes: list[Episode], answer: list[str], *, num_envs: int = 4,
                     ep = episodes[batch[slot]]
                     if inject and turn == 1 and ep.fault == "model_error":
                         results[batch[slot]] = {"outcome": MODEL_ERROR, "reward": None, "components": {},
-                                                "observations": seen[slot]}
+                                                "observations": seen[slot], "signal": False}
                         expected[batch[slot]] = MODEL_ERROR
                         continue
                     ids.append(slot)
@@ -191,7 +192,7 @@ def run_vector(episodes: list[Episode], answer: list[str], *, num_envs: int = 4,
                         failed = math.isnan(r)
                         results[batch[slot]] = {"outcome": info.get("outcome", SCORED), "reward": None if failed else r,
                                                 "components": {} if failed else dict(info.get("reward_components", {})),
-                                                "observations": seen[slot]}
+                                                "observations": seen[slot], "signal": bool(info["scored"])}
                         if inject and turn == 0 and episodes[batch[slot]].fault == "tool_timeout":
                             expected[batch[slot]] = TOOL_TIMEOUT
         restarts = envs.faults
