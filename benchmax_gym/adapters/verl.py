@@ -45,6 +45,14 @@ own GRPO would average that NaN into the group, so train with the estimators reg
 ``benchmax_grpo_drop``   a group with a failure is left out: every advantage 0
 =======================  =====================================================================
 
+verl computes advantages in its TaskRunner, a Ray worker that imports nothing of this package,
+so the estimators exist there only when verl imports this module itself: name it in verl's
+``VERL_USE_EXTERNAL_MODULES`` (imported by every ``import verl``), set for every Ray worker
+through the runtime env, as ``examples/verl_math.sh`` does::
+
+    algorithm.adv_estimator=benchmax_grpo \
+    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=benchmax_gym.adapters.verl
+
 (verl's reward metrics, ``critic/score/*``, are means over the batch: NaN when it holds a
 failure; ``env/outcome/*`` counts them.)
 """

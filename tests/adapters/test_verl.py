@@ -297,3 +297,52 @@ def test_a_failed_trajectory_never_enters_the_loss_and_its_group_renormalises(qw
     assert not torch.isnan(advantages).any()
     data, _ = _flaky_batch(qwen_tokenizer)
     assert (compute_advantage(data, adv_estimator="benchmax_grpo_drop") == 0).all()
+
+
+def test_the_launch_script_trains_with_benchmax_grpo_in_verls_own_processes(tmp_path):
+    """verl_math.sh asks for benchmax_grpo, which only importing the adapter registers: verl's
+    driver imports nothing of ours, and advantages are computed in its TaskRunner, a Ray worker.
+    The script's overrides, composed with verl's Hydra schema, ask for no critic and
+    name VERL_USE_EXTERNAL_MODULES in the Ray runtime env; a fresh process with that env (as Ray
+    starts the TaskRunner) resolves the estimator through verl's registry alone, and it keeps a
+    failed trajectory (NaN) out of its group."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from launch import run_fresh, script_argv, tiny_model_dir
+
+    argv = script_argv("verl_math.sh", tmp_path, f"actor_rollout_ref.model.path={tiny_model_dir(tmp_path / 'model')}")
+    assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
+    compose = tmp_path / "compose.py"
+    compose.write_text(
+        "import json, os, sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from omegaconf import OmegaConf\n"
+        "from verl.trainer import main_ppo\n"
+        "from verl.trainer.ppo.utils import need_critic\n"
+        "with initialize_config_dir(config_dir=os.path.join(os.path.dirname(main_ppo.__file__), 'config'), "
+        "version_base=None):\n"
+        "    config = compose(config_name='ppo_trainer', overrides=json.loads(sys.argv[1]))\n"
+        "print(json.dumps({'adv_estimator': config.algorithm.adv_estimator, 'critic': need_critic(config), "
+        "'env_vars': OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars), "
+        "'ours': [m for m in sys.modules if m.startswith('benchmax_gym')]}))\n")
+    config = run_fresh([compose, json.dumps(argv[2:])])
+    assert config["adv_estimator"] == "benchmax_grpo" and not config["critic"]
+    assert config["ours"] == []  # the driver never imports the adapter: the estimator must come another way
+    task_runner = (
+        "import json, math, sys, torch\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        f"fn = get_adv_estimator_fn({config['adv_estimator']!r})\n"
+        "rewards = torch.zeros(3, 2); rewards[:, -1] = torch.tensor([1.0, 0.0, math.nan])\n"
+        "adv, _ = fn(token_level_rewards=rewards, response_mask=torch.ones(3, 2), index=['a', 'a', 'a'], config=None)\n"
+        "print(json.dumps({'module': fn.__module__, 'advantages': adv[:, 0].tolist()}))\n")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, **config["env_vars"], "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", task_runner], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["module"] == "benchmax_gym.adapters.verl"
+    first, second, failed = result["advantages"]
+    assert first > 0 > second and failed == 0.0
