@@ -50,7 +50,7 @@ so the estimators exist there only when verl imports this module itself: name it
 ``VERL_USE_EXTERNAL_MODULES`` (imported by every ``import verl``), set for every Ray worker
 through the runtime env, as ``examples/verl_math.sh`` does::
 
-    algorithm.adv_estimator=benchmax_grpo \
+    algorithm.adv_estimator=benchmax_grpo
     +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=benchmax_gym.adapters.verl
 
 (verl's reward metrics, ``critic/score/*``, are means over the batch: NaN when it holds a
