@@ -203,3 +203,20 @@ def test_a_reward_that_cannot_score_fails_the_episode_instead_of_scoring_zero(as
     assert reward == 0.0 and info["outcome"] == SCORED and "broken" in info["reward_errors"]
     with pytest.raises(ValueError, match="outcome must be one of"):
         RewardFailure("x", outcome="scored")
+
+
+def test_a_failed_first_step_under_gym_make_is_not_flagged_by_gymnasiums_checker():
+    """gym.make's PassiveEnvChecker checks the first step and warns about a NaN reward: for a
+    failure that NaN is the design, so it stays quiet; the step still reports the failure."""
+    import warnings
+
+    from benchmax_gym.testing.chaos import CHAOS_ID
+
+    env = gym.make(CHAOS_ID, tool_timeout=0.2)
+    assert "PassiveEnvChecker" in str(env)
+    env.reset(seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        _, reward, _, truncated, info = env.step(call("fetch", seconds=30))
+    assert info["outcome"] == "tool_timeout" and math.isnan(reward) and truncated
+    assert not [w for w in caught if "NaN" in str(w.message)], [str(w.message) for w in caught]
+    env.close()
