@@ -92,6 +92,28 @@ def test_the_response_length_bounds_every_request_and_the_response(qwen_tokenize
     assert server.requests[0][1] == 40 and all(m <= 40 for _, m in server.requests)
 
 
+def test_a_server_that_fails_mid_trajectory_gives_model_error_and_no_loss_tokens(qwen_tokenizer):
+    """The LLM server raising on a trajectory's second request (a 500, a timeout): that
+    trajectory ends model_error, reward_score NaN, response_mask all 0; the others score."""
+    import math
+
+    class Failing(SolverServer):
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            if request_id in self.trajectories and request_id == sorted(self.trajectories)[0]:
+                raise TimeoutError("the rollout server did not answer")
+            return await super().generate(request_id, prompt_ids, sampling_params, **kwargs)
+
+    loop = _agent_loop(qwen_tokenizer, Failing(qwen_tokenizer, "benchmax/Math-v0"))
+
+    async def main():
+        return await asyncio.gather(*(loop.run({}, **row) for row in task_rows("benchmax/Math-v0", 3)))
+
+    outputs = asyncio.run(main())
+    failed = [o for o in outputs if o.extra_fields["reward_extra_info"]["env/outcome/model_error"] == 1.0]
+    assert len(failed) == 1 and math.isnan(failed[0].reward_score) and not any(failed[0].response_mask)
+    assert sorted(o.reward_score for o in outputs if o is not failed[0]) == [1.0, 1.0]
+
+
 def test_an_env_in_the_agent_loop_config_file(qwen_tokenizer):
     server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 2048}},
