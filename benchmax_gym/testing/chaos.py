@@ -131,8 +131,10 @@ def answers(n_tasks: int, **kwargs: Any) -> list[str]:
 # -- a vector env -------------------------------------------------------------------------------
 
 def run_vector(episodes: list[Episode], answer: list[str], *, num_envs: int = 4, num_workers: int = 2,
-               step_timeout: float | None = 10.0, inject: bool = True, **env_kwargs: Any) -> dict[str, Any]:
-    """Play ``episodes`` through a :class:`~benchmax_gym.wrappers.SubprocVectorEnv`, ``num_envs``
+               step_timeout: float | None = 10.0, inject: bool = True, vector: Any = None,
+               **env_kwargs: Any) -> dict[str, Any]:
+    """Play ``episodes`` through a :class:`~benchmax_gym.wrappers.SubprocVectorEnv` (or what
+    ``vector(env_fn, num_envs, num_workers, step_timeout)`` makes: a ``RayVectorEnv``), ``num_envs``
     at a time. A ``kill`` SIGKILLs the worker holding the episode between its two steps (every
     episode that worker holds fails with it); a ``model_error`` is a policy that fails before its
     second reply (the episode ends there, its env untouched).
@@ -145,8 +147,12 @@ def run_vector(episodes: list[Episode], answer: list[str], *, num_envs: int = 4,
 
     from benchmax_gym.wrappers import SubprocVectorEnv
 
-    envs = SubprocVectorEnv(functools.partial(make_chaos_env, **env_kwargs), num_envs, num_workers=num_workers,
-                            autoreset_mode="Disabled", step_timeout=step_timeout)
+    fn = functools.partial(make_chaos_env, **env_kwargs)
+    if vector is None:
+        envs = SubprocVectorEnv(fn, num_envs, num_workers=num_workers, autoreset_mode="Disabled",
+                                step_timeout=step_timeout)
+    else:
+        envs = vector(fn, num_envs, num_workers, step_timeout)
     results: dict[int, dict[str, Any]] = {}
     expected: dict[int, str] = {}
     stalls: list[float] = []
