@@ -250,7 +250,6 @@ def run_trl(episodes: list[Episode], answer: list[str], tokenizer: Any, *, batch
     kills = any(e.fault == "kill" for e in episodes)  # the same env (prompt, tools) clean or not
     kwargs = {"python_tool": True, **env_kwargs} if kills else dict(env_kwargs)
     isolated = bubblewrap_status()[0]
-    where: dict[int, int] = {}  # id(session) -> episode index in the current call
     calls: list[int] = []  # the episode indices of the current call, in prompt order
 
     def generate(_trainer: Any, sessions: list[Any]) -> tuple[list[list[int]], list[None]]:
