@@ -17,7 +17,8 @@ exactly, at places drawn from ``--seed``. For each path: the outcome counts, how
 ended with the outcome their fault must give (``as_expected`` of ``injected``, the neighbours of
 a killed worker included), whether every episode is accounted for (one result each, none
 missing), whether every scored episode equals the clean run's (ids, rewards, observations),
-wall time against the clean run, and the largest stall: the longest one batch waited
+wall time against the clean run (and the part of it the hanging tools' own timeouts set: a
+lock-step batch waits ``--tool-timeout`` for one), and the largest stall: the longest one batch waited
 (``SubprocVectorEnv``: send to receive; TRL: one rollout call), against the bound
 ``step_timeout + 2 s``.
 
@@ -47,13 +48,15 @@ COMPARED = {"vector": ("outcome", "reward", "components", "observations"),
 
 
 def report(path: str, episodes: list, faulty: dict, clean: dict, seconds: float, clean_seconds: float,
-           bound: float) -> dict:
+           bound: float, batch: int, tool_timeout: float) -> dict:
     results, expected = faulty["results"], faulty["expected"]
     injected = collections.Counter(e.fault for e in episodes if e.fault)
     mismatched = [i for i, r in results.items() if i not in expected  # (a fault the model's own at rlimits)
                   and any(r[k] != clean["results"][i][k] for k in COMPARED[path])]
     failed_with_reward = [i for i, r in results.items() if r["outcome"] in FAILURES and r["reward"] is not None]
     stall = max(faulty["stalls"])
+    # a batch holding a hanging tool waits tool_timeout for it: the floor the faults themselves set
+    waits = len({i // batch for i, e in enumerate(episodes) if e.fault == "tool_timeout"}) * tool_timeout
     return {
         "outcomes": dict(sorted(collections.Counter(r["outcome"] for r in results.values()).items())),
         "injected": dict(sorted(injected.items())),
@@ -66,6 +69,8 @@ def report(path: str, episodes: list, faulty: dict, clean: dict, seconds: float,
         "seconds": round(seconds, 2),
         "clean_seconds": round(clean_seconds, 2),
         "slowdown": round(seconds / clean_seconds, 2),
+        "waiting_on_tool_timeouts_s": round(waits, 2),
+        "seconds_beyond_clean_and_timeouts": round(seconds - clean_seconds - waits, 2),
         "largest_stall_s": round(stall, 3),
         "clean_largest_stall_s": round(max(clean["stalls"]), 3),
         "stall_bound_s": bound,
@@ -108,7 +113,7 @@ def main() -> None:
         t0 = time.perf_counter()
         faulty = chaos.run_vector(episodes, answer, **kwargs)
         out["subproc_vector_env"] = report("vector", episodes, faulty, clean, time.perf_counter() - t0,
-                                           clean_seconds, bound)
+                                           clean_seconds, bound, args.envs, args.tool_timeout)
     if "trl" in paths:
         episodes = chaos.plan(args.episodes, tasks=args.tasks, group=4, seed=args.seed + 1, **rates)
         tokenizer = tiny_tokenizer("qwen")
@@ -118,7 +123,8 @@ def main() -> None:
         clean_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         faulty = chaos.run_trl(episodes, answer, tokenizer, **kwargs)
-        out["trl_rollout"] = report("trl", episodes, faulty, clean, time.perf_counter() - t0, clean_seconds, bound)
+        out["trl_rollout"] = report("trl", episodes, faulty, clean, time.perf_counter() - t0, clean_seconds, bound,
+                                    args.batch, args.tool_timeout)
     out.update(cpus=os.cpu_count(), python=platform.python_version())
     print(json.dumps(out, indent=2))
 
