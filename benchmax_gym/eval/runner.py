@@ -7,9 +7,9 @@ model call. A run directory holds ``run.json`` (what was run, by whom, with whic
 running again with the same ``out`` resumes: only the pairs not yet in ``rollouts.jsonl`` run.
 Every record has an ``outcome`` (:mod:`benchmax_gym.core.outcomes`); ``retry_failed`` re-runs
 the failed pairs of a run directory. An episode in flight when the run is interrupted (Ctrl-C,
-the task cancelled) is written as ``cancelled`` (no reward, what it did so far); resuming runs
-its pair again, as ``retry_failed`` does. (With ``workers > 1`` the workers are ended at once:
-their episodes in flight are pairs not yet done, which resuming runs.)
+the task cancelled) is written as ``cancelled`` (no reward, what it did so far; with
+``workers > 1`` each worker is told to stop and sends its own); resuming runs its pair again, as
+``retry_failed`` does.
 """
 
 from __future__ import annotations
@@ -517,13 +517,16 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
 
 def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None:
     """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU.
-    Ctrl-C is the parent's to handle (it ends the workers): a worker ignores it."""
+    Ctrl-C is the parent's to handle: a worker ignores it, and the parent's SIGTERM cancels its
+    run (its episodes in flight are sent as ``cancelled``)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     async def main() -> None:
         import benchmax_gym  # noqa: F401  (registers the ids)
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
 
         closing: list[Any] = [gym.make(env_id, **kwargs)]
         try:
@@ -583,12 +586,43 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
                 loop.remove_reader(conn.fileno())
             except (ValueError, OSError):
                 pass
-            proc.join(timeout=10 if finished.done() else 0)  # interrupted: end them now
+        completed = finished.done() and not finished.cancelled()  # (a cancelled await cancels the future)
+        if not completed:  # interrupted: each worker cancels its run, sends its episodes in flight
+            _cancel_workers(procs, sink)
+        for conn, proc in procs:
+            proc.join(timeout=10 if completed else 0)
             if proc.is_alive():
                 proc.kill()
             conn.close()
     if errors:
         raise RuntimeError(f"an eval worker failed: {errors[0]}")
+
+
+def _cancel_workers(procs: list, sink: Any, wait: float = 10.0) -> None:
+    """SIGTERM each live worker and take what it sends until it ends (its ``cancelled`` records),
+    for at most ``wait`` seconds in all; whatever is still running then is killed by the caller."""
+    import signal
+    from multiprocessing.connection import wait as ready
+
+    live = {}
+    for conn, proc in procs:
+        if proc.is_alive():
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+                live[conn] = proc
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait
+    while live and time.monotonic() < deadline:
+        for conn in ready(list(live), max(0.0, deadline - time.monotonic())):
+            try:
+                kind, value = conn.recv()
+            except (EOFError, OSError):
+                kind = "gone"
+            if kind == "record":
+                sink.add(value)
+            else:
+                live.pop(conn)
 
 
 def _plot(records, summary, path: Path, run: dict[str, Any]) -> None:

@@ -50,12 +50,10 @@ def test_ctrl_c_says_how_far_it_got_and_how_to_resume(tmp_path, workers):
         records = [json.loads(line) for line in rollouts.read_text().splitlines()]
         cancelled = [r for r in records if r["outcome"] == "cancelled"]
         done = len(records) - len(cancelled)
-        if workers == "1":  # the episodes waiting on the model when Ctrl-C came: recorded, never a score
-            assert cancelled and all(r["reward"] is None and "interrupted" in r["error"] for r in cancelled)
-            assert stderr.strip() == (f"interrupted: {done}/40 done ({len(cancelled)} in flight recorded as "
-                                      "cancelled: resuming runs them again); rerun the same command to resume")
-        else:  # the workers are ended at once: their episodes in flight are pairs not done
-            assert stderr.strip() == f"interrupted: {done}/40 done; rerun the same command to resume"
+        # the episodes waiting on the model when Ctrl-C came (in the workers too): recorded, never a score
+        assert cancelled and all(r["reward"] is None and "interrupted" in r["error"] for r in cancelled)
+        assert stderr.strip() == (f"interrupted: {done}/40 done ({len(cancelled)} in flight recorded as "
+                                  "cancelled: resuming runs them again); rerun the same command to resume")
         again = subprocess.run([*cmd[:-2], "--no-plots"], capture_output=True, text=True, timeout=300,
                                env=clean_env())  # progress on: it says it resumes
     assert again.returncode == 0, again.stderr
