@@ -404,7 +404,9 @@ def _eval_progress(out: str) -> str:
         run, records = load_run(out)
     except EvalError:
         return "no episode done"
-    return f"{len(records)}/{run.get('episodes', '?')} done"
+    cancelled = sum(r["outcome"] == "cancelled" for r in records)
+    again = f" ({cancelled} in flight recorded as cancelled: resuming runs them again)" if cancelled else ""
+    return f"{len(records) - cancelled}/{run.get('episodes', '?')} done{again}"
 
 
 def _check_failure_gap(runs: dict[str, list], gap: float, allow: bool) -> None:

@@ -5,7 +5,7 @@
 set -x
 DATA_DIR="$HOME/data/benchmax-math"
 python3 -m verl.trainer.main_ppo \
-  algorithm.adv_estimator=grpo \
+  algorithm.adv_estimator=benchmax_grpo \
   data.train_files="$DATA_DIR/train.parquet" data.val_files="$DATA_DIR/validation.parquet" \
   data.train_batch_size=256 data.max_prompt_length=2048 data.max_response_length=2048 \
   data.return_raw_chat=True \
@@ -16,7 +16,12 @@ python3 -m verl.trainer.main_ppo \
   actor_rollout_ref.rollout.agent.default_agent_loop=benchmax \
   actor_rollout_ref.rollout.agent.agent_loop_config_path="$(dirname "$0")/verl_agent_loops.yaml" \
   +ray_kwargs.ray_init.runtime_env.env_vars.PYTHONSTARTUP="" \
+  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=benchmax_gym.adapters.verl \
   trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.total_epochs=20 trainer.logger='["console"]' \
   "$@"
 # The rows name agent_name "benchmax"; verl_agent_loops.yaml registers it in each agent-loop worker
 # (a fresh process: its _target_ imports benchmax_gym.adapters.verl there).
+# benchmax_grpo (GRPO over each group's scored trajectories: a failed one, reward NaN, is out of
+# its group's baseline) lives in benchmax_gym.adapters.verl, which verl's driver never imports.
+# verl imports the modules named in VERL_USE_EXTERNAL_MODULES whenever `verl` is imported; the
+# runtime_env sets it in every Ray worker, the TaskRunner that computes advantages included.

@@ -14,7 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 NOT_IN_BASE = ["psutil", "ray", "openai", "openenv", "trl", "transformers", "tokenizers", "torch", "matplotlib",
                "skyrl_gym", "verl", "openrlhf", "sky", "gem"]
 NEEDS = {"remote_throughput.py": "ray", "openenv_overhead.py": "openenv", "eval_throughput.py": "eval",
-         "adapter_overhead.py": "trl",
+         "adapter_overhead.py": "trl", "chaos.py": "trl",
          "reward_group_judge.py": "eval"}
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_") and p.name != "parse_hostile.py")
 
@@ -105,3 +105,19 @@ def test_reward_group_judge_runs_briefly_and_prints_its_figures():
     assert figures["group"]["episodes"] == 8 and figures["group"]["group_rubric_us_per_episode"] > 0
     assert figures["judge"]["calls"] == 32 and figures["judge"]["rescore_calls"] == 0
     assert figures["judge"]["fraction_of_ideal"] > 0 and figures["judge"]["sdk_floor"]["calls_per_s"] > 0
+
+
+def test_chaos_accounts_for_every_episode_and_loses_only_the_faulted_ones():
+    """A short chaos run (issue 29): every episode has one result, each injected fault the
+    outcome it must give, every scored episode the clean run's result, no failure a reward."""
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "chaos.py"), "--episodes", "60", "--kill", "0.1",
+                          "--tool-timeouts", "0.05", "--model-errors", "0.05", "--batch", "12"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    for path in ("subproc_vector_env", "trl_rollout"):
+        result = report[path]
+        assert result["accounted_for"] and result["episodes_with_a_result"] == 60
+        assert result["as_expected"] == result["expected_failures"] >= sum(result["injected"].values()) == 12
+        assert result["scored_equal_to_clean"] and result["failed_with_a_reward"] == 0
+        assert sum(result["outcomes"].values()) == 60 and result["outcomes"]["scored"] >= 48

@@ -28,7 +28,8 @@ Group rewards (:mod:`benchmax_gym.core.group`): OpenRLHF's engine plays a prompt
 the samples wait for each other and are scored together before they return (a failed sample is
 not a member; one that raises or is late past ``group_timeout`` leaves the rest to go on).
 
-Failed episodes (issue 29: a tool gone, a worker lost, a deadline): OpenRLHF needs every sample
+Failed episodes (issue 29: a tool gone, a worker lost, a deadline; an engine ``generate`` that
+raised or returned garbage is ``model_error``): OpenRLHF needs every sample
 of a prompt's group (its advantages reshape rewards by ``n_samples_per_prompt``), has no
 NaN-aware baseline and no hook for one, so a single sample cannot leave the baseline. The one
 thing its own code can do is drop the prompt's whole group: a failed sample's ``scores`` (and
@@ -158,11 +159,15 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     params = deepcopy(sampling_params)
                     cap = sampling_params.max_tokens  # --rollout.max_new_tokens: a per-turn cap
                     params.max_tokens = session.budget if cap is None else min(cap, session.budget)
-                    output = (await llm_engine.generate(session.input_ids, params, multi_modal_data=None)).outputs[0]
-                    ids = list(output.token_ids)
-                    logprobs = None
-                    if sampling_params.logprobs is not None:
-                        logprobs = [lp[t].logprob for lp, t in zip(output.logprobs, ids)]
+                    try:
+                        output = (await llm_engine.generate(session.input_ids, params, multi_modal_data=None)).outputs[0]
+                        ids = list(output.token_ids)
+                        logprobs = None
+                        if sampling_params.logprobs is not None:
+                            logprobs = [lp[t].logprob for lp, t in zip(output.logprobs, ids)]
+                    except Exception as exc:  # the engine failed this sample: model_error, its group dropped
+                        session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
+                        break
                     await session.astep(ids, logprobs)
                 episode = session.episode
                 reward = math.nan if episode.failed else episode.reward  # NaN: dynamic filtering drops the group

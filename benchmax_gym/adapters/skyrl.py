@@ -23,7 +23,9 @@ leaves no fake score: the final step's reward is NaN (the env's own, never 0),
 ``metadata["outcome"]`` names it and ``metadata["failed"]`` is set; ``get_metrics()`` has
 ``env/outcome/<name>`` (1.0 for the episode's outcome), which :meth:`BenchmaxTextEnv.aggregate_metrics`
 sums into a batch's counts. Keeping the sample out of the loss and the baseline is the trainer's
-to do (skyrl-train's generator: not installed here, not done by this adapter).
+to do (skyrl-train's generator: not installed here, not done by this adapter). Policy: the
+failed trajectory goes back with its NaN, so skyrl-train's group advantages turn NaN (loud, never
+a fake 0); drop trajectories whose ``metadata["failed"]`` is set before the trainer's step.
 """
 
 from __future__ import annotations

@@ -45,6 +45,9 @@ A failed episode (issue 29: the last info's ``outcome`` is one of
 training signal: its :class:`TokenEpisode` has ``failed`` set, ``reward`` ``None`` (the env's
 NaN never reaches a sum) and an all-zero ``loss_mask``; each adapter then keeps it out of its
 trainer's loss and group baseline as that trainer allows (see the adapter's docstring).
+A generation backend that fails is a failure too, ``model_error``: a reply that is not token ids
+of the tokenizer's vocabulary (or whose logprobs do not match them) ends the episode so in
+:meth:`TokenSession.step`, and an adapter whose backend raises calls :meth:`TokenSession.fail`.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ import asyncio
 import json
 import logging
 import math
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +120,7 @@ class ChatTemplate:
         self._specials = _special_tokens(tokenizer)
         self._special_re = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
         self._literal = _literal_backend(self._backend)
+        self._vocab: int | None = None  # len(tokenizer), on first use
         self._skeletons: dict[tuple, Any] = {}
         self._checks: dict[tuple, int] = {}
         self._checked: set[tuple] = set()  # shapes whose skeleton was checked checks_per_shape times
@@ -248,6 +253,28 @@ class ChatTemplate:
         if not stop:
             return self.turn_end
         return self.turn_end[len(stop):] if self.turn_end.startswith(stop) else ""
+
+    def garbage(self, model_ids: Any, logprobs: Any = None) -> str | None:
+        """What is wrong with a generation backend's reply (``None``: nothing): not a sequence of
+        ids of this tokenizer's vocabulary, or logprobs that do not pair with them. No model writes
+        such a reply: it is the backend's failure (``model_error``), never the model's mistake."""
+        if isinstance(model_ids, (str, bytes)) or not hasattr(model_ids, "__len__"):
+            return f"{type(model_ids).__name__}, not token ids"
+        try:
+            ids = [operator.index(i) for i in model_ids]
+        except TypeError:
+            return "token ids that are not integers"
+        if self._vocab is None:
+            try:
+                self._vocab = len(self.tokenizer)
+            except TypeError:
+                self._vocab = 0  # unknown: not checked
+        if ids and (min(ids) < 0 or (self._vocab and max(ids) >= self._vocab)):
+            return f"token ids outside the vocabulary (0..{self._vocab - 1})"
+        if logprobs is not None and (isinstance(logprobs, (str, bytes)) or not hasattr(logprobs, "__len__")
+                                     or len(logprobs) != len(ids)):
+            return f"logprobs that do not pair with its {len(ids)} token ids"
+        return None
 
     def text(self, model_ids: list[int]) -> str:
         """The reply the env reads: the model's ids decoded, without the final stop token."""
@@ -503,15 +530,37 @@ class TokenSession:
         return self._start(*await asyncio.to_thread(self.env.reset, seed=seed, options=options))
 
     def step(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
-        """Append the model's ids, step the env with their text; returns the env's ids (empty once done)."""
+        """Append the model's ids, step the env with their text; returns the env's ids (empty once
+        done). Ids that are not the tokenizer's (garbage from the backend) end it: ``model_error``."""
         action = self._add_model_turn(model_ids, logprobs)
+        if action is None:
+            return []
         ids = self._add_env_turn(*self._env_step(action))
         return self._cut(self._env_step("")) if ids is None else ids
 
     async def astep(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
         action = self._add_model_turn(model_ids, logprobs)
+        if action is None:
+            return []
         ids = self._add_env_turn(*await asyncio.to_thread(self._env_step, action))
         return self._cut(await asyncio.to_thread(self._env_step, "")) if ids is None else ids
+
+    def fail(self, outcome: str = outcomes.MODEL_ERROR, error: str = "") -> None:
+        """End the running episode as a failure that is not the model's (issue 29): the generation
+        backend raised or timed out (``model_error``). No reward, no token in the loss; the env's
+        episode is left ungraded (the next reset or close releases it)."""
+        if outcome not in outcomes.FAILURES:
+            raise ValueError(f"outcome must be one of {sorted(outcomes.FAILURES)}, got {outcome!r}")
+        episode = self.episode
+        if episode is None or episode.done:
+            raise gym.error.ResetNeeded("call reset() before fail(); the episode has ended")
+        log.warning("episode failed (%s): %s", outcome, error)
+        info = {**self.info, "outcome": outcome, "error": error, "reward_components": {}}
+        episode.info = self.info = info
+        episode.terminated, episode.truncated, episode.outcome = False, True, outcome
+        episode.reward, episode.reward_components = None, {}
+        episode.loss_mask = [0] * len(episode.loss_mask)
+        episode.record = {**self.env.unwrapped.episode_record(), "outcome": outcome, "reward": None, "error": error}
 
     def close(self) -> None:
         self.env.close()
@@ -524,16 +573,19 @@ class TokenSession:
         self.episode = TokenEpisode(prompt_ids=self.chat.prompt_ids(messages), info=info)
         return list(self.episode.prompt_ids)
 
-    def _add_model_turn(self, model_ids: list[int], logprobs: list[float] | None) -> str:
+    def _add_model_turn(self, model_ids: list[int], logprobs: list[float] | None) -> str | None:
+        """The reply's text for the env; ``None`` when the reply is garbage (the episode failed)."""
         episode = self.episode
         if episode is None or episode.done:
             raise gym.error.ResetNeeded("call reset() before step(); the episode has ended")
-        model_ids = list(model_ids)
+        garbage = self.chat.garbage(model_ids, logprobs)
+        if garbage:
+            self.fail(outcomes.MODEL_ERROR, f"the generation backend returned {garbage}")
+            return None
+        model_ids = [operator.index(i) for i in model_ids]
         budget = self.budget
         if budget is not None and len(model_ids) > budget:
             model_ids, logprobs = model_ids[:budget], (logprobs[:budget] if logprobs is not None else None)
-        if logprobs is not None and len(logprobs) != len(model_ids):
-            raise ValueError(f"{len(logprobs)} logprobs for {len(model_ids)} token ids")
         start = len(episode.completion_ids)
         if logprobs is not None and episode.logprobs is None:
             episode.logprobs = [0.0] * start

@@ -34,7 +34,8 @@ The env's reward components go into the trainer's logged metrics as ``env/<compo
 each batch's outcome counts as ``env/outcome/<name>``.
 
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline; never the model's mistakes)
-never enter the loss. GRPOTrainer needs every sample of a group back, so a failed one is kept:
+never enter the loss; nor do episodes whose generation failed (``model_error``: ``generate``
+raised, or returned what are not token ids of the tokenizer). GRPOTrainer needs every sample of a group back, so a failed one is kept:
 its reward is ``None`` (TRL reads it as NaN: "unscorable", left out of the group's nanmean and
 nanstd, advantage 0) and its ``env_mask`` is all zero (no token in the loss). ``failed_group``
 (:class:`TRLRollout`) says what happens to the rest of its group:
@@ -149,7 +150,14 @@ class TRLRollout:
         while active := sorted((s for s in sessions if not s.done), key=lambda s: s.budget or 0):
             for _, group in itertools.groupby(active, key=lambda s: s.budget):  # each asks for what it has left
                 group = list(group)
-                ids, logprobs = self.generate(trainer, group)
+                try:
+                    ids, logprobs = self.generate(trainer, group)
+                    if len(ids) != len(group) or len(logprobs) != len(group):
+                        raise ValueError(f"{len(ids)} replies and {len(logprobs)} logprobs for {len(group)} sequences")
+                except Exception as exc:  # the backend failed these episodes: model_error, never a reward
+                    for session in group:
+                        session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
+                    continue
                 list(self._pool.map(lambda a: a[0].step(*a[1:]), zip(group, ids, logprobs)))
         episodes = [s.episode for s in sessions]
         self._log(trainer, episodes)

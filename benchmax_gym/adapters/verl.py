@@ -32,7 +32,8 @@ env's own components (they differ between envs) are in ``extra_fields["reward_co
 ``reward_extra_info`` also holds ``env/outcome/<name>`` (1.0 for the episode's outcome), so a
 batch's sums are its outcome counts.
 
-Failed episodes (issue 29: a tool gone, a worker lost, a deadline) never enter the loss. verl
+Failed episodes (issue 29: a tool gone, a worker lost, a deadline; a ``generate`` call that
+raised or returned garbage is ``model_error``) never enter the loss. verl
 needs every trajectory back, so a failed one is kept with an all-zero ``response_mask`` (no token
 in the loss) and ``reward_score`` NaN (``None`` would turn off the batch's ``rm_scores``). verl's
 own GRPO would average that NaN into the group, so train with the estimators registered here
@@ -49,6 +50,14 @@ sees its ``rollout.n`` siblings; the group first meets in the advantage step, ov
 :func:`register_group_estimator` registers an estimator that applies a reward-only
 ``GroupRubric`` (a rank, best-of-k) there, then GRPO as ``benchmax_grpo``.
 
+verl computes advantages in its TaskRunner, a Ray worker that imports nothing of this package,
+so the estimators exist there only when verl imports this module itself: name it in verl's
+``VERL_USE_EXTERNAL_MODULES`` (imported by every ``import verl``), set for every Ray worker
+through the runtime env, as ``examples/verl_math.sh`` does::
+
+    algorithm.adv_estimator=benchmax_grpo
+    +ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=benchmax_gym.adapters.verl
+
 (verl's reward metrics, ``critic/score/*``, are means over the batch: NaN when it holds a
 failure; ``env/outcome/*`` counts them.)
 """
@@ -64,6 +73,7 @@ from uuid import uuid4
 import torch
 
 from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
+from benchmax_gym.core import outcomes
 
 try:
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
@@ -100,8 +110,12 @@ class BenchmaxAgentLoop(AgentLoopBase):
             while not session.done:
                 params = dict(sampling_params)
                 params["max_tokens"] = session.budget
-                output = await self.server_manager.generate(request_id=request_id, prompt_ids=session.input_ids,
-                                                            sampling_params=params)
+                try:
+                    output = await self.server_manager.generate(request_id=request_id, prompt_ids=session.input_ids,
+                                                                sampling_params=params)
+                except Exception as exc:  # the server failed this trajectory: model_error, out of the loss
+                    session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
+                    break
                 await session.astep(output.token_ids, output.log_probs or None)
         finally:
             await asyncio.to_thread(session.close)

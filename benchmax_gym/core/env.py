@@ -45,7 +45,6 @@ import inspect
 import json
 import logging
 import marshal
-import math
 import time
 import os
 import uuid
@@ -59,7 +58,7 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.checks import positive_int, positive_number
-from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure
+from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure, failed_reward
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
@@ -691,7 +690,7 @@ class ToolEnv(gym.Env[str, str]):
         info["outcome"] = outcome
         info["reward_components"] = {}
         self._release(episode)
-        return math.nan
+        return failed_reward()
 
     @staticmethod
     def _reward_failed(plan: "_StepPlan", exc: RewardFailure) -> None:

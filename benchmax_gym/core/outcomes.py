@@ -41,6 +41,7 @@ Whose fault: a failure is classified where it happens (a tool raises
 from __future__ import annotations
 
 import math
+import warnings
 
 SCORED = "scored"  #: the rubric ran on what the model did, right or wrong
 TRUNCATED = "truncated"  #: turn or token limit: graded as it stands, and marked
@@ -77,7 +78,15 @@ def is_failure(outcome: str | None) -> bool:
 
 
 def failed_reward() -> float:
-    """The float a failed episode's step returns where an API needs one: NaN, never 0."""
+    """The float a failed episode's step returns where an API needs one: NaN, never 0.
+
+    gym.make wraps every env in Gymnasium's PassiveEnvChecker, which checks an env's first step
+    only and warns "The reward is a NaN value." when it is NaN: for a failure that is the design,
+    so that one message from that one module is ignored from the first failure on (set here, at
+    the failure, so a ``catch_warnings`` around an earlier import cannot undo it; Python's filters
+    are per process, so another env's NaN first step goes unflagged too)."""
+    warnings.filterwarnings("ignore", message=r"(?s).*The reward is a NaN value", category=UserWarning,
+                            module=r"gymnasium\.utils\.passive_env_checker")
     return math.nan
 
 

@@ -6,8 +6,10 @@ model call. A run directory holds ``run.json`` (what was run, by whom, with whic
 ``rollouts.jsonl`` (one full transcript per episode, written as each ends) and ``summary.json``;
 running again with the same ``out`` resumes: only the pairs not yet in ``rollouts.jsonl`` run.
 Every record has an ``outcome`` (:mod:`benchmax_gym.core.outcomes`); ``retry_failed`` re-runs
-the failed pairs of a run directory. An episode cut by Ctrl-C is not written: it is a pair not
-yet done, which resuming runs (so no record is ever ``cancelled`` from eval itself).
+the failed pairs of a run directory. An episode in flight when the run is interrupted (Ctrl-C,
+the task cancelled) is written as ``cancelled`` (no reward, what it did so far; with
+``workers > 1`` each worker is told to stop and sends its own); resuming runs its pair again, as
+``retry_failed`` does.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
 from benchmax_gym.core.judge import judge_usage, total_usage
-from benchmax_gym.core.outcomes import ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, TRUNCATED, is_failure
+from benchmax_gym.core.outcomes import (CANCELLED, ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, TRUNCATED,
+                                        is_failure)
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
 from benchmax_gym.wrappers.worker import async_api
 
@@ -283,7 +286,8 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     """One episode of ``task_index``. An episode whose policy cannot produce a turn (the endpoint
     kept failing, a malformed reply, your function raised) or whose env raised is *failed*: its
     record has the ``error``, ``reward`` None and no components, and the summary leaves it out of
-    every statistic (a failure is not a score of 0); the run goes on."""
+    every statistic (a failure is not a score of 0); the run goes on. Cancelled while it waits
+    (the run interrupted), it returns its record as ``cancelled``: the caller writes it and stops."""
     loop = asyncio.get_running_loop()
     base = env.unwrapped
     start = time.perf_counter()
@@ -300,6 +304,9 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     components: dict[str, float] = {}
     try:
         obs, info = await reset(seed=seed, options={"task_index": task_index})
+    except asyncio.CancelledError:
+        obs, info, terminated, base = None, {}, True, None
+        error, failure = "cancelled: the run was interrupted while the env reset", CANCELLED
     except Exception as exc:  # the env could not start this task: the episode fails, the run goes on
         obs, info, terminated = None, {}, True
         error, failure = policy.scrub(f"the env's reset raised {type(exc).__name__}: {exc}"), ENV_ERROR
@@ -307,6 +314,9 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     while not (terminated or truncated):
         try:
             turn: Turn = await policy(base, obs, info, seed=seed)
+        except asyncio.CancelledError:
+            error, failure = f"cancelled: the run was interrupted waiting for the model (turn {len(turns)})", CANCELLED
+            break
         except PolicyError as exc:
             error, failure = policy.scrub(str(exc)), MODEL_ERROR
             break
@@ -316,6 +326,9 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
         t0 = time.perf_counter()
         try:
             obs, reward, terminated, truncated, info = await step(turn.action)
+        except asyncio.CancelledError:
+            error, failure = f"cancelled: the run was interrupted in the env's step (turn {len(turns)})", CANCELLED
+            break
         except Exception as exc:
             error, failure = policy.scrub(f"the env's step raised {type(exc).__name__}: {exc}"), ENV_ERROR
             break
@@ -333,11 +346,17 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
         error = policy.scrub(str(info.get("error") or f"the env ended the episode as {reported}"))
     failed = failure is not None
     outcome = failure or (reported if reported in OUTCOMES else TRUNCATED if truncated else SCORED)
+    so_far = {}
+    if episode is not None:
+        try:
+            so_far = base.episode_record()
+        except Exception:  # cancelled: its step may still be running in its thread
+            so_far = {}
     return {
         "task_index": task_index, "sample": sample, "seed": seed,
         "task_id": episode.task.id if episode is not None else None,
         "metadata": dict(episode.task.metadata) if episode is not None else {},
-        **(base.episode_record() if episode is not None else {}),
+        **so_far,
         **({"judge": judge} if (judge := judge_usage(episode)) else {}),
         "reward": None if failed else float(reward),
         "success": not failed and float(reward) >= max_reward(env) - 1e-9,
@@ -393,8 +412,10 @@ async def aevaluate(
                   "seed": seed, "task_set": task_set_of(source), **dict(extra_run_info or {})}
         pairs = [(i, s) for i in indices for s in range(k)]
         run_dir = RunDir(out, config, set(pairs)) if out is not None else None
-        done = {(r["task_index"], r["sample"]) for r in run_dir.records} if run_dir else set()
-        pending = [pair for pair in pairs if pair not in done]
+        cancelled = {(r["task_index"], r["sample"]) for r in run_dir.records if r["outcome"] == CANCELLED} \
+            if run_dir else set()
+        done = {(r["task_index"], r["sample"]) for r in run_dir.records} - cancelled if run_dir else set()
+        pending = [pair for pair in pairs if pair not in done]  # a cancelled pair runs again
         if retry_failed:
             if run_dir is None or not run_dir.run:
                 raise EvalError(f"--retry-failed: {out} holds no eval run to retry")
@@ -403,7 +424,8 @@ async def aevaluate(
             if progress:
                 print(f"retrying {len(pending)} failed episodes of {len(pairs)}", file=sys.stderr, flush=True)
         elif done and progress:
-            print(f"resuming: {len(done)} of {len(pairs)} done", file=sys.stderr, flush=True)
+            again = f", {len(cancelled)} cancelled to run again" if cancelled else ""
+            print(f"resuming: {len(done)} of {len(pairs)} done{again}", file=sys.stderr, flush=True)
         if pending and preflight and hasattr(policy, "preflight"):
             await policy.preflight()
         run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
@@ -413,6 +435,8 @@ async def aevaluate(
                 run_dir.drop(set(pending))
                 run = {**run, "retried": [*run_dir.run.get("retried", []), {"started": run["started"],
                                                                              "episodes": len(pending)}]}
+            elif cancelled:
+                run_dir.drop(cancelled)
             run_dir.start(run)
             closing.append(run_dir)
         sink = _Sink(run_dir, len(pending), env_id, progress, policy.scrub)
@@ -520,8 +544,11 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
             if env is None:
                 env = await loop.run_in_executor(executor, lambda: gym.make(env_id, **kwargs))
                 closing.append(env)
-            sink.add(await play_episode(env, policy, task_index, sample, episode_seed(seed, task_index, sample),
-                                        executor))
+            record = await play_episode(env, policy, task_index, sample, episode_seed(seed, task_index, sample),
+                                        executor)
+            sink.add(record)
+            if record["outcome"] == CANCELLED:  # written; now stop as the run was told to
+                raise asyncio.CancelledError
 
     try:
         with fewer_collections():
@@ -532,13 +559,16 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
 
 def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None:
     """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU.
-    Ctrl-C is the parent's to handle (it ends the workers): a worker ignores it."""
+    Ctrl-C is the parent's to handle: a worker ignores it, and the parent's SIGTERM cancels its
+    run (its episodes in flight are sent as ``cancelled``)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     async def main() -> None:
         import benchmax_gym  # noqa: F401  (registers the ids)
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
 
         closing: list[Any] = [gym.make(env_id, **kwargs)]
         try:
@@ -598,12 +628,43 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
                 loop.remove_reader(conn.fileno())
             except (ValueError, OSError):
                 pass
-            proc.join(timeout=10 if finished.done() else 0)  # interrupted: end them now
+        completed = finished.done() and not finished.cancelled()  # (a cancelled await cancels the future)
+        if not completed:  # interrupted: each worker cancels its run, sends its episodes in flight
+            _cancel_workers(procs, sink)
+        for conn, proc in procs:
+            proc.join(timeout=10 if completed else 0)
             if proc.is_alive():
                 proc.kill()
             conn.close()
     if errors:
         raise RuntimeError(f"an eval worker failed: {errors[0]}")
+
+
+def _cancel_workers(procs: list, sink: Any, wait: float = 10.0) -> None:
+    """SIGTERM each live worker and take what it sends until it ends (its ``cancelled`` records),
+    for at most ``wait`` seconds in all; whatever is still running then is killed by the caller."""
+    import signal
+    from multiprocessing.connection import wait as ready
+
+    live = {}
+    for conn, proc in procs:
+        if proc.is_alive():
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
+                live[conn] = proc
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + wait
+    while live and time.monotonic() < deadline:
+        for conn in ready(list(live), max(0.0, deadline - time.monotonic())):
+            try:
+                kind, value = conn.recv()
+            except (EOFError, OSError):
+                kind = "gone"
+            if kind == "record":
+                sink.add(value)
+            else:
+                live.pop(conn)
 
 
 def _plot(records, summary, path: Path, run: dict[str, Any]) -> None:

@@ -99,9 +99,24 @@ def test_logprobs_align_with_completion_ids(qwen_tokenizer):
     start, end = episode.turns[-1]
     assert episode.logprobs[start:end] == [-0.5] * (end - start)
     assert all(lp == 0.0 for lp, m in zip(episode.logprobs, episode.loss_mask) if m == 0)
-    with pytest.raises(ValueError, match="logprobs"):
-        session.reset(seed=0)
-        session.step([1, 2, 3], [-1.0])
+    session.reset(seed=0)  # logprobs that do not pair with the ids: the backend's garbage, never trained on
+    assert session.step([1, 2, 3], [-1.0]) == [] and session.done
+    assert session.episode.outcome == "model_error" and session.episode.reward is None
+    assert "logprobs" in session.episode.record["error"] and not any(session.episode.loss_mask)
+    session.close()
+
+
+@pytest.mark.parametrize("reply", [[10**9], [-1], ["7"], "text", None, [1.5]])
+def test_a_reply_that_is_not_token_ids_fails_the_episode_with_model_error(qwen_tokenizer, reply):
+    """What no model writes (ids outside the vocabulary, not integers, not a list) is the
+    generation backend's failure: the episode ends model_error, no reward, nothing in the loss."""
+    session = TokenSession("benchmax/Math-v0", ChatTemplate(qwen_tokenizer), env_kwargs={"python_tool": False})
+    session.reset(seed=0)
+    session.step(model_ids(session.chat, '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}'
+                                         '</tool_call>'))
+    assert session.step(reply) == [] and session.done and session.episode.failed
+    assert session.episode.outcome == "model_error" and session.episode.reward is None
+    assert not any(session.episode.loss_mask) and session.episode.metrics()["env/outcome/model_error"] == 1.0
     session.close()
 
 

@@ -92,6 +92,28 @@ def test_the_response_length_bounds_every_request_and_the_response(qwen_tokenize
     assert server.requests[0][1] == 40 and all(m <= 40 for _, m in server.requests)
 
 
+def test_a_server_that_fails_mid_trajectory_gives_model_error_and_no_loss_tokens(qwen_tokenizer):
+    """The LLM server raising on a trajectory's second request (a 500, a timeout): that
+    trajectory ends model_error, reward_score NaN, response_mask all 0; the others score."""
+    import math
+
+    class Failing(SolverServer):
+        async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
+            if request_id in self.trajectories and request_id == sorted(self.trajectories)[0]:
+                raise TimeoutError("the rollout server did not answer")
+            return await super().generate(request_id, prompt_ids, sampling_params, **kwargs)
+
+    loop = _agent_loop(qwen_tokenizer, Failing(qwen_tokenizer, "benchmax/Math-v0"))
+
+    async def main():
+        return await asyncio.gather(*(loop.run({}, **row) for row in task_rows("benchmax/Math-v0", 3)))
+
+    outputs = asyncio.run(main())
+    failed = [o for o in outputs if o.extra_fields["reward_extra_info"]["env/outcome/model_error"] == 1.0]
+    assert len(failed) == 1 and math.isnan(failed[0].reward_score) and not any(failed[0].response_mask)
+    assert sorted(o.reward_score for o in outputs if o is not failed[0]) == [1.0, 1.0]
+
+
 def test_an_env_in_the_agent_loop_config_file(qwen_tokenizer):
     server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
     config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 2048}},
@@ -328,3 +350,52 @@ def test_a_group_estimator_ranks_each_uid_group_without_its_failures(qwen_tokeni
     scored = torch.tensor([1.0, 0.0])
     expected = (scored - scored.mean()) / (scored.std() + 1e-6)
     assert torch.allclose(scores[:, :2], expected.expand(2, 2)) and (scores[:, 2] == 0).all()
+
+
+def test_the_launch_script_trains_with_benchmax_grpo_in_verls_own_processes(tmp_path):
+    """verl_math.sh asks for benchmax_grpo, which only importing the adapter registers: verl's
+    driver imports nothing of ours, and advantages are computed in its TaskRunner, a Ray worker.
+    The script's overrides, composed with verl's Hydra schema, ask for no critic and
+    name VERL_USE_EXTERNAL_MODULES in the Ray runtime env; a fresh process with that env (as Ray
+    starts the TaskRunner) resolves the estimator through verl's registry alone, and it keeps a
+    failed trajectory (NaN) out of its group."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from launch import run_fresh, script_argv, tiny_model_dir
+
+    argv = script_argv("verl_math.sh", tmp_path, f"actor_rollout_ref.model.path={tiny_model_dir(tmp_path / 'model')}")
+    assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
+    compose = tmp_path / "compose.py"
+    compose.write_text(
+        "import json, os, sys\n"
+        "from hydra import compose, initialize_config_dir\n"
+        "from omegaconf import OmegaConf\n"
+        "from verl.trainer import main_ppo\n"
+        "from verl.trainer.ppo.utils import need_critic\n"
+        "with initialize_config_dir(config_dir=os.path.join(os.path.dirname(main_ppo.__file__), 'config'), "
+        "version_base=None):\n"
+        "    config = compose(config_name='ppo_trainer', overrides=json.loads(sys.argv[1]))\n"
+        "print(json.dumps({'adv_estimator': config.algorithm.adv_estimator, 'critic': need_critic(config), "
+        "'env_vars': OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.env_vars), "
+        "'ours': [m for m in sys.modules if m.startswith('benchmax_gym')]}))\n")
+    config = run_fresh([compose, json.dumps(argv[2:])])
+    assert config["adv_estimator"] == "benchmax_grpo" and not config["critic"]
+    assert config["ours"] == []  # the driver never imports the adapter: the estimator must come another way
+    task_runner = (
+        "import json, math, sys, torch\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        f"fn = get_adv_estimator_fn({config['adv_estimator']!r})\n"
+        "rewards = torch.zeros(3, 2); rewards[:, -1] = torch.tensor([1.0, 0.0, math.nan])\n"
+        "adv, _ = fn(token_level_rewards=rewards, response_mask=torch.ones(3, 2), index=['a', 'a', 'a'], config=None)\n"
+        "print(json.dumps({'module': fn.__module__, 'advantages': adv[:, 0].tolist()}))\n")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, **config["env_vars"], "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", task_runner], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["module"] == "benchmax_gym.adapters.verl"
+    first, second, failed = result["advantages"]
+    assert first > 0 > second and failed == 0.0

@@ -203,3 +203,46 @@ def test_a_reward_that_cannot_score_fails_the_episode_instead_of_scoring_zero(as
     assert reward == 0.0 and info["outcome"] == SCORED and "broken" in info["reward_errors"]
     with pytest.raises(ValueError, match="outcome must be one of"):
         RewardFailure("x", outcome="scored")
+
+
+def test_a_failed_first_step_under_gym_make_is_not_flagged_by_gymnasiums_checker():
+    """gym.make's PassiveEnvChecker checks the first step and warns about a NaN reward: for a
+    failure that NaN is the design, so it stays quiet; the step still reports the failure."""
+    import warnings
+
+    from benchmax_gym.testing.chaos import CHAOS_ID
+
+    env = gym.make(CHAOS_ID, tool_timeout=0.2)
+    assert "PassiveEnvChecker" in str(env)
+    env.reset(seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        _, reward, _, truncated, info = env.step(call("fetch", seconds=30))
+    assert info["outcome"] == "tool_timeout" and math.isnan(reward) and truncated
+    assert not [w for w in caught if "NaN" in str(w.message)], [str(w.message) for w in caught]
+    env.close()
+
+
+def test_recorded_episodes_carry_their_outcome_and_an_abandoned_one_is_cancelled(tmp_path):
+    """RecordEpisodes: a failed episode's line has reward null (its step's NaN is not JSON), an
+    episode reset or closed after its first step is written as cancelled, one never stepped is
+    not written."""
+    from benchmax_gym.testing.chaos import CHAOS_ID
+    from benchmax_gym.wrappers import RecordEpisodes
+
+    path = tmp_path / "episodes.jsonl"
+    env = RecordEpisodes(gym.make(CHAOS_ID, tool_timeout=0.2), path)
+    env.reset(seed=0, options={"task_index": 0})
+    env.step(call("fetch", seconds=30))  # tool_timeout
+    env.reset(seed=1, options={"task_index": 1})
+    env.step(call("calculator", expression="1+1"))
+    env.reset(seed=2, options={"task_index": 2})  # the episode of seed 1 abandoned: cancelled
+    env.reset(seed=3, options={"task_index": 3})  # seed 2 never stepped: nothing to write
+    env.step(f"\\boxed{{{env.unwrapped.episode.task.answer}}}")
+    env.reset(seed=4, options={"task_index": 4})
+    env.step(call("calculator", expression="1+1"))
+    env.close()  # closed mid-episode: cancelled
+    lines = path.read_text().splitlines()
+    records = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in a record")) for line in lines]
+    assert [(r["seed"], r["outcome"], r["reward"]) for r in records] == [
+        (0, "tool_timeout", None), (1, "cancelled", None), (3, "scored", 1.0), (4, "cancelled", None)]
+    assert records[1]["turns"] == 1 and records[1]["reward_components"] == {}

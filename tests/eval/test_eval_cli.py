@@ -47,12 +47,20 @@ def test_ctrl_c_says_how_far_it_got_and_how_to_resume(tmp_path, workers):
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 130, stderr
         assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
-        done = len(rollouts.read_text().splitlines())
-        assert stderr.strip() == f"interrupted: {done}/40 done; rerun the same command to resume"
+        records = [json.loads(line) for line in rollouts.read_text().splitlines()]
+        cancelled = [r for r in records if r["outcome"] == "cancelled"]
+        done = len(records) - len(cancelled)
+        # the episodes waiting on the model when Ctrl-C came (in the workers too): recorded, never a score
+        assert cancelled and all(r["reward"] is None and "interrupted" in r["error"] for r in cancelled)
+        assert stderr.strip() == (f"interrupted: {done}/40 done ({len(cancelled)} in flight recorded as "
+                                  "cancelled: resuming runs them again); rerun the same command to resume")
         again = subprocess.run([*cmd[:-2], "--no-plots"], capture_output=True, text=True, timeout=300,
                                env=clean_env())  # progress on: it says it resumes
     assert again.returncode == 0, again.stderr
     assert f"resuming: {done} of 40 done" in again.stderr
+    final = [json.loads(line) for line in rollouts.read_text().splitlines()]
+    assert len(final) == 40 and {(r["task_index"], r["sample"]) for r in final} == {(t, 0) for t in range(40)}
+    assert all(r["outcome"] == "scored" for r in final)  # the cancelled pairs ran again
 
 
 def test_a_base_url_without_v1_is_named_and_a_missing_key_is_not_called_refused(tmp_path):

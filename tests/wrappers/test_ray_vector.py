@@ -744,3 +744,34 @@ def test_idle_and_trickling_peers_at_a_hosts_port_do_not_stop_the_parent(cluster
     finally:
         for sock in peers:
             sock.close()
+
+
+def test_chaos_a_killed_host_loses_only_the_episodes_it_held(cluster):
+    """The chaos harness (tests/test_chaos.py) through RayVectorEnv: hosts SIGKILLed between an
+    episode's two steps (each episode the host held: env_error), tools hanging past their
+    timeout, a failed policy; every other episode equals the clean run's, observation for
+    observation."""
+    from benchmax_gym.core.outcomes import FAILURES, SCORED
+    from benchmax_gym.testing import chaos
+
+    def ray_envs(fn, num_envs, num_hosts, step_timeout):
+        return RayVectorEnv(fn, num_envs, num_hosts=num_hosts, autoreset_mode="Disabled", step_timeout=step_timeout,
+                            actor_options=HOST)
+
+    episodes = chaos.plan(12, tasks=6, kill=0.1, tool_timeout=0.1, model_error=0.1, seed=3)
+    answer = chaos.answers(6)
+    faulty = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, vector=ray_envs)
+    clean = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, vector=ray_envs, inject=False)
+    assert set(faulty["results"]) == set(clean["results"]) == set(range(12))
+    assert faulty["restarts"] == sum(e.fault == "kill" for e in episodes) >= 1
+    assert {e for e, o in faulty["expected"].items() if o == "env_error"} > {
+        e for e, ep in enumerate(episodes) if ep.fault == "kill"}
+    for index, result in faulty["results"].items():
+        expected = faulty["expected"].get(index)
+        if expected is not None:
+            assert result["outcome"] == expected and result["reward"] is None and not result["signal"]
+        else:
+            assert result["outcome"] == SCORED and result["signal"]
+            assert {k: result[k] for k in ("reward", "components", "observations")} == \
+                {k: clean["results"][index][k] for k in ("reward", "components", "observations")}
+    assert all(o in FAILURES for o in faulty["expected"].values())
