@@ -175,6 +175,7 @@ def register_tool_env(
     system_prompt: str = "",
     description: str = "",
     solver: Callable[[gym.Env], Callable[[str, dict[str, Any]], str]] | None = None,
+    user: Any = None,
     **defaults: Any,
 ) -> str:
     """Register a tool environment made of your own tools, tasks and reward functions.
@@ -190,6 +191,12 @@ def register_tool_env(
             returns the action (it may read ``env.episode.task``); what ``benchmax-gym run``
             (``--policy solver``, the default) and ``testing.play(env)`` play. Without one they
             ask for a policy.
+        user: a simulated user (:mod:`benchmax_gym.core.users`): a function
+            ``fn(conversation, task) -> str | None`` (scripted: ``None`` or ``"###STOP###"`` ends
+            the conversation) or a :class:`~benchmax_gym.core.users.UserSimulator` such as
+            ``LLMUser``. A reply without a tool call then goes to the user, who answers; the task's
+            ``prompt`` is the user's opening message and ``task.private["user"]`` what only the
+            user knows.
         **defaults: default engine options (``max_turns``, ``tool_format``, ...), overridable
             in ``gym.make``.
 
@@ -203,6 +210,7 @@ def register_tool_env(
     """
     from benchmax_gym.core import Rubric, ToolEnv, Toolset
     from benchmax_gym.core.tasks import given_tasks
+    from benchmax_gym.core.users import as_user
 
     if not isinstance(env_id, str) or "-v" not in env_id:
         raise ValueError(f"env_id must look like 'namespace/Name-v0', got {env_id!r}")
@@ -216,6 +224,8 @@ def register_tool_env(
     if solver is not None and not callable(solver):
         raise TypeError(f"solver must be a callable solver(env) -> policy, got {solver!r}")
     factory, extra = (ToolEnv, {}) if solver is None else (_tool_env_with_solver, {"solver": solver})
+    if user is not None:
+        extra["user"] = as_user(user)  # a bad one fails here, naming the argument
     return register_parts(env_id, factory, description or system_prompt.split("\n")[0][:80], defaults,
                           tasks=tasks, toolset=toolset, rubric=rubric, system_prompt=system_prompt, **extra)
 

@@ -54,11 +54,12 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.checks import positive_int, positive_number
-from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure
+from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, truncate
+from benchmax_gym.core.users import USAGE_KEY, addressed_to_user, UserFailure, UserReply, UserUsage, as_user, conversation, user_reply
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,9 @@ class ToolEnv(gym.Env[str, str]):
             by default. Tool calls and the final answer are read only outside them (a call or a
             ``\\boxed{}`` inside the thinking is not acted on); the raw reply, thinking
             included, is kept in ``episode.actions``. ``None``: the whole reply is read.
+        user: a simulated user (:mod:`core.users`): a reply without a tool call is addressed to
+            them and they answer (a ``user`` message) until they say they are done, which ends
+            the episode graded; ``None`` (default): such a reply is the final answer.
 
     Example::
 
@@ -203,6 +207,7 @@ class ToolEnv(gym.Env[str, str]):
         sandbox: SandboxConfig | None = None,
         render_mode: str | None = None,
         reasoning_tags: tuple[str, str] | list[str] | None = ("<think>", "</think>"),
+        user: Any = None,
         **unknown: Any,
     ):
         if unknown:
@@ -213,6 +218,7 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"reasoning_tags must be None or two non-empty strings (opening, closing), "
                              f"got {reasoning_tags!r}")
         self.reasoning_tags = None if reasoning_tags is None else tuple(reasoning_tags)
+        self.user = as_user(user)
         if not isinstance(tasks, TaskSource):
             raise TypeError(f"tasks must be a TaskSource, got {type(tasks).__name__}")
         if not isinstance(toolset, Toolset):
@@ -281,7 +287,8 @@ class ToolEnv(gym.Env[str, str]):
     def build_system_prompt(self, family_prompt: str, tools_in_prompt: bool) -> str:
         parts = [family_prompt.strip()] if family_prompt.strip() else []
         if tools_in_prompt and len(self.toolset):
-            parts.append(self.format.instructions(self.tool_schemas))
+            instructions = self.format.instructions(self.tool_schemas)
+            parts.append(addressed_to_user(instructions) if getattr(self, "user", None) is not None else instructions)
         return "\n\n".join(parts)
 
     def task_prompt(self, task: Task) -> str:
@@ -353,6 +360,8 @@ class ToolEnv(gym.Env[str, str]):
                     break  # a failure ends the episode: the calls after it do not run
         if timed:
             plan.tools_s = time.perf_counter() - t
+        if plan.final and self.user is not None and not plan.failure:
+            self._user_turn(plan, self._ask_user_sync)
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
@@ -384,6 +393,8 @@ class ToolEnv(gym.Env[str, str]):
                 break
         if timed:
             plan.tools_s = time.perf_counter() - t
+        if plan.final and self.user is not None and not plan.failure:
+            self._user_turn(plan, None, await self._ask_user_async(plan))
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
@@ -465,7 +476,8 @@ class ToolEnv(gym.Env[str, str]):
         return {"task_id": episode.task.id, "task_index": episode.index, "messages": [dict(m) for m in episode.messages],
                 "actions": list(episode.actions), "turns": episode.turn, "tool_errors": episode.tool_errors,
                 "outcome": episode.outcome, "reward": episode.reward,
-                "reward_components": dict(episode.reward_components)}
+                "reward_components": dict(episode.reward_components),
+                **({"user": episode.state[USAGE_KEY].as_info()} if USAGE_KEY in episode.state else {})}
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -493,6 +505,9 @@ class ToolEnv(gym.Env[str, str]):
 
     def _first_observation(self, episode: Episode) -> ResetResult:
         messages = self.task_messages(episode.task)
+        if self.user is not None:  # the opening user messages are the user's own words
+            episode.state[USAGE_KEY] = UserUsage(said={i for i, m in enumerate(messages, len(episode.messages))
+                                                       if m.get("role") == "user"})
         episode.messages.extend(messages)
         obs = truncate("\n\n".join(str(m.get("content") or "") for m in messages), self.max_observation_chars)
         info = {
@@ -576,6 +591,41 @@ class ToolEnv(gym.Env[str, str]):
         if error and result.outcome:  # (a failed result always has an error: the common step reads no more)
             return obs, self._fail(episode, info, result.outcome), False, True, info
         return obs, 0.0, False, False, info
+
+    def _ask_user_sync(self, plan: "_StepPlan") -> UserReply | UserFailure:
+        episode = plan.episode
+        usage = episode.state[USAGE_KEY]
+        try:
+            talk = conversation(episode.messages, usage.said)
+            if self.user.is_async:
+                return user_reply(self.aio.run(self.user.areply(talk, episode.task, usage)))
+            return user_reply(self.user.reply(talk, episode.task, usage))
+        except Exception as exc:  # noqa: BLE001  (the simulator's failure is an outcome, never a raise)
+            return _user_failed(exc)
+
+    async def _ask_user_async(self, plan: "_StepPlan") -> UserReply | UserFailure:
+        episode = plan.episode
+        usage = episode.state[USAGE_KEY]
+        try:
+            talk = conversation(episode.messages, usage.said)
+            return user_reply(await self.user.areply(talk, episode.task, usage))
+        except Exception as exc:  # noqa: BLE001
+            return _user_failed(exc)
+
+    def _user_turn(self, plan: "_StepPlan", ask: Any, heard: UserReply | UserFailure | None = None) -> None:
+        """A reply without a tool call in an env with a simulated user: the user answers (the
+        episode goes on), says they are done (it is graded, terminated), or fails (ungraded)."""
+        heard = ask(plan) if heard is None else heard
+        plan.asked_user = True
+        if isinstance(heard, UserFailure):
+            log.warning("the user simulator failed in task %s: %s", plan.episode.task.id, heard)
+            plan.failure, plan.final = heard.outcome, False
+            plan.notes.append(f"The simulated user could not answer ({heard.outcome}): the episode is over.")
+            return
+        if heard.content:
+            plan.user_message = {"role": "user", "content": heard.content}
+        if not heard.done:
+            plan.final = False
 
     def _fail(self, episode: Episode, info: dict[str, Any], outcome: str) -> float:
         """End ``episode`` with a failure that is not the model's: never graded (its record's
@@ -738,11 +788,17 @@ class ToolEnv(gym.Env[str, str]):
             new_messages.append({"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.content})
             tool_calls.append({"id": c.id, "name": c.name, "arguments": c.arguments})
             shown.append((c.id, c.name, r.content))
+        said = plan.user_message
+        if said is not None:  # the simulated user's words: before any note of the engine's
+            episode.state[USAGE_KEY].said.add(len(episode.messages) + len(new_messages))
+            new_messages.append(said)
         if plan.notes:
             new_messages.append({"role": "user", "content": "\n".join(plan.notes)})
             obs = "\n".join([self.format.render_results(shown), *plan.notes] if calls else plan.notes)
         else:
             obs = self.format.render_results(shown) if calls else ""
+        if said is not None and not plan.final:
+            obs = said["content"] + ("\n" + obs if obs else "")
         episode.messages += new_messages
         if len(obs) > self.max_observation_chars:
             obs = truncate(obs, self.max_observation_chars)
@@ -754,6 +810,8 @@ class ToolEnv(gym.Env[str, str]):
             "error": plan.errors[0] if plan.errors else None,
             "errors": plan.errors,
         }
+        if self.user is not None and (plan.asked_user or plan.grade or plan.failure):
+            info["user"] = episode.state[USAGE_KEY].as_info()  # counts and cost, never its instructions
         reward = 0.0
         if plan.failure:
             reward = self._fail(episode, info, plan.failure)
@@ -779,6 +837,15 @@ class ToolEnv(gym.Env[str, str]):
         return obs, reward, plan.final, plan.truncated, info
 
 
+def _user_failed(exc: Exception) -> UserFailure:
+    """A simulator's exception as an outcome: its own :class:`UserFailure`, or ``env_error`` for
+    a bug in it (a scripted function that raised): the environment broke, not the model."""
+    if isinstance(exc, UserFailure):
+        return exc
+    log.error("the user simulator raised", exc_info=exc)
+    return UserFailure(f"{type(exc).__name__}: {exc}", ENV_ERROR)
+
+
 def _release_in(pid: int, release: contextlib.ExitStack | Any) -> None:
     """Close an episode's resources (or call ``release``), in the process that opened them only
     (a forked child inherits the finalizer, not the resources)."""
@@ -792,6 +859,8 @@ class _StepPlan:
 
     parsed: Parsed | None = None
     failure: str | None = None  # an outcome that is not the model's: the episode ends ungraded
+    user_message: dict[str, Any] | None = None  # what the simulated user said this step
+    asked_user = False
     skipped: list | tuple = ()
     final = truncated = grade = False
     completion = ""
