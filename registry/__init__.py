@@ -61,6 +61,13 @@ ENVS: dict[str, EnvEntry] = {
             "CRMArena-style questions and updates graded on answers and database state.",
         ),
         EnvEntry(
+            "benchmax/CRM-Service-v0",
+            "benchmax_gym.envs.crm.env:CRMServiceEnv",
+            "Customer service with a simulated customer (scripted, or a model on request) who holds the facts "
+            "to ask for: refunds and case updates under a policy; graded on the org's final state and what the "
+            "customer was told.",
+        ),
+        EnvEntry(
             "benchmax/Wikipedia-v0",
             "benchmax_gym.envs.wikipedia.env:WikipediaEnv",
             "Multi-hop question answering with search and get_article over a generated encyclopedia "
