@@ -23,3 +23,32 @@ def qwen_tokenizer():
     from benchmax_gym.testing.tokenizers import tiny_tokenizer
 
     return tiny_tokenizer("qwen")
+
+
+SERVICE = "benchmax/CRM-Service-v0"  # a simulated customer answers the agent (issue 31)
+
+
+@pytest.fixture(scope="session")
+def customer_words():
+    """What the simulated customer says in task ``i`` of CRM-Service-v0 when the reference
+    solver plays it (the customer is scripted: the same words every time), the opening excluded."""
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401
+    from benchmax_gym.testing import play
+
+    def words(index):
+        env = gym.make(SERVICE)
+        play(env, options={"task_index": index})
+        said = [m["content"] for m in env.unwrapped.messages[2:] if m["role"] == "user"]
+        env.close()
+        assert said and "order number is" in said[0]
+        return said
+
+    return words
+
+
+def split_by_mask(tokenizer, ids, mask):
+    """``(environment text, model text)``: the ids of each mask value decoded."""
+    return (tokenizer.decode([i for i, m in zip(ids, mask) if m == 0]),
+            tokenizer.decode([i for i, m in zip(ids, mask) if m == 1]))

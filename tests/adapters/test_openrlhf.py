@@ -243,3 +243,19 @@ def test_a_failed_sample_drops_its_group_through_openrlhfs_dynamic_filtering(qwe
     assert consumed == 2 and len(experiences) == 2  # the first group only
     assert [e.labels[0] for e in experiences] == [rows[0]["label"]] * 2
     assert sorted(e.rewards.item() for e in experiences) == [0.0, 1.0]
+
+
+def test_a_simulated_customers_turns_are_outside_the_action_ranges(qwen_tokenizer, customer_words):
+    """Issue 31: the customer's answers are environment tokens: outside every action range."""
+    from conftest import SERVICE
+
+    executor = make_executor(SERVICE)()
+    out = asyncio.run(executor.execute("(prompt)", "0", _params(), 8192, qwen_tokenizer,
+                                       SolverEngine(qwen_tokenizer, SERVICE)))
+    ids = out["observation_tokens"]
+    in_action = {i for a, b in out["action_ranges"] for i in range(a, b)}
+    env_text = qwen_tokenizer.decode([t for i, t in enumerate(ids) if i not in in_action])
+    model_text = qwen_tokenizer.decode([t for i, t in enumerate(ids) if i in in_action])
+    assert out["reward"] == 1.0
+    for said in customer_words(0)[:-1]:
+        assert said in env_text and said not in model_text

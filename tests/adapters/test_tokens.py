@@ -408,3 +408,20 @@ def test_a_failed_episode_has_no_reward_and_no_loss_tokens(qwen_tokenizer):
     assert 1 in scored.episode.loss_mask and scored.episode.metrics()["env/outcome/scored"] == 1.0
     failed.close()
     scored.close()
+
+
+def test_a_simulated_users_turns_are_environment_tokens(qwen_tokenizer, customer_words):
+    """Issue 31: what the simulated customer says is rendered by the template as a user turn,
+    appended with loss mask 0; the whole stays token-exact."""
+    from conftest import SERVICE, split_by_mask
+
+    session = TokenSession(SERVICE, ChatTemplate(qwen_tokenizer))
+    last = play_tokens(session, options={"task_index": 1})
+    episode = session.episode
+    assert episode.reward == 1.0 and episode.terminated and len(episode.turns) >= 4
+    assert_token_exact(session, last)
+    env_text, model_text = split_by_mask(qwen_tokenizer, episode.completion_ids, episode.loss_mask)
+    for said in customer_words(1)[:-1]:  # the last words end the episode: not rendered
+        assert f"<|im_start|>user\n{said}<|im_end|>" in env_text and said not in model_text
+    assert "order number" in model_text  # the model asked; the customer answered
+    session.close()
