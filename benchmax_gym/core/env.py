@@ -506,7 +506,7 @@ class ToolEnv(gym.Env[str, str]):
     def _first_observation(self, episode: Episode) -> ResetResult:
         messages = self.task_messages(episode.task)
         if self.user is not None:  # the opening user messages are the user's own words
-            episode.state[USAGE_KEY] = UserUsage(said={i for i, m in enumerate(messages, len(episode.messages))
+            episode.state[USAGE_KEY] = UserUsage(turns={i for i, m in enumerate(messages, len(episode.messages))
                                                        if m.get("role") == "user"})
         episode.messages.extend(messages)
         obs = truncate("\n\n".join(str(m.get("content") or "") for m in messages), self.max_observation_chars)
@@ -595,8 +595,9 @@ class ToolEnv(gym.Env[str, str]):
     def _ask_user_sync(self, plan: "_StepPlan") -> UserReply | UserFailure:
         episode = plan.episode
         usage = episode.state[USAGE_KEY]
+        usage.turns.add(len(episode.messages) - 1)  # the reply just made, addressed to the user
         try:
-            talk = conversation(episode.messages, usage.said)
+            talk = conversation(episode.messages, usage.turns)
             if self.user.is_async:
                 return user_reply(self.aio.run(self.user.areply(talk, episode.task, usage)))
             return user_reply(self.user.reply(talk, episode.task, usage))
@@ -606,8 +607,9 @@ class ToolEnv(gym.Env[str, str]):
     async def _ask_user_async(self, plan: "_StepPlan") -> UserReply | UserFailure:
         episode = plan.episode
         usage = episode.state[USAGE_KEY]
+        usage.turns.add(len(episode.messages) - 1)  # the reply just made, addressed to the user
         try:
-            talk = conversation(episode.messages, usage.said)
+            talk = conversation(episode.messages, usage.turns)
             return user_reply(await self.user.areply(talk, episode.task, usage))
         except Exception as exc:  # noqa: BLE001
             return _user_failed(exc)
@@ -790,7 +792,7 @@ class ToolEnv(gym.Env[str, str]):
             shown.append((c.id, c.name, r.content))
         said = plan.user_message
         if said is not None:  # the simulated user's words: before any note of the engine's
-            episode.state[USAGE_KEY].said.add(len(episode.messages) + len(new_messages))
+            episode.state[USAGE_KEY].turns.add(len(episode.messages) + len(new_messages))
             new_messages.append(said)
         if plan.notes:
             new_messages.append({"role": "user", "content": "\n".join(plan.notes)})

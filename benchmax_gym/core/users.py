@@ -13,9 +13,8 @@ and a customer who holds facts the model must ask for. An env made with ``user=`
     simulator fails  -> (its endpoint down past retries) outcome ``model_error``: ungraded,
                         reward NaN, truncated=True; a failure, never a reward
 
-**The rule**: a reply without a tool call is addressed to the user; a reply with calls goes to
-the tools (its text is kept in the transcript, and the user sees it with the next reply addressed
-to them). So in an env with a user the model cannot end the episode by answering: the user ends
+**The rule**: a reply without a tool call is addressed to the user; a reply with calls (or one
+that tried and failed to parse) goes to the tools, text and all, and the user never sees it. So in an env with a user the model cannot end the episode by answering: the user ends
 it (or the turn limit). The simulator sees the conversation from its side: the system prompt and
 the tool traffic are left out, and only :meth:`UserSimulator.reply`'s arguments reach it; what it
 is told in private (``task.private["user"]``: its facts and goal) never reaches the model's
@@ -78,26 +77,20 @@ class UserUsage:
     completion_tokens: int = 0
     cost: float | None = None  # in the currency of the prices given (LLMUser(price=...)); None: no price
     seconds: float = 0.0
-    said: set[int] = field(default_factory=set)  # indices in episode.messages of the user's own turns
+    #: indices in episode.messages of the conversation: the user's words and the replies addressed to them
+    turns: set[int] = field(default_factory=set)
 
     def as_info(self) -> dict[str, Any]:
         return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "cost": self.cost, "seconds": round(self.seconds, 6)}
 
 
-def conversation(messages: list[dict[str, Any]], said: set[int] | frozenset[int]) -> list[dict[str, str]]:
-    """The conversation as the user saw it: their own turns (the messages at indices ``said``: the
-    opening prompt and what the simulator said) and the model's ``assistant`` texts without tool
-    calls (those addressed to them). The system prompt, tool calls, tool results and the engine's
-    notes to the model (a parse error, the last-turn warning) are left out."""
-    out: list[dict[str, str]] = []
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        if role == "assistant" and not m.get("tool_calls"):
-            out.append({"role": "assistant", "content": str(m.get("content") or "")})
-        elif role == "user" and i in said:
-            out.append({"role": "user", "content": str(m.get("content") or "")})
-    return out
+def conversation(messages: list[dict[str, Any]], turns: set[int] | frozenset[int]) -> list[dict[str, str]]:
+    """The conversation as the user saw it: the messages at indices ``turns`` (their own words and
+    the model's replies addressed to them), as ``{role, content}``. The system prompt, tool calls,
+    tool results, replies that failed to parse as calls and the engine's notes to the model (the
+    last-turn warning) are never among them."""
+    return [{"role": messages[i]["role"], "content": str(messages[i].get("content") or "")} for i in sorted(turns)]
 
 
 def user_reply(value: Any) -> UserReply:
