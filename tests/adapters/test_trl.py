@@ -385,3 +385,30 @@ def test_a_simulated_customers_turns_are_outside_env_mask_in_a_grpo_step(qwen_to
         for said in customer_words(0)[:-1]:
             assert said in env_text and said not in model_text
     rollout.close()
+
+
+def test_environment_factory_talks_to_a_simulated_customer_through_message_user():
+    """Issue 31: TRL ends its loop at a reply without a call, so with a simulated user the class
+    has a ``message_user`` tool; the reference agent's plan played through the methods earns 1."""
+    from conftest import SERVICE
+
+    from benchmax_gym.adapters.trl import trl_environment
+    from benchmax_gym.envs.crm.service import service_plan
+
+    Env = trl_environment(SERVICE)
+    env = Env()
+    env.reset(task_index=0)
+    plan = service_plan(env.env.unwrapped.episode.task)
+    step, heard = next(plan), []
+    while True:
+        name, arguments = step
+        result = env.message_user(arguments) if name == "say" else getattr(env, name)(**arguments)
+        heard.append(result)
+        try:
+            step = plan.send(result)
+        except StopIteration:
+            break
+    assert "order number is" in heard[0] and heard[-1] == "The user ended the conversation."
+    assert Env.reward(completions=[[]], environments=[env]) == [1.0]
+    assert "message_user" not in dir(trl_environment("benchmax/Math-v0"))
+    env.env.close()
