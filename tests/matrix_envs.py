@@ -50,9 +50,19 @@ class Notes(BaseEnv):
         return {"correct": float(final_answer(completion) == ground_truth)}
 
 
+def traveller(conversation, task):
+    """A simulated user (issue 31): names their city when asked a question, else is done."""
+    if conversation[-1]["content"].rstrip().endswith("?"):
+        return f"I am in {task.private['user']['city']}."
+    return None
+
+
 if "matrix/Geo-v0" not in gym.registry:
     register_tool_env("matrix/Geo-v0", tools=[country], rubric=[stated], system_prompt="Answer with the tools.",
                       tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], max_turns=4)
+    register_tool_env("matrix/Desk-v0", tools=[country], rubric=[stated], user=traveller, max_turns=6,
+                      system_prompt="Help the traveller; put the country in <answer></answer>.",
+                      tasks=[{"prompt": "Which country am I in?", "answer": "Peru", "user": {"city": "Lima"}}])
     register_benchmax_env("matrix/Notes-v0", Notes, [{"prompt": "Remember 42.", "ground_truth": "42"}])
     gym.register("matrix/MCPConfig-v0", entry_point="benchmax_gym.envs.mcp.env:MCPEnv",
                  vector_entry_point=VectorFactory("matrix/MCPConfig-v0"), kwargs={
@@ -68,6 +78,8 @@ CASES = {
                          None, 1.0),  # None: the task's own answer, boxed
     "matrix/Geo-v0": ({}, '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
                       "<answer>Peru</answer>", 1.0),
+    "matrix/Desk-v0": ({}, '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
+                       "<answer>Peru</answer>", 1.0),
     "matrix/Notes-v0": ({}, '<tool_call>{"name": "write_note", "arguments": {"text": "42"}}</tool_call>', "saved",
                         "<answer>42</answer>", 1.0),
     "matrix/MCPConfig-v0": ({}, '<tool_call>{"name": "calculate", "arguments": {"expression": "6 * 7"}}</tool_call>',
