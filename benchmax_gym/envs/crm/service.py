@@ -161,7 +161,7 @@ class GeneratedService(GeneratedSource):
 FACT_WORDS = {"order number": ("order number", "order #", "order no", "order id"),
               "email": ("email", "e-mail", "mail address")}
 PROBLEM_WORDS = ("problem", "issue", "describe", "what happened", "wrong")
-_SENTENCE = re.compile(r"[^.?!\n]*\?")
+_SENTENCE = re.compile(r"(?<=[.?!\n])")  # split after each sentence's end: linear in hostile text
 
 
 def scripted_customer(conversation: list[dict[str, str]], task: Task) -> str | None:
@@ -170,7 +170,7 @@ def scripted_customer(conversation: list[dict[str, str]], task: Task) -> str | N
     conversation (the agent is telling them the outcome). Never says anything else they know."""
     private = task.private["user"]
     last = conversation[-1]["content"] if conversation and conversation[-1]["role"] == "assistant" else ""
-    questions = [q.lower() for q in _SENTENCE.findall(last[:20_000])]
+    questions = [q.lower() for q in _SENTENCE.split(last[:20_000]) if q.rstrip().endswith("?")]
     said = [f"My {fact} is {private['facts'][fact]}." for fact, words in FACT_WORDS.items()
             if any(w in q for q in questions for w in words)]
     if not said and any(w in q for q in questions for w in PROBLEM_WORDS):
