@@ -68,3 +68,11 @@ def test_peers_without_an_interpreter_are_skipped_with_the_flag_named():
                          env={**env, "BENCHMAX_GEM_PYTHON": "/nonexistent/python"})
     missing = json.loads(named.stdout)["peers_not_measured"]
     assert "no interpreter at /nonexistent/python" in missing["gem_tool_env_wrapper"]
+
+
+def test_user_turns_runs_briefly_and_prints_its_json():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "user_turns.py"), "--episodes", "3", "--llm"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["user_step"]["n"] >= 3 and result["llm_user_step"]["n"] >= 3 and result["episodes_per_s"] > 0
