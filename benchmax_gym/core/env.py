@@ -423,6 +423,11 @@ class ToolEnv(gym.Env[str, str]):
             self._sandbox_lease.release()
         self.toolset.close()
         if "aio" in self.__dict__:  # only envs that ran async work have a loop to close
+            if self.user is not None:
+                try:
+                    self.aio.run(self.user.aclose())  # (an LLM user's client on this loop)
+                except Exception:
+                    log.exception("closing the user simulator failed")
             self.aio.close()
         super().close()
 

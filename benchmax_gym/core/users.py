@@ -128,6 +128,9 @@ class UserSimulator:
         """What a run record may say about the simulator (never a key, never a task's instructions)."""
         return {"kind": type(self).__name__}
 
+    async def aclose(self) -> None:
+        """Release what the simulator holds for the running event loop (an env closing its loop)."""
+
 
 class ScriptedUser(UserSimulator):
     """A deterministic user: ``fn(conversation, task)`` returns what the user says, or ``None``
@@ -286,8 +289,9 @@ class LLMUser(UserSimulator):
         return asyncio.run(self.areply(conversation, task, usage))
 
     async def aclose(self) -> None:
-        clients, self._clients = list(self._clients.values()), weakref.WeakKeyDictionary()
-        for client in clients:
+        """Close the running loop's client (a simulator shared by envs keeps the others')."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
             await client.close()
 
 

@@ -192,3 +192,17 @@ def test_an_llm_customer_whose_endpoint_is_down_fails_the_episode_not_the_reward
 def test_bad_arguments_fail_at_make_naming_them(kwargs, match):
     with pytest.raises(ValueError, match=match):
         gym.make(ID, **kwargs)
+
+
+def test_an_llm_customer_answers_in_vector_workers():
+    """The simulator travels to worker processes (pickled, the key with it, never its clients)."""
+    with FakeChatServer(_llm_customer) as server:
+        envs = gym.make_vec(ID, num_envs=2, user="llm",
+                            user_args={"model": "test-model", "base_url": server.url, "api_key": "k"})
+        try:
+            envs.reset(seed=0, options={"task_index": 0})
+            obs, _, terminated, truncated, info = envs.step([ASK, ASK])
+        finally:
+            envs.close()
+    assert all(o.startswith("My order number is") for o in obs) and not (terminated.any() or truncated.any())
+    assert list(info["user"]["calls"]) == [1, 1] and len(server.requests) == 2
