@@ -206,3 +206,16 @@ def test_an_llm_customer_answers_in_vector_workers():
             envs.close()
     assert all(o.startswith("My order number is") for o in obs) and not (terminated.any() or truncated.any())
     assert list(info["user"]["calls"]) == [1, 1] and len(server.requests) == 2
+
+
+def test_eval_records_and_totals_what_the_llm_customer_cost():
+    from benchmax_gym.eval import evaluate
+
+    with FakeChatServer(_llm_customer) as server:
+        kwargs = {"user": "llm", "user_args": {"model": "test-model", "base_url": server.url, "api_key": "k",
+                                                "price": (1.0, 1.0)}}
+        result = evaluate(ID, "solver", env_kwargs=kwargs, tasks=2, k=1, concurrency=2)
+    assert [r["success"] for r in result.records] == [True, True]
+    assert [r["user"]["calls"] for r in result.records] == [2, 2]
+    total = result.run["usage"]["user"]
+    assert total["calls"] == 4 and total["cost"] == pytest.approx(sum(r["user"]["cost"] for r in result.records))
