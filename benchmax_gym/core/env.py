@@ -54,12 +54,12 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.checks import positive_int, positive_number
-from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure
+from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, truncate
-from benchmax_gym.core.users import USAGE_KEY, addressed_to_user, UserFailure, UserReply, UserUsage, as_user, conversation, user_reply
+from benchmax_gym.core.users import USAGE_KEY, UserFailure, UserReply, UserUsage, addressed_to_user, ahear, as_user, hear
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +361,7 @@ class ToolEnv(gym.Env[str, str]):
         if timed:
             plan.tools_s = time.perf_counter() - t
         if plan.final and self.user is not None and not plan.failure:
-            self._user_turn(plan, self._ask_user_sync)
+            self._user_turn(plan, hear(self.user, plan.episode, self.aio.run))
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
@@ -394,7 +394,7 @@ class ToolEnv(gym.Env[str, str]):
         if timed:
             plan.tools_s = time.perf_counter() - t
         if plan.final and self.user is not None and not plan.failure:
-            self._user_turn(plan, None, await self._ask_user_async(plan))
+            self._user_turn(plan, await ahear(self.user, plan.episode))
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
@@ -597,32 +597,10 @@ class ToolEnv(gym.Env[str, str]):
             return obs, self._fail(episode, info, result.outcome), False, True, info
         return obs, 0.0, False, False, info
 
-    def _ask_user_sync(self, plan: "_StepPlan") -> UserReply | UserFailure:
-        episode = plan.episode
-        usage = episode.state[USAGE_KEY]
-        usage.turns.add(len(episode.messages) - 1)  # the reply just made, addressed to the user
-        try:
-            talk = conversation(episode.messages, usage.turns)
-            if self.user.is_async:
-                return user_reply(self.aio.run(self.user.areply(talk, episode.task, usage)))
-            return user_reply(self.user.reply(talk, episode.task, usage))
-        except Exception as exc:  # noqa: BLE001  (the simulator's failure is an outcome, never a raise)
-            return _user_failed(exc)
-
-    async def _ask_user_async(self, plan: "_StepPlan") -> UserReply | UserFailure:
-        episode = plan.episode
-        usage = episode.state[USAGE_KEY]
-        usage.turns.add(len(episode.messages) - 1)  # the reply just made, addressed to the user
-        try:
-            talk = conversation(episode.messages, usage.turns)
-            return user_reply(await self.user.areply(talk, episode.task, usage))
-        except Exception as exc:  # noqa: BLE001
-            return _user_failed(exc)
-
-    def _user_turn(self, plan: "_StepPlan", ask: Any, heard: UserReply | UserFailure | None = None) -> None:
+    @staticmethod
+    def _user_turn(plan: "_StepPlan", heard: UserReply | UserFailure) -> None:
         """A reply without a tool call in an env with a simulated user: the user answers (the
         episode goes on), says they are done (it is graded, terminated), or fails (ungraded)."""
-        heard = ask(plan) if heard is None else heard
         plan.asked_user = True
         if isinstance(heard, UserFailure):
             log.warning("the user simulator failed in task %s: %s", plan.episode.task.id, heard)
@@ -772,6 +750,9 @@ class ToolEnv(gym.Env[str, str]):
             if episode.turn >= self.max_turns:
                 plan.truncated = plan.grade = True
                 plan.notes.append(f"The turn limit ({self.max_turns}) is reached: the episode is over and is graded as it stands.")
+            elif self.user is not None:
+                plan.notes.append("This is your last turn: your next reply still runs its tool calls or reaches the "
+                                  "user, but the episode then ends.")
             else:
                 plan.notes.append("This is your last turn: tool calls in your next reply still run, but the episode "
                                   "then ends, so give your final answer in it.")
@@ -842,15 +823,6 @@ class ToolEnv(gym.Env[str, str]):
                 "step_s": time.perf_counter() - plan.t0,
             }
         return obs, reward, plan.final, plan.truncated, info
-
-
-def _user_failed(exc: Exception) -> UserFailure:
-    """A simulator's exception as an outcome: its own :class:`UserFailure`, or ``env_error`` for
-    a bug in it (a scripted function that raised): the environment broke, not the model."""
-    if isinstance(exc, UserFailure):
-        return exc
-    log.error("the user simulator raised", exc_info=exc)
-    return UserFailure(f"{type(exc).__name__}: {exc}", ENV_ERROR)
 
 
 def _release_in(pid: int, release: contextlib.ExitStack | Any) -> None:

@@ -37,13 +37,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import re
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmax_gym.core.outcomes import MODEL_ERROR
+from benchmax_gym.core.outcomes import ENV_ERROR, MODEL_ERROR
+
+log = logging.getLogger(__name__)
 
 #: what a simulator writes to end the conversation (tau-bench's convention); the text before it is said
 STOP = "###STOP###"
@@ -295,6 +298,40 @@ class LLMUser(UserSimulator):
             await client.close()
 
 
+def hear(user: UserSimulator, episode: Any, run_coroutine: Callable[[Any], Any]) -> UserReply | UserFailure:
+    """The user's answer to the reply just appended to ``episode.messages`` (``step``'s path:
+    an async simulator runs through ``run_coroutine``); a failure is returned, never raised."""
+    usage = episode.state[USAGE_KEY]
+    usage.turns.add(len(episode.messages) - 1)  # the reply just made, addressed to the user
+    try:
+        talk = conversation(episode.messages, usage.turns)
+        if user.is_async:
+            return user_reply(run_coroutine(user.areply(talk, episode.task, usage)))
+        return user_reply(user.reply(talk, episode.task, usage))
+    except Exception as exc:  # noqa: BLE001  (the simulator's failure is an outcome, never a raise)
+        return _failed(exc)
+
+
+async def ahear(user: UserSimulator, episode: Any) -> UserReply | UserFailure:
+    """:func:`hear` for ``astep``."""
+    usage = episode.state[USAGE_KEY]
+    usage.turns.add(len(episode.messages) - 1)
+    try:
+        talk = conversation(episode.messages, usage.turns)
+        return user_reply(await user.areply(talk, episode.task, usage))
+    except Exception as exc:  # noqa: BLE001
+        return _failed(exc)
+
+
+def _failed(exc: Exception) -> UserFailure:
+    """A simulator's exception as an outcome: its own :class:`UserFailure`, or ``env_error`` for
+    a bug in it (a scripted function that raised): the environment broke, not the model."""
+    if isinstance(exc, UserFailure):
+        return exc
+    log.error("the user simulator raised", exc_info=exc)
+    return UserFailure(f"{type(exc).__name__}: {exc}", ENV_ERROR)
+
+
 _FINAL_RULE = re.compile(r"A (reply|message) (without[^.]*?|that is not a tool call) is your final\s+answer and ends the episode\.")
 
 
@@ -314,5 +351,5 @@ def as_user(user: Any) -> UserSimulator | None:
     raise TypeError(f"user must be None, a UserSimulator or a function fn(conversation, task), got {user!r}")
 
 
-__all__ = ["LLMUser", "STOP", "ScriptedUser", "UserFailure", "UserReply", "UserSimulator", "UserUsage", "as_user", "user_reply",
-           "conversation"]
+__all__ = ["LLMUser", "STOP", "ScriptedUser", "UserFailure", "UserReply", "UserSimulator", "UserUsage", "ahear", "as_user",
+           "conversation", "hear", "user_reply"]
