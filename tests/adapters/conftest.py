@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))  # launch.py: the launch-script helpers
+sys.path.insert(0, str(Path(__file__).parent))  # launch.py, customer.py: helpers the tests import
+
+from customer import SERVICE  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -23,9 +25,6 @@ def qwen_tokenizer():
     from benchmax_gym.testing.tokenizers import tiny_tokenizer
 
     return tiny_tokenizer("qwen")
-
-
-SERVICE = "benchmax/CRM-Service-v0"  # a simulated customer answers the agent (issue 31)
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +45,3 @@ def customer_words():
         return said
 
     return words
-
-
-def split_by_mask(tokenizer, ids, mask):
-    """``(environment text, model text)``: the ids of each mask value decoded."""
-    return (tokenizer.decode([i for i, m in zip(ids, mask) if m == 0]),
-            tokenizer.decode([i for i, m in zip(ids, mask) if m == 1]))

@@ -247,7 +247,7 @@ def test_a_failed_sample_drops_its_group_through_openrlhfs_dynamic_filtering(qwe
 
 def test_a_simulated_customers_turns_are_outside_the_action_ranges(qwen_tokenizer, customer_words):
     """Issue 31: the customer's answers are environment tokens: outside every action range."""
-    from conftest import SERVICE
+    from customer import SERVICE
 
     executor = make_executor(SERVICE)()
     out = asyncio.run(executor.execute("(prompt)", "0", _params(), 8192, qwen_tokenizer,

@@ -265,7 +265,7 @@ def test_a_simulated_customer_answers_as_a_user_observation(customer_words):
     """Issue 31: the customer's answer comes back as a ``user`` observation (SkyRL's generator
     appends observations with loss mask 0); the episode ends when the customer is done, and what
     only the customer knows (its task's private part) is in no observation or metadata."""
-    from conftest import SERVICE
+    from customer import SERVICE
 
     row = task_rows(SERVICE, 1)[0]
     cfg = _config(SERVICE)

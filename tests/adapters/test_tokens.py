@@ -413,7 +413,7 @@ def test_a_failed_episode_has_no_reward_and_no_loss_tokens(qwen_tokenizer):
 def test_a_simulated_users_turns_are_environment_tokens(qwen_tokenizer, customer_words):
     """Issue 31: what the simulated customer says is rendered by the template as a user turn,
     appended with loss mask 0; the whole stays token-exact."""
-    from conftest import SERVICE, split_by_mask
+    from customer import SERVICE, split_by_mask
 
     session = TokenSession(SERVICE, ChatTemplate(qwen_tokenizer))
     last = play_tokens(session, options={"task_index": 1})

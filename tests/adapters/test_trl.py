@@ -352,7 +352,7 @@ def test_environment_factory_gives_a_failed_episode_no_reward():
 def test_a_simulated_customers_turns_are_outside_env_mask_in_a_grpo_step(qwen_tokenizer, output_dir, customer_words):
     """Issue 31: through rollout_func and a real GRPO step, the customer's answers are environment
     tokens (``env_mask`` 0), the agent's turns around them 1, and the episodes earn their reward."""
-    from conftest import SERVICE, split_by_mask
+    from customer import SERVICE, split_by_mask
     from trl import GRPOTrainer
 
     from benchmax_gym.adapters.trl import TRLRollout
@@ -390,7 +390,7 @@ def test_a_simulated_customers_turns_are_outside_env_mask_in_a_grpo_step(qwen_to
 def test_environment_factory_talks_to_a_simulated_customer_through_message_user():
     """Issue 31: TRL ends its loop at a reply without a call, so with a simulated user the class
     has a ``message_user`` tool; the reference agent's plan played through the methods earns 1."""
-    from conftest import SERVICE
+    from customer import SERVICE
 
     from benchmax_gym.adapters.trl import trl_environment
     from benchmax_gym.envs.crm.service import service_plan

@@ -301,7 +301,7 @@ def test_a_failed_trajectory_never_enters_the_loss_and_its_group_renormalises(qw
 
 def test_a_simulated_customers_turns_have_response_mask_0(qwen_tokenizer, customer_words):
     """Issue 31: the customer's answers are in the response with mask 0 (never in the loss)."""
-    from conftest import SERVICE, split_by_mask
+    from customer import SERVICE, split_by_mask
 
     loop = _agent_loop(qwen_tokenizer, SolverServer(qwen_tokenizer, SERVICE), response_length=4096)
     out = asyncio.run(loop.run({}, extra_info={"task_index": 0, "env_id": SERVICE}))

@@ -80,6 +80,9 @@ def test_the_customers_facts_are_asked_for_and_their_private_part_never_shown(en
         private = env.unwrapped.episode.task.private["user"]
         shown = obs + json.dumps(info, default=str)
         assert private["facts"]["order number"] not in shown and private["facts"]["email"] not in shown
+        answer = env.unwrapped.episode.task.answer  # the refund, the case number: found, never given
+        secrets = [*answer["refunds"].values(), *(s for s in answer["statements"] if s.isdigit()), *answer["Case"]]
+        assert secrets and not [s for s in secrets if s in shown]
         played = play(env, options={"task_index": index})
         record = json.dumps([played.observations, played.infos, env.unwrapped.episode_record()], default=str)
         assert private["goal"] not in record
