@@ -59,7 +59,7 @@ from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, Sandb
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, truncate
-from benchmax_gym.core.users import USAGE_KEY, UserFailure, UserReply, UserUsage, addressed_to_user, ahear, as_user, hear
+from benchmax_gym.core.users import UserFailure, UserReply, UserUsage, addressed_to_user, ahear, as_user, hear
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,7 @@ class Episode:
     reward: float | None = None  # the final reward, once graded
     reward_components: dict[str, float] = field(default_factory=dict)
     outcome: str | None = None  # how it ended (core.outcomes), once it has
+    user: Any = None  # in an env with a simulated user: its counters and turns (core.users.UserUsage)
     deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
@@ -482,7 +483,7 @@ class ToolEnv(gym.Env[str, str]):
                 "actions": list(episode.actions), "turns": episode.turn, "tool_errors": episode.tool_errors,
                 "outcome": episode.outcome, "reward": episode.reward,
                 "reward_components": dict(episode.reward_components),
-                **({"user": episode.state[USAGE_KEY].as_info()} if USAGE_KEY in episode.state else {})}
+                **({"user": episode.user.as_info()} if episode.user is not None else {})}
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -511,7 +512,7 @@ class ToolEnv(gym.Env[str, str]):
     def _first_observation(self, episode: Episode) -> ResetResult:
         messages = self.task_messages(episode.task)
         if self.user is not None:  # the opening user messages are the user's own words
-            episode.state[USAGE_KEY] = UserUsage(turns={i for i, m in enumerate(messages, len(episode.messages))
+            episode.user = UserUsage(turns={i for i, m in enumerate(messages, len(episode.messages))
                                                        if m.get("role") == "user"})
         episode.messages.extend(messages)
         obs = truncate("\n\n".join(str(m.get("content") or "") for m in messages), self.max_observation_chars)
@@ -778,7 +779,7 @@ class ToolEnv(gym.Env[str, str]):
             shown.append((c.id, c.name, r.content))
         said = plan.user_message
         if said is not None:  # the simulated user's words: before any note of the engine's
-            episode.state[USAGE_KEY].turns.add(len(episode.messages) + len(new_messages))
+            episode.user.turns.add(len(episode.messages) + len(new_messages))
             new_messages.append(said)
         if plan.notes:
             new_messages.append({"role": "user", "content": "\n".join(plan.notes)})
@@ -799,7 +800,7 @@ class ToolEnv(gym.Env[str, str]):
             "errors": plan.errors,
         }
         if self.user is not None and (plan.asked_user or plan.grade or plan.failure):
-            info["user"] = episode.state[USAGE_KEY].as_info()  # counts and cost, never its instructions
+            info["user"] = episode.user.as_info()  # counts and cost, never its instructions
         reward = 0.0
         if plan.failure:
             reward = self._fail(episode, info, plan.failure)

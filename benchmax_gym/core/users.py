@@ -50,8 +50,6 @@ log = logging.getLogger(__name__)
 
 #: what a simulator writes to end the conversation (tau-bench's convention); the text before it is said
 STOP = "###STOP###"
-#: ``episode.state`` key of the simulator's counters for the episode
-USAGE_KEY = "user_usage"
 
 
 class UserFailure(Exception):
@@ -301,7 +299,7 @@ class LLMUser(UserSimulator):
 def hear(user: UserSimulator, episode: Any, run_coroutine: Callable[[Any], Any]) -> UserReply | UserFailure:
     """The user's answer to the reply just appended to ``episode.messages`` (``step``'s path:
     an async simulator runs through ``run_coroutine``); a failure is returned, never raised."""
-    usage = episode.state[USAGE_KEY]
+    usage = episode.user
     usage.turns.add(len(episode.messages) - 1)  # the reply just made, addressed to the user
     try:
         talk = conversation(episode.messages, usage.turns)
@@ -314,7 +312,7 @@ def hear(user: UserSimulator, episode: Any, run_coroutine: Callable[[Any], Any])
 
 async def ahear(user: UserSimulator, episode: Any) -> UserReply | UserFailure:
     """:func:`hear` for ``astep``."""
-    usage = episode.state[USAGE_KEY]
+    usage = episode.user
     usage.turns.add(len(episode.messages) - 1)
     try:
         talk = conversation(episode.messages, usage.turns)
