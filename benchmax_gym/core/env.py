@@ -8,6 +8,8 @@
     step(action: str)    -> parse tool calls | final answer | parse error
                          -> run each call (timeout, output cap) -> obs = tool results, reward 0
     final answer         -> rubric scores the episode -> reward, terminated=True
+                            (with a simulated user, ``user=``: the reply goes to the user, who answers
+                            as a ``user`` message, or is done: then graded; see core.users)
     turn limit           -> rubric scores the episode as it stands -> truncated=True
     a failure            -> (not the model's: a tool's backend gone, the deadline passed)
                             reward NaN, not graded, truncated=True
