@@ -11,7 +11,8 @@ and a customer who holds facts the model must ask for. An env made with ``user=`
                         the rubric grades the episode, terminated=True
     turn limit       -> graded as it stands, truncated=True (as in every env)
     simulator fails  -> (its endpoint down past retries) outcome ``model_error``: ungraded,
-                        reward NaN, truncated=True; a failure, never a reward
+                        reward NaN, truncated=True; a failure, never a reward (``deadline`` when
+                        the episode's ``episode_timeout`` passes while it answers)
 
 **The rule**: a reply without a tool call is addressed to the user; a reply with calls (or one
 that tried and failed to parse) goes to the tools, text and all, and the user never sees it. So in an env with a user the model cannot end the episode by answering: the user ends
@@ -39,12 +40,13 @@ import inspect
 import json
 import logging
 import re
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmax_gym.core.outcomes import ENV_ERROR, MODEL_ERROR
+from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, MODEL_ERROR
 
 log = logging.getLogger(__name__)
 
@@ -245,8 +247,6 @@ class LLMUser(UserSimulator):
                 *({"role": swapped[m["role"]], "content": m["content"]} for m in conversation)]
 
     async def areply(self, conversation, task, usage):
-        import time
-
         import openai
 
         from benchmax_gym.eval.policies import PolicyError, _message, _reply_parts
@@ -304,7 +304,7 @@ def hear(user: UserSimulator, episode: Any, run_coroutine: Callable[[Any], Any])
     try:
         talk = conversation(episode.messages, usage.turns)
         if user.is_async:
-            return user_reply(run_coroutine(user.areply(talk, episode.task, usage)))
+            return user_reply(run_coroutine(_before_deadline(user.areply(talk, episode.task, usage), episode)))
         return user_reply(user.reply(talk, episode.task, usage))
     except Exception as exc:  # noqa: BLE001  (the simulator's failure is an outcome, never a raise)
         return _failed(exc)
@@ -316,9 +316,20 @@ async def ahear(user: UserSimulator, episode: Any) -> UserReply | UserFailure:
     usage.turns.add(len(episode.messages) - 1)
     try:
         talk = conversation(episode.messages, usage.turns)
-        return user_reply(await user.areply(talk, episode.task, usage))
+        reply = user.areply(talk, episode.task, usage)
+        return user_reply(await (_before_deadline(reply, episode) if user.is_async else reply))
     except Exception as exc:  # noqa: BLE001
         return _failed(exc)
+
+
+async def _before_deadline(reply: Any, episode: Any) -> Any:
+    """An async simulator's answer, cut off at the episode's deadline (``episode_timeout``)."""
+    if episode.deadline is None:
+        return await reply
+    try:
+        return await asyncio.wait_for(reply, max(episode.deadline - time.monotonic(), 0.0))
+    except asyncio.TimeoutError:
+        raise UserFailure("the episode's time limit passed while the user answered", DEADLINE) from None
 
 
 def _failed(exc: Exception) -> UserFailure:

@@ -192,3 +192,13 @@ def test_a_bad_user_fails_at_registration_or_make_naming_it():
         ToolEnv(tasks=ListTasks([Task("t", "hi")]), toolset=Toolset([lookup]), rubric=Rubric([answered]), user="x")
     with pytest.raises(ValueError, match="model"):
         LLMUser(model="")
+
+
+def test_an_llm_user_slower_than_the_episodes_deadline_ends_it_with_deadline():
+    with FakeChatServer(_customer_model, latency=3.0) as server:
+        user = LLMUser(model="test-model", base_url=server.url, api_key="k")
+        env = gym.make(register("users/Slow-v0", user), episode_timeout=0.5)
+        env.reset(seed=0)
+        _, reward, terminated, truncated, info = env.step("Which city are you in?")
+        env.close()
+    assert math.isnan(reward) and truncated and info["outcome"] == "deadline"
