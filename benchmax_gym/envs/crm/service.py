@@ -17,8 +17,9 @@ components until the rubric has ``all_of``; both are reported, weight 0):
   and its status.
 
 Task types: ``refund_request`` (within 30 days of the order: a refund of the item's price, else a
-replacement; the type does not say which) and ``case_status`` (say the case's number and status,
-change nothing). Like every generated split, contamination-free by construction: the org, its
+replacement; a fifth of the customers give an email that is not the order's: say you cannot verify
+them and change nothing; the type does not say which) and ``case_status`` (say the case's number
+and status, change nothing). Like every generated split, contamination-free by construction: the org, its
 people and products are generated, and the answers follow from its rows.
 """
 
@@ -39,14 +40,15 @@ from benchmax_gym.envs.crm.org import REFUND_WINDOW_DAYS
 from benchmax_gym.envs.crm.rubric import collateral_changes
 
 SERVICE_TYPES = ("refund_request", "case_status")
+UNVERIFIED_SHARE = 0.2  # refund requests whose customer gives an email that is not the order's
 OPEN_STATUSES = ("New", "Working", "Escalated")
 REPLACEMENT = "Replacement sent"
 
 SERVICE_POLICY = f"""# Service policy
 
 1. Identify the customer first: ask for their order number and the email address on the order, and check in
-   the CRM that the email is the one of the order's bill-to contact. Change nothing for a customer you could
-   not identify.
+   the CRM that the email is the one of the order's bill-to contact. If it is not, tell the customer you cannot
+   verify their identity, and change nothing.
 2. The customer's case is their open case (Status New, Working or Escalated) about the product they name, on
    that order.
 3. Refunds: a refund may be issued only when the case was opened within {REFUND_WINDOW_DAYS} days of the order
@@ -105,12 +107,18 @@ def _service_task(rng: np.random.Generator, index: int, con: sqlite3.Connection,
         case = pick(rng, cases)
     case_id, number, status, _, order, _, email, product, amount, days, issue = case
     eligible = days <= REFUND_WINDOW_DAYS
+    unverified = task_type == "refund_request" and bool(rng.random() < UNVERIFIED_SHARE)
+    if unverified:  # the customer gives the email of another account: the agent must not act
+        email = pick(rng, [e for (e,) in con.execute("SELECT Email FROM Contact ORDER BY Id LIMIT 50") if e != email])
     facts = {"order number": order, "email": email}
     problem = issue.rstrip(".").lower()
     if task_type == "refund_request":
         prompt = f"Hi, I have a problem with my {product}: {problem}. I would like a refund, please."
         goal = f"You want a refund for your {product}; if the agent cannot refund it, you accept a replacement."
-        if eligible:
+        if unverified:
+            expected = {"Case": {}, "refunds": {}}
+            statements = ["verify"]
+        elif eligible:
             expected = {"Case": {case_id: {"Status": "Closed", "Resolution__c": "Refund issued"}},
                         "refunds": {case_id: amount_text(amount)}}
             statements = [amount_text(amount)]
@@ -266,7 +274,7 @@ def service_plan(task: Task):
     order, email = _ORDER_NUMBER.search(heard).group(1), _EMAIL.search(heard).group(1)
     found = _rows((yield "query", {"sql": render_sql(ORDER_SQL, {"order": order})}))
     if not found or found[0][2].lower() != email.lower():
-        yield "say", "I am sorry, I could not verify your identity, so I cannot change anything."
+        yield "say", "I am sorry, I cannot verify your identity with this email address, so I cannot change anything."
         return
     order_id, ordered, _ = found[0]
     case_id, number, status, created, amount = _rows(

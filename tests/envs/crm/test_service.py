@@ -25,13 +25,15 @@ def env():
 
 
 def kinds(env, n=60):
-    """Task indices by kind: an eligible refund, a refused one, a status question."""
+    """Task indices by kind: an eligible refund, a refused one, a customer who cannot be verified,
+    a status question."""
     found = {}
     for i in range(n):
         answer = env.unwrapped.tasks[i].answer
-        kind = "status" if not answer["Case"] else "refund" if answer["refunds"] else "replacement"
+        kind = ("unverified" if answer["statements"] == ["verify"] else "status" if not answer["Case"]
+                else "refund" if answer["refunds"] else "replacement")
         found.setdefault(kind, i)
-    assert set(found) == {"status", "refund", "replacement"}
+    assert set(found) == {"status", "refund", "replacement", "unverified"}
     return found
 
 
@@ -75,6 +77,7 @@ def asyncio_play(env, index):
 
 
 def test_the_customers_facts_are_asked_for_and_their_private_part_never_shown(env):
+    checked = 0
     for index in range(12):
         obs, info = env.reset(options={"task_index": index})
         private = env.unwrapped.episode.task.private["user"]
@@ -82,10 +85,12 @@ def test_the_customers_facts_are_asked_for_and_their_private_part_never_shown(en
         assert private["facts"]["order number"] not in shown and private["facts"]["email"] not in shown
         answer = env.unwrapped.episode.task.answer  # the refund, the case number: found, never given
         secrets = [*answer["refunds"].values(), *(s for s in answer["statements"] if s.isdigit()), *answer["Case"]]
-        assert secrets and not [s for s in secrets if s in shown]
+        checked += len(secrets)
+        assert not [s for s in secrets if s in shown]
         played = play(env, options={"task_index": index})
         record = json.dumps([played.observations, played.infos, env.unwrapped.episode_record()], default=str)
         assert private["goal"] not in record
+    assert checked
 
 
 def test_a_refund_outside_the_policy_a_wrong_amount_or_a_silent_agent_earns_0(env):
@@ -222,3 +227,22 @@ def test_eval_records_and_totals_what_the_llm_customer_cost():
     assert [r["user"]["calls"] for r in result.records] == [2, 2]
     total = result.run["usage"]["user"]
     assert total["calls"] == 4 and total["cost"] == pytest.approx(sum(r["user"]["cost"] for r in result.records))
+
+
+def test_a_customer_who_cannot_be_verified_gets_nothing_changed(env):
+    found = kinds(env)
+    index = found["unverified"]
+    task = env.unwrapped.tasks[index]
+    env.reset(options={"task_index": index})
+    _, _, _, _, info = env.step(ASK)
+    given = info["messages"][0]["content"]
+    assert task.private["user"]["facts"]["email"] in given  # not the order's: the agent must check
+    order = task.private["user"]["facts"]["order number"]
+    rows = env.unwrapped.episode.state["db"].rows(
+        'SELECT c.Id, ROUND(i.UnitPrice * i.Quantity, 2) AS total FROM "Order" o JOIN OrderItem i ON i.OrderId = o.Id '
+        "JOIN \"Case\" c ON c.OrderItemId__c = i.Id WHERE o.OrderNumber = ? AND c.Status != 'Closed'", (order,))
+    refund = call(env, "issue_refund", case_id=rows[0]["Id"], amount=rows[0]["total"])
+    _, info = run(env, index, [ASK, refund, f"I have refunded {rows[0]['total']:.2f}; I could not verify you first."])
+    assert info["reward_components"] == {"resolved": 0.0, "state": 0.0, "statements": 1.0}
+    _, info = run(env, index, [ASK, "I am sorry, I cannot verify your identity, so I cannot change anything."])
+    assert info["reward_components"]["resolved"] == 1.0
