@@ -117,7 +117,11 @@ def user_reply(value: Any) -> UserReply:
 class UserSimulator:
     """The third party. Subclasses implement :meth:`reply` (or :meth:`areply` for I/O)."""
 
-    is_async = False
+    @property
+    def is_async(self) -> bool:
+        """Whether the engine awaits :meth:`areply` (on the env's loop in ``step``): a subclass
+        that implements only ``areply`` is async."""
+        return type(self).reply is UserSimulator.reply
 
     def reply(self, conversation: list[dict[str, str]], task: Any, usage: UserUsage) -> UserReply | str | None:
         """The user's next turn, given the conversation so far (:func:`conversation`) and the
@@ -154,7 +158,10 @@ class ScriptedUser(UserSimulator):
         if not callable(fn):
             raise TypeError(f"user must be a UserSimulator or a function fn(conversation, task), got {fn!r}")
         self.fn = fn
-        self.is_async = inspect.iscoroutinefunction(fn)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
 
     def reply(self, conversation, task, usage):
         usage.calls += 1

@@ -202,3 +202,19 @@ def test_an_llm_user_slower_than_the_episodes_deadline_ends_it_with_deadline():
         _, reward, terminated, truncated, info = env.step("Which city are you in?")
         env.close()
     assert math.isnan(reward) and truncated and info["outcome"] == "deadline"
+
+
+def test_a_simulator_with_only_an_async_reply_is_awaited_sync_and_async():
+    from benchmax_gym.core.users import UserSimulator
+
+    class Echo(UserSimulator):
+        async def areply(self, conversation, task, usage):
+            usage.calls += 1
+            await asyncio.sleep(0)
+            return None if "bye" in conversation[-1]["content"] else "You said: " + conversation[-1]["content"]
+
+    env = gym.make(register("users/Echo-v0", Echo()))
+    for run in (lambda p: play(env, p, seed=0), lambda p: asyncio.run(aplay(env, p, seed=0))):
+        played = run(lambda obs, info: ["hello?", "You are in Peru, bye."][info["turn"]])
+        assert played.observations[1] == "You said: hello?" and played.reward == 1.0
+    env.close()
