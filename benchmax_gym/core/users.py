@@ -15,8 +15,13 @@ and a customer who holds facts the model must ask for. An env made with ``user=`
                         the episode's ``episode_timeout`` passes while it answers)
 
 **The rule**: a reply without a tool call is addressed to the user; a reply with calls (or one
-that tried and failed to parse) goes to the tools, text and all, and the user never sees it. So in an env with a user the model cannot end the episode by answering: the user ends
-it (or the turn limit). The simulator sees the conversation from its side: the system prompt and
+that tried and failed to parse) goes to the tools, text and all, and the user never sees it. So
+in an env with a user the model cannot end the episode by answering: the user ends it (or the
+turn limit; a terminal tool, where the env has one). A scripted simulator that raises ends the
+episode with ``env_error`` (the environment broke, not the model).
+
+What a port of a tau-bench-style benchmark still cannot say: a user with tools of their own
+(tau2's "dual control"), and an episode that opens with the agent speaking first. The simulator sees the conversation from its side: the system prompt and
 the tool traffic are left out, and only :meth:`UserSimulator.reply`'s arguments reach it; what it
 is told in private (``task.private["user"]``: its facts and goal) never reaches the model's
 observation, ``info`` or the episode record, except what the simulator itself chooses to say.
