@@ -48,6 +48,7 @@ from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.outcomes import SCORED, failed_reward, is_failure
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task
+from benchmax_gym.core.users import UserUsage
 
 EXTRA = "pip install 'benchmax-gym[openenv]'"
 TOKEN_ENV = "BENCHMAX_GYM_OPENENV_TOKEN"
@@ -555,6 +556,8 @@ class OpenEnvEnv(gym.Env[str, str]):
             info = {"observation": payload, "turn": episode.turn, "error": None, "errors": [],
                     "messages": [{"role": "user", "content": obs}]}
         episode.messages.extend(info["messages"])
+        if isinstance(info.get("user"), dict):  # a served env's simulated user: its counters, as the record has them
+            episode.user = UserUsage(**{k: v for k, v in info["user"].items() if k in UserUsage.__dataclass_fields__})
         episode.done = terminated or truncated
         if episode.done:  # how it ended: ours says; another server's episode ended as it graded it
             episode.outcome = info.get("outcome") if self.ours else info.setdefault("outcome", SCORED)

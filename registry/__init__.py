@@ -61,6 +61,13 @@ ENVS: dict[str, EnvEntry] = {
             "CRMArena-style questions and updates graded on answers and database state.",
         ),
         EnvEntry(
+            "benchmax/CRM-Service-v0",
+            "benchmax_gym.envs.crm.env:CRMServiceEnv",
+            "Customer service with a simulated customer (scripted, or a model on request) who holds the facts "
+            "to ask for: refunds and case updates under a policy; graded on the org's final state and what the "
+            "customer was told.",
+        ),
+        EnvEntry(
             "benchmax/Wikipedia-v0",
             "benchmax_gym.envs.wikipedia.env:WikipediaEnv",
             "Multi-hop question answering with search and get_article over a generated encyclopedia "
@@ -187,6 +194,7 @@ def register_tool_env(
     solver: Callable[[gym.Env], Callable[[str, dict[str, Any]], str]] | None = None,
     setup: Callable[[Any, Any], Any] | None = None,
     teardown: Callable[[Any], Any] | None = None,
+    user: Any = None,
     **defaults: Any,
 ) -> str:
     """Register a tool environment made of your own tools, tasks and reward functions.
@@ -207,6 +215,12 @@ def register_tool_env(
             receive by naming a parameter ``state``.
         teardown: ``teardown(state)`` (sync or async), run exactly once when the episode is
             left: at the next reset, ``close()``, a failure, or the env's garbage collection.
+        user: a simulated user (:mod:`benchmax_gym.core.users`): a function
+            ``fn(conversation, task) -> str | None`` (scripted: ``None`` or ``"###STOP###"`` ends
+            the conversation) or a :class:`~benchmax_gym.core.users.UserSimulator` such as
+            ``LLMUser``. A reply without a tool call then goes to the user, who answers; the task's
+            ``prompt`` is the user's opening message and ``task.private["user"]`` what only the
+            user knows.
         **defaults: default engine options (``max_turns``, ``tool_format``, ...), overridable
             in ``gym.make``.
 
@@ -221,6 +235,7 @@ def register_tool_env(
     from benchmax_gym.core import Rubric, ToolEnv, Toolset
     from benchmax_gym.core.tasks import given_tasks
     from benchmax_gym.core.tools import check_schema
+    from benchmax_gym.core.users import as_user
 
     if not isinstance(env_id, str) or "-v" not in env_id:
         raise ValueError(f"env_id must look like 'namespace/Name-v0', got {env_id!r}")
@@ -241,6 +256,8 @@ def register_tool_env(
             if not callable(fn):
                 raise TypeError(f"{hook} must be a callable, got {fn!r}")
             extra[hook] = fn
+    if user is not None:
+        extra["user"] = as_user(user)  # a bad one fails here, naming the argument
     return register_parts(env_id, factory, description or system_prompt.split("\n")[0][:80], defaults,
                           tasks=tasks, toolset=toolset, rubric=rubric, system_prompt=system_prompt, **extra)
 

@@ -84,12 +84,22 @@ class Notes(BaseEnv):
         return {"correct": float(final_answer(completion) == ground_truth)}
 
 
+def traveller(conversation, task):
+    """A simulated user (issue 31): names their city when asked a question, else is done."""
+    if conversation[-1]["content"].rstrip().endswith("?"):
+        return f"I am in {task.private['user']['city']}."
+    return None
+
+
 if "matrix/Geo-v0" not in gym.registry:
     register_tool_env("matrix/Geo-v0", tools=[country], rubric=[stated], system_prompt="Answer with the tools.",
                       tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], max_turns=4)
     register_tool_env("matrix/Desk-v0", tools=[locate, submit], rubric=[submitted], setup=open_desk,
                       teardown=close_desk, system_prompt="Look the city up, then submit its country.",
                       tasks=[{"prompt": "Which country is Lima in?", "answer": "Peru"}], max_turns=4)
+    register_tool_env("matrix/Helpdesk-v0", tools=[country], rubric=[stated], user=traveller, max_turns=6,
+                      system_prompt="Help the traveller; put the country in <answer></answer>.",
+                      tasks=[{"prompt": "Which country am I in?", "answer": "Peru", "user": {"city": "Lima"}}])
     register_benchmax_env("matrix/Notes-v0", Notes, [{"prompt": "Remember 42.", "ground_truth": "42"}])
     gym.register("matrix/MCPConfig-v0", entry_point="benchmax_gym.envs.mcp.env:MCPEnv",
                  vector_entry_point=VectorFactory("matrix/MCPConfig-v0"), kwargs={
@@ -113,6 +123,8 @@ CASES = {
                       "<answer>Peru</answer>", 1.0),
     "matrix/Desk-v0": ({}, '<tool_call>{"name": "locate", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
                        '<tool_call>{"name": "submit", "arguments": {"country": "Peru"}}</tool_call>', 1.0),
+    "matrix/Helpdesk-v0": ({}, '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>', "Peru",
+                       "<answer>Peru</answer>", 1.0),
     "matrix/Notes-v0": ({}, '<tool_call>{"name": "write_note", "arguments": {"text": "42"}}</tool_call>', "saved",
                         "<answer>42</answer>", 1.0),
     "matrix/Mix-v0": ({}, '<tool_call>{"name": "country", "arguments": {"city": "Lima"}}</tool_call>', "Peru",

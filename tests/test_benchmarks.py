@@ -121,3 +121,11 @@ def test_chaos_accounts_for_every_episode_and_loses_only_the_faulted_ones():
         assert result["as_expected"] == result["expected_failures"] >= sum(result["injected"].values()) == 12
         assert result["scored_equal_to_clean"] and result["failed_with_a_reward"] == 0
         assert sum(result["outcomes"].values()) == 60 and result["outcomes"]["scored"] >= 48
+
+
+def test_user_turns_runs_briefly_and_prints_its_json():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "user_turns.py"), "--episodes", "3", "--llm"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["user_step"]["n"] >= 3 and result["llm_user_step"]["n"] >= 3 and result["episodes_per_s"] > 0

@@ -115,3 +115,21 @@ def test_judged_rewards_example_builds_a_judge_that_scores_through_an_endpoint(t
         sent = server.requests[-1]["messages"][0]["content"]
         assert sent.startswith("Task: Capital of Peru?\nReference: Lima\nReply:\nLima\n")
         judge.close()
+
+
+def test_the_simulated_user_example_asks_the_customer_and_grades_when_they_are_done():
+    namespace: dict = {"gym": gym}
+    exec(compile(_code_block("Add an environment", "user=customer"), str(README), "exec"), namespace)  # noqa: S102
+    env = namespace["env"]
+    try:
+        env.reset(seed=0)
+        obs, *_ = env.step("What is your order number?")
+        assert obs == "It is A-17."
+        obs, *_ = env.step('<tool_call>{"name": "find_order", "arguments": {"order_number": "A-17"}}</tool_call>')
+        assert "shipped" in obs
+        _, reward, terminated, _, info = env.step("Your order has <answer>shipped</answer>.")
+        assert terminated and reward == 1.0 and info["user"]["calls"] == 2
+    finally:
+        env.close()
+        gym.registry.pop("me/Support-v0", None)
+        registry.ENVS.pop("me/Support-v0", None)

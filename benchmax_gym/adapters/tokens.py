@@ -536,14 +536,14 @@ class TokenSession:
         if action is None:
             return []
         ids = self._add_env_turn(*self._env_step(action))
-        return self._cut(self._env_step("")) if ids is None else ids
+        return self._cut(self._graded_as_it_stands()) if ids is None else ids
 
     async def astep(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
         action = self._add_model_turn(model_ids, logprobs)
         if action is None:
             return []
         ids = self._add_env_turn(*await asyncio.to_thread(self._env_step, action))
-        return self._cut(await asyncio.to_thread(self._env_step, "")) if ids is None else ids
+        return self._cut(await asyncio.to_thread(self._graded_as_it_stands)) if ids is None else ids
 
     def fail(self, outcome: str = outcomes.MODEL_ERROR, error: str = "") -> None:
         """End the running episode as a failure that is not the model's (issue 29): the generation
@@ -614,6 +614,15 @@ class TokenSession:
         if episode.logprobs is not None:
             episode.logprobs += [0.0] * len(ids)
         return ids
+
+    def _graded_as_it_stands(self) -> tuple:
+        """The step that ends an episode the budget cut: an empty final reply. In an env with a
+        simulated user that reply goes to the user; if they talk on, empty replies follow (no
+        tokens: the budget is spent) until they are done or the turn limit grades it."""
+        while True:
+            result = self._env_step("")
+            if result[2] or result[3]:
+                return result
 
     def _cut(self, graded: tuple) -> list[int]:
         """End an episode the budget cut, with the step that graded it (an empty final reply)."""

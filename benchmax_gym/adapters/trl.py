@@ -23,7 +23,10 @@ Two ways, as TRL offers them:
   The class has no ``get_reward``: TRL calls that without the completion, so the reply that ends
   the episode (the answer, when the model follows the prompt) would never reach the env.
   ``Env.reward`` gets TRL's ``completions`` and ``environments``, steps each unfinished env with
-  its completion's last reply, and returns the env's reward.
+  its completion's last reply, and returns the env's reward. In an env with a simulated user
+  (CRM-Service-v0) the class also has ``message_user(message)``, a tool that sends the model's
+  words to the user and returns their answer (TRL ends the loop at a reply without a call, so the
+  conversation goes through a tool here); the user ending the conversation ends the episode.
 
 The token budget (``max_completion_length``) follows the one rule of
 :class:`~benchmax_gym.adapters.tokens.TokenSession`: each turn asks the backend for what is left
@@ -308,10 +311,25 @@ class TRLEnvironment:
 
     def _grade(self, reply: str = "") -> float | None:
         """The env's verified reward; an episode the model has not ended ends with ``reply``
-        (its last reply without a tool call: its answer), graded as it stands."""
-        if not self.done:
-            self._end(*self.env.step({"role": "assistant", "content": reply}))
+        (its last reply without a tool call: its answer), graded as it stands. In an env with a
+        simulated user, ``reply`` goes to the user; if they talk on, the model has nothing more to
+        say (TRL ended its turn): empty replies follow until the user ends it or the turn limit."""
+        while not self.done:
+            obs, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": reply})
+            if terminated or truncated:
+                self._end(obs, reward, terminated, truncated, info)
+            reply = ""
         return self.reward
+
+    def _message_user(self, message: str) -> str:
+        if self.done:
+            return "Error: the episode is over."
+        with self._lock:
+            obs, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": message})
+        if terminated or truncated:
+            self._end(obs, reward, terminated, truncated, info)
+            return "The user ended the conversation."
+        return obs
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
         if self.done:
@@ -359,10 +377,26 @@ def trl_environment(env_id: str, *, group_rubric: GroupRubric | None = None, **e
                 or not function["name"].isidentifier():
             raise ValueError(f"tool {function['name']!r} cannot be a method name of a TRL environment")
         methods[function["name"]] = _tool_method(function)
+    if env.unwrapped.user is not None:  # (a closed env keeps its attributes)
+        if "message_user" in methods:
+            raise ValueError("tool 'message_user' clashes with the method that talks to the simulated user")
+        methods["message_user"] = message_user
     name = "".join(part for part in env_id.replace("/", "-").replace("_", "-").split("-") if part).replace(".", "")
     cls = type(f"{name}TRLEnvironment", (TRLEnvironment,), methods)
     cls.reward = _EnvReward(cls)
     return cls
+
+
+def message_user(self, message: str) -> str:
+    """Send a message to the user (the customer) and get their answer.
+
+    Args:
+        message: what you say to the user
+
+    Returns:
+        The user's answer, or a note that they ended the conversation.
+    """
+    return self._message_user(message)
 
 
 class _EnvReward:

@@ -10,6 +10,8 @@
     step(action: str)    -> parse tool calls | final answer | parse error
                          -> run each call (timeout, output cap) -> obs = tool results, reward 0
     final answer         -> rubric scores the episode -> reward, terminated=True
+                            (with a simulated user, ``user=``: the reply goes to the user, who answers
+                            as a ``user`` message, or is done: then graded; see core.users)
     terminal tool        -> (a call to a ``terminal=True`` tool that ran without error) the same,
                             its result kept in obs; calls after it in the reply are not run
     turn limit           -> rubric scores the episode as it stands -> truncated=True
@@ -63,6 +65,7 @@ from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, Sandb
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, truncate
+from benchmax_gym.core.users import UserFailure, UserReply, UserUsage, addressed_to_user, ahear, as_user, hear
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +102,7 @@ class Episode:
     reward: float | None = None  # the final reward, once graded
     reward_components: dict[str, float] = field(default_factory=dict)
     outcome: str | None = None  # how it ended (core.outcomes), once it has
+    user: Any = None  # in an env with a simulated user: its counters and turns (core.users.UserUsage)
     deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     setup_state: Any = None
@@ -184,6 +188,9 @@ class ToolEnv(gym.Env[str, str]):
             ``teardown`` method gets ``self`` as a weak proxy for that reason. A vector worker
             killed outright runs nothing: keep files under ``tempfile.gettempdir()``, which the
             vector env deletes with the dead worker.
+        user: a simulated user (:mod:`core.users`): a reply without a tool call is addressed to
+            them and they answer (a ``user`` message) until they say they are done, which ends
+            the episode graded; ``None`` (default): such a reply is the final answer.
 
     Example::
 
@@ -227,6 +234,7 @@ class ToolEnv(gym.Env[str, str]):
         reasoning_tags: tuple[str, str] | list[str] | None = ("<think>", "</think>"),
         setup: Any = None,
         teardown: Any = None,
+        user: Any = None,
         **unknown: Any,
     ):
         if unknown:
@@ -242,6 +250,7 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"reasoning_tags must be None or two non-empty strings (opening, closing), "
                              f"got {reasoning_tags!r}")
         self.reasoning_tags = None if reasoning_tags is None else tuple(reasoning_tags)
+        self.user = as_user(user)
         if not isinstance(tasks, TaskSource):
             raise TypeError(f"tasks must be a TaskSource, got {type(tasks).__name__}")
         if not isinstance(toolset, Toolset):
@@ -311,7 +320,8 @@ class ToolEnv(gym.Env[str, str]):
     def build_system_prompt(self, family_prompt: str, tools_in_prompt: bool) -> str:
         parts = [family_prompt.strip()] if family_prompt.strip() else []
         if tools_in_prompt and len(self.toolset):
-            parts.append(self.format.instructions(self.tool_schemas))
+            instructions = self.format.instructions(self.tool_schemas)
+            parts.append(addressed_to_user(instructions) if getattr(self, "user", None) is not None else instructions)
         return "\n\n".join(parts)
 
     def task_prompt(self, task: Task) -> str:
@@ -402,6 +412,8 @@ class ToolEnv(gym.Env[str, str]):
                     break
         if timed:
             plan.tools_s = time.perf_counter() - t
+        if plan.final and self.user is not None and not plan.failure and plan.ended_by is None:
+            self._user_turn(plan, hear(self.user, plan.episode, self.aio.run))
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
@@ -435,6 +447,8 @@ class ToolEnv(gym.Env[str, str]):
                 break
         if timed:
             plan.tools_s = time.perf_counter() - t
+        if plan.final and self.user is not None and not plan.failure and plan.ended_by is None:
+            self._user_turn(plan, await ahear(self.user, plan.episode))
         self._after_tools(plan)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
@@ -463,6 +477,11 @@ class ToolEnv(gym.Env[str, str]):
             self._sandbox_lease.release()
         self.toolset.close()
         if "aio" in self.__dict__:  # only envs that ran async work have a loop to close
+            if self.user is not None:
+                try:
+                    self.aio.run(self.user.aclose())  # (an LLM user's client on this loop)
+                except Exception:
+                    log.exception("closing the user simulator failed")
             self.aio.close()
         super().close()
 
@@ -516,7 +535,8 @@ class ToolEnv(gym.Env[str, str]):
         return {"task_id": episode.task.id, "task_index": episode.index, "messages": [dict(m) for m in episode.messages],
                 "actions": list(episode.actions), "turns": episode.turn, "tool_errors": episode.tool_errors,
                 "outcome": episode.outcome, "reward": episode.reward,
-                "reward_components": dict(episode.reward_components)}
+                "reward_components": dict(episode.reward_components),
+                **({"user": episode.user.as_info()} if episode.user is not None else {})}
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -544,6 +564,9 @@ class ToolEnv(gym.Env[str, str]):
 
     def _first_observation(self, episode: Episode) -> ResetResult:
         messages = self.task_messages(episode.task)
+        if self.user is not None:  # the opening user messages are the user's own words
+            episode.user = UserUsage(turns={i for i, m in enumerate(messages, len(episode.messages))
+                                                       if m.get("role") == "user"})
         episode.messages.extend(messages)
         text = (self._conversation_text(messages) if episode.task.messages
                 else "\n\n".join(str(m.get("content") or "") for m in messages))
@@ -681,6 +704,21 @@ class ToolEnv(gym.Env[str, str]):
         once = _Teardown(teardown, state, self.aio)
         episode.state["_teardown"] = once
         episode.resources.callback(once)
+
+    @staticmethod
+    def _user_turn(plan: "_StepPlan", heard: UserReply | UserFailure) -> None:
+        """A reply without a tool call in an env with a simulated user: the user answers (the
+        episode goes on), says they are done (it is graded, terminated), or fails (ungraded)."""
+        plan.asked_user = True
+        if isinstance(heard, UserFailure):
+            log.warning("the user simulator failed in task %s: %s", plan.episode.task.id, heard)
+            plan.failure, plan.final = heard.outcome, False
+            plan.notes.append(f"The simulated user could not answer ({heard.outcome}): the episode is over.")
+            return
+        if heard.content:
+            plan.user_message = {"role": "user", "content": heard.content}
+        if not heard.done:
+            plan.final = False
 
     def _fail(self, episode: Episode, info: dict[str, Any], outcome: str) -> float:
         """End ``episode`` with a failure that is not the model's: never graded (its record's
@@ -830,6 +868,9 @@ class ToolEnv(gym.Env[str, str]):
             if episode.turn >= self.max_turns:
                 plan.truncated = plan.grade = True
                 plan.notes.append(f"The turn limit ({self.max_turns}) is reached: the episode is over and is graded as it stands.")
+            elif self.user is not None:
+                plan.notes.append("This is your last turn: your next reply still runs its tool calls or reaches the "
+                                  "user, but the episode then ends.")
             else:
                 plan.notes.append("This is your last turn: tool calls in your next reply still run, but the episode "
                                   "then ends, so give your final answer in it.")
@@ -858,11 +899,17 @@ class ToolEnv(gym.Env[str, str]):
             new_messages.append({"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.content})
             tool_calls.append({"id": c.id, "name": c.name, "arguments": c.arguments})
             shown.append((c.id, c.name, r.content))
+        said = plan.user_message
+        if said is not None:  # the simulated user's words: before any note of the engine's
+            episode.user.turns.add(len(episode.messages) + len(new_messages))
+            new_messages.append(said)
         if plan.notes:
             new_messages.append({"role": "user", "content": "\n".join(plan.notes)})
             obs = "\n".join([self.format.render_results(shown), *plan.notes] if calls else plan.notes)
         else:
             obs = self.format.render_results(shown) if calls else ""
+        if said is not None and not plan.final:
+            obs = said["content"] + ("\n" + obs if obs else "")
         episode.messages += new_messages
         if len(obs) > self.max_observation_chars:
             obs = truncate(obs, self.max_observation_chars)
@@ -874,6 +921,8 @@ class ToolEnv(gym.Env[str, str]):
             "error": plan.errors[0] if plan.errors else None,
             "errors": plan.errors,
         }
+        if self.user is not None and (plan.asked_user or plan.grade or plan.failure):
+            info["user"] = episode.user.as_info()  # counts and cost, never its instructions
         reward = 0.0
         if plan.failure:
             reward = self._fail(episode, info, plan.failure)
@@ -944,6 +993,8 @@ class _StepPlan:
     parsed: Parsed | None = None
     ended_by: str | None = None  # the terminal tool whose call ended the episode
     failure: str | None = None  # an outcome that is not the model's: the episode ends ungraded
+    user_message: dict[str, Any] | None = None  # what the simulated user said this step
+    asked_user = False
     skipped: list | tuple = ()
     final = truncated = grade = False
     completion = ""

@@ -268,6 +268,17 @@ def _provenance() -> dict[str, Any]:
             "platform": platform.platform(), "argv": sys.argv}
 
 
+def _user_usage(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"user": {calls, prompt_tokens, completion_tokens, cost}}`` over the episodes a simulated
+    user spoke in (each record's ``user``); nothing when none did. ``cost`` is None unless priced."""
+    used = [r["user"] for r in records if isinstance(r.get("user"), dict)]
+    if not used:
+        return {}
+    costs = [u.get("cost") for u in used]
+    return {"user": {**{k: sum(u.get(k) or 0 for u in used) for k in ("calls", "prompt_tokens", "completion_tokens")},
+                     "cost": None if None in costs else sum(costs)}}
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -470,7 +481,8 @@ async def aevaluate(
         summary["group_rubric"] = repr(group_rubric)
     run = {**(run_dir.run if run_dir else run), "ended": _now(),
            "usage": {"prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
-                     "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records)}}
+                     "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records),
+                     **_user_usage(records)}}
     if run_dir:
         run_dir.finish(run, summary)
         if plots:

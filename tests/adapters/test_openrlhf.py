@@ -282,3 +282,19 @@ def test_a_prompts_samples_meet_and_are_group_scored_without_their_failures(qwen
     assert [o["reward"] for o in first[:2]] == [-0.5, -0.5] and math.isnan(first[2]["reward"])  # alike: penalised
     # an engine that raises is the model's endpoint failing: a model_error sample, NaN, not a member
     assert [o["reward"] for o in second[:2]] == [0.0, 0.0] and math.isnan(second[2]["reward"])
+
+
+def test_a_simulated_customers_turns_are_outside_the_action_ranges(qwen_tokenizer, customer_words):
+    """Issue 31: the customer's answers are environment tokens: outside every action range."""
+    from customer import SERVICE
+
+    executor = make_executor(SERVICE)()
+    out = asyncio.run(executor.execute("(prompt)", "0", _params(), 8192, qwen_tokenizer,
+                                       SolverEngine(qwen_tokenizer, SERVICE)))
+    ids = out["observation_tokens"]
+    in_action = {i for a, b in out["action_ranges"] for i in range(a, b)}
+    env_text = qwen_tokenizer.decode([t for i, t in enumerate(ids) if i not in in_action])
+    model_text = qwen_tokenizer.decode([t for i, t in enumerate(ids) if i in in_action])
+    assert out["reward"] == 1.0
+    for said in customer_words(0)[:-1]:
+        assert said in env_text and said not in model_text

@@ -259,3 +259,29 @@ def test_a_failed_episode_reports_its_outcome_and_skyrl_aggregates_the_counts():
     aggregated = aggregate_for_environment("benchmax", [m for *_, m in results])
     assert aggregated["env/outcome/tool_unavailable"] == 1.0 and aggregated["env/outcome/scored"] == 2.0
     assert aggregated["env/outcome/deadline"] == 0.0 and "turns" in aggregated
+
+
+def test_a_simulated_customer_answers_as_a_user_observation(customer_words):
+    """Issue 31: the customer's answer comes back as a ``user`` observation (SkyRL's generator
+    appends observations with loss mask 0); the episode ends when the customer is done, and what
+    only the customer knows (its task's private part) is in no observation or metadata."""
+    from customer import SERVICE
+
+    row = task_rows(SERVICE, 1)[0]
+    cfg = _config(SERVICE)
+
+    async def main():
+        with concurrent.futures.ThreadPoolExecutor(2) as executor:
+            return await _agent_loop(executor, cfg, row, _solver(SERVICE, row["task_index"]))
+
+    history, rewards, last, metrics = asyncio.run(main())
+    said = customer_words(row["task_index"])
+    asked = next(i for i, m in enumerate(history) if m["role"] == "assistant")
+    assert history[asked + 1] == {"role": "user", "content": said[0]}
+    assert rewards[-1] == 1.0 and last["metadata"]["reward_components"]["resolved"] == 1.0
+    import gymnasium as gym
+
+    env = gym.make(SERVICE)
+    goal = env.unwrapped.tasks[row["task_index"]].private["user"]["goal"]
+    env.close()
+    assert goal not in str(history) + str(last)

@@ -423,3 +423,42 @@ def test_a_failed_episode_has_no_reward_and_no_loss_tokens(qwen_tokenizer):
     assert 1 in scored.episode.loss_mask and scored.episode.metrics()["env/outcome/scored"] == 1.0
     failed.close()
     scored.close()
+
+
+def test_a_simulated_users_turns_are_environment_tokens(qwen_tokenizer, customer_words):
+    """Issue 31: what the simulated customer says is rendered by the template as a user turn,
+    appended with loss mask 0; the whole stays token-exact."""
+    from customer import SERVICE, split_by_mask
+
+    session = TokenSession(SERVICE, ChatTemplate(qwen_tokenizer))
+    last = play_tokens(session, options={"task_index": 1})
+    episode = session.episode
+    assert episode.reward == 1.0 and episode.terminated and len(episode.turns) >= 4
+    assert_token_exact(session, last)
+    env_text, model_text = split_by_mask(qwen_tokenizer, episode.completion_ids, episode.loss_mask)
+    for said in customer_words(1)[:-1]:  # the last words end the episode: not rendered
+        assert f"<|im_start|>user\n{said}<|im_end|>" in env_text and said not in model_text
+    assert "order number" in model_text  # the model asked; the customer answered
+    session.close()
+
+
+def test_a_conversation_cut_by_the_budget_ends_graded_even_when_the_user_talks_on(qwen_tokenizer):
+    """Issue 31: the empty final reply of a cut episode goes to the simulated user; one who talks
+    on gets empty replies (no tokens) until they are done or the turn limit grades it."""
+    from benchmax_gym import register_tool_env
+
+    def chatty(conversation, task):
+        return "Tell me more."  # never done
+
+    if "users/Chatty-v0" not in gym.registry:
+        register_tool_env("users/Chatty-v0", tools=[], rubric=[lambda completion: 1.0], user=chatty, max_turns=5,
+                          tasks=[{"prompt": "Hi!"}])
+    chat = ChatTemplate(qwen_tokenizer)
+    session = TokenSession("users/Chatty-v0", chat, max_tokens=40)
+    session.reset(seed=0)
+    while not session.done:
+        session.step(model_ids(chat, "Hello there, how can I help you today?"))
+    episode = session.episode
+    assert episode.cut and episode.truncated and episode.outcome == "truncated" and episode.reward == 1.0
+    assert len(episode.completion_ids) <= 40 and episode.record["turns"] == 5
+    session.close()

@@ -347,3 +347,68 @@ def test_environment_factory_gives_a_failed_episode_no_reward():
     assert env.done and Env.reward([""], environments=[env]) == [None]
     env.reset(task_index=0)
     assert Env.reward([[{"role": "assistant", "content": "no answer"}]], environments=[env]) == [0.0]
+
+
+def test_a_simulated_customers_turns_are_outside_env_mask_in_a_grpo_step(qwen_tokenizer, output_dir, customer_words):
+    """Issue 31: through rollout_func and a real GRPO step, the customer's answers are environment
+    tokens (``env_mask`` 0), the agent's turns around them 1, and the episodes earn their reward."""
+    from customer import SERVICE, split_by_mask
+    from trl import GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout
+
+    solvers, seen = {}, []
+
+    def scripted(trainer, sessions):
+        ids = []
+        for s in sessions:
+            if s.info["turn"] == 0:
+                solvers[id(s)] = s.env.unwrapped.reference_solver()
+            ids.append(model_ids(s.chat, solvers[id(s)](s.obs, s.info)))
+        return ids, [None] * len(ids)
+
+    class Spy(TRLRollout):
+        def __call__(self, prompts, trainer):
+            out = super().__call__(prompts, trainer)
+            seen.append(out)
+            return out
+
+    rollout = Spy(SERVICE, qwen_tokenizer, generate=scripted)
+    trainer = GRPOTrainer(model=tiny_model(qwen_tokenizer), reward_funcs=rollout.reward,
+                          args=_config(output_dir, per_device_train_batch_size=2, max_completion_length=4096),
+                          train_dataset=rollout.dataset(1), rollout_func=rollout, processing_class=qwen_tokenizer)
+    trainer.train()
+    out = seen[0]
+    assert out["env_reward"] == [1.0, 1.0]
+    for ids, mask in zip(out["completion_ids"], out["env_mask"]):
+        env_text, model_text = split_by_mask(qwen_tokenizer, ids, mask)
+        for said in customer_words(0)[:-1]:
+            assert said in env_text and said not in model_text
+    rollout.close()
+
+
+def test_environment_factory_talks_to_a_simulated_customer_through_message_user():
+    """Issue 31: TRL ends its loop at a reply without a call, so with a simulated user the class
+    has a ``message_user`` tool; the reference agent's plan played through the methods earns 1."""
+    from customer import SERVICE
+
+    from benchmax_gym.adapters.trl import trl_environment
+    from benchmax_gym.envs.crm.service import service_plan
+
+    Env = trl_environment(SERVICE)
+    env = Env()
+    env.reset(task_index=0)
+    plan = service_plan(env.env.unwrapped.episode.task)
+    step, heard = next(plan), []
+    while True:
+        name, arguments = step
+        result = env.message_user(arguments) if name == "say" else getattr(env, name)(**arguments)
+        heard.append(result)
+        try:
+            step = plan.send(result)
+        except StopIteration:
+            break
+    assert "order number is" in heard[0] and heard[-1] == "The user ended the conversation."
+    assert Env.reward(completions=[[]], environments=[env]) == [1.0]
+    assert "message_user" not in dir(trl_environment("benchmax/Math-v0"))
+    env.env.close()

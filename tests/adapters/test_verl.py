@@ -399,3 +399,15 @@ def test_the_launch_script_trains_with_benchmax_grpo_in_verls_own_processes(tmp_
     assert result["module"] == "benchmax_gym.adapters.verl"
     first, second, failed = result["advantages"]
     assert first > 0 > second and failed == 0.0
+
+
+def test_a_simulated_customers_turns_have_response_mask_0(qwen_tokenizer, customer_words):
+    """Issue 31: the customer's answers are in the response with mask 0 (never in the loss)."""
+    from customer import SERVICE, split_by_mask
+
+    loop = _agent_loop(qwen_tokenizer, SolverServer(qwen_tokenizer, SERVICE), response_length=4096)
+    out = asyncio.run(loop.run({}, extra_info={"task_index": 0, "env_id": SERVICE}))
+    assert out.reward_score == 1.0
+    env_text, model_text = split_by_mask(qwen_tokenizer, out.response_ids, out.response_mask)
+    for said in customer_words(0)[:-1]:
+        assert said in env_text and said not in model_text

@@ -8,14 +8,18 @@ from typing import Any
 
 from benchmax_gym.core.checks import int_between, non_negative_int, positive_int, positive_number
 from benchmax_gym.core.env import Episode, ToolEnv
-from benchmax_gym.core.sources import SourceConfig, choose, task_source
+from benchmax_gym.core.rubric import Rubric
+from benchmax_gym.core.sources import GeneratedSource, SourceConfig, choose, task_source
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
+from benchmax_gym.core.users import LLMUser
 from benchmax_gym.envs.crm.org import DEFAULT_SIZE, MAX_SIZE, MIN_SIZE, Org, cached_org
 from benchmax_gym.envs.crm.rubric import crm_rubric
+from benchmax_gym.envs.crm.service import SYSTEM_PROMPT as SERVICE_PROMPT
+from benchmax_gym.envs.crm.service import GeneratedService, ServiceSolver, scripted_customer, service_rubric
 from benchmax_gym.envs.crm.solver import CRMSolver
 from benchmax_gym.envs.crm.tasks import CRMARENA_ORG_MISSING, CRMArena, GeneratedCRM
-from benchmax_gym.envs.crm.tools import TOOLS, EpisodeDB
+from benchmax_gym.envs.crm.tools import SERVICE_TOOLS, TOOLS, EpisodeDB
 
 SYSTEM_PROMPT = (
     "You are a customer-service agent with access to the company's Salesforce CRM, stored in a SQLite "
@@ -52,6 +56,13 @@ class CRMEnv(ToolEnv):
     """
 
     choices = {"task_args": TASK_SOURCES}
+    #: what a variant of the family (CRM-Service-v0) replaces
+    task_sources: tuple[type[SourceConfig], ...] = TASK_SOURCES
+    tools: tuple = TOOLS
+    family_prompt: str = SYSTEM_PROMPT
+
+    def make_rubric(self) -> Rubric:
+        return crm_rubric()
 
     def __init__(
         self,
@@ -71,20 +82,20 @@ class CRMEnv(ToolEnv):
         self.query_timeout = positive_number("query_timeout", query_timeout)
         non_negative_int("org_seed", org_seed)
         int_between(MIN_SIZE, MAX_SIZE, " (cases)")("org_size", org_size)
-        config = choose(tasks, task_args, TASK_SOURCES, engine_kwargs)
+        config = choose(tasks, task_args, self.task_sources, engine_kwargs)
         if isinstance(config, CRMArena) and org_db is None:
             raise ValueError(CRMARENA_ORG_MISSING)
         if org_db is not None:
-            if isinstance(config, GeneratedCRM):
+            if isinstance(config, GeneratedSource):
                 raise ValueError("org_db is for your own tasks (tasks='crmarena', a TaskSource or a list); "
                                  "generated tasks use the generated org (org_seed, org_size)")
             if not os.path.isfile(org_db):
                 raise ValueError(f"org_db: no such file {os.fspath(org_db)!r}")
         self.org_db, self.org_name = org_db, f"s{org_seed}n{org_size}"
         self.org = Org(org_db if org_db is not None else cached_org(org_seed, org_size, cache_dir))
-        source = task_source(self, config if config is not None else tasks, None, TASK_SOURCES, {})
+        source = task_source(self, config if config is not None else tasks, None, self.task_sources, {})
         super().__init__(
-            tasks=source, toolset=Toolset(TOOLS), rubric=crm_rubric(), system_prompt=SYSTEM_PROMPT,
+            tasks=source, toolset=Toolset(self.tools), rubric=self.make_rubric(), system_prompt=self.family_prompt,
             max_turns=max_turns, **engine_kwargs,
         )
 
@@ -102,3 +113,58 @@ class CRMEnv(ToolEnv):
         super().close()
         self.org.close()
 
+
+
+USERS = ("scripted", "llm")
+
+
+class CRMServiceEnv(CRMEnv):
+    """``benchmax/CRM-Service-v0``: the agent talks with a simulated customer who holds the facts
+    it must ask for, and works the org (refunds, case updates) under a policy (see
+    :mod:`benchmax_gym.envs.crm.service` and SERVICE.md).
+
+    Args:
+        tasks: ``"generated"`` (default; :class:`~benchmax_gym.envs.crm.service.GeneratedService`:
+            ``task_types`` from ``refund_request``, ``case_status``, ``num_tasks``, ``task_seed``),
+            a TaskSource or a list of Tasks (each with ``private["user"]``, ``answer`` as the
+            generated ones have them).
+        user: ``"scripted"`` (default: :func:`~benchmax_gym.envs.crm.service.scripted_customer`,
+            deterministic), ``"llm"`` (an :class:`~benchmax_gym.core.users.LLMUser` made with
+            ``user_args``: ``model``, ``base_url``, ``api_key``, ``price``...), or your own
+            simulator or function ``fn(conversation, task)``.
+        user_args: the ``"llm"`` simulator's arguments.
+        **kwargs: as :class:`CRMEnv` (``org_seed``, ``org_size``, ``max_turns``...).
+    """
+
+    task_sources = (GeneratedService,)
+    choices = {"task_args": task_sources}
+    tools = SERVICE_TOOLS
+    family_prompt = SERVICE_PROMPT
+
+    def __init__(self, tasks: Any = "generated", *, user: Any = "scripted",
+                 user_args: Mapping[str, Any] | None = None, **kwargs: Any):
+        if user_args is not None and not isinstance(user_args, Mapping):
+            raise ValueError(f"user_args must be a dict of LLMUser's arguments, got {user_args!r}")
+        if isinstance(user, str):
+            if user not in USERS:
+                raise ValueError(f"user must be one of {USERS}, a UserSimulator or a function, got {user!r}")
+            if user_args and user != "llm":
+                raise ValueError("user_args apply only to user='llm'")
+            if user == "llm":
+                if not user_args or "model" not in user_args:
+                    raise ValueError("user='llm' needs user_args={'model': ..., 'base_url': ...} (an OpenAI-compatible endpoint)")
+                try:
+                    user = LLMUser(**user_args)
+                except TypeError as exc:
+                    raise ValueError(f"user_args: {exc}") from None
+            else:
+                user = scripted_customer
+        elif user_args:
+            raise ValueError("user_args apply only to user='llm'")
+        super().__init__(tasks, user=user, **kwargs)
+
+    def make_rubric(self) -> Rubric:
+        return service_rubric()
+
+    def reference_solver(self) -> ServiceSolver:
+        return ServiceSolver(self)

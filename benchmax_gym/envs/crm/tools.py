@@ -383,30 +383,67 @@ def update_case(case_id: str, episode, status: str | None = None, owner_id: str 
         owner_id = user["Id"]
     if status == "Closed" and not (resolution or case["Resolution__c"]):
         raise ToolError("closing a case needs a resolution")
-    now = (db.today or time.strftime("%Y-%m-%d")) + "T12:00:00"
     changes = {"Status": status, "OwnerId": owner_id, "Priority": priority, "Resolution__c": resolution}
     changes = {k: v for k, v in changes.items() if v is not None and v != case[k]}
     if not changes:
         return f"case {case['CaseNumber']} already has these values; nothing changed"
+    _write_case(db, case, changes)
+    shown = {k: v for k, v in changes.items() if k != "ClosedDate"}
+    return f"case {case['CaseNumber']} updated: " + ", ".join(f"{k} = {v}" for k, v in shown.items())
+
+
+_HISTORY_FIELDS = {"Status": "Status", "OwnerId": "Owner Assignment", "Priority": "Priority", "Resolution__c": "Resolution"}
+
+
+def _write_case(db: EpisodeDB, case: dict[str, Any], changes: dict[str, Any],
+                extra_history: tuple[tuple[str, Any, Any], ...] = ()) -> None:
+    """Apply ``changes`` to ``case`` and log each (and ``extra_history``: ``(field, old, new)``
+    rows) in CaseHistory__c, in one transaction; the rows written count as the tools' own."""
+    now = (db.today or time.strftime("%Y-%m-%d")) + "T12:00:00"
     if "Status" in changes:
         changes["ClosedDate"] = now if changes["Status"] == "Closed" else None
-    field_names = {"Status": "Status", "OwnerId": "Owner Assignment", "Priority": "Priority", "Resolution__c": "Resolution"}
+    history = [(name, case[k], changes[k]) for k, name in _HISTORY_FIELDS.items() if k in changes]
     count = db.con.execute("SELECT COUNT(*) FROM CaseHistory__c").fetchone()[0]
     written_before = db.con.total_changes
     with db.con:  # one transaction: all of it or nothing
         db.con.execute("BEGIN")
         db.con.execute(f'UPDATE "Case" SET {", ".join(f"{k} = ?" for k in changes)} WHERE Id = ?',
                        (*changes.values(), case["Id"]))
-        for k, field in field_names.items():
-            if k in changes:
-                count += 1
-                db.con.execute("INSERT INTO CaseHistory__c VALUES (?, ?, ?, ?, ?, ?)",
-                               (sf_id("CaseHistory__c", 10**9 + count), case["Id"], field, case[k], changes[k], now))
+        for field, old, new in (*history, *extra_history):
+            count += 1
+            db.con.execute("INSERT INTO CaseHistory__c VALUES (?, ?, ?, ?, ?, ?)",
+                           (sf_id("CaseHistory__c", 10**9 + count), case["Id"], field, old, new, now))
     db.touched.add(case["Id"])
     db.tool_changes += db.con.total_changes - written_before
-    shown = {k: v for k, v in changes.items() if k != "ClosedDate"}
-    return f"case {case['CaseNumber']} updated: " + ", ".join(f"{k} = {v}" for k, v in shown.items())
+
+
+@tool(inline=True)
+def issue_refund(case_id: str, amount: float, episode) -> str:
+    """Refund the customer for the order item of a case and close the case with the resolution
+    'Refund issued'; the refund is logged in CaseHistory__c (Field__c 'Refund', NewValue__c the amount).
+    Whether a refund is allowed is the service policy's call, not this tool's.
+
+    Args:
+        case_id: the case's Id or CaseNumber
+        amount: the amount to refund, more than 0 and at most the item's UnitPrice times Quantity
+    """
+    db = _db(episode)
+    case = _find_case(db, case_id)
+    if case["Status"] == "Closed":
+        raise ToolError(f"case {case['CaseNumber']} is closed; a refund needs an open case")
+    if db.row("SELECT Id FROM CaseHistory__c WHERE CaseId__c = ? AND Field__c = 'Refund'", (case["Id"],)):
+        raise ToolError(f"case {case['CaseNumber']} was already refunded")
+    item = db.row("SELECT ROUND(UnitPrice * Quantity, 2) AS total FROM OrderItem WHERE Id = ?",
+                  (case["OrderItemId__c"],))
+    if item is None or item["total"] is None:
+        raise ToolError(f"case {case['CaseNumber']} has no order item to refund")
+    if not (isinstance(amount, (int, float)) and 0 < amount <= item["total"] + 0.005):
+        raise ToolError(f"amount must be more than 0 and at most {item['total']:.2f} (the item's price), got {amount!r}")
+    refund = f"{round(float(amount), 2):.2f}"
+    _write_case(db, case, {"Status": "Closed", "Resolution__c": "Refund issued"}, (("Refund", None, refund),))
+    return f"refunded {refund} on case {case['CaseNumber']}; the case is closed with the resolution 'Refund issued'"
 
 
 TOOLS = (query, describe_schema, describe_object, get_case, search_knowledge, get_order_history,
          get_live_chat_transcript, update_case)
+SERVICE_TOOLS = (*TOOLS, issue_refund)  # CRM-Service-v0: a customer's request may need a refund

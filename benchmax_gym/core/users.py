@@ -1,0 +1,376 @@
+"""Simulated users: a third party in the episode who answers the model (issue 31).
+
+Customer-service benchmarks (tau-bench, CRM-Service-v0) have three parties: the model, its tools,
+and a customer who holds facts the model must ask for. An env made with ``user=`` has one::
+
+    reset            -> obs = the task's prompt: the user's opening message
+    reply with calls -> the tools answer (as in every env)
+    reply, no call   -> addressed to the user: the simulator answers, as a ``user`` message
+                        (info["messages"], the observation; reward 0, the episode goes on)
+                     -> or the simulator is done (a stop token, ``None``, or ``UserReply(done=True)``):
+                        the rubric grades the episode, terminated=True
+    turn limit       -> graded as it stands, truncated=True (as in every env)
+    simulator fails  -> (its endpoint down past retries) outcome ``model_error``: ungraded,
+                        reward NaN, truncated=True; a failure, never a reward (``deadline`` when
+                        the episode's ``episode_timeout`` passes while it answers)
+
+**The rule**: a reply without a tool call is addressed to the user; a reply with calls (or one
+that tried and failed to parse) goes to the tools, text and all, and the user never sees it. So
+in an env with a user the model cannot end the episode by answering: the user ends it (or the
+turn limit; a terminal tool, where the env has one). A scripted simulator that raises ends the
+episode with ``env_error`` (the environment broke, not the model).
+
+What a port of a tau-bench-style benchmark still cannot say: a user with tools of their own
+(tau2's "dual control"), and an episode that opens with the agent speaking first. The simulator sees the conversation from its side: the system prompt and
+the tool traffic are left out, and only :meth:`UserSimulator.reply`'s arguments reach it; what it
+is told in private (``task.private["user"]``: its facts and goal) never reaches the model's
+observation, ``info`` or the episode record, except what the simulator itself chooses to say.
+
+Two simulators:
+
+* :class:`ScriptedUser` - a function ``fn(conversation, task) -> str | None | UserReply``,
+  deterministic: for tests and generated tasks.
+* :class:`LLMUser` - a model over any OpenAI-compatible endpoint, through eval's client
+  (:class:`~benchmax_gym.eval.policies.ChatPolicy`: retries with backoff, a whole-reply timeout,
+  a size cap, the API key never written). Its system prompt is its own instructions plus the
+  task's ``task.private["user"]``; its calls, tokens and cost are counted in ``info["user"]``.
+
+A plain function passed as ``user=`` is a :class:`ScriptedUser`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import re
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, MODEL_ERROR
+
+log = logging.getLogger(__name__)
+
+#: what a simulator writes to end the conversation (tau-bench's convention); the text before it is said
+STOP = "###STOP###"
+
+
+class UserFailure(Exception):
+    """The simulator could not answer for reasons not the model's (its endpoint down past its
+    retries, a malformed reply): the episode ends with ``outcome`` (``model_error``), ungraded."""
+
+    def __init__(self, message: str, outcome: str = MODEL_ERROR):
+        super().__init__(message)
+        self.outcome = outcome
+
+
+@dataclass
+class UserReply:
+    """What the user says this turn; ``done``: the conversation is over (after ``content``, if any)."""
+
+    content: str | None = None
+    done: bool = False
+
+
+@dataclass
+class UserUsage:
+    """One episode's simulator calls: what ``info["user"]`` reports (never the instructions)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None  # in the currency of the prices given (LLMUser(price=...)); None: no price
+    seconds: float = 0.0
+    #: indices in episode.messages of the conversation: the user's words and the replies addressed to them
+    turns: set[int] = field(default_factory=set)
+
+    def as_info(self) -> dict[str, Any]:
+        return {"calls": self.calls, "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cost": self.cost, "seconds": round(self.seconds, 6)}
+
+
+def conversation(messages: list[dict[str, Any]], turns: set[int] | frozenset[int]) -> list[dict[str, str]]:
+    """The conversation as the user saw it: the messages at indices ``turns`` (their own words and
+    the model's replies addressed to them), as ``{role, content}``. The system prompt, tool calls,
+    tool results, replies that failed to parse as calls and the engine's notes to the model (the
+    last-turn warning) are never among them."""
+    return [{"role": messages[i]["role"], "content": str(messages[i].get("content") or "")} for i in sorted(turns)]
+
+
+def user_reply(value: Any) -> UserReply:
+    """A simulator's return value as a :class:`UserReply`: ``None`` or a text holding
+    :data:`STOP` ends the conversation (the text before the token is said)."""
+    if isinstance(value, UserReply):
+        reply = value
+    elif value is None:
+        return UserReply(None, True)
+    elif isinstance(value, str):
+        reply = UserReply(value, False)
+    else:
+        raise UserFailure(f"the user simulator returned {type(value).__name__}, not text, None or a UserReply")
+    text = reply.content
+    if text is not None and STOP in text:
+        text, reply = text.split(STOP, 1)[0].strip(), UserReply(None, True)
+        reply.content = text or None
+    return reply
+
+
+class UserSimulator:
+    """The third party. Subclasses implement :meth:`reply` (or :meth:`areply` for I/O)."""
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the engine awaits :meth:`areply` (on the env's loop in ``step``): a subclass
+        that implements only ``areply`` is async."""
+        return type(self).reply is UserSimulator.reply
+
+    def reply(self, conversation: list[dict[str, str]], task: Any, usage: UserUsage) -> UserReply | str | None:
+        """The user's next turn, given the conversation so far (:func:`conversation`) and the
+        task (its ``private["user"]`` holds what the user knows). ``usage`` counts its calls."""
+        raise NotImplementedError
+
+    async def areply(self, conversation: list[dict[str, str]], task: Any, usage: UserUsage) -> UserReply | str | None:
+        return self.reply(conversation, task, usage)
+
+    def describe(self) -> dict[str, Any]:
+        """What a run record may say about the simulator (never a key, never a task's instructions)."""
+        return {"kind": type(self).__name__}
+
+    async def aclose(self) -> None:
+        """Release what the simulator holds for the running event loop (an env closing its loop)."""
+
+
+class ScriptedUser(UserSimulator):
+    """A deterministic user: ``fn(conversation, task)`` returns what the user says, or ``None``
+    (or a text holding :data:`STOP`) when the conversation is over.
+
+    Example::
+
+        def customer(conversation, task):
+            said = conversation[-1]["content"].lower()
+            if "order number" in said:
+                return f"It is {task.private['user']['order']}."
+            return None  # anything else: thanks, bye
+
+        register_tool_env("me/Support-v0", tools=[...], tasks=[...], rubric=..., user=customer)
+    """
+
+    def __init__(self, fn: Callable[..., Any]):
+        if not callable(fn):
+            raise TypeError(f"user must be a UserSimulator or a function fn(conversation, task), got {fn!r}")
+        self.fn = fn
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def reply(self, conversation, task, usage):
+        usage.calls += 1
+        return self.fn(conversation, task)
+
+    async def areply(self, conversation, task, usage):
+        usage.calls += 1
+        out = self.fn(conversation, task)
+        return await out if inspect.isawaitable(out) else out
+
+    def describe(self) -> dict[str, Any]:
+        fn = self.fn
+        return {"kind": "scripted", "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"}
+
+    def __reduce__(self):  # a picklable function stays picklable wrapped (vector workers)
+        return (ScriptedUser, (self.fn,))
+
+
+LLM_USER_PROMPT = (
+    "You are playing a customer talking to a support agent. Stay in character: write only what the "
+    "customer says, one short message at a time. Give a fact only when the agent asks for it, and only "
+    "the facts below; never invent others (say you do not know). When your request is handled, or the "
+    f"agent cannot help, end the conversation by writing {STOP} on its own."
+)
+
+
+@dataclass
+class LLMUser(UserSimulator):
+    """A user played by a model over an OpenAI-compatible endpoint (OpenAI, vLLM, SGLang...).
+
+    Args:
+        model, base_url, api_key, temperature, max_tokens, timeout, max_retries, extra_body:
+            as :class:`~benchmax_gym.eval.policies.ChatPolicy` (the same client: retries with
+            backoff on 429/5xx and timeouts, a whole-reply deadline, a size cap; the key, default
+            ``$OPENAI_API_KEY``, is never written to a record, an info or an error).
+        instructions: the simulator's own system prompt; the task's ``private["user"]`` (text or
+            JSON) follows it. Neither is ever shown to the agent.
+        price: ``(per million prompt tokens, per million completion tokens)``: the episode's
+            ``info["user"]["cost"]``; ``None`` leaves the cost unknown.
+
+    A request that fails past its retries ends the episode with ``model_error`` (:class:`UserFailure`).
+    """
+
+    model: str = ""
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    instructions: str = LLM_USER_PROMPT
+    temperature: float | None = None
+    max_tokens: int | None = 512
+    timeout: float = 60.0
+    max_retries: int = 4
+    extra_body: dict[str, Any] | None = None
+    price: tuple[float, float] | None = None
+    is_async = True
+
+    def __post_init__(self):
+        from benchmax_gym.eval.policies import ChatPolicy
+
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"LLMUser: model must name the served model, got {self.model!r}")
+        if self.price is not None and not (isinstance(self.price, (tuple, list)) and len(self.price) == 2
+                                           and all(isinstance(p, (int, float)) and p >= 0 for p in self.price)):
+            raise ValueError(f"LLMUser: price must be (prompt, completion) per million tokens, got {self.price!r}")
+        self._policy = ChatPolicy(model=self.model, base_url=self.base_url, api_key=self.api_key, native_tools=False,
+                                  temperature=self.temperature, max_tokens=self.max_tokens, timeout=self.timeout,
+                                  max_retries=self.max_retries, extra_body=self.extra_body)
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one client per event loop
+
+    def __getstate__(self):  # clients belong to a loop and a process: a worker makes its own
+        state = dict(self.__dict__)
+        state.pop("_clients", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._clients = weakref.WeakKeyDictionary()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "llm", "model": self.model, "base_url": self.base_url, "price": self.price}
+
+    def messages(self, conversation: list[dict[str, str]], task: Any) -> list[dict[str, str]]:
+        """The request: the instructions and the task's private part as the system prompt, then
+        the conversation with the roles swapped (the simulator speaks as the assistant)."""
+        private = getattr(task, "private", {}).get("user") if task is not None else None
+        if private is not None and not isinstance(private, str):
+            private = json.dumps(private, ensure_ascii=False, indent=1)
+        system = self.instructions + (f"\n\n{private}" if private else "")
+        swapped = {"user": "assistant", "assistant": "user"}
+        return [{"role": "system", "content": system},
+                *({"role": swapped[m["role"]], "content": m["content"]} for m in conversation)]
+
+    async def areply(self, conversation, task, usage):
+        import openai
+
+        from benchmax_gym.eval.policies import PolicyError, _message, _reply_parts
+
+        policy = self._policy
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = policy.client(aiohttp=False)
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages(conversation, task)}
+        for key in ("temperature", "max_tokens"):
+            if getattr(self, key) is not None:
+                body[key] = getattr(self, key)
+        body.update(self.extra_body or {})
+        start = time.perf_counter()
+        usage.calls += 1
+        try:
+            response = await client.post("/chat/completions", body=body, cast_to=object)
+            message, _, counts = _reply_parts(response, policy.scrub)
+        except openai.OpenAIError as exc:
+            detail = _message(exc) if isinstance(exc, openai.APIStatusError) else str(exc.__cause__ or exc)
+            raise UserFailure(policy.scrub(f"the user simulator's endpoint failed: {type(exc).__name__}: {detail}")) \
+                from None
+        except PolicyError as exc:
+            raise UserFailure(policy.scrub(f"the user simulator's endpoint failed: {exc}")) from None
+        except ValueError as exc:
+            raise UserFailure(policy.scrub(f"the user simulator's reply is not valid JSON: {exc}")) from None
+        finally:
+            usage.seconds += time.perf_counter() - start
+        prompt, completion = counts.get("prompt_tokens") or 0, counts.get("completion_tokens") or 0
+        usage.prompt_tokens += prompt
+        usage.completion_tokens += completion
+        if self.price is not None:
+            usage.cost = (usage.cost or 0.0) + (prompt * self.price[0] + completion * self.price[1]) / 1e6
+        content = message.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise UserFailure("the user simulator's reply has no text")
+        return policy.scrub(content)
+
+    def reply(self, conversation, task, usage):
+        return asyncio.run(self.areply(conversation, task, usage))
+
+    async def aclose(self) -> None:
+        """Close the running loop's client (a simulator shared by envs keeps the others')."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
+
+def hear(user: UserSimulator, episode: Any, run_coroutine: Callable[[Any], Any]) -> UserReply | UserFailure:
+    """The user's answer to the reply just appended to ``episode.messages`` (``step``'s path:
+    an async simulator runs through ``run_coroutine``); a failure is returned, never raised."""
+    usage = episode.user
+    usage.turns.add(len(episode.messages) - 1)  # the reply just made, addressed to the user
+    try:
+        talk = conversation(episode.messages, usage.turns)
+        if user.is_async:
+            return user_reply(run_coroutine(_before_deadline(user.areply(talk, episode.task, usage), episode)))
+        return user_reply(user.reply(talk, episode.task, usage))
+    except Exception as exc:  # noqa: BLE001  (the simulator's failure is an outcome, never a raise)
+        return _failed(exc)
+
+
+async def ahear(user: UserSimulator, episode: Any) -> UserReply | UserFailure:
+    """:func:`hear` for ``astep``."""
+    usage = episode.user
+    usage.turns.add(len(episode.messages) - 1)
+    try:
+        talk = conversation(episode.messages, usage.turns)
+        reply = user.areply(talk, episode.task, usage)
+        return user_reply(await (_before_deadline(reply, episode) if user.is_async else reply))
+    except Exception as exc:  # noqa: BLE001
+        return _failed(exc)
+
+
+async def _before_deadline(reply: Any, episode: Any) -> Any:
+    """An async simulator's answer, cut off at the episode's deadline (``episode_timeout``)."""
+    if episode.deadline is None:
+        return await reply
+    try:
+        return await asyncio.wait_for(reply, max(episode.deadline - time.monotonic(), 0.0))
+    except asyncio.TimeoutError:
+        raise UserFailure("the episode's time limit passed while the user answered", DEADLINE) from None
+
+
+def _failed(exc: Exception) -> UserFailure:
+    """A simulator's exception as an outcome: its own :class:`UserFailure`, or ``env_error`` for
+    a bug in it (a scripted function that raised): the environment broke, not the model."""
+    if isinstance(exc, UserFailure):
+        return exc
+    log.error("the user simulator raised", exc_info=exc)
+    return UserFailure(f"{type(exc).__name__}: {exc}", ENV_ERROR)
+
+
+_FINAL_RULE = re.compile(r"A (reply|message) (without[^.]*?|that is not a tool call) is your final\s+answer and ends the episode\.")
+
+
+def addressed_to_user(instructions: str) -> str:
+    """A tool format's instructions with its final-answer rule replaced by the user rule: a
+    reply without a call goes to the user, who ends the conversation."""
+    return _FINAL_RULE.sub(lambda m: f"A {m.group(1)} {m.group(2)} is sent to the user, who answers you; the "
+                           "conversation ends when the user is done.", instructions)
+
+
+def as_user(user: Any) -> UserSimulator | None:
+    """``user=`` as a :class:`UserSimulator`: ``None``, a simulator, or a function (scripted)."""
+    if user is None or isinstance(user, UserSimulator):
+        return user
+    if callable(user):
+        return ScriptedUser(user)
+    raise TypeError(f"user must be None, a UserSimulator or a function fn(conversation, task), got {user!r}")
+
+
+__all__ = ["LLMUser", "STOP", "ScriptedUser", "UserFailure", "UserReply", "UserSimulator", "UserUsage", "ahear", "as_user",
+           "conversation", "hear", "user_reply"]
