@@ -93,6 +93,10 @@ class Episode:
     reward: float | None = None  # the final reward, once graded
     reward_components: dict[str, float] = field(default_factory=dict)
     outcome: str | None = None  # how it ended (core.outcomes), once it has
+    # per-turn rewards (core.rubric): what they paid in all, each leaf's total, the milestones paid
+    turn_paid: float = 0.0
+    turn_totals: dict[str, float] = field(default_factory=dict)
+    milestones: dict[str, set] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
@@ -354,6 +358,11 @@ class ToolEnv(gym.Env[str, str]):
         if timed:
             plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
+        if self.rubric.per_turn and not plan.failure:
+            try:
+                plan.turn_score = self.rubric.score_turn(run_coroutine=self.aio.run, **self._plan_turn_context(plan))
+            except RewardFailure as exc:
+                self._reward_failed(plan, exc)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
             try:
@@ -385,6 +394,11 @@ class ToolEnv(gym.Env[str, str]):
         if timed:
             plan.tools_s = time.perf_counter() - t
         self._after_tools(plan)
+        if self.rubric.per_turn and not plan.failure:
+            try:
+                plan.turn_score = await self.rubric.ascore_turn(**self._plan_turn_context(plan))
+            except RewardFailure as exc:
+                self._reward_failed(plan, exc)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
             try:
@@ -575,7 +589,42 @@ class ToolEnv(gym.Env[str, str]):
         }
         if error and result.outcome:  # (a failed result always has an error: the common step reads no more)
             return obs, self._fail(episode, info, result.outcome), False, True, info
+        if self.rubric.per_turn:
+            try:
+                score = self.rubric.score_turn(run_coroutine=self.aio.run, **self._turn_context(
+                    episode, content, info["tool_calls"], [result.content]))
+            except RewardFailure as exc:
+                log.warning("reward failed for task %s: %s", episode.task.id, exc)
+                return obs, self._fail(episode, info, exc.outcome), False, True, info
+            return obs, self._pay_turn(episode, score, info), False, False, info
         return obs, 0.0, False, False, info
+
+    def _turn_context(self, episode: Episode, completion: str | None, tool_calls: list, tool_results: list) -> dict:
+        """What a per-turn leaf may ask for: the step's reply, calls and results, and the episode."""
+        return {"completion": completion, "answer": episode.task.answer, "task": episode.task,
+                "messages": episode.messages, "episode": episode, "state": episode.state, "tool_calls": tool_calls,
+                "tool_results": tool_results, "turn": episode.turn, **self.reward_context(episode)}
+
+    @staticmethod
+    def _pay_turn(episode: Episode, score: tuple, info: dict[str, Any]) -> float:
+        """Record a step's per-turn score (``info["reward_components"]``: this step's values); its reward."""
+        reward, components, errors = score
+        totals = episode.turn_totals
+        for name, value in components.items():
+            totals[name] = totals.get(name, 0.0) + value
+        info["reward_components"] = components
+        if errors:
+            info["reward_errors"] = errors
+        reward = float(reward)
+        episode.turn_paid += reward
+        return reward
+
+    def _plan_turn_context(self, plan: "_StepPlan") -> dict:
+        calls = plan.to_run + plan.skipped if plan.skipped else plan.to_run
+        completion = plan.completion if plan.final else (plan.parsed.content if plan.parsed else None)
+        return self._turn_context(plan.episode, completion,
+                                  [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
+                                  [r.content for r in plan.results])
 
     def _fail(self, episode: Episode, info: dict[str, Any], outcome: str) -> float:
         """End ``episode`` with a failure that is not the model's: never graded (its record's
@@ -727,6 +776,10 @@ class ToolEnv(gym.Env[str, str]):
             "task": episode.task,
             "messages": episode.messages,
             "episode": episode,
+            "state": episode.state,
+            "tool_calls": [],
+            "tool_results": [],
+            "turn": episode.turn,
             **self.reward_context(episode),
         }
 
@@ -757,11 +810,20 @@ class ToolEnv(gym.Env[str, str]):
         reward = 0.0
         if plan.failure:
             reward = self._fail(episode, info, plan.failure)
-        elif plan.grade:
-            reward, components, reward_errors = plan.score
-            reward = float(reward)
+        elif plan.turn_score is not None:
+            reward = self._pay_turn(episode, plan.turn_score, info)
+        if plan.grade and not plan.failure:
+            final, components, reward_errors = plan.score
+            final = float(final)
+            if plan.turn_score is not None:  # the final leaves and each per-turn leaf's episode total
+                components = {**components, **episode.turn_totals}
+                reward_errors = {**info.get("reward_errors", {}), **reward_errors}
+                # shaping: the return is the final reward (this step pays what the earlier ones did not)
+                reward = final - (episode.turn_paid - reward) if self.rubric.shaping else final + reward
+            else:
+                reward = final
             info["reward_components"] = components
-            episode.reward, episode.reward_components = reward, dict(components)
+            episode.reward, episode.reward_components = final, dict(components)
             if reward_errors:
                 info["reward_errors"] = reward_errors
             info.update(self.final_info(episode))
@@ -796,6 +858,7 @@ class _StepPlan:
     final = truncated = grade = False
     completion = ""
     score: Any = None
+    turn_score: Any = None  # the per-turn leaves' (reward, components, errors) for this step
     parse_s = tools_s = reward_s = 0.0
 
     def __init__(self, episode: Episode, t0: float):

@@ -263,7 +263,7 @@ def _now() -> str:
 def max_reward(env: gym.Env) -> float:
     """The reward of an episode that earns every component in full (components are in [0, 1])."""
     rubric = getattr(env.unwrapped, "rubric", None)
-    return sum(max(f.weight, 0.0) for f in rubric.funcs) if rubric is not None else 1.0
+    return rubric.max_reward if rubric is not None else 1.0
 
 
 async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, seed: int,
@@ -321,6 +321,8 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
         error = policy.scrub(str(info.get("error") or f"the env ended the episode as {reported}"))
     failed = failure is not None
     outcome = failure or (reported if reported in OUTCOMES else TRUNCATED if truncated else SCORED)
+    if episode is not None and episode.reward is not None:
+        reward = episode.reward  # the graded reward: a last step's per-turn reward (dense_rewards) is not in it
     return {
         "task_index": task_index, "sample": sample, "seed": seed,
         "task_id": episode.task.id if episode is not None else None,
