@@ -52,7 +52,7 @@ import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
-from benchmax_gym.core.rubric import Rubric
+from benchmax_gym.core.rubric import Rubric, milestones
 from benchmax_gym.core.checks import positive_int, positive_number
 from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
@@ -67,6 +67,7 @@ ResetResult = tuple[str, dict[str, Any]]
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 ACTION_TOO_LONG = "action_too_long"
+DENSE_WEIGHT = 0.2  # ``dense_rewards=True``: what a family's dense signal may pay in all, per episode
 TOO_MANY_CALLS = "too_many_calls"
 
 
@@ -159,6 +160,10 @@ class ToolEnv(gym.Env[str, str]):
         tools_in_prompt: render tool schemas into the system prompt (turn off when a trainer's
             chat template renders ``info["tools"]`` itself).
         reward_weights: override rubric component weights, e.g. ``{"format": 0.1}``.
+        dense_rewards: add the family's dense signal (:meth:`dense_signal`), a per-turn component
+            named ``dense``: each milestone pays once, the first step that reaches it, and the
+            episode earns at most ``0.2`` in all (or the number given, which must be below the
+            final reward's maximum) on top of the final reward. Off by default.
         info_timings: add ``info["timings"]`` (seconds spent parsing, in tools, grading, in all).
             Off by default: wall-clock figures differ run to run, so a step's info would no
             longer be a function of (seed, actions), which Gymnasium's env checker requires.
@@ -203,6 +208,7 @@ class ToolEnv(gym.Env[str, str]):
         max_observation_chars: int = 1_000_000,
         tools_in_prompt: bool = True,
         reward_weights: dict[str, float] | None = None,
+        dense_rewards: bool | float = False,
         info_timings: bool = False,
         sandbox: SandboxConfig | None = None,
         render_mode: str | None = None,
@@ -234,6 +240,8 @@ class ToolEnv(gym.Env[str, str]):
         self.episode_timeout = None if episode_timeout is None else positive_number("episode_timeout", episode_timeout)
         self.max_calls_per_action = positive_int("max_calls_per_action", max_calls_per_action)
         self.max_observation_chars = positive_int("max_observation_chars", max_observation_chars)
+        if dense_rewards is not False and dense_rewards is not None:
+            rubric = self._with_dense(rubric, dense_rewards)
         if reward_weights is not None:
             if not isinstance(reward_weights, dict):
                 raise TypeError(f"reward_weights must be a dict of component -> weight, got {reward_weights!r}")
@@ -277,6 +285,25 @@ class ToolEnv(gym.Env[str, str]):
         known yet (MCP-v0 before its first reset) says True."""
         return not (len(self.toolset) > 0 and not self.rubric.has_async
                     and all(t.inline and not t.is_async for t in self.toolset))
+
+    def dense_signal(self):
+        """The family's dense signal for ``dense_rewards=True``: a function that asks for context
+        by name (``task``, ``state``, ``tool_calls``, ``tool_results``...) and returns ``(reached,
+        total)``, the milestones a step reached and how many the episode has (see
+        :func:`~benchmax_gym.core.rubric.milestones`); None when the family has none."""
+        return None
+
+    def _with_dense(self, rubric: Rubric, dense_rewards: Any) -> Rubric:
+        find = self.dense_signal()
+        if find is None:
+            raise ValueError(f"dense_rewards: {type(self).__name__} has no dense signal of its own; give its rubric a "
+                             "per-turn component instead (RewardFn(..., per_turn=True) or core.rubric.milestones)")
+        weight = DENSE_WEIGHT if dense_rewards is True else positive_number("dense_rewards", dense_rewards)
+        if weight >= rubric.max_reward:
+            raise ValueError(f"dense_rewards must be below the final reward's maximum ({rubric.max_reward:g}), so "
+                             f"that it never pays more than solving the task; got {dense_rewards!r}")
+        return Rubric([*rubric.children, milestones("dense", find, weight, context=rubric.context)], rubric.context,
+                      shaping=rubric.shaping)
 
     def reward_context(self, episode: Episode) -> dict[str, Any]:
         """Extra arguments reward functions may ask for by name (declared in ``Rubric(context=...)``)."""

@@ -27,6 +27,7 @@ to parse a boxed ``20\\%`` at all.)
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -308,3 +309,44 @@ def answer_format(completion: str) -> float:
 def math_rubric() -> Rubric:
     """``correct`` (weight 1) and ``format`` (weight 0: reported, not rewarded unless reweighted)."""
     return Rubric([RewardFn("correct", correct, 1.0), RewardFn("format", answer_format, 0.0)])
+
+
+# -- the dense signal (dense_rewards=True) ---------------------------------------------------
+
+_RESULT_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+@functools.lru_cache(maxsize=4096)
+def solution_values(solution: tuple[str, ...]) -> tuple[float, ...]:
+    """The distinct values of a worked solution's calculator steps (those the calculator can evaluate)."""
+    from benchmax_gym.envs.math.calculator import evaluate
+
+    values: list[float] = []
+    for expression in solution:
+        try:
+            value = float(evaluate(str(expression)))
+        except Exception:  # noqa: BLE001 - a step the calculator cannot read is no milestone
+            continue
+        if not any(math.isclose(value, v, rel_tol=1e-9, abs_tol=1e-9) for v in values):
+            values.append(value)
+    return tuple(values)
+
+
+def intermediate_values(task, tool_calls: list, tool_results: list) -> tuple[list[int], int]:
+    """Math's dense signal: the solution's intermediate values (its calculator steps) that a
+    ``calculator`` or ``python`` result of this step equals. A result counts only when it is one
+    number (printing many candidates in one call reaches nothing); each value pays once."""
+    solution = task.solution
+    if not isinstance(solution, (list, tuple)) or not solution:
+        return [], 0
+    values = solution_values(tuple(map(str, solution)))
+    reached = []
+    for call, text in zip(tool_calls, tool_results):
+        if call["name"] not in ("calculator", "python") or not isinstance(text, str):
+            continue
+        text = text.strip()
+        if len(text) > 40 or not _RESULT_NUMBER.fullmatch(text):
+            continue
+        got = float(text)
+        reached += [i for i, v in enumerate(values) if math.isclose(got, v, rel_tol=1e-9, abs_tol=1e-9)]
+    return reached, len(values)

@@ -48,17 +48,16 @@ def example_note(answer: dict, client: ServerClient) -> float:
         return 0.0
 
 
-def _with_client(funcs: list) -> Rubric:
+def _with_client(funcs: list | Rubric) -> Rubric:
     """A rubric offering ``client``, each sync function that takes it run in a thread.
 
     A sync function blocks while its ``client.call_tool`` waits for the server; run inline in
     the event loop that holds the server's session (a vector worker's), it could never finish.
+    A :class:`Rubric` keeps its tree (combinators, per-turn leaves, shaping).
     """
-    funcs = [
-        RewardFn(f.name, _in_a_thread(f.fn), f.weight, f.context) if "client" in f.params and not f.is_async else f
-        for f in Rubric(funcs, context=("client",)).funcs
-    ]
-    return Rubric(funcs, context=("client",))
+    rubric = funcs._with_context(("client",)) if isinstance(funcs, Rubric) else Rubric(funcs, context=("client",))
+    return rubric.map_leaves(
+        lambda f: f._copy(fn=_in_a_thread(f.fn)) if "client" in f.params and not f.is_async else f)
 
 
 def _in_a_thread(fn: Callable) -> Callable:
@@ -76,5 +75,5 @@ def example_rubric() -> Rubric:
 
 def user_rubric(reward: Rubric | Callable | list | tuple) -> Rubric:
     if isinstance(reward, Rubric):
-        return _with_client(reward.funcs)
+        return _with_client(reward)
     return _with_client(list(reward) if isinstance(reward, (list, tuple)) else [reward])
