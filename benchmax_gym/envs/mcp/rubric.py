@@ -48,6 +48,22 @@ def example_note(answer: dict, client: ServerClient) -> float:
         return 0.0
 
 
+def example_progress(answer: dict, tool_calls: list, tool_results: list) -> tuple[list[str], int]:
+    """The example's dense signal (``dense_rewards=True``): the note saved with the right title
+    and text (``add_note`` answered ``saved note ...``), and a ``calculate`` result equal to the
+    answer. Each pays once. Your own server's dense signal is a per-turn component of your
+    ``reward`` (``RewardFn(..., per_turn=True)``, or :func:`~benchmax_gym.core.rubric.milestones`)."""
+    reached = []
+    for call, text in zip(tool_calls, tool_results):
+        args = call.get("arguments") or {}
+        if (call["name"] == "add_note" and str(text).startswith("saved note")
+                and args.get("title") == answer["note_title"] and args.get("text") == answer["note_text"]):
+            reached.append("note")
+        elif call["name"] == "calculate" and str(text).strip() == answer["value"]:
+            reached.append("value")
+    return reached, 2
+
+
 def _with_client(funcs: list | Rubric) -> Rubric:
     """A rubric offering ``client``, each sync function that takes it run in a thread.
 
