@@ -243,3 +243,22 @@ def test_a_failed_sample_drops_its_group_through_openrlhfs_dynamic_filtering(qwe
     assert consumed == 2 and len(experiences) == 2  # the first group only
     assert [e.labels[0] for e in experiences] == [rows[0]["label"]] * 2
     assert sorted(e.rewards.item() for e in experiences) == [0.0, 1.0]
+
+
+def test_per_turn_rewards_sum_into_the_reward_as_openrlhfs_own_executor_sums_its_steps(qwen_tokenizer):
+    """dense_rewards (issue 30): ``reward``/``scores`` are the return, ``turn_rewards`` one per action range."""
+    executor = make_executor("benchmax/Math-v0", dense_rewards=True, python_tool=False)()
+    engine = SolverEngine(qwen_tokenizer, "benchmax/Math-v0")
+    rows = task_rows("benchmax/Math-v0", 2)
+
+    async def main():
+        return await asyncio.gather(*(executor.execute(r["prompt"], r["label"], _params(), 4096, qwen_tokenizer, engine)
+                                      for r in rows))
+
+    outputs = asyncio.run(main())
+    for out in outputs:
+        assert len(out["turn_rewards"]) == len(out["action_ranges"]) == 2  # the calls, then the answer
+        assert out["turn_rewards"] == [pytest.approx(0.2), 1.0]
+        assert out["reward"] == out["scores"] == pytest.approx(1.2) and out["extra_logs"]["turn_reward"] == pytest.approx(0.2)
+    exps, batch = _experiences(outputs, 4096)
+    assert batch.info["reward"].tolist() == pytest.approx([1.2, 1.2]) and "turn_reward" in batch.info

@@ -67,7 +67,7 @@ def test_the_registered_agent_loop_plays_concurrent_trajectories_token_exact(qwe
     for row, out in zip(rows, outputs):
         assert out.reward_score == 1.0 and out.extra_fields["reward_components"]["correct"] == 1.0
         assert out.extra_fields["reward_extra_info"] == {"reward": 1.0, "turns": out.extra_fields["reward_extra_info"]["turns"],
-                                                         "tool_errors": 0.0, "truncated": 0.0,
+                                                         "tool_errors": 0.0, "truncated": 0.0, "turn_reward": 0.0,
                                                          **outcome_counts([{"env/outcome/scored": 1.0}])}
         # the same ids as a TokenSession fed the same replies (checked against the template elsewhere)
         reference = TokenSession("benchmax/Math-v0", chat)
@@ -297,3 +297,19 @@ def test_a_failed_trajectory_never_enters_the_loss_and_its_group_renormalises(qw
     assert not torch.isnan(advantages).any()
     data, _ = _flaky_batch(qwen_tokenizer)
     assert (compute_advantage(data, adv_estimator="benchmax_grpo_drop") == 0).all()
+
+
+def test_per_turn_rewards_are_verls_turn_scores_and_the_score_is_the_return(qwen_tokenizer):
+    """dense_rewards (issue 30): ``turn_scores`` holds each turn's reward, ``reward_score`` their sum."""
+    server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
+    rows = task_rows("benchmax/Math-v0", 2, dense_rewards=True, python_tool=False)
+    loop = _agent_loop(qwen_tokenizer, server)
+
+    async def main():
+        return await asyncio.gather(*(loop.run({"temperature": 1.0}, **row) for row in rows))
+
+    for out in asyncio.run(main()):
+        assert len(out.extra_fields["turn_scores"]) == 2 and out.extra_fields["turn_scores"][1] == 1.0
+        assert abs(out.extra_fields["turn_scores"][0] - 0.2) < 1e-9 and abs(out.reward_score - 1.2) < 1e-9
+        assert abs(out.extra_fields["reward_extra_info"]["turn_reward"] - 0.2) < 1e-9
+        assert out.num_turns == 1 + 2 * len(out.extra_fields["turn_scores"])
