@@ -68,3 +68,14 @@ def test_peers_without_an_interpreter_are_skipped_with_the_flag_named():
                          env={**env, "BENCHMAX_GEM_PYTHON": "/nonexistent/python"})
     missing = json.loads(named.stdout)["peers_not_measured"]
     assert "no interpreter at /nonexistent/python" in missing["gem_tool_env_wrapper"]
+
+
+def test_reward_overhead_runs_briefly_and_prints_its_figures():
+    out = _run_on_base("reward_overhead.py", "--rounds", "1", "--steps", "5", "--finals", "2")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["benchmark"] == "reward_overhead"
+    for key in ("step_final_only_us", "step_dense_us", "step_per_turn_noop_us", "final_step_final_only_us",
+                "final_step_dense_us"):
+        assert result[key]["median"] > 0
+    assert {"dense_step_overhead", "per_turn_noop_step_overhead", "dense_final_step_overhead"} <= set(result)

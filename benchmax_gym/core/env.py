@@ -94,10 +94,18 @@ class Episode:
     reward: float | None = None  # the final reward, once graded
     reward_components: dict[str, float] = field(default_factory=dict)
     outcome: str | None = None  # how it ended (core.outcomes), once it has
-    # per-turn rewards (core.rubric): what they paid in all, each leaf's total, the milestones paid
+    # per-turn rewards (core.rubric): what they paid in all, each step's components, the milestones paid
     turn_paid: float = 0.0
-    turn_totals: dict[str, float] = field(default_factory=dict)
+    turn_log: list[dict[str, float]] = field(default_factory=list)
     milestones: dict[str, set] = field(default_factory=dict)
+
+    def turn_totals(self) -> dict[str, float]:
+        """Each per-turn leaf's score summed over the episode's steps."""
+        totals: dict[str, float] = {}
+        for components in self.turn_log:
+            for name, value in components.items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
     deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
@@ -387,7 +395,7 @@ class ToolEnv(gym.Env[str, str]):
         self._after_tools(plan)
         if self.rubric.per_turn and not plan.failure:
             try:
-                plan.turn_score = self.rubric.score_turn(run_coroutine=self.aio.run, **self._plan_turn_context(plan))
+                plan.turn_score = self.rubric.score_turn_in(self._plan_turn_context(plan), self.aio.run)
             except RewardFailure as exc:
                 self._reward_failed(plan, exc)
         if plan.grade:
@@ -616,33 +624,38 @@ class ToolEnv(gym.Env[str, str]):
         }
         if error and result.outcome:  # (a failed result always has an error: the common step reads no more)
             return obs, self._fail(episode, info, result.outcome), False, True, info
-        if self.rubric.per_turn:
+        if self.rubric.per_turn:  # (one attribute read a step for rubrics without per-turn leaves)
             try:
-                score = self.rubric.score_turn(run_coroutine=self.aio.run, **self._turn_context(
-                    episode, content, info["tool_calls"], [result.content]))
+                reward, components, errors = self.rubric.score_turn_in(self._turn_context(
+                    episode, content, info["tool_calls"], [result.content]), self.aio.run)
             except RewardFailure as exc:
                 log.warning("reward failed for task %s: %s", episode.task.id, exc)
                 return obs, self._fail(episode, info, exc.outcome), False, True, info
-            return obs, self._pay_turn(episode, score, info), False, False, info
+            episode.turn_log.append(components)  # (_pay_turn, inline: this is every step's cost)
+            info["reward_components"] = components
+            if errors:
+                info["reward_errors"] = errors
+            episode.turn_paid += reward
+            return obs, reward, False, False, info
         return obs, 0.0, False, False, info
 
     def _turn_context(self, episode: Episode, completion: str | None, tool_calls: list, tool_results: list) -> dict:
         """What a per-turn leaf may ask for: the step's reply, calls and results, and the episode."""
-        return {"completion": completion, "answer": episode.task.answer, "task": episode.task,
-                "messages": episode.messages, "episode": episode, "state": episode.state, "tool_calls": tool_calls,
-                "tool_results": tool_results, "turn": episode.turn, **self.reward_context(episode)}
+        context = {"completion": completion, "answer": episode.task.answer, "task": episode.task,
+                   "messages": episode.messages, "episode": episode, "state": episode.state, "tool_calls": tool_calls,
+                   "tool_results": tool_results, "turn": episode.turn}
+        if self.rubric.context:  # (a call and a merge a step, only for envs that offer more)
+            context.update(self.reward_context(episode))
+        return context
 
     @staticmethod
     def _pay_turn(episode: Episode, score: tuple, info: dict[str, Any]) -> float:
         """Record a step's per-turn score (``info["reward_components"]``: this step's values); its reward."""
         reward, components, errors = score
-        totals = episode.turn_totals
-        for name, value in components.items():
-            totals[name] = totals.get(name, 0.0) + value
+        episode.turn_log.append(components)
         info["reward_components"] = components
         if errors:
             info["reward_errors"] = errors
-        reward = float(reward)
         episode.turn_paid += reward
         return reward
 
@@ -843,7 +856,7 @@ class ToolEnv(gym.Env[str, str]):
             final, components, reward_errors = plan.score
             final = float(final)
             if plan.turn_score is not None:  # the final leaves and each per-turn leaf's episode total
-                components = {**components, **episode.turn_totals}
+                components = {**components, **episode.turn_totals()}
                 reward_errors = {**info.get("reward_errors", {}), **reward_errors}
                 # shaping: the return is the final reward (this step pays what the earlier ones did not)
                 reward = final - (episode.turn_paid - reward) if self.rubric.shaping else final + reward

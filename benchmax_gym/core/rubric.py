@@ -396,7 +396,34 @@ class Rubric(Node):
 
     def score_turn(self, run_coroutine: Callable[[Any], Any] | None = None, **context: Any):
         """Score the per-turn leaves for one step: ``(that step's reward, components, errors)``."""
-        return _drive(self._score(self.turn_funcs, context, run_coroutine or _no_loop))
+        return self.score_turn_in(context, run_coroutine)
+
+    def score_turn_in(self, context: dict[str, Any], run_coroutine: Callable[[Any], Any] | None = None):
+        """``score_turn`` with the context as one dict: the engine's hot path (every step). Sync
+        leaves returning a plain number take a loop of their own, without the coroutine machinery."""
+        if self.turn_has_async:
+            return _drive(self._score(self.turn_funcs, context, run_coroutine or _no_loop))
+        components: dict[str, float] = {}
+        errors = _NO_ERRORS  # (read only: a dict of its own once a leaf fails)
+        total = 0.0
+        for leaf in self.turn_funcs:
+            try:
+                value = leaf.fn(**{n: context.get(n) for n in leaf.params})
+            except RewardFailure:
+                raise
+            except Exception as exc:
+                errors = errors or {}
+                log.warning("reward component %r raised; scored 0", leaf.name, exc_info=exc)
+                components[leaf.name] = 0.0
+                errors[leaf.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if type(value) is float and value - value == 0.0:  # finite: the common case, recorded as it is
+                components[leaf.name] = value
+            else:
+                errors = errors or {}
+                value = leaf._collect(value, components, errors)
+            total += leaf.weight * value
+        return total, components, errors
 
     async def ascore_turn(self, **context: Any):
         return await self._score(self.turn_funcs, context, None)
@@ -410,6 +437,9 @@ class Rubric(Node):
         for c in children:
             total += c.weight * await _evaluate(c, context, run_coroutine, components, errors)
         return total, components, errors
+
+
+_NO_ERRORS: dict[str, str] = {}
 
 
 def _drive(scoring: Any) -> Any:
@@ -512,17 +542,21 @@ def milestones(name: str, find: Callable[..., Any], weight: float = 0.2, *, cont
     cannot farm it. The milestones paid so far live on the episode (``episode.milestones[name]``).
     """
     inner = RewardFn(name, find, context=tuple(context))
+    own_episode = "episode" not in inner.params  # else find asks for it too
 
     def milestone(**kwargs: Any) -> float:
-        reached, total = inner.fn(**{n: kwargs.get(n) for n in inner.params})
-        episode = kwargs.get("episode")
-        paid: set = episode.milestones.setdefault(name, set()) if episode is not None else set()
-        if not total or len(paid) >= total:
+        episode = kwargs.pop("episode") if own_episode else kwargs["episode"]
+        reached, total = find(**kwargs)
+        if not reached or not total:
             return 0.0
-        new = [m for m in dict.fromkeys(reached) if m not in paid][: total - len(paid)]
+        paid: set = episode.milestones.setdefault(name, set()) if episode is not None else set()
+        new = [m for m in dict.fromkeys(reached) if m not in paid][: max(total - len(paid), 0)]
         paid.update(new)
         return len(new) / total
 
+    # asks for exactly what ``find`` does, and the episode (where the milestones paid are kept)
+    milestone.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in dict.fromkeys([*inner.params, "episode"])])
     milestone.__name__ = name
     return RewardFn(name, milestone, weight, tuple(context), per_turn=True)
 
