@@ -150,7 +150,7 @@ def test_the_launch_script_runs_a_mixed_batch_through_a_fresh_agent_loop_worker(
     out = _verl_run(tmp_path, envs, reply_tokens=24, response_length=1024)
     assert out["imported_adapter"]  # by the config file's _target_, in the worker itself
     assert out["env_ids"] == [e for e in envs for _ in range(2)]
-    assert sorted(out["reward_extra_keys"]) == sorted(["reward", "tool_errors", "truncated", "turns",
+    assert sorted(out["reward_extra_keys"]) == sorted(["reward", "tool_errors", "truncated", "turns", "turn_reward",
                                                        *outcome_counts([])])
     assert {"correct"} <= set(out["components"][0]) and out["components"][0] != out["components"][-1]
     assert out["responses_shape"] == [6, 1024]
