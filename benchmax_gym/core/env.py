@@ -7,6 +7,7 @@
                          -> obs = system prompt (+ tool schemas) and the task, as text
     step(action: str)    -> parse tool calls | final answer | parse error
                          -> run each call (timeout, output cap) -> obs = tool results, reward 0
+                            (or the rubric's per-turn leaves' score: core.rubric)
     final answer         -> rubric scores the episode -> reward, terminated=True
     turn limit           -> rubric scores the episode as it stands -> truncated=True
     a failure            -> (not the model's: a tool's backend gone, the deadline passed)

@@ -99,3 +99,21 @@ def test_a_user_server_has_no_dense_signal_of_its_own():
     with pytest.raises(ValueError, match="dense_rewards.*per-turn component"):
         gym.make("benchmax/MCP-v0", server=EXAMPLE_SERVER, tasks=[{"prompt": "p", "answer": "a"}],
                  reward=lambda completion: 1.0, dense_rewards=True)
+
+
+def test_per_turn_rewards_come_back_from_vector_workers():
+    """Workers step the same engine: each step's per-turn reward is in the batch's rewards."""
+    twin = gym.make("benchmax/Math-v0", python_tool=False)
+    twin.reset(options={"task_index": 3})
+    steps = twin.unwrapped.episode.task.solution
+    twin.close()
+    envs = gym.make_vec("benchmax/Math-v0", num_envs=2, python_tool=False, dense_rewards=True)
+    try:
+        envs.reset(seed=0, options={"task_index": 3})
+        action = f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{steps[0]}"}}}}</tool_call>'
+        first = envs.step([action, "<tool_call>not json</tool_call>"])
+        again = envs.step([action, action])
+        share = DENSE_WEIGHT / len(steps)
+        assert list(first[1]) == pytest.approx([share, 0.0]) and list(again[1]) == pytest.approx([0.0, share])
+    finally:
+        envs.close()
