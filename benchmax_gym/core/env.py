@@ -99,6 +99,8 @@ class Episode:
     turn_paid: float = 0.0
     turn_log: list[dict[str, float]] = field(default_factory=list)
     milestones: dict[str, set] = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
+    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     def turn_totals(self) -> dict[str, float]:
         """Each per-turn leaf's score summed over the episode's steps."""
@@ -107,8 +109,6 @@ class Episode:
             for name, value in components.items():
                 totals[name] = totals.get(name, 0.0) + value
         return totals
-    deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
-    resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
 
 def _chat_tool_call(call: dict[str, Any], style: str) -> dict[str, Any]:
