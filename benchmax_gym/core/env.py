@@ -249,7 +249,7 @@ class ToolEnv(gym.Env[str, str]):
         self.episode_timeout = None if episode_timeout is None else positive_number("episode_timeout", episode_timeout)
         self.max_calls_per_action = positive_int("max_calls_per_action", max_calls_per_action)
         self.max_observation_chars = positive_int("max_observation_chars", max_observation_chars)
-        if dense_rewards is not False and dense_rewards is not None:
+        if dense_rewards:  # (False, None, 0: off)
             rubric = self._with_dense(rubric, dense_rewards)
         if reward_weights is not None:
             if not isinstance(reward_weights, dict):
