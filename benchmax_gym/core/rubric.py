@@ -365,6 +365,7 @@ class Rubric(Node):
                 raise ValueError(f"per-turn reward component(s) {[f.name for f in c.leaves() if f.per_turn]} must be "
                                  f"top-level components of the Rubric, not inside {c.name!r}")
         self.turn_funcs = [c for c in self.children if isinstance(c, RewardFn) and c.per_turn]
+        self._turn_plan = [(f, getattr(f.fn, "_milestone", None)) for f in self.turn_funcs]
         self.final = [c for c in self.children if not (isinstance(c, RewardFn) and c.per_turn)]
         self.per_turn = bool(self.turn_funcs)
         self.turn_has_async = any(f.is_async for f in self.turn_funcs)
@@ -406,9 +407,13 @@ class Rubric(Node):
         components: dict[str, float] = {}
         errors = _NO_ERRORS  # (read only: a dict of its own once a leaf fails)
         total = 0.0
-        for leaf in self.turn_funcs:
+        for leaf, milestone in self._turn_plan:
             try:
-                value = leaf.fn(**{n: context.get(n) for n in leaf.params})
+                if milestone is None:
+                    value = leaf.fn(**{n: context.get(n) for n in leaf.params})
+                else:  # a milestones leaf: its find, called here (one frame less a step)
+                    reached, of = milestone[1](**{n: context.get(n) for n in milestone[2]})
+                    value = _credit(context.get("episode"), milestone[0], reached, of) if reached and of else 0.0
             except RewardFailure:
                 raise
             except Exception as exc:
@@ -532,6 +537,14 @@ def product(*children: Any, name: str = "product", weight: float = 1.0, context:
 # -- per-turn leaves that cannot be farmed ----------------------------------------------------
 
 
+def _credit(episode: Any, name: str, reached: Iterable, total: int) -> float:
+    """Pay the milestones in ``reached`` not paid before in this episode: their share of ``total``."""
+    paid: set = episode.milestones.setdefault(name, set()) if episode is not None else set()
+    new = [m for m in dict.fromkeys(reached) if m not in paid][: max(total - len(paid), 0)]
+    paid.update(new)
+    return len(new) / total
+
+
 def milestones(name: str, find: Callable[..., Any], weight: float = 0.2, *, context: tuple[str, ...] = ()) -> RewardFn:
     """A per-turn leaf paying ``weight / total`` for each milestone the first time a step reaches it.
 
@@ -547,12 +560,9 @@ def milestones(name: str, find: Callable[..., Any], weight: float = 0.2, *, cont
     def milestone(**kwargs: Any) -> float:
         episode = kwargs.pop("episode") if own_episode else kwargs["episode"]
         reached, total = find(**kwargs)
-        if not reached or not total:
-            return 0.0
-        paid: set = episode.milestones.setdefault(name, set()) if episode is not None else set()
-        new = [m for m in dict.fromkeys(reached) if m not in paid][: max(total - len(paid), 0)]
-        paid.update(new)
-        return len(new) / total
+        return _credit(episode, name, reached, total) if reached and total else 0.0
+
+    milestone._milestone = (name, find, inner.params)  # type: ignore[attr-defined]  (the engine's loop calls find itself)
 
     # asks for exactly what ``find`` does, and the episode (where the milestones paid are kept)
     milestone.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

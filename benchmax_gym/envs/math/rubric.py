@@ -332,44 +332,41 @@ def solution_values(solution: tuple[str, ...]) -> tuple[float, ...]:
     return tuple(values)
 
 
-def intermediate_values(task, tool_calls: list, tool_results: list) -> tuple[list[int], int]:
+def intermediate_values(task, state, tool_calls: list, tool_results: list) -> tuple[list[int], int]:
     """Math's dense signal: the solution's intermediate values (its calculator steps) that a
     ``calculator`` or ``python`` result of this step equals. A result counts only when it is one
     number (printing many candidates in one call reaches nothing); each value pays once."""
+    known = state.get("dense_values") if state is not None else None
+    if known is None:  # once an episode: the values, and each as the calculator prints it
+        known = _values_of(task.solution)
+        if state is not None:
+            state["dense_values"] = known
+    values, printed = known
     reached: list[int] = []
-    known = None
     for call, text in zip(tool_calls, tool_results):
-        if call["name"] not in ("calculator", "python") or not isinstance(text, str) or len(text) > 40:
+        if call["name"] not in ("calculator", "python") or type(text) is not str:
             continue
-        try:
-            got = float(text)  # (white space around it is fine; "inf" and "nan" reach nothing)
-        except ValueError:
-            continue
-        if known is None:
-            known = _values_of(task.solution)
-        exact = known[1].get(got)  # the calculator prints 12 significant digits: the same float
+        exact = printed.get(text)  # the calculator prints values as they are printed here: a look-up
         if exact is not None:
             reached.append(exact)
-        elif len(text.strip()) > 13:  # more digits (python's repr): compare within rounding
-            reached += [i for i, v in enumerate(known[0]) if math.isclose(got, v, rel_tol=1e-9, abs_tol=1e-9)]
-    return reached, len(known[0]) if known is not None else 0
+            continue
+        if call["name"] == "calculator":
+            continue
+        text = text.strip()
+        if len(text) > 40:
+            continue
+        try:
+            got = float(text)  # python's output, other spellings ("inf" and "nan" reach nothing)
+        except ValueError:
+            continue
+        reached += [i for i, v in enumerate(values) if math.isclose(got, v, rel_tol=1e-9, abs_tol=1e-9)]
+    return reached, len(values)
 
 
-_VALUES: dict[int, tuple[object, tuple]] = {}  # id(solution) -> (the solution, (values, {as printed: index}))
-
-
-def _values_of(solution) -> tuple[tuple[float, ...], dict[float, int]]:
-    """:func:`solution_values` of a task's solution and each value as the calculator prints it,
-    remembered by identity (the entry holds the solution, so its id is not reused while it is
-    remembered): a step pays a dict look-up."""
-    entry = _VALUES.get(id(solution))
-    if entry is not None and entry[0] is solution:
-        return entry[1]
+def _values_of(solution) -> tuple[tuple[float, ...], dict[str, int]]:
+    """:func:`solution_values` of a task's solution, and each value as the calculator prints it."""
     from benchmax_gym.envs.math.calculator import format_number
 
     values = solution_values(tuple(map(str, solution))) if isinstance(solution, (list, tuple)) and solution else ()
-    printed = {float(format_number(int(v) if v.is_integer() and abs(v) < 2**53 else v)): i for i, v in enumerate(values)}
-    if len(_VALUES) >= 4096:
-        _VALUES.clear()
-    _VALUES[id(solution)] = (solution, (values, printed))
+    printed = {format_number(int(v) if v.is_integer() and abs(v) < 2**53 else v): i for i, v in enumerate(values)}
     return values, printed
