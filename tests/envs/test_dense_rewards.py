@@ -117,3 +117,20 @@ def test_per_turn_rewards_come_back_from_vector_workers():
         assert list(first[1]) == pytest.approx([share, 0.0]) and list(again[1]) == pytest.approx([0.0, share])
     finally:
         envs.close()
+
+
+def test_math_reads_python_output_and_refuses_a_list_of_guesses():
+    from benchmax_gym.core.tasks import Task
+    from benchmax_gym.envs.math.rubric import intermediate_values
+
+    task = Task("t", "q", "0.5", solution=["1 / 3", "1 / 3 + 1 / 6"])
+    state = {}
+
+    def reached(name, text):
+        return intermediate_values(task, state, [{"name": name, "arguments": {}}], [text])
+
+    assert reached("calculator", "0.333333333333") == ([0], 2)  # as the calculator prints it
+    assert reached("python", "0.3333333333333333\n") == ([0], 2)  # python's repr, within rounding
+    assert reached("python", "0.5") == ([1], 2)
+    assert reached("python", "0.5 0.333333333333")[0] == []  # many candidates in one output: nothing
+    assert reached("calculator", "0.5000001")[0] == [] and reached("read_file", "0.5")[0] == []
