@@ -129,3 +129,14 @@ def test_user_turns_runs_briefly_and_prints_its_json():
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["user_step"]["n"] >= 3 and result["llm_user_step"]["n"] >= 3 and result["episodes_per_s"] > 0
+
+
+def test_reward_overhead_runs_briefly_and_prints_its_figures():
+    out = _run_on_base("reward_overhead.py", "--rounds", "1", "--steps", "5", "--finals", "2")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["benchmark"] == "reward_overhead"
+    for key in ("step_final_only_us", "step_dense_us", "step_per_turn_noop_us", "final_step_final_only_us",
+                "final_step_dense_us"):
+        assert result[key]["median"] > 0
+    assert {"dense_step_overhead", "per_turn_noop_step_overhead", "dense_final_step_overhead"} <= set(result)

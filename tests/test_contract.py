@@ -324,7 +324,7 @@ def test_every_id_trains_through_openrlhfs_own_multi_turn_executor(env_id):
     assert out["action_ranges"] == [(offset + a, offset + b) for a, b in reference.turns]
     assert out["reward"] == reference.reward and out["scores"] == reference.reward
     assert out["extra_logs"] == {"reward": reference.reward, "turns": float(len(reference.turns)), "tool_errors": 0.0,
-                                 "truncated": 0.0, **reference.outcome_metrics()}  # (keys every env has: OpenRLHF
+                                 "truncated": 0.0, "turn_reward": 0.0, **reference.outcome_metrics()}  # (keys every env has: OpenRLHF
     # merges by the first sample's)
 
 

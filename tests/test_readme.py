@@ -133,3 +133,27 @@ def test_the_simulated_user_example_asks_the_customer_and_grades_when_they_are_d
         env.close()
         gym.registry.pop("me/Support-v0", None)
         registry.ENVS.pop("me/Support-v0", None)
+
+
+def test_rewards_examples_compose_gate_and_pay_a_milestone_once():
+    section = README.read_text().split("## Rewards\n", 1)[1].split("\n## ", 1)[0]
+    namespace: dict = {}
+    try:
+        exec(compile(_code_block("Rewards", "gate("), str(README), "exec"), namespace)  # noqa: S102
+        env = namespace["env"]
+        env.reset(seed=0)
+        _, reward, *_, info = env.step("<answer>Peru</answer> <answer>Chile</answer>")
+        assert reward == 0.0 and info["reward_components"]["one_answer"] == 0.0  # the gate holds the body at 0
+        assert "└─ 1 × single_answer: gate" in repr(env.unwrapped.rubric)
+        exec(compile(_code_block("Rewards", "milestones("), str(README), "exec"), namespace)  # noqa: S102
+        env = namespace["env"]
+        env.reset(seed=0)
+        lookup = namespace["lookup"]
+        rewards = [env.step(a)[1] for a in (lookup, lookup, lookup)]
+        _, final, terminated, _, info = env.step("<answer>Peru</answer>")
+        assert rewards == [0.2, 0.0, 0.0] and final == 1.0 and terminated
+        assert info["reward_components"] == {"correct": 1.0, "found": 1.0}
+        assert "dense_rewards=True" in section
+    finally:
+        for env_id in ("me/Capitals-v0", "me/Geo-v1"):
+            gym.registry.pop(env_id, None)

@@ -28,6 +28,12 @@ Group rewards (:mod:`benchmax_gym.core.group`): OpenRLHF's engine plays a prompt
 the samples wait for each other and are scored together before they return (a failed sample is
 not a member; one that raises or is late past ``group_timeout`` leaves the rest to go on).
 
+Per-turn rewards (a rubric's per-turn components, ``dense_rewards=True``; issue 30): OpenRLHF's own
+multi-turn executor sums its steps' rewards into one ``reward`` per sample, and so does this one:
+``reward`` and ``scores`` are the episode's return. ``turn_rewards`` (one per ``action_ranges``
+entry, each turn's reward on its range) and ``extra_logs["turn_reward"]`` (what the turns before
+the last paid) carry the per-turn part.
+
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline; an engine ``generate`` that
 raised or returned garbage is ``model_error``): OpenRLHF needs every sample
 of a prompt's group (its advantages reshape rewards by ``n_samples_per_prompt``), has no
@@ -195,6 +201,7 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     "reward": reward, "scores": reward, "observation_tokens": episode.input_ids,
                     "action_ranges": [(start + a, start + b) for a, b in episode.turns],
                     "rollout_log_probs": logprobs, "truncated": episode.cut,
+                    "turn_rewards": list(episode.turn_rewards),  # one per action range
                     "extra_logs": episode.metrics(components=False)}
 
     return AgentExecutor

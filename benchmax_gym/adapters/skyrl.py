@@ -16,6 +16,11 @@ text); its reward components are in ``metadata`` and ``get_metrics()``. SkyRL's 
 the token loop (it renders the observations with the chat template and enforces its own
 generation limits), so the token budget is SkyRL's there.
 
+Per-turn rewards (a rubric's per-turn components, ``dense_rewards=True``; issue 30): each step's
+``reward`` is the env's own step reward, which SkyRL's generator places on that turn's last token
+(its per-step rewards); the final step's is the final reward (plus that step's per-turn value).
+``get_metrics()["turn_reward"]`` is what the steps before the last paid.
+
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline): SkyRL's generator owns the
 loss mask and the group advantages too, and a ``skyrl_gym`` step can return nothing but
 ``observations``, ``reward``, ``done`` and ``metadata``. So the env reports the failure and
@@ -76,6 +81,7 @@ class BenchmaxTextEnv(BaseTextEnv):
         self.task_index = extras.get("task_index")
         self.seed = extras.get("seed")
         self.reward_components: dict[str, float] = {}
+        self.turn_rewards: list[float] = []
         self.tool_errors = 0
         self.outcome: str | None = None
         self.member: str | None = None  # a mixture's member (benchmax/Mix-v0), once the episode ended
@@ -89,6 +95,7 @@ class BenchmaxTextEnv(BaseTextEnv):
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
         _, reward, terminated, truncated, info = self.env.step(action)
+        self.turn_rewards.append(float(reward))
         done = terminated or truncated
         metadata = {"error": info.get("error"), "task_id": info.get("task_id")}
         if done:
@@ -108,6 +115,7 @@ class BenchmaxTextEnv(BaseTextEnv):
             member = {f"env/{self.member}/reward": self.reward, f"env/{self.member}/turns": self.turns,
                       f"env/{self.member}/tool_errors": self.tool_errors}
         return {"turns": self.turns, "tool_errors": self.tool_errors, **member,
+                "turn_reward": float(sum(self.turn_rewards[:-1])),
                 **{f"reward/{k}": v for k, v in self.reward_components.items()},
                 **{name: float(name == f"env/outcome/{mine}") for name in outcome_counts([])}}
 

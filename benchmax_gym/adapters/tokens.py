@@ -420,7 +420,9 @@ class TokenEpisode:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None  # per completion token; 0.0 for environment tokens
     turns: list[tuple[int, int]] = field(default_factory=list)  # (start, end) of each model turn in completion_ids
-    reward: float | None = 0.0  # None: a failed episode (no reward, never 0 or NaN)
+    # each model turn's reward (the env's step reward; per-turn rewards, issue 30), aligned with ``turns``
+    turn_rewards: list[float] = field(default_factory=list)
+    reward: float | None = 0.0  # the episode's return, the sum of turn_rewards; None: a failed episode
     reward_components: dict[str, float] = field(default_factory=dict)
     terminated: bool = False
     truncated: bool = False
@@ -438,6 +440,16 @@ class TokenEpisode:
     def input_ids(self) -> list[int]:
         return self.prompt_ids + self.completion_ids
 
+    def token_rewards(self) -> list[float]:
+        """One reward per completion token: each turn's reward on its last token, 0 elsewhere (the
+        layout of per-token rewards for PPO-style trainers). All zero for a failed episode."""
+        out = [0.0] * len(self.completion_ids)
+        if not self.failed:
+            for (start, end), reward in zip(self.turns, self.turn_rewards):
+                if end > start:
+                    out[end - 1] += reward
+        return out
+
     @property
     def done(self) -> bool:
         return self.terminated or self.truncated
@@ -448,7 +460,9 @@ class TokenEpisode:
         trainers that batch per-sample keys by the first sample's take ``components=False``.
         A failed episode's ``reward`` here is NaN (every sample has the key; no fake 0), and
         :meth:`outcome_metrics` are always in."""
+        dense = math.nan if self.reward is None else float(sum(self.turn_rewards[:-1]))
         out = {"reward": self.reward if self.reward is not None else math.nan, "turns": float(len(self.turns)),
+               "turn_reward": dense,  # what the turns before the last paid (per-turn rewards; 0 without)
                "tool_errors": float(self.record.get("tool_errors", 0)), "truncated": float(self.cut),
                **self.outcome_metrics()}
         if components:
@@ -604,6 +618,7 @@ class TokenSession:
         episode = self.episode
         episode.info = self.info = info
         self.obs = obs
+        episode.turn_rewards.append(float(reward))
         if terminated or truncated:
             return self._end(obs, reward, terminated, truncated, info)
         ids = self.chat.env_ids(info["messages"], self._last_ids)  # (rendering only reads them)
@@ -628,16 +643,19 @@ class TokenSession:
         """End an episode the budget cut, with the step that graded it (an empty final reply)."""
         obs, reward, _, _, info = graded
         self.episode.cut = True
+        self.episode.turn_rewards[-1] += float(reward)  # the grading step closes the last turn
         return self._end(obs, reward, False, True, info)
 
     def _end(self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> list[int]:
         episode = self.episode
         episode.info = self.info = info
         self.obs = obs
-        episode.reward, episode.terminated, episode.truncated = float(reward), terminated, truncated
+        # the return: each turn's reward (0 before the last without per-turn rewards) summed
+        episode.reward, episode.terminated, episode.truncated = float(sum(episode.turn_rewards)), terminated, truncated
         episode.outcome = info.get("outcome")
         if episode.failed:  # no reward, no loss: the trainer adapters keep it out (issue 29)
             episode.reward = None
+            episode.turn_rewards = [0.0] * len(episode.turn_rewards)
             episode.loss_mask = [0] * len(episode.loss_mask)
         episode.reward_components = dict(info.get("reward_components", {}))
         episode.record = self.env.unwrapped.episode_record()

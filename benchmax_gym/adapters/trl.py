@@ -36,6 +36,12 @@ truncated and graded as it stands.
 The env's reward components go into the trainer's logged metrics as ``env/<component>``, and
 each batch's outcome counts as ``env/outcome/<name>``.
 
+Per-turn rewards (a rubric's per-turn components, ``dense_rewards=True``; issue 30): GRPO scores a
+whole completion, so the reward is the episode's return (every turn's reward summed), and
+``env/turn_reward`` logs what the turns before the last paid. :class:`TRLRollout` also returns
+``turn_rewards`` (each turn's reward, in turn order), which TRL hands to every reward function as
+a keyword argument: a reward function of your own may weigh the turns as it likes.
+
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline; never the model's mistakes)
 never enter the loss; nor do episodes whose generation failed (``model_error``: ``generate``
 raised, or returned what are not token ids of the tokenizer). GRPOTrainer needs every sample of a group back, so a failed one is kept:
@@ -189,6 +195,7 @@ class TRLRollout:
             "logprobs": [e.logprobs for e in episodes] if have_logprobs else None,
             "env_mask": masks,
             "env_reward": rewards,
+            "turn_rewards": [list(e.turn_rewards) for e in episodes],  # reaches reward functions as a kwarg
         }
 
     @staticmethod
@@ -278,6 +285,7 @@ class TRLEnvironment:
         self.env = make_env(self.env_id, {**self.env_kwargs, "tool_format": "openai", "tools_in_prompt": False})
         self.reward: float | None = 0.0
         self.reward_components: dict[str, float] = {}
+        self.turn_rewards: list[float] = []  # each step's reward: per-turn rewards, then the final one
         self.done = False
         self._calls = 0
         self._lock = threading.Lock()
@@ -293,6 +301,7 @@ class TRLEnvironment:
         options = {"task_index": int(task_index)} if task_index is not None else None
         self.env.reset(options=options)
         self.reward, self.reward_components, self.done, self._calls = 0.0, {}, False, 0
+        self.turn_rewards = []
 
     def final_answer(self, answer: str) -> str:
         """Give your final answer. This ends the episode; call no tool after it.
@@ -343,12 +352,16 @@ class TRLEnvironment:
         text = "\n".join(m["content"] for m in info["messages"])
         if terminated or truncated:
             self._end(obs, reward, terminated, truncated, info)
+        else:
+            self.turn_rewards.append(float(reward))
         return text
 
     def _end(self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
         self.done = True
-        # a failed episode has no reward: TRL leaves None out of the baseline (advantage 0)
-        self.reward = None if outcomes.is_failure(info.get("outcome")) else float(reward)
+        self.turn_rewards.append(float(reward))
+        # the return (per-turn rewards included); a failed episode has no reward: TRL leaves None
+        # out of the baseline (advantage 0)
+        self.reward = None if outcomes.is_failure(info.get("outcome")) else float(sum(self.turn_rewards))
         self.reward_components = dict(info.get("reward_components", {}))
 
 

@@ -60,6 +60,13 @@ through the runtime env, as ``examples/verl_math.sh`` does::
 
 (verl's reward metrics, ``critic/score/*``, are means over the batch: NaN when it holds a
 failure; ``env/outcome/*`` counts them.)
+
+Per-turn rewards (a rubric's per-turn components, ``dense_rewards=True``; issue 30): ``reward_score``
+is the episode's return (verl puts it on the response's last token), and
+``extra_fields["turn_scores"]`` holds each turn's reward in order, where verl's own tool agent loop
+puts its per-turn scores (:meth:`TokenEpisode.token_rewards` lays them on each turn's last token
+for a reward manager that wants them per token). ``reward_extra_info["turn_reward"]`` is what the
+turns before the last paid.
 """
 
 from __future__ import annotations
@@ -129,7 +136,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
             num_turns=1 + 2 * len(episode.turns),
             metrics={},
             extra_fields={"reward_extra_info": episode.metrics(components=False),
-                          "reward_components": dict(episode.reward_components), "turn_scores": [], "tool_rewards": []},
+                          "reward_components": dict(episode.reward_components),
+                          "turn_scores": list(episode.turn_rewards), "tool_rewards": []},
         )
 
 

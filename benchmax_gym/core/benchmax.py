@@ -23,6 +23,9 @@ are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_rewar
   its ``init_rollout`` and ``compute_reward`` as in benchmax.
 * The episode is closed with ``release_rollout(rollout_id)``, or the package's
   ``cleanup_rollout(rollout_id)`` where that is what the class has.
+* ``compute_reward``'s dict is one rubric component, ``benchmax``: each entry is reported in
+  ``info["reward_components"]`` and the reward is their mean (the entries share the component's
+  weight, :mod:`core.rubric`), not their sum.
 * ``shutdown()`` (sync, as ``LocalMCPEnv``'s, or async) is called when the env closes, or when
   building it fails, for a class this env instantiated; an instance passed in is its owner's.
 * ``compute_group_reward`` (the package's since 0.1.2.dev16, 2026-03) is honoured where a group is

@@ -9,6 +9,7 @@
                          -> obs = system prompt (+ tool schemas) and the task, as text
     step(action: str)    -> parse tool calls | final answer | parse error
                          -> run each call (timeout, output cap) -> obs = tool results, reward 0
+                            (or the rubric's per-turn leaves' score: core.rubric)
     final answer         -> rubric scores the episode -> reward, terminated=True
                             (with a simulated user, ``user=``: the reply goes to the user, who answers
                             as a ``user`` message, or is done: then graded; see core.users)
@@ -58,7 +59,7 @@ import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
-from benchmax_gym.core.rubric import Rubric
+from benchmax_gym.core.rubric import Rubric, milestones
 from benchmax_gym.core.checks import positive_int, positive_number
 from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure, failed_reward
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
@@ -74,6 +75,7 @@ ResetResult = tuple[str, dict[str, Any]]
 StepResult = tuple[str, float, bool, bool, dict[str, Any]]
 
 ACTION_TOO_LONG = "action_too_long"
+DENSE_WEIGHT = 0.2  # ``dense_rewards=True``: what a family's dense signal may pay in all, per episode
 TOO_MANY_CALLS = "too_many_calls"
 NOT_RUN = "not_run"  # a call after a terminal tool's, in the same reply
 
@@ -103,9 +105,21 @@ class Episode:
     reward_components: dict[str, float] = field(default_factory=dict)
     outcome: str | None = None  # how it ended (core.outcomes), once it has
     user: Any = None  # in an env with a simulated user: its counters and turns (core.users.UserUsage)
+    # per-turn rewards (core.rubric): what they paid in all, each step's components, the milestones paid
+    turn_paid: float = 0.0
+    turn_log: list[dict[str, float]] = field(default_factory=list)
+    milestones: dict[str, set] = field(default_factory=dict)
     deadline: float | None = None  # time.monotonic() past which it ends with ``deadline`` (episode_timeout)
     resources: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
     setup_state: Any = None
+
+    def turn_totals(self) -> dict[str, float]:
+        """Each per-turn leaf's score summed over the episode's steps."""
+        totals: dict[str, float] = {}
+        for components in self.turn_log:
+            for name, value in components.items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
 
 
 def _chat_tool_call(call: dict[str, Any], style: str) -> dict[str, Any]:
@@ -166,6 +180,10 @@ class ToolEnv(gym.Env[str, str]):
         tools_in_prompt: render tool schemas into the system prompt (turn off when a trainer's
             chat template renders ``info["tools"]`` itself).
         reward_weights: override rubric component weights, e.g. ``{"format": 0.1}``.
+        dense_rewards: add the family's dense signal (:meth:`dense_signal`), a per-turn component
+            named ``dense``: each milestone pays once, the first step that reaches it, and the
+            episode earns at most ``0.2`` in all (or the number given, which must be below the
+            final reward's maximum) on top of the final reward. Off by default.
         info_timings: add ``info["timings"]`` (seconds spent parsing, in tools, grading, in all).
             Off by default: wall-clock figures differ run to run, so a step's info would no
             longer be a function of (seed, actions), which Gymnasium's env checker requires.
@@ -228,6 +246,7 @@ class ToolEnv(gym.Env[str, str]):
         max_observation_chars: int = 1_000_000,
         tools_in_prompt: bool = True,
         reward_weights: dict[str, float] | None = None,
+        dense_rewards: bool | float = False,
         info_timings: bool = False,
         sandbox: SandboxConfig | None = None,
         render_mode: str | None = None,
@@ -268,6 +287,8 @@ class ToolEnv(gym.Env[str, str]):
         self.episode_timeout = None if episode_timeout is None else positive_number("episode_timeout", episode_timeout)
         self.max_calls_per_action = positive_int("max_calls_per_action", max_calls_per_action)
         self.max_observation_chars = positive_int("max_observation_chars", max_observation_chars)
+        if dense_rewards:  # (False, None, 0: off)
+            rubric = self._with_dense(rubric, dense_rewards)
         if reward_weights is not None:
             if not isinstance(reward_weights, dict):
                 raise TypeError(f"reward_weights must be a dict of component -> weight, got {reward_weights!r}")
@@ -312,6 +333,25 @@ class ToolEnv(gym.Env[str, str]):
         known yet (MCP-v0 before its first reset) says True."""
         return not (len(self.toolset) > 0 and not self.rubric.has_async
                     and all(t.inline and not t.is_async for t in self.toolset))
+
+    def dense_signal(self):
+        """The family's dense signal for ``dense_rewards=True``: a function that asks for context
+        by name (``task``, ``state``, ``tool_calls``, ``tool_results``...) and returns ``(reached,
+        total)``, the milestones a step reached and how many the episode has (see
+        :func:`~benchmax_gym.core.rubric.milestones`); None when the family has none."""
+        return None
+
+    def _with_dense(self, rubric: Rubric, dense_rewards: Any) -> Rubric:
+        find = self.dense_signal()
+        if find is None:
+            raise ValueError(f"dense_rewards: {type(self).__name__} has no dense signal of its own; give its rubric a "
+                             "per-turn component instead (RewardFn(..., per_turn=True) or core.rubric.milestones)")
+        weight = DENSE_WEIGHT if dense_rewards is True else positive_number("dense_rewards", dense_rewards)
+        if weight >= rubric.max_reward:
+            raise ValueError(f"dense_rewards must be below the final reward's maximum ({rubric.max_reward:g}), so "
+                             f"that it never pays more than solving the task; got {dense_rewards!r}")
+        return Rubric([*rubric.children, milestones("dense", find, weight, context=rubric.context)], rubric.context,
+                      shaping=rubric.shaping)
 
     def reward_context(self, episode: Episode) -> dict[str, Any]:
         """Extra arguments reward functions may ask for by name (declared in ``Rubric(context=...)``)."""
@@ -415,6 +455,11 @@ class ToolEnv(gym.Env[str, str]):
         if plan.final and self.user is not None and not plan.failure and plan.ended_by is None:
             self._user_turn(plan, hear(self.user, plan.episode, self.aio.run))
         self._after_tools(plan)
+        if self.rubric.per_turn and not plan.failure:
+            try:
+                plan.turn_score = self.rubric.score_turn_in(self._plan_turn_context(plan), self.aio.run)
+            except RewardFailure as exc:
+                self._reward_failed(plan, exc)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
             try:
@@ -450,6 +495,11 @@ class ToolEnv(gym.Env[str, str]):
         if plan.final and self.user is not None and not plan.failure and plan.ended_by is None:
             self._user_turn(plan, await ahear(self.user, plan.episode))
         self._after_tools(plan)
+        if self.rubric.per_turn and not plan.failure:
+            try:
+                plan.turn_score = await self.rubric.ascore_turn(**self._plan_turn_context(plan))
+            except RewardFailure as exc:
+                self._reward_failed(plan, exc)
         if plan.grade:
             t = time.perf_counter() if timed else 0.0
             try:
@@ -680,6 +730,19 @@ class ToolEnv(gym.Env[str, str]):
         }
         if error and result.outcome:  # (a failed result always has an error: the common step reads no more)
             return obs, self._fail(episode, info, result.outcome), False, True, info
+        if self.rubric.per_turn:  # (one attribute read a step for rubrics without per-turn leaves)
+            try:
+                reward, components, errors = self.rubric.score_turn_in(self._turn_context(
+                    episode, content, info["tool_calls"], [result.content]), self.aio.run)
+            except RewardFailure as exc:
+                log.warning("reward failed for task %s: %s", episode.task.id, exc)
+                return obs, self._fail(episode, info, exc.outcome), False, True, info
+            episode.turn_log.append(components)  # (_pay_turn, inline: this is every step's cost)
+            info["reward_components"] = components
+            if errors:
+                info["reward_errors"] = errors
+            episode.turn_paid += reward
+            return obs, reward, False, False, info
         return obs, 0.0, False, False, info
 
     @staticmethod
@@ -719,6 +782,33 @@ class ToolEnv(gym.Env[str, str]):
             plan.user_message = {"role": "user", "content": heard.content}
         if not heard.done:
             plan.final = False
+
+    def _turn_context(self, episode: Episode, completion: str | None, tool_calls: list, tool_results: list) -> dict:
+        """What a per-turn leaf may ask for: the step's reply, calls and results, and the episode."""
+        context = {"completion": completion, "answer": episode.task.answer, "task": episode.task,
+                   "messages": episode.messages, "episode": episode, "state": episode.setup_state, "tool_calls": tool_calls,
+                   "tool_results": tool_results, "turn": episode.turn}
+        if self.rubric.context:  # (a call and a merge a step, only for envs that offer more)
+            context.update(self.reward_context(episode))
+        return context
+
+    @staticmethod
+    def _pay_turn(episode: Episode, score: tuple, info: dict[str, Any]) -> float:
+        """Record a step's per-turn score (``info["reward_components"]``: this step's values); its reward."""
+        reward, components, errors = score
+        episode.turn_log.append(components)
+        info["reward_components"] = components
+        if errors:
+            info["reward_errors"] = errors
+        episode.turn_paid += reward
+        return reward
+
+    def _plan_turn_context(self, plan: "_StepPlan") -> dict:
+        calls = plan.to_run + plan.skipped if plan.skipped else plan.to_run
+        completion = plan.completion if plan.final else (plan.parsed.content if plan.parsed else None)
+        return self._turn_context(plan.episode, completion,
+                                  [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
+                                  [r.content for r in plan.results])
 
     def _fail(self, episode: Episode, info: dict[str, Any], outcome: str) -> float:
         """End ``episode`` with a failure that is not the model's: never graded (its record's
@@ -888,6 +978,9 @@ class ToolEnv(gym.Env[str, str]):
             "messages": messages,
             "episode": episode,
             "state": episode.setup_state,
+            "tool_calls": [],
+            "tool_results": [],
+            "turn": episode.turn,
             **self.reward_context(episode),
         }
 
@@ -926,11 +1019,20 @@ class ToolEnv(gym.Env[str, str]):
         reward = 0.0
         if plan.failure:
             reward = self._fail(episode, info, plan.failure)
-        elif plan.grade:
-            reward, components, reward_errors = plan.score
-            reward = float(reward)
+        elif plan.turn_score is not None:
+            reward = self._pay_turn(episode, plan.turn_score, info)
+        if plan.grade and not plan.failure:
+            final, components, reward_errors = plan.score
+            final = float(final)
+            if plan.turn_score is not None:  # the final leaves and each per-turn leaf's episode total
+                components = {**components, **episode.turn_totals()}
+                reward_errors = {**info.get("reward_errors", {}), **reward_errors}
+                # shaping: the return is the final reward (this step pays what the earlier ones did not)
+                reward = final - (episode.turn_paid - reward) if self.rubric.shaping else final + reward
+            else:
+                reward = final
             info["reward_components"] = components
-            episode.reward, episode.reward_components = reward, dict(components)
+            episode.reward, episode.reward_components = final, dict(components)
             if reward_errors:
                 info["reward_errors"] = reward_errors
             info.update(self.final_info(episode))
@@ -999,6 +1101,7 @@ class _StepPlan:
     final = truncated = grade = False
     completion = ""
     score: Any = None
+    turn_score: Any = None  # the per-turn leaves' (reward, components, errors) for this step
     parse_s = tools_s = reward_s = 0.0
 
     def __init__(self, episode: Episode, t0: float):

@@ -1,35 +1,52 @@
-"""Rubrics: named, weighted reward functions.
+"""Rubrics: a tree of named reward functions.
 
-A reward function asks for what it needs by parameter name, from:
+A reward function (a *leaf*) asks for what it needs by parameter name, from:
 
 * ``completion`` - the final assistant text (the action that ended the episode),
 * ``answer`` - the task's ground truth,
 * ``task`` - the whole :class:`~benchmax_gym.core.tasks.Task`,
 * ``messages`` - the full OpenAI-style transcript,
-* ``episode`` - the running episode (per-episode state such as a workbook or database),
+* ``episode`` - the running episode; ``state`` - its per-episode state (``episode.state``: a
+  workbook, a database, a sandbox),
+* ``tool_calls``, ``tool_results``, ``turn`` - what the step being scored ran (``[{"name",
+  "arguments"}]``) and got back (the results' texts), and its number: what a per-turn leaf reads,
 * whatever else the environment offers (MCP-v0 offers ``client``, a live client to its server).
 
-The reward is the weighted sum of the components. A function may also return a dict of named
-scores (as benchmax's ``compute_reward`` does); each entry becomes a component with the
-function's weight. A component that raises :class:`~benchmax_gym.core.outcomes.RewardFailure`
-(it could not score, e.g. its judge is down) fails the episode with that outcome; any other
-exception scores 0, is logged
-with its traceback, and never breaks the episode; ``info["reward_components"]`` shows each
-score and ``info["reward_errors"]`` says which failed and why.
+Inner nodes combine their children's values (see :func:`all_of`, :func:`gate`, :func:`min_of`,
+:func:`product`); a :class:`Rubric` itself is the weighted sum, the default::
+
+    Rubric([exact])                                  # name "exact", weight 1.0
+    Rubric([("exact", exact, 0.9), ("short", lambda completion: len(completion) < 99, 0.1)])
+    Rubric([gate(untouched, Rubric([correct, ("format", fmt, 0.1)]))])   # 0 unless untouched holds
+
+Weights count only under a weighted sum; ``min``, ``product``, ``all_of`` and ``gate`` combine
+their children's plain values. Every leaf is scored (a gate that fails still reports its body),
+and ``info["reward_components"]`` has each leaf's score by name: leaf names are unique in a tree.
+``repr(rubric)`` draws the tree.
+
+A function may return a dict of named scores (as benchmax's ``compute_reward`` does). Each entry
+becomes a component (its key is its name), and the function's value is their weighted mean:
+equal parts by default, or ``RewardFn(..., parts={"correct": 3, "format": 1})`` (an entry not in
+``parts`` weighs 0: reported, not rewarded). So the entries' weights sum to the function's weight:
+``{"a": 1, "b": 1}`` at weight 1 scores 1.0, not 2.0.
+
+A leaf marked ``per_turn=True`` (a top-level child of the rubric only) is scored after every step
+with what that step produced, and its weighted value is that step's reward; the final reward
+(the rest of the tree, at the step that ends the episode) is unchanged, so the episode's return is
+the final reward plus the per-turn rewards. ``Rubric(..., shaping=True)`` asks for shaping
+instead: the last step pays the final reward less what the per-turn leaves paid, so the return is
+the final reward and the per-turn leaves only move credit earlier. :func:`milestones` builds a
+per-turn leaf that cannot be farmed (each milestone pays once, the sum is capped by its weight).
+
+A component that raises :class:`~benchmax_gym.core.outcomes.RewardFailure` (it could not score,
+e.g. its judge is down) fails the episode with that outcome; any other exception scores 0, is
+logged with its traceback, and never breaks the episode; ``info["reward_errors"]`` says which
+failed and why.
 
 Every family finds the model's answer by one rule, :func:`final_answer`: the content of the last
 closed ``<answer>...</answer>`` of the final reply. A reply without one has no answer and scores
 0 (it is not graded on its prose, which would reward saying many things). Math also accepts
 ``\\boxed{}``, which takes precedence.
-
-Example::
-
-    def exact(completion: str, answer: str) -> float:
-        given = final_answer(completion)
-        return float(given is not None and given == answer)
-
-    rubric = Rubric([exact])                       # name "exact", weight 1.0
-    rubric = Rubric([("exact", exact, 0.9), ("short", lambda completion: len(completion) < 99, 0.1)])
 """
 
 from __future__ import annotations
@@ -37,7 +54,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +62,7 @@ from benchmax_gym.core.outcomes import RewardFailure
 
 log = logging.getLogger(__name__)
 
-CONTEXT_NAMES = ("completion", "answer", "task", "messages", "episode", "state")
+CONTEXT_NAMES = ("completion", "answer", "task", "messages", "episode", "state", "tool_calls", "tool_results", "turn")
 
 
 def answer_tags(completion: str) -> list[str]:
@@ -75,14 +92,25 @@ def final_answer(completion: str | None) -> str | None:
     return found[-1].strip() if found else None
 
 
+def _check_weight(name: str, weight: Any) -> None:
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise ValueError(f"weight of reward component {name!r} must be a finite number, got {weight!r}")
+
+
 @dataclass
 class RewardFn:
-    """One component: ``name``, ``fn`` and ``weight``; ``fn`` may be sync or async."""
+    """One leaf: ``name``, ``fn`` (sync or async) and ``weight``.
+
+    ``per_turn``: scored after every step (that step's reward) instead of once at the end.
+    ``parts``: the weights of the entries of a dict-returning ``fn`` (default: equal parts).
+    """
 
     name: str
     fn: Callable[..., Any]
     weight: float = 1.0
     context: tuple[str, ...] = ()  # names the environment offers beyond CONTEXT_NAMES
+    per_turn: bool = False
+    parts: Mapping[str, float] | None = None
     params: tuple[str, ...] = field(init=False)
     is_async: bool = field(init=False)
 
@@ -101,97 +129,447 @@ class RewardFn:
                 f"any of {list(names)}"
             )
         self.is_async = inspect.iscoroutinefunction(self.fn)
-        if not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
-            raise ValueError(f"weight of reward function {self.name!r} must be a finite number, got {self.weight!r}")
+        _check_weight(self.name, self.weight)
+        if self.parts is not None:
+            self.parts = dict(self.parts)
+            for key, weight in self.parts.items():
+                _check_weight(f"{self.name}/{key}", weight)
+
+    def _copy(self, **changes: Any) -> "RewardFn":
+        fields = {"name": self.name, "fn": self.fn, "weight": self.weight, "context": self.context,
+                  "per_turn": self.per_turn, "parts": self.parts}
+        return RewardFn(**{**fields, **changes})
+
+    def _collect(self, value: Any, components: dict, errors: dict) -> float:
+        """Record ``value`` (a score or a dict of named scores); return the leaf's value."""
+        if not isinstance(value, dict):
+            score = _finite(self.name, value, errors)
+            components[self.name] = score
+            return score
+        if not value:
+            components[self.name] = 0.0
+            errors[self.name] = "ValueError: returned an empty dict"
+            return 0.0
+        parts, total, weights = self.parts, 0.0, 0.0
+        for key, raw in value.items():
+            key = str(key)
+            score = components[key] = _finite(key, raw, errors)
+            weight = 1.0 if parts is None else parts.get(key, 0.0)
+            total += weight * score
+            weights += weight
+        return total / weights if weights else 0.0
 
 
-class Rubric:
-    """A list of :class:`RewardFn`; ``score`` returns ``(reward, components, errors)``."""
+def _finite(name: str, raw: Any, errors: dict) -> float:
+    try:
+        score = float(raw)
+        if not math.isfinite(score):
+            raise ValueError(f"reward is not finite: {score}")
+        return score
+    except Exception as exc:
+        errors[name] = f"{type(exc).__name__}: {exc}"
+        log.warning("reward component %r returned %r; scored 0", name, raw)
+        return 0.0
 
-    def __init__(self, funcs: Iterable[RewardFn | tuple | Callable[..., Any]], context: tuple[str, ...] = ()):
-        self.funcs: list[RewardFn] = []
+
+Child = Any  # a RewardFn or a Node
+
+
+def _as_child(spec: Any, context: tuple[str, ...]) -> Child:
+    """A RewardFn, a node, a ``(name, fn_or_node, weight)`` tuple or a plain function, as a child."""
+    if isinstance(spec, RewardFn):
+        return spec._copy(context=context) if context and spec.context != context else spec
+    if isinstance(spec, Node):
+        return spec._with_context(context) if context else spec
+    if isinstance(spec, tuple):
+        if len(spec) >= 2 and isinstance(spec[1], Node):
+            node = _as_child(spec[1], context)
+            return node._copy(name=spec[0], weight=spec[2] if len(spec) > 2 else node.weight)
+        return RewardFn(*spec[:3], context=context)
+    if callable(spec):
+        return RewardFn(getattr(spec, "__name__", "reward"), spec, context=context)
+    raise TypeError(f"not a reward function: {spec!r}")
+
+
+class Node:
+    """An inner node of a rubric tree: combines its children's values (see :func:`all_of` ...)."""
+
+    kind = "node"
+
+    def __init__(self, children: Iterable[Any], *, name: str | None = None, weight: float = 1.0,
+                 context: tuple[str, ...] = (), threshold: float = 1.0):
         self.context = tuple(context)
-        for f in funcs:
-            if isinstance(f, RewardFn):
-                rf = RewardFn(f.name, f.fn, f.weight, self.context) if self.context else f
-            elif isinstance(f, tuple):
-                rf = RewardFn(*f[:3], context=self.context)
-            elif callable(f):
-                rf = RewardFn(getattr(f, "__name__", "reward"), f, context=self.context)
-            else:
-                raise TypeError(f"not a reward function: {f!r}")
-            if any(rf.name == other.name for other in self.funcs):
-                raise ValueError(f"duplicate reward component name {rf.name!r}")
-            self.funcs.append(rf)
-        if not self.funcs:
-            raise ValueError("a Rubric needs at least one reward function")
-        self.has_async = any(f.is_async for f in self.funcs)
+        self.children: list[Child] = [_as_child(c, self.context) for c in children]
+        if not self.children:
+            raise ValueError(f"{type(self).__name__} needs at least one reward function")
+        self.name = name or self.kind
+        _check_weight(self.name, weight)
+        self.weight = float(weight)
+        self.threshold = threshold
+        names = [leaf.name for leaf in self.leaves()]
+        duplicate = sorted({n for n in names if names.count(n) > 1})
+        if duplicate:
+            raise ValueError(f"duplicate reward component name {duplicate[0]!r}")
+        self.has_async = any(leaf.is_async for leaf in self.leaves())
+
+    # -- the tree -----------------------------------------------------------------------------
+
+    def leaves(self) -> list[RewardFn]:
+        out: list[RewardFn] = []
+        for c in self.children:
+            out += c.leaves() if isinstance(c, Node) else [c]
+        return out
+
+    @property
+    def funcs(self) -> list[RewardFn]:
+        """Every leaf, in order (per-turn ones included)."""
+        return self.leaves()
 
     @property
     def names(self) -> list[str]:
-        return [f.name for f in self.funcs]
+        return [f.name for f in self.leaves()]
 
-    def with_weights(self, weights: dict[str, float]) -> "Rubric":
-        """A copy with some weights replaced; unknown names are an error naming the choices."""
-        unknown = set(weights) - set(self.names)
+    def _copy(self, **changes: Any) -> "Node":
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
+    def _with_context(self, context: tuple[str, ...]) -> "Node":
+        new = self._rebuilt([_as_child(c, context) for c in self.children])
+        new.context = context
+        return new
+
+    def map_leaves(self, fn: Callable[[RewardFn], RewardFn]) -> "Node":
+        """A copy of the tree with each leaf replaced by ``fn(leaf)``."""
+        children = [c.map_leaves(fn) if isinstance(c, Node) else fn(c) for c in self.children]
+        return self._rebuilt(children)
+
+    def _rebuilt(self, children: list[Child]) -> "Node":
+        new = self._copy(children=children)
+        new.has_async = any(leaf.is_async for leaf in new.leaves())
+        return new
+
+    def with_weights(self, weights: dict[str, float]) -> "Node":
+        """A copy with the weights of some leaves or nodes (by name) replaced; an unknown name is
+        an error naming the choices."""
+        known = set(self.names) | set(self._node_names())
+        unknown = set(weights) - known
         if unknown:
             raise ValueError(f"reward_weights: unknown component(s) {sorted(unknown)}; components are {self.names}")
-        return Rubric([RewardFn(f.name, f.fn, float(weights.get(f.name, f.weight))) for f in self.funcs], self.context)
+        for name, weight in weights.items():
+            _check_weight(name, weight)
+        return self._reweighted(weights)
 
-    def _collect(self, rf: RewardFn, value: Any, components: dict, errors: dict) -> float:
-        """Record ``value`` (a score or a dict of named scores); return its weighted sum."""
-        items = value.items() if isinstance(value, dict) else [(rf.name, value)]
+    def _node_names(self) -> list[str]:
+        return [n for c in self.children if isinstance(c, Node) for n in (c.name, *c._node_names())]
+
+    def _reweighted(self, weights: dict[str, float]) -> "Node":
+        children = [
+            c._reweighted(weights)._copy(weight=float(weights.get(c.name, c.weight))) if isinstance(c, Node)
+            else c._copy(weight=float(weights[c.name])) if c.name in weights else c
+            for c in self.children
+        ]
+        return self._rebuilt(children)
+
+    @property
+    def max_reward(self) -> float:
+        """The value when every leaf scores 1 (leaves score in [0, 1])."""
+        return self._max([_max_of(c) for c in self.children])
+
+    def _max(self, values: list[float]) -> float:
+        return self.combine(values)
+
+    # -- scoring ------------------------------------------------------------------------------
+
+    def combine(self, values: list[float]) -> float:
+        raise NotImplementedError
+
+    def _weights(self) -> list[float]:
+        return [c.weight for c in self.children]
+
+    async def _value(self, context: dict[str, Any], run_coroutine: Any, components: dict, errors: dict) -> float:
+        values = [await _evaluate(c, context, run_coroutine, components, errors) for c in self.children]
+        return self.combine(values)
+
+    # -- printing -----------------------------------------------------------------------------
+
+    def _label(self) -> str:
+        return self.kind
+
+    def _lines(self, prefix: str = "") -> list[str]:
+        lines = []
+        for i, c in enumerate(self.children):
+            last = i == len(self.children) - 1
+            branch, deeper = ("└─ ", "   ") if last else ("├─ ", "│  ")
+            weight = f"{c.weight:g} × " if isinstance(self, Rubric) else ""
+            if isinstance(c, Node):
+                lines.append(f"{prefix}{branch}{weight}{c.name}: {c._label()}")
+                lines += c._lines(prefix + deeper)
+            else:
+                tags = [t for t in ("per-turn" if c.per_turn else "", "async" if c.is_async else "") if t]
+                lines.append(f"{prefix}{branch}{weight}{c.name}" + (f"  [{', '.join(tags)}]" if tags else ""))
+        return lines
+
+    def __repr__(self) -> str:
+        return "\n".join([f"{type(self).__name__} {self.name}: {self._label()}", *self._lines()])
+
+
+def _max_of(child: Child) -> float:
+    return child.max_reward if isinstance(child, Node) else 1.0
+
+
+async def _evaluate(child: Child, context: dict[str, Any], run_coroutine: Any, components: dict, errors: dict) -> float:
+    """One child's value: a leaf's (its exceptions caught, RewardFailure aside) or a node's."""
+    if isinstance(child, Node):
+        return await child._value(context, run_coroutine, components, errors)
+    try:
+        value = child.fn(**{n: context.get(n) for n in child.params})
+        if child.is_async:
+            value = run_coroutine(value) if run_coroutine is not None else await value
+    except RewardFailure:
+        raise  # not a score: the engine ends the episode with its outcome
+    except Exception as exc:
+        log.warning("reward component %r raised; scored 0", child.name, exc_info=exc)
+        components[child.name] = 0.0
+        errors[child.name] = f"{type(exc).__name__}: {exc}"
+        return 0.0
+    return child._collect(value, components, errors)
+
+
+class Rubric(Node):
+    """The weighted sum of its children (leaves or nodes); the root of every env's rubric.
+
+    ``score`` (sync, async leaves through ``run_coroutine``) and ``ascore`` return ``(reward,
+    components, errors)`` for the final leaves; ``score_turn``/``ascore_turn`` the same for the
+    per-turn leaves (``(0.0, {}, {})`` when there are none).
+
+    Args:
+        funcs: leaves and nodes (see the module docstring).
+        context: names the environment offers beyond the standard ones (MCP-v0's ``client``).
+        shaping: the last step pays the final reward less what the per-turn leaves paid.
+    """
+
+    kind = "weighted sum"
+
+    def __init__(self, funcs: Iterable[Any], context: tuple[str, ...] = (), *, name: str = "rubric",
+                 weight: float = 1.0, shaping: bool = False):
+        super().__init__(funcs, name=name, weight=weight, context=context)
+        self.shaping = bool(shaping)
+        self._split()
+
+    def _split(self) -> None:
+        """Per-turn leaves (top-level only) apart from the final tree."""
+        for c in self.children:
+            if isinstance(c, Node) and any(leaf.per_turn for leaf in c.leaves()):
+                raise ValueError(f"per-turn reward component(s) {[f.name for f in c.leaves() if f.per_turn]} must be "
+                                 f"top-level components of the Rubric, not inside {c.name!r}")
+        self.turn_funcs = [c for c in self.children if isinstance(c, RewardFn) and c.per_turn]
+        self._turn_plan = [(f, getattr(f.fn, "_milestone", None)) for f in self.turn_funcs]
+        self.final = [c for c in self.children if not (isinstance(c, RewardFn) and c.per_turn)]
+        self.per_turn = bool(self.turn_funcs)
+        self.turn_has_async = any(f.is_async for f in self.turn_funcs)
+
+    def _rebuilt(self, children: list[Child]) -> "Rubric":
+        new = super()._rebuilt(children)
+        new._split()
+        return new
+
+    def combine(self, values: list[float]) -> float:
+        return sum(w * v for w, v in zip(self._weights(), values))
+
+    def _max(self, values: list[float]) -> float:
+        return sum(max(c.weight, 0.0) * v for c, v in zip(self.children, values)
+                   if not (isinstance(c, RewardFn) and c.per_turn))
+
+    async def _value(self, context: dict[str, Any], run_coroutine: Any, components: dict, errors: dict) -> float:
         total = 0.0
-        for name, raw in items:
-            name = str(name)
-            try:
-                score = float(raw)
-                if not math.isfinite(score):
-                    raise ValueError(f"reward is not finite: {score}")
-            except Exception as exc:
-                errors[name] = f"{type(exc).__name__}: {exc}"
-                log.warning("reward component %r returned %r; scored 0", name, raw)
-                score = 0.0
-            components[name] = score
-            total += rf.weight * score
+        for c in self.final:
+            total += c.weight * await _evaluate(c, context, run_coroutine, components, errors)
         return total
 
-    def _fail(self, rf: RewardFn, exc: BaseException, components: dict, errors: dict) -> None:
-        log.warning("reward component %r raised; scored 0", rf.name, exc_info=exc)
-        components[rf.name] = 0.0
-        errors[rf.name] = f"{type(exc).__name__}: {exc}"
-
     def score(self, run_coroutine: Callable[[Any], Any] | None = None, **context: Any):
-        """Score synchronously; async components go through ``run_coroutine(coro)``."""
-        scoring = self._score(context, run_coroutine or _no_loop)
-        try:
-            scoring.send(None)  # nothing in it awaits: every coroutine goes to run_coroutine
-        except StopIteration as done:
-            return done.value
-        raise RuntimeError("a synchronous score awaited")  # unreachable
+        """Score the final leaves synchronously; async ones go through ``run_coroutine(coro)``."""
+        return _drive(self._score(self.final, context, run_coroutine or _no_loop))
 
     async def ascore(self, **context: Any):
-        return await self._score(context, None)
+        return await self._score(self.final, context, None)
 
-    async def _score(self, context: dict[str, Any], run_coroutine: Callable[[Any], Any] | None):
-        """The one scoring loop: awaits async components, or hands them to ``run_coroutine``."""
+    def score_turn(self, run_coroutine: Callable[[Any], Any] | None = None, **context: Any):
+        """Score the per-turn leaves for one step: ``(that step's reward, components, errors)``."""
+        return self.score_turn_in(context, run_coroutine)
+
+    def score_turn_in(self, context: dict[str, Any], run_coroutine: Callable[[Any], Any] | None = None):
+        """``score_turn`` with the context as one dict: the engine's hot path (every step). Sync
+        leaves returning a plain number take a loop of their own, without the coroutine machinery."""
+        if self.turn_has_async:
+            return _drive(self._score(self.turn_funcs, context, run_coroutine or _no_loop))
+        components: dict[str, float] = {}
+        errors = _NO_ERRORS  # (read only: a dict of its own once a leaf fails)
+        total = 0.0
+        for leaf, milestone in self._turn_plan:
+            try:
+                if milestone is None:
+                    value = leaf.fn(**{n: context.get(n) for n in leaf.params})
+                else:  # a milestones leaf: its find, called here (one frame less a step)
+                    reached, of = milestone[1](**{n: context.get(n) for n in milestone[2]})
+                    value = _credit(context.get("episode"), milestone[0], reached, of) if reached and of else 0.0
+            except RewardFailure:
+                raise
+            except Exception as exc:
+                errors = errors or {}
+                log.warning("reward component %r raised; scored 0", leaf.name, exc_info=exc)
+                components[leaf.name] = 0.0
+                errors[leaf.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if type(value) is float and value - value == 0.0:  # finite: the common case, recorded as it is
+                components[leaf.name] = value
+            else:
+                errors = errors or {}
+                value = leaf._collect(value, components, errors)
+            total += leaf.weight * value
+        return total, components, errors
+
+    async def ascore_turn(self, **context: Any):
+        return await self._score(self.turn_funcs, context, None)
+
+    @staticmethod
+    async def _score(children: list[Child], context: dict[str, Any], run_coroutine: Any):
+        """The one scoring loop: awaits async leaves, or hands them to ``run_coroutine``."""
         components: dict[str, float] = {}
         errors: dict[str, str] = {}
         total = 0.0
-        for rf in self.funcs:
-            try:
-                value = rf.fn(**{n: context.get(n) for n in rf.params})
-                if rf.is_async:
-                    value = run_coroutine(value) if run_coroutine is not None else await value
-            except RewardFailure:
-                raise  # not a score: the engine ends the episode with its outcome
-            except Exception as exc:
-                self._fail(rf, exc, components, errors)
-                continue
-            total += self._collect(rf, value, components, errors)
+        for c in children:
+            total += c.weight * await _evaluate(c, context, run_coroutine, components, errors)
         return total, components, errors
+
+
+_NO_ERRORS: dict[str, str] = {}
+
+
+def _drive(scoring: Any) -> Any:
+    try:
+        scoring.send(None)  # nothing in it awaits: every coroutine goes to run_coroutine
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("a synchronous score awaited")  # unreachable
 
 
 def _no_loop(coroutine: Any) -> Any:
     coroutine.close()
     raise RuntimeError("an async reward component needs an event loop: score it with run_coroutine or ascore")
+
+
+# -- combinators ------------------------------------------------------------------------------
+
+
+class AllOf(Node):
+    """1.0 when every child scores at least ``threshold``, else 0.0."""
+
+    kind = "all_of"
+
+    def combine(self, values: list[float]) -> float:
+        return float(all(v >= self.threshold for v in values))
+
+    def _max(self, values: list[float]) -> float:
+        return 1.0
+
+    def _label(self) -> str:
+        return f"all_of (each >= {self.threshold:g})"
+
+
+class Gate(Node):
+    """The value of its second child (the body) when its first (the condition) scores at least
+    ``threshold``, else 0.0."""
+
+    kind = "gate"
+
+    def combine(self, values: list[float]) -> float:
+        return values[1] if values[0] >= self.threshold else 0.0
+
+    def _max(self, values: list[float]) -> float:
+        return values[1]
+
+    def _label(self) -> str:
+        return f"gate (body if {self.children[0].name} >= {self.threshold:g}, else 0)"
+
+
+class Min(Node):
+    kind = "min"
+
+    def combine(self, values: list[float]) -> float:
+        return min(values)
+
+
+class Product(Node):
+    kind = "product"
+
+    def combine(self, values: list[float]) -> float:
+        return math.prod(values)
+
+
+def all_of(*checks: Any, threshold: float = 1.0, name: str = "all_of", weight: float = 1.0,
+           context: tuple[str, ...] = ()) -> AllOf:
+    """A node worth 1.0 when every check scores at least ``threshold``, else 0.0.
+
+    Example: ``Rubric([all_of(compiles, tests_pass, name="works"), ("style", style, 0.1)])``."""
+    return AllOf(checks, name=name, weight=weight, context=context, threshold=threshold)
+
+
+def gate(condition: Any, body: Any, *, threshold: float = 1.0, name: str = "gate", weight: float = 1.0,
+         context: tuple[str, ...] = ()) -> Gate:
+    """``body``'s value while ``condition`` holds (scores at least ``threshold``), else 0.0:
+    ``Rubric([gate(untouched, Rubric([correct, fmt]))])`` zeroes the whole reward of an episode
+    that changed what it must not."""
+    return Gate([condition, body], name=name, weight=weight, context=context, threshold=threshold)
+
+
+def min_of(*children: Any, name: str = "min", weight: float = 1.0, context: tuple[str, ...] = ()) -> Min:
+    """The smallest of the children's values (the weakest criterion decides)."""
+    return Min(children, name=name, weight=weight, context=context)
+
+
+def product(*children: Any, name: str = "product", weight: float = 1.0, context: tuple[str, ...] = ()) -> Product:
+    """The product of the children's values (each scales the others)."""
+    return Product(children, name=name, weight=weight, context=context)
+
+
+# -- per-turn leaves that cannot be farmed ----------------------------------------------------
+
+
+def _credit(episode: Any, name: str, reached: Iterable, total: int) -> float:
+    """Pay the milestones in ``reached`` not paid before in this episode: their share of ``total``."""
+    paid: set = episode.milestones.setdefault(name, set()) if episode is not None else set()
+    new = [m for m in dict.fromkeys(reached) if m not in paid][: max(total - len(paid), 0)]
+    paid.update(new)
+    return len(new) / total
+
+
+def milestones(name: str, find: Callable[..., Any], weight: float = 0.2, *, context: tuple[str, ...] = ()) -> RewardFn:
+    """A per-turn leaf paying ``weight / total`` for each milestone the first time a step reaches it.
+
+    ``find`` asks for context by name, as a leaf does (``task``, ``episode``, ``state``, ``tool_calls``,
+    ``tool_results``...), and returns ``(reached, total)``: the milestones (hashable) this step
+    reached and how many the episode has. A milestone reached again pays nothing, and the episode
+    never earns more than ``weight`` in all, however many steps it takes: repeating an action
+    cannot farm it. The milestones paid so far live on the episode (``episode.milestones[name]``).
+    """
+    inner = RewardFn(name, find, context=tuple(context))
+    own_episode = "episode" not in inner.params  # else find asks for it too
+
+    def milestone(**kwargs: Any) -> float:
+        episode = kwargs.pop("episode") if own_episode else kwargs["episode"]
+        reached, total = find(**kwargs)
+        return _credit(episode, name, reached, total) if reached and total else 0.0
+
+    milestone._milestone = (name, find, inner.params)  # type: ignore[attr-defined]  (the engine's loop calls find itself)
+
+    # asks for exactly what ``find`` does, and the episode (where the milestones paid are kept)
+    milestone.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in dict.fromkeys([*inner.params, "episode"])])
+    milestone.__name__ = name
+    return RewardFn(name, milestone, weight, tuple(context), per_turn=True)
+
+
+__all__ = ["AllOf", "CONTEXT_NAMES", "Gate", "Min", "Node", "Product", "RewardFn", "Rubric", "all_of", "answer_tags",
+           "final_answer", "gate", "milestones", "min_of", "product"]

@@ -289,7 +289,7 @@ def _now() -> str:
 def max_reward(env: gym.Env) -> float:
     """The reward of an episode that earns every component in full (components are in [0, 1])."""
     rubric = getattr(env.unwrapped, "rubric", None)
-    return sum(max(f.weight, 0.0) for f in rubric.funcs) if rubric is not None else 1.0
+    return rubric.max_reward if rubric is not None else 1.0
 
 
 async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, seed: int,
@@ -363,6 +363,8 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
             so_far = base.episode_record()
         except Exception:  # cancelled: its step may still be running in its thread
             so_far = {}
+    if episode is not None and episode.reward is not None:
+        reward = episode.reward  # the graded reward: a last step's per-turn reward (dense_rewards) is not in it
     return {
         "task_index": task_index, "sample": sample, "seed": seed,
         "task_id": episode.task.id if episode is not None else None,

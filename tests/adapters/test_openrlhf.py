@@ -298,3 +298,22 @@ def test_a_simulated_customers_turns_are_outside_the_action_ranges(qwen_tokenize
     assert out["reward"] == 1.0
     for said in customer_words(0)[:-1]:
         assert said in env_text and said not in model_text
+
+
+def test_per_turn_rewards_sum_into_the_reward_as_openrlhfs_own_executor_sums_its_steps(qwen_tokenizer):
+    """dense_rewards (issue 30): ``reward``/``scores`` are the return, ``turn_rewards`` one per action range."""
+    executor = make_executor("benchmax/Math-v0", dense_rewards=True, python_tool=False)()
+    engine = SolverEngine(qwen_tokenizer, "benchmax/Math-v0")
+    rows = task_rows("benchmax/Math-v0", 2)
+
+    async def main():
+        return await asyncio.gather(*(executor.execute(r["prompt"], r["label"], _params(), 4096, qwen_tokenizer, engine)
+                                      for r in rows))
+
+    outputs = asyncio.run(main())
+    for out in outputs:
+        assert len(out["turn_rewards"]) == len(out["action_ranges"]) == 2  # the calls, then the answer
+        assert out["turn_rewards"] == [pytest.approx(0.2), 1.0]
+        assert out["reward"] == out["scores"] == pytest.approx(1.2) and out["extra_logs"]["turn_reward"] == pytest.approx(0.2)
+    exps, batch = _experiences(outputs, 4096)
+    assert batch.info["reward"].tolist() == pytest.approx([1.2, 1.2]) and "turn_reward" in batch.info

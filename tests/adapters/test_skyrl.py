@@ -285,3 +285,22 @@ def test_a_simulated_customer_answers_as_a_user_observation(customer_words):
     goal = env.unwrapped.tasks[row["task_index"]].private["user"]["goal"]
     env.close()
     assert goal not in str(history) + str(last)
+
+
+def test_per_turn_rewards_are_skyrls_per_step_rewards():
+    """dense_rewards (issue 30): each step output's reward is that turn's; they sum to the return."""
+    kwargs = {"dense_rewards": True, "python_tool": False}
+    rows = task_rows("benchmax/Math-v0", 2, **kwargs)
+
+    async def main():
+        with concurrent.futures.ThreadPoolExecutor(2) as executor:
+            return await asyncio.gather(*(_agent_loop(executor, _config("benchmax/Math-v0"), row,
+                                                      _solver("benchmax/Math-v0", row["task_index"], **kwargs))
+                                          for row in rows))
+
+    for history, rewards, last, metrics in asyncio.run(main()):
+        assert rewards == [pytest.approx(0.2), 1.0]  # the solver's calls reach every intermediate value, then the answer
+        assert last["metadata"]["reward_components"]["dense"] == 1.0 and metrics["turn_reward"] == pytest.approx(0.2)
+    plain = asyncio.run(_agent_loop(concurrent.futures.ThreadPoolExecutor(1), _config("benchmax/Math-v0"),
+                                    task_rows("benchmax/Math-v0", 1)[0], _solver("benchmax/Math-v0", 0)))
+    assert plain[1] == [0.0, 1.0] and plain[3]["turn_reward"] == 0.0  # off by default: as before

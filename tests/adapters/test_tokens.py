@@ -462,3 +462,34 @@ def test_a_conversation_cut_by_the_budget_ends_graded_even_when_the_user_talks_o
     assert episode.cut and episode.truncated and episode.outcome == "truncated" and episode.reward == 1.0
     assert len(episode.completion_ids) <= 40 and episode.record["turns"] == 5
     session.close()
+
+
+def test_per_turn_rewards_sit_on_each_turns_last_token_and_sum_to_the_return(qwen_tokenizer):
+    chat = ChatTemplate(qwen_tokenizer)
+    dense = TokenSession("benchmax/Math-v0", chat, env_kwargs={"python_tool": False, "dense_rewards": True})
+    play_tokens(dense, seed=0)
+    episode = dense.episode
+    steps = len(episode.turns)  # the solver's calls (every step of the solution, one reply), then the answer
+    assert steps == 2 and len(episode.turn_rewards) == steps
+    assert episode.turn_rewards == [pytest.approx(0.2), 1.0] and episode.reward == pytest.approx(1.2)
+    per_token = episode.token_rewards()
+    assert len(per_token) == len(episode.completion_ids) and sum(per_token) == pytest.approx(episode.reward)
+    assert [i for i, r in enumerate(per_token) if r] == [end - 1 for _, end in episode.turns]
+    assert episode.metrics()["turn_reward"] == pytest.approx(0.2)
+    plain = TokenSession("benchmax/Math-v0", chat, env_kwargs={"python_tool": False})
+    play_tokens(plain, seed=0)  # without per-turn rewards: zeros, then the final reward, as before
+    assert plain.episode.turn_rewards == [0.0] * (steps - 1) + [1.0] and plain.episode.reward == 1.0
+    dense.close(), plain.close()
+
+
+def test_a_cut_episodes_grading_step_pays_on_its_last_turn(qwen_tokenizer):
+    chat = ChatTemplate(qwen_tokenizer)
+    session = TokenSession("benchmax/Math-v0", chat, env_kwargs={"python_tool": False, "dense_rewards": True})
+    session.reset(seed=0)
+    call = session.env.unwrapped.reference_solver()(session.obs, session.info)
+    session.max_tokens = len(model_ids(chat, call)) + 3  # the call runs, its env ids overflow: graded as it stands
+    session.step(model_ids(chat, call))
+    episode = session.episode
+    assert episode.cut and episode.truncated and len(episode.turn_rewards) == len(episode.turns) == 1
+    assert episode.turn_rewards == [pytest.approx(0.2)] and episode.reward == pytest.approx(0.2)  # the values; no answer
+    session.close()

@@ -412,3 +412,49 @@ def test_environment_factory_talks_to_a_simulated_customer_through_message_user(
     assert Env.reward(completions=[[]], environments=[env]) == [1.0]
     assert "message_user" not in dir(trl_environment("benchmax/Math-v0"))
     env.env.close()
+
+
+def test_per_turn_rewards_reach_grpo_as_the_return_and_reward_functions_as_turn_rewards(qwen_tokenizer, output_dir):
+    """dense_rewards (issue 30) through a real GRPO step: the env reward is the return, every reward
+    function gets ``turn_rewards``, and ``env/turn_reward`` is logged."""
+    from trl import GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout
+
+    def solver(trainer, sessions):
+        ids = [model_ids(s.chat, s.env.unwrapped.reference_solver()(s.obs, s.info)) for s in sessions]
+        return ids, [None] * len(ids)
+
+    rollout = TRLRollout("benchmax/Math-v0", qwen_tokenizer, generate=solver,
+                         env_kwargs={"dense_rewards": True, "python_tool": False})
+    received = []
+
+    def per_turn(completions, turn_rewards, **kwargs):
+        received.extend(turn_rewards)
+        return [0.0] * len(completions)
+
+    trainer = GRPOTrainer(model=tiny_model(qwen_tokenizer), reward_funcs=[rollout.reward, per_turn],
+                          args=_config(output_dir, max_completion_length=2048), train_dataset=rollout.dataset(8),
+                          rollout_func=rollout, processing_class=qwen_tokenizer)
+    trainer.train()
+    assert len(received) == 4 and all(t == [pytest.approx(0.2), 1.0] for t in received)
+    logs = trainer.state.log_history[0]
+    assert logs["env/turn_reward"] == pytest.approx(0.2) and logs["env/reward"] == pytest.approx(1.2)
+    rollout.close()
+
+
+def test_environment_factory_sums_per_turn_rewards_and_pays_a_repeat_nothing():
+    from benchmax_gym.adapters.trl import trl_environment
+
+    Env = trl_environment("benchmax/Math-v0", dense_rewards=True, python_tool=False)
+    env = Env()
+    env.reset(task_index=0)
+    steps = env.env.unwrapped.episode.task.solution
+    for expression in [*steps, steps[0]]:
+        env.calculator(expression=expression)
+    answer = env.env.unwrapped.episode.task.answer
+    reward = Env.reward([[{"role": "assistant", "content": f"\\boxed{{{answer}}}"}]], environments=[env])
+    share = 0.2 / len(steps)
+    assert env.turn_rewards == pytest.approx([share] * len(steps) + [0.0, 1.0])
+    assert reward == [pytest.approx(1.2)] and env.reward_components["dense"] == 1.0
+    env.env.close()

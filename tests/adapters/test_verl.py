@@ -67,7 +67,7 @@ def test_the_registered_agent_loop_plays_concurrent_trajectories_token_exact(qwe
     for row, out in zip(rows, outputs):
         assert out.reward_score == 1.0 and out.extra_fields["reward_components"]["correct"] == 1.0
         assert out.extra_fields["reward_extra_info"] == {"reward": 1.0, "turns": out.extra_fields["reward_extra_info"]["turns"],
-                                                         "tool_errors": 0.0, "truncated": 0.0,
+                                                         "tool_errors": 0.0, "truncated": 0.0, "turn_reward": 0.0,
                                                          **outcome_counts([{"env/outcome/scored": 1.0}])}
         # the same ids as a TokenSession fed the same replies (checked against the template elsewhere)
         reference = TokenSession("benchmax/Math-v0", chat)
@@ -172,7 +172,7 @@ def test_the_launch_script_runs_a_mixed_batch_through_a_fresh_agent_loop_worker(
     out = _verl_run(tmp_path, envs, reply_tokens=24, response_length=1024)
     assert out["imported_adapter"]  # by the config file's _target_, in the worker itself
     assert out["env_ids"] == [e for e in envs for _ in range(2)]
-    assert sorted(out["reward_extra_keys"]) == sorted(["reward", "tool_errors", "truncated", "turns",
+    assert sorted(out["reward_extra_keys"]) == sorted(["reward", "tool_errors", "truncated", "turns", "turn_reward",
                                                        *outcome_counts([])])
     assert {"correct"} <= set(out["components"][0]) and out["components"][0] != out["components"][-1]
     assert out["responses_shape"] == [6, 1024]
@@ -411,3 +411,19 @@ def test_a_simulated_customers_turns_have_response_mask_0(qwen_tokenizer, custom
     env_text, model_text = split_by_mask(qwen_tokenizer, out.response_ids, out.response_mask)
     for said in customer_words(0)[:-1]:
         assert said in env_text and said not in model_text
+
+
+def test_per_turn_rewards_are_verls_turn_scores_and_the_score_is_the_return(qwen_tokenizer):
+    """dense_rewards (issue 30): ``turn_scores`` holds each turn's reward, ``reward_score`` their sum."""
+    server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
+    rows = task_rows("benchmax/Math-v0", 2, dense_rewards=True, python_tool=False)
+    loop = _agent_loop(qwen_tokenizer, server)
+
+    async def main():
+        return await asyncio.gather(*(loop.run({"temperature": 1.0}, **row) for row in rows))
+
+    for out in asyncio.run(main()):
+        assert len(out.extra_fields["turn_scores"]) == 2 and out.extra_fields["turn_scores"][1] == 1.0
+        assert abs(out.extra_fields["turn_scores"][0] - 0.2) < 1e-9 and abs(out.reward_score - 1.2) < 1e-9
+        assert abs(out.extra_fields["reward_extra_info"]["turn_reward"] - 0.2) < 1e-9
+        assert out.num_turns == 1 + 2 * len(out.extra_fields["turn_scores"])

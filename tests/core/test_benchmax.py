@@ -108,7 +108,7 @@ def test_tools_state_and_new_signature():
     _, _, _, _, info = env.step('<tool_call>{"name": "write_note", "arguments": {"text": 42}}</tool_call>')
     assert info["error"] == "bad_arguments"  # validated against the declared JSON schema
     _, reward, terminated, _, info = env.step("<answer>42</answer>")
-    assert terminated and info["reward_components"] == {"correct": 1.0, "used_tools": 1.0} and reward == 2.0
+    assert terminated and info["reward_components"] == {"correct": 1.0, "used_tools": 1.0} and reward == 1.0  # the entries share the function's weight (issue 30): not 2.0
     rollout = env.unwrapped.episode.rollout_id
     env.reset(seed=1)  # the previous rollout is released
     assert ("init", rollout) in NotesEnv.log and ("release", rollout) in NotesEnv.log
@@ -167,7 +167,7 @@ def test_benchmax_envs_run_in_every_vector_mode(mode):
         obs, _, terminated, _, _ = envs.step([write, write])
         assert "saved" in obs[0] and not terminated.any()
         _, rewards, terminated, _, _ = envs.step(["<answer>42</answer>", "<answer>41</answer>"])
-        assert terminated.all() and list(rewards) == [2.0, 1.0]  # correct + used_tools
+        assert terminated.all() and list(rewards) == [1.0, 0.5]  # the mean of correct and used_tools
     finally:
         envs.close()
 

@@ -14,7 +14,7 @@ from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.core.users import LLMUser
 from benchmax_gym.envs.crm.org import DEFAULT_SIZE, MAX_SIZE, MIN_SIZE, Org, cached_org
-from benchmax_gym.envs.crm.rubric import crm_rubric
+from benchmax_gym.envs.crm.rubric import crm_rubric, rows_found
 from benchmax_gym.envs.crm.service import SYSTEM_PROMPT as SERVICE_PROMPT
 from benchmax_gym.envs.crm.service import GeneratedService, ServiceSolver, scripted_customer, service_rubric
 from benchmax_gym.envs.crm.solver import CRMSolver
@@ -105,6 +105,10 @@ class CRMEnv(ToolEnv):
                        self.org.today(), max_chars=self.max_tool_output_chars)
         episode.state["db"] = db
         episode.resources.callback(db.con.close)
+
+    def dense_signal(self):
+        """``dense_rewards=True``: a read (query or look-up) returning the values the answer needs, in at most 10 rows (:func:`~benchmax_gym.envs.crm.rubric.rows_found`)."""
+        return rows_found
 
     def reference_solver(self) -> CRMSolver:
         return CRMSolver(self)

@@ -17,6 +17,7 @@ The answer is the last ``<answer>...</answer>`` of the final reply, the rule eve
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections import Counter
@@ -138,3 +139,56 @@ def untouched(completion: str, episode) -> float:
 
 def crm_rubric() -> Rubric:
     return Rubric([RewardFn("correct", correct, 1.0), RewardFn("untouched", untouched, 0.0)])
+
+
+# -- the dense signal (dense_rewards=True) ---------------------------------------------------
+
+DENSE_MAX_ROWS = 10  # a read returning more rows than this (a table dumped whole) reaches nothing
+_READS = ("query", "get_case", "search_knowledge", "get_order_history", "get_live_chat_transcript")
+
+
+def _gold_values(answer: Any) -> list[str]:
+    """What the answer needs: a question's answer (each item of a list), an update's new values."""
+    if isinstance(answer, Mapping):
+        return [str(v) for rows in answer.values() if isinstance(rows, Mapping)
+                for columns in rows.values() if isinstance(columns, Mapping) for v in columns.values()]
+    if isinstance(answer, (list, tuple)):
+        return [str(a) for a in answer]
+    return [str(answer)]
+
+
+def _cells(value: Any, out: list[str]) -> None:
+    if isinstance(value, Mapping):
+        for v in value.values():
+            _cells(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            _cells(v, out)
+    elif value is not None:
+        out.append(normalize(value))
+
+
+def rows_found(answer: Any, tool_calls: list, tool_results: list) -> tuple[list[int], int]:
+    """CRM's dense signal: the values the answer needs (see :func:`_gold_values`) that a read of
+    this step returned, in a result of at most :data:`DENSE_MAX_ROWS` rows (a dumped table reaches
+    nothing). A value counts when a returned cell equals it or, for a value of two words or more,
+    holds it; update_case's own messages never count. Each value pays once."""
+    gold = [normalize(g) for g in _gold_values(answer)]
+    gold = [g for g in dict.fromkeys(gold) if g]
+    reached: list[int] = []
+    for call, text in zip(tool_calls, tool_results):
+        if call["name"] not in _READS or not isinstance(text, str):
+            continue
+        try:
+            found = json.loads(text)
+        except ValueError:
+            continue
+        rows = found.get("rows") if isinstance(found, dict) and "rows" in found else found
+        if isinstance(rows, list) and len(rows) > DENSE_MAX_ROWS:
+            continue
+        cells: list[str] = []
+        _cells(rows, cells)
+        for i, g in enumerate(gold):
+            if any(c == g or (" " in g and f" {g} " in f" {c} ") for c in cells):
+                reached.append(i)
+    return reached, len(gold)

@@ -16,7 +16,7 @@ from benchmax_gym.core.sources import SourceConfig, task_source
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.generator import GeneratedSheets
-from benchmax_gym.envs.excel.grading import grade
+from benchmax_gym.envs.excel.grading import correct_cells, grade
 from benchmax_gym.envs.excel.recalc import RECALC_MODES
 from benchmax_gym.envs.excel.solver import ExcelSolver
 from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
@@ -105,10 +105,27 @@ class ExcelEnv(ToolEnv):
                 else:
                     shutil.copyfile(source, target)
         episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK, timeout=self.tool_timeout)
+        if "dense" in self.rubric.names:  # answer cells right from the start are no one's progress
+            answer = episode.task.answer
+            episode.state["dense_baseline"] = correct_cells(
+                episode.state["workbook"].data, answer["workbook"], answer["position"], recalc=self.recalc)[0]
 
     def task_prompt(self, task: Task) -> str:
         workbook = self.episode.state["workbook"]
         return f"{task.prompt}\n\n{describe_workbook(workbook)}"
+
+    def dense_signal(self):
+        """``dense_rewards=True``: after a step that wrote (``write_cells`` or ``run_python``), each
+        answer cell that now holds its right value pays once (cells right before any write never do)."""
+        return self._cells_done
+
+    def _cells_done(self, episode: Episode, answer: Mapping[str, Any], tool_calls: list) -> tuple[set, int]:
+        state = episode.state
+        if not any(c["name"] in ("write_cells", "run_python") for c in tool_calls):
+            return set(), 0  # nothing written: nothing to pay
+        right, total = correct_cells(state["workbook"].data, answer["workbook"], answer["position"], recalc=self.recalc)
+        baseline = state.get("dense_baseline", set())
+        return right - baseline, total - len(baseline)
 
     def reference_solver(self) -> ExcelSolver:
         return ExcelSolver(self)

@@ -362,3 +362,24 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
         mismatches=mismatches,
         notes=notes,
     )
+
+
+def correct_cells(output: Workbook, answer: Workbook, position: str,
+                  recalc: str = "auto") -> tuple[set[tuple[str, str]], int]:
+    """The answer cells ``output`` already holds right, ``(sheet, cell)``, and how many there are:
+    :func:`grade`'s comparison, cell by cell (Excel's dense signal). An unreadable output holds none."""
+    method = _check_recalc(recalc)
+    ranges, expected, _ = _expected_cells(_read_bytes(answer), position, method)
+    try:
+        data = _read_bytes(output)
+        check_workbook(data)
+        got, _ = _output_values(data, ranges, method)
+    except Exception:  # noqa: BLE001 - the model's workbook: deleted, truncated, not a zip
+        return set(), len(expected)
+    right = set()
+    for sheet, coordinate, want in expected:
+        value = got.get((sheet, coordinate))
+        have = None if value is _MISSING_SHEET else normalize(value)
+        if value is not _MISSING_SHEET and type(have) is type(want) and have == want:
+            right.add((sheet, coordinate))
+    return right, len(expected)

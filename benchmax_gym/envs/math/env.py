@@ -10,7 +10,7 @@ from benchmax_gym.core.sandbox import sandboxed_python
 from benchmax_gym.core.sources import SourceConfig, task_source
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
-from benchmax_gym.envs.math.rubric import math_rubric
+from benchmax_gym.envs.math.rubric import intermediate_values, math_rubric
 from benchmax_gym.envs.math.solver import MathSolver
 from benchmax_gym.envs.math.datasets import GSM8K, MATH500, HFDataset
 from benchmax_gym.envs.math.generator import GeneratedMath
@@ -73,6 +73,11 @@ class MathEnv(ToolEnv):
             sandbox=sandbox_config,
             **engine_kwargs,
         )
+
+    def dense_signal(self):
+        """``dense_rewards=True``: a calculator or python result equal to one of the solution's
+        intermediate values (:func:`~benchmax_gym.envs.math.rubric.intermediate_values`)."""
+        return intermediate_values
 
     def reference_solver(self) -> MathSolver:
         return MathSolver(self)

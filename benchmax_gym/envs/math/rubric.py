@@ -27,6 +27,7 @@ to parse a boxed ``20\\%`` at all.)
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -308,3 +309,65 @@ def answer_format(completion: str) -> float:
 def math_rubric() -> Rubric:
     """``correct`` (weight 1) and ``format`` (weight 0: reported, not rewarded unless reweighted)."""
     return Rubric([RewardFn("correct", correct, 1.0), RewardFn("format", answer_format, 0.0)])
+
+
+# -- the dense signal (dense_rewards=True) ---------------------------------------------------
+
+_RESULT_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+@functools.lru_cache(maxsize=4096)
+def solution_values(solution: tuple[str, ...]) -> tuple[float, ...]:
+    """The distinct values of a worked solution's calculator steps (those the calculator can evaluate)."""
+    from benchmax_gym.envs.math.calculator import evaluate
+
+    values: list[float] = []
+    for expression in solution:
+        try:
+            value = float(evaluate(str(expression)))
+        except Exception:  # noqa: BLE001 - a step the calculator cannot read is no milestone
+            continue
+        if not any(math.isclose(value, v, rel_tol=1e-9, abs_tol=1e-9) for v in values):
+            values.append(value)
+    return tuple(values)
+
+
+def intermediate_values(task, episode, tool_calls: list, tool_results: list) -> tuple[list[int], int]:
+    """Math's dense signal: the solution's intermediate values (its calculator steps) that a
+    ``calculator`` or ``python`` result of this step equals. A result counts only when it is one
+    number (printing many candidates in one call reaches nothing); each value pays once."""
+    state = episode.state if episode is not None else None  # (the family's per-episode dict)
+    known = state.get("dense_values") if state is not None else None
+    if known is None:  # once an episode: the values, and each as the calculator prints it
+        known = _values_of(task.solution)
+        if state is not None:
+            state["dense_values"] = known
+    values, printed = known
+    reached: list[int] = []
+    for call, text in zip(tool_calls, tool_results):
+        if call["name"] not in ("calculator", "python") or type(text) is not str:
+            continue
+        exact = printed.get(text)  # the calculator prints values as they are printed here: a look-up
+        if exact is not None:
+            reached.append(exact)
+            continue
+        if call["name"] == "calculator":
+            continue
+        text = text.strip()
+        if len(text) > 40:
+            continue
+        try:
+            got = float(text)  # python's output, other spellings ("inf" and "nan" reach nothing)
+        except ValueError:
+            continue
+        reached += [i for i, v in enumerate(values) if math.isclose(got, v, rel_tol=1e-9, abs_tol=1e-9)]
+    return reached, len(values)
+
+
+def _values_of(solution) -> tuple[tuple[float, ...], dict[str, int]]:
+    """:func:`solution_values` of a task's solution, and each value as the calculator prints it."""
+    from benchmax_gym.envs.math.calculator import format_number
+
+    values = solution_values(tuple(map(str, solution))) if isinstance(solution, (list, tuple)) and solution else ()
+    printed = {format_number(int(v) if v.is_integer() and abs(v) < 2**53 else v): i for i, v in enumerate(values)}
+    return values, printed

@@ -16,7 +16,7 @@ from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.tasks import TaskSource
 from benchmax_gym.core.tools import Toolset
-from benchmax_gym.envs.mcp.rubric import ServerClient, example_rubric, user_rubric
+from benchmax_gym.envs.mcp.rubric import ServerClient, example_progress, example_rubric, user_rubric
 from benchmax_gym.envs.mcp.solver import MCPSolver
 from benchmax_gym.envs.mcp.tasks import example_tasks, user_tasks
 from benchmax_gym.envs.mcp.tools import Connection, kill_servers, mcp_tool, parse_servers
@@ -39,7 +39,9 @@ class MCPEnv(ToolEnv):
             file, or a TaskSource. Default: the bundled example tasks.
         reward: a reward function, a list of them, or a Rubric. Functions may ask for
             ``completion``, ``answer``, ``task``, ``messages``, ``episode`` and ``client`` (a live
-            client to the episode's server, used before it is torn down).
+            client to the episode's server, used before it is torn down). A component marked
+            ``per_turn=True`` is your dense signal: scored after every step (``tool_calls``,
+            ``tool_results``, ``state``), its value is that step's reward.
         isolation: ``"shared"`` (default): one server process for the environment's life, its
             working directory emptied between episodes; ``"restart"``: a fresh server process for
             every episode (for servers that keep state in memory).
@@ -83,6 +85,7 @@ class MCPEnv(ToolEnv):
         init_timeout = positive_number("init_timeout", init_timeout)
         max_message_bytes = int(positive_number("max_message_mb", max_message_mb) * 1e6)
         specs = parse_servers(EXAMPLE_SERVER if example else server)
+        self._example = example
         super().__init__(
             tasks=example_tasks() if example else user_tasks(tasks),
             toolset=Toolset(),  # filled in when the servers are up
@@ -142,6 +145,11 @@ class MCPEnv(ToolEnv):
 
     def reward_context(self, episode: Episode) -> dict[str, Any]:
         return {"client": ServerClient(self)}
+
+    def dense_signal(self):
+        """``dense_rewards=True`` for the bundled example (:func:`~benchmax_gym.envs.mcp.rubric.example_progress`).
+        With your own server, put a per-turn component in ``reward`` instead."""
+        return example_progress if self._example else None
 
     def reference_solver(self) -> MCPSolver:
         return MCPSolver(self)

@@ -48,17 +48,32 @@ def example_note(answer: dict, client: ServerClient) -> float:
         return 0.0
 
 
-def _with_client(funcs: list) -> Rubric:
+def example_progress(answer: dict, tool_calls: list, tool_results: list) -> tuple[list[str], int]:
+    """The example's dense signal (``dense_rewards=True``): the note saved with the right title
+    and text (``add_note`` answered ``saved note ...``), and a ``calculate`` result equal to the
+    answer. Each pays once. Your own server's dense signal is a per-turn component of your
+    ``reward`` (``RewardFn(..., per_turn=True)``, or :func:`~benchmax_gym.core.rubric.milestones`)."""
+    reached = []
+    for call, text in zip(tool_calls, tool_results):
+        args = call.get("arguments") or {}
+        if (call["name"] == "add_note" and str(text).startswith("saved note")
+                and args.get("title") == answer["note_title"] and args.get("text") == answer["note_text"]):
+            reached.append("note")
+        elif call["name"] == "calculate" and str(text).strip() == answer["value"]:
+            reached.append("value")
+    return reached, 2
+
+
+def _with_client(funcs: list | Rubric) -> Rubric:
     """A rubric offering ``client``, each sync function that takes it run in a thread.
 
     A sync function blocks while its ``client.call_tool`` waits for the server; run inline in
     the event loop that holds the server's session (a vector worker's), it could never finish.
+    A :class:`Rubric` keeps its tree (combinators, per-turn leaves, shaping).
     """
-    funcs = [
-        RewardFn(f.name, _in_a_thread(f.fn), f.weight, f.context) if "client" in f.params and not f.is_async else f
-        for f in Rubric(funcs, context=("client",)).funcs
-    ]
-    return Rubric(funcs, context=("client",))
+    rubric = funcs._with_context(("client",)) if isinstance(funcs, Rubric) else Rubric(funcs, context=("client",))
+    return rubric.map_leaves(
+        lambda f: f._copy(fn=_in_a_thread(f.fn)) if "client" in f.params and not f.is_async else f)
 
 
 def _in_a_thread(fn: Callable) -> Callable:
@@ -76,5 +91,5 @@ def example_rubric() -> Rubric:
 
 def user_rubric(reward: Rubric | Callable | list | tuple) -> Rubric:
     if isinstance(reward, Rubric):
-        return _with_client(reward.funcs)
+        return _with_client(reward)
     return _with_client(list(reward) if isinstance(reward, (list, tuple)) else [reward])

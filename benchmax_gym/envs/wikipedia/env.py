@@ -16,7 +16,7 @@ from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.wikipedia.backends import CorpusBackend, LiveBackend, LiveWikipedia
 from benchmax_gym.envs.wikipedia.corpora import GeneratedCorpus, LocalCorpus
-from benchmax_gym.envs.wikipedia.rubric import wikipedia_rubric
+from benchmax_gym.envs.wikipedia.rubric import supporting_opened, wikipedia_rubric
 from benchmax_gym.envs.wikipedia.solver import WikipediaSolver
 from benchmax_gym.envs.wikipedia.tasks import Bamboogle, GeneratedQuestions, HotpotQA, TaskFile
 from benchmax_gym.envs.wikipedia.tools import wikipedia_tools
@@ -96,6 +96,11 @@ class WikipediaEnv(ToolEnv):
 
     def task_prompt(self, task: Task) -> str:
         return f"Question: {task.prompt}" if task.prompt else ""  # a task that is a conversation only
+
+    def dense_signal(self):
+        """``dense_rewards=True``: a supporting article opened with ``get_article``
+        (:func:`~benchmax_gym.envs.wikipedia.rubric.supporting_opened`)."""
+        return supporting_opened
 
     def reference_solver(self) -> WikipediaSolver:
         return WikipediaSolver(self)

@@ -70,3 +70,21 @@ def f1(completion: str, answer) -> float:
 def wikipedia_rubric() -> Rubric:
     """``f1`` (weight 1) and ``em`` (weight 0, reported); reweight with ``reward_weights``."""
     return Rubric([RewardFn("f1", f1, 1.0), RewardFn("em", em, 0.0)])
+
+
+# -- the dense signal (dense_rewards=True) ---------------------------------------------------
+
+
+def supporting_opened(task, tool_calls: list, tool_results: list) -> tuple[list[str], int]:
+    """Wikipedia's dense signal: the task's supporting articles (``task.solution["supporting"]``)
+    that a ``get_article`` of this step opened (its result's heading names the article, so a
+    failed call or a search listing the title reaches nothing). Each article pays once."""
+    solution = task.solution if isinstance(task.solution, dict) else {}
+    supporting = {str(t).casefold() for t in solution.get("supporting") or ()}
+    reached = []
+    for call, text in zip(tool_calls, tool_results):
+        if call["name"] == "get_article" and isinstance(text, str) and text.startswith("# "):
+            title = text[2:].split("\n", 1)[0].strip().casefold()
+            if title in supporting:
+                reached.append(title)
+    return reached, len(supporting)
