@@ -88,6 +88,10 @@ class Turn:
     reasoning: str | None = None  # a reasoning server's separate thinking (vLLM ``reasoning_content``)
 
 
+#: keys shorter than this are placeholders that servers without auth accept, not secrets
+SECRET_MIN_CHARS = 8
+
+
 @dataclass
 class ChatPolicy:
     """A model behind an OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, SGLang, a proxy),
@@ -170,8 +174,11 @@ class ChatPolicy:
         return min(range(len(self._clients)), key=self._busy.__getitem__)
 
     def scrub(self, text: str) -> str:
-        """``text`` with the API key blotted out (error messages may quote it)."""
-        return text.replace(self.api_key, "***") if self.api_key else text
+        """``text`` with the API key blotted out (error messages may quote it). A key shorter than
+        :data:`SECRET_MIN_CHARS` is a placeholder (vLLM's ``EMPTY``, ``x``), not a secret: blotting
+        it out would mangle every reply that contains those letters (``\\boxed`` with key ``x``)."""
+        key = self.api_key
+        return text.replace(key, "***") if key and len(key) >= SECRET_MIN_CHARS else text
 
     async def preflight(self, timeout: float = 10.0) -> None:
         """One tiny request before any episode: an unreachable endpoint, an unknown model, a base

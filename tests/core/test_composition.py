@@ -96,19 +96,28 @@ def test_weights_reach_nested_leaves_and_nodes_and_names_stay_unique():
 
 
 def test_leaves_receive_state_by_name():
+    """``state`` is what the env's ``setup`` returned (issue 31), for final and per-turn leaves
+    alike; a family's own per-episode dict stays ``episode.state``."""
     seen = []
 
-    def stateful(state, completion):
-        seen.append(dict(state))
+    def stateful(state, episode, completion):
+        seen.append((dict(state), episode.state.get("family")))
         return float(state.get("mark") == "set")
+
+    def every_turn(state, turn):
+        seen.append(("turn", turn, state["mark"]))
+        return 0.0
 
     class Env(ToolEnv):
         def open_episode(self, episode, options):
-            episode.state["mark"] = "set"
+            episode.state["family"] = "mine"
 
-    env = Env(tasks=ListTasks([Task("t0", "Q", "42")]), toolset=Toolset([add]), rubric=Rubric([stateful]))
+    env = Env(tasks=ListTasks([Task("t0", "Q", "42")]), toolset=Toolset([add]),
+              rubric=Rubric([stateful, RewardFn("every_turn", every_turn, per_turn=True)]),
+              setup=lambda task, episode: {"mark": "set"})
     env.reset(seed=0)
-    assert env.step("42")[1] == 1.0 and seen == [{"mark": "set"}]
+    assert env.step("42")[1] == 1.0
+    assert seen == [("turn", 1, "set"), ({"mark": "set"}, "mine")]
 
 
 # -- per-turn leaves --------------------------------------------------------------------------

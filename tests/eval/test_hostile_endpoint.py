@@ -104,3 +104,17 @@ def test_a_key_echoed_by_the_server_is_not_recorded(tmp_path):
     text = (tmp_path / "run" / "rollouts.jsonl").read_text()
     assert "authorization" in text.lower() and "Bearer ***" in text
     assert KEY not in text and KEY not in json.dumps(result.records)
+
+
+def test_a_placeholder_key_is_not_blotted_out_of_the_models_reply(tmp_path):
+    """Servers without auth take any key (vLLM's ``EMPTY``, ``x``): blotting such a key out of
+    replies would turn ``\\boxed{4}`` into ``\\bo***ed{4}`` and mark right answers wrong."""
+    def boxed(body):
+        return {"content": "So the result is \\boxed{4}."}
+
+    with FakeChatServer(boxed) as server:
+        policy = ChatPolicy("test-model", base_url=server.url, api_key="x", native_tools=False)
+        result = evaluate(ENV, policy, env_kwargs=ENV_KWARGS, tasks=1, concurrency=1, preflight=False,
+                          out=tmp_path / "run")
+    assert "\\boxed{4}" in json.dumps(result.records)
+    assert ChatPolicy("m", api_key=KEY).scrub(f"quoted {KEY}") == "quoted ***"
