@@ -360,8 +360,8 @@ class OpenEnvEnv(gym.Env[str, str]):
     """
 
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
-    messages, chat_messages, episode_record, render = (
-        ToolEnv.messages, ToolEnv.chat_messages, ToolEnv.episode_record, ToolEnv.render)  # one transcript logic
+    messages, chat_messages, render = ToolEnv.messages, ToolEnv.chat_messages, ToolEnv.render  # one transcript logic
+    _mix: dict[str, Any] | None = None  # a served mixture's member and level, as its own record has them
     needs_event_loop = True  # every step waits on the network
     tasks = None  # the server's; eval takes a count (--tasks N)
     rubric = None
@@ -508,6 +508,7 @@ class OpenEnvEnv(gym.Env[str, str]):
             info = {"observation": payload, "turn": 0, "messages": [{"role": "user", "content": obs}], "tools": []}
             task, index = Task(id=str(payload.get("episode_id", "openenv")), prompt=obs), 0
         self.tool_schemas = info["tools"] or []
+        self._mix = {"member": info["member"], "difficulty": info.get("difficulty")} if "member" in info else None
         self.episode = Episode(task=task, rollout_id="", index=int(index), messages=list(info["messages"]))
         return obs, info
 
@@ -567,6 +568,13 @@ class OpenEnvEnv(gym.Env[str, str]):
             episode.reward = float(reward)
             episode.reward_components = dict(info.get("reward_components") or {})
         return obs, reward, terminated, truncated, info
+
+    def episode_record(self) -> dict[str, Any]:
+        """:meth:`ToolEnv.episode_record` of the transcript here, with a served mixture's member."""
+        record = ToolEnv.episode_record(self)
+        if record and self._mix:
+            record.update(self._mix)
+        return record
 
     def _refused(self, code: str, message: str):
         """A step the client or the server refused: an observation saying why; the episode goes on."""
