@@ -18,8 +18,12 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+import numpy as np
+
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.env import fewer_collections
+
+from .batching import pack_infos
 
 # Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
 _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
@@ -65,6 +69,7 @@ class _Worker:
         self.needs_reset = {i: fresh for i in env_fns}
         self.outbox: list[tuple[int, Any]] = []
         self.flush_scheduled = False
+        self.columnar = False  # results go back as columns (a lock-step "step_all"), else as rows
 
     def _build(self, i: int) -> None:
         env = self.env_fns[i]()
@@ -206,11 +211,18 @@ class _Worker:
         self.flush_scheduled = False
         if self.outbox:
             out, self.outbox = self.outbox, []
-            self.emit(("results", out))
+            if self.columnar:
+                self.emit(("batch", pack_results(out)))
+            else:
+                self.emit(("results", out))
 
     def handle(self, command: str, payload: Any) -> None:
         """Run one command of the parent's (all but ``close``, which belongs to the host)."""
-        if command == "step":
+        if command in ("step", "step_all"):
+            self.columnar = command == "step_all"
+            if self.columnar:  # lock-step: envs start, start + 1, ...; results go back in columns
+                start, actions = payload
+                payload = zip(range(start, start + len(actions)), actions)
             plain, needs_reset = self.plain, self.needs_reset
             for i, action in payload:
                 if plain[i] and not needs_reset[i]:
@@ -218,6 +230,7 @@ class _Worker:
                 else:
                     self._start(i, self._step(i, action))
         elif command == "reset":
+            self.columnar = False
             for i, seed, options in payload:
                 self._start(i, self._reset(i, seed, options))
         elif command == "call":
@@ -256,6 +269,16 @@ class _Worker:
                 env.close()
             except Exception:
                 pass
+
+
+def pack_results(rows: list[tuple[int, tuple]]) -> tuple:
+    """Step results as one message in columns: ``(ids, observations, rewards, terminated,
+    truncated, infos)``, numbers as arrays and infos as :func:`pack_infos` columns. The work of
+    taking a batch apart is the worker's (one of many), not the parent's (one for all)."""
+    ids = [i for i, _ in rows]
+    obs, rewards, terminated, truncated, infos = zip(*[result for _, result in rows])
+    return (ids, list(obs), np.array(rewards, dtype=np.float64), np.array(terminated, dtype=np.bool_),
+            np.array(truncated, dtype=np.bool_), pack_infos(infos))
 
 
 def failure_text(exc: BaseException) -> str:
