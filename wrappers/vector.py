@@ -589,7 +589,7 @@ class WorkerVectorEnv(VectorEnv):
                 column = columns.get(key)
                 if column is None:
                     column = columns[key] = [[], None if start == 0 else []]
-                if where is None and column[1] is None:
+                if where is None and column[1] is None and len(column[0]) == start:
                     column[0] += values
                     continue
                 if column[1] is None:  # (every env so far had it: now spelt out)

@@ -493,3 +493,56 @@ def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd, whole):
             batch_infos(infos, n, None if whole else positions)
         return
     _same(batch_infos(infos, n, None if whole else positions), expected)
+
+
+def _same_subset(lean, full):
+    """Every key of ``lean`` (an ``info_keys`` batch) as ``full`` (Gymnasium's) has it."""
+    for key, value in lean.items():
+        if isinstance(value, dict):
+            _same_subset(value, full[key])
+        else:
+            _same(value, full[key])
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
+    """The lock-step path (workers answer in columns, several messages per worker) returns what
+    Gymnasium's SyncVectorEnv returns over the same envs and actions, step for step: every info
+    key, mask, dtype and nested final_info, with episodes ending at different steps in different
+    messages (keys present in some envs only), full infos and info_keys alike."""
+    from benchmax_gym.wrappers import worker
+
+    monkeypatch.setattr(worker, "FLUSH_EVERY", 2)  # (forked workers inherit it) messages of 2 results
+    n = 9
+    fns = [lambda: gym.make("benchmax/Math-v0", python_tool=False, max_turns=4) for _ in range(n)]
+    ours = SubprocVectorEnv(fns, num_workers=2, autoreset_mode=mode)
+    lean = SubprocVectorEnv(fns, num_workers=3, autoreset_mode=mode, info_keys=["error", "reward_components"])
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>'
+    try:
+        a, c, b = ours.reset(seed=11), lean.reset(seed=11), ref.reset(seed=11)
+        assert a[0] == b[0] == c[0]
+        _same(a[1], b[1])
+        done = np.zeros(n, dtype=np.bool_)
+        for t in range(12):
+            actions = [("\\boxed{3}" if (i * 5 + t) % 7 == 0 else bad if (i + t) % 4 == 0 else CALC) for i in range(n)]
+            if mode == AutoresetMode.DISABLED and done.any():
+                a, c, b = (e.reset(options={"reset_mask": done.copy()}) for e in (ours, lean, ref))
+                assert a[0] == b[0] == c[0]
+                _same(a[1], b[1])
+            x, z, y = ours.step(actions), lean.step(actions), ref.step(actions)
+            assert x[0] == y[0] == z[0], t
+            for k in (1, 2, 3):
+                _same(x[k], y[k])
+                _same(z[k], y[k])
+            for got in (x[4], z[4]):
+                assert got.pop("scored").tolist() == (~np.isnan(y[1])).tolist() and got.pop("_scored").all()
+            _same(x[4], y[4])
+            assert "messages" in x[4] and "messages" not in z[4]
+            _same_subset(z[4], y[4])
+            done = x[2] | x[3]
+        assert ours.faults == lean.faults == 0
+    finally:
+        ours.close()
+        lean.close()
+        ref.close()
