@@ -63,7 +63,7 @@ from gymnasium.vector.utils import batch_space
 
 from .batching import _stack, batch_columns, batch_infos, unpack_infos
 from .channel import WorkerLost, _Process, readable
-from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED
+from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, unpack_results
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
@@ -419,7 +419,7 @@ class WorkerVectorEnv(VectorEnv):
                 heard.add(w)
                 for kind, results in messages:
                     if kind == "batch":  # (what a lock-step step left when a worker failed)
-                        results = list(_rows(results))
+                        results = list(_rows(unpack_results(results)))
                     if self._lost_reset:
                         results = [(i, self._lost_env_reset(i, result)) for i, result in results]
                     got = len(ready)
@@ -553,8 +553,9 @@ class WorkerVectorEnv(VectorEnv):
                     if kind != "batch":  # (not what step_all answers)
                         failed = True
                         break
-                    chunks[w].append(payload)
-                    left[w] -= len(payload[0])
+                    chunk = unpack_results(payload)
+                    chunks[w].append(chunk)
+                    left[w] -= len(chunk[0])
             if not heard and self.step_timeout is not None and time.monotonic() - now > self.step_timeout:
                 failed = True
             for w in busy:  # one that just answered is alive; it is checked on its next silence
@@ -576,14 +577,13 @@ class WorkerVectorEnv(VectorEnv):
         """The batch from every env's results in column messages, in env order (None when they
         came out of order, as an env that awaits may finish after a later one)."""
         n = self.num_envs
-        index = list(range(n))
-        ids: list[int] = []
         obs: list[Any] = []
         columns: dict[str, list] = {}  # key -> [values, where (None: every env so far)]
         for chunk in chunks:
-            start = len(ids)
+            start = len(obs)
             chunk_ids, chunk_obs, _, _, _, packed = chunk
-            ids += chunk_ids
+            if type(chunk_ids) is not range or chunk_ids.start != start:
+                return None
             obs += chunk_obs
             for key, values, where in packed:
                 column = columns.get(key)
@@ -596,8 +596,9 @@ class WorkerVectorEnv(VectorEnv):
                     column[1] = list(range(len(column[0])))
                 column[0] += values
                 column[1] += range(start, start + len(chunk_ids)) if where is None else [start + j for j in where]
-        if ids != index:
+        if len(obs) != n:
             return None
+        index = list(range(n))
         self._last_obs = obs
         infos = batch_columns({key: (values, where if where is not None else index if len(values) == n
                                      else list(range(len(values)))) for key, (values, where) in columns.items()},
@@ -726,7 +727,7 @@ def _rows(chunk: tuple):
     """``(env id, result)`` pairs of a column message (``pack_results``), as rows."""
     ids, obs, rewards, terminated, truncated, packed = chunk
     results = zip(obs, rewards.tolist(), terminated.tolist(), truncated.tolist(), unpack_infos(packed, len(ids)))
-    return zip(ids, results)
+    return zip(list(ids), results)
 
 
 @contextlib.contextmanager

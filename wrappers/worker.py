@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import marshal
 import math
 import os
 import pickle
@@ -271,14 +272,34 @@ class _Worker:
                 pass
 
 
-def pack_results(rows: list[tuple[int, tuple]]) -> tuple:
+def pack_results(rows: list[tuple[int, tuple]]) -> tuple | bytes:
     """Step results as one message in columns: ``(ids, observations, rewards, terminated,
-    truncated, infos)``, numbers as arrays and infos as :func:`pack_infos` columns. The work of
-    taking a batch apart is the worker's (one of many), not the parent's (one for all)."""
+    truncated, infos)``, ids as ``(start, stop)`` when consecutive, numbers as the bytes of
+    arrays and infos as :func:`pack_infos` columns. The work of taking a batch apart is the
+    worker's (one of many), not the parent's (one for all). In ``marshal``'s format when every
+    value is a plain builtin (a quarter faster to decode than pickle's; the parent is the same
+    Python), else as it is (pickled)."""
     ids = [i for i, _ in rows]
     obs, rewards, terminated, truncated, infos = zip(*[result for _, result in rows])
-    return (ids, list(obs), np.array(rewards, dtype=np.float64), np.array(terminated, dtype=np.bool_),
-            np.array(truncated, dtype=np.bool_), pack_infos(infos))
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        ids = (ids[0], ids[0] + len(ids))
+    packed = (ids, list(obs), np.array(rewards, dtype=np.float64).tobytes(),
+              np.array(terminated, dtype=np.bool_).tobytes(), np.array(truncated, dtype=np.bool_).tobytes(),
+              pack_infos(infos))
+    try:
+        return marshal.dumps(packed, 4)
+    except ValueError:  # an object marshal does not know (numpy values, a user's class): pickle's turn
+        return packed
+
+
+def unpack_results(message: tuple | bytes) -> tuple:
+    """:func:`pack_results`'s message: ``(ids, observations, rewards, terminated, truncated,
+    infos)`` with ids a ``range`` or list and the numbers as arrays."""
+    if type(message) is bytes:
+        message = marshal.loads(message)
+    ids, obs, rewards, terminated, truncated, packed = message
+    return (range(*ids) if type(ids) is tuple else ids, obs, np.frombuffer(rewards, dtype=np.float64).copy(),
+            np.frombuffer(terminated, dtype=np.bool_).copy(), np.frombuffer(truncated, dtype=np.bool_).copy(), packed)
 
 
 def failure_text(exc: BaseException) -> str:
