@@ -31,6 +31,10 @@ _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
 ENV_ERROR, WORKER_RESTARTED = "env_error", "worker_restarted"
 MIX_INFO_KEYS = ("member", "mix_episode")  # a mixture's (benchmax/Mix-v0) reports for the parent's controller
 FLUSH_EVERY = 256  # results per message at most, when one command steps many envs
+# ... and in a lock-step batch's column messages: fewer, bigger messages cost the parent less
+# (each is a wake-up, a read and a merge; 1,024 envs over 2 workers: 0.6-0.8 us of parent CPU per
+# env step instead of 1.0 with 256)
+COLUMN_FLUSH_EVERY = 1024
 
 
 def async_api(env: gym.Env) -> Any | None:
@@ -196,7 +200,7 @@ class _Worker:
         if self.keep is not None:
             result = (*result[:-1], self._kept(result[-1]))
         self.outbox.append((i, result))
-        if len(self.outbox) >= FLUSH_EVERY:  # a big batch streams: the parent unpacks while this steps on
+        if len(self.outbox) >= (COLUMN_FLUSH_EVERY if self.columnar else FLUSH_EVERY):  # a big batch streams: the parent unpacks while this steps on
             self._flush()
         elif not self.flush_scheduled:
             self.flush_scheduled = True

@@ -512,7 +512,7 @@ def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
     messages (keys present in some envs only), full infos and info_keys alike."""
     from benchmax_gym.wrappers import worker
 
-    monkeypatch.setattr(worker, "FLUSH_EVERY", 2)  # (forked workers inherit it) messages of 2 results
+    monkeypatch.setattr(worker, "COLUMN_FLUSH_EVERY", 2)  # (forked workers inherit it) messages of 2 results
     n = 9
     fns = [lambda: gym.make("benchmax/Math-v0", python_tool=False, max_turns=4) for _ in range(n)]
     ours = SubprocVectorEnv(fns, num_workers=2, autoreset_mode=mode)
