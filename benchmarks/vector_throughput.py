@@ -17,7 +17,8 @@ Same environment, same actions, one run:
 5. the parent's own CPU (``time.process_time`` of this process, which never counts the workers)
    per environment step, lock-step, ``--parent-envs`` (1,024) calculator envs, with ``info_keys``
    and with full infos, and the steps per second alongside, for each worker count of ``--sweep``
-   (1, 2, 4, 8, 16, capped at ``os.cpu_count()``). The parent's serial work is the ceiling of a
+   (1, 2, 4, 8, 16, capped at ``os.cpu_count()``), and the workers' CPU per step (all of them,
+   from /proc). The parent's serial work is the ceiling of a
    many-core machine (1 us of it per step caps every worker count at 1M steps/s); on a shared or
    small machine its CPU per step is the figure to compare, as wall-clock rates move with the
    load.
@@ -29,7 +30,8 @@ compete for two cores): compare medians over rounds.
 
     python benchmarks/vector_throughput.py [--envs 64] [--seconds 3] [--rounds 3] [--scale-envs 4096]
         [--parent-envs 1024] [--sweep 1,2,4,8,16] [--sections parent,cheap,scale,tail,memory]
-        [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON; without one GEM is skipped)]
+        [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON, else this interpreter when gem-llm imports
+         here; without one GEM is skipped)]
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 import benchmax_gym
 from benchmax_gym.wrappers import SubprocVectorEnv
 
-from _bench import descendants, memory as process_memory, peer_python
+from _bench import cpu_seconds, descendants, memory as process_memory, peer_python
 from step_overhead import ACTION as CALC, Peer  # the action (one calculator call) and the GEM peer
 
 
@@ -114,12 +116,15 @@ def parent_cpu(envs, seconds: float) -> dict:
     envs.reset(seed=0)
     for _ in range(3):  # warm up
         envs.step(actions)
+    workers = sum(map(cpu_seconds, envs.worker_pids))
     steps, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         envs.step(actions)
         steps += n
     cpu, wall = time.process_time() - cpu, time.perf_counter() - start
-    return {"parent_cpu_us_per_step": round(cpu / steps * 1e6, 3), "steps_per_s": round(steps / wall)}
+    workers = sum(map(cpu_seconds, envs.worker_pids)) - workers
+    return {"parent_cpu_us_per_step": round(cpu / steps * 1e6, 3), "steps_per_s": round(steps / wall),
+            "workers_cpu_us_per_step": round(workers / steps * 1e6, 3)}  # (at the clock tick's resolution)
 
 
 def median_range(values: list[float]) -> dict:
@@ -180,7 +185,8 @@ def main() -> None:
     }
     if "cheap" in sections:
         gem = None
-        gem_python, skipped = peer_python("--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python)
+        gem_python, skipped = peer_python("--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python,
+                                            "gem")
         if skipped:
             result["gem_skipped"] = skipped
             print(f"GEM {skipped}", file=sys.stderr)

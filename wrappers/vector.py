@@ -515,7 +515,7 @@ class WorkerVectorEnv(VectorEnv):
                 batch = self._step_all(actions)
             if batch is not None:
                 return batch
-            # a worker failed: what it had not answered is pending, as after send(); the general path
+            # a worker failed or results came out of order: what arrived is ready, the rest pending (as after send())
         else:
             self.send(actions)
         self._gather(self.num_envs, None)
