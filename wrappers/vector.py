@@ -124,6 +124,7 @@ class WorkerVectorEnv(VectorEnv):
     """
 
     _kind = "worker"  # how messages name one worker
+    _blocking_reads = False  # a lock-step batch may block on one worker's read (its end shows as EOF)
 
     def _setup(self, env, fns: list[Callable], num_workers: int, autoreset_mode, step_timeout, info_keys=None) -> None:
         self.num_envs = len(fns)
@@ -539,6 +540,24 @@ class WorkerVectorEnv(VectorEnv):
                 self._workers[w].send(("step_all", (ids.start, actions[ids.start:ids.stop])))
             except WorkerLost:  # (the others step on; _gather restarts this one)
                 failed = True
+        if self._blocking_reads and self.step_timeout is None and not failed:
+            # Nothing to time out: read each worker's messages in turn, no poll per message (a dead
+            # worker's pipe reads as its end, WorkerLost); what others send meanwhile waits in their pipes.
+            for w, worker in enumerate(self._workers):
+                while left[w] > 0 and not failed:
+                    try:
+                        kind, payload = worker._read()
+                    except WorkerLost:
+                        failed = True
+                        break
+                    if kind != "batch":
+                        failed = True
+                        break
+                    chunk = unpack_results(payload)
+                    chunks[w].append(chunk)
+                    left[w] -= len(chunk[0])
+                if failed:
+                    break
         busy = [w for w, count in enumerate(left) if count]
         while busy and not failed:
             wait = None if self.step_timeout is None else max(0.0, now + self.step_timeout - time.monotonic())
@@ -714,6 +733,8 @@ class SubprocVectorEnv(WorkerVectorEnv):
             raise ValueError(f"num_workers must be an int from 1 to num_envs={len(fns)}, got {num_workers!r}")
         self._ctx = mp.get_context(context)
         self._setup(env, fns, num_workers, autoreset_mode, step_timeout, info_keys)
+
+    _blocking_reads = True  # a pipe: a dead worker's end reads as EOF at once
 
     def _spawn(self, w: int, fresh: bool) -> _Process:
         return _Process(self._ctx, self._groups[w], self.autoreset_mode, fresh, self.info_keys)

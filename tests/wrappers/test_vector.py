@@ -546,3 +546,25 @@ def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
         ours.close()
         lean.close()
         ref.close()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_a_worker_dying_in_a_lockstep_batch_leaves_the_others_results(mode, monkeypatch):
+    """The middle worker dies while the lock-step batch is read in messages of one result: the
+    envs it held end truncated with the error, the others' results (read before and after) are theirs."""
+    from benchmax_gym.wrappers import worker
+
+    monkeypatch.setattr(worker, "COLUMN_FLUSH_EVERY", 1)
+    envs = SubprocVectorEnv([Flaky] * 6, num_workers=3, autoreset_mode=mode)
+    try:
+        envs.reset(seed=0)
+        obs, rewards, terminated, truncated, info = envs.step(["a", "b", "c", "die", "e", "f"])
+        assert truncated.tolist() == [False, False, True, True, False, False] and envs.faults == 1
+        assert [obs[i] for i in (0, 1, 4, 5)] == ["echo a 1", "echo b 1", "echo e 1", "echo f 1"]
+        errors = info["final_info"]["error"] if mode == AutoresetMode.SAME_STEP else info["error"]
+        assert all("worker_restarted" in errors[i] for i in (2, 3))
+        assert info["scored"].tolist() == [True, True, False, False, True, True]
+        obs, *_ = envs.step(["g"] * 6)
+        assert obs[0] == "echo g 2" and obs[5] == "echo g 2"
+    finally:
+        envs.close()
