@@ -7,6 +7,13 @@ survives faults:
 * **Several environments per worker.** A worker runs its environments' ``astep`` coroutines
   concurrently on one event loop, so tools that wait on I/O overlap inside one process, and a
   batch costs one message per worker instead of one per environment.
+* **A parent that stays out of the way.** In lock-step ``step()`` each worker answers with
+  column messages (``worker.pack_results``: observations as one list, rewards and flags as
+  arrays, infos key by key, in ``marshal``'s format), and the parent joins the columns into
+  Gymnasium's dict of arrays without Python work per env: its serial CPU per env step is what
+  caps any number of workers (1,024 calculator envs on 2 cores: about 0.5-0.7 us with
+  ``info_keys`` and 2.7-4 us with full infos, from 2.1-3.5 and 8.8-12.7). Ready-first calls,
+  faults and mixtures take the per-env path, whose results are the same.
 * **Ready-first mode** (envpool's pattern) for heavy-tailed tool latency: ``send(actions,
   env_ids)`` then ``recv(min_ready=k)`` returns whichever environments finished first, with their
   ids, so a trainer never waits for the slowest member of a batch::

@@ -201,7 +201,8 @@ class _Worker:
         if self.keep is not None:
             result = (*result[:-1], self._kept(result[-1]))
         self.outbox.append((i, result))
-        if len(self.outbox) >= (COLUMN_FLUSH_EVERY if self.columnar else FLUSH_EVERY):  # a big batch streams: the parent unpacks while this steps on
+        # a big batch streams: the parent unpacks while this steps on
+        if len(self.outbox) >= (COLUMN_FLUSH_EVERY if self.columnar else FLUSH_EVERY):
             self._flush()
         elif not self.flush_scheduled:
             self.flush_scheduled = True
