@@ -299,12 +299,13 @@ def pack_results(rows: list[tuple[int, tuple]]) -> tuple | bytes:
 
 def unpack_results(message: tuple | bytes) -> tuple:
     """:func:`pack_results`'s message: ``(ids, observations, rewards, terminated, truncated,
-    infos)`` with ids a ``range`` or list and the numbers as arrays."""
+    infos)`` with ids a ``range`` or list and the numbers as read-only arrays over the message
+    (the batch concatenates them into its own)."""
     if type(message) is bytes:
         message = marshal.loads(message)
     ids, obs, rewards, terminated, truncated, packed = message
-    return (range(*ids) if type(ids) is tuple else ids, obs, np.frombuffer(rewards, dtype=np.float64).copy(),
-            np.frombuffer(terminated, dtype=np.bool_).copy(), np.frombuffer(truncated, dtype=np.bool_).copy(), packed)
+    return (range(*ids) if type(ids) is tuple else ids, obs, np.frombuffer(rewards, dtype=np.float64),
+            np.frombuffer(terminated, dtype=np.bool_), np.frombuffer(truncated, dtype=np.bool_), packed)
 
 
 def failure_text(exc: BaseException) -> str:

@@ -535,6 +535,7 @@ def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
             for k in (1, 2, 3):
                 _same(x[k], y[k])
                 _same(z[k], y[k])
+                assert x[k].flags.writeable and z[k].flags.writeable  # the caller's own arrays
             for got in (x[4], z[4]):
                 assert got.pop("scored").tolist() == (~np.isnan(y[1])).tolist() and got.pop("_scored").all()
             _same(x[4], y[4])
