@@ -7,7 +7,9 @@ Imported by name: ``python benchmarks/x.py`` puts this folder first on ``sys.pat
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import shutil
 import sys
 
 
@@ -55,6 +57,17 @@ def alive(pid: int) -> bool:
     return os.path.exists(f"/proc/{pid}")
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """A live process's CPU time so far (user + system, from /proc/PID/stat); None once it is gone."""
+    _proc()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
+
+
 def memory(pid: int | None = None) -> dict[str, int] | None:
     """``{"rss": bytes, "pss": bytes}`` of a process from /proc/PID/smaps_rollup (PSS shares each
     shared page among its users); None once the process is gone or cannot be read."""
@@ -72,11 +85,19 @@ def memory(pid: int | None = None) -> dict[str, int] | None:
     return values if len(values) == 2 else None
 
 
-def peer_python(flag: str, variable: str, package: str, given: str | None) -> tuple[str | None, str | None]:
-    """``(interpreter, None)`` from ``--FLAG`` or ``$VARIABLE``, or ``(None, why it is skipped)``."""
+def peer_python(flag: str, variable: str, package: str, given: str | None,
+                module: str | None = None) -> tuple[str | None, str | None]:
+    """``(interpreter, None)`` from ``--FLAG`` or ``$VARIABLE`` (a path, or a command on
+    ``$PATH`` such as ``python3``), else this interpreter when ``module`` (the peer's package)
+    imports here; or ``(None, why it is skipped)``. A plain interpreter with the peer installed
+    is enough: no fixed virtual environment."""
     python = given or os.environ.get(variable)
     if not python:
+        if module and importlib.util.find_spec(module) is not None:
+            return sys.executable, None
         return None, f"skipped: pass {flag} PYTHON (or set {variable}), an interpreter with {package}"
+    if os.sep not in python:
+        python = shutil.which(python) or python
     if not os.path.exists(python):
         return None, f"skipped: no interpreter at {python} ({flag} / ${variable})"
     return python, None

@@ -23,7 +23,9 @@ the median of a step with that part replaced by a constant (one process, interle
         [--gem-python PYTHON] [--skyrl-python PYTHON] [--breakdown]
 
 A peer is measured when its interpreter is given (the flag, else ``$BENCHMAX_GEM_PYTHON`` /
-``$BENCHMAX_SKYRL_PYTHON``); without one it is skipped, with the reason on stderr and in the JSON.
+``$BENCHMAX_SKYRL_PYTHON``; a path or a command such as ``python3``) or, without one, in this
+interpreter when the peer's package imports here; else it is skipped, with the reason on stderr
+and in the JSON.
 """
 
 from __future__ import annotations
@@ -289,7 +291,7 @@ def main() -> None:
     for name, flag, variable, package, given in (
             ("gem_tool_env_wrapper", "--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python),
             ("skyrl_gym", "--skyrl-python", "BENCHMAX_SKYRL_PYTHON", "skyrl-gym", args.skyrl_python)):
-        python, skipped = peer_python(flag, variable, package, given)
+        python, skipped = peer_python(flag, variable, package, given, "gem" if name.startswith("gem") else "skyrl_gym")
         if skipped:
             missing[name] = skipped
             print(f"{name} {skipped}", file=sys.stderr)

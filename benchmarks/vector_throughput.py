@@ -13,13 +13,25 @@ Same environment, same actions, one run:
    interleaved rounds (``--scale-envs 0`` leaves it out);
 3. heavy-tailed tool latency (an async sleep: 90% 5 ms, 10% 200 ms), 64 envs: steps per second,
    lock-step and ready-first (``send``/``recv``);
-4. memory: resident (and proportional) set size of all processes for 64 and 256 envs.
+4. memory: resident (and proportional) set size of all processes for 64 and 256 envs;
+5. the parent's own CPU (``time.process_time`` of this process, which never counts the workers)
+   per environment step, lock-step, ``--parent-envs`` (1,024) calculator envs, with ``info_keys``
+   and with full infos, and the steps per second alongside, for each worker count of ``--sweep``
+   (1, 2, 4, 8, 16, capped at ``os.cpu_count()``), and the workers' CPU per step (all of them,
+   from /proc). The parent's serial work is the ceiling of a
+   many-core machine (1 us of it per step caps every worker count at 1M steps/s); on a shared or
+   small machine its CPU per step is the figure to compare, as wall-clock rates move with the
+   load.
+
+``--sections`` runs some of them (``parent,cheap,scale,tail,memory``; default all).
 
 AsyncVectorEnv's figure swings widely from run to run on a 2-core machine (its 64 processes
 compete for two cores): compare medians over rounds.
 
     python benchmarks/vector_throughput.py [--envs 64] [--seconds 3] [--rounds 3] [--scale-envs 4096]
-        [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON; without one GEM is skipped)]
+        [--parent-envs 1024] [--sweep 1,2,4,8,16] [--sections parent,cheap,scale,tail,memory]
+        [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON, else this interpreter when gem-llm imports
+         here; without one GEM is skipped)]
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 import benchmax_gym
 from benchmax_gym.wrappers import SubprocVectorEnv
 
-from _bench import descendants, memory as process_memory, peer_python
+from _bench import cpu_seconds, descendants, memory as process_memory, peer_python
 from step_overhead import ACTION as CALC, Peer  # the action (one calculator call) and the GEM peer
 
 
@@ -97,6 +109,24 @@ def ready_first_rate(envs: SubprocVectorEnv, rng, seconds: float, batch: int) ->
     return rate
 
 
+def parent_cpu(envs, seconds: float) -> dict:
+    """Lock-step: the parent's CPU (this process only) per env step, and the steps per second."""
+    n = envs.num_envs
+    actions = [CALC] * n
+    envs.reset(seed=0)
+    for _ in range(3):  # warm up
+        envs.step(actions)
+    workers = sum(map(cpu_seconds, envs.worker_pids))
+    steps, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        envs.step(actions)
+        steps += n
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - start
+    workers = sum(map(cpu_seconds, envs.worker_pids)) - workers
+    return {"parent_cpu_us_per_step": round(cpu / steps * 1e6, 3), "steps_per_s": round(steps / wall),
+            "workers_cpu_us_per_step": round(workers / steps * 1e6, 3)}  # (at the clock tick's resolution)
+
+
 def median_range(values: list[float]) -> dict:
     return {"median": round(statistics.median(values)), "min": round(min(values)), "max": round(max(values))}
 
@@ -121,12 +151,31 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale-envs", type=int, default=4096)
+    parser.add_argument("--parent-envs", type=int, default=1024)
+    parser.add_argument("--sweep", default="1,2,4,8,16", help="worker counts for the parent CPU figures")
+    parser.add_argument("--sections", default="parent,cheap,scale,tail,memory")
     parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")
     args = parser.parse_args()
     n, secs = args.envs, args.seconds
     workers = os.cpu_count() or 1
-    result = {"benchmark": "vector_throughput", "envs": n, "cpus": workers, "rounds": args.rounds}
+    sections = set(args.sections.split(","))
+    result = {"benchmark": "vector_throughput", "envs": n, "cpus": workers, "cpu_count": os.cpu_count(),
+              "rounds": args.rounds}
     keys = ["error", "reward_components"]
+
+    if "parent" in sections:
+        counts = [w for w in map(int, args.sweep.split(",")) if w <= workers and w <= args.parent_envs] or [1]
+        sweep: dict[str, dict] = {}
+        for count in counts:
+            for mode, info_keys in (("info_keys", keys), ("full_infos", None)):
+                runs = []
+                for _ in range(args.rounds):
+                    envs = SubprocVectorEnv([math_env] * args.parent_envs, num_workers=count, info_keys=info_keys)
+                    runs.append(parent_cpu(envs, args.seconds))
+                    envs.close()
+                sweep.setdefault(str(count), {})[mode] = {
+                    key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        result["parent_lockstep"] = {"envs": args.parent_envs, "by_workers": sweep}
 
     makers = {
         "subproc": lambda k: SubprocVectorEnv([math_env] * k, num_workers=workers),
@@ -134,35 +183,37 @@ def main() -> None:
         "async": lambda k: AsyncVectorEnv([math_env] * k, shared_memory=False),
         "sync": lambda k: SyncVectorEnv([math_env] * k),
     }
-    gem = None
-    gem_python, skipped = peer_python("--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python)
-    if skipped:
-        result["gem_skipped"] = skipped
-        print(f"GEM {skipped}", file=sys.stderr)
-    else:
-        try:
-            gem = Peer("gem", gem_python)
-        except RuntimeError as exc:
-            result["gem_skipped"] = str(exc)[-300:]
-    rounds: dict[str, list[float]] = {name: [] for name in [*makers, *(["gem_sync"] if gem else [])]}
-    for _ in range(args.rounds):
-        for name, make in makers.items():
-            envs = make(n)
-            rounds[name].append(lockstep_rate(envs, lambda: [CALC] * n, secs))
-            envs.close()
+    if "cheap" in sections:
+        gem = None
+        gem_python, skipped = peer_python("--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python,
+                                            "gem")
+        if skipped:
+            result["gem_skipped"] = skipped
+            print(f"GEM {skipped}", file=sys.stderr)
+        else:
+            try:
+                gem = Peer("gem", gem_python)
+            except RuntimeError as exc:
+                result["gem_skipped"] = str(exc)[-300:]
+        rounds: dict[str, list[float]] = {name: [] for name in [*makers, *(["gem_sync"] if gem else [])]}
+        for _ in range(args.rounds):
+            for name, make in makers.items():
+                envs = make(n)
+                rounds[name].append(lockstep_rate(envs, lambda: [CALC] * n, secs))
+                envs.close()
+            if gem:
+                rounds["gem_sync"].append(gem.vector_rate(n, secs))
         if gem:
-            rounds["gem_sync"].append(gem.vector_rate(n, secs))
-    if gem:
-        gem.close()
-    cheap = {name: median_range(values) for name, values in rounds.items()}
-    for name in ("subproc", "subproc_info_keys"):
-        cheap[f"{name}_over_sync"] = cheap[name]["median"] / cheap["sync"]["median"]
-        if gem:
-            cheap[f"{name}_over_gem_sync"] = cheap[name]["median"] / cheap["gem_sync"]["median"]
-    cheap["subproc_over_async"] = cheap["subproc"]["median"] / cheap["async"]["median"]
-    result["cheap_tool_steps_per_s"] = cheap
+            gem.close()
+        cheap = {name: median_range(values) for name, values in rounds.items()}
+        for name in ("subproc", "subproc_info_keys"):
+            cheap[f"{name}_over_sync"] = cheap[name]["median"] / cheap["sync"]["median"]
+            if gem:
+                cheap[f"{name}_over_gem_sync"] = cheap[name]["median"] / cheap["gem_sync"]["median"]
+        cheap["subproc_over_async"] = cheap["subproc"]["median"] / cheap["async"]["median"]
+        result["cheap_tool_steps_per_s"] = cheap
 
-    if args.scale_envs:
+    if args.scale_envs and "scale" in sections:
         scale: dict[str, list[float]] = {str(n): [], str(args.scale_envs): []}
         for _ in range(args.rounds):
             for count in (n, args.scale_envs):
@@ -174,31 +225,33 @@ def main() -> None:
             "change": statistics.median(scale[str(args.scale_envs)]) / statistics.median(scale[str(n)]) - 1,
         }
 
-    rng = np.random.default_rng(0)
-    tail = {}
-    for name, make in (
-        ("subproc_lockstep", lambda: SubprocVectorEnv([slow_env] * n, num_workers=workers)),
-        ("async", lambda: AsyncVectorEnv([slow_env] * n, shared_memory=False)),
-        ("sync", lambda: SyncVectorEnv([slow_env] * n)),
-    ):
-        envs = make()
-        tail[name] = lockstep_rate(envs, lambda: [latency_action(rng) for _ in range(n)], secs)
+    if "tail" in sections:
+        rng = np.random.default_rng(0)
+        tail = {}
+        for name, make in (
+            ("subproc_lockstep", lambda: SubprocVectorEnv([slow_env] * n, num_workers=workers)),
+            ("async", lambda: AsyncVectorEnv([slow_env] * n, shared_memory=False)),
+            ("sync", lambda: SyncVectorEnv([slow_env] * n)),
+        ):
+            envs = make()
+            tail[name] = lockstep_rate(envs, lambda: [latency_action(rng) for _ in range(n)], secs)
+            envs.close()
+        envs = SubprocVectorEnv([slow_env] * n, num_workers=workers)
+        tail["subproc_ready_first"] = ready_first_rate(envs, rng, secs, batch=max(1, n // 8))
         envs.close()
-    envs = SubprocVectorEnv([slow_env] * n, num_workers=workers)
-    tail["subproc_ready_first"] = ready_first_rate(envs, rng, secs, batch=max(1, n // 8))
-    envs.close()
-    tail["ready_first_over_async"] = tail["subproc_ready_first"] / tail["async"]
-    result["heavy_tail_steps_per_s"] = tail
+        tail["ready_first_over_async"] = tail["subproc_ready_first"] / tail["async"]
+        result["heavy_tail_steps_per_s"] = tail
 
-    mem = {}
-    for count in (1, 64, 256):
-        mem[str(count)] = memory(lambda k: SubprocVectorEnv([math_env] * k, num_workers=min(workers, k)), count)
-    for count in ("64", "256"):
-        extra = int(count) - 1
-        mem[f"rss_mb_per_env_beyond_first_{count}"] = (mem[count]["rss_mb"] - mem["1"]["rss_mb"]) / extra
-        mem[f"pss_mb_per_env_beyond_first_{count}"] = (mem[count]["pss_mb"] - mem["1"]["pss_mb"]) / extra
-    mem["async_64"] = memory(lambda k: AsyncVectorEnv([math_env] * k, shared_memory=False), 64)
-    result["memory"] = mem
+    if "memory" in sections:
+        mem = {}
+        for count in (1, 64, 256):
+            mem[str(count)] = memory(lambda k: SubprocVectorEnv([math_env] * k, num_workers=min(workers, k)), count)
+        for count in ("64", "256"):
+            extra = int(count) - 1
+            mem[f"rss_mb_per_env_beyond_first_{count}"] = (mem[count]["rss_mb"] - mem["1"]["rss_mb"]) / extra
+            mem[f"pss_mb_per_env_beyond_first_{count}"] = (mem[count]["pss_mb"] - mem["1"]["pss_mb"]) / extra
+        mem["async_64"] = memory(lambda k: AsyncVectorEnv([math_env] * k, shared_memory=False), 64)
+        result["memory"] = mem
     print(json.dumps(result))
 
 

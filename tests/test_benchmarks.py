@@ -1,5 +1,6 @@
 """The benchmark scripts on the base install: extras blocked, each starts (``--help``) or says in
-one line which extra it needs; peers' interpreters come only from flags or variables."""
+one line which extra it needs; peers' interpreters come from flags or variables (else this
+interpreter, when the peer imports here)."""
 
 import json
 import os
@@ -140,3 +141,27 @@ def test_reward_overhead_runs_briefly_and_prints_its_figures():
                 "final_step_dense_us"):
         assert result[key]["median"] > 0
     assert {"dense_step_overhead", "per_turn_noop_step_overhead", "dense_final_step_overhead"} <= set(result)
+
+
+def test_vector_throughput_prints_the_parents_cpu_per_step_over_a_worker_sweep():
+    out = _run_on_base("vector_throughput.py", "--sections", "parent", "--parent-envs", "8", "--sweep", "1,2,64",
+                       "--rounds", "1", "--seconds", "0.2")
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["cpu_count"] == os.cpu_count()
+    sweep = figures["parent_lockstep"]["by_workers"]
+    assert set(sweep) == {"1", "2"} & {str(w) for w in range(1, os.cpu_count() + 1)}  # capped by the machine
+    for mode in ("info_keys", "full_infos"):
+        assert sweep["1"][mode]["parent_cpu_us_per_step"] > 0 and sweep["1"][mode]["steps_per_s"] > 0
+    assert "cheap_tool_steps_per_s" not in figures and "memory" not in figures  # only the sections asked for
+
+
+def test_run_all_gathers_each_scripts_json_in_one_file(tmp_path):
+    out = tmp_path / "results.jsonl"
+    done = _run_on_base("run_all.py", "--only", "parse_hostile", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    [line] = map(json.loads, out.read_text().splitlines())
+    assert line["script"] == "parse_hostile.py" and line["cpu_count"] == os.cpu_count()
+    assert isinstance(line["result"], dict) and line["result"], line
+    unknown = _run_on_base("run_all.py", "--only", "no_such_bench", "--out", str(out))
+    assert unknown.returncode == 2 and "no benchmark ['no_such_bench.py']" in unknown.stderr

@@ -36,8 +36,15 @@ def batch_infos(infos: Sequence[dict], num_envs: int, index: Sequence[int] | Non
     serial cost of a batch). Same arrays, dtypes (the first env's value decides), masks and
     nesting; a key whose values mix dicts and non-dicts goes through ``_add_info`` itself."""
     index = list(range(len(infos))) if index is None else list(index)
+    return batch_columns(_columns(infos, index), num_envs, index)
+
+
+def batch_columns(columns: dict[str, tuple[list, list[int]]], num_envs: int, index: list[int]) -> dict[str, Any]:
+    """:func:`batch_infos` from the infos' columns: each key's values and the envs they belong
+    to (``where``; ``where is index`` when every env of ``index`` has the key). A lock-step
+    batch arrives from the workers in columns already (:func:`pack_infos`): the parent then
+    builds each array with a few C-level calls, not a Python loop per env."""
     whole = len(index) == num_envs and index == list(range(num_envs))  # every env, in order
-    columns = _columns(infos, index)
     shared = None  # the mask of keys every info has (the common case), made once
     out: dict[str, Any] = {}
     for key, (values, where) in columns.items():
@@ -78,6 +85,27 @@ def batch_infos(infos: Sequence[dict], num_envs: int, index: Sequence[int] | Non
             mask[where] = True
         out[key], out[f"_{key}"] = array, mask
     return out
+
+
+def pack_infos(infos: Sequence[dict]) -> list[tuple[str, list, list[int] | None]]:
+    """A worker's infos as columns for the parent: ``(key, values, positions)`` with positions
+    in ``infos`` (None: every one has the key), each key in the order :func:`_columns` finds it."""
+    index = list(range(len(infos)))
+    return [(key, values, None if where is index else where) for key, (values, where) in _columns(infos, index).items()]
+
+
+def unpack_infos(packed: list[tuple[str, list, list[int] | None]], count: int) -> list[dict]:
+    """The per-env info dicts of :func:`pack_infos`'s columns (the parent's rare paths: faults,
+    mixtures, results out of order)."""
+    if all(where is None for _, _, where in packed):
+        keys = [key for key, _, _ in packed]
+        return [dict(zip(keys, row)) for row in zip(*(values for _, values, _ in packed))] if keys else [
+            {} for _ in range(count)]
+    infos: list[dict] = [{} for _ in range(count)]
+    for key, values, where in packed:
+        for j, value in zip(range(count) if where is None else where, values):
+            infos[j][key] = value
+    return infos
 
 
 def _columns(infos: Sequence[dict], index: list[int]) -> dict[str, tuple[list, list[int]]]:

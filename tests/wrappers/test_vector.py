@@ -493,3 +493,79 @@ def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd, whole):
             batch_infos(infos, n, None if whole else positions)
         return
     _same(batch_infos(infos, n, None if whole else positions), expected)
+
+
+def _same_subset(lean, full):
+    """Every key of ``lean`` (an ``info_keys`` batch) as ``full`` (Gymnasium's) has it."""
+    for key, value in lean.items():
+        if isinstance(value, dict):
+            _same_subset(value, full[key])
+        else:
+            _same(value, full[key])
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
+    """The lock-step path (workers answer in columns, several messages per worker) returns what
+    Gymnasium's SyncVectorEnv returns over the same envs and actions, step for step: every info
+    key, mask, dtype and nested final_info, with episodes ending at different steps in different
+    messages (keys present in some envs only), full infos and info_keys alike."""
+    from benchmax_gym.wrappers import worker
+
+    monkeypatch.setattr(worker, "COLUMN_FLUSH_EVERY", 2)  # (forked workers inherit it) messages of 2 results
+    n = 9
+    fns = [lambda: gym.make("benchmax/Math-v0", python_tool=False, max_turns=4) for _ in range(n)]
+    ours = SubprocVectorEnv(fns, num_workers=2, autoreset_mode=mode)
+    lean = SubprocVectorEnv(fns, num_workers=3, autoreset_mode=mode, info_keys=["error", "reward_components"])
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
+    bad = '<tool_call>{"name": "calculator", "arguments": {"expr": "1"}}</tool_call>'
+    try:
+        a, c, b = ours.reset(seed=11), lean.reset(seed=11), ref.reset(seed=11)
+        assert a[0] == b[0] == c[0]
+        _same(a[1], b[1])
+        done = np.zeros(n, dtype=np.bool_)
+        for t in range(12):
+            actions = [("\\boxed{3}" if (i * 5 + t) % 7 == 0 else bad if (i + t) % 4 == 0 else CALC) for i in range(n)]
+            if mode == AutoresetMode.DISABLED and done.any():
+                a, c, b = (e.reset(options={"reset_mask": done.copy()}) for e in (ours, lean, ref))
+                assert a[0] == b[0] == c[0]
+                _same(a[1], b[1])
+            x, z, y = ours.step(actions), lean.step(actions), ref.step(actions)
+            assert x[0] == y[0] == z[0], t
+            for k in (1, 2, 3):
+                _same(x[k], y[k])
+                _same(z[k], y[k])
+                assert x[k].flags.writeable and z[k].flags.writeable  # the caller's own arrays
+            for got in (x[4], z[4]):
+                assert got.pop("scored").tolist() == (~np.isnan(y[1])).tolist() and got.pop("_scored").all()
+            _same(x[4], y[4])
+            assert "messages" in x[4] and "messages" not in z[4]
+            _same_subset(z[4], y[4])
+            done = x[2] | x[3]
+        assert ours.faults == lean.faults == 0
+    finally:
+        ours.close()
+        lean.close()
+        ref.close()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_a_worker_dying_in_a_lockstep_batch_leaves_the_others_results(mode, monkeypatch):
+    """The middle worker dies while the lock-step batch is read in messages of one result: the
+    envs it held end truncated with the error, the others' results (read before and after) are theirs."""
+    from benchmax_gym.wrappers import worker
+
+    monkeypatch.setattr(worker, "COLUMN_FLUSH_EVERY", 1)
+    envs = SubprocVectorEnv([Flaky] * 6, num_workers=3, autoreset_mode=mode)
+    try:
+        envs.reset(seed=0)
+        obs, rewards, terminated, truncated, info = envs.step(["a", "b", "c", "die", "e", "f"])
+        assert truncated.tolist() == [False, False, True, True, False, False] and envs.faults == 1
+        assert [obs[i] for i in (0, 1, 4, 5)] == ["echo a 1", "echo b 1", "echo e 1", "echo f 1"]
+        errors = info["final_info"]["error"] if mode == AutoresetMode.SAME_STEP else info["error"]
+        assert all("worker_restarted" in errors[i] for i in (2, 3))
+        assert info["scored"].tolist() == [True, True, False, False, True, True]
+        obs, *_ = envs.step(["g"] * 6)
+        assert obs[0] == "echo g 2" and obs[5] == "echo g 2"
+    finally:
+        envs.close()
