@@ -68,15 +68,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--sft-steps", type=int, default=1200, help="stopped early on purpose: good, not perfect")
+    p.add_argument("--sft-steps", type=int, default=700, help="stopped early on purpose: good, not perfect")
     p.add_argument("--sft-batch", type=int, default=32)
     p.add_argument("--sft-lr", type=float, default=1e-2)
     p.add_argument("--rl-steps", type=int, default=120)
     p.add_argument("--rl-batch", type=int, default=32, help="episodes per GRPO step")
     p.add_argument("--group", type=int, default=8, help="GRPO's num_generations: episodes per prompt")
-    p.add_argument("--rl-lr", type=float, default=5e-4)
+    p.add_argument("--rl-lr", type=float, default=1e-4)
     p.add_argument("--max-tokens", type=int, default=96, help="completion budget of an episode (all turns)")
     p.add_argument("--turn-tokens", type=int, default=40, help="most tokens a reply may take at eval")
+    p.add_argument("--temperature", type=float, default=1.0, help="GRPO's sampling temperature")
+    p.add_argument("--sft-from", default=None,
+                   help="a run directory whose tokenizer and SFT checkpoint to reuse (same seed and data flags): "
+                        "RL experiments without redoing stages 2-3")
     p.add_argument("--use-vllm", action="store_true", help="GRPO generates with vLLM (GPU)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (0: torch's default); on a shared 2-core machine 1 is several times faster")
@@ -346,7 +350,7 @@ def grpo(model: Any, tokenizer: Any, kwargs: dict[str, Any], args: argparse.Name
     config = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.rl_batch, num_generations=args.group,
         max_completion_length=args.max_tokens, max_steps=args.rl_steps, learning_rate=args.rl_lr,
-        lr_scheduler_type="constant", warmup_steps=0, beta=0.0, temperature=1.0, seed=args.seed, data_seed=args.seed,
+        lr_scheduler_type="constant", warmup_steps=0, beta=0.0, temperature=args.temperature, seed=args.seed, data_seed=args.seed,
         use_cpu=args.device == "cpu", report_to=[], logging_steps=1, save_strategy="no", bf16=False,
         use_vllm=args.use_vllm, **({"vllm_mode": "colocate"} if args.use_vllm else {}))
     trainer = GRPOTrainer(model=model, reward_funcs=rollout.reward, args=config,
@@ -527,8 +531,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                        "solver_success": sum(t["reward"] >= 1 for t in transcripts) / len(transcripts),
                        **{k: v for k, v in overlap.items() if k != "heldout_indices"}}
 
+    if args.sft_from:
+        reused_config = json.loads((Path(args.sft_from) / "run.json").read_text())["config"]
+        for name in ("seed", "train_tasks", "operands", "vocab", "hidden", "layers", "heads", "sft_steps", "sft_lr",
+                     "sft_batch"):
+            if reused_config.get(name) != getattr(args, name):
+                raise SystemExit(f"--sft-from {args.sft_from}: its --{name.replace('_', '-')} is "
+                                 f"{reused_config.get(name)!r}, this run's {getattr(args, name)!r}")
     with stages("2_tokenizer_model"):
-        tokenizer = train_tokenizer(transcripts, args.vocab)
+        if args.sft_from:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(Path(args.sft_from) / "tokenizer")
+        else:
+            tokenizer = train_tokenizer(transcripts, args.vocab)
         tokenizer.save_pretrained(out / "tokenizer")
         chat = ChatTemplate(tokenizer)
         model = make_model(tokenizer, args)
@@ -541,7 +557,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         run["data"]["episode_tokens"] = {"median": lengths[len(lengths) // 2], "max": lengths[-1],
                                          "model_tokens_median": sorted(sum(m) for _, m in episodes)[len(episodes) // 2]}
         sft_log: list[dict[str, float]] = []
-        sft(model, episodes, args, tokenizer.pad_token_id, sft_log)
+        if args.sft_from:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(Path(args.sft_from) / "sft")
+            sft_log = json.loads((Path(args.sft_from) / "sft" / "loss.json").read_text())
+        else:
+            sft(model, episodes, args, tokenizer.pad_token_id, sft_log)
         model.save_pretrained(out / "sft")
         write_json(out / "sft" / "loss.json", sft_log)
 
