@@ -25,7 +25,7 @@ CPU (the default config; about 15 minutes on 2 cores)::
 GPU, a bigger model, more steps (vLLM generation for GRPO when installed)::
 
     python examples/learn/learn.py --out runs/learn-gpu --device cuda --hidden 512 --layers 8 \\
-        --train-tasks 20000 --sft-steps 3000 --rl-steps 500 --rl-batch 256 --use-vllm
+        --train-tasks 20000 --sft-steps 3000 --rl-steps 500 --rl-batch 256  # --use-vllm: untested
 
 The run is deterministic given ``--seed`` on one machine and thread count (torch's deterministic
 algorithms are on); ``run.json`` holds the config, versions, seeds, and each stage's wall time
