@@ -475,9 +475,12 @@ def plots(out: Path, figures: dict[str, Any], comparison: dict[str, Any]) -> lis
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
     steps = [s["step"] for s in figures["rl_steps"]]
     a.plot(steps, [s["reward"] for s in figures["rl_steps"]], label="batch reward")
-    a.plot(steps, [s["success"] for s in figures["rl_steps"]], label="batch success")
+    a.plot(steps, [s["success"] for s in figures["rl_steps"]], label="batch success", alpha=0.5)
+    window = [s["success"] for s in figures["rl_steps"]]
+    a.plot(steps, [sum(window[max(0, i - 9): i + 1]) / len(window[max(0, i - 9): i + 1]) for i in range(len(window))],
+           label="success, 10-step mean", color="black")
     a.set_xlabel("GRPO step"), a.set_title("RL: reward and success per step"), a.legend(), a.set_ylim(0, 1)
-    names = list(figures["eval"])
+    names = [n for n in ("sft", "rl") if n in figures["eval"]]
     values = [figures["eval"][n]["success"]["value"] for n in names]
     errs = [[v - (figures["eval"][n]["success"]["ci_low"] or v) for n, v in zip(names, values)],
             [(figures["eval"][n]["success"]["ci_high"] or v) - v for n, v in zip(names, values)]]
