@@ -62,9 +62,9 @@ def test_the_tokenizer_reloads_with_a_chat_template_that_renders_tool_turns(run_
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     chat = ChatTemplate(tokenizer)
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}
     text = chat.render([{"role": "user", "content": "Compute: 2 + 3"},
-                        {"role": "assistant", "content": "", "tool_calls": [
-                            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}}}]},
+                        {"role": "assistant", "content": "", "tool_calls": [call]},
                         {"role": "tool", "content": "5"}], add_generation_prompt=True)
     assert "<tool_response>\n5\n</tool_response>" in text and text.endswith("<|im_start|>assistant\n")
     assert chat.decode(chat.encode("Compute: 12 * 34")) == "Compute: 12 * 34"

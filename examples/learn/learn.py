@@ -350,7 +350,8 @@ def grpo(model: Any, tokenizer: Any, kwargs: dict[str, Any], args: argparse.Name
     config = GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=args.rl_batch, num_generations=args.group,
         max_completion_length=args.max_tokens, max_steps=args.rl_steps, learning_rate=args.rl_lr,
-        lr_scheduler_type="constant", warmup_steps=0, beta=0.0, temperature=args.temperature, seed=args.seed, data_seed=args.seed,
+        lr_scheduler_type="constant", warmup_steps=0, beta=0.0, temperature=args.temperature, seed=args.seed,
+        data_seed=args.seed,
         use_cpu=args.device == "cpu", report_to=[], logging_steps=1, save_strategy="no", bf16=False,
         use_vllm=args.use_vllm, **({"vllm_mode": "colocate"} if args.use_vllm else {}))
     trainer = GRPOTrainer(model=model, reward_funcs=rollout.reward, args=config,
@@ -631,7 +632,8 @@ def table(result: dict[str, Any], run: dict[str, Any]) -> str:
              f"{tu['rl']['parse_errors_per_turn']:.3f}"),
             ("tool errors per turn", f"{tu['sft']['tool_errors_per_turn']:.3f}",
              f"{tu['rl']['tool_errors_per_turn']:.3f}")]
-    lines = [f"| {ENV_ID} ({result['heldout_tasks']} held-out tasks, seed {run['config']['seed']}) | SFT | SFT + GRPO |",
+    head = f"{ENV_ID} ({result['heldout_tasks']} held-out tasks, seed {run['config']['seed']})"
+    lines = [f"| {head} | SFT | SFT + GRPO |",
              "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows),
              f"\nRL - SFT (paired, 95% CI): {ci(result['rl_minus_sft'])}; probability of improvement "
              f"{ci(result['probability_of_improvement'])}; tasks better/worse/tied {result['tasks_better_worse_tied']}",
