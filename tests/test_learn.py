@@ -116,3 +116,14 @@ def test_bad_flags_name_the_argument(capsys):
     with pytest.raises(SystemExit):
         _learn().parse(["--rl-batch", "6", "--group", "4"])
     assert "--rl-batch" in capsys.readouterr().err
+
+
+def test_a_second_run_with_the_same_seed_is_the_same(run_dir):
+    again = Path(tempfile.mkdtemp(prefix="benchmax-learn-"))
+    try:
+        _learn().main([*TOY, "--out", str(again), "--seed", "3"])
+        for name in ("data/train.jsonl", "data/heldout.json", "sft/loss.json", "rl/steps.json",
+                     "eval_sft/rollouts.jsonl", "eval_rl/rollouts.jsonl"):
+            assert (again / name).read_text() == (run_dir / name).read_text(), name
+    finally:
+        shutil.rmtree(again, ignore_errors=True)
