@@ -40,13 +40,13 @@ def test_editable_install_maps_the_folders(tmp_path):
 
 
 def source_files() -> set[str]:
-    """Every .py and README.md under benchmax_gym/, as wheel paths (os.walk follows the links
+    """Every .py, README.md and SERVICE.md under benchmax_gym/, as wheel paths (os.walk follows the links
     to wrappers/ and registry/, which Path.glob("**") does not)."""
     found = set()
     for folder, dirs, files in os.walk(ROOT / "benchmax_gym", followlinks=True):
         dirs[:] = [d for d in dirs if d != "__pycache__"]
         rel = Path(folder).relative_to(ROOT)
-        found |= {(rel / f).as_posix() for f in files if f.endswith(".py") or f == "README.md"}
+        found |= {(rel / f).as_posix() for f in files if f.endswith(".py") or f in ("README.md", "SERVICE.md")}
     return found
 
 
@@ -70,7 +70,7 @@ def test_wheel_in_a_fresh_venv(tmp_path):
     # every module and README of the source tree (packages are found, not listed by hand),
     # through the benchmax_gym/wrappers and /registry links too
     expected = source_files()
-    assert {"benchmax_gym/envs/mcp/README.md", "benchmax_gym/serve.py", "benchmax_gym/testing/__init__.py",
+    assert {"benchmax_gym/envs/mcp/README.md", "benchmax_gym/envs/crm/SERVICE.md", "benchmax_gym/serve.py", "benchmax_gym/testing/__init__.py",
             "benchmax_gym/testing/mediawiki.py", "benchmax_gym/wrappers/vector.py"} <= expected
     assert sorted(expected - set(names)) == []
 
