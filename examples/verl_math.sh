@@ -10,7 +10,8 @@ python3 -m verl.trainer.main_ppo \
   data.train_batch_size=256 data.max_prompt_length=2048 data.max_response_length=2048 \
   data.return_raw_chat=True \
   actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct \
-  actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
   actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.mode=async \
   actor_rollout_ref.rollout.n=8 \
   actor_rollout_ref.rollout.agent.default_agent_loop=benchmax \

@@ -1,5 +1,5 @@
 """Run in a fresh process by test_verl.py: verl's own path from a launch script's overrides to a
-post-processed batch, as a verl agent-loop worker process runs it, importing nothing of
+post-processed batch (after verl's driver's ``validate_config``), as a verl agent-loop worker process runs it, importing nothing of
 benchmax-gym itself (the agent-loop config file's ``_target_`` must).
 
     python verl_worker.py SPEC.json    # prints one JSON line
@@ -46,6 +46,11 @@ def main(spec_path):
     config_dir = os.path.join(os.path.dirname(main_ppo.__file__), "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         config = compose(config_name="ppo_trainer", overrides=spec["overrides"])
+    # the driver's own check before it starts anything (batch sizes, micro-batch settings): raises
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
 
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
     from verl.protocol import DataProto
