@@ -7,7 +7,9 @@ A :class:`JudgeRubric` is three kinds of reward over one endpoint and one cache:
 * group (RULER-style) - ``judge.group`` scores the k rollouts of one task in one request, side
   by side: a function of a :class:`~benchmax_gym.core.group.GroupRubric`;
 * pairwise - ``judge.pairwise`` asks which of two rollouts is better for each pair of the group
-  and scores each by its share of wins (ties half).
+  and scores each by its share of wins (ties half). Each pair is asked in both orders and the
+  two verdicts averaged (``pairwise_swap=True``, the default): judges favour the first position,
+  and a judge that always answers "A" then scores every rollout 0.5 instead of ranking by order.
 
 Requests go through eval's client (:meth:`benchmax_gym.eval.policies.ChatPolicy.complete`: the
 ``openai`` SDK's retries with backoff on 429/5xx and timeouts, ``Retry-After``, a whole-reply
@@ -215,6 +217,7 @@ class JudgeRubric:
             text -> float`` (a ValueError: the reply is unusable).
         group_prompt / parse_group: the group template (``{responses}``, ``{k}``) and ``(text,
             k) -> list[float]``; pairwise_prompt / parse_pair: ``{a}``, ``{b}`` and ``text -> A's share``.
+        pairwise_swap: ask each pair in both orders and average (position bias cancels; 2x the calls).
         name: the component's name (``judge.reward.__name__``).
         api_key: default ``$OPENAI_API_KEY``; never written anywhere.
         temperature, max_tokens, extra_body: sampling (part of the cache key).
@@ -229,6 +232,7 @@ class JudgeRubric:
                  parse: Callable[[str], float] = parse_score, *, group_prompt: str = DEFAULT_GROUP_PROMPT,
                  parse_group: Callable[[str, int], list[float]] = parse_scores,
                  pairwise_prompt: str = DEFAULT_PAIRWISE_PROMPT, parse_pair: Callable[[str], float] = parse_winner,
+                 pairwise_swap: bool = True,
                  name: str = "judge", api_key: str | None = None, temperature: float | None = 0.0,
                  max_tokens: int | None = None, extra_body: Mapping[str, Any] | None = None,
                  timeout: float = 120.0, max_retries: int = 4, max_concurrency: int = 64, cache: bool = True,
@@ -255,7 +259,7 @@ class JudgeRubric:
         self.model, self.base_url, self.name = model, base_url, name
         self.prompt, self.parse = prompt, parse
         self.group_prompt, self.parse_group = group_prompt, parse_group
-        self.pairwise_prompt, self.parse_pair = pairwise_prompt, parse_pair
+        self.pairwise_prompt, self.parse_pair, self.pairwise_swap = pairwise_prompt, parse_pair, bool(pairwise_swap)
         self.sampling = {k: v for k, v in (("temperature", temperature), ("max_tokens", max_tokens)) if v is not None}
         self.sampling.update(extra_body or {})
         self.max_concurrency = max_concurrency
@@ -346,6 +350,8 @@ class JudgeRubric:
                 return [0.5]
             base = self._values("", task, None, prompt)
             pairs = [(i, j) for i in range(k) for j in range(i + 1, k)]
+            if self.pairwise_swap:
+                pairs += [(j, i) for i, j in pairs]  # the same pairs, B first: position bias cancels
 
             async def one(i: int, j: int) -> float:
                 request = self._messages(self.pairwise_prompt,
@@ -358,7 +364,8 @@ class JudgeRubric:
             for (i, j), a in zip(pairs, await asyncio.gather(*(one(i, j) for i, j in pairs))):
                 wins[i] += a
                 wins[j] += 1.0 - a
-            return [w / (k - 1) for w in wins]
+            orders = 2 if self.pairwise_swap else 1
+            return [w / (orders * (k - 1)) for w in wins]
 
         pairwise.__name__ = f"{self.name}_pairwise"
         return pairwise

@@ -153,7 +153,23 @@ def test_group_and_pairwise_judges_score_the_k_rollouts_together(judge, server):
     pairwise = GroupRubric([("pairwise", judge.pairwise, 1.0)], combine="replace")
     out = pairwise.score(records[:2] + records[3:], task=TASKS[4])
     assert [r["reward"] for r in out] == [5 / 6, 1 / 6, 5 / 6, 1 / 6]  # wins, ties half
-    assert len(server.requests) == calls + 6  # one request per pair
+    assert len(server.requests) == calls + 12  # one request per pair and order
+    firsts = {server.requests[-i]["messages"][0]["content"].split("<<<A\n")[1].split("\nA>>>")[0]
+              for i in range(1, 13)}
+    assert firsts == {"It is 8.", "It is 9.", "Surely 8", "no idea"}  # every rollout was shown first
+
+
+def test_pairwise_cancels_a_judge_that_always_prefers_the_first_position(tmp_path):
+    """A judge biased to position A: asked in both orders every rollout scores 0.5 (no ranking
+    by where it sat); with ``pairwise_swap=False`` the order alone would decide."""
+    records = [{"task_index": 1, "reward": 0.0, "outcome": "scored", "actions": [t]} for t in ("x", "y", "z")]
+    with FakeChatServer(lambda body: {"content": "<winner>A</winner>"}, models=["judge"], api_key=KEY) as biased:
+        swapped = JudgeRubric("judge", biased.url, api_key=KEY, cache_dir=tmp_path / "a")
+        out = GroupRubric([("pairwise", swapped.pairwise, 1.0)], combine="replace").score(records, task=TASKS[1])
+        assert [r["reward"] for r in out] == [0.5, 0.5, 0.5]
+        one_order = JudgeRubric("judge", biased.url, api_key=KEY, cache_dir=tmp_path / "b", pairwise_swap=False)
+        out = GroupRubric([("pairwise", one_order.pairwise, 1.0)], combine="replace").score(records, task=TASKS[1])
+        assert [r["reward"] for r in out] == [1.0, 0.5, 0.0]
 
 
 def test_bad_judge_arguments_name_themselves():
