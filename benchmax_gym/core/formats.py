@@ -33,6 +33,8 @@ def dumps_arguments(arguments: Any) -> str:
     if type(arguments) is dict:
         if len(arguments) == 1:
             (key, value), = arguments.items()
+            if type(value) is str and type(key) is str:  # (one string argument: a calculator's)
+                return f"{{{_escape(key)}: {_escape(value)}}}"
             encode = _SCALARS.get(type(value))
             if encode is not None and type(key) is str:
                 return "{" + _escape(key) + ": " + encode(value) + "}"
@@ -242,6 +244,20 @@ class ToolCallFormat:
             return f"<tool_response>\n{results[0][2]}\n</tool_response>"
         return "\n".join(f"<tool_response>\n{content}\n</tool_response>" for _, _, content in results)
 
+    def render_one(self, call_id: str, name: str, content: str) -> str:
+        """``render_results`` of one result, without the list (the engine's fast step). A
+        format that overrides ``render_results`` alone gets a ``render_one`` that calls it."""
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "render_results" in cls.__dict__ and "render_one" not in cls.__dict__:
+            cls.render_one = _render_one_by_results
+
+
+def _render_one_by_results(self: ToolCallFormat, call_id: str, name: str, content: str) -> str:
+    return self.render_results([(call_id, name, content)])
+
 
 class HermesFormat(ToolCallFormat):
     name = "hermes"
@@ -283,21 +299,22 @@ class HermesFormat(ToolCallFormat):
         start = action.find("<tool_call>")
         if start < 0:
             return None
-        before, rest = action[:start], action[start + 11:]
-        body, closed, after = rest.partition("</tool_call>")
-        if not closed or "<tool_call>" in rest or "</tool_call>" in after or "</tool_call>" in before:
+        close = action.find("</tool_call>")  # exactly one of each tag, in order (no slices to find out)
+        if close < start or action.find("<tool_call>", start + 11) >= 0 or action.find("</tool_call>", close + 12) >= 0:
             return None
-        body = body.strip()  # a fenced body takes the general path
+        i = start + 11
+        while action[i].isspace():  # the body, stripped as str.strip does (action[close] stops it)
+            i += 1
         try:
-            obj, end = _scan_once(body, 0)
+            obj, end = _scan_once(action, i)  # in place: what runs past the closing tag is refused below
         except (StopIteration, ValueError, RecursionError):
             return None
-        if end != len(body) or type(obj) is not dict:
-            return None
+        if end > close or (end < close and not action[end:close].isspace()) or type(obj) is not dict:
+            return None  # (a fenced body, text after the object: the general path)
         name, args = obj.get("name"), obj.get("arguments")
         if type(name) is not str or not name or type(args) is not dict or "function" in obj:
             return None  # (_call_from_obj's other shapes)
-        return name, args, (before + after).strip()
+        return name, args, (action[:start] + action[close + 12:]).strip()
 
     def render_calls(self, calls):
         return "\n".join(

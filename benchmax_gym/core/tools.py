@@ -98,6 +98,9 @@ class ToolResult:
     outcome: ClassVar[str | None] = None
 
 
+_DIRECT_INPUTS = frozenset({"is_async", "inline", "self_timed", "wants_episode", "wants_state"})
+
+
 class FailedResult(ToolResult):
     """The result of a call that failed for a reason not the model's (:class:`ToolFailure`)."""
 
@@ -143,12 +146,16 @@ class Tool:
     def __post_init__(self):
         self.is_async = inspect.iscoroutinefunction(self.fn)
 
-    @property
-    def direct(self) -> bool:
-        """Called directly in the caller's thread by ``step``: sync, and inline or self-timed,
-        without the episode (a calculator, the sandboxed ``python``)."""
-        return (not self.is_async and (self.inline or self.self_timed) and not self.wants_episode
-                and not self.wants_state)
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        if name in _DIRECT_INPUTS:  # ``direct`` is kept up to date, not computed at every step
+            d = self.__dict__
+            object.__setattr__(self, "direct", not d.get("is_async", False) and bool(d.get("inline") or d.get(
+                "self_timed")) and not d.get("wants_episode") and not d.get("wants_state"))
+
+    #: Called directly in the caller's thread by ``step``: sync, and inline or self-timed,
+    #: without the episode (a calculator, the sandboxed ``python``). Follows the fields it reads.
+    direct: ClassVar[bool]
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -470,6 +477,15 @@ def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]]
         else:
             return None
     n_required = len(required)
+    if n_required == 1 and len(kinds) == 1:  # one required argument (a calculator's): one look
+        (only, kind), = kinds.items()
+
+        def validate_one(args: dict[str, Any]) -> dict[str, Any]:
+            if len(args) == 1 and type(args.get(only)) is kind:
+                return args  # (callers spread it as keyword arguments: never changed)
+            return slow(args)
+
+        return validate_one
 
     def validate(args: dict[str, Any]) -> dict[str, Any]:
         if len(args) < n_required:
@@ -480,7 +496,7 @@ def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]]
         for pname in required:
             if pname not in args:
                 return slow(args)
-        return {**defaults, **args} if defaults else dict(args)
+        return {**defaults, **args} if defaults else args  # (callers spread it: never changed)
 
     return validate
 
@@ -630,21 +646,9 @@ class Toolset:
     @staticmethod
     def run_direct(t: Tool, arguments: dict[str, Any], timeout: float, max_chars: int) -> ToolResult:
         """``run`` for a tool that is called directly in this thread (``t.direct``) with an
-        arguments dict; the engine's fast step calls it itself."""
-        try:
-            kwargs = t.validate(arguments)
-        except ArgumentError as exc:
-            return _bad_arguments(t.name, exc)
-        except Exception as exc:  # the validator itself broke: the call's error
-            return _validator_failed(t.name, exc)
-        try:
-            value = t.fn(**kwargs)
-        except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
-            return _timed_out(t.name, timeout)
-        except Exception as exc:  # the tool's own failure is the model's observation
-            return _error_result(t.name, exc)
-        text = value if type(value) is str else to_text(value)
-        return ToolResult(text if len(text) <= max_chars else truncate(text, max_chars))
+        arguments dict."""
+        out = run_direct_text(t, arguments, timeout, max_chars)
+        return ToolResult(out) if type(out) is str else out
 
     async def arun(self, name: str, arguments: Any, *, episode: Any = None, timeout: float,
                    max_chars: int) -> ToolResult:
@@ -673,6 +677,25 @@ class Toolset:
                 # A tool stuck past its timeout cannot be killed in a thread; do not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
+
+
+def run_direct_text(t: Tool, arguments: dict[str, Any], timeout: float, max_chars: int) -> str | ToolResult:
+    """:meth:`Toolset.run_direct`, with a successful call's text as a plain ``str`` (a failed
+    call is its ``ToolResult``): the engine's fast step calls it, sparing an object per step."""
+    try:
+        kwargs = t.validate(arguments)
+    except ArgumentError as exc:
+        return _bad_arguments(t.name, exc)
+    except Exception as exc:  # the validator itself broke: the call's error
+        return _validator_failed(t.name, exc)
+    try:
+        value = t.fn(**kwargs)
+    except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
+        return _timed_out(t.name, timeout)
+    except Exception as exc:  # the tool's own failure is the model's observation
+        return _error_result(t.name, exc)
+    text = value if type(value) is str else to_text(value)
+    return text if len(text) <= max_chars else truncate(text, max_chars)
 
 
 def _timed_out(name: str, timeout: float) -> ToolResult:
