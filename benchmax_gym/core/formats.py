@@ -299,22 +299,21 @@ class HermesFormat(ToolCallFormat):
         start = action.find("<tool_call>")
         if start < 0:
             return None
-        close = action.find("</tool_call>")  # exactly one of each tag, in order (no slices to find out)
-        if close < start or action.find("<tool_call>", start + 11) >= 0 or action.find("</tool_call>", close + 12) >= 0:
+        before, rest = action[:start], action[start + 11:]
+        body, closed, after = rest.partition("</tool_call>")
+        if not closed or "<tool_call>" in rest or "</tool_call>" in after or "</tool_call>" in before:
             return None
-        i = start + 11
-        while action[i].isspace():  # the body, stripped as str.strip does (action[close] stops it)
-            i += 1
+        body = body.strip()  # a fenced body takes the general path
         try:
-            obj, end = _scan_once(action, i)  # in place: what runs past the closing tag is refused below
+            obj, end = _scan_once(body, 0)
         except (StopIteration, ValueError, RecursionError):
             return None
-        if end > close or (end < close and not action[end:close].isspace()) or type(obj) is not dict:
-            return None  # (a fenced body, text after the object: the general path)
+        if end != len(body) or type(obj) is not dict:
+            return None
         name, args = obj.get("name"), obj.get("arguments")
         if type(name) is not str or not name or type(args) is not dict or "function" in obj:
             return None  # (_call_from_obj's other shapes)
-        return name, args, (action[:start] + action[close + 12:]).strip()
+        return name, args, (before + after).strip()
 
     def render_calls(self, calls):
         return "\n".join(
