@@ -268,37 +268,37 @@ def _defining(cls: type, attr: str) -> type:
 def breakdown(env, rounds: int, steps: int) -> dict[str, float]:
     """Each part's cost: the step's median minus the median with that part replaced by a constant."""
     from benchmax_gym.core import env as core_env
-    from benchmax_gym.core import formats, tools
+    from benchmax_gym.envs.math import tools as math_tools
 
     raw = env.unwrapped
     one = raw.format.one_call(ACTION)  # the step takes ToolEnv._step_one_call: these are its parts
-    assert one is not None and raw.toolset.tools["calculator"].direct, "the benchmark's step left the fast path"
-    assert core_env.run_direct_text is tools.run_direct_text
+    calculator = raw.toolset.tools["calculator"]
+    assert one is not None and calculator.direct and calculator.invoke, "the benchmark's step left the fast path"
     parts = {
-        "find and decode the call (one_call: markers, JSON)": (type(raw.format), "one_call", lambda self, a: one),
-        "assistant message's arguments JSON (dumps_arguments)": (core_env, "dumps_arguments", lambda args: "{}"),
-        "tool call (run_direct_text: validation, calculator, text)": (core_env, "run_direct_text", lambda *a: "55"),
-        "calculator alone": (raw.toolset.tools["calculator"], "fn", lambda expression: "55"),
-        "argument validation": (raw.toolset.tools["calculator"], "validate", lambda args: args),
-        "observation text (render_one)": (_defining(type(raw.format), "render_one"), "render_one", lambda self, *a: "55"),
+        "find and decode the call (one_call: markers, JSON)": [(type(raw.format), "one_call", lambda self, a: one)],
+        "arguments JSON's escaping (the assistant message)": [(core_env, "_escape", lambda text: '"x"')],
+        "tool call (invoke: check, calculator, text)": [(calculator, "invoke", lambda *a: "55")],
+        "calculator alone (evaluate, format_number)": [(math_tools, "evaluate", lambda expression: 55),
+                                                       (math_tools, "format_number", lambda value: "55")],
+        "observation text (render_one)": [(_defining(type(raw.format), "render_one"), "render_one", lambda self, *a: "55")],
     }
     medians: dict[str, list[float]] = {"step": [], **{k: [] for k in parts}}
     for _ in range(rounds):
         for name in medians:
-            if name != "step":
-                owner, attr, stub = parts[name]
-                original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+            undo = []
+            for owner, attr, stub in parts.get(name, ()):
+                undo.append((owner, attr, owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)))
                 setattr(owner, attr, stub)
             raw.reset(seed=0)
             medians[name].append(statistics.median(timed_steps(raw.step, steps)))
-            if name != "step":
+            for owner, attr, original in undo:
                 setattr(owner, attr, original)
     step = statistics.median(medians["step"])
     out = {"step_unwrapped_us": round(step, 3),
            **{name: round(step - statistics.median(values), 3) for name, values in medians.items() if name != "step"}}
     out["the engine's own (the rest)"] = round(step - sum(v for k, v in out.items() if k in (
-        "find and decode the call (one_call: markers, JSON)", "assistant message's arguments JSON (dumps_arguments)",
-        "tool call (run_direct_text: validation, calculator, text)", "observation text (render_one)")), 3)
+        "find and decode the call (one_call: markers, JSON)", "arguments JSON's escaping (the assistant message)",
+        "tool call (invoke: check, calculator, text)", "observation text (render_one)")), 3)
     return out
 
 

@@ -728,7 +728,7 @@ class ToolEnv(gym.Env[str, str]):
         messages.append({"role": "assistant", "content": content, "tool_calls": [{
             "id": call_id, "type": "function", "function": {"name": name, "arguments": args_json}}]})
         if tool.direct:  # a success is its text (no result object), a failure its ToolResult
-            result = run_direct_text(tool, arguments, self.tool_timeout, self.max_tool_output_chars)
+            result = (tool.invoke or run_direct_text)(tool, arguments, self.tool_timeout, self.max_tool_output_chars)
         else:
             result = self.toolset.run(name, arguments, episode=episode, timeout=self.tool_timeout,
                                       max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run)

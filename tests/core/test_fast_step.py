@@ -241,3 +241,51 @@ def test_a_format_that_renders_results_its_own_way_renders_the_fast_steps_too():
     assert _play(fast, [action])[1][0] == "[call_1_0 add] 5"
     fast.close()
     general.close()
+
+
+@tool(inline=True)
+def shout(text: str) -> str:
+    """Answers in capitals, or as the text asks: an error, a failure, a timeout, a list, a long text."""
+    if text == "error":
+        raise ToolError("told to fail", "refused")
+    if text == "failure":
+        raise ToolFailure("the backend went away", "tool_unavailable")
+    if text == "crash":
+        raise ZeroDivisionError("division by zero")
+    if text == "timeout":
+        raise TimeoutError
+    if text == "list":
+        return ["a", 1]
+    return text.upper() * (30 if text == "long" else 1)
+
+
+def _outcome(result):
+    return result if type(result) is str else (type(result).__name__, result.content, result.error, result.outcome)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.fixed_dictionaries({"text": st.sampled_from(["error", "failure", "crash", "timeout", "list", "long",
+                                                                 "hi", ""])}),
+                 st.dictionaries(st.sampled_from(["text", "x"]), _values, max_size=2)),
+       st.integers(1, 200))
+def test_a_one_argument_tools_own_call_returns_what_the_general_call_returns(arguments, max_chars):
+    """``@tool``'s one-frame call for a function of one plain argument (what the fast step calls)
+    answers as :func:`run_direct_text` does: results, errors, failures, timeouts, coercions, caps."""
+    from benchmax_gym.core.tools import run_direct_text
+
+    assert shout.invoke is not None
+    assert _outcome(shout.invoke(shout, arguments, 5.0, max_chars)) == _outcome(
+        run_direct_text(shout, arguments, 5.0, max_chars))
+
+
+def test_a_tool_given_a_new_function_is_called_through_it():
+    """Replacing a tool's function (or validator) drops the call made for the old one."""
+    @tool(inline=True)
+    def double(n: int) -> str:
+        """Twice n."""
+        return str(2 * n)
+
+    assert double.invoke is not None and double.invoke(double, {"n": 4}, 1.0, 100) == "8"
+    double.fn = lambda *, n: str(3 * n)  # keyword-only: called by position it would fail
+    assert double.invoke is None
+    assert Toolset([double]).run("double", {"n": 4}, timeout=1.0, max_chars=100).content == "12"
