@@ -461,8 +461,9 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
         wants_episode=wants_episode,
         wants_state=wants_state,
     )
-    one = getattr(validate, "one", None)
-    if one is not None and len(sig.parameters) == 1 and sig.parameters[one[0]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+    one = getattr(validate, "one", None)  # (a function of one plain argument, that takes it by position)
+    if (one is not None and len(sig.parameters) == 1
+            and sig.parameters[one[0]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD):
         made.invoke = _one_argument_invoke(*one)
     return made
 
