@@ -23,7 +23,7 @@ out. ``--breakdown`` adds where the step's time goes: each part's cost is the st
 the median of a step with that part replaced by a constant (one process, interleaved rounds).
 The defaults take about 30 s on 2 cores.
 
-    python benchmarks/step_overhead.py [--rounds 80] [--steps 5000]
+    python benchmarks/step_overhead.py [--rounds 60] [--steps 5000]
         [--gem-python PYTHON] [--skyrl-python PYTHON] [--breakdown]
 
 A peer is measured when its interpreter is given (the flag, else ``$BENCHMAX_GEM_PYTHON`` /
@@ -304,7 +304,7 @@ def breakdown(env, rounds: int, steps: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=80)
+    parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--steps", type=int, default=5000, help="steps per round")
     parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")
     parser.add_argument("--skyrl-python", help="an interpreter with skyrl-gym (default: $BENCHMAX_SKYRL_PYTHON)")
