@@ -16,10 +16,14 @@ repository's ``calculator.py``, loaded by path) and the same action, timed the s
 
 Rounds are interleaved (floor, ours, ours unwrapped, each peer), each round starts a fresh
 episode, and every figure is the median over all steps, with the range of the round medians.
-``--breakdown`` adds where the step's time goes: each part's cost is the step's median minus
+``cpu_us`` is each loop's CPU time (``time.thread_time``, the same clock in every process) over
+its steps: on a shared machine it moves less with the load than wall time, and, a mean, it
+includes the garbage collector's passes over a growing transcript, which the wall medians leave
+out. ``--breakdown`` adds where the step's time goes: each part's cost is the step's median minus
 the median of a step with that part replaced by a constant (one process, interleaved rounds).
+The defaults take about 30 s on 2 cores.
 
-    python benchmarks/step_overhead.py [--rounds 10] [--steps 2000]
+    python benchmarks/step_overhead.py [--rounds 60] [--steps 5000]
         [--gem-python PYTHON] [--skyrl-python PYTHON] [--breakdown]
 
 A peer is measured when its interpreter is given (the flag, else ``$BENCHMAX_GEM_PYTHON`` /
@@ -175,14 +179,17 @@ for line in sys.stdin:
             steps += count
         print(json.dumps(steps / (time.perf_counter() - start)), flush=True)
         continue
-    n = int(line)
+    timed = line.startswith("timed ")  # "timed N": {"times": [...], "cpu_us": CPU per step}
+    n = int(line.split()[-1])
     env = new_env()
     out = []
+    cpu = time.thread_time_ns()
     for _ in range(n):
         t = clock()
         env.step(ACTION)
         out.append((clock() - t) / 1000.0)
-    print(json.dumps(out), flush=True)
+    cpu = (time.thread_time_ns() - cpu) / 1000.0 / n
+    print(json.dumps({"times": out, "cpu_us": cpu} if timed else out), flush=True)
 '''
 
 
@@ -196,13 +203,17 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def timed_steps(fn, n: int) -> list[float]:
+def timed_steps(fn, n: int, cpu: list[float] | None = None) -> list[float]:
+    """Each step's wall time (us); the loop's CPU time per step is appended to ``cpu``."""
     out = []
     clock = time.perf_counter_ns
+    start = time.thread_time_ns()
     for _ in range(n):
         t = clock()
         fn(ACTION)
         out.append((clock() - t) / 1000.0)
+    if cpu is not None:
+        cpu.append((time.thread_time_ns() - start) / 1000.0 / n)
     return out
 
 
@@ -222,6 +233,14 @@ class Peer:
         self.proc.stdin.flush()
         return json.loads(self.proc.stdout.readline())
 
+    def timed_round(self, n: int, cpu: list[float]) -> list[float]:
+        """``round``, with the loop's CPU time per step appended to ``cpu``."""
+        self.proc.stdin.write(f"timed {n}\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        cpu.append(answer["cpu_us"])
+        return answer["times"]
+
     def vector_rate(self, envs: int, seconds: float) -> float:
         """Steps per second of the peer's own SyncVectorEnv over ``envs`` environments (GEM)."""
         self.proc.stdin.write(f"vector {envs} {seconds}\n")
@@ -233,11 +252,12 @@ class Peer:
         self.proc.wait(timeout=30)
 
 
-def summary(rounds: list[list[float]]) -> dict[str, float]:
+def summary(rounds: list[list[float]], cpu: list[float]) -> dict[str, float]:
     samples = [x for r in rounds for x in r]
     medians = [statistics.median(r) for r in rounds]
     return {"median": round(statistics.median(samples), 3), "p99": round(percentile(samples, 0.99), 3),
-            "round_medians_min": round(min(medians), 3), "round_medians_max": round(max(medians), 3)}
+            "round_medians_min": round(min(medians), 3), "round_medians_max": round(max(medians), 3),
+            "cpu_us": round(statistics.median(cpu), 3)}
 
 
 def _defining(cls: type, attr: str) -> type:
@@ -248,40 +268,44 @@ def _defining(cls: type, attr: str) -> type:
 def breakdown(env, rounds: int, steps: int) -> dict[str, float]:
     """Each part's cost: the step's median minus the median with that part replaced by a constant."""
     from benchmax_gym.core import env as core_env
-    from benchmax_gym.core import formats, tools
+    from benchmax_gym.envs.math import tools as math_tools
 
     raw = env.unwrapped
     one = raw.format.one_call(ACTION)  # the step takes ToolEnv._step_one_call: these are its parts
-    assert one is not None and raw.toolset.tools["calculator"].direct, "the benchmark's step left the fast path"
-    result = tools.ToolResult("55")
+    calculator = raw.toolset.tools["calculator"]
+    assert one is not None and calculator.direct and calculator.invoke, "the benchmark's step left the fast path"
     parts = {
-        "find and decode the call (one_call: markers, JSON)": (type(raw.format), "one_call", lambda self, a: one),
-        "assistant message's arguments JSON (dumps_arguments)": (core_env, "dumps_arguments", lambda args: "{}"),
-        "tool call (run_direct: validation, calculator, result)": (tools.Toolset, "run_direct", lambda *a: result),
-        "calculator alone": (raw.toolset.tools["calculator"], "fn", lambda expression: "55"),
-        "argument validation": (raw.toolset.tools["calculator"], "validate", lambda args: args),
-        "observation text (render_results)": (_defining(type(raw.format), "render_results"), "render_results", lambda self, results: "55"),
+        "find and decode the call (one_call: markers, JSON)": [(type(raw.format), "one_call", lambda self, a: one)],
+        "arguments JSON's escaping (the assistant message)": [(core_env, "_escape", lambda text: '"x"')],
+        "tool call (invoke: check, calculator, text)": [(calculator, "invoke", lambda *a: "55")],
+        "calculator alone (evaluate, format_number)": [(math_tools, "evaluate", lambda expression: 55),
+                                                       (math_tools, "format_number", lambda value: "55")],
+        "observation text (render_one)": [(_defining(type(raw.format), "render_one"), "render_one", lambda self, *a: "55")],
     }
     medians: dict[str, list[float]] = {"step": [], **{k: [] for k in parts}}
     for _ in range(rounds):
         for name in medians:
-            if name != "step":
-                owner, attr, stub = parts[name]
-                original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
+            undo = []
+            for owner, attr, stub in parts.get(name, ()):
+                undo.append((owner, attr, owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)))
                 setattr(owner, attr, stub)
             raw.reset(seed=0)
             medians[name].append(statistics.median(timed_steps(raw.step, steps)))
-            if name != "step":
+            for owner, attr, original in undo:
                 setattr(owner, attr, original)
     step = statistics.median(medians["step"])
-    return {"step_unwrapped_us": round(step, 3),
-            **{name: round(step - statistics.median(values), 3) for name, values in medians.items() if name != "step"}}
+    out = {"step_unwrapped_us": round(step, 3),
+           **{name: round(step - statistics.median(values), 3) for name, values in medians.items() if name != "step"}}
+    out["the engine's own (the rest)"] = round(step - sum(v for k, v in out.items() if k in (
+        "find and decode the call (one_call: markers, JSON)", "arguments JSON's escaping (the assistant message)",
+        "tool call (invoke: check, calculator, text)", "observation text (render_one)")), 3)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--steps", type=int, default=2000, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=5000, help="steps per round")
     parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")
     parser.add_argument("--skyrl-python", help="an interpreter with skyrl-gym (default: $BENCHMAX_SKYRL_PYTHON)")
     parser.add_argument("--breakdown", action="store_true")
@@ -308,28 +332,32 @@ def main() -> None:
     env.reset(seed=0)
     timed_steps(env.step, 500)
     rounds: dict[str, list[list[float]]] = {"floor": [], "step": [], "step_unwrapped": [], **{k: [] for k in peers}}
+    cpu: dict[str, list[float]] = {k: [] for k in rounds}
     for _ in range(args.rounds):
-        rounds["floor"].append(timed_steps(floor_once, args.steps))
+        rounds["floor"].append(timed_steps(floor_once, args.steps, cpu["floor"]))
         env.reset(seed=0)
-        rounds["step"].append(timed_steps(env.step, args.steps))
+        rounds["step"].append(timed_steps(env.step, args.steps, cpu["step"]))
         env.reset(seed=0)
-        rounds["step_unwrapped"].append(timed_steps(raw.step, args.steps))
+        rounds["step_unwrapped"].append(timed_steps(raw.step, args.steps, cpu["step_unwrapped"]))
         for name, peer in peers.items():
-            rounds[name].append(peer.round(args.steps))
+            rounds[name].append(peer.timed_round(args.steps, cpu[name]))
     for peer in peers.values():
         peer.close()
 
-    result = {"benchmark": "step_overhead", "python": platform.python_version(), "rounds": args.rounds,
-              "steps_per_round": args.steps, **{f"{k}_us": summary(v) for k, v in rounds.items()}}
-    step = result["step_us"]["median"]
-    result["step_to_floor_ratio"] = round(step / result["floor_us"]["median"], 3)
-    result["step_unwrapped_to_floor_ratio"] = round(result["step_unwrapped_us"]["median"] / result["floor_us"]["median"], 3)
-    for name in peers:
-        result[f"step_to_{name}_ratio"] = round(step / result[f"{name}_us"]["median"], 3)
+    result = {"benchmark": "step_overhead", "python": platform.python_version(), "cpu_count": os.cpu_count(),
+              "rounds": args.rounds, "steps_per_round": args.steps,
+              **{f"{k}_us": summary(v, cpu[k]) for k, v in rounds.items()}}
+    floor = result["floor_us"]
+    for ours in ("step", "step_unwrapped"):  # each ratio of medians, and of CPU per step
+        for name, theirs in (("floor", floor), *((name, result[f"{name}_us"]) for name in peers)):
+            result[f"{ours}_to_{name}_ratio"] = round(result[f"{ours}_us"]["median"] / theirs["median"], 3)
+            result[f"{ours}_to_{name}_cpu_ratio"] = round(result[f"{ours}_us"]["cpu_us"] / theirs["cpu_us"], 3)
     if missing:
         result["peers_not_measured"] = missing
     if args.breakdown:
         result["breakdown_us"] = breakdown(env, args.rounds, args.steps)
+        result["breakdown_us"]["gymnasium's wrappers (step - step_unwrapped)"] = round(
+            result["step_us"]["median"] - result["step_unwrapped_us"]["median"], 3)
     env.close()
     print(json.dumps(result))
 

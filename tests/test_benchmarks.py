@@ -165,3 +165,18 @@ def test_run_all_gathers_each_scripts_json_in_one_file(tmp_path):
     assert isinstance(line["result"], dict) and line["result"], line
     unknown = _run_on_base("run_all.py", "--only", "no_such_bench", "--out", str(out))
     assert unknown.returncode == 2 and "no benchmark ['no_such_bench.py']" in unknown.stderr
+
+
+def test_step_overhead_reports_cpu_time_the_core_count_and_the_peer_side_by_side():
+    """Each figure carries its CPU time per step; a peer (skyrl-gym, from the flag's interpreter)
+    gets its figures and the ratios to it, wrapped and unwrapped; the core count is printed."""
+    pytest.importorskip("skyrl_gym")
+    out = _run_on_base("step_overhead.py", "--rounds", "2", "--steps", "20", "--skyrl-python", sys.executable)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["cpu_count"] == os.cpu_count()
+    for figure in ("floor_us", "step_us", "step_unwrapped_us", "skyrl_gym_us"):
+        assert result[figure]["median"] > 0 and result[figure]["cpu_us"] > 0, figure
+    for ours in ("step", "step_unwrapped"):
+        for theirs in ("floor", "skyrl_gym"):
+            assert result[f"{ours}_to_{theirs}_ratio"] > 0 and result[f"{ours}_to_{theirs}_cpu_ratio"] > 0

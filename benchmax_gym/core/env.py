@@ -65,10 +65,13 @@ from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
-from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, truncate
+from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, run_direct_text, truncate
 from benchmax_gym.core.users import UserFailure, UserReply, UserUsage, addressed_to_user, ahear, as_user, hear
 
 log = logging.getLogger(__name__)
+THINK_TAGS = ("<think>", "</think>")  # reasoning_tags' default
+_CALL_IDS = [f"call_{turn}_0" for turn in range(256)]  # the fast step's call ids, made once
+_escape = json.encoder.encode_basestring  # (json.dumps' own escaper, as formats.dumps_arguments uses)
 
 #: ``(observation, info)`` and ``(observation, reward, terminated, truncated, info)``
 ResetResult = tuple[str, dict[str, Any]]
@@ -250,7 +253,7 @@ class ToolEnv(gym.Env[str, str]):
         info_timings: bool = False,
         sandbox: SandboxConfig | None = None,
         render_mode: str | None = None,
-        reasoning_tags: tuple[str, str] | list[str] | None = ("<think>", "</think>"),
+        reasoning_tags: tuple[str, str] | list[str] | None = THINK_TAGS,
         setup: Any = None,
         teardown: Any = None,
         user: Any = None,
@@ -696,9 +699,14 @@ class ToolEnv(gym.Env[str, str]):
                 or episode.deadline is not None):
             return None  # (the general path raises, cuts, adds a note about the turn limit, or keeps the deadline)
         tags = self.reasoning_tags
-        if tags and (tags[1] in action or tags[0] in action):
-            return None
-        one = self.format.one_call(action)
+        if tags:
+            if tags is THINK_TAGS or tags == THINK_TAGS:
+                if "think>" in action:  # (either tag, in one look; a stray "think>" takes the general path)
+                    return None
+            elif tags[1] in action or tags[0] in action:
+                return None
+        fmt = self.format
+        one = fmt.one_call(action)
         if one is None:
             return None
         name, arguments, content = one
@@ -707,20 +715,32 @@ class ToolEnv(gym.Env[str, str]):
             return None  # (a terminal tool may end the episode: the general path grades it)
         episode.turn = turn = episode.turn + 1
         episode.actions.append(action)
-        call_id = f"call_{turn}_0"
-        episode.messages.append({"role": "assistant", "content": content, "tool_calls": [{
-            "id": call_id, "type": "function", "function": {"name": name, "arguments": dumps_arguments(arguments)}}]})
-        if tool.direct:
-            result = self.toolset.run_direct(tool, arguments, self.tool_timeout, self.max_tool_output_chars)
+        call_id = _CALL_IDS[turn] if turn < 256 else f"call_{turn}_0"
+        if len(arguments) == 1:  # (dumps_arguments' commonest case, inline: one string argument)
+            (key, value), = arguments.items()
+            if type(value) is str is type(key):
+                args_json = f"{{{_escape(key)}: {_escape(value)}}}"
+            else:
+                args_json = dumps_arguments(arguments)
+        else:
+            args_json = dumps_arguments(arguments)
+        messages = episode.messages
+        messages.append({"role": "assistant", "content": content, "tool_calls": [{
+            "id": call_id, "type": "function", "function": {"name": name, "arguments": args_json}}]})
+        if tool.direct:  # a success is its text (no result object), a failure its ToolResult
+            result = (tool.invoke or run_direct_text)(tool, arguments, self.tool_timeout, self.max_tool_output_chars)
         else:
             result = self.toolset.run(name, arguments, episode=episode, timeout=self.tool_timeout,
                                       max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run)
-        message = {"role": "tool", "tool_call_id": call_id, "name": name, "content": result.content}
-        episode.messages.append(message)
-        error = result.error
+        if type(result) is str:
+            text, error = result, None
+        else:
+            text, error = result.content, result.error
+        message = {"role": "tool", "tool_call_id": call_id, "name": name, "content": text}
+        messages.append(message)
         if error:
             episode.tool_errors += 1
-        obs = self.format.render_results([(call_id, name, result.content)])
+        obs = fmt.render_one(call_id, name, text)
         if len(obs) > self.max_observation_chars:
             obs = truncate(obs, self.max_observation_chars)
         info = {
@@ -733,7 +753,7 @@ class ToolEnv(gym.Env[str, str]):
         if self.rubric.per_turn:  # (one attribute read a step for rubrics without per-turn leaves)
             try:
                 reward, components, errors = self.rubric.score_turn_in(self._turn_context(
-                    episode, content, info["tool_calls"], [result.content]), self.aio.run)
+                    episode, content, info["tool_calls"], [text]), self.aio.run)
             except RewardFailure as exc:
                 log.warning("reward failed for task %s: %s", episode.task.id, exc)
                 return obs, self._fail(episode, info, exc.outcome), False, True, info

@@ -33,6 +33,8 @@ def dumps_arguments(arguments: Any) -> str:
     if type(arguments) is dict:
         if len(arguments) == 1:
             (key, value), = arguments.items()
+            if type(value) is str and type(key) is str:  # (one string argument: a calculator's)
+                return f"{{{_escape(key)}: {_escape(value)}}}"
             encode = _SCALARS.get(type(value))
             if encode is not None and type(key) is str:
                 return "{" + _escape(key) + ": " + encode(value) + "}"
@@ -241,6 +243,20 @@ class ToolCallFormat:
         if len(results) == 1:
             return f"<tool_response>\n{results[0][2]}\n</tool_response>"
         return "\n".join(f"<tool_response>\n{content}\n</tool_response>" for _, _, content in results)
+
+    def render_one(self, call_id: str, name: str, content: str) -> str:
+        """``render_results`` of one result, without the list (the engine's fast step). A
+        format that overrides ``render_results`` alone gets a ``render_one`` that calls it."""
+        return f"<tool_response>\n{content}\n</tool_response>"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "render_results" in cls.__dict__ and "render_one" not in cls.__dict__:
+            cls.render_one = _render_one_by_results
+
+
+def _render_one_by_results(self: ToolCallFormat, call_id: str, name: str, content: str) -> str:
+    return self.render_results([(call_id, name, content)])
 
 
 class HermesFormat(ToolCallFormat):

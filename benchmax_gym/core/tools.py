@@ -98,6 +98,10 @@ class ToolResult:
     outcome: ClassVar[str | None] = None
 
 
+_DIRECT_INPUTS = frozenset({"is_async", "inline", "self_timed", "wants_episode", "wants_state"})
+_CALL_INPUTS = frozenset({"fn", "validate", "name"})
+
+
 class FailedResult(ToolResult):
     """The result of a call that failed for a reason not the model's (:class:`ToolFailure`)."""
 
@@ -143,12 +147,21 @@ class Tool:
     def __post_init__(self):
         self.is_async = inspect.iscoroutinefunction(self.fn)
 
-    @property
-    def direct(self) -> bool:
-        """Called directly in the caller's thread by ``step``: sync, and inline or self-timed,
-        without the episode (a calculator, the sandboxed ``python``)."""
-        return (not self.is_async and (self.inline or self.self_timed) and not self.wants_episode
-                and not self.wants_state)
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        d = self.__dict__
+        if name in _DIRECT_INPUTS:  # ``direct`` is kept up to date, not computed at every step
+            object.__setattr__(self, "direct", not d.get("is_async", False) and bool(d.get("inline") or d.get(
+                "self_timed")) and not d.get("wants_episode") and not d.get("wants_state"))
+        elif name in _CALL_INPUTS and "invoke" in d:
+            del d["invoke"]  # made for the old function or validator
+
+    #: Called directly in the caller's thread by ``step``: sync, and inline or self-timed,
+    #: without the episode (a calculator, the sandboxed ``python``). Follows the fields it reads.
+    direct: ClassVar[bool]
+    #: :func:`run_direct_text` for this tool, in one frame (``@tool`` makes one for a function of
+    #: one plain argument); None: that function. Dropped when ``fn``, ``validate`` or ``name`` change.
+    invoke: ClassVar[Callable[["Tool", dict[str, Any], float, int], Any] | None] = None
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -438,7 +451,7 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
 
     validate = _primitive_validator(fields, validate_with_pydantic) or validate_with_pydantic
 
-    return Tool(
+    made = Tool(
         name=name,
         description=description or name,
         parameters=parameters,
@@ -448,6 +461,30 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
         wants_episode=wants_episode,
         wants_state=wants_state,
     )
+    one = getattr(validate, "one", None)  # (a function of one plain argument, that takes it by position)
+    if (one is not None and len(sig.parameters) == 1
+            and sig.parameters[one[0]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        made.invoke = _one_argument_invoke(*one)
+    return made
+
+
+def _one_argument_invoke(only: str, kind: type):
+    """:func:`run_direct_text` for a function of one plain argument ``only`` of type ``kind``:
+    what its validator passes unchanged (that argument alone, of that exact type) is passed by
+    position, in this one frame; anything else goes to ``run_direct_text``."""
+
+    def invoke(t: Tool, args: dict[str, Any], timeout: float, max_chars: int) -> str | ToolResult:
+        if len(args) == 1:
+            value = args.get(only)
+            if type(value) is kind:
+                try:
+                    value = t.fn(value)
+                except Exception as exc:
+                    return _failed(t.name, exc, timeout)
+                return value if type(value) is str and len(value) <= max_chars else _capped_text(value, max_chars)
+        return run_direct_text(t, args, timeout, max_chars)
+
+    return invoke
 
 
 _PRIMITIVES = (str, int, float, bool)
@@ -470,6 +507,16 @@ def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]]
         else:
             return None
     n_required = len(required)
+    if n_required == 1 and len(kinds) == 1:  # one required argument (a calculator's): one look
+        (only, kind), = kinds.items()
+
+        def validate_one(args: dict[str, Any]) -> dict[str, Any]:
+            if len(args) == 1 and type(args.get(only)) is kind:
+                return args  # (callers spread it as keyword arguments: never changed)
+            return slow(args)
+
+        validate_one.one = (only, kind)  # (what _one_argument_invoke checks in its place)
+        return validate_one
 
     def validate(args: dict[str, Any]) -> dict[str, Any]:
         if len(args) < n_required:
@@ -480,7 +527,7 @@ def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]]
         for pname in required:
             if pname not in args:
                 return slow(args)
-        return {**defaults, **args} if defaults else dict(args)
+        return {**defaults, **args} if defaults else args  # (callers spread it: never changed)
 
     return validate
 
@@ -630,21 +677,9 @@ class Toolset:
     @staticmethod
     def run_direct(t: Tool, arguments: dict[str, Any], timeout: float, max_chars: int) -> ToolResult:
         """``run`` for a tool that is called directly in this thread (``t.direct``) with an
-        arguments dict; the engine's fast step calls it itself."""
-        try:
-            kwargs = t.validate(arguments)
-        except ArgumentError as exc:
-            return _bad_arguments(t.name, exc)
-        except Exception as exc:  # the validator itself broke: the call's error
-            return _validator_failed(t.name, exc)
-        try:
-            value = t.fn(**kwargs)
-        except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
-            return _timed_out(t.name, timeout)
-        except Exception as exc:  # the tool's own failure is the model's observation
-            return _error_result(t.name, exc)
-        text = value if type(value) is str else to_text(value)
-        return ToolResult(text if len(text) <= max_chars else truncate(text, max_chars))
+        arguments dict."""
+        out = (t.invoke or run_direct_text)(t, arguments, timeout, max_chars)
+        return ToolResult(out) if type(out) is str else out
 
     async def arun(self, name: str, arguments: Any, *, episode: Any = None, timeout: float,
                    max_chars: int) -> ToolResult:
@@ -673,6 +708,35 @@ class Toolset:
                 # A tool stuck past its timeout cannot be killed in a thread; do not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
+
+
+def run_direct_text(t: Tool, arguments: dict[str, Any], timeout: float, max_chars: int) -> str | ToolResult:
+    """:meth:`Toolset.run_direct`, with a successful call's text as a plain ``str`` (a failed
+    call is its ``ToolResult``): the engine's fast step calls it, sparing an object per step."""
+    try:
+        kwargs = t.validate(arguments)
+    except ArgumentError as exc:
+        return _bad_arguments(t.name, exc)
+    except Exception as exc:  # the validator itself broke: the call's error
+        return _validator_failed(t.name, exc)
+    try:
+        value = t.fn(**kwargs)
+    except Exception as exc:
+        return _failed(t.name, exc, timeout)
+    return value if type(value) is str and len(value) <= max_chars else _capped_text(value, max_chars)
+
+
+def _failed(name: str, exc: Exception, timeout: float) -> ToolResult:
+    """The result of a direct call whose tool raised ``exc``."""
+    if isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)):
+        return _timed_out(name, timeout)
+    return _error_result(name, exc)  # the tool's own failure is the model's observation
+
+
+def _capped_text(value: Any, max_chars: int) -> str:
+    """A tool's return value as the text the model sees, at most ``max_chars`` long."""
+    text = value if type(value) is str else to_text(value)
+    return text if len(text) <= max_chars else truncate(text, max_chars)
 
 
 def _timed_out(name: str, timeout: float) -> ToolResult:

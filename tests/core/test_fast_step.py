@@ -105,7 +105,7 @@ def _body(draw):
 
 
 _text = st.sampled_from(["", "Let me compute.", "  ", "\n", "<think>hmm</think>", "</think>", "<think>", "x" * 50,
-                         "</tool_call>", "<tool_call>", "The answer is 42", "<tool_response>"])
+                         "</tool_call>", "<tool_call>", "The answer is 42", "<tool_response>", "rethink>", "tool_call>"])
 
 
 @st.composite
@@ -197,3 +197,95 @@ def test_the_calculator_step_of_math_takes_the_fast_path():
     action = 'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "(12 + 7) * 3"}}\n</tool_call>'
     assert env._step_one_call(action)[0] == "<tool_response>\n57\n</tool_response>"
     env.close()
+
+
+def test_a_tool_changed_after_it_is_built_is_called_as_it_now_says():
+    """``Tool.direct`` follows the fields it reads (MCP makes its tools self-timed after building
+    them): the fast step calls a tool in this thread only while it says so."""
+    from benchmax_gym.core.tools import Tool
+
+    @tool
+    def where() -> str:
+        """The thread that runs the call."""
+        import threading
+        return threading.current_thread().name
+
+    assert not where.direct
+    env = ToolEnv(tasks=ListTasks([Task("t", "Q", "42")]), toolset=Toolset([where]), rubric=Rubric([lambda: 0.0]),
+                  system_prompt="Test.", max_turns=20)
+    env.reset(seed=0)
+    action = '<tool_call>{"name": "where", "arguments": {}}</tool_call>'
+    assert env.step(action)[0] != "<tool_response>\nMainThread\n</tool_response>"  # a pool thread
+    where.self_timed = True
+    assert where.direct
+    assert env.step(action)[0] == "<tool_response>\nMainThread\n</tool_response>"
+    where.wants_state = True  # (now it takes the state: never called directly)
+    assert not where.direct
+    where.wants_state = False
+    assert where.direct and Tool("t", "d", {}, lambda: "", lambda a: a, inline=True).direct
+    env.close()
+
+
+def test_a_format_that_renders_results_its_own_way_renders_the_fast_steps_too():
+    """A format overriding ``render_results`` alone: the fast step's observation is its rendering."""
+    from benchmax_gym.core.formats import HermesFormat
+
+    class Bracketed(HermesFormat):
+        def render_results(self, results):
+            return "\n".join(f"[{call_id} {name}] {content}" for call_id, name, content in results)
+
+    fast, general = make(tool_format=Bracketed(), max_turns=10), make(tool_format=Bracketed(), max_turns=10)
+    general._step_one_call = lambda action: None
+    action = 'Adding.<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    assert _play(fast, [action, action]) == _play(general, [action, action])
+    assert _play(fast, [action])[1][0] == "[call_1_0 add] 5"
+    fast.close()
+    general.close()
+
+
+@tool(inline=True)
+def shout(text: str) -> str:
+    """Answers in capitals, or as the text asks: an error, a failure, a timeout, a list, a long text."""
+    if text == "error":
+        raise ToolError("told to fail", "refused")
+    if text == "failure":
+        raise ToolFailure("the backend went away", "tool_unavailable")
+    if text == "crash":
+        raise ZeroDivisionError("division by zero")
+    if text == "timeout":
+        raise TimeoutError
+    if text == "list":
+        return ["a", 1]
+    return text.upper() * (30 if text == "long" else 1)
+
+
+def _outcome(result):
+    return result if type(result) is str else (type(result).__name__, result.content, result.error, result.outcome)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.fixed_dictionaries({"text": st.sampled_from(["error", "failure", "crash", "timeout", "list", "long",
+                                                                 "hi", ""])}),
+                 st.dictionaries(st.sampled_from(["text", "x"]), _values, max_size=2)),
+       st.integers(1, 200))
+def test_a_one_argument_tools_own_call_returns_what_the_general_call_returns(arguments, max_chars):
+    """``@tool``'s one-frame call for a function of one plain argument (what the fast step calls)
+    answers as :func:`run_direct_text` does: results, errors, failures, timeouts, coercions, caps."""
+    from benchmax_gym.core.tools import run_direct_text
+
+    assert shout.invoke is not None
+    assert _outcome(shout.invoke(shout, arguments, 5.0, max_chars)) == _outcome(
+        run_direct_text(shout, arguments, 5.0, max_chars))
+
+
+def test_a_tool_given_a_new_function_is_called_through_it():
+    """Replacing a tool's function (or validator) drops the call made for the old one."""
+    @tool(inline=True)
+    def double(n: int) -> str:
+        """Twice n."""
+        return str(2 * n)
+
+    assert double.invoke is not None and double.invoke(double, {"n": 4}, 1.0, 100) == "8"
+    double.fn = lambda *, n: str(3 * n)  # keyword-only: called by position it would fail
+    assert double.invoke is None
+    assert Toolset([double]).run("double", {"n": 4}, timeout=1.0, max_chars=100).content == "12"
