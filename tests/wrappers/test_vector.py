@@ -458,7 +458,20 @@ def _same(a, b):
     else:
         assert a.dtype == b.dtype and a.shape == b.shape
         for x, y in zip(a.ravel() if a.dtype != object else a, b.ravel() if b.dtype != object else b):
-            assert (x is y) or (isinstance(x, np.ndarray) and np.array_equal(x, y)) or x == y or (x != x and y != y)
+            assert (x is y) or _equal(x, y), (x, y)
+
+
+def _equal(x, y) -> bool:
+    """Equal values of the same types, all the way down (arrays by their elements, NaN equal to NaN)."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, np.ndarray):
+        return x.dtype == y.dtype and x.shape == y.shape and all(map(_equal, x.ravel().tolist(), y.ravel().tolist()))
+    if isinstance(x, dict):
+        return list(x) == list(y) and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(map(_equal, x, y))
+    return bool(x == y) or (x != x and y != y)
 
 
 _same_keys = st.lists(st.sampled_from(["a", "b", "c", "final_obs"]), min_size=1, max_size=4, unique=True).flatmap(
@@ -493,6 +506,47 @@ def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd, whole):
             batch_infos(infos, n, None if whole else positions)
         return
     _same(batch_infos(infos, n, None if whole else positions), expected)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(_info, min_size=1, max_size=8), _same_keys), st.randoms())
+def test_worker_columns_joined_build_what_gymnasiums_add_info_builds(infos, rnd):
+    """The lock-step path's columns: each worker packs its slice (arrays and masks built there),
+    the parent joins the slices; the result is Gymnasium's batch for any infos split at random
+    among workers: keys present in some envs or some workers only, kinds and dtypes that differ
+    between workers, numpy values, nested dicts. Each slice also unpacks to its envs' infos (the
+    parent's path after a fault), and travels in marshal's format or pickle's."""
+    import pickle
+
+    from benchmax_gym.wrappers.batching import _InfoBatch, join_columns, unpack_columns
+    from benchmax_gym.wrappers.worker import pack_results, unpack_results
+
+    n = len(infos)
+    cuts = sorted(rnd.sample(range(1, n), rnd.randint(0, n - 1))) if n > 1 else []
+    bounds = list(zip([0, *cuts], [*cuts, n]))
+    expected, error = {}, None
+    try:
+        batcher = _InfoBatch(n)
+        for j, info in enumerate(infos):
+            expected = batcher._add_info(expected, info, j)
+    except Exception as exc:  # noqa: BLE001  (a mix Gymnasium itself refuses: ours must refuse it too)
+        error = type(exc)
+    parts = []
+    for a, b in bounds:  # each worker's message, through a pipe
+        message = pack_results([(a + j, ("", 0.0, False, False, info)) for j, info in enumerate(infos[a:b])])
+        wire = unpack_results(pickle.loads(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))[5]
+        for got, info in zip(unpack_columns(wire, b - a), infos[a:b]):
+            _same(got, info)
+        parts.append((a, b - a, wire))
+    if error is not None:
+        with pytest.raises(Exception):  # noqa: B017
+            join_columns(parts, n)
+        return
+    joined = join_columns(parts, n)
+    _same(joined, expected)
+    assert list(joined) == list(expected)  # the keys in Gymnasium's order too
+    for value in joined.values():
+        assert not isinstance(value, np.ndarray) or value.flags.writeable  # the caller's own arrays
 
 
 def _same_subset(lean, full):
