@@ -304,7 +304,7 @@ class WorkerVectorEnv(VectorEnv):
                 self._workers[w].send(("reset", [(i, None, None) for i in restarted]))
                 for i, (obs, info) in self._collect_now(w, set(restarted)).items():
                     final = self._ready[i][4]
-                    self._ready[i] = (obs, math.nan, False, True, {**info, **final})
+                    self._ready[i] = (obs, math.nan, False, True, {**final, **info})
 
     def _collect_now(self, w: int, wanted: set[int]) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -455,7 +455,7 @@ class WorkerVectorEnv(VectorEnv):
         if error is None:
             return result
         obs, info = result
-        return obs, math.nan, False, True, {**info, "final_obs": "", "final_info": error}
+        return obs, math.nan, False, True, {"final_obs": "", "final_info": error, **info}
 
     def _batch(self, results: list[tuple]):
         if not results:

@@ -132,7 +132,7 @@ class _Worker:
                 if self.mode == AutoresetMode.SAME_STEP:
                     final_obs, final_info = obs, info
                     obs, info = await self._reset(i, None, None)
-                    info = {**info, "final_obs": final_obs, "final_info": final_info}
+                    info = {"final_obs": final_obs, "final_info": final_info, **info}  # (Gymnasium's order)
                 elif self.mode == AutoresetMode.NEXT_STEP:
                     self.needs_reset[i] = True
             return obs, float(reward), bool(terminated), bool(truncated), info
@@ -151,7 +151,7 @@ class _Worker:
         self.needs_reset[i] = True
         if self.mode == AutoresetMode.SAME_STEP:
             obs, info = await self._reset(i, None, None)
-            return obs, math.nan, False, True, {**info, "final_obs": "", "final_info": error}
+            return obs, math.nan, False, True, {"final_obs": "", "final_info": error, **info}
         return "", math.nan, False, True, error
 
     def _step_plain(self, i: int, action: Any) -> None:
@@ -209,9 +209,10 @@ class _Worker:
             self.loop.call_soon(self._flush)
 
     def _kept(self, info: dict) -> dict:
-        out = {key: info[key] for key in self.keep if key in info}
+        out = {}
         if "final_info" in info:  # SAME_STEP's record of the episode that ended, kept alike
             out["final_obs"], out["final_info"] = info.get("final_obs"), self._kept(info["final_info"])
+        out.update((key, info[key]) for key in self.keep if key in info)
         return out
 
     def _flush(self) -> None:

@@ -593,6 +593,7 @@ def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
             for got in (x[4], z[4]):
                 assert got.pop("scored").tolist() == (~np.isnan(y[1])).tolist() and got.pop("_scored").all()
             _same(x[4], y[4])
+            assert list(x[4]) == list(y[4])  # the keys in Gymnasium's order too
             assert "messages" in x[4] and "messages" not in z[4]
             _same_subset(z[4], y[4])
             done = x[2] | x[3]
@@ -600,6 +601,73 @@ def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
     finally:
         ours.close()
         lean.close()
+        ref.close()
+
+
+class Varied(gym.Env):
+    """Infos that differ by env ``k``: keys some envs (or some workers) lack, numpy values,
+    nested dicts, a key int in some envs and float in others; episodes of different lengths."""
+
+    observation_space = UnicodeText(1000)
+    action_space = UnicodeText(1000)
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def _info(self) -> dict:
+        k, count = self.k, self.count
+        info = {"count": count, "mixed": count + 0.5 if k % 2 else count}
+        if k % 2:
+            info["score"] = np.float32(count / 3)
+        if k < 3:
+            info["vec"] = np.arange(3) * count
+        if k % 3 == 0:
+            info["nested"] = {"a": count, "b": f"b{k}", **({"deep": {"c": [k]}} if count % 2 else {})}
+        if k == 4 and count:
+            info["late"] = np.int64(count)
+        return info
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return f"start {self.k}", self._info()
+
+    def step(self, action):
+        self.count += 1
+        return f"{action} {self.k} {self.count}", float(self.k), self.count % (self.k + 2) == 0, False, self._info()
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_lockstep_varied_infos_equal_sync_vector_env(mode):
+    """Infos that differ between envs and between workers (keys in some envs only, numpy
+    scalars and arrays, nested dicts, int in one env and float in another) come back from the
+    workers' columns as Gymnasium's SyncVectorEnv batches them, step for step, in every mode."""
+    import functools
+
+    n = 7
+    fns = [functools.partial(Varied, k) for k in range(n)]
+    ours = SubprocVectorEnv(fns, num_workers=3, autoreset_mode=mode)
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
+    try:
+        a, b = ours.reset(seed=0), ref.reset(seed=0)
+        assert a[0] == b[0]
+        _same(a[1], b[1])
+        for t in range(9):
+            x, y = ours.step([f"a{t}"] * n), ref.step([f"a{t}"] * n)
+            assert x[0] == y[0], t
+            for k in (1, 2, 3):
+                _same(x[k], y[k])
+            assert x[4].pop("scored").all() and x[4].pop("_scored").all()
+            _same(x[4], y[4])
+            assert list(x[4]) == list(y[4])
+            done = x[2] | x[3]
+            if mode == AutoresetMode.DISABLED and done.any():
+                a, b = ours.reset(options={"reset_mask": done.copy()}), ref.reset(options={"reset_mask": done.copy()})
+                assert a[0] == b[0]
+                _same(a[1], b[1])
+        assert ours.faults == 0
+    finally:
+        ours.close()
         ref.close()
 
 
