@@ -22,7 +22,9 @@ Same environment, same actions, one run:
    same sizes, Gymnasium's ``SyncVectorEnv`` (steps per second and its CPU per step: all its work
    is this process's) and GEM's ``SyncVectorEnv``, and ``per_worker_parent_us``: what one more
    worker costs the parent per batch (the slope of its CPU per batch over the sweep, ``info_keys``),
-   the figure behind the default worker count. The parent's serial work is the ceiling of a
+   the figure behind the default worker count; and ``parent_alone_full_infos_us_per_step``, the
+   parent's work on such a batch (full infos, the default's messages) timed alone in this process,
+   which a shared machine's load moves far less. The parent's serial work is the ceiling of a
    many-core machine (1 us of it per step caps every worker count at 1M steps/s); on a shared or
    small machine its CPU per step is the figure to compare, as wall-clock rates move with the
    load.
@@ -138,6 +140,40 @@ def parent_cpu(envs, seconds: float) -> dict:
             "workers_cpu_us_per_step": round(workers / steps * 1e6, 3)}  # (at the clock tick's resolution)
 
 
+def parent_alone(n: int, workers: int, seconds: float) -> float:
+    """The parent's own work on a lock-step batch, alone in this process (no workers running
+    beside it, caches warm): decoding ``workers`` messages of ``n`` calculator envs' full infos
+    as the workers send them and joining them into the batch, with the garbage collector as in
+    a step; CPU microseconds per env step. A shared machine's load moves it far less than the
+    lock-step figure, so before/after compare here best."""
+    import pickle
+
+    from benchmax_gym.wrappers import vector, worker
+
+    envs = [math_env().unwrapped for _ in range(n)]
+    for env in envs:
+        env.reset(seed=0)
+    for _ in range(3):
+        rows = [(i, env.step(CALC)) for i, env in enumerate(envs)]
+    bounds = np.linspace(0, n, workers + 1).astype(int)
+    messages = [pickle.dumps(("batch", worker.pack_results(rows[a:b]))) for a, b in zip(bounds, bounds[1:])]
+    del envs, rows
+    parent = vector.SubprocVectorEnv.__new__(vector.SubprocVectorEnv)  # the parent's logic, no workers
+    parent.num_envs, parent.single_observation_space = n, benchmax_gym.UnicodeText(10**6)
+
+    def step():
+        with vector._collections_paused():
+            return parent._batch_columns([worker.unpack_results(pickle.loads(m)[1]) for m in messages])
+
+    for _ in range(3):
+        step()
+    steps, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += n
+    return round((time.process_time() - cpu) / steps * 1e6, 3)
+
+
 def median_range(values: list[float]) -> dict:
     return {"median": round(statistics.median(values)), "min": round(min(values)), "max": round(max(values))}
 
@@ -188,7 +224,9 @@ def parent_section(args, sizes: list[int], cpus: int, keys: list[str], gem: Peer
                     envs.close()
                 sweep.setdefault(str(count), {})[mode] = {
                     key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        entry: dict = {"by_workers": sweep, "default_workers": default}
+        entry: dict = {"by_workers": sweep, "default_workers": default,
+                       "parent_alone_full_infos_us_per_step": statistics.median(
+                           parent_alone(size, default, args.seconds) for _ in range(args.rounds))}
         syncs = []
         for _ in range(args.rounds):
             envs = SyncVectorEnv([math_env] * size)

@@ -42,9 +42,9 @@ def batch_infos(infos: Sequence[dict], num_envs: int, index: Sequence[int] | Non
 
 def batch_columns(columns: dict[str, tuple[list, list[int]]], num_envs: int, index: list[int]) -> dict[str, Any]:
     """:func:`batch_infos` from the infos' columns: each key's values and the envs they belong
-    to (``where``; ``where is index`` when every env of ``index`` has the key). A lock-step
-    batch arrives from the workers in columns already (:func:`pack_columns`): the parent then
-    builds each array with a few C-level calls, not a Python loop per env."""
+    to (``where``; ``where is index`` when every env of ``index`` has the key): each array with
+    a few C-level calls, not a Python loop per env. (A lock-step batch's columns come built from
+    the workers: :func:`join_columns`.)"""
     whole = len(index) == num_envs and index == list(range(num_envs))  # every env, in order
     shared = None  # the mask of keys every info has (the common case), made once
     out: dict[str, Any] = {}

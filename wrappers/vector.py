@@ -692,12 +692,13 @@ ENVS_PER_WORKER = 16  # the default's K: see default_workers
 def default_workers(num_envs: int) -> int:
     """The default ``num_workers``: ``min(cpu_count, num_envs, max(1, num_envs // 16))``.
 
-    Each worker costs the parent a message to send and one to read and join per batch, serially;
-    a worker with fewer than 16 calculator envs saves less worker time than that (measured: one
-    more worker costs the parent ~10-20 us per batch on 2 cores; a calculator env step costs a
-    worker ~8-18 us), so more workers than ``num_envs // 16`` made batches slower (16 cores, 64 envs:
-    4 workers 128k steps/s, 16 workers 115k). Envs slower to step (real tools) gain from more
-    workers: pass ``num_workers``."""
+    Each worker costs the parent, serially, a message to send and one to read and join per
+    batch (``b``: 20-45 us of parent CPU per batch measured on 2 cores), while it saves worker
+    time in parallel: the W-th worker pays while ``W * (W - 1) <= num_envs * t / b`` (``t``, a
+    calculator step in a worker: 16-20 us), about ``0.4-0.8 * num_envs``; at 16 envs per worker
+    or more the default stays at or below that optimum, not past it where more workers are
+    slower (16 cores, 64 envs: 4 workers 128k steps/s, 16 workers 115k).
+    Envs slower to step (real tools, model code) gain from more: pass ``num_workers``."""
     return max(1, min(os.cpu_count() or 1, num_envs, num_envs // ENVS_PER_WORKER))
 
 

@@ -303,11 +303,13 @@ def _marshal_exact(message: Any) -> bool:
     buffer (numpy arrays and scalars, bytearray) as bytes. Level by level over the containers'
     contents, in C (``gc.get_referents``): well under a microsecond per env's info."""
     frontier = [message]
-    while frontier:
+    for _ in range(100):  # (deeper, or a cycle: pickle's turn)
         if not set(map(type, frontier)) <= _MARSHAL_EXACT:
             return False
         frontier = gc.get_referents(*frontier)
-    return True
+        if not frontier:
+            return True
+    return False
 
 
 def unpack_results(message: tuple | bytes) -> tuple:
