@@ -671,6 +671,38 @@ def test_lockstep_varied_infos_equal_sync_vector_env(mode):
         ref.close()
 
 
+class Dying(Varied):
+    def step(self, action):
+        if action == "die":
+            os._exit(3)
+        return super().step(action)
+
+
+def test_a_worker_dying_mid_batch_keeps_the_others_varied_infos(monkeypatch):
+    """Messages already read from the workers take the per-env path when one dies: the others'
+    numpy arrays, float32 scores and nested dicts come through with their masks and dtypes."""
+    import functools
+
+    from benchmax_gym.wrappers import worker
+
+    monkeypatch.setattr(worker, "COLUMN_FLUSH_EVERY", 1)
+    envs = SubprocVectorEnv([functools.partial(Dying, k) for k in range(7)], num_workers=3)  # 0-2, 3-4, 5-6
+    try:
+        envs.reset(seed=0)
+        obs, rewards, terminated, truncated, info = envs.step(["a", "a", "a", "die", "a", "a", "a"])
+        assert truncated.tolist() == [False, False, False, True, True, False, False] and envs.faults == 1
+        assert info["vec"].dtype == np.int64 and info["vec"][:3].tolist() == [[0, 1, 2]] * 3
+        assert info["_vec"].tolist() == [True] * 3 + [False] * 4
+        assert info["score"].dtype == np.float32 and info["_score"].tolist() == [False, True] + [False] * 3 + [True, False]
+        assert info["score"][5] == np.float32(1 / 3)
+        assert info["nested"]["a"].tolist() == [1, 0, 0, 0, 0, 0, 1] and info["nested"]["_deep"].tolist() == [
+            True] + [False] * 5 + [True]
+        assert all("worker_restarted" in info["error"][i] for i in (3, 4)) and info["_error"].sum() == 2
+        assert info["mixed"].dtype == np.int64  # (env 0's int decides, as Gymnasium's first env does)
+    finally:
+        envs.close()
+
+
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
 def test_a_worker_dying_in_a_lockstep_batch_leaves_the_others_results(mode, monkeypatch):
     """The middle worker dies while the lock-step batch is read in messages of one result: the
