@@ -15,21 +15,28 @@ Same environment, same actions, one run:
    lock-step and ready-first (``send``/``recv``);
 4. memory: resident (and proportional) set size of all processes for 64 and 256 envs;
 5. the parent's own CPU (``time.process_time`` of this process, which never counts the workers)
-   per environment step, lock-step, ``--parent-envs`` (1,024) calculator envs, with ``info_keys``
-   and with full infos, and the steps per second alongside, for each worker count of ``--sweep``
-   (1, 2, 4, 8, 16, capped at ``os.cpu_count()``), and the workers' CPU per step (all of them,
-   from /proc). The parent's serial work is the ceiling of a
+   per environment step, lock-step calculator envs, for each size of ``--parent-envs`` (64 and
+   1,024), with ``info_keys`` and with full infos, and the steps per second alongside, for each
+   worker count of ``--sweep`` (1, 2, 4, 8, 16, capped at ``os.cpu_count()``) and the default
+   ``num_workers``, and the workers' CPU per step (all of them, from /proc); beside them, at the
+   same sizes, Gymnasium's ``SyncVectorEnv`` (steps per second and its CPU per step: all its work
+   is this process's) and GEM's ``SyncVectorEnv``, and ``per_worker_parent_us``: what one more
+   worker costs the parent per batch (the slope of its CPU per batch over the sweep, ``info_keys``),
+   the figure behind the default worker count; and ``parent_alone_full_infos_us_per_step``, the
+   parent's work on such a batch (full infos, the default's messages) timed alone in this process,
+   which a shared machine's load moves far less. The parent's serial work is the ceiling of a
    many-core machine (1 us of it per step caps every worker count at 1M steps/s); on a shared or
    small machine its CPU per step is the figure to compare, as wall-clock rates move with the
    load.
 
-``--sections`` runs some of them (``parent,cheap,scale,tail,memory``; default all).
+``--sections`` runs some of them (``parent,cheap,scale,tail,memory``; default all). ``--quick``:
+one round of one second, sections ``parent,cheap`` unless named (about 90 s on 16 cores).
 
 AsyncVectorEnv's figure swings widely from run to run on a 2-core machine (its 64 processes
 compete for two cores): compare medians over rounds.
 
     python benchmarks/vector_throughput.py [--envs 64] [--seconds 3] [--rounds 3] [--scale-envs 4096]
-        [--parent-envs 1024] [--sweep 1,2,4,8,16] [--sections parent,cheap,scale,tail,memory]
+        [--parent-envs 64,1024] [--sweep 1,2,4,8,16] [--sections parent,cheap,scale,tail,memory] [--quick]
         [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON, else this interpreter when gem-llm imports
          here; without one GEM is skipped)]
 """
@@ -51,6 +58,11 @@ from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
 import benchmax_gym
 from benchmax_gym.wrappers import SubprocVectorEnv
+try:
+    from benchmax_gym.wrappers.vector import default_workers
+except ImportError:  # (an older checkout on PYTHONPATH, for before/after figures: its default)
+    def default_workers(num_envs: int) -> int:
+        return min(num_envs, os.cpu_count() or 1)
 
 from _bench import cpu_seconds, descendants, memory as process_memory, peer_python
 from step_overhead import ACTION as CALC, Peer  # the action (one calculator call) and the GEM peer
@@ -116,15 +128,50 @@ def parent_cpu(envs, seconds: float) -> dict:
     envs.reset(seed=0)
     for _ in range(3):  # warm up
         envs.step(actions)
-    workers = sum(map(cpu_seconds, envs.worker_pids))
+    pids = getattr(envs, "worker_pids", [])  # (none: Gymnasium's SyncVectorEnv, all in this process)
+    workers = sum(map(cpu_seconds, pids))
     steps, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         envs.step(actions)
         steps += n
     cpu, wall = time.process_time() - cpu, time.perf_counter() - start
-    workers = sum(map(cpu_seconds, envs.worker_pids)) - workers
+    workers = sum(map(cpu_seconds, pids)) - workers
     return {"parent_cpu_us_per_step": round(cpu / steps * 1e6, 3), "steps_per_s": round(steps / wall),
             "workers_cpu_us_per_step": round(workers / steps * 1e6, 3)}  # (at the clock tick's resolution)
+
+
+def parent_alone(n: int, workers: int, seconds: float) -> float:
+    """The parent's own work on a lock-step batch, alone in this process (no workers running
+    beside it, caches warm): decoding ``workers`` messages of ``n`` calculator envs' full infos
+    as the workers send them and joining them into the batch, with the garbage collector as in
+    a step; CPU microseconds per env step. A shared machine's load moves it far less than the
+    lock-step figure, so before/after compare here best."""
+    import pickle
+
+    from benchmax_gym.wrappers import vector, worker
+
+    envs = [math_env().unwrapped for _ in range(n)]
+    for env in envs:
+        env.reset(seed=0)
+    for _ in range(3):
+        rows = [(i, env.step(CALC)) for i, env in enumerate(envs)]
+    bounds = np.linspace(0, n, workers + 1).astype(int)
+    messages = [pickle.dumps(("batch", worker.pack_results(rows[a:b]))) for a, b in zip(bounds, bounds[1:])]
+    del envs, rows
+    parent = vector.SubprocVectorEnv.__new__(vector.SubprocVectorEnv)  # the parent's logic, no workers
+    parent.num_envs, parent.single_observation_space = n, benchmax_gym.UnicodeText(10**6)
+
+    def step():
+        with vector._collections_paused():
+            return parent._batch_columns([worker.unpack_results(pickle.loads(m)[1]) for m in messages])
+
+    for _ in range(3):
+        step()
+    steps, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += n
+    return round((time.process_time() - cpu) / steps * 1e6, 3)
 
 
 def median_range(values: list[float]) -> dict:
@@ -145,56 +192,99 @@ def memory(make, n: int) -> dict:
     return {"envs": n, "processes": len(procs), "rss_mb": rss / 2**20, "pss_mb": pss / 2**20}
 
 
+def gem_peer(args, result: dict) -> Peer | None:
+    """GEM's stepping loop in the interpreter ``--gem-python`` names (None, with the reason in
+    ``result``, when there is none)."""
+    gem_python, skipped = peer_python("--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python, "gem")
+    if skipped:
+        result["gem_skipped"] = skipped
+        print(f"GEM {skipped}", file=sys.stderr)
+        return None
+    try:
+        return Peer("gem", gem_python)
+    except RuntimeError as exc:
+        result["gem_skipped"] = str(exc)[-300:]
+        return None
+
+
+def parent_section(args, sizes: list[int], cpus: int, keys: list[str], gem: Peer | None) -> dict:
+    """Per size: the worker sweep and the default worker count (parent CPU per env step, steps
+    per second; medians over rounds), Gymnasium's and GEM's SyncVectorEnv alongside."""
+    out: dict[str, dict] = {}
+    for size in sizes:
+        default = default_workers(size)
+        counts = [w for w in map(int, args.sweep.split(",")) if w <= cpus and w <= size] or [1]
+        sweep: dict[str, dict] = {}
+        for count in sorted({*counts, default}):
+            for mode, info_keys in (("info_keys", keys), ("full_infos", None)):
+                runs = []
+                for _ in range(args.rounds):
+                    envs = SubprocVectorEnv([math_env] * size, num_workers=count, info_keys=info_keys)
+                    runs.append(parent_cpu(envs, args.seconds))
+                    envs.close()
+                sweep.setdefault(str(count), {})[mode] = {
+                    key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        entry: dict = {"by_workers": sweep, "default_workers": default,
+                       "parent_alone_full_infos_us_per_step": statistics.median(
+                           parent_alone(size, default, args.seconds) for _ in range(args.rounds))}
+        syncs = []
+        for _ in range(args.rounds):
+            envs = SyncVectorEnv([math_env] * size)
+            syncs.append(parent_cpu(envs, args.seconds))
+            envs.close()
+        entry["gym_sync"] = {key: statistics.median(run[key] for run in syncs)
+                             for key in ("parent_cpu_us_per_step", "steps_per_s")}
+        if gem:
+            entry["gem_sync_steps_per_s"] = round(statistics.median(
+                gem.vector_rate(size, args.seconds) for _ in range(args.rounds)))
+        at_default = sweep[str(default)]
+        for mode in ("full_infos", "info_keys"):
+            entry[f"default_{mode}_over_gym_sync"] = round(
+                at_default[mode]["steps_per_s"] / entry["gym_sync"]["steps_per_s"], 3)
+            if gem:
+                entry[f"default_{mode}_over_gem_sync"] = round(
+                    at_default[mode]["steps_per_s"] / entry["gem_sync_steps_per_s"], 3)
+        if len(counts) > 1:  # one more worker's cost to the parent, per batch (the default's K)
+            low, high = sweep[str(counts[0])]["info_keys"], sweep[str(counts[-1])]["info_keys"]
+            entry["per_worker_parent_us"] = round(
+                (high["parent_cpu_us_per_step"] - low["parent_cpu_us_per_step"]) * size / (counts[-1] - counts[0]), 2)
+        out[str(size)] = entry
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--envs", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale-envs", type=int, default=4096)
-    parser.add_argument("--parent-envs", type=int, default=1024)
+    parser.add_argument("--parent-envs", default="64,1024", help="env counts for the parent CPU figures")
     parser.add_argument("--sweep", default="1,2,4,8,16", help="worker counts for the parent CPU figures")
-    parser.add_argument("--sections", default="parent,cheap,scale,tail,memory")
+    parser.add_argument("--sections", default=None, help="parent,cheap,scale,tail,memory (default all)")
+    parser.add_argument("--quick", action="store_true", help="one round of 1 s; sections parent,cheap unless named")
     parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.seconds = 1, 1.0
+    sections = set((args.sections or ("parent,cheap" if args.quick else "parent,cheap,scale,tail,memory")).split(","))
     n, secs = args.envs, args.seconds
     workers = os.cpu_count() or 1
-    sections = set(args.sections.split(","))
     result = {"benchmark": "vector_throughput", "envs": n, "cpus": workers, "cpu_count": os.cpu_count(),
-              "rounds": args.rounds}
+              "rounds": args.rounds, "seconds": secs}
     keys = ["error", "reward_components"]
+    gem = gem_peer(args, result) if sections & {"parent", "cheap"} else None
 
     if "parent" in sections:
-        counts = [w for w in map(int, args.sweep.split(",")) if w <= workers and w <= args.parent_envs] or [1]
-        sweep: dict[str, dict] = {}
-        for count in counts:
-            for mode, info_keys in (("info_keys", keys), ("full_infos", None)):
-                runs = []
-                for _ in range(args.rounds):
-                    envs = SubprocVectorEnv([math_env] * args.parent_envs, num_workers=count, info_keys=info_keys)
-                    runs.append(parent_cpu(envs, args.seconds))
-                    envs.close()
-                sweep.setdefault(str(count), {})[mode] = {
-                    key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        result["parent_lockstep"] = {"envs": args.parent_envs, "by_workers": sweep}
+        sizes = [int(size) for size in str(args.parent_envs).split(",")]
+        result["parent_lockstep"] = parent_section(args, sizes, workers, keys, gem)
 
     makers = {
-        "subproc": lambda k: SubprocVectorEnv([math_env] * k, num_workers=workers),
-        "subproc_info_keys": lambda k: SubprocVectorEnv([math_env] * k, num_workers=workers, info_keys=keys),
+        "subproc": lambda k: SubprocVectorEnv([math_env] * k),  # (the default num_workers)
+        "subproc_info_keys": lambda k: SubprocVectorEnv([math_env] * k, info_keys=keys),
         "async": lambda k: AsyncVectorEnv([math_env] * k, shared_memory=False),
         "sync": lambda k: SyncVectorEnv([math_env] * k),
     }
     if "cheap" in sections:
-        gem = None
-        gem_python, skipped = peer_python("--gem-python", "BENCHMAX_GEM_PYTHON", "gem-llm", args.gem_python,
-                                            "gem")
-        if skipped:
-            result["gem_skipped"] = skipped
-            print(f"GEM {skipped}", file=sys.stderr)
-        else:
-            try:
-                gem = Peer("gem", gem_python)
-            except RuntimeError as exc:
-                result["gem_skipped"] = str(exc)[-300:]
         rounds: dict[str, list[float]] = {name: [] for name in [*makers, *(["gem_sync"] if gem else [])]}
         for _ in range(args.rounds):
             for name, make in makers.items():
@@ -203,8 +293,6 @@ def main() -> None:
                 envs.close()
             if gem:
                 rounds["gem_sync"].append(gem.vector_rate(n, secs))
-        if gem:
-            gem.close()
         cheap = {name: median_range(values) for name, values in rounds.items()}
         for name in ("subproc", "subproc_info_keys"):
             cheap[f"{name}_over_sync"] = cheap[name]["median"] / cheap["sync"]["median"]
@@ -252,6 +340,8 @@ def main() -> None:
             mem[f"pss_mb_per_env_beyond_first_{count}"] = (mem[count]["pss_mb"] - mem["1"]["pss_mb"]) / extra
         mem["async_64"] = memory(lambda k: AsyncVectorEnv([math_env] * k, shared_memory=False), 64)
         result["memory"] = mem
+    if gem:
+        gem.close()
     print(json.dumps(result))
 
 

@@ -144,15 +144,20 @@ def test_reward_overhead_runs_briefly_and_prints_its_figures():
 
 
 def test_vector_throughput_prints_the_parents_cpu_per_step_over_a_worker_sweep():
-    out = _run_on_base("vector_throughput.py", "--sections", "parent", "--parent-envs", "8", "--sweep", "1,2,64",
+    out = _run_on_base("vector_throughput.py", "--sections", "parent", "--parent-envs", "8,40", "--sweep", "1,2,64",
                        "--rounds", "1", "--seconds", "0.2")
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout)
     assert figures["cpu_count"] == os.cpu_count()
-    sweep = figures["parent_lockstep"]["by_workers"]
-    assert set(sweep) == {"1", "2"} & {str(w) for w in range(1, os.cpu_count() + 1)}  # capped by the machine
-    for mode in ("info_keys", "full_infos"):
-        assert sweep["1"][mode]["parent_cpu_us_per_step"] > 0 and sweep["1"][mode]["steps_per_s"] > 0
+    for size, default in (("8", 1), ("40", min(2, os.cpu_count()))):  # one worker per 16 envs at most
+        entry = figures["parent_lockstep"][size]
+        sweep = entry["by_workers"]
+        assert set(sweep) == {"1", "2"} & {str(w) for w in range(1, os.cpu_count() + 1)}  # capped by the machine
+        assert entry["default_workers"] == default
+        for mode in ("info_keys", "full_infos"):
+            assert sweep["1"][mode]["parent_cpu_us_per_step"] > 0 and sweep["1"][mode]["steps_per_s"] > 0
+            assert entry[f"default_{mode}_over_gym_sync"] > 0
+        assert entry["gym_sync"]["steps_per_s"] > 0
     assert "cheap_tool_steps_per_s" not in figures and "memory" not in figures  # only the sections asked for
 
 

@@ -9,11 +9,12 @@ survives faults:
   batch costs one message per worker instead of one per environment.
 * **A parent that stays out of the way.** In lock-step ``step()`` each worker answers with
   column messages (``worker.pack_results``: observations as one list, rewards and flags as
-  arrays, infos key by key, in ``marshal``'s format), and the parent joins the columns into
-  Gymnasium's dict of arrays without Python work per env: its serial CPU per env step is what
-  caps any number of workers (1,024 calculator envs on 2 cores: about 0.5-0.7 us with
-  ``info_keys`` and 2.7-4 us with full infos, from 2.1-3.5 and 8.8-12.7). Ready-first calls,
-  faults and mixtures take the per-env path, whose results are the same.
+  arrays, each info key's numeric array and ``_key`` mask built there, in ``marshal``'s format),
+  and the parent joins the slices into Gymnasium's dict of arrays (``batching.join_columns``)
+  without Python work per env: its serial CPU per env step is what caps any number of workers
+  (1,024 calculator envs on a loaded 2-core machine: 0.4-0.5 us with ``info_keys`` and 2.4-2.7 us
+  with full infos, of which decoding the info objects themselves and collecting them is ~1.3).
+  Ready-first calls, faults and mixtures take the per-env path, whose results are the same.
 * **Ready-first mode** (envpool's pattern) for heavy-tailed tool latency: ``send(actions,
   env_ids)`` then ``recv(min_ready=k)`` returns whichever environments finished first, with their
   ids, so a trainer never waits for the slowest member of a batch::
@@ -68,7 +69,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector.utils import batch_space
 
-from .batching import _stack, batch_columns, batch_infos, unpack_infos
+from .batching import _stack, batch_infos, join_columns, unpack_columns
 from .channel import WorkerLost, _Process, readable
 from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, unpack_results
 
@@ -304,7 +305,7 @@ class WorkerVectorEnv(VectorEnv):
                 self._workers[w].send(("reset", [(i, None, None) for i in restarted]))
                 for i, (obs, info) in self._collect_now(w, set(restarted)).items():
                     final = self._ready[i][4]
-                    self._ready[i] = (obs, math.nan, False, True, {**info, **final})
+                    self._ready[i] = (obs, math.nan, False, True, {**final, **info})
 
     def _collect_now(self, w: int, wanted: set[int]) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -455,7 +456,7 @@ class WorkerVectorEnv(VectorEnv):
         if error is None:
             return result
         obs, info = result
-        return obs, math.nan, False, True, {**info, "final_obs": "", "final_info": error}
+        return obs, math.nan, False, True, {"final_obs": "", "final_info": error, **info}
 
     def _batch(self, results: list[tuple]):
         if not results:
@@ -601,40 +602,28 @@ class WorkerVectorEnv(VectorEnv):
 
     def _batch_columns(self, chunks: list[tuple]) -> tuple | None:
         """The batch from every env's results in column messages, in env order (None when they
-        came out of order, as an env that awaits may finish after a later one)."""
-        n = self.num_envs
+        came out of order, as an env that awaits may finish after a later one): the workers
+        built each slice's arrays and masks, the parent joins them (``join_columns``)."""
         obs: list[Any] = []
-        columns: dict[str, list] = {}  # key -> [values, where (None: every env so far)]
+        parts = []
         for chunk in chunks:
-            start = len(obs)
-            chunk_ids, chunk_obs, _, _, _, packed = chunk
-            if type(chunk_ids) is not range or chunk_ids.start != start:
+            chunk_ids = chunk[0]
+            if type(chunk_ids) is not range or chunk_ids.start != len(obs):
                 return None
-            obs += chunk_obs
-            for key, values, where in packed:
-                column = columns.get(key)
-                if column is None:
-                    column = columns[key] = [[], None if start == 0 else []]
-                if where is None and column[1] is None and len(column[0]) == start:
-                    column[0] += values
-                    continue
-                if column[1] is None:  # (every env so far had it: now spelt out)
-                    column[1] = list(range(len(column[0])))
-                column[0] += values
-                column[1] += range(start, start + len(chunk_ids)) if where is None else [start + j for j in where]
-        if len(obs) != n:
+            parts.append((chunk_ids.start, len(chunk_ids), chunk[5]))
+            obs += chunk[1]
+        if len(obs) != self.num_envs:
             return None
-        index = list(range(n))
         self._last_obs = obs
-        infos = batch_columns({key: (values, where if where is not None else index if len(values) == n
-                                     else list(range(len(values)))) for key, (values, where) in columns.items()},
-                              n, index)
-        rewards = np.concatenate([chunk[2] for chunk in chunks])
+        infos = join_columns(parts, self.num_envs)
+        if len(chunks) == 1:  # (one worker: its arrays, copied to be the caller's own)
+            rewards, terminated, truncated = (chunks[0][k].copy() for k in (2, 3, 4))
+        else:
+            rewards, terminated, truncated = (np.concatenate([chunk[k] for chunk in chunks]) for k in (2, 3, 4))
         # the rewards that are signal (a failed episode's is NaN, issue 29): rewards[info["scored"]]
         infos["scored"] = scored = rewards == rewards
         infos["_scored"] = np.ones_like(scored)
-        return (_stack(self.single_observation_space, obs), rewards, np.concatenate([chunk[3] for chunk in chunks]),
-                np.concatenate([chunk[4] for chunk in chunks]), infos)
+        return _stack(self.single_observation_space, obs), rewards, terminated, truncated, infos
 
     def _drain(self) -> None:
         """Finish what a ready-first caller left in flight before a lock-step call."""
@@ -698,6 +687,22 @@ class WorkerVectorEnv(VectorEnv):
         self._kill_all(workers)
 
 
+ENVS_PER_WORKER = 16  # the default's K: see default_workers
+
+
+def default_workers(num_envs: int) -> int:
+    """The default ``num_workers``: ``min(cpu_count, num_envs, max(1, num_envs // 16))``.
+
+    Each worker costs the parent, serially, a message to send and one to read and join per
+    batch (``b``: 20-45 us of parent CPU per batch measured on 2 cores), while it saves worker
+    time in parallel: the W-th worker pays while ``W * (W - 1) <= num_envs * t / b`` (``t``, a
+    calculator step in a worker: 16-20 us), about ``0.4-0.8 * num_envs``; at 16 envs per worker
+    or more the default stays at or below that optimum, not past it where more workers are
+    slower (16 cores, 64 envs: 4 workers 128k steps/s, 16 workers 115k).
+    Envs slower to step (real tools, model code) gain from more: pass ``num_workers``."""
+    return max(1, min(os.cpu_count() or 1, num_envs, num_envs // ENVS_PER_WORKER))
+
+
 class SubprocVectorEnv(WorkerVectorEnv):
     """Vectorised environments in worker processes.
 
@@ -705,8 +710,8 @@ class SubprocVectorEnv(WorkerVectorEnv):
         env: an environment id (made with ``gym.make(env, **env_kwargs)`` in the workers), a
             function that makes one, or a list of such functions.
         num_envs: how many environments.
-        num_workers: worker processes (default: the number of CPUs, at most ``num_envs``);
-            environments are spread evenly over them.
+        num_workers: worker processes (default :func:`default_workers`: the number of CPUs, at
+            most one per 16 environments); environments are spread evenly over them.
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (an
             :class:`~gymnasium.vector.AutoresetMode` or its value).
         step_timeout: seconds an environment may take for one step or reset before its worker is
@@ -735,7 +740,7 @@ class SubprocVectorEnv(WorkerVectorEnv):
     ):
         fns = _env_fns(env, num_envs, env_kwargs, type(self))
         if num_workers is None:
-            num_workers = min(len(fns), os.cpu_count() or 1)
+            num_workers = default_workers(len(fns))
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):
             raise ValueError(f"num_workers must be an int from 1 to num_envs={len(fns)}, got {num_workers!r}")
         self._ctx = mp.get_context(context)
@@ -754,7 +759,7 @@ class SubprocVectorEnv(WorkerVectorEnv):
 def _rows(chunk: tuple):
     """``(env id, result)`` pairs of a column message (``pack_results``), as rows."""
     ids, obs, rewards, terminated, truncated, packed = chunk
-    results = zip(obs, rewards.tolist(), terminated.tolist(), truncated.tolist(), unpack_infos(packed, len(ids)))
+    results = zip(obs, rewards.tolist(), terminated.tolist(), truncated.tolist(), unpack_columns(packed, len(ids)))
     return zip(list(ids), results)
 
 

@@ -458,7 +458,20 @@ def _same(a, b):
     else:
         assert a.dtype == b.dtype and a.shape == b.shape
         for x, y in zip(a.ravel() if a.dtype != object else a, b.ravel() if b.dtype != object else b):
-            assert (x is y) or (isinstance(x, np.ndarray) and np.array_equal(x, y)) or x == y or (x != x and y != y)
+            assert (x is y) or _equal(x, y), (x, y)
+
+
+def _equal(x, y) -> bool:
+    """Equal values of the same types, all the way down (arrays by their elements, NaN equal to NaN)."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, np.ndarray):
+        return x.dtype == y.dtype and x.shape == y.shape and all(map(_equal, x.ravel().tolist(), y.ravel().tolist()))
+    if isinstance(x, dict):
+        return list(x) == list(y) and all(_equal(x[k], y[k]) for k in x)
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(map(_equal, x, y))
+    return bool(x == y) or (x != x and y != y)
 
 
 _same_keys = st.lists(st.sampled_from(["a", "b", "c", "final_obs"]), min_size=1, max_size=4, unique=True).flatmap(
@@ -493,6 +506,47 @@ def test_batch_infos_builds_what_gymnasiums_add_info_builds(infos, rnd, whole):
             batch_infos(infos, n, None if whole else positions)
         return
     _same(batch_infos(infos, n, None if whole else positions), expected)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.lists(_info, min_size=1, max_size=8), _same_keys), st.randoms())
+def test_worker_columns_joined_build_what_gymnasiums_add_info_builds(infos, rnd):
+    """The lock-step path's columns: each worker packs its slice (arrays and masks built there),
+    the parent joins the slices; the result is Gymnasium's batch for any infos split at random
+    among workers: keys present in some envs or some workers only, kinds and dtypes that differ
+    between workers, numpy values, nested dicts. Each slice also unpacks to its envs' infos (the
+    parent's path after a fault), and travels in marshal's format or pickle's."""
+    import pickle
+
+    from benchmax_gym.wrappers.batching import _InfoBatch, join_columns, unpack_columns
+    from benchmax_gym.wrappers.worker import pack_results, unpack_results
+
+    n = len(infos)
+    cuts = sorted(rnd.sample(range(1, n), rnd.randint(0, n - 1))) if n > 1 else []
+    bounds = list(zip([0, *cuts], [*cuts, n]))
+    expected, error = {}, None
+    try:
+        batcher = _InfoBatch(n)
+        for j, info in enumerate(infos):
+            expected = batcher._add_info(expected, info, j)
+    except Exception as exc:  # noqa: BLE001  (a mix Gymnasium itself refuses: ours must refuse it too)
+        error = type(exc)
+    parts = []
+    for a, b in bounds:  # each worker's message, through a pipe
+        message = pack_results([(a + j, ("", 0.0, False, False, info)) for j, info in enumerate(infos[a:b])])
+        wire = unpack_results(pickle.loads(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)))[5]
+        for got, info in zip(unpack_columns(wire, b - a), infos[a:b]):
+            _same(got, info)
+        parts.append((a, b - a, wire))
+    if error is not None:
+        with pytest.raises(Exception):  # noqa: B017
+            join_columns(parts, n)
+        return
+    joined = join_columns(parts, n)
+    _same(joined, expected)
+    assert list(joined) == list(expected)  # the keys in Gymnasium's order too
+    for value in joined.values():
+        assert not isinstance(value, np.ndarray) or value.flags.writeable  # the caller's own arrays
 
 
 def _same_subset(lean, full):
@@ -539,6 +593,7 @@ def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
             for got in (x[4], z[4]):
                 assert got.pop("scored").tolist() == (~np.isnan(y[1])).tolist() and got.pop("_scored").all()
             _same(x[4], y[4])
+            assert list(x[4]) == list(y[4])  # the keys in Gymnasium's order too
             assert "messages" in x[4] and "messages" not in z[4]
             _same_subset(z[4], y[4])
             done = x[2] | x[3]
@@ -547,6 +602,105 @@ def test_lockstep_columns_equal_sync_vector_env_whole_infos(mode, monkeypatch):
         ours.close()
         lean.close()
         ref.close()
+
+
+class Varied(gym.Env):
+    """Infos that differ by env ``k``: keys some envs (or some workers) lack, numpy values,
+    nested dicts, a key int in some envs and float in others; episodes of different lengths."""
+
+    observation_space = UnicodeText(1000)
+    action_space = UnicodeText(1000)
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def _info(self) -> dict:
+        k, count = self.k, self.count
+        info = {"count": count, "mixed": count + 0.5 if k % 2 else count}
+        if k % 2:
+            info["score"] = np.float32(count / 3)
+        if k < 3:
+            info["vec"] = np.arange(3) * count
+        if k % 3 == 0:
+            info["nested"] = {"a": count, "b": f"b{k}", **({"deep": {"c": [k]}} if count % 2 else {})}
+        if k == 4 and count:
+            info["late"] = np.int64(count)
+        return info
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return f"start {self.k}", self._info()
+
+    def step(self, action):
+        self.count += 1
+        return f"{action} {self.k} {self.count}", float(self.k), self.count % (self.k + 2) == 0, False, self._info()
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_lockstep_varied_infos_equal_sync_vector_env(mode):
+    """Infos that differ between envs and between workers (keys in some envs only, numpy
+    scalars and arrays, nested dicts, int in one env and float in another) come back from the
+    workers' columns as Gymnasium's SyncVectorEnv batches them, step for step, in every mode."""
+    import functools
+
+    n = 7
+    fns = [functools.partial(Varied, k) for k in range(n)]
+    ours = SubprocVectorEnv(fns, num_workers=3, autoreset_mode=mode)
+    ref = SyncVectorEnv(fns, autoreset_mode=mode)
+    try:
+        a, b = ours.reset(seed=0), ref.reset(seed=0)
+        assert a[0] == b[0]
+        _same(a[1], b[1])
+        for t in range(9):
+            x, y = ours.step([f"a{t}"] * n), ref.step([f"a{t}"] * n)
+            assert x[0] == y[0], t
+            for k in (1, 2, 3):
+                _same(x[k], y[k])
+            assert x[4].pop("scored").all() and x[4].pop("_scored").all()
+            _same(x[4], y[4])
+            assert list(x[4]) == list(y[4])
+            done = x[2] | x[3]
+            if mode == AutoresetMode.DISABLED and done.any():
+                a, b = ours.reset(options={"reset_mask": done.copy()}), ref.reset(options={"reset_mask": done.copy()})
+                assert a[0] == b[0]
+                _same(a[1], b[1])
+        assert ours.faults == 0
+    finally:
+        ours.close()
+        ref.close()
+
+
+class Dying(Varied):
+    def step(self, action):
+        if action == "die":
+            os._exit(3)
+        return super().step(action)
+
+
+def test_a_worker_dying_mid_batch_keeps_the_others_varied_infos(monkeypatch):
+    """Messages already read from the workers take the per-env path when one dies: the others'
+    numpy arrays, float32 scores and nested dicts come through with their masks and dtypes."""
+    import functools
+
+    from benchmax_gym.wrappers import worker
+
+    monkeypatch.setattr(worker, "COLUMN_FLUSH_EVERY", 1)
+    envs = SubprocVectorEnv([functools.partial(Dying, k) for k in range(7)], num_workers=3)  # 0-2, 3-4, 5-6
+    try:
+        envs.reset(seed=0)
+        obs, rewards, terminated, truncated, info = envs.step(["a", "a", "a", "die", "a", "a", "a"])
+        assert truncated.tolist() == [False, False, False, True, True, False, False] and envs.faults == 1
+        assert info["vec"].dtype == np.int64 and info["vec"][:3].tolist() == [[0, 1, 2]] * 3
+        assert info["_vec"].tolist() == [True] * 3 + [False] * 4
+        assert info["score"].dtype == np.float32 and info["_score"].tolist() == [False, True] + [False] * 3 + [True, False]
+        assert info["score"][5] == np.float32(1 / 3)
+        assert info["nested"]["a"].tolist() == [1, 0, 0, 0, 0, 0, 1] and info["nested"]["_deep"].tolist() == [
+            True] + [False] * 5 + [True]
+        assert all("worker_restarted" in info["error"][i] for i in (3, 4)) and info["_error"].sum() == 2
+        assert info["mixed"].dtype == np.int64  # (env 0's int decides, as Gymnasium's first env does)
+    finally:
+        envs.close()
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
