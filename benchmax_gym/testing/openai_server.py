@@ -10,7 +10,9 @@ tells how many requests it held at once. Hostile replies, for the client's limit
 (a JSON prefix, then one byte every 0.5 s, never ending), ``{"endless": True}`` (bytes as fast as
 they go, no length), ``{"huge": N}`` (a valid reply of about N bytes, its length declared),
 ``{"body": {...}}`` (this JSON as the reply, however malformed), ``{"echo_headers": True}`` (the
-request's headers as the reply's content, as a misconfigured proxy might). ``fault_for`` chooses
+request's headers as the reply's content, as a misconfigured proxy might), ``{"chunked": N}`` (the
+normal reply in chunks of N bytes, no length declared), ``{"text": "..."}`` (a ``text/plain``
+reply); an error fault's ``"headers"`` are sent with it (``x-should-retry``, ``retry-after-ms``). ``fault_for`` chooses
 a fault from the request itself (``body -> fault or None``), so the same requests fail however
 concurrent requests interleave; set it to ``None`` and the server is healthy again.
 
@@ -109,6 +111,7 @@ class FakeChatServer:
         self.fault_for = fault_for
         self.requests: list[dict[str, Any]] = []  # every request body, in arrival order
         self.headers: list[dict[str, str]] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each request (retry waits show here)
         self.in_flight = self.max_in_flight = 0
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -181,6 +184,7 @@ class FakeChatServer:
             with self._lock:
                 self.requests.append(body)
                 self.headers.append(dict(request.headers))
+                self.arrivals.append(time.monotonic())
                 fault = self.faults.pop(0) if self.faults else self.fault_for(body) if self.fault_for else None
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -208,7 +212,8 @@ class FakeChatServer:
             if fault.get("delay"):
                 await asyncio.sleep(fault["delay"])
             if fault.get("status"):
-                headers = {"retry-after": str(fault["retry_after"])} if "retry_after" in fault else None
+                headers = {**({"retry-after": str(fault["retry_after"])} if "retry_after" in fault else {}),
+                           **fault.get("headers", {})} or None
                 return error(fault["status"], fault.get("message", f"fault {fault['status']}"), "server_error",
                              headers=headers)
             if fault.get("malformed"):
@@ -224,6 +229,18 @@ class FakeChatServer:
             if fault.get("huge"):
                 reply = self._completion(body, {"content": "a" * int(fault["huge"])}, None)
                 return JSONResponse(reply)
+            if fault.get("chunked"):
+                data = json.dumps(self._completion(body, self.reply(body), None)).encode()
+                size = int(fault["chunked"])
+                pieces = [data[i:i + size] for i in range(0, len(data), size)]
+
+                async def chunks():
+                    for piece in pieces:
+                        yield piece
+
+                return StreamingResponse(chunks(), media_type="application/json")
+            if fault.get("text"):
+                return Response(str(fault["text"]).encode(), media_type="text/plain")
             if fault.get("echo_headers"):
                 return JSONResponse(self._completion(body, {"content": json.dumps(dict(request.headers))}, None))
             if self.latency:
