@@ -10,7 +10,8 @@ envs and the summary's statistics included); ``steady_fraction_of_ideal`` is the
 two runs (the fixed costs cancel out), what a long eval gets. ``harness_cpu_ms_per_call`` is the
 CPU time of this process and its ``--workers`` processes over the longer run's model calls
 (``steady_harness_cpu_ms_per_call``: between the two runs; ``parent_cpu_ms_per_call``: this
-process alone); ``server_cpu_ms_per_call`` is every server process's, and ``server_busy_cores``
+process alone; ``harness_kernel_cpu_ms_per_call``: the part spent in the kernel, which on loopback
+includes the server's side of TCP: a ``send`` runs the receiver's TCP path too); ``server_cpu_ms_per_call`` is every server process's, and ``server_busy_cores``
 how many cores they kept busy (near ``--server-processes``: the server, not the harness, caps the
 run). ``env_cpu_ms_per_call`` is the environment's own share (reset, steps, reward: the same
 episodes played in a loop with no model). ``client_alone`` is a client with no environment sending
@@ -44,9 +45,12 @@ CALL = json.dumps({"role": "assistant", "content": None, "tool_calls": [
 ANSWER = json.dumps({"role": "assistant", "content": "\\boxed{2}", "tool_calls": []})
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the workers, once they exit and are reaped)
-    return usage.ru_utime + usage.ru_stime
+def _cpu() -> tuple[float, float, float]:
+    """(this process's CPU s, with its reaped children's (the workers), the kernel's share of that)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the workers, once they exit and are reaped)
+    return (me.ru_utime + me.ru_stime, me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+            me.ru_stime + kids.ru_stime)
 
 
 def _server_cpu(pid: int) -> float:
@@ -54,18 +58,19 @@ def _server_cpu(pid: int) -> float:
 
 
 def timed(policy, episodes, concurrency, workers=1, server=None):
-    """(wall s, this process's CPU s, model calls, CPU s with the workers', the server's CPU s)."""
+    """(wall s, this process's CPU s, model calls, CPU s with the workers', the server's CPU s,
+    the kernel's part of the harness's CPU s)."""
     server_cpu = _server_cpu(server) if server else None
-    cpu, children, wall = time.process_time(), _children_cpu(), time.perf_counter()
+    before, wall = _cpu(), time.perf_counter()
     result = evaluate("benchmax/Math-v0", policy, env_kwargs=ENV_KWARGS, tasks=episodes, concurrency=concurrency,
                       preflight=False, workers=workers)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    total = cpu + _children_cpu() - children
+    wall = time.perf_counter() - wall
+    cpu, total, system = (b - a for a, b in zip(before, _cpu()))
     if server_cpu is not None:
         server_cpu = _server_cpu(server) - server_cpu
     calls = sum(r["turns"] for r in result.records)
     assert not any(r["error"] for r in result.records), "a model call failed"
-    return wall, cpu, calls, total, server_cpu
+    return wall, cpu, calls, total, server_cpu, system
 
 
 def env_alone(episodes: int) -> float:
@@ -165,7 +170,7 @@ def main() -> None:
                 policy = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native", transport=transport)
                 for workers in workers_sweep:
                     short = timed(policy, short_n * concurrency, concurrency, workers)
-                    wall, cpu, calls, total, server_cpu = timed(policy, long_n * concurrency, concurrency, workers,
+                    wall, cpu, calls, total, server_cpu, system = timed(policy, long_n * concurrency, concurrency, workers,
                                                                 server.pid)
                     steady = (calls - short[2]) / (wall - short[0])
                     runs.append({
@@ -176,6 +181,7 @@ def main() -> None:
                         "steady_fraction_of_ideal": round(steady / ideal, 3),
                         "harness_cpu_ms_per_call": round(1000 * total / calls, 3),
                         "steady_harness_cpu_ms_per_call": round(1000 * (total - short[3]) / (calls - short[2]), 3),
+                        "harness_kernel_cpu_ms_per_call": round(1000 * system / calls, 3),
                         "parent_cpu_ms_per_call": round(1000 * cpu / calls, 3),
                         "server_cpu_ms_per_call": round(1000 * server_cpu / calls, 3),
                         "server_busy_cores": round(server_cpu / wall, 3),

@@ -27,6 +27,8 @@ import urllib.request
 import zlib
 from typing import Any
 
+from benchmax_gym.eval.policies import PolicyError
+
 MAX_HEAD_BYTES = 64 << 10  # a status line and headers longer than this are not an HTTP reply
 MAX_IDLE = 1024  # keep-alive connections kept for reuse
 
@@ -84,9 +86,8 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     async def exchange(self, data: bytes, max_bytes: int) -> tuple[int, list[tuple[str, str]], bytes, bool]:
-        """Send ``data`` (a whole request) and read one reply: ``(status, headers, body, reusable)``."""
-        from benchmax_gym.eval.policies import PolicyError
-
+        """Send ``data`` (a whole request) and read one reply: ``(status, head, body, reusable)``
+        (``head``: the header fields as text, CRLF-separated)."""
         self.got = False
         self.transport.write(data)
         buf = self.buf
@@ -98,41 +99,31 @@ class _Connection(asyncio.Protocol):
                 if not await self.more():
                     raise ConnectionError("the server closed the connection before a whole reply")
                 continue
-            lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+            head = bytes(buf[:end]).decode("latin-1")
             del buf[:end + 4]
-            version, _, rest = lines[0].partition(" ")
+            status_line, _, head = head.partition("\r\n")
+            version, _, rest = status_line.partition(" ")
             try:
                 status = int(rest[:3])
             except ValueError:
-                raise ConnectionError(f"not an HTTP reply: {lines[0][:80]!r}") from None
+                raise ConnectionError(f"not an HTTP reply: {status_line[:80]!r}") from None
             if not version.startswith("HTTP/1.") or status < 100:
-                raise ConnectionError(f"not an HTTP/1.x reply: {lines[0][:80]!r}")
+                raise ConnectionError(f"not an HTTP/1.x reply: {status_line[:80]!r}")
             if status >= 200:
                 break
-        headers = []
-        length = chunked = None
-        reusable = version == "HTTP/1.1"
-        encoding = ""
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            name, value = name.strip().lower(), value.strip()
-            headers.append((name, value))
-            if name == "content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise ConnectionError(f"a bad Content-Length: {value[:40]!r}") from None
-            elif name == "transfer-encoding":
-                chunked = "chunked" in value.lower()
-            elif name == "connection":
-                reusable = reusable and "close" not in value.lower()
-            elif name == "content-encoding":
-                encoding = value.lower()
+        head = "\r\n" + head + "\r\n"  # each field between CRLFs; looked up, not all parsed (the hot path)
+        lower = head.lower()
+        length = _field(head, lower, "content-length")
+        if length is not None:
+            try:
+                length = int(length)
+            except ValueError:
+                raise ConnectionError(f"a bad Content-Length: {length[:40]!r}") from None
+        chunked = "chunked" in (_field(head, lower, "transfer-encoding") or "").lower()
+        reusable = version == "HTTP/1.1" and "close" not in (_field(head, lower, "connection") or "").lower()
+        encoding = (_field(head, lower, "content-encoding") or "").lower()
         if 300 <= status < 400 and status != 304:
             raise _Unsupported("a redirect")
-
-        def over() -> PolicyError:
-            return PolicyError(f"the endpoint's reply is over the limit of {max_bytes} bytes")
 
         if chunked:
             parts, size = [], 0
@@ -156,7 +147,7 @@ class _Connection(asyncio.Protocol):
                     break
                 size += n
                 if size > max_bytes:
-                    raise over()
+                    raise _too_big(max_bytes)
                 while len(buf) < line_end + 2 + n + 2:
                     if not await self.more():
                         raise ConnectionError("the server closed the connection inside a chunked reply")
@@ -165,7 +156,7 @@ class _Connection(asyncio.Protocol):
             body = b"".join(parts)
         elif length is not None:
             if length > max_bytes:
-                raise over()
+                raise _too_big(max_bytes)
             while len(buf) < length:
                 if not await self.more():
                     raise ConnectionError("the server closed the connection before the whole reply")
@@ -175,9 +166,9 @@ class _Connection(asyncio.Protocol):
             reusable = False
             while await self.more():
                 if len(buf) > max_bytes:
-                    raise over()
+                    raise _too_big(max_bytes)
             if len(buf) > max_bytes:
-                raise over()
+                raise _too_big(max_bytes)
             body = bytes(buf)
             buf.clear()
         if encoding in ("gzip", "x-gzip", "deflate"):
@@ -187,10 +178,10 @@ class _Connection(asyncio.Protocol):
             except zlib.error as exc:
                 raise ConnectionError(f"a bad {encoding} body: {exc}") from None
             if len(body) > max_bytes:
-                raise over()
+                raise _too_big(max_bytes)
         elif encoding not in ("", "identity"):
             raise ConnectionError(f"an unsupported Content-Encoding: {encoding[:40]!r}")
-        return status, headers, body, reusable and not self.closed
+        return status, head, body, reusable and not self.closed
 
 
 class LeanChatClient:
@@ -243,7 +234,7 @@ class LeanChatClient:
             if conn.closed:
                 continue
             try:
-                status, headers, body, reusable = await conn.exchange(data, self.max_bytes)
+                status, head, body, reusable = await conn.exchange(data, self.max_bytes)
             except ConnectionError:
                 conn.close()
                 if conn.got:
@@ -253,15 +244,15 @@ class LeanChatClient:
                 conn.close()
                 raise
             self._keep(conn, reusable)
-            return status, headers, body
+            return status, head, body
         conn = await self._connect()
         try:
-            status, headers, body, reusable = await conn.exchange(data, self.max_bytes)
+            status, head, body, reusable = await conn.exchange(data, self.max_bytes)
         except BaseException:
             conn.close()
             raise
         self._keep(conn, reusable)
-        return status, headers, body
+        return status, head, body
 
     def _keep(self, conn: _Connection, reusable: bool) -> None:
         if reusable and len(self._idle) < MAX_IDLE:
@@ -269,18 +260,17 @@ class LeanChatClient:
         else:
             conn.close()
 
-    def _response(self, status: int, headers: list, body: bytes) -> Any:
+    def _response(self, status: int, head: str, body: bytes) -> Any:
         """The reply as the SDK's httpx ``Response`` (for its retry rules and errors; rare)."""
-        httpx = _sdk_httpx()
-        return httpx.Response(status, headers=headers, content=body, request=self._request())
+        headers = [(name.strip(), value.strip()) for name, _, value in
+                   (line.partition(":") for line in head.split("\r\n") if line)]
+        return _sdk_httpx().Response(status, headers=headers, content=body, request=self._request())
 
     def _request(self) -> Any:
         return _sdk_httpx().Request("POST", str(self.url))
 
     async def post(self, params: dict[str, Any]) -> Any:
         import openai
-
-        from benchmax_gym.eval.policies import PolicyError
 
         payload = json.dumps(params, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
         sdk = self.sdk
@@ -289,7 +279,7 @@ class LeanChatClient:
             remaining = max_retries - taken
             try:
                 async with asyncio.timeout(self.timeout):  # the whole reply, as the SDK path's deadline
-                    status, headers, body = await self._attempt(payload, taken)
+                    status, head, body = await self._attempt(payload, taken)
             except _Unsupported:
                 return await self.sdk.post("/chat/completions", body=params, cast_to=object)
             except TimeoutError:
@@ -306,15 +296,15 @@ class LeanChatClient:
                     continue
                 raise openai.APIConnectionError(request=self._request()) from exc
             if status >= 400:
-                response = self._response(status, headers, body)
+                response = self._response(status, head, body)
                 if remaining > 0 and sdk._should_retry(response):
                     await asyncio.sleep(sdk._calculate_retry_timeout(remaining, self._options, response.headers))
                     continue
                 raise sdk._make_status_error_from_response(response) from None
             break
-        content_type = next((v for k, v in headers if k == "content-type"), "*").split(";")[0]
+        content_type = (_field(head, head.lower(), "content-type") or "*").split(";")[0]
         if not content_type.endswith("json"):  # as the SDK: the text, undecoded
-            return self._response(status, headers, body).text
+            return self._response(status, head, body).text
         return json.loads(body)
 
     async def aclose(self) -> None:
@@ -322,6 +312,20 @@ class LeanChatClient:
         for conn in idle:
             conn.close()
         await self.sdk.close()
+
+
+def _too_big(max_bytes: int) -> PolicyError:
+    return PolicyError(f"the endpoint's reply is over the limit of {max_bytes} bytes")
+
+
+def _field(head: str, lower: str, name: str) -> str | None:
+    """The value of header ``name`` (lower case) in ``head`` (CRLF-separated fields, a CRLF at
+    each end; ``lower`` is ``head.lower()``), or None."""
+    at = lower.find(f"\r\n{name}:")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    return head[start:head.index("\r\n", start)].strip()
 
 
 def _sdk_httpx() -> Any:
