@@ -165,3 +165,22 @@ def test_run_all_gathers_each_scripts_json_in_one_file(tmp_path):
     assert isinstance(line["result"], dict) and line["result"], line
     unknown = _run_on_base("run_all.py", "--only", "no_such_bench", "--out", str(out))
     assert unknown.returncode == 2 and "no benchmark ['no_such_bench.py']" in unknown.stderr
+
+
+def test_eval_throughput_prints_cpu_per_call_for_each_transport_and_worker_count():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "eval_throughput.py"), "--concurrency", "4",
+                          "--workers", "1", "2", "64", "--transports", "lean", "sdk", "--episodes-per-slot", "1", "2",
+                          "--server-processes", "2", "--latency", "0.01"],
+                         capture_output=True, text=True, timeout=300, cwd=BENCHMARKS,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(BENCHMARKS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout)
+    assert figures["cpu_count"] == os.cpu_count() and figures["server_processes"] == 2
+    assert figures["env_cpu_ms_per_call"] > 0
+    assert set(figures["client_alone"]["4"]) == {"lean", "sdk"}
+    workers = [w for w in (1, 2) if w <= os.cpu_count()]  # 64 is past any test machine: left out
+    assert [(r["transport"], r["workers"]) for r in figures["runs"]] == [(t, w) for t in ("lean", "sdk") for w in workers]
+    for run in figures["runs"]:
+        assert run["model_calls"] == 16 and run["harness_cpu_ms_per_call"] > 0 and run["server_cpu_ms_per_call"] > 0
+        assert 0 < run["fraction_of_ideal"] <= 1.5

@@ -124,3 +124,19 @@ def test_a_size_cap_and_a_bad_transport_name():
             assert outcome == "the endpoint's reply is over the limit of 65536 bytes" and len(headers) == 1
     with pytest.raises(ValueError, match="transport must be one of"):
         ChatPolicy("m", transport="curl")
+
+
+def test_server_processes_can_share_one_port():
+    """``--processes N`` (SO_REUSEPORT): servers on one port each take a share of the connections,
+    so a benchmark's server is never one process's CPU."""
+    import json
+    import urllib.request
+
+    with FakeChatServer(reply, reuse_port=True) as one, FakeChatServer(reply, port=one.port, reuse_port=True) as two:
+        assert two.port == one.port
+        for _ in range(40):  # a new connection each: the kernel spreads them by their ports
+            request = urllib.request.Request(one.url + "/chat/completions", method="POST",
+                                             data=json.dumps(PARAMS).encode(), headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert json.loads(response.read())["choices"][0]["message"]["content"].startswith("\\boxed{4}")
+        assert len(one.requests) + len(two.requests) == 40 and one.requests and two.requests
