@@ -140,3 +140,24 @@ def test_server_processes_can_share_one_port():
             with urllib.request.urlopen(request, timeout=10) as response:
                 assert json.loads(response.read())["choices"][0]["message"]["content"].startswith("\\boxed{4}")
         assert len(one.requests) + len(two.requests) == 40 and one.requests and two.requests
+
+
+def test_the_eval_command_takes_either_transport_with_the_same_results(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    summaries = {}
+    with FakeChatServer(lambda body: {"content": "\\boxed{0}"}) as server:
+        for transport in ("lean", "sdk"):
+            out = tmp_path / transport
+            done = subprocess.run([sys.executable, "-m", "benchmax_gym", "eval", "benchmax/Math-v0", "--model",
+                                   "test-model", "--base-url", server.url, "--tasks", "4", "--transport", transport,
+                                   "--env-arg", "python_tool=false", "--quiet", "--no-plots", "--out", str(out)],
+                                  capture_output=True, text=True, timeout=300, env=env)
+            assert done.returncode == 0, done.stderr
+            records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+            summaries[transport] = sorted((r["task_index"], r["reward"], r["outcome"]) for r in records)
+    assert summaries["lean"] == summaries["sdk"] and len(summaries["lean"]) == 4
