@@ -10,10 +10,10 @@ envs and the summary's statistics included); ``steady_fraction_of_ideal`` is the
 two runs (the fixed costs cancel out), what a long eval gets. ``harness_cpu_ms_per_call`` is the
 CPU time of this process and its ``--workers`` processes over the longer run's model calls
 (``steady_harness_cpu_ms_per_call``: between the two runs; ``parent_cpu_ms_per_call``: this
-process alone; ``harness_kernel_cpu_ms_per_call``: the part spent in the kernel, which on loopback
-includes the server's side of TCP: a ``send`` runs the receiver's TCP path too); ``server_cpu_ms_per_call`` is every server process's, and ``server_busy_cores``
-how many cores they kept busy (near ``--server-processes``: the server, not the harness, caps the
-run). ``env_cpu_ms_per_call`` is the environment's own share (reset, steps, reward: the same
+process alone; ``harness_kernel_cpu_ms_per_call``: the part spent in the kernel, where loopback
+TCP does part of the receiving end's work too); ``server_cpu_ms_per_call`` is every server
+process's, and ``server_busy_cores`` how many cores they kept busy (near ``--server-processes``:
+the server, not the harness, caps the run). ``env_cpu_ms_per_call`` is the environment's own share (reset, steps, reward: the same
 episodes played in a loop with no model). ``client_alone`` is a client with no environment sending
 an episode's first request, C at a time, in one process: ``lean`` (ChatPolicy's default path) and
 ``sdk`` (the official SDK's ``post``, on aiohttp when installed): what any harness on that client
@@ -122,7 +122,8 @@ async def client_alone(kind, url, concurrency, calls, latency):
     await asyncio.gather(*(one() for _ in range(calls)))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     await close()
-    return {"calls_per_s": round(calls / wall, 1), "fraction_of_ideal": round(calls / wall / (concurrency / latency), 3),
+    return {"calls_per_s": round(calls / wall, 1),
+            "fraction_of_ideal": round(calls / wall / (concurrency / latency), 3),
             "cpu_ms_per_call": round(1000 * cpu / calls, 3)}
 
 
@@ -170,8 +171,8 @@ def main() -> None:
                 policy = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native", transport=transport)
                 for workers in workers_sweep:
                     short = timed(policy, short_n * concurrency, concurrency, workers)
-                    wall, cpu, calls, total, server_cpu, system = timed(policy, long_n * concurrency, concurrency, workers,
-                                                                server.pid)
+                    wall, cpu, calls, total, server_cpu, system = timed(
+                        policy, long_n * concurrency, concurrency, workers, server.pid)
                     steady = (calls - short[2]) / (wall - short[0])
                     runs.append({
                         "transport": transport, "concurrency": concurrency, "workers": workers,

@@ -136,7 +136,8 @@ def test_server_processes_can_share_one_port():
         assert two.port == one.port
         for _ in range(40):  # a new connection each: the kernel spreads them by their ports
             request = urllib.request.Request(one.url + "/chat/completions", method="POST",
-                                             data=json.dumps(PARAMS).encode(), headers={"Content-Type": "application/json"})
+                                             data=json.dumps(PARAMS).encode(),
+                                             headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=10) as response:
                 assert json.loads(response.read())["choices"][0]["message"]["content"].startswith("\\boxed{4}")
         assert len(one.requests) + len(two.requests) == 40 and one.requests and two.requests
@@ -161,3 +162,33 @@ def test_the_eval_command_takes_either_transport_with_the_same_results(tmp_path)
             records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
             summaries[transport] = sorted((r["task_index"], r["reward"], r["outcome"]) for r in records)
     assert summaries["lean"] == summaries["sdk"] and len(summaries["lean"]) == 4
+
+
+def test_a_proxy_from_the_environment_is_used_as_the_sdk_uses_it(monkeypatch):
+    """The lean path speaks no proxy protocol: with ``HTTP_PROXY`` set, requests go through the
+    SDK, which sends them to the proxy (here the loopback server stands in for one)."""
+    with FakeChatServer(reply) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        outcome, headers, _ = run(proxy, "lean", [], base_url="http://model.invalid:9/v1", max_retries=0)
+    assert isinstance(outcome, tuple) and outcome[0]["content"].startswith("\\boxed{4}") and len(headers) == 1
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_not_retried():
+    """uvicorn closes a connection idle for 5 s: the next request goes out on a new one, as its
+    first attempt (no retry spent, no error)."""
+    with FakeChatServer(reply) as server:
+        policy = ChatPolicy("test-model", base_url=server.url, max_retries=0)
+
+        async def go():
+            try:
+                first = await policy.complete(dict(PARAMS))
+                await asyncio.sleep(5.5)  # past the server's keep-alive
+                return first, await policy.complete(dict(PARAMS))
+            finally:
+                await policy.aclose()
+
+        first, second = asyncio.run(go())
+    assert first[0]["content"] == second[0]["content"] and len(server.requests) == 2
+    assert [h["x-stainless-retry-count"] for h in server.headers] == ["0", "0"]
