@@ -182,5 +182,6 @@ def test_eval_throughput_prints_cpu_per_call_for_each_transport_and_worker_count
     workers = [w for w in (1, 2) if w <= os.cpu_count()]  # 64 is past any test machine: left out
     assert [(r["transport"], r["workers"]) for r in figures["runs"]] == [(t, w) for t in ("lean", "sdk") for w in workers]
     for run in figures["runs"]:
-        assert run["model_calls"] == 16 and run["harness_cpu_ms_per_call"] > 0 and run["server_cpu_ms_per_call"] > 0
+        assert run["model_calls"] == 16 and run["harness_cpu_ms_per_call"] > 0
+        assert run["server_cpu_ms_per_call"] >= 0  # (in clock ticks: 16 calls may take under one)
         assert 0 < run["fraction_of_ideal"] <= 1.5
