@@ -192,3 +192,16 @@ def test_a_kept_alive_connection_the_server_closed_is_replaced_not_retried():
         first, second = asyncio.run(go())
     assert first[0]["content"] == second[0]["content"] and len(server.requests) == 2
     assert [h["x-stainless-retry-count"] for h in server.headers] == ["0", "0"]
+
+
+def test_workers_never_hold_more_than_the_concurrency_asked_for():
+    """``--workers 3 --concurrency 2``: two workers, one episode each (before, each of the three
+    held one: up to 3 model calls in flight, for a run that asked for 2, once their starts overlapped)."""
+    from benchmax_gym.eval import evaluate
+
+    with FakeChatServer(lambda body: {"content": "\\boxed{0}"}, latency=0.5) as server:
+        result = evaluate("benchmax/Math-v0", ChatPolicy("test-model", base_url=server.url),
+                          env_kwargs={"python_tool": False}, tasks=6, concurrency=2, workers=3, preflight=False)
+        assert server.max_in_flight <= 2
+    assert sorted(r["task_index"] for r in result.records) == list(range(6))
+    assert all(r["error"] is None for r in result.records)
