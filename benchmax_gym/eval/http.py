@@ -124,8 +124,9 @@ class _Connection(asyncio.Protocol):
         encoding = (_field(head, lower, "content-encoding") or "").lower()
         if 300 <= status < 400 and status != 304:
             raise _Unsupported("a redirect")
-
-        if chunked:
+        if status in (204, 304):  # never a body (RFC 9110), whatever the fields say
+            body = b""
+        elif chunked:
             parts, size = [], 0
             while True:
                 line_end = buf.find(b"\r\n")
@@ -257,7 +258,7 @@ class LeanChatClient:
         return status, head, body
 
     def _keep(self, conn: _Connection, reusable: bool) -> None:
-        if reusable and len(self._idle) < MAX_IDLE:
+        if reusable and not conn.buf and len(self._idle) < MAX_IDLE:  # (bytes past the reply: out of step)
             self._idle.append(conn)
         else:
             conn.close()
