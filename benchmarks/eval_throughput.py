@@ -127,6 +127,17 @@ async def client_alone(kind, url, concurrency, calls, latency):
             "cpu_ms_per_call": round(1000 * cpu / calls, 3)}
 
 
+def raise_open_files() -> None:
+    """A socket per request in flight, on each side: the soft limit (often 1,024) up to the hard
+    one, here and in the server processes (they inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 16, hard))
+        except (ValueError, OSError):
+            pass
+
+
 def start_server(latency: float, processes: int) -> tuple[subprocess.Popen, str]:
     server = subprocess.Popen([sys.executable, "-m", "benchmax_gym.testing.openai_server", "--latency", str(latency),
                                "--processes", str(processes)], stdout=subprocess.PIPE, text=True)
@@ -155,6 +166,7 @@ def main() -> None:
     parser.add_argument("--no-client-alone", action="store_true", help="skip the client-alone runs")
     args = parser.parse_args()
     short_n, long_n = (3, 12) if args.quick else args.episodes_per_slot
+    raise_open_files()
     workers_sweep = [w for w in args.workers if w <= cores] or [1]
     server, url = start_server(args.latency, args.server_processes)
     runs, alone = [], {}
@@ -164,8 +176,8 @@ def main() -> None:
         for concurrency in args.concurrency:
             ideal = concurrency / args.latency
             if not args.no_client_alone:
-                alone[str(concurrency)] = {kind: asyncio.run(client_alone(kind, url, concurrency, long_n * concurrency,
-                                                                          args.latency))
+                calls = (4 if args.quick else long_n) * concurrency
+                alone[str(concurrency)] = {kind: asyncio.run(client_alone(kind, url, concurrency, calls, args.latency))
                                            for kind in ("lean", "sdk")}
             for transport in args.transports:
                 policy = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native", transport=transport)
