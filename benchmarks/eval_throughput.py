@@ -1,18 +1,26 @@
 """Eval harness throughput against a loopback OpenAI-compatible server with a fixed reply latency.
 
-The scripted model (``benchmax_gym.testing.openai_server``, in its own process so it does not share
-this process's CPU) answers every request after ``--latency`` seconds: a calculator call, then an
-answer, so each Math-v0 episode makes two model calls and one tool call. With ``--concurrency C``
-the ideal rate is C / latency calls per second. Each level runs twice (10 and 40 episodes per
-concurrent slot): ``fraction_of_ideal`` is the longer run's, whole (making the envs and the
-summary's statistics included); ``steady_fraction_of_ideal`` is the rate between the two runs (the
-fixed costs cancel out), what a long eval gets. The harness's own CPU is this process's CPU time
-over the longer run's calls, its ``--workers`` processes' included (``harness_cpu_ms_per_call``;
-``parent_cpu_ms_per_call`` is this process alone); ``server_cpu_ms_per_call`` is the loopback
-server's (one process): when it nears ``1000 / calls_per_s`` ms, the server, not the harness,
-caps the run. ``sdk_floor`` is the official SDK alone (the same call path: ``post`` returning the JSON) sending the same first request
-of an episode, C at a time, with no environment: what any harness on this SDK and machine can reach.
-Prints JSON.
+The scripted model (``benchmax_gym.testing.openai_server``, in processes of its own so it does not
+share this process's CPU; ``--server-processes`` of them on one port) answers every request after
+``--latency`` seconds: a calculator call, then an answer, so each Math-v0 episode makes two model
+calls and one tool call. With ``--concurrency C`` the ideal rate is C / latency calls per second.
+Each (transport, concurrency, workers) runs twice (``--episodes-per-slot SHORT LONG`` episodes per
+concurrent slot): ``fraction_of_ideal`` is the longer run's, whole (spawning workers, making the
+envs and the summary's statistics included); ``steady_fraction_of_ideal`` is the rate between the
+two runs (the fixed costs cancel out), what a long eval gets. ``harness_cpu_ms_per_call`` is the
+CPU time of this process and its ``--workers`` processes over the longer run's model calls
+(``steady_harness_cpu_ms_per_call``: between the two runs; ``parent_cpu_ms_per_call``: this
+process alone; ``harness_kernel_cpu_ms_per_call``: the part spent in the kernel, where loopback
+TCP does part of the receiving end's work too); ``server_cpu_ms_per_call`` is every server
+process's, and ``server_busy_cores`` how many cores they kept busy (near ``--server-processes``:
+the server, not the harness, caps the run). ``env_cpu_ms_per_call`` is the environment's own share (reset, steps, reward: the same
+episodes played in a loop with no model). ``client_alone`` is a client with no environment sending
+an episode's first request, C at a time, in one process: ``lean`` (ChatPolicy's default path) and
+``sdk`` (the official SDK's ``post``, on aiohttp when installed): what any harness on that client
+and machine can reach. Worker counts stop at ``os.cpu_count()``. Prints JSON.
+
+``--quick`` fits the whole default sweep (concurrency 64, 256, 1,024; workers 1, 4, 8, 16) in about
+two minutes on a 16-core machine.
 """
 
 from __future__ import annotations
@@ -26,36 +34,66 @@ import subprocess
 import sys
 import time
 
-from _bench import cpu_seconds, need
+from _bench import cpu_seconds, descendants, need
 
 need("eval", "openai")
 from benchmax_gym.eval import ChatPolicy, evaluate  # noqa: E402
 
 ENV_KWARGS = {"python_tool": False}
+CALL = json.dumps({"role": "assistant", "content": None, "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+1"}'}}]})
+ANSWER = json.dumps({"role": "assistant", "content": "\\boxed{2}", "tool_calls": []})
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the workers, once they exit and are reaped)
-    return usage.ru_utime + usage.ru_stime
+def _cpu() -> tuple[float, float, float]:
+    """(this process's CPU s, with its reaped children's (the workers), the kernel's share of that)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the workers, once they exit and are reaped)
+    return (me.ru_utime + me.ru_stime, me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
+            me.ru_stime + kids.ru_stime)
+
+
+def _server_cpu(pid: int) -> float:
+    return sum(cpu_seconds(p) or 0.0 for p in [pid, *descendants(pid)])
 
 
 def timed(policy, episodes, concurrency, workers=1, server=None):
-    """(wall s, this process's CPU s, model calls, CPU s with the workers', the server's CPU s)."""
-    server_cpu = cpu_seconds(server) if server else None
-    cpu, children, wall = time.process_time(), _children_cpu(), time.perf_counter()
+    """(wall s, this process's CPU s, model calls, CPU s with the workers', the server's CPU s,
+    the kernel's part of the harness's CPU s)."""
+    server_cpu = _server_cpu(server) if server else None
+    before, wall = _cpu(), time.perf_counter()
     result = evaluate("benchmax/Math-v0", policy, env_kwargs=ENV_KWARGS, tasks=episodes, concurrency=concurrency,
                       preflight=False, workers=workers)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    total = cpu + _children_cpu() - children
+    wall = time.perf_counter() - wall
+    cpu, total, system = (b - a for a, b in zip(before, _cpu()))
     if server_cpu is not None:
-        server_cpu = cpu_seconds(server) - server_cpu
+        server_cpu = _server_cpu(server) - server_cpu
     calls = sum(r["turns"] for r in result.records)
     assert not any(r["error"] for r in result.records), "a model call failed"
-    return wall, cpu, calls, total, server_cpu
+    return wall, cpu, calls, total, server_cpu, system
 
 
-async def sdk_floor(url, concurrency, calls):
-    """Bare ``AsyncOpenAI`` (on aiohttp when installed) posting a chat request, no environment."""
+def env_alone(episodes: int) -> float:
+    """ms of CPU per model call that the env itself spends (reset, the tool call, the reward)."""
+    import gymnasium as gym
+
+    env = gym.make("benchmax/Math-v0", tool_format="openai", tools_in_prompt=False, **ENV_KWARGS)
+    base = env.unwrapped
+    cpu = time.process_time()
+    for i in range(episodes):
+        env.reset(seed=i, options={"task_index": i})
+        base.chat_messages("openai")
+        env.step(CALL)
+        base.chat_messages("openai")
+        env.step(ANSWER)
+        base.episode_record()
+    cpu = time.process_time() - cpu
+    env.close()
+    return round(1000 * cpu / (2 * episodes), 3)
+
+
+async def client_alone(kind, url, concurrency, calls, latency):
+    """A client with no environment posting an episode's first request, ``concurrency`` at a time."""
     import gymnasium as gym
     import openai
 
@@ -63,64 +101,113 @@ async def sdk_floor(url, concurrency, calls):
     env.reset(seed=0)
     body = {"model": "test-model", "messages": env.unwrapped.chat_messages(), "tools": env.unwrapped.tool_schemas}
     env.close()
-    try:
-        http = openai.DefaultAioHttpClient()
-    except RuntimeError:
-        http = None
-    client = openai.AsyncOpenAI(base_url=url, api_key="x", http_client=http)
+    if kind == "lean":
+        policy = ChatPolicy("test-model", base_url=url, api_key="x")
+        post, close = policy._lean_client().post, policy.aclose
+    else:
+        try:
+            http = openai.DefaultAioHttpClient()
+        except RuntimeError:
+            http = None
+        client = openai.AsyncOpenAI(base_url=url, api_key="x", http_client=http)
+        post, close = (lambda b: client.post("/chat/completions", body=b, cast_to=object)), client.close
     slots = asyncio.Semaphore(concurrency)
 
     async def one():
         async with slots:
-            await client.post("/chat/completions", body=body, cast_to=object)
+            await post(body)
 
     await asyncio.gather(*(one() for _ in range(concurrency)))
     cpu, wall = time.process_time(), time.perf_counter()
     await asyncio.gather(*(one() for _ in range(calls)))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    await client.close()
-    return {"calls_per_s": round(calls / wall, 1), "fraction_of_ideal": round(calls / wall / (concurrency * 10), 3),
+    await close()
+    return {"calls_per_s": round(calls / wall, 1),
+            "fraction_of_ideal": round(calls / wall / (concurrency / latency), 3),
             "cpu_ms_per_call": round(1000 * cpu / calls, 3)}
 
 
+def raise_open_files() -> None:
+    """A socket per request in flight, on each side: the soft limit (often 1,024) up to the hard
+    one, here and in the server processes (they inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 16, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def start_server(latency: float, processes: int) -> tuple[subprocess.Popen, str]:
+    server = subprocess.Popen([sys.executable, "-m", "benchmax_gym.testing.openai_server", "--latency", str(latency),
+                               "--processes", str(processes)], stdout=subprocess.PIPE, text=True)
+    url = server.stdout.readline().strip()
+    if not url:
+        raise SystemExit(f"the loopback server did not start (status {server.wait()})")
+    return server, url
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    cores = os.cpu_count() or 1
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--latency", type=float, default=0.1)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 16],
+                        help="eval --workers counts (those above os.cpu_count() are left out)")
+    parser.add_argument("--transports", nargs="+", choices=("lean", "sdk"), default=["lean"],
+                        help="ChatPolicy transports the harness runs with")
     parser.add_argument("--mode", choices=("native", "text"), default="native")
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--server-processes", type=int, default=max(1, cores // 2),
+                        help="loopback server processes on one port (default: half the cores: at ~0.4 ms a "
+                             "request, concurrency 1,024 needs about four busy ones)")
+    parser.add_argument("--episodes-per-slot", type=int, nargs=2, default=[10, 40], metavar=("SHORT", "LONG"))
+    parser.add_argument("--quick", action="store_true",
+                        help="3 and 12 episodes per slot, shorter client-alone runs: the whole default sweep "
+                             "in about two minutes on 16 cores")
+    parser.add_argument("--no-client-alone", action="store_true", help="skip the client-alone runs")
     args = parser.parse_args()
-    server = subprocess.Popen([sys.executable, "-m", "benchmax_gym.testing.openai_server", "--latency", str(args.latency)],
-                              stdout=subprocess.PIPE, text=True)
-    runs = []
+    short_n, long_n = (3, 12) if args.quick else args.episodes_per_slot
+    raise_open_files()
+    workers_sweep = [w for w in args.workers if w <= cores] or [1]
+    server, url = start_server(args.latency, args.server_processes)
+    runs, alone = [], {}
     try:
-        url = server.stdout.readline().strip()
-        policy = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native")
-        timed(policy, 8, 8)  # warm up
+        warm = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native")
+        timed(warm, 8, 8)  # imports, first connections
         for concurrency in args.concurrency:
-            for workers in args.workers:
-                ideal = concurrency / args.latency
-                short = timed(policy, 10 * concurrency, concurrency, workers)
-                wall, cpu, calls, total, server_cpu = timed(policy, 40 * concurrency, concurrency, workers, server.pid)
-                steady = (calls - short[2]) / (wall - short[0])
-                runs.append({
-                    "concurrency": concurrency, "workers": workers, "episodes": calls // 2, "model_calls": calls,
-                    "wall_s": round(wall, 3),
-                    "calls_per_s": round(calls / wall, 1), "ideal_calls_per_s": ideal,
-                    "fraction_of_ideal": round(calls / wall / ideal, 3),
-                    "steady_fraction_of_ideal": round(steady / ideal, 3),
-                    "harness_cpu_ms_per_call": round(1000 * total / calls, 3),
-                    "harness_cpu_ms_per_episode": round(2000 * total / calls, 3),
-                    "parent_cpu_ms_per_call": round(1000 * cpu / calls, 3),
-                    "server_cpu_ms_per_call": round(1000 * server_cpu / calls, 3),
-                    "server_busy_share": round(server_cpu / wall, 3),  # of one core: near 1, the server caps it
-                    "sdk_floor": asyncio.run(sdk_floor(url, concurrency, 40 * concurrency)) if workers == args.workers[0] else None,
-                })
+            ideal = concurrency / args.latency
+            if not args.no_client_alone:
+                calls = (4 if args.quick else long_n) * concurrency
+                alone[str(concurrency)] = {kind: asyncio.run(client_alone(kind, url, concurrency, calls, args.latency))
+                                           for kind in ("lean", "sdk")}
+            for transport in args.transports:
+                policy = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native", transport=transport)
+                for workers in workers_sweep:
+                    short = timed(policy, short_n * concurrency, concurrency, workers)
+                    wall, cpu, calls, total, server_cpu, system = timed(
+                        policy, long_n * concurrency, concurrency, workers, server.pid)
+                    steady = (calls - short[2]) / (wall - short[0])
+                    runs.append({
+                        "transport": transport, "concurrency": concurrency, "workers": workers,
+                        "episodes": calls // 2, "model_calls": calls, "wall_s": round(wall, 3),
+                        "calls_per_s": round(calls / wall, 1), "ideal_calls_per_s": ideal,
+                        "fraction_of_ideal": round(calls / wall / ideal, 3),
+                        "steady_fraction_of_ideal": round(steady / ideal, 3),
+                        "harness_cpu_ms_per_call": round(1000 * total / calls, 3),
+                        "steady_harness_cpu_ms_per_call": round(1000 * (total - short[3]) / (calls - short[2]), 3),
+                        "harness_kernel_cpu_ms_per_call": round(1000 * system / calls, 3),
+                        "parent_cpu_ms_per_call": round(1000 * cpu / calls, 3),
+                        "server_cpu_ms_per_call": round(1000 * server_cpu / calls, 3),
+                        "server_busy_cores": round(server_cpu / wall, 3),
+                    })
+                    print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     finally:
         server.terminate()
         server.wait()
     print(json.dumps({"benchmark": "eval_throughput", "mode": args.mode, "latency_s": args.latency,
-                      "cpu_count": os.cpu_count(), "runs": runs}))
+                      "cpu_count": cores, "server_processes": args.server_processes,
+                      "env_cpu_ms_per_call": env_alone(200 if args.quick else 1000),
+                      "client_alone": alone, "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -369,7 +369,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             usage_error("evaluating a model needs the openai package: pip install 'benchmax-gym[eval]'")
         policy: Any = ChatPolicy(args.model, base_url=args.base_url, api_key=key, native_tools=args.tool_mode == "native",
                                  temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
-                                 timeout=args.timeout, max_retries=args.max_retries)
+                                 timeout=args.timeout, max_retries=args.max_retries, transport=args.transport)
     else:
         policy = args.policy
     import asyncio
@@ -686,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
                     "included (default: 120)")
     ev.add_argument("--max-retries", type=int, default=4, help="retries per request on 429/5xx/timeouts "
                     "(with backoff, honouring Retry-After) (default: 4)")
+    ev.add_argument("--transport", choices=("lean", "sdk"), default="lean",
+                    help="lean: the openai SDK's requests, retries and errors over a lean HTTP path (~0.1 ms of "
+                         "CPU a request); sdk: every request through the SDK itself (default: lean)")
     ev.add_argument("--seed", type=int, default=0, help="the run's seed: each episode's reset and sampling seed "
                     "derives from it (default: 0)")
     ev.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",

@@ -185,3 +185,23 @@ def test_step_overhead_reports_cpu_time_the_core_count_and_the_peer_side_by_side
     for ours in ("step", "step_unwrapped"):
         for theirs in ("floor", "skyrl_gym"):
             assert result[f"{ours}_to_{theirs}_ratio"] > 0 and result[f"{ours}_to_{theirs}_cpu_ratio"] > 0
+
+
+def test_eval_throughput_prints_cpu_per_call_for_each_transport_and_worker_count():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "eval_throughput.py"), "--concurrency", "4",
+                          "--workers", "1", "2", "64", "--transports", "lean", "sdk", "--episodes-per-slot", "1", "2",
+                          "--server-processes", "2", "--latency", "0.01"],
+                         capture_output=True, text=True, timeout=300, cwd=BENCHMARKS,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [str(BENCHMARKS.parent), *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout)
+    assert figures["cpu_count"] == os.cpu_count() and figures["server_processes"] == 2
+    assert figures["env_cpu_ms_per_call"] > 0
+    assert set(figures["client_alone"]["4"]) == {"lean", "sdk"}
+    workers = [w for w in (1, 2) if w <= os.cpu_count()]  # 64 is past any test machine: left out
+    assert [(r["transport"], r["workers"]) for r in figures["runs"]] == [(t, w) for t in ("lean", "sdk") for w in workers]
+    for run in figures["runs"]:
+        assert run["model_calls"] == 16 and run["harness_cpu_ms_per_call"] > 0
+        assert run["server_cpu_ms_per_call"] >= 0  # (in clock ticks: 16 calls may take under one)
+        assert 0 < run["fraction_of_ideal"] <= 1.5

@@ -10,7 +10,9 @@ tells how many requests it held at once. Hostile replies, for the client's limit
 (a JSON prefix, then one byte every 0.5 s, never ending), ``{"endless": True}`` (bytes as fast as
 they go, no length), ``{"huge": N}`` (a valid reply of about N bytes, its length declared),
 ``{"body": {...}}`` (this JSON as the reply, however malformed), ``{"echo_headers": True}`` (the
-request's headers as the reply's content, as a misconfigured proxy might). ``fault_for`` chooses
+request's headers as the reply's content, as a misconfigured proxy might), ``{"chunked": N}`` (the
+normal reply in chunks of N bytes, no length declared), ``{"text": "..."}`` (a ``text/plain``
+reply); an error fault's ``"headers"`` are sent with it (``x-should-retry``, ``retry-after-ms``). ``fault_for`` chooses
 a fault from the request itself (``body -> fault or None``), so the same requests fail however
 concurrent requests interleave; set it to ``None`` and the server is healthy again.
 
@@ -25,7 +27,9 @@ Example::
 :func:`judge_model` is a scripted judge (pointwise, group and pairwise) for judged rewards.
 
 ``python -m benchmax_gym.testing.openai_server --latency 0.1`` serves the scripted ``calculator``
-model (a tool call, then an answer) in its own process and prints the URL.
+model (a tool call, then an answer) in its own process and prints the URL; ``--processes N`` runs
+N server processes on that one port (``SO_REUSEPORT``), so the server is never what caps a
+many-worker benchmark.
 """
 
 from __future__ import annotations
@@ -89,12 +93,16 @@ class FakeChatServer:
         api_key: when set, a request without ``Authorization: Bearer <api_key>`` gets a 401.
         faults: one fault per request, in order, before normal replies resume (``None``: none).
         fault_for: ``body -> fault or None``, asked when the queue is empty (deterministic by content).
+        port: the port (0: a free one); reuse_port: bind it with ``SO_REUSEPORT``, so several
+            server processes share one port and the kernel spreads connections over them (what
+            ``--processes N`` does: one process's CPU must not cap a many-worker benchmark).
     """
 
     def __init__(self, reply: Reply = calculator_model, *, latency: float = 0.0,
                  models: Iterable[str] = ("test-model",), api_key: str | None = None,
                  faults: Iterable[dict[str, Any] | None] = (),
-                 fault_for: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None):
+                 fault_for: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+                 port: int = 0, reuse_port: bool = False):
         self.reply = reply
         self.latency = latency
         self.models = list(models)
@@ -103,11 +111,13 @@ class FakeChatServer:
         self.fault_for = fault_for
         self.requests: list[dict[str, Any]] = []  # every request body, in arrival order
         self.headers: list[dict[str, str]] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each request (retry waits show here)
         self.in_flight = self.max_in_flight = 0
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self.port, self.reuse_port = port, reuse_port
 
     @property
     def url(self) -> str:
@@ -116,9 +126,12 @@ class FakeChatServer:
     def __enter__(self) -> "FakeChatServer":
         import uvicorn
 
-        config = uvicorn.Config(self._app(), host="127.0.0.1", port=0, log_level="error", lifespan="off")
+        config = uvicorn.Config(self._app(), host="127.0.0.1", port=self.port, log_level="error", lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        sockets = None
+        if self.reuse_port:
+            sockets = [reuse_port_socket(self.port)]
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": sockets}, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:
@@ -171,6 +184,7 @@ class FakeChatServer:
             with self._lock:
                 self.requests.append(body)
                 self.headers.append(dict(request.headers))
+                self.arrivals.append(time.monotonic())
                 fault = self.faults.pop(0) if self.faults else self.fault_for(body) if self.fault_for else None
                 self.in_flight += 1
                 self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -198,7 +212,8 @@ class FakeChatServer:
             if fault.get("delay"):
                 await asyncio.sleep(fault["delay"])
             if fault.get("status"):
-                headers = {"retry-after": str(fault["retry_after"])} if "retry_after" in fault else None
+                headers = {**({"retry-after": str(fault["retry_after"])} if "retry_after" in fault else {}),
+                           **fault.get("headers", {})} or None
                 return error(fault["status"], fault.get("message", f"fault {fault['status']}"), "server_error",
                              headers=headers)
             if fault.get("malformed"):
@@ -214,6 +229,18 @@ class FakeChatServer:
             if fault.get("huge"):
                 reply = self._completion(body, {"content": "a" * int(fault["huge"])}, None)
                 return JSONResponse(reply)
+            if fault.get("chunked"):
+                data = json.dumps(self._completion(body, self.reply(body), None)).encode()
+                size = int(fault["chunked"])
+                pieces = [data[i:i + size] for i in range(0, len(data), size)]
+
+                async def chunks():
+                    for piece in pieces:
+                        yield piece
+
+                return StreamingResponse(chunks(), media_type="application/json")
+            if fault.get("text"):
+                return Response(str(fault["text"]).encode(), media_type="text/plain")
             if fault.get("echo_headers"):
                 return JSONResponse(self._completion(body, {"content": json.dumps(dict(request.headers))}, None))
             if self.latency:
@@ -244,18 +271,62 @@ class FakeChatServer:
         }
 
 
+def reuse_port_socket(port: int = 0):
+    """A loopback TCP socket bound with ``SO_REUSEPORT`` (``port`` 0: a free one). Bound but not
+    listening, it only holds the port: the kernel hands connections to listening sockets alone."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
 def main() -> None:
+    import signal
+    import subprocess
+    import sys
+
     parser = argparse.ArgumentParser(description="serve the scripted calculator model over the OpenAI API")
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--judge", action="store_true", help="serve the scripted judge (judge_model) instead")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="server processes sharing one port (SO_REUSEPORT; Linux): one process's CPU "
+                             "(~0.3 ms a request) caps a benchmark near 3,000 requests/s")
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)  # a --processes child's
     args = parser.parse_args()
-    with FakeChatServer(judge_model if args.judge else calculator_model, latency=args.latency) as server:
-        print(server.url, flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
+    if args.processes < 1:
+        parser.error(f"--processes must be at least 1, got {args.processes}")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # the finally below ends the children
+    hold = reuse_port_socket() if args.processes > 1 else None  # the port, until every process is up
+    port = hold.getsockname()[1] if hold else args.port
+    children = []
+    try:
+        command = [sys.executable, "-m", "benchmax_gym.testing.openai_server", "--latency", str(args.latency),
+                   "--port", str(port), *(["--judge"] if args.judge else [])]
+        children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(args.processes - 1)]
+        for child in children:
+            if not child.stdout.readline():
+                raise SystemExit(f"a server process exited (status {child.wait()}) before it served")
+        with FakeChatServer(judge_model if args.judge else calculator_model, latency=args.latency, port=port,
+                            reuse_port=bool(port)) as server:
+            if hold:
+                hold.close()
+            print(server.url, flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                child.kill()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,207 @@
+"""ChatPolicy's lean HTTP path (``transport="lean"``, the default) against the official SDK's
+(``transport="sdk"``) on the loopback server: the same request, the same reply, the same retries
+(which statuses, how many, ``Retry-After`` honoured), the same error for each failure, the key
+never in an error. Each case runs both transports against the same faults and compares."""
+
+import asyncio
+
+import pytest
+
+from benchmax_gym.eval import ChatPolicy, PolicyError
+from benchmax_gym.testing.openai_server import FakeChatServer
+
+KEY = "sk-test-0123456789abcdef"
+PARAMS = {"model": "test-model", "messages": [{"role": "user", "content": "2+2? ünïcode ✓"}], "temperature": 0.5}
+SAME_HEADERS = ("authorization", "content-type", "accept", "user-agent", "x-stainless-lang",
+                "x-stainless-package-version", "x-stainless-retry-count", "x-stainless-read-timeout")
+
+
+def reply(body):
+    return {"content": f"\\boxed{{4}} after {len(body['messages'])} messages",
+            "tool_calls": [{"name": "calculator", "arguments": {"expression": "2+2"}}]}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeChatServer(reply, api_key=KEY) as server:
+        yield server
+
+
+def run(server, transport, faults, **kwargs):
+    """``(what complete() returned or the PolicyError's text, the requests' headers, arrival times)``."""
+    server.faults[:] = list(faults)
+    first = len(server.requests)
+    policy = ChatPolicy("test-model", base_url=kwargs.pop("base_url", server.url), api_key=KEY, transport=transport,
+                        **{"max_retries": 2, "timeout": 5.0, **kwargs})
+
+    async def go():
+        try:
+            message, finish, usage, _ = await policy.complete(dict(PARAMS))
+            for call in message.get("tool_calls") or []:
+                call.pop("id")  # the server numbers its calls
+            return message, finish, usage
+        except PolicyError as exc:
+            return str(exc)
+        finally:
+            await policy.aclose()
+
+    outcome = asyncio.run(go())
+    return outcome, server.headers[first:], server.arrivals[first:]
+
+
+def both(server, faults, **kwargs):
+    lean, sdk = (run(server, transport, faults, **kwargs) for transport in ("lean", "sdk"))
+    assert lean[0] == sdk[0]  # the same reply, or the same error
+    assert len(lean[1]) == len(sdk[1])  # as many attempts
+    for mine, theirs in zip(lean[1], sdk[1]):
+        assert {k: mine.get(k) for k in SAME_HEADERS} == {k: theirs.get(k) for k in SAME_HEADERS}
+    return lean
+
+
+def test_a_reply_is_read_the_same_plain_or_chunked(server):
+    outcome, headers, _ = both(server, [None])
+    message, finish, usage = outcome
+    assert message["content"].startswith("\\boxed{4}") and message["tool_calls"][0]["function"]["name"] == "calculator"
+    assert finish == "tool_calls" and usage["prompt_tokens"] > 0 and headers[0]["authorization"] == f"Bearer {KEY}"
+    chunked, _, _ = both(server, [{"chunked": 7}])
+    assert chunked[0]["content"] == message["content"]
+    assert both(server, [{"text": "plain words"}])[0].startswith("the endpoint's reply is malformed: the reply")
+
+
+@pytest.mark.parametrize("status", [408, 409, 429, 500, 503])
+def test_retried_statuses_are_retried_with_the_retry_count_sent(server, status):
+    outcome, headers, _ = both(server, [{"status": status}, {"status": status}])
+    assert isinstance(outcome, tuple)  # the third attempt succeeded
+    assert [h["x-stainless-retry-count"] for h in headers] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("status, kind", [(400, "BadRequestError"), (401, "AuthenticationError"),
+                                          (403, "PermissionDeniedError"), (404, "NotFoundError"),
+                                          (422, "UnprocessableEntityError")])
+def test_other_4xx_fail_at_once_with_the_sdks_error(server, status, kind):
+    outcome, headers, _ = both(server, [{"status": status, "message": f"nope, {KEY}"}])
+    assert outcome == f"{kind} {status}: nope, ***" and len(headers) == 1
+
+
+def test_out_of_retries_and_the_servers_say_on_retrying(server):
+    outcome, headers, _ = both(server, [{"status": 500, "message": "down"}] * 3)
+    assert outcome == "InternalServerError 500: down" and len(headers) == 3
+    outcome, headers, _ = both(server, [{"status": 500, "headers": {"x-should-retry": "false"}}])
+    assert outcome.startswith("InternalServerError 500") and len(headers) == 1
+    outcome, headers, _ = both(server, [{"status": 400, "headers": {"x-should-retry": "true"}}, None])
+    assert isinstance(outcome, tuple) and len(headers) == 2
+    outcome, headers, _ = both(server, [{"status": 429, "retry_after": 3600}])  # past the SDK's cap: no wait
+    assert outcome.startswith("RateLimitError 429") and len(headers) == 1
+
+
+@pytest.mark.parametrize("header", [{"retry_after": 0.6}, {"headers": {"retry-after-ms": "600"}}])
+def test_retry_after_is_honoured(server, header):
+    for transport in ("lean", "sdk"):
+        outcome, _, arrivals = run(server, transport, [{"status": 429, **header}])
+        assert isinstance(outcome, tuple) and len(arrivals) == 2
+        assert arrivals[1] - arrivals[0] >= 0.55  # the server's wait, not the SDK's 0.5 s backoff or less
+
+
+def test_timeouts_malformed_bodies_and_refused_connections_fail_alike(server):
+    outcome, headers, _ = both(server, [{"delay": 3.0}, {"delay": 3.0}], timeout=1.0, max_retries=1)
+    assert outcome.startswith("APITimeoutError") and len(headers) == 2
+    outcome, headers, _ = both(server, [{"delay": 3.0}, None], timeout=1.0, max_retries=1)
+    assert isinstance(outcome, tuple)  # a timed-out attempt is retried
+    outcome, headers, _ = both(server, [{"malformed": True}])
+    assert outcome.startswith("the endpoint's reply is not valid JSON") and len(headers) == 1
+    with FakeChatServer(reply) as gone:
+        url = gone.url
+    lean, sdk = (run(server, t, [], base_url=url, max_retries=1)[0] for t in ("lean", "sdk"))
+    # the same outcome (the episode fails as model_error); the SDK on aiohttp calls a refused
+    # connection a timeout, the lean path a connection error (as the SDK on httpx does)
+    assert lean.startswith("APIConnectionError") and "Connect call failed" in lean and "Connect call failed" in sdk
+
+
+def test_a_size_cap_and_a_bad_transport_name():
+    with FakeChatServer(reply) as server:
+        for transport in ("lean", "sdk"):
+            outcome, headers, _ = run(server, transport, [{"huge": 1 << 20}], max_reply_bytes=1 << 16)
+            assert outcome == "the endpoint's reply is over the limit of 65536 bytes" and len(headers) == 1
+    with pytest.raises(ValueError, match="transport must be one of"):
+        ChatPolicy("m", transport="curl")
+
+
+def test_server_processes_can_share_one_port():
+    """``--processes N`` (SO_REUSEPORT): servers on one port each take a share of the connections,
+    so a benchmark's server is never one process's CPU."""
+    import json
+    import urllib.request
+
+    with FakeChatServer(reply, reuse_port=True) as one, FakeChatServer(reply, port=one.port, reuse_port=True) as two:
+        assert two.port == one.port
+        for _ in range(40):  # a new connection each: the kernel spreads them by their ports
+            request = urllib.request.Request(one.url + "/chat/completions", method="POST",
+                                             data=json.dumps(PARAMS).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert json.loads(response.read())["choices"][0]["message"]["content"].startswith("\\boxed{4}")
+        assert len(one.requests) + len(two.requests) == 40 and one.requests and two.requests
+
+
+def test_the_eval_command_takes_either_transport_with_the_same_results(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    summaries = {}
+    with FakeChatServer(lambda body: {"content": "\\boxed{0}"}) as server:
+        for transport in ("lean", "sdk"):
+            out = tmp_path / transport
+            done = subprocess.run([sys.executable, "-m", "benchmax_gym", "eval", "benchmax/Math-v0", "--model",
+                                   "test-model", "--base-url", server.url, "--tasks", "4", "--transport", transport,
+                                   "--env-arg", "python_tool=false", "--quiet", "--no-plots", "--out", str(out)],
+                                  capture_output=True, text=True, timeout=300, env=env)
+            assert done.returncode == 0, done.stderr
+            records = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+            summaries[transport] = sorted((r["task_index"], r["reward"], r["outcome"]) for r in records)
+    assert summaries["lean"] == summaries["sdk"] and len(summaries["lean"]) == 4
+
+
+def test_a_proxy_from_the_environment_is_used_as_the_sdk_uses_it(monkeypatch):
+    """The lean path speaks no proxy protocol: with ``HTTP_PROXY`` set, requests go through the
+    SDK, which sends them to the proxy (here the loopback server stands in for one)."""
+    with FakeChatServer(reply) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        outcome, headers, _ = run(proxy, "lean", [], base_url="http://model.invalid:9/v1", max_retries=0)
+    assert isinstance(outcome, tuple) and outcome[0]["content"].startswith("\\boxed{4}") and len(headers) == 1
+
+
+def test_a_kept_alive_connection_the_server_closed_is_replaced_not_retried():
+    """uvicorn closes a connection idle for 5 s: the next request goes out on a new one, as its
+    first attempt (no retry spent, no error)."""
+    with FakeChatServer(reply) as server:
+        policy = ChatPolicy("test-model", base_url=server.url, max_retries=0)
+
+        async def go():
+            try:
+                first = await policy.complete(dict(PARAMS))
+                await asyncio.sleep(5.5)  # past the server's keep-alive
+                return first, await policy.complete(dict(PARAMS))
+            finally:
+                await policy.aclose()
+
+        first, second = asyncio.run(go())
+    assert first[0]["content"] == second[0]["content"] and len(server.requests) == 2
+    assert [h["x-stainless-retry-count"] for h in server.headers] == ["0", "0"]
+
+
+def test_workers_never_hold_more_than_the_concurrency_asked_for():
+    """``--workers 3 --concurrency 2``: two workers, one episode each (before, each of the three
+    held one: up to 3 model calls in flight, for a run that asked for 2, once their starts overlapped)."""
+    from benchmax_gym.eval import evaluate
+
+    with FakeChatServer(lambda body: {"content": "\\boxed{0}"}, latency=0.5) as server:
+        result = evaluate("benchmax/Math-v0", ChatPolicy("test-model", base_url=server.url),
+                          env_kwargs={"python_tool": False}, tasks=6, concurrency=2, workers=3, preflight=False)
+        assert server.max_in_flight <= 2
+    assert sorted(r["task_index"] for r in result.records) == list(range(6))
+    assert all(r["error"] is None for r in result.records)
