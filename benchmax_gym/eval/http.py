@@ -30,6 +30,7 @@ from typing import Any
 from benchmax_gym.eval.policies import PolicyError
 
 MAX_HEAD_BYTES = 64 << 10  # a status line and headers longer than this are not an HTTP reply
+MAX_HEADERS = 256  # header fields in one reply (uvicorn sends 4, vLLM and OpenAI about 20)
 MAX_IDLE = 1024  # keep-alive connections kept for reuse
 
 
@@ -38,151 +39,158 @@ class _Unsupported(Exception):
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection: bytes in a buffer, a future woken when more arrive."""
+    """One keep-alive connection. Its bytes go to an llhttp parser (``httptools``, uvicorn's) as
+    they arrive; its callbacks keep this request's reply and resolve ``reply`` once it is whole,
+    or fail it at the first fault (a size cap, a malformed reply, the peer closing early)."""
 
-    def __init__(self) -> None:
-        self.buf = bytearray()
+    def __init__(self, httptools: Any, max_bytes: int) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.malformed = (httptools.HttpParserError, httptools.HttpParserUpgrade)
+        self.max_bytes = max_bytes
         self.transport: Any = None
-        self.waiter: asyncio.Future | None = None
+        self.reply: asyncio.Future | None = None  # this request's: (status, headers, body, keep-alive)
         self.closed = False
+        self.spoiled = False  # bytes past a reply (out of step): never reused
         self.got = False  # a byte of this request's reply arrived (a stale reused one gets none)
+        self.error: BaseException | None = None  # what a callback stopped the parser for
+        self.start = b""  # the reply's first bytes, for an error about them
+        self.pending = 0  # bytes fed since the last head ended (a head is capped at MAX_HEAD_BYTES)
+        self.status, self.headers, self.parts, self.size, self.whole_head, self.head_size = 0, [], [], 0, False, 0
+        self.length: int | None = None
+        self.chunked = False
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.buf += data
-        self.got = True
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        reply = self.reply
+        if reply is None or reply.done():  # bytes no request asked for: out of step
+            self.spoiled = True
+            self.close()
+            return
+        if not self.got:
+            self.got, self.start = True, data[:80]
+        self.pending += len(data)
+        try:
+            self.parser.feed_data(data)
+        except self.malformed as exc:
+            self._fail(self.error or ConnectionError(f"not an HTTP/1.x reply: {exc} (it began {self.start!r})"))
+            return
+        if not self.whole_head and self.pending > MAX_HEAD_BYTES:
+            self._fail(ConnectionError("the reply's headers are too long"))
 
     def eof_received(self) -> bool:
-        self.closed = True
-        self._wake()
+        self._closed()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._closed()
+
+    def _closed(self) -> None:
         self.closed = True
-        self._wake()
+        reply = self.reply
+        if reply is None or reply.done():
+            return
+        if self.whole_head and self.length is None and not self.chunked:  # a body read to the close
+            reply.set_result((self.status, self.headers, b"".join(self.parts), False))
+        elif self.whole_head:
+            where = "inside a chunked reply" if self.chunked else "before the whole reply"
+            reply.set_exception(ConnectionError(f"the server closed the connection {where}"))
+        else:
+            reply.set_exception(ConnectionError("the server closed the connection before a whole reply"))
 
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+    def _fail(self, exc: BaseException) -> None:
+        reply = self.reply
+        if reply is not None and not reply.done():
+            reply.set_exception(exc)
+        self.spoiled = True
+        self.close()
 
-    async def more(self) -> bool:
-        """Wait for more bytes; False once the peer has closed."""
-        if self.closed:
-            return False
-        self.waiter = asyncio.get_running_loop().create_future()
-        await self.waiter
-        self.waiter = None
-        return True
+    def _stop(self, exc: BaseException) -> None:
+        """Stop the parser (inside a callback): ``data_received`` fails the reply with ``exc``."""
+        self.error = exc
+        raise exc
+
+    # llhttp's callbacks (httptools calls them by these names)
+
+    def on_message_begin(self) -> None:
+        if self.reply.done():  # a second reply after this request's: out of step
+            self.spoiled = True
+        self.headers, self.parts, self.size, self.length, self.chunked, self.head_size = [], [], 0, None, False, 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(self.headers) >= MAX_HEADERS:
+            self._stop(ConnectionError(f"the reply has over {MAX_HEADERS} header fields"))
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > MAX_HEAD_BYTES:  # (the head came in one read: the count in data_received missed it)
+            self._stop(ConnectionError("the reply's headers are too long"))
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        self.pending = 0
+        status = self.status = parser.get_status_code()
+        version = parser.get_http_version()
+        if status < 100 or version[:2] != "1.":
+            self._stop(ConnectionError(f"not an HTTP/1.x reply: HTTP/{version} {status} (it began {self.start!r})"))
+        if status < 200:  # an interim reply (100 Continue, 103 Early Hints): the reply follows
+            if status == 101:
+                self._stop(ConnectionError("the server switched protocols"))
+            return
+        self.whole_head = True
+        for name, value in self.headers:
+            key = name.lower()
+            if key == "content-length":
+                self.length = int(value)  # llhttp let only digits through
+                if self.length > self.max_bytes:
+                    self._stop(_too_big(self.max_bytes))
+            elif key == "transfer-encoding":
+                self.chunked = value.lower().rstrip().endswith("chunked")
+        if 300 <= status < 400 and status != 304:
+            self._stop(_Unsupported("a redirect"))
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > self.max_bytes:  # abort as the bytes arrive, never holding more
+            self._stop(_too_big(self.max_bytes))
+        self.parts.append(body)
+
+    def on_message_complete(self) -> None:
+        reply = self.reply
+        if self.status < 200 or reply.done():  # an interim reply, or one past this request's
+            return
+        parts = self.parts
+        body = parts[0] if len(parts) == 1 else b"".join(parts)
+        reply.set_result((self.status, self.headers, body, self.parser.should_keep_alive()))
 
     def close(self) -> None:
         self.closed = True
         if self.transport is not None:
             self.transport.close()
 
-    async def exchange(self, data: bytes, max_bytes: int) -> tuple[int, list[tuple[str, str]], bytes, bool]:
-        """Send ``data`` (a whole request) and read one reply: ``(status, head, body, reusable)``
-        (``head``: the header fields as text, CRLF-separated)."""
-        self.got = False
+    async def exchange(self, data: bytes) -> tuple[int, list[tuple[str, str]], bytes, bool]:
+        """Send ``data`` (a whole request) and read one reply: ``(status, headers, body, reusable)``
+        (``headers``: ``(name, value)`` pairs as sent, Latin-1 text; ``body`` decoded)."""
+        if self.closed:
+            raise ConnectionError("the server closed the connection before a whole reply")
+        self.got, self.whole_head, self.pending, self.error, self.status = False, False, 0, None, 0
+        self.reply = asyncio.get_running_loop().create_future()
         self.transport.write(data)
-        buf = self.buf
-        while True:  # the head (1xx interim replies skipped)
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > MAX_HEAD_BYTES:
-                    raise ConnectionError("the reply's headers are too long")
-                if not await self.more():
-                    raise ConnectionError("the server closed the connection before a whole reply")
-                continue
-            head = bytes(buf[:end]).decode("latin-1")
-            del buf[:end + 4]
-            status_line, _, head = head.partition("\r\n")
-            version, _, rest = status_line.partition(" ")
-            try:
-                status = int(rest[:3])
-            except ValueError:
-                raise ConnectionError(f"not an HTTP reply: {status_line[:80]!r}") from None
-            if not version.startswith("HTTP/1.") or status < 100:
-                raise ConnectionError(f"not an HTTP/1.x reply: {status_line[:80]!r}")
-            if status >= 200:
-                break
-        head = "\r\n" + head + "\r\n"  # each field between CRLFs; looked up, not all parsed (the hot path)
-        lower = head.lower()
-        length = _field(head, lower, "content-length")
-        if length is not None:
-            try:
-                length = int(length)
-            except ValueError:
-                raise ConnectionError(f"a bad Content-Length: {length[:40]!r}") from None
-        chunked = "chunked" in (_field(head, lower, "transfer-encoding") or "").lower()
-        reusable = version == "HTTP/1.1" and "close" not in (_field(head, lower, "connection") or "").lower()
-        encoding = (_field(head, lower, "content-encoding") or "").lower()
-        if 300 <= status < 400 and status != 304:
-            raise _Unsupported("a redirect")
-        if status in (204, 304):  # never a body (RFC 9110), whatever the fields say
-            body = b""
-        elif chunked:
-            parts, size = [], 0
-            while True:
-                line_end = buf.find(b"\r\n")
-                if line_end < 0:
-                    if len(buf) > MAX_HEAD_BYTES:
-                        raise ConnectionError("a bad chunk header")
-                    if not await self.more():
-                        raise ConnectionError("the server closed the connection inside a chunked reply")
-                    continue
+        status, headers, body, keep_alive = await self.reply
+        encoding = _field(headers, "content-encoding")
+        if encoding:
+            encoding = encoding.lower()
+            if encoding in ("gzip", "x-gzip", "deflate"):
+                inflate = zlib.decompressobj(zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS)
                 try:
-                    n = int(bytes(buf[:line_end]).split(b";", 1)[0], 16)
-                except ValueError:
-                    raise ConnectionError("a bad chunk size") from None
-                if n == 0:  # the last chunk, then trailers up to an empty line
-                    while buf.find(b"\r\n\r\n", line_end) < 0:
-                        if not await self.more():
-                            raise ConnectionError("the server closed the connection inside a chunked reply")
-                    del buf[:buf.find(b"\r\n\r\n", line_end) + 4]
-                    break
-                size += n
-                if size > max_bytes:
-                    raise _too_big(max_bytes)
-                while len(buf) < line_end + 2 + n + 2:
-                    if not await self.more():
-                        raise ConnectionError("the server closed the connection inside a chunked reply")
-                parts.append(bytes(buf[line_end + 2:line_end + 2 + n]))
-                del buf[:line_end + 2 + n + 2]
-            body = b"".join(parts)
-        elif length is not None:
-            if length > max_bytes:
-                raise _too_big(max_bytes)
-            while len(buf) < length:
-                if not await self.more():
-                    raise ConnectionError("the server closed the connection before the whole reply")
-            body = bytes(buf[:length])
-            del buf[:length]
-        else:  # to the close
-            reusable = False
-            while await self.more():
-                if len(buf) > max_bytes:
-                    raise _too_big(max_bytes)
-            if len(buf) > max_bytes:
-                raise _too_big(max_bytes)
-            body = bytes(buf)
-            buf.clear()
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            inflate = zlib.decompressobj(zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS)
-            try:
-                body = inflate.decompress(body, max_bytes + 1)
-            except zlib.error as exc:
-                raise ConnectionError(f"a bad {encoding} body: {exc}") from None
-            if len(body) > max_bytes:
-                raise _too_big(max_bytes)
-        elif encoding not in ("", "identity"):
-            raise ConnectionError(f"an unsupported Content-Encoding: {encoding[:40]!r}")
-        return status, head, body, reusable and not self.closed
+                    body = inflate.decompress(body, self.max_bytes + 1)
+                except zlib.error as exc:
+                    raise ConnectionError(f"a bad {encoding} body: {exc}") from None
+                if len(body) > self.max_bytes:
+                    raise _too_big(self.max_bytes)
+            elif encoding != "identity":
+                raise ConnectionError(f"an unsupported Content-Encoding: {encoding[:40]!r}")
+        return status, headers, body, keep_alive and not self.closed and not self.spoiled
 
 
 class LeanChatClient:
@@ -192,6 +200,7 @@ class LeanChatClient:
     :class:`~benchmax_gym.eval.policies.PolicyError` for a reply over ``max_bytes``."""
 
     def __init__(self, sdk: Any, timeout: float, max_bytes: int):
+        import httptools  # (without it, ChatPolicy takes the SDK's path: this raises ImportError)
         from openai._models import FinalRequestOptions
 
         self.sdk, self.timeout, self.max_bytes = sdk, timeout, max_bytes
@@ -224,10 +233,11 @@ class LeanChatClient:
         head.encode("latin-1")  # what the SDK's httpx refuses too: the SDK's path then says so
         self._head = head.replace("%", "%%") + "x-stainless-retry-count: %d\r\ncontent-length: %d\r\n\r\n"
         self._idle: list[_Connection] = []
+        self._protocol = lambda: _Connection(httptools, max_bytes)
 
     async def _connect(self) -> _Connection:
         _, conn = await self.loop.create_connection(
-            _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
+            self._protocol, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
         return conn
 
     async def _attempt(self, payload: bytes, retries_taken: int) -> tuple[int, list, bytes]:
@@ -237,7 +247,7 @@ class LeanChatClient:
             if conn.closed:
                 continue
             try:
-                status, head, body, reusable = await conn.exchange(data, self.max_bytes)
+                status, headers, body, reusable = await conn.exchange(data)
             except ConnectionError:
                 conn.close()
                 if conn.got:
@@ -247,26 +257,24 @@ class LeanChatClient:
                 conn.close()
                 raise
             self._keep(conn, reusable)
-            return status, head, body
+            return status, headers, body
         conn = await self._connect()
         try:
-            status, head, body, reusable = await conn.exchange(data, self.max_bytes)
+            status, headers, body, reusable = await conn.exchange(data)
         except BaseException:
             conn.close()
             raise
         self._keep(conn, reusable)
-        return status, head, body
+        return status, headers, body
 
     def _keep(self, conn: _Connection, reusable: bool) -> None:
-        if reusable and not conn.buf and len(self._idle) < MAX_IDLE:  # (bytes past the reply: out of step)
+        if reusable and len(self._idle) < MAX_IDLE:
             self._idle.append(conn)
         else:
             conn.close()
 
-    def _response(self, status: int, head: str, body: bytes) -> Any:
+    def _response(self, status: int, headers: list[tuple[str, str]], body: bytes) -> Any:
         """The reply as the SDK's httpx ``Response`` (for its retry rules and errors; rare)."""
-        headers = [(name.strip(), value.strip()) for name, _, value in
-                   (line.partition(":") for line in head.split("\r\n") if line)]
         return _sdk_httpx().Response(status, headers=headers, content=body, request=self._request())
 
     def _request(self) -> Any:
@@ -282,7 +290,7 @@ class LeanChatClient:
             remaining = max_retries - taken
             try:
                 async with asyncio.timeout(self.timeout):  # the whole reply, as the SDK path's deadline
-                    status, head, body = await self._attempt(payload, taken)
+                    status, headers, body = await self._attempt(payload, taken)
             except _Unsupported:
                 return await self.sdk.post("/chat/completions", body=params, cast_to=object)
             except TimeoutError:
@@ -299,15 +307,15 @@ class LeanChatClient:
                     continue
                 raise openai.APIConnectionError(request=self._request()) from exc
             if status >= 400:
-                response = self._response(status, head, body)
+                response = self._response(status, headers, body)
                 if remaining > 0 and sdk._should_retry(response):
                     await asyncio.sleep(sdk._calculate_retry_timeout(remaining, self._options, response.headers))
                     continue
                 raise sdk._make_status_error_from_response(response) from None
             break
-        content_type = (_field(head, head.lower(), "content-type") or "*").split(";")[0]
+        content_type = (_field(headers, "content-type") or "*").split(";")[0]
         if not content_type.endswith("json"):  # as the SDK: the text, undecoded
-            return self._response(status, head, body).text
+            return self._response(status, headers, body).text
         return json.loads(body)
 
     async def aclose(self) -> None:
@@ -321,14 +329,12 @@ def _too_big(max_bytes: int) -> PolicyError:
     return PolicyError(f"the endpoint's reply is over the limit of {max_bytes} bytes")
 
 
-def _field(head: str, lower: str, name: str) -> str | None:
-    """The value of header ``name`` (lower case) in ``head`` (CRLF-separated fields, a CRLF at
-    each end; ``lower`` is ``head.lower()``), or None."""
-    at = lower.find(f"\r\n{name}:")
-    if at < 0:
-        return None
-    start = at + len(name) + 3
-    return head[start:head.index("\r\n", start)].strip()
+def _field(headers: list[tuple[str, str]], name: str) -> str | None:
+    """The value of the first header field ``name`` (lower case), or None."""
+    for key, value in headers:
+        if len(key) == len(name) and key.lower() == name:
+            return value
+    return None
 
 
 def _sdk_httpx() -> Any:

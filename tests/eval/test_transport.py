@@ -4,6 +4,11 @@
 never in an error. Each case runs both transports against the same faults and compares."""
 
 import asyncio
+import gzip
+import itertools
+import json
+import socketserver
+import threading
 
 import pytest
 
@@ -205,3 +210,182 @@ def test_workers_never_hold_more_than_the_concurrency_asked_for():
         assert server.max_in_flight <= 2
     assert sorted(r["task_index"] for r in result.records) == list(range(6))
     assert all(r["error"] is None for r in result.records)
+
+
+# Replies that the loopback app (uvicorn) never writes, from a raw server: what llhttp, the lean
+# path's parser, must take (interim replies, a body read to the close) or refuse (a malformed
+# status line, headers or a body over the caps) as the SDK's transport does.
+
+COMPLETION = json.dumps({"id": "x", "object": "chat.completion", "model": "test-model",
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "\\boxed{4}"},
+                                      "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+
+
+def http(status=b"200 OK", fields=(), body=COMPLETION, length=True):
+    """One reply's bytes, a JSON body with its Content-Length unless ``length`` is False."""
+    head = [b"HTTP/1.1 " + status, b"content-type: application/json", *fields]
+    if length:
+        head.append(b"content-length: %d" % len(body))
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
+
+
+class RawServer:
+    """A loopback TCP server answering the i-th request with ``replies[i]`` (the last one
+    repeated) as raw bytes: ``(data, close)``, where ``data`` is bytes or a function giving an
+    endless iterator of them, and ``close`` closes the connection after it."""
+
+    def __init__(self, *replies):
+        self.replies, self.requests, self.connections, self.stop = list(replies), 0, 0, threading.Event()
+        server = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                server.connections += 1
+                while not server.stop.is_set():
+                    length = None
+                    while (line := self.rfile.readline()) not in (b"\r\n", b""):
+                        name, _, value = line.decode("latin-1").partition(":")
+                        if name.strip().lower() == "content-length":
+                            length = int(value)
+                    if not line:
+                        return
+                    self.rfile.read(length or 0)
+                    data, close = server.replies[min(server.requests, len(server.replies) - 1)]
+                    server.requests += 1
+                    try:
+                        for piece in data() if callable(data) else [data]:
+                            if server.stop.is_set():
+                                return
+                            self.wfile.write(piece)
+                            self.wfile.flush()
+                    except OSError:  # the client hung up (a reply over its cap)
+                        return
+                    if close:
+                        return
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def calls(url, transport, n=1, **kwargs):
+    """The outcomes of ``n`` requests in turn through one ChatPolicy: ``(content, finish)`` or
+    the PolicyError's text."""
+    policy = ChatPolicy("test-model", base_url=url, api_key=KEY, transport=transport,
+                        **{"max_retries": 0, "timeout": 5.0, **kwargs})
+
+    async def go():
+        outcomes = []
+        try:
+            for _ in range(n):
+                try:
+                    message, finish, _, _ = await policy.complete(dict(PARAMS))
+                    outcomes.append((message["content"], finish))
+                except PolicyError as exc:
+                    outcomes.append(str(exc))
+            return outcomes
+        finally:
+            await policy.aclose()
+
+    return asyncio.run(go())
+
+
+def test_interim_replies_and_a_body_read_to_the_close_are_read_as_the_sdk_reads_them():
+    gzipped = gzip.compress(COMPLETION)
+    cases = [
+        (http(b"100 Continue", body=b"", length=False) + http(), False),  # interim replies first
+        (http(b"100 Continue", body=b"", length=False) + http(b"103 Early Hints", [b"link: </x>"], b"", False)
+         + http(), False),
+        (http(length=False), True),  # no length: the body is what comes before the close
+        (http(fields=[b"content-encoding: gzip"], body=gzipped, length=False), True),
+        (http(fields=[b"transfer-encoding: chunked"], length=False, body=b"".join(
+            b"%x\r\n%s\r\n" % (len(part), part) for part in (COMPLETION[:50], COMPLETION[50:])) + b"0\r\nx-t: 1\r\n\r\n"),
+         False),  # chunked, with a trailer
+    ]
+    for reply in cases:
+        for transport in ("lean", "sdk"):
+            with RawServer(reply) as server:
+                assert calls(server.url, transport) == [("\\boxed{4}", "stop")], (reply, transport)
+
+
+@pytest.mark.parametrize("reply, says", [
+    (http(b"2OO OK"), "APIConnectionError: not an HTTP/1.x reply"),
+    (b"HTPT/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", "APIConnectionError: not an HTTP/1.x reply"),
+    (http().replace(b"HTTP/1.1", b"HTTP/2.0"), "APIConnectionError: not an HTTP/1.x reply: HTTP/2.0 200"),
+    (http(b"099 Early"), "APIConnectionError: not an HTTP/1.x reply: HTTP/1.1 99"),
+    (http(fields=[b"content-length: 7"]), "APIConnectionError: not an HTTP/1.x reply: Duplicate Content-Length"),
+    (http(fields=[b"x-pad-%d: %s" % (i, b"a" * 1000) for i in range(70)]),
+     "APIConnectionError: the reply's headers are too long"),
+    (http(fields=[b"x-f-%d: 1" % i for i in range(300)]), "APIConnectionError: the reply has over 256 header fields"),
+    (lambda: itertools.chain([b"HTTP/1.1 200 OK\r\nx-pad: "], itertools.repeat(b"a" * 1000)),  # never ending
+     "APIConnectionError: the reply's headers are too long"),
+    (http()[:-10], "APIConnectionError: the server closed the connection before the whole reply"),
+    (http(fields=[b"transfer-encoding: chunked"], length=False, body=b"ff\r\nabc"),
+     "APIConnectionError: the server closed the connection inside a chunked reply"),
+    (http(length=False)[:40], "APIConnectionError: the server closed the connection before a whole reply"),
+    (http(b"101 Switching Protocols", [b"upgrade: h2c", b"connection: upgrade"], b"", False),
+     "APIConnectionError: the server switched protocols"),
+])
+def test_a_malformed_reply_is_a_connection_error_saying_what_was_wrong(reply, says):
+    """(The SDK on aiohttp, unlike the lean path, takes an HTTP/2.0 status line and 70 kB of
+    headers, calls 099 and 101 status errors, and raises aiohttp's own error for the rest.)"""
+    with RawServer((reply, True)) as server:
+        [lean] = calls(server.url, "lean")
+    assert lean.startswith(says), lean
+
+
+def test_a_body_over_the_cap_is_cut_off_as_its_chunks_arrive():
+    """An endless chunked body fails at the size cap, not at the deadline (nor out of memory)."""
+    def endless():
+        yield b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+        while True:
+            yield b"1000\r\n" + b" " * 0x1000 + b"\r\n"
+
+    for transport in ("lean", "sdk"):
+        with RawServer((endless, True)) as server:
+            assert calls(server.url, transport, timeout=30.0, max_reply_bytes=1 << 20) == [
+                "the endpoint's reply is over the limit of 1048576 bytes"]
+    with RawServer((http(fields=[b"transfer-encoding: chunked"], length=False, body=b"%x\r\n%s\r\n0\r\n\r\n" % (
+            len(COMPLETION), COMPLETION)), False)) as server:  # a chunk within the cap is read
+        assert calls(server.url, "lean", max_reply_bytes=len(COMPLETION)) == [("\\boxed{4}", "stop")]
+        assert calls(server.url, "lean", max_reply_bytes=len(COMPLETION) - 1) == [
+            f"the endpoint's reply is over the limit of {len(COMPLETION) - 1} bytes"]
+
+
+def test_a_connection_is_reused_only_when_the_reply_says_it_may_be():
+    for reply, connections in [((http(), False), 1),  # keep-alive: one connection for three requests
+                               ((http(fields=[b"connection: close"]), False), 3),
+                               ((http().replace(b"HTTP/1.1", b"HTTP/1.0"), False), 3),  # 1.0: no keep-alive
+                               ((http() + b"HTTP/1.1 200 OK\r\n", False), 3),  # bytes past the reply: out of step
+                               ((http(length=False), True), 3)]:
+        with RawServer(reply) as server:
+            assert calls(server.url, "lean", n=3) == [("\\boxed{4}", "stop")] * 3
+            assert (server.requests, server.connections) == (3, connections), reply
+
+
+def test_without_httptools_the_lean_transport_falls_back_to_the_sdks(monkeypatch, server):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "httptools", None)  # `import httptools` raises ImportError
+    policy = ChatPolicy("test-model", base_url=server.url, api_key=KEY)
+    assert policy.transport == "lean"
+    outcome, headers, _ = run(server, "lean", [None])
+    assert outcome[0]["content"].startswith("\\boxed{4}") and len(headers) == 1
+
+    async def which():
+        try:
+            return policy._lean_client()
+        finally:
+            await policy.aclose()
+
+    assert asyncio.run(which()) is None  # the SDK's path, with no error
