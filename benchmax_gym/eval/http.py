@@ -4,18 +4,22 @@ Why: the SDK spends ~1 ms of CPU per request (request option copies, httpx objec
 transport), more than the rest of an eval turn; on a many-core machine with a fast server that
 caps a harness process near 1,000 calls/s. :class:`LeanChatClient` sends the same request (the
 SDK builds the URL and headers once: key, organization/project, user agent, ``x-stainless-*``)
-over a pool of keep-alive asyncio connections, reads the reply with a small HTTP/1.1 parser
-(``Content-Length``, chunked, or to the close; gzip/deflate) and ``json.loads`` it: ~0.15 ms of
-CPU a request where the SDK's path costs ~1 ms (a loaded 2-core VM, concurrency 64).
+over a pool of keep-alive asyncio connections and reads the reply with llhttp (``httptools``, the
+C parser uvicorn and Node use, fed as bytes arrive: ``Content-Length``, chunked, to the close,
+interim 1xx replies skipped; gzip/deflate decoded here) and ``json.loads`` it: ~0.15 ms of CPU a
+request where the SDK's path costs ~1 ms (a loaded 2-core VM, concurrency 64). Without
+``httptools`` (the ``eval`` extra installs it) ChatPolicy takes the SDK's path.
 
 What it keeps of the SDK: the retries (the SDK's own ``_should_retry``: 408, 409, 429, 5xx and
 ``x-should-retry``; timeouts and connection errors) and their waits (the SDK's own
 ``_calculate_retry_timeout``: ``Retry-After``/``retry-after-ms`` honoured, else exponential
 backoff with jitter), the exceptions (the SDK's own classes and messages, built by the SDK from
 the reply), a non-JSON content type returned as text as the SDK does, and a whole-reply deadline
-and size cap (as :func:`benchmax_gym.eval.policies._bounded` adds to the SDK). Whatever it does not
-speak goes through the SDK itself: a proxy from the environment (``HTTPS_PROXY``...), a redirect,
-a scheme other than http/https, headers that are not Latin-1.
+and size cap (as :func:`benchmax_gym.eval.policies._bounded` adds to the SDK; the cap cuts the
+connection as soon as the body passes it). A reply llhttp refuses, or with headers over
+``MAX_HEAD_BYTES``/``MAX_HEADERS``, is a connection error (retried as the SDK retries one).
+Whatever it does not speak goes through the SDK itself: a proxy from the environment
+(``HTTPS_PROXY``...), a redirect, a scheme other than http/https, headers that are not Latin-1.
 """
 
 from __future__ import annotations
