@@ -95,7 +95,9 @@ class _Connection(asyncio.Protocol):
         reply = self.reply
         if reply is None or reply.done():
             return
-        if self.whole_head and self.length is None and not self.chunked:  # a body read to the close
+        # a body read to the close is whole now (llhttp says so only from llhttp_finish, which
+        # httptools does not expose; feeding it b"" does not end the message)
+        if self.whole_head and self.length is None and not self.chunked:
             reply.set_result((self.status, self.headers, b"".join(self.parts), False))
         elif self.whole_head:
             where = "inside a chunked reply" if self.chunked else "before the whole reply"
