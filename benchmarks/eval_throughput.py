@@ -36,7 +36,7 @@ import time
 
 from _bench import cpu_seconds, descendants, need
 
-need("eval", "openai")
+need("eval", "openai", "httptools")
 from benchmax_gym.eval import ChatPolicy, evaluate  # noqa: E402
 
 ENV_KWARGS = {"python_tool": False}

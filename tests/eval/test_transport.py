@@ -337,11 +337,15 @@ def test_interim_replies_and_a_body_read_to_the_close_are_read_as_the_sdk_reads_
      "APIConnectionError: the server switched protocols"),
 ])
 def test_a_malformed_reply_is_a_connection_error_saying_what_was_wrong(reply, says):
-    """(The SDK on aiohttp, unlike the lean path, takes an HTTP/2.0 status line and 70 kB of
-    headers, calls 099 and 101 status errors, and raises aiohttp's own error for the rest.)"""
+    """The lean path says what was wrong; the SDK's path (on aiohttp, which takes an HTTP/2.0
+    status line and 70 kB of headers) fails the call as a PolicyError too, never with the HTTP
+    client's own exception escaping."""
     with RawServer((reply, True)) as server:
         [lean] = calls(server.url, "lean")
     assert lean.startswith(says), lean
+    with RawServer((reply, True)) as server:
+        [sdk] = calls(server.url, "sdk")
+    assert isinstance(sdk, str) or sdk == ("\\boxed{4}", "stop"), sdk  # a PolicyError's text, or a reply read
 
 
 def test_a_body_over_the_cap_is_cut_off_as_its_chunks_arrive():
