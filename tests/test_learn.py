@@ -141,7 +141,7 @@ def test_sft_stops_at_the_first_probe_that_reaches_the_target(run_dir):
     from benchmax_gym.adapters.tokens import ChatTemplate
 
     learn = _learn()
-    args = learn.parse([*TOY, "--sft-steps", "20", "--sft-check", "3", "--sft-target", "0.5"])
+    args = learn.parse([*TOY, "--sft-steps", "10", "--sft-check", "2", "--sft-target", "0.5"])
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     run = json.loads((run_dir / "run.json").read_text())
     episodes = learn.solver_episodes(ChatTemplate(tokenizer), run["env_kwargs"]["train"], 8)
@@ -150,18 +150,18 @@ def test_sft_stops_at_the_first_probe_that_reaches_the_target(run_dir):
 
     def probe(m):
         probed.append(len(log))
-        return [0.1, 0.4, 0.6, 0.9][len(probed) - 1]
+        return [0.1, 0.6, 0.9][len(probed) - 1]
 
-    assert learn.sft(model, episodes, args, tokenizer.pad_token_id, log, probe=probe) == 18
-    assert probed == [12, 15, 18] and len(log) == 18 and log[-1]["probe_success"] == 0.6
+    assert learn.sft(model, episodes, args, tokenizer.pad_token_id, log, probe=probe) == 8
+    assert probed == [6, 8] and len(log) == 8 and log[-1]["probe_success"] == 0.6
 
 
 def test_the_wikipedia_family_runs_the_same_pipeline(tmp_path):
     """--family wikipedia: Wikipedia-v0's generated two-hop questions, the same stages; each task
     seed makes its own encyclopedia, so the held-out questions are about unseen entities."""
-    _learn().main(["--family", "wikipedia", "--train-tasks", "16", "--eval-tasks", "4", "--vocab", "300",
-                   "--hidden", "16", "--layers", "1", "--heads", "2", "--sft-steps", "4", "--sft-batch", "4",
-                   "--rl-steps", "1", "--rl-batch", "4", "--group", "2", "--max-tokens", "256", "--turn-tokens", "32",
+    _learn().main(["--family", "wikipedia", "--train-tasks", "8", "--eval-tasks", "2", "--vocab", "300",
+                   "--hidden", "16", "--layers", "1", "--heads", "2", "--sft-steps", "2", "--sft-batch", "4",
+                   "--rl-steps", "1", "--rl-batch", "2", "--group", "2", "--max-tokens", "128", "--turn-tokens", "24",
                    "--out", str(tmp_path)])
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["env_id"] == "benchmax/Wikipedia-v0" and run["data"]["solver_success"] == 1.0
@@ -169,5 +169,5 @@ def test_the_wikipedia_family_runs_the_same_pipeline(tmp_path):
     assert {c["function"]["name"] for t in train for m in t["messages"] for c in m.get("tool_calls") or []} >= {
         "search", "get_article"}
     summary = json.loads((tmp_path / "eval_rl" / "summary.json").read_text())
-    assert summary["episodes"] == 4 and summary["by"]["type"]["bridge"]["episodes"] == 4  # broken down by type
-    assert len(_jsonl(tmp_path / "eval_rl" / "rollouts.jsonl")) == 4 and (tmp_path / "rl" / "steps.json").exists()
+    assert summary["episodes"] == 2 and summary["by"]["type"]["bridge"]["episodes"] == 2  # broken down by type
+    assert len(_jsonl(tmp_path / "eval_rl" / "rollouts.jsonl")) == 2 and (tmp_path / "rl" / "steps.json").exists()
