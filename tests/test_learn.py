@@ -120,6 +120,9 @@ def test_bad_flags_name_the_argument(capsys):
     with pytest.raises(SystemExit):
         _learn().parse(["--rl-batch", "6", "--group", "4"])
     assert "--rl-batch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _learn().parse(["--sft-target", "25"])  # a success rate, not a percentage
+    assert "--sft-target" in capsys.readouterr().err
 
 
 def test_a_second_run_with_the_same_seed_is_the_same(run_dir):

@@ -24,7 +24,7 @@ it learnt from the environment. Six stages, each writing its files into ``--out`
 ``--family wikipedia`` runs the same stages on Wikipedia-v0's generated two-hop questions (tool
 results are long: a CPU model of this size does not learn it in minutes; it is there to scale).
 
-CPU (the default config; 5-6 minutes on 2 idle cores, up to ~15 when they are shared)::
+CPU (the default config; 5-9 minutes on 2 cores shared with other jobs)::
 
     python examples/learn/learn.py --out runs/learn
 
@@ -116,9 +116,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, family[name])
     for name in ("train_tasks", "eval_tasks", "vocab", "hidden", "layers", "heads", "sft_batch", "rl_batch",
-                 "group", "max_tokens", "turn_tokens"):
+                 "group", "max_tokens", "turn_tokens", "sft_probe", "sft_check"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0.0 <= args.sft_target <= 1.0:
+        p.error(f"--sft-target must be from 0 to 1 (a success rate; 0: never stop early), got {args.sft_target}")
     if args.rl_batch % args.group:
         p.error(f"--rl-batch ({args.rl_batch}) must be a multiple of --group ({args.group})")
     return args
