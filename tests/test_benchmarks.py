@@ -168,8 +168,8 @@ def test_run_all_gathers_each_scripts_json_in_one_file(tmp_path):
 
 
 LEARN_TOY = ["--train-tasks", "48", "--eval-tasks", "8", "--vocab", "300", "--hidden", "16", "--layers", "1",
-             "--heads", "2", "--sft-steps", "6", "--sft-batch", "8", "--rl-steps", "2", "--rl-batch", "4", "--group", "2",
-             "--max-tokens", "48", "--turn-tokens", "16"]
+             "--heads", "2", "--sft-steps", "6", "--sft-batch", "8", "--rl-steps", "2", "--rl-batch", "4",
+             "--group", "2", "--max-tokens", "48", "--turn-tokens", "16"]
 
 
 def test_learning_runs_seeds_in_parallel_and_reports_each_before_and_after():

@@ -302,7 +302,8 @@ def make_model(tokenizer: Any, args: argparse.Namespace) -> Any:
 # -- 3. SFT ---------------------------------------------------------------------------------------
 
 
-def solver_episodes(chat: Any, kwargs: dict[str, Any], n: int, env_id: str = ENV_ID) -> list[tuple[list[int], list[int]]]:
+def solver_episodes(chat: Any, kwargs: dict[str, Any], n: int,
+                    env_id: str = ENV_ID) -> list[tuple[list[int], list[int]]]:
     """The solver's episodes as token ids and loss masks, exactly as ``TokenSession`` (and so
     ``TRLRollout``) builds them: prompt and env ids 0, the model's ids (ending in EOS) 1."""
     from benchmax_gym.adapters.tokens import TokenSession
