@@ -16,7 +16,7 @@ NOT_IN_BASE = ["psutil", "ray", "openai", "openenv", "trl", "transformers", "tok
                "skyrl_gym", "verl", "openrlhf", "sky", "gem"]
 NEEDS = {"remote_throughput.py": "ray", "openenv_overhead.py": "openenv", "eval_throughput.py": "eval",
          "adapter_overhead.py": "trl", "chaos.py": "trl",
-         "reward_group_judge.py": "eval"}
+         "reward_group_judge.py": "eval", "learning.py": "trl"}
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_") and p.name != "parse_hostile.py")
 
 
@@ -205,3 +205,31 @@ def test_eval_throughput_prints_cpu_per_call_for_each_transport_and_worker_count
         assert run["model_calls"] == 16 and run["harness_cpu_ms_per_call"] > 0
         assert run["server_cpu_ms_per_call"] >= 0  # (in clock ticks: 16 calls may take under one)
         assert 0 < run["fraction_of_ideal"] <= 1.5
+
+
+LEARN_TOY = ["--train-tasks", "48", "--eval-tasks", "8", "--vocab", "300", "--hidden", "16", "--layers", "1",
+             "--heads", "2", "--sft-steps", "6", "--sft-batch", "8", "--rl-steps", "2", "--rl-batch", "4",
+             "--group", "2", "--max-tokens", "48", "--turn-tokens", "16"]
+
+
+def test_learning_runs_seeds_in_parallel_and_reports_each_before_and_after():
+    """benchmarks/learning.py at toy size (issue 34): two seeds as two processes, each seed's
+    held-out figures, paired difference, tool use, stage times; a seed whose run fails is named."""
+    pytest.importorskip("trl")
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--seeds", "0,1", "--jobs", "2", "--",
+                          *LEARN_TOY], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["jobs"] == 2 and result["threads_per_run"] == max(1, os.cpu_count() // 2)
+    assert [s["seed"] for s in result["seeds"]] == [0, 1]
+    for seed in result["seeds"]:
+        assert seed["heldout_tasks"] == 8 and 0 <= seed["sft_success"]["value"] <= 1
+        assert seed["improved"] == (seed["rl_minus_sft"]["ci_low"] > 0)
+        assert set(seed["tool_use"]) == {"sft", "rl"} and "parse_errors_per_turn" in seed["tool_use"]["rl"]
+        assert set(seed["stage_seconds"]) >= {"3_sft", "4_rl", "5a_eval_sft", "5b_eval_rl"} and seed["peak_rss_mb"] > 0
+        assert set(seed["rl_steps"]) == {"success", "zero_variance_groups", "entropy"}
+    assert result["summary"]["other_seeds_improved"].endswith("of 1") and result["summary"]["failed_seeds"] == []
+    bad = subprocess.run([sys.executable, str(BENCHMARKS / "learning.py"), "--seeds", "5", "--", *LEARN_TOY,
+                          "--group", "3"], capture_output=True, text=True, timeout=120)
+    failed = json.loads(bad.stdout)
+    assert failed["summary"]["failed_seeds"] == [5] and "--rl-batch" in "\n".join(failed["seeds"][0]["log_tail"])

@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers")
 LEARN = Path(__file__).resolve().parents[1] / "examples" / "learn" / "learn.py"
 TOY = ["--train-tasks", "48", "--eval-tasks", "8", "--vocab", "300", "--hidden", "16", "--layers", "1", "--heads", "2",
        "--sft-steps", "6", "--sft-batch", "8", "--rl-steps", "2", "--rl-batch", "4", "--group", "2",
-       "--max-tokens", "48", "--turn-tokens", "16"]
+       "--max-tokens", "48", "--turn-tokens", "16", "--sft-check", "2"]
 
 
 def _learn():
@@ -75,6 +75,9 @@ def test_sft_and_rl_checkpoints_reload_and_rl_logs_each_step(run_dir):
 
     loss = json.loads((run_dir / "sft" / "loss.json").read_text())
     assert len(loss) == 6 and loss[-1]["loss"] < loss[0]["loss"]  # the assistant-only loss falls
+    # the stop rule probed training tasks every 2 steps from half way; a toy never reaches the target
+    assert [e["step"] for e in loss if "probe_success" in e] == [4, 6]
+    assert json.loads((run_dir / "run.json").read_text())["sft_steps_taken"] == 6
     sft = AutoModelForCausalLM.from_pretrained(run_dir / "sft")
     rl = AutoModelForCausalLM.from_pretrained(run_dir / "rl")
     shape = ("vocab_size", "hidden_size", "num_hidden_layers", "eos_token_id", "pad_token_id")
@@ -83,6 +86,7 @@ def test_sft_and_rl_checkpoints_reload_and_rl_logs_each_step(run_dir):
     # (a toy model earns no reward: GRPO's advantages are 0 and its weights rightly stay put)
     steps = json.loads((run_dir / "rl" / "steps.json").read_text())
     assert [s["step"] for s in steps] == [1, 2] and all(0.0 <= s["success"] <= 1.0 for s in steps)
+    assert all(0.0 <= s["zero_variance_groups"] <= 1.0 and s["entropy"] >= 0.0 for s in steps)
     history = json.loads((run_dir / "rl" / "log_history.json").read_text())
     assert [h["env/turns"] >= 1 for h in history if "env/turns" in h] == [True, True]  # TRLRollout's own logs
 
@@ -116,6 +120,9 @@ def test_bad_flags_name_the_argument(capsys):
     with pytest.raises(SystemExit):
         _learn().parse(["--rl-batch", "6", "--group", "4"])
     assert "--rl-batch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _learn().parse(["--sft-target", "25"])  # a success rate, not a percentage
+    assert "--sft-target" in capsys.readouterr().err
 
 
 def test_a_second_run_with_the_same_seed_is_the_same(run_dir):
@@ -127,3 +134,43 @@ def test_a_second_run_with_the_same_seed_is_the_same(run_dir):
             assert (again / name).read_text() == (run_dir / name).read_text(), name
     finally:
         shutil.rmtree(again, ignore_errors=True)
+
+
+def test_sft_stops_at_the_first_probe_that_reaches_the_target(run_dir):
+    """The stop rule itself: probes from half of --sft-steps, every --sft-check steps, and stops
+    at the first whose success reaches --sft-target (the probe here is a fixed skill curve)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmax_gym.adapters.tokens import ChatTemplate
+
+    learn = _learn()
+    args = learn.parse([*TOY, "--sft-steps", "10", "--sft-check", "2", "--sft-target", "0.5"])
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    run = json.loads((run_dir / "run.json").read_text())
+    episodes = learn.solver_episodes(ChatTemplate(tokenizer), run["env_kwargs"]["train"], 8)
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "sft")
+    probed, log = [], []
+
+    def probe(m):
+        probed.append(len(log))
+        return [0.1, 0.6, 0.9][len(probed) - 1]
+
+    assert learn.sft(model, episodes, args, tokenizer.pad_token_id, log, probe=probe) == 8
+    assert probed == [6, 8] and len(log) == 8 and log[-1]["probe_success"] == 0.6
+
+
+def test_the_wikipedia_family_runs_the_same_pipeline(tmp_path):
+    """--family wikipedia: Wikipedia-v0's generated two-hop questions, the same stages; each task
+    seed makes its own encyclopedia, so the held-out questions are about unseen entities."""
+    _learn().main(["--family", "wikipedia", "--train-tasks", "8", "--eval-tasks", "2", "--vocab", "300",
+                   "--hidden", "16", "--layers", "1", "--heads", "2", "--sft-steps", "2", "--sft-batch", "4",
+                   "--rl-steps", "1", "--rl-batch", "2", "--group", "2", "--max-tokens", "128", "--turn-tokens", "24",
+                   "--out", str(tmp_path)])
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["env_id"] == "benchmax/Wikipedia-v0" and run["data"]["solver_success"] == 1.0
+    train = _jsonl(tmp_path / "data" / "train.jsonl")
+    assert {c["function"]["name"] for t in train for m in t["messages"] for c in m.get("tool_calls") or []} >= {
+        "search", "get_article"}
+    summary = json.loads((tmp_path / "eval_rl" / "summary.json").read_text())
+    assert summary["episodes"] == 2 and summary["by"]["type"]["bridge"]["episodes"] == 2  # broken down by type
+    assert len(_jsonl(tmp_path / "eval_rl" / "rollouts.jsonl")) == 2 and (tmp_path / "rl" / "steps.json").exists()

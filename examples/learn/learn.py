@@ -8,17 +8,23 @@ it learnt from the environment. Six stages, each writing its files into ``--out`
 2. ``tokenizer/``: a byte-level BPE trained on those transcripts, with Qwen2.5's chat template
    (as TRL ships it: tool calls, tool results, generation prompt), checked by ``ChatTemplate``.
 3. ``sft/``: a tiny Qwen2 decoder from a config, trained on the solver's episodes with the
-   assistant-only loss (the env mask ``TokenSession`` gives) and stopped early on purpose.
+   assistant-only loss (the env mask ``TokenSession`` gives) and stopped early on purpose: once
+   greedy success on 64 *training* tasks reaches ``--sft-target`` (no held-out task is looked at),
+   else after ``--sft-steps``.
 4. ``rl/``: GRPO with TRL's ``GRPOTrainer`` through ``TRLRollout`` (multi-turn, the env's
-   calculator, env tokens masked) for a fixed number of steps.
+   calculator, env tokens masked) for a fixed number of steps; ``steps.json`` has each step's
+   reward, success, share of zero-variance groups and policy entropy.
 5. ``eval_sft/``, ``eval_rl/``, ``compare.json``: both checkpoints, greedy, on a held-out
    generated split (another task seed; prompts seen in training removed, and counted), with
    ``benchmax_gym.eval.stats`` (pass@1 with CI, IQM, per-template breakdown) and ``compare``
    (paired difference and probability of improvement, with CIs).
-6. ``plots/``: reward and success per RL step and the eval comparison (PNG with the ``plots``
-   extra; ``figures.json`` always).
+6. ``plots/``: reward, success, zero-variance groups and entropy per RL step and the eval
+   comparison (PNG with the ``plots`` extra; ``figures.json`` always).
 
-CPU (the default config; about 15 minutes on 2 cores)::
+``--family wikipedia`` runs the same stages on Wikipedia-v0's generated two-hop questions (tool
+results are long: a CPU model of this size does not learn it in minutes; it is there to scale).
+
+CPU (the default config; 5-9 minutes on 2 cores shared with other jobs)::
 
     python examples/learn/learn.py --out runs/learn
 
@@ -48,18 +54,29 @@ from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS: set before CUDA starts
 
 ENV_ID = "benchmax/Math-v0"
 # arithmetic expressions of two 2-digit numbers (the generator's default digits; 2 operands, not its 3,
 # and no word problems: what a from-scratch model learns in minutes on a CPU), one calculator call
 # per turn, so every result is read back from the tool and copied into the answer
 DIFFICULTY = {"operands": 2, "digits": 2, "operations": "+-*", "word_problems": 0.0}
+# the families the example runs (--family): env id, the metadata field eval breaks results down by,
+# and budgets that fit their episodes. Wikipedia-v0: two-hop bridge questions over the smallest
+# generated encyclopedia (each task seed makes its own world, so held-out questions are about
+# entities never seen in training); its tool results are long, so episodes are ~10x Math's.
+FAMILIES = {
+    "math": {"env_id": ENV_ID, "by": "template", "max_tokens": 96, "turn_tokens": 40},
+    "wikipedia": {"env_id": "benchmax/Wikipedia-v0", "by": "type", "max_tokens": 1536, "turn_tokens": 160},
+}
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/learn", help="the run directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--family", default="math", choices=sorted(FAMILIES),
+                   help="math: Math-v0 arithmetic (the default); wikipedia: Wikipedia-v0 generated questions")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--train-tasks", type=int, default=3000, help="solver transcripts for SFT and BPE")
     p.add_argument("--eval-tasks", type=int, default=300, help="held-out tasks (after removing overlaps)")
@@ -68,15 +85,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--sft-steps", type=int, default=700, help="stopped early on purpose: good, not perfect")
+    p.add_argument("--sft-steps", type=int, default=700,
+                   help="most SFT steps (the learning-rate schedule's length); --sft-target stops it sooner")
+    p.add_argument("--sft-target", type=float, default=0.25,
+                   help="stop SFT once greedy success on --sft-probe training tasks reaches this (0: never): "
+                        "good, not perfect, so GRPO's groups still disagree")
+    p.add_argument("--sft-probe", type=int, default=64, help="training tasks the SFT stop rule plays greedily")
+    p.add_argument("--sft-check", type=int, default=25, help="SFT steps between two probes")
     p.add_argument("--sft-batch", type=int, default=32)
     p.add_argument("--sft-lr", type=float, default=1e-2)
-    p.add_argument("--rl-steps", type=int, default=120)
+    p.add_argument("--rl-steps", type=int, default=200)
     p.add_argument("--rl-batch", type=int, default=32, help="episodes per GRPO step")
     p.add_argument("--group", type=int, default=8, help="GRPO's num_generations: episodes per prompt")
     p.add_argument("--rl-lr", type=float, default=1e-4)
-    p.add_argument("--max-tokens", type=int, default=96, help="completion budget of an episode (all turns)")
-    p.add_argument("--turn-tokens", type=int, default=40, help="most tokens a reply may take at eval")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="completion budget of an episode, all turns (default: the family's, math 96)")
+    p.add_argument("--turn-tokens", type=int, default=None,
+                   help="most tokens a reply may take at eval (default: the family's, math 40)")
     p.add_argument("--temperature", type=float, default=1.0, help="GRPO's sampling temperature")
     p.add_argument("--sft-from", default=None,
                    help="a run directory whose tokenizer and SFT checkpoint to reuse (same seed and data flags): "
@@ -85,16 +110,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (0: torch's default); on a shared 2-core machine 1 is several times faster")
     args = p.parse_args(argv)
+    family = FAMILIES[args.family]
+    args.env_id = family["env_id"]
+    for name in ("max_tokens", "turn_tokens"):
+        if getattr(args, name) is None:
+            setattr(args, name, family[name])
     for name in ("train_tasks", "eval_tasks", "vocab", "hidden", "layers", "heads", "sft_batch", "rl_batch",
-                 "group", "max_tokens", "turn_tokens"):
+                 "group", "max_tokens", "turn_tokens", "sft_probe", "sft_check"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0.0 <= args.sft_target <= 1.0:
+        p.error(f"--sft-target must be from 0 to 1 (a success rate; 0: never stop early), got {args.sft_target}")
     if args.rl_batch % args.group:
         p.error(f"--rl-batch ({args.rl_batch}) must be a multiple of --group ({args.group})")
     return args
 
 
-def env_kwargs(task_seed: int, num_tasks: int, operands: int = DIFFICULTY["operands"]) -> dict[str, Any]:
+def env_kwargs(task_seed: int, num_tasks: int, operands: int = DIFFICULTY["operands"],
+               family: str = "math") -> dict[str, Any]:
+    if family == "wikipedia":
+        difficulty = {"entities": 30, "min_hops": 2, "max_hops": 2, "comparison": 0.0}
+        return {"task_args": {"task_seed": task_seed, "num_tasks": num_tasks, "difficulty": difficulty},
+                "max_turns": 4}
     difficulty = {**DIFFICULTY, "operands": operands}
     return {"task_args": {"task_seed": task_seed, "num_tasks": num_tasks, "difficulty": difficulty},
             "python_tool": False, "max_calls_per_action": 1, "max_turns": 4}
@@ -165,19 +202,18 @@ def determinism(seed: int, threads: int) -> None:
     if threads:
         torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 # -- 1. data -------------------------------------------------------------------------------------
 
 
-def solver_transcripts(kwargs: dict[str, Any], n: int) -> list[dict[str, Any]]:
+def solver_transcripts(kwargs: dict[str, Any], n: int, env_id: str = ENV_ID) -> list[dict[str, Any]]:
     """The reference solver on tasks ``0..n-1``: each transcript as Hugging Face chat messages."""
     import gymnasium as gym
 
     import benchmax_gym  # noqa: F401
 
-    env = gym.make(ENV_ID, **kwargs)
+    env = gym.make(env_id, **kwargs)
     solver = env.unwrapped.reference_solver()
     out = []
     try:
@@ -195,12 +231,12 @@ def solver_transcripts(kwargs: dict[str, Any], n: int) -> list[dict[str, Any]]:
     return out
 
 
-def task_prompts(kwargs: dict[str, Any], n: int) -> list[str]:
+def task_prompts(kwargs: dict[str, Any], n: int, env_id: str = ENV_ID) -> list[str]:
     import gymnasium as gym
 
     import benchmax_gym  # noqa: F401
 
-    env = gym.make(ENV_ID, **kwargs)
+    env = gym.make(env_id, **kwargs)
     try:
         tasks = env.unwrapped.tasks
         return [tasks[i].prompt for i in range(n)]
@@ -266,13 +302,14 @@ def make_model(tokenizer: Any, args: argparse.Namespace) -> Any:
 # -- 3. SFT ---------------------------------------------------------------------------------------
 
 
-def solver_episodes(chat: Any, kwargs: dict[str, Any], n: int) -> list[tuple[list[int], list[int]]]:
+def solver_episodes(chat: Any, kwargs: dict[str, Any], n: int,
+                    env_id: str = ENV_ID) -> list[tuple[list[int], list[int]]]:
     """The solver's episodes as token ids and loss masks, exactly as ``TokenSession`` (and so
     ``TRLRollout``) builds them: prompt and env ids 0, the model's ids (ending in EOS) 1."""
     from benchmax_gym.adapters.tokens import TokenSession
     from benchmax_gym.testing.tokenizers import play_tokens
 
-    session = TokenSession(ENV_ID, chat, env_kwargs=kwargs)
+    session = TokenSession(env_id, chat, env_kwargs=kwargs)
     out = []
     try:
         for i in range(n):
@@ -285,8 +322,14 @@ def solver_episodes(chat: Any, kwargs: dict[str, Any], n: int) -> list[tuple[lis
 
 
 def sft(model: Any, episodes: list[tuple[list[int], list[int]]], args: argparse.Namespace, pad_id: int,
-        log: list[dict[str, float]]) -> None:
-    """Assistant-only cross-entropy, AdamW, warmup then cosine decay, ``--sft-steps`` steps."""
+        log: list[dict[str, float]], probe: Any = None) -> int:
+    """Assistant-only cross-entropy, AdamW, warmup then cosine decay over ``--sft-steps`` steps.
+
+    Stopped on purpose once ``probe(model)`` (greedy success on training tasks: no held-out task
+    is looked at) reaches ``--sft-target``: where a fixed step count stops differs by seed from
+    10% to 57% held-out success, since when copying the tool's result emerges varies; a target
+    lands every seed at the same skill, with room and sampling variance left for GRPO.
+    Returns the steps taken."""
     import torch
 
     device = torch.device(args.device)
@@ -321,6 +364,15 @@ def sft(model: Any, episodes: list[tuple[list[int], list[int]]], args: argparse.
         if (step + 1) % 20 == 0 or step == 0:
             print(f"[learn] sft step {step + 1}/{args.sft_steps} loss {log[-1]['loss']:.4f}", file=sys.stderr,
                   flush=True)
+        if probe is not None and args.sft_target > 0 and (step + 1) % args.sft_check == 0 \
+                and step + 1 >= args.sft_steps // 2:
+            log[-1]["probe_success"] = probe(model)
+            model.train()
+            print(f"[learn] sft step {step + 1}: greedy success on {args.sft_probe} training tasks "
+                  f"{log[-1]['probe_success']:.3f} (target {args.sft_target})", file=sys.stderr, flush=True)
+            if log[-1]["probe_success"] >= args.sft_target:
+                return step + 1
+    return args.sft_steps
 
 
 # -- 4. RL ----------------------------------------------------------------------------------------
@@ -333,17 +385,21 @@ def grpo(model: Any, tokenizer: Any, kwargs: dict[str, Any], args: argparse.Name
 
     from benchmax_gym.adapters.trl import TRLRollout
 
-    rollout = TRLRollout(ENV_ID, tokenizer, env_kwargs=kwargs, max_workers=4)
+    rollout = TRLRollout(args.env_id, tokenizer, env_kwargs=kwargs, max_workers=4)
 
     def rollout_func(prompts: list[Any], trainer: Any) -> dict[str, Any]:
         result = rollout(prompts, trainer)
         rewards = [r for r in result["env_reward"] if r is not None]
+        # TRL repeats each prompt --group times in a row: a group whose episodes all score the same
+        # has no advantage, so no gradient
+        groups = [result["env_reward"][i: i + args.group] for i in range(0, len(result["env_reward"]), args.group)]
         steps_log.append({"step": len(steps_log) + 1, "reward": sum(rewards) / max(1, len(rewards)),
                           "success": sum(r >= 1.0 - 1e-9 for r in rewards) / max(1, len(rewards)),
+                          "zero_variance_groups": sum(len(set(g)) == 1 for g in groups) / max(1, len(groups)),
                           "model_tokens": sum(map(sum, result["env_mask"])) / max(1, len(rewards))})
         s = steps_log[-1]
-        print(f"[learn] rl step {s['step']}/{args.rl_steps} reward {s['reward']:.3f} success {s['success']:.3f}",
-              file=sys.stderr, flush=True)
+        print(f"[learn] rl step {s['step']}/{args.rl_steps} reward {s['reward']:.3f} success {s['success']:.3f} "
+              f"zero-variance groups {s['zero_variance_groups']:.2f}", file=sys.stderr, flush=True)
         return result
 
     rollout_func.__name__ = "benchmax_rollout"
@@ -362,6 +418,9 @@ def grpo(model: Any, tokenizer: Any, kwargs: dict[str, Any], args: argparse.Name
     finally:
         rollout.close()
     write_json(out / "log_history.json", trainer.state.log_history)
+    # the policy's mean entropy per completion token, as TRL measured it on each step's batch
+    for entry, h in zip(steps_log, [h for h in trainer.state.log_history if "entropy" in h]):
+        entry["entropy"] = h["entropy"]
     trainer.model.config.use_cache = True  # the trainer turns it off; generation wants it
     return trainer.model
 
@@ -384,7 +443,7 @@ def play_greedy(model: Any, chat: Any, kwargs: dict[str, Any], indices: list[int
     records = []
     for start in range(0, len(indices), batch):
         chunk = indices[start: start + batch]
-        sessions = [TokenSession(ENV_ID, chat, env_kwargs=kwargs, max_tokens=args.max_tokens) for _ in chunk]
+        sessions = [TokenSession(args.env_id, chat, env_kwargs=kwargs, max_tokens=args.max_tokens) for _ in chunk]
         errors: list[list[str]] = [[] for _ in chunk]
         try:
             for s, i in zip(sessions, chunk):
@@ -443,7 +502,7 @@ def evaluate_checkpoint(name: str, model: Any, chat: Any, kwargs: dict[str, Any]
     from benchmax_gym.eval.stats import format_summary, summarize
 
     records = play_greedy(model, chat, kwargs, indices, args)
-    summary = summarize(records, seed=args.seed, by=["template"])
+    summary = summarize(records, seed=args.seed, by=[FAMILIES[args.family]["by"]])
     summary["tool_use"] = tool_use(records)
     folder = out / f"eval_{name}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -473,7 +532,7 @@ def plots(out: Path, figures: dict[str, Any], comparison: dict[str, Any]) -> lis
     from benchmax_gym.eval.plots import plot_compare
 
     made = []
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, (a, c, b) = plt.subplots(1, 3, figsize=(13, 3.5))
     steps = [s["step"] for s in figures["rl_steps"]]
     a.plot(steps, [s["reward"] for s in figures["rl_steps"]], label="batch reward")
     a.plot(steps, [s["success"] for s in figures["rl_steps"]], label="batch success", alpha=0.5)
@@ -481,6 +540,9 @@ def plots(out: Path, figures: dict[str, Any], comparison: dict[str, Any]) -> lis
     a.plot(steps, [sum(window[max(0, i - 9): i + 1]) / len(window[max(0, i - 9): i + 1]) for i in range(len(window))],
            label="success, 10-step mean", color="black")
     a.set_xlabel("GRPO step"), a.set_title("RL: reward and success per step"), a.legend(), a.set_ylim(0, 1)
+    c.plot(steps, [s["zero_variance_groups"] for s in figures["rl_steps"]], label="groups with no variance", alpha=0.6)
+    c.plot(steps, [s.get("entropy", float("nan")) for s in figures["rl_steps"]], label="entropy (nats/token)")
+    c.set_xlabel("GRPO step"), c.set_title("RL: what carries a gradient"), c.legend(), c.set_ylim(0, 1)
     names = [n for n in ("sft", "rl") if n in figures["eval"]]
     values = [figures["eval"][n]["success"]["value"] for n in names]
     errs = [[v - (figures["eval"][n]["success"]["ci_low"] or v) for n, v in zip(names, values)],
@@ -488,7 +550,7 @@ def plots(out: Path, figures: dict[str, Any], comparison: dict[str, Any]) -> lis
     b.bar(names, values, yerr=errs, capsize=6, color=["#999999", "#3b7dd8", "#555555"][: len(names)])
     b.set_ylim(0, 1), b.set_title("held-out success (95% CI)")
     fig.tight_layout()
-    fig.savefig(out / "plots" / "learning.png", dpi=110)
+    fig.savefig(out / "plots" / "learning.png", dpi=80)
     plt.close(fig)
     made.append("plots/learning.png")
     for p in plot_compare(comparison, out / "plots") or []:
@@ -510,22 +572,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from benchmax_gym.eval.stats import compare, format_compare
 
     s = seeds(args.seed)
-    train_kwargs = env_kwargs(s["train_tasks"], args.train_tasks, args.operands)
+    train_kwargs = env_kwargs(s["train_tasks"], args.train_tasks, args.operands, args.family)
     pool = args.eval_tasks * 2  # held-out candidates, before overlaps are removed
-    heldout_kwargs = env_kwargs(s["heldout_tasks"], pool, args.operands)
-    run: dict[str, Any] = {"config": vars(args), "seeds": s, "versions": versions(), "env_id": ENV_ID,
+    heldout_kwargs = env_kwargs(s["heldout_tasks"], pool, args.operands, args.family)
+    run: dict[str, Any] = {"config": vars(args), "seeds": s, "versions": versions(), "env_id": args.env_id,
                            "env_kwargs": {"train": train_kwargs, "heldout": heldout_kwargs},
                            "torch_threads": torch.get_num_threads()}
     stages = Stages(out, run)
 
     with stages("1_data"):
-        transcripts = solver_transcripts(train_kwargs, args.train_tasks)
+        transcripts = solver_transcripts(train_kwargs, args.train_tasks, args.env_id)
         (out / "data").mkdir(exist_ok=True)
         with open(out / "data" / "train.jsonl", "w", encoding="utf-8") as f:
             for t in transcripts:
                 f.write(json.dumps(t) + "\n")
         train_prompts = {t["prompt"] for t in transcripts}
-        candidates = task_prompts(heldout_kwargs, pool)
+        candidates = task_prompts(heldout_kwargs, pool, args.env_id)
         heldout = [i for i, p in enumerate(candidates) if p not in train_prompts][: args.eval_tasks]
         overlap = {"candidates": pool, "seen_in_training": sum(p in train_prompts for p in candidates),
                    "heldout_tasks": len(heldout), "heldout_indices": heldout}
@@ -538,7 +600,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.sft_from:
         reused_config = json.loads((Path(args.sft_from) / "run.json").read_text())["config"]
         for name in ("seed", "train_tasks", "operands", "vocab", "hidden", "layers", "heads", "sft_steps", "sft_lr",
-                     "sft_batch"):
+                     "sft_batch", "sft_target", "sft_probe", "sft_check", "family"):
             if reused_config.get(name) != getattr(args, name):
                 raise SystemExit(f"--sft-from {args.sft_from}: its --{name.replace('_', '-')} is "
                                  f"{reused_config.get(name)!r}, this run's {getattr(args, name)!r}")
@@ -556,7 +618,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "hidden": args.hidden, "layers": args.layers}
 
     with stages("3_sft"):
-        episodes = solver_episodes(chat, train_kwargs, args.train_tasks)
+        episodes = solver_episodes(chat, train_kwargs, args.train_tasks, args.env_id)
         lengths = sorted(len(x) for x, _ in episodes)
         run["data"]["episode_tokens"] = {"median": lengths[len(lengths) // 2], "max": lengths[-1],
                                          "model_tokens_median": sorted(sum(m) for _, m in episodes)[len(episodes) // 2]}
@@ -567,7 +629,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model = AutoModelForCausalLM.from_pretrained(Path(args.sft_from) / "sft")
             sft_log = json.loads((Path(args.sft_from) / "sft" / "loss.json").read_text())
         else:
-            sft(model, episodes, args, tokenizer.pad_token_id, sft_log)
+            probe = list(range(min(args.sft_probe, args.train_tasks)))
+            run["sft_steps_taken"] = sft(
+                model, episodes, args, tokenizer.pad_token_id, sft_log,
+                probe=lambda m: sum(r["success"] for r in play_greedy(m, chat, train_kwargs, probe, args)) / len(probe))
         model.save_pretrained(out / "sft")
         write_json(out / "sft" / "loss.json", sft_log)
 
@@ -632,7 +697,7 @@ def table(result: dict[str, Any], run: dict[str, Any]) -> str:
              f"{tu['rl']['parse_errors_per_turn']:.3f}"),
             ("tool errors per turn", f"{tu['sft']['tool_errors_per_turn']:.3f}",
              f"{tu['rl']['tool_errors_per_turn']:.3f}")]
-    head = f"{ENV_ID} ({result['heldout_tasks']} held-out tasks, seed {run['config']['seed']})"
+    head = f"{run['env_id']} ({result['heldout_tasks']} held-out tasks, seed {run['config']['seed']})"
     lines = [f"| {head} | SFT | SFT + GRPO |",
              "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows),
              f"\nRL - SFT (paired, 95% CI): {ci(result['rl_minus_sft'])}; probability of improvement "
