@@ -358,7 +358,7 @@ def test_doctor_names_what_an_extra_misses_and_the_pip_command(monkeypatch):
 
     monkeypatch.setattr(metadata, "version", version)
     rows = dict(cli.extras_rows())
-    assert rows["extra eval"] == "missing openai: pip install 'benchmax-gym[eval]'"
+    assert rows["extra eval"] == "missing openai (1 of 2 there): pip install 'benchmax-gym[eval]'"  # httptools is
     assert rows["extra ray"].startswith("missing ray 0.0.1 (wants ==") and "benchmax-gym[ray]" in rows["extra ray"]
 
 

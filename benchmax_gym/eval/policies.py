@@ -294,6 +294,8 @@ class ChatPolicy:
             raise PolicyError(self.scrub(f"{type(exc).__name__}{status}: {detail}")) from None
         except ValueError as exc:  # a body that is not JSON
             raise PolicyError(self.scrub(f"the endpoint's reply is not valid JSON: {exc}")) from None
+        except PolicyError:  # the lean path's own (a reply over the size cap), already worded
+            raise
         except Exception as exc:  # noqa: BLE001  the HTTP client's own (aiohttp's on a malformed reply)
             raise PolicyError(self.scrub(f"{type(exc).__name__}: {exc}")) from None
         seconds = time.perf_counter() - start
