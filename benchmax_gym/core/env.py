@@ -71,7 +71,6 @@ from benchmax_gym.core.users import UserFailure, UserReply, UserUsage, addressed
 log = logging.getLogger(__name__)
 THINK_TAGS = ("<think>", "</think>")  # reasoning_tags' default
 _CALL_IDS = [f"call_{turn}_0" for turn in range(256)]  # the fast step's call ids, made once
-_escape = json.encoder.encode_basestring  # (json.dumps' own escaper, as formats.dumps_arguments uses)
 
 #: ``(observation, info)`` and ``(observation, reward, terminated, truncated, info)``
 ResetResult = tuple[str, dict[str, Any]]
@@ -716,17 +715,10 @@ class ToolEnv(gym.Env[str, str]):
         episode.turn = turn = episode.turn + 1
         episode.actions.append(action)
         call_id = _CALL_IDS[turn] if turn < 256 else f"call_{turn}_0"
-        if len(arguments) == 1:  # (dumps_arguments' commonest case, inline: one string argument)
-            (key, value), = arguments.items()
-            if type(value) is str is type(key):
-                args_json = f"{{{_escape(key)}: {_escape(value)}}}"
-            else:
-                args_json = dumps_arguments(arguments)
-        else:
-            args_json = dumps_arguments(arguments)
         messages = episode.messages
-        messages.append({"role": "assistant", "content": content, "tool_calls": [{
-            "id": call_id, "type": "function", "function": {"name": name, "arguments": args_json}}]})
+        function = {"name": name, "arguments": dumps_arguments(arguments)}
+        messages.append({"role": "assistant", "content": content,
+                         "tool_calls": [{"id": call_id, "type": "function", "function": function}]})
         if tool.direct:  # a success is its text (no result object), a failure its ToolResult
             result = (tool.invoke or run_direct_text)(tool, arguments, self.tool_timeout, self.max_tool_output_chars)
         else:
