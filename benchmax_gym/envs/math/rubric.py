@@ -98,6 +98,7 @@ MAX_ANSWER_CHARS = 1000
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
 _BARE_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
+_PLAIN_INT = re.compile(r"-?[0-9]{1,100}")  # both sides such: equal as ints, nothing to normalise
 
 
 # -- normalising an answer before the comparison (see the module docstring) -----------------
@@ -245,6 +246,8 @@ def is_equivalent(gold: str, predicted: str, timeout: float = 5.0) -> bool:
     """
     try:
         gold, predicted = str(gold), str(predicted)
+        if _PLAIN_INT.fullmatch(gold) and _PLAIN_INT.fullmatch(predicted):  # (the usual case; tested to agree)
+            return int(gold) == int(predicted)
         if not _clean(gold) or not _clean(predicted):
             return False
         if max(len(gold), len(predicted)) > MAX_ANSWER_CHARS:

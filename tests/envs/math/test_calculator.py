@@ -258,3 +258,37 @@ def test_format_number_refuses_non_numbers():
         format_number("3")
     with pytest.raises(TypeError):
         format_number(True)
+
+
+def _outcome(expression):
+    try:
+        value = evaluate(expression)
+        return type(value), value
+    except CalculatorError as exc:
+        return "error", str(exc)
+
+
+def test_simple_fast_path_agrees_with_the_parser(monkeypatch):
+    """``a op b`` of two ints is read without ``ast``: every value, type and error message is
+    the parser's, over near-miss shapes too (spaces, tabs, leading zeros, underscores, signs,
+    long numbers, zero divisors)."""
+    import random
+    import re
+
+    from benchmax_gym.envs.math import calculator
+
+    rng = random.Random(7)
+    numbers = ["0", "7", "10", "12345", "999999999999999999", "1000000000000000000", "123456789012345678901",
+               "007", "1_000", "(-0)", "(-8)", "(-123456789012345678)", "(- 3)", "( -3)", "-4", "+4", "4.0"]
+    ops = ["+", "-", "*", "/", "//", "%", "**", "x"]
+    spaces = ["", " ", "  ", "\t"]
+    cases = [f"{rng.choice(numbers)}{rng.choice(spaces)}{rng.choice(ops)}{rng.choice(spaces)}{rng.choice(numbers)}"
+             for _ in range(3000)]
+    cases += [f"{a if a >= 0 else f'({a})'} {op} {b if b >= 0 else f'({b})'}" for a, op, b in (
+        (rng.randint(-10**6, 10**6), rng.choice("+-*/"), rng.choice([0, rng.randint(-999, 999)])) for _ in range(1000))]
+    cases += ["87 - 33", "(-5) * 3", "7/2", "6/3", "5 / 0", "(-0) - 0", " 2 + 2 =", "1+1"]
+    fast = [_outcome(case) for case in cases]
+    assert sum(calculator._SIMPLE.fullmatch(c.strip().removesuffix("=").strip()) is not None for c in cases) > 1000
+    monkeypatch.setattr(calculator, "_SIMPLE", re.compile(r"(?!)"))  # the parser's path only
+    calculator._compile_cached.cache_clear()
+    assert [_outcome(case) for case in cases] == fast

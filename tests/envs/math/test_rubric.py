@@ -364,3 +364,23 @@ def test_percent_is_read_both_ways(gold, predicted):
                                               ("20\\%", "0.2\\%"), ("20\\%", "2"), ("12.5", "1.25\\%")])
 def test_percent_scales_only_where_a_sign_is(gold, predicted):
     assert is_equivalent(gold, predicted) is False
+
+
+def test_plain_int_fast_path_agrees_with_the_full_comparison(monkeypatch):
+    """Two plain ints are compared as ints without normalising: the same verdict as the full
+    path for signs, leading zeros, -0, long numbers and near misses (spaces, plus signs, commas,
+    decimals, non-ASCII digits) that must still take the full path."""
+    import random
+    import re
+
+    from benchmax_gym.envs.math import rubric
+
+    rng = random.Random(3)
+    atoms = ["0", "-0", "7", "007", "-7", "42", "042", "-042", "1600", "1,600", "+7", " 7", "7 ", "7.0", "٧",
+             "1" * 100, "1" * 101, "-" + "9" * 100, "10", "12345678901234567890"]
+    pairs = [(rng.choice(atoms), rng.choice(atoms)) for _ in range(1500)] + [(a, a) for a in atoms]
+    fast = [is_equivalent(g, p) for g, p in pairs]
+    assert sum(rubric._PLAIN_INT.fullmatch(g) is not None and rubric._PLAIN_INT.fullmatch(p) is not None
+               for g, p in pairs) > 300
+    monkeypatch.setattr(rubric, "_PLAIN_INT", re.compile(r"(?!)"))  # the full path only
+    assert [is_equivalent(g, p) for g, p in pairs] == fast
