@@ -412,8 +412,32 @@ class ToolEnv(gym.Env[str, str]):
 
     # -- Gymnasium API --------------------------------------------------------------------------
 
+    def _seed(self, seed: int | None) -> None:
+        """Gymnasium's ``reset(seed=...)``, its generator built when first read: seeding costs
+        ~12 us, a tenth of a reset, and an episode given its ``task_index`` (every eval episode)
+        never draws. Same generator, same ``np_random_seed``; a bad seed still fails here."""
+        if type(seed) is int and seed >= 0:
+            self.__dict__["_rng"], self.__dict__["_lazy_seed"] = None, seed
+            self._np_random_seed = seed
+        else:
+            super().reset(seed=seed)
+
+    @property
+    def _np_random(self) -> Any:  # (Gymnasium's attribute, read by its np_random and check_env)
+        seed = self.__dict__.get("_lazy_seed")
+        if seed is not None:
+            from gymnasium.utils import seeding
+
+            self.__dict__["_rng"], self._np_random_seed = seeding.np_random(seed)
+            self.__dict__["_lazy_seed"] = None
+        return self.__dict__.get("_rng")
+
+    @_np_random.setter
+    def _np_random(self, value: Any) -> None:
+        self.__dict__["_rng"], self.__dict__["_lazy_seed"] = value, None
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
-        super().reset(seed=seed)
+        self._seed(seed)
         self._end_episode()
         episode, options = self._new_episode(options)
         self.open_episode(episode, options)
@@ -424,7 +448,7 @@ class ToolEnv(gym.Env[str, str]):
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         """``reset`` as a coroutine, for workers that interleave many environments."""
-        super().reset(seed=seed)
+        self._seed(seed)
         await self._aend_episode()
         episode, options = self._new_episode(options)
         await self.aopen_episode(episode, options)

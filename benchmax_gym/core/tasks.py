@@ -245,6 +245,9 @@ def given_tasks(tasks: Any) -> TaskSource | None:
     return None
 
 
+_GENERATED_HASHES: dict[tuple, Any] = {}  # (make, seed, size) -> GeneratedTasks.compute_hash's digest
+
+
 class GeneratedTasks(TaskSource):
     """Tasks made on demand by ``make(rng, index) -> Task``.
 
@@ -272,7 +275,21 @@ class GeneratedTasks(TaskSource):
     def compute_hash(self) -> Any:
         """The generator (its function and, for a config's method, the config's settings), seed
         and size, and the first :data:`HASHED_PREFIX` tasks (so a changed generator changes it):
-        cheap whatever the size."""
+        cheap whatever the size, and made once per process for equal generators (each env of a
+        vector env or an eval has its own source: 64 evals' envs spent ~1 ms each on it)."""
+        try:
+            make = self.make  # (a bound method equals another only with the same self: compare the owners)
+            key = (getattr(make, "__self__", None), getattr(make, "__func__", make), self.seed, self.size)
+            digest = _GENERATED_HASHES.get(key)
+        except TypeError:  # an unhashable generator: computed each time
+            return self._compute_hash()
+        if digest is None:
+            if len(_GENERATED_HASHES) >= 1024:
+                _GENERATED_HASHES.clear()
+            digest = _GENERATED_HASHES[key] = self._compute_hash()
+        return digest.copy()
+
+    def _compute_hash(self) -> Any:
         make = self.make
         owner = getattr(make, "__self__", None)
         settings = repr(owner) if dataclasses.is_dataclass(owner) else ""

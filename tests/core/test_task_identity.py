@@ -1,6 +1,7 @@
 """Task-set identity: a content hash of a source's tasks, in order, the same in every process;
 reset's info carries it beside the task's id."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -49,6 +50,43 @@ def test_a_generated_source_hashes_its_settings_cheaply():
     assert unbounded.content_hash() == GeneratedTasks(make, seed=1).content_hash()  # 2**62 tasks: not read
     assert unbounded.content_hash() != GeneratedTasks(make, seed=2).content_hash()
     assert unbounded.content_hash() != GeneratedTasks(make, seed=1, size=10).content_hash()
+
+
+def test_equal_generated_sources_hash_once_per_process():
+    """Each env of a vector env or an eval builds its own source: equal generators (the same
+    function or equal configs), seeds and sizes read their first tasks once; anything else
+    differs as before."""
+    from benchmax_gym.envs.math.generator import GeneratedMath
+
+    made = []
+
+    def make(rng, index):
+        made.append(index)
+        return Task(id=str(index), prompt=str(int(rng.integers(100))), answer="x")
+
+    first = GeneratedTasks(make, seed=7, size=50).content_hash()
+    reads = len(made)
+    assert reads > 0
+    assert [GeneratedTasks(make, seed=7, size=50).content_hash() for _ in range(5)] == [first] * 5
+    assert len(made) == reads
+    assert GeneratedTasks(make, seed=8, size=50).content_hash() != first
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:  # a family's settings: each env has its own, equal, instance
+        digits: int
+
+        def make(self, rng, index):
+            made.append(index)
+            return Task(id=str(index), prompt=str(int(rng.integers(10**self.digits))), answer="x")
+
+    made.clear()
+    assert len({GeneratedTasks(Config(2).make, seed=1).content_hash() for _ in range(4)}) == 1
+    reads = len(made)
+    assert GeneratedTasks(Config(3).make, seed=1).content_hash() != GeneratedTasks(Config(2).make, seed=1).content_hash()
+    assert len(made) == 2 * reads  # Config(3)'s tasks read once, Config(2)'s not again
+    easy, hard = GeneratedMath(difficulty={"operands": 2}), GeneratedMath(difficulty={"operands": 5})
+    assert GeneratedMath(difficulty={"operands": 2}).build(None).content_hash() == easy.build(None).content_hash()
+    assert hard.build(None).content_hash() != easy.build(None).content_hash()
 
 
 def test_reset_info_carries_the_task_id_and_the_task_set_the_same_in_a_fresh_process():
