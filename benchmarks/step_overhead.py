@@ -1,7 +1,8 @@
 """How much does the engine add to a tool call? Prints one JSON object.
 
-Measures ``step()`` of ``benchmax/Math-v0`` (made with ``gym.make``, so Gymnasium's default
-wrappers are included; ``python_tool=False``, so that no sandbox - started at every reset before
+Measures ``step()`` of ``benchmax/Math-v0`` (made with ``gym.make``: whatever wrappers it adds
+are included - none since the ids are registered without Gymnasium's ``OrderEnforcing`` and
+passive checker, which the engine's own checks replace; ``python_tool=False``, so that no sandbox - started at every reset before
 this change - competes for the CPU) for an action with one calculator call, and the floor: the
 same work without the engine - find the call with ``re``, decode it with ``json``, call the
 calculator.

@@ -302,6 +302,7 @@ class MixEnv(gym.Env[str, str]):
         self.action_space = UnicodeText(widest("max_action_chars", 32_000))
         self._built: dict[tuple[str, int], _Member] = {}
         self._current: _Member | None = None
+        self._episode_step = self._no_episode  # (the playing episode's step: _started)
         self._task_id = ""
         self._seed: int | None = None
         self._seeded: set[str] = set()  # members reset since the mixture was seeded
@@ -430,7 +431,8 @@ class MixEnv(gym.Env[str, str]):
         self._current = member
         self._task_id = task_id = f"{member.name}/{info.get('task_id')}"
         info["member"], info["task_id"], info["difficulty"] = member.name, task_id, member.level
-        self.step = self._stepper(member, task_id)
+        # (an attribute step() calls, not step itself: a caller may hold env.step from before this reset)
+        self._episode_step = self._stepper(member, task_id)
         return obs, info
 
     def _stepper(self, member: _Member, task_id: str):
@@ -466,14 +468,10 @@ class MixEnv(gym.Env[str, str]):
         return self._started(member, obs, info)
 
     def step(self, action: str):
-        member = self._current
-        if member is None:
-            raise gym.error.ResetNeeded("call reset() before step()")
-        obs, reward, terminated, truncated, info = member.step(action)
-        info["member"], info["task_id"] = member.name, self._task_id
-        if terminated or truncated:
-            self._ended(member, reward, info)
-        return obs, reward, terminated, truncated, info
+        return self._episode_step(action)
+
+    def _no_episode(self, action: str):
+        raise gym.error.ResetNeeded("call reset() before step()")
 
     async def astep(self, action: str):
         """``step`` as a coroutine."""
@@ -520,7 +518,7 @@ class MixEnv(gym.Env[str, str]):
                 pass
         self._built.clear()
         self._current = None
-        self.__dict__.pop("step", None)  # (the episode's bound step)
+        self._episode_step = self._no_episode
         super().close()
 
     # -- records, solvers ---------------------------------------------------------------------------

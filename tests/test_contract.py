@@ -168,9 +168,16 @@ def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id, mon
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     try:
         env = make(env_id)
+        # gym.make adds no OrderEnforcing (nor the passive checker): the engine refuses a step first
+        with pytest.raises(gym.error.ResetNeeded):
+            env.step("hello")
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # the checker's warnings are failures too
             check_env(env.unwrapped, skip_render_check=True)
+            checked = make(env_id, disable_env_checker=False)  # the passive checker still passes, when asked for
+            obs, info = checked.reset(seed=0, options={"task_index": 0})
+            checked.step(policy_for(checked)(obs, info))
+            checked.close()
         play(env, policy_for(env), options={"task_index": 0})
         env.close()
         left = {p for p in psutil.Process().children(recursive=True) if p.pid not in before}

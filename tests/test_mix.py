@@ -54,6 +54,24 @@ def test_options_member_forces_one_and_a_wrong_name_is_refused_naming_the_option
     mix.close()
 
 
+def test_a_step_method_held_from_before_a_reset_steps_the_episode_playing_now():
+    """``gym.make`` returns the mixture itself (no wrapper looks ``step`` up anew): a loop that
+    took ``env.step`` once steps each new episode's member, and before the first reset or after
+    close it is told to reset."""
+    mix = gym.make("benchmax/Mix-v0", members=TWO)
+    with pytest.raises(gym.error.ResetNeeded):
+        mix.step("hello")
+    mix.reset(options={"member": "Wikipedia-v0"})
+    step = mix.step  # (taken mid-episode: it must not stay bound to this episode)
+    for member in ("Math-v0", "Wikipedia-v0", "Math-v0"):
+        mix.reset(options={"member": member})
+        obs, reward, terminated, truncated, info = step("\\boxed{1} <answer>1</answer>")
+        assert info["member"] == member and info["turn"] == 1 and (terminated or truncated)
+    mix.close()
+    with pytest.raises(gym.error.ResetNeeded):
+        step("hello")
+
+
 def test_a_task_index_alone_names_the_same_member_task_whatever_the_seed():
     mix = gym.make("benchmax/Mix-v0", members=TWO)
     first = [mix.reset(seed=s, options={"task_index": i})[1]["task_id"] for s, i in zip(range(6), range(6))]

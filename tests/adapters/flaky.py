@@ -34,7 +34,7 @@ class FailTasks(gym.Wrapper):
 def _make(fail_tasks=(), fail_marker=None, **kwargs):
     import benchmax_gym  # noqa: F401
 
-    return FailTasks(gym.make("benchmax/Math-v0", **kwargs).env, fail_tasks, fail_marker)
+    return FailTasks(gym.make("benchmax/Math-v0", **kwargs), fail_tasks, fail_marker)
 
 
 if ENV_ID not in gym.registry:
