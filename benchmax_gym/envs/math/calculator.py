@@ -324,7 +324,25 @@ class _Builder:
         return run
 
 
+# ``a op b`` of two plain ints (a negative one in parentheses), the shape of every step the task
+# generator computes and of most calls: read without the parser, with the same operations
+# (a tenth of the time). Anything else (spaces of other kinds, underscores, leading zeros, longer
+# numbers) goes through ``ast``, which gives the same value or error (tested against it).
+_INT = r"(?:0|[1-9][0-9]{0,17}|\(-(?:0|[1-9][0-9]{0,17})\))"
+_SIMPLE = re.compile(f"({_INT}) *([-+*/]) *({_INT})")
+_SIMPLE_OPS = {"+": _add, "-": _sub, "*": _mul, "/": _truediv}
+
+
+def _simple_int(text: str) -> int:
+    return -int(text[2:-1]) if text[0] == "(" else int(text)
+
+
 def _compile(expression: str) -> Callable[[], Number]:
+    simple = _SIMPLE.fullmatch(expression)
+    if simple is not None:  # (after the cache: a repeated expression costs no match)
+        left, op, right = simple.groups()
+        value = _SIMPLE_OPS[op](_simple_int(left), _simple_int(right))
+        return lambda: value
     try:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as exc:
@@ -339,18 +357,6 @@ def _compile(expression: str) -> Callable[[], Number]:
 # cached so the cache stays small whatever the input.
 _CACHE_MAX_CHARS = 256
 _compile_cached = functools.lru_cache(maxsize=1024)(_compile)
-
-# ``a op b`` of two plain ints (a negative one in parentheses), the shape of every step the task
-# generator computes and of most calls: read without the parser, with the same operations
-# (a tenth of the time). Anything else (spaces of other kinds, underscores, leading zeros, longer
-# numbers) goes through ``ast``, which gives the same value or error (tested against it).
-_INT = r"(?:0|[1-9][0-9]{0,17}|\(-(?:0|[1-9][0-9]{0,17})\))"
-_SIMPLE = re.compile(f"({_INT}) *([-+*/]) *({_INT})")
-_SIMPLE_OPS = {"+": _add, "-": _sub, "*": _mul, "/": _truediv}
-
-
-def _simple_int(text: str) -> int:
-    return -int(text[2:-1]) if text[0] == "(" else int(text)
 
 
 def evaluate(expression: str) -> Number:
@@ -369,10 +375,6 @@ def evaluate(expression: str) -> Number:
     if not text:
         raise CalculatorError("empty expression")
     try:
-        simple = _SIMPLE.fullmatch(text)
-        if simple is not None:
-            left, op, right = simple.groups()
-            return _check(_SIMPLE_OPS[op](_simple_int(left), _simple_int(right)))
         run = _compile_cached(text) if len(text) <= _CACHE_MAX_CHARS else _compile(text)
         return _check(run())
     except ZeroDivisionError:
