@@ -277,7 +277,7 @@ def breakdown(env, rounds: int, steps: int) -> dict[str, float]:
     assert one is not None and calculator.direct and calculator.invoke, "the benchmark's step left the fast path"
     parts = {
         "find and decode the call (one_call: markers, JSON)": [(type(raw.format), "one_call", lambda self, a: one)],
-        "arguments JSON's escaping (the assistant message)": [(core_env, "_escape", lambda text: '"x"')],
+        "arguments JSON (the assistant message)": [(core_env, "dumps_arguments", lambda arguments: '{"x": "y"}')],
         "tool call (invoke: check, calculator, text)": [(calculator, "invoke", lambda *a: "55")],
         "calculator alone (evaluate, format_number)": [(math_tools, "evaluate", lambda expression: 55),
                                                        (math_tools, "format_number", lambda value: "55")],
@@ -298,7 +298,7 @@ def breakdown(env, rounds: int, steps: int) -> dict[str, float]:
     out = {"step_unwrapped_us": round(step, 3),
            **{name: round(step - statistics.median(values), 3) for name, values in medians.items() if name != "step"}}
     out["the engine's own (the rest)"] = round(step - sum(v for k, v in out.items() if k in (
-        "find and decode the call (one_call: markers, JSON)", "arguments JSON's escaping (the assistant message)",
+        "find and decode the call (one_call: markers, JSON)", "arguments JSON (the assistant message)",
         "tool call (invoke: check, calculator, text)", "observation text (render_one)")), 3)
     return out
 

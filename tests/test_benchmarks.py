@@ -187,6 +187,18 @@ def test_step_overhead_reports_cpu_time_the_core_count_and_the_peer_side_by_side
             assert result[f"{ours}_to_{theirs}_ratio"] > 0 and result[f"{ours}_to_{theirs}_cpu_ratio"] > 0
 
 
+def test_step_overhead_breakdown_names_each_part_of_the_fast_step():
+    """``--breakdown`` stubs each part of the fast step in turn (the names it stubs must still be
+    there: a refactor that moves one breaks this, not a measurement on a bigger machine)."""
+    out = _run_on_base("step_overhead.py", "--rounds", "1", "--steps", "20", "--breakdown")
+    assert out.returncode == 0, out.stderr[-2000:]
+    parts = json.loads(out.stdout)["breakdown_us"]
+    assert {"find and decode the call (one_call: markers, JSON)", "arguments JSON (the assistant message)",
+            "tool call (invoke: check, calculator, text)", "calculator alone (evaluate, format_number)",
+            "observation text (render_one)", "the engine's own (the rest)"} <= set(parts)
+    assert parts["step_unwrapped_us"] > 0
+
+
 def test_eval_throughput_prints_cpu_per_call_for_each_transport_and_worker_count():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "eval_throughput.py"), "--concurrency", "4",
                           "--workers", "1", "2", "64", "--transports", "lean", "sdk", "--episodes-per-slot", "1", "2",
