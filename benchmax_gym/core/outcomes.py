@@ -80,8 +80,9 @@ def is_failure(outcome: str | None) -> bool:
 def failed_reward() -> float:
     """The float a failed episode's step returns where an API needs one: NaN, never 0.
 
-    gym.make wraps every env in Gymnasium's PassiveEnvChecker, which checks an env's first step
-    only and warns "The reward is a NaN value." when it is NaN: for a failure that is the design,
+    gym.make wraps an env in Gymnasium's PassiveEnvChecker (an id registered with Gymnasium's
+    defaults, or any id with ``disable_env_checker=False``), which checks its first step only and
+    warns "The reward is a NaN value." when it is NaN: for a failure that is the design,
     so that one message from that one module is ignored from the first failure on (set here, at
     the failure, so a ``catch_warnings`` around an earlier import cannot undo it; Python's filters
     are per process, so another env's NaN first step goes unflagged too)."""
