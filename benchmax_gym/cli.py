@@ -372,10 +372,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                  timeout=args.timeout, max_retries=args.max_retries, transport=args.transport)
     else:
         policy = args.policy
-    import asyncio
 
     try:
-        result = asyncio.run(aevaluate(
+        from benchmax_gym.eval.runner import run_off_task
+
+        result = run_off_task(aevaluate(
             args.env_id, policy, env_kwargs=_parse_env_args(args.env_arg), k=args.k, tasks=args.tasks,
             concurrency=args.concurrency, workers=args.workers, seed=args.seed, out=args.out, progress=not args.quiet,
             plots=not args.no_plots, extra_run_info=extra, retry_failed=args.retry_failed))

@@ -749,9 +749,23 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(aevaluate(env_id, policy, **kwargs))
+        return run_off_task(aevaluate(env_id, policy, **kwargs))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # called from a running loop (a notebook)
-        return pool.submit(asyncio.run, aevaluate(env_id, policy, **kwargs)).result()
+        return pool.submit(run_off_task, aevaluate(env_id, policy, **kwargs)).result()
+
+
+def run_off_task(coroutine: Any) -> Any:
+    """``asyncio.run(coroutine)``, its result kept off the main task: on the main thread asyncio's
+    runner puts back the SIGINT handler with ``signal.signal``, which looks the old handler (a
+    partial holding the task) up in an enum and, failing, formats ``repr`` of it - the task's
+    result included: a full repr of every record, 0.15 s per 2,560 episodes and growing with them."""
+    box: list[Any] = []
+
+    async def main() -> None:
+        box.append(await coroutine)
+
+    asyncio.run(main())
+    return box[0]
 
 
 _COUNTS = ("turns", "tool_errors", "parse_errors", "prompt_tokens", "completion_tokens", "finish_reason_length")

@@ -173,6 +173,21 @@ def test_episodes_run_with_fewer_young_collections_and_the_settings_come_back():
         gc.set_threshold(*old)
 
 
+def test_a_run_never_formats_its_result(monkeypatch):
+    """asyncio's runner formats its main task's repr when it puts back the SIGINT handler; an
+    eval's result (every record) is not that task's, so no repr of it is ever built."""
+    import threading
+
+    from benchmax_gym.eval.runner import EvalResult
+
+    assert threading.current_thread() is threading.main_thread()  # (where asyncio swaps the handler)
+    formatted = []
+    monkeypatch.setattr(EvalResult, "__repr__", lambda self: formatted.append(1) or "EvalResult(...)")
+    result = evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=4, concurrency=2)
+    assert len(result.records) == 4 and formatted == []
+    assert repr(result) == "EvalResult(...)" and formatted == [1]  # (the patch is the one repr uses)
+
+
 def test_a_policy_that_raises_fails_its_episode_with_the_error():
     def broken(obs, info):
         raise RuntimeError("my policy broke")
