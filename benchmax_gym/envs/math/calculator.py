@@ -326,7 +326,7 @@ class _Builder:
 
 # ``a op b`` of two plain ints (a negative one in parentheses), the shape of every step the task
 # generator computes and of most calls: read without the parser, with the same operations
-# (a tenth of the time). Anything else (spaces of other kinds, underscores, leading zeros, longer
+# (a fifth of the time). Anything else (spaces of other kinds, underscores, leading zeros, longer
 # numbers) goes through ``ast``, which gives the same value or error (tested against it).
 _INT = r"(?:0|[1-9][0-9]{0,17}|\(-(?:0|[1-9][0-9]{0,17})\))"
 _SIMPLE = re.compile(f"({_INT}) *([-+*/]) *({_INT})")
