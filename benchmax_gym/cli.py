@@ -374,9 +374,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         policy = args.policy
 
     try:
-        from benchmax_gym.eval.runner import run_off_task
+        from benchmax_gym.core.aio import run_sync
 
-        result = run_off_task(aevaluate(
+        result = run_sync(aevaluate(
             args.env_id, policy, env_kwargs=_parse_env_args(args.env_arg), k=args.k, tasks=args.tasks,
             concurrency=args.concurrency, workers=args.workers, seed=args.seed, out=args.out, progress=not args.quiet,
             plots=not args.no_plots, extra_run_info=extra, retry_failed=args.retry_failed))

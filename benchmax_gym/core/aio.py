@@ -25,6 +25,27 @@ _helpers = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_pr
 _create_lock = threading.Lock()
 
 
+def run_sync(coroutine: Any) -> Any:
+    """Run ``coroutine`` to its end from sync code: ``asyncio.run`` here, or in a thread of its own
+    when this thread already runs a loop (a notebook). Its result is kept off asyncio's main task:
+    on the main thread the runner puts back the SIGINT handler with ``signal.signal``, which looks
+    the old handler (a partial holding the task) up in an enum and, failing, formats ``repr`` of
+    it, result included (an eval's every record: 0.15 s per 2,560 episodes, growing with them)."""
+    box: list[Any] = []
+
+    async def main() -> None:
+        box.append(await coroutine)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(main())
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, main()).result()
+    return box[0]
+
+
 def _fresh_after_fork() -> None:
     # A forked child has none of the parent's threads: a pool that believes it has idle workers
     # would never run anything, and a lock held by a parent thread would never be released.

@@ -49,7 +49,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import logging
 import math
@@ -57,6 +56,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmax_gym.core.aio import run_sync
 from benchmax_gym.core.outcomes import RewardFailure, is_failure
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class GroupRubric:
 
     def score(self, records: Sequence[Mapping[str, Any]], task: Any = None) -> list[dict[str, Any]]:
         """:meth:`ascore` from sync code (in a helper thread when this thread runs a loop)."""
-        return _run(self.ascore(records, task=task))
+        return run_sync(self.ascore(records, task=task))
 
     async def ascore(self, records: Sequence[Mapping[str, Any]], task: Any = None) -> list[dict[str, Any]]:
         """The records of one task's rollouts, group-scored: new dicts, in the same order.
@@ -225,13 +225,6 @@ def _context(group: list[dict[str, Any]], task: Any) -> dict[str, Any]:
             "prompt": prompt_of(group[0], task)}
 
 
-def _run(coroutine: Any) -> Any:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, coroutine).result()
 
 
 def group_key(record: Mapping[str, Any]) -> Any:
@@ -263,7 +256,7 @@ async def ascore_groups(records: Sequence[Mapping[str, Any]], group_rubric: Grou
 def score_groups(records: Sequence[Mapping[str, Any]], group_rubric: GroupRubric,
                  tasks: Callable[[Mapping[str, Any]], Any] | None = None) -> list[dict[str, Any]]:
     """:func:`ascore_groups` from sync code."""
-    return _run(ascore_groups(records, group_rubric, tasks))
+    return run_sync(ascore_groups(records, group_rubric, tasks))
 
 
 def group_rubric_of(env: Any) -> GroupRubric | None:

@@ -36,6 +36,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from benchmax_gym.core.aio import run_sync
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
@@ -746,26 +747,7 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
                           tasks=100, k=4, out="runs/qwen3-8b")
         print(result.summary["pass_at_k"])
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return run_off_task(aevaluate(env_id, policy, **kwargs))
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # called from a running loop (a notebook)
-        return pool.submit(run_off_task, aevaluate(env_id, policy, **kwargs)).result()
-
-
-def run_off_task(coroutine: Any) -> Any:
-    """``asyncio.run(coroutine)``, its result kept off the main task: on the main thread asyncio's
-    runner puts back the SIGINT handler with ``signal.signal``, which looks the old handler (a
-    partial holding the task) up in an enum and, failing, formats ``repr`` of it - the task's
-    result included: a full repr of every record, 0.15 s per 2,560 episodes and growing with them."""
-    box: list[Any] = []
-
-    async def main() -> None:
-        box.append(await coroutine)
-
-    asyncio.run(main())
-    return box[0]
+    return run_sync(aevaluate(env_id, policy, **kwargs))
 
 
 _COUNTS = ("turns", "tool_errors", "parse_errors", "prompt_tokens", "completion_tokens", "finish_reason_length")
