@@ -723,3 +723,69 @@ def test_a_worker_dying_in_a_lockstep_batch_leaves_the_others_results(mode, monk
         assert obs[0] == "echo g 2" and obs[5] == "echo g 2"
     finally:
         envs.close()
+
+
+class Odd(Varied):
+    """Varied, whose actions can also make it raise, end, or return odd rewards (a numpy float,
+    a numeric string, an object that is no number)."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        if action == f"raise{self.k}":
+            raise RuntimeError(f"env {self.k} exploded")
+        if action == f"end{self.k}":
+            terminated = True
+        reward = {"np": np.float32(0.25), "str": "1.5", "bad": object()}.get(action[:-1] if action[-1:].isdigit()
+                                                                          else action, reward)
+        return obs, reward, terminated, truncated, info
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+@pytest.mark.parametrize("keep", [None, ("count", "score", "error"), ("late", "nested", "late")])
+def test_a_lockstep_slice_in_one_loop_sends_what_the_per_env_path_sends(mode, keep):
+    """A worker steps a lock-step slice of plain mid-episode envs in one loop (``_step_slice``);
+    its column messages equal, value for value, those of the per-env path it skips, also when an
+    env raises, ends, returns a numpy or non-float reward, or lacks kept keys others have."""
+    import functools
+    import marshal
+    import pickle
+
+    from benchmax_gym.wrappers import worker
+
+    n = 6
+
+    def normal(message):  # (the tracebacks name each path's own frames)
+        if isinstance(message, (list, tuple)):
+            return type(message)(map(normal, message))
+        if isinstance(message, dict):
+            return {k: normal(v) for k, v in message.items()}
+        return "TB" if isinstance(message, str) and message.startswith("Traceback") else message
+
+    def make():
+        sent, loop = [], asyncio.new_event_loop()
+        wk = worker._Worker({k: functools.partial(Odd, k) for k in range(n)}, mode, True,
+                            lambda m: sent.append(pickle.loads(pickle.dumps(m, protocol=5))), loop, keep)
+        wk.handle("reset", [(k, k, None) for k in range(n)])
+        loop.run_until_complete(asyncio.sleep(0))
+        sent.clear()
+        return wk, sent, loop
+
+    fast, fast_sent, fast_loop = make()
+    slow, slow_sent, slow_loop = make()
+    slow._in_one_loop = lambda ids: False
+    plans = [["a"] * n, ["np", "str", "a", "end3", "a", "a"], ["a", "raise1", "bad", "a", "a", "end5"],
+             ["a"] * n, ["str", "bad", "end2", "a", "raise4", "np"], ["a"] * n, ["a"] * n]
+    loops = 0
+    for actions in plans:
+        loops += fast._in_one_loop(range(n))
+        for wk, loop in ((fast, fast_loop), (slow, slow_loop)):
+            wk.handle("step_all", (0, actions))
+            loop.run_until_complete(asyncio.sleep(0))
+        assert len(fast_sent) == len(slow_sent) == 1
+        got, want = (normal(marshal.loads(m[1]) if type(m[1]) is bytes else m[1]) for m in (fast_sent[0], slow_sent[0]))
+        assert got == want, actions
+        failed = [j for j, a in enumerate(actions) if a in (f"raise{j}", "bad")]
+        assert [want[4][j] for j in failed] == [1] * len(failed)  # (truncated: the env failed)
+        fast_sent.clear(), slow_sent.clear()
+    assert loops >= 3  # (after a failure or a NEXT_STEP end, the next slice takes the per-env path)
+    fast.close(), slow.close()
