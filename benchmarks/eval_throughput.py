@@ -5,8 +5,9 @@ share this process's CPU; ``--server-processes`` of them on one port) answers ev
 ``--latency`` seconds: a calculator call, then an answer, so each Math-v0 episode makes two model
 calls and one tool call. With ``--concurrency C`` the ideal rate is C / latency calls per second.
 Each (transport, concurrency, workers) runs twice (``--episodes-per-slot SHORT LONG`` episodes per
-concurrent slot): ``fraction_of_ideal`` is the longer run's, whole (spawning workers, making the
-envs and the summary's statistics included); ``steady_fraction_of_ideal`` is the rate between the
+concurrent slot): ``fraction_of_ideal`` is the longer run's, whole (starting workers, making the
+envs and the summary's statistics included; the workers' fork server starts once a process, in
+the warm-up before, timed as ``fork_server_start``); ``steady_fraction_of_ideal`` is the rate between the
 two runs (the fixed costs cancel out), what a long eval gets. ``harness_cpu_ms_per_call`` is the
 CPU time of this process and its ``--workers`` processes over the longer run's model calls
 (``steady_harness_cpu_ms_per_call``: between the two runs; ``parent_cpu_ms_per_call``: this
@@ -46,11 +47,29 @@ ANSWER = json.dumps({"role": "assistant", "content": "\\boxed{2}", "tool_calls":
 
 
 def _cpu() -> tuple[float, float, float]:
-    """(this process's CPU s, with its reaped children's (the workers), the kernel's share of that)."""
+    """(this process's CPU s, with the workers', the kernel's share of that). The workers are the
+    children of the fork server they start from (its own CPU, importing once, counts too), or of
+    this process where they are spawned."""
     me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # (the workers, once they exit and are reaped)
-    return (me.ru_utime + me.ru_stime, me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
-            me.ru_stime + kids.ru_stime)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)  # (spawned workers, once they exit and are reaped)
+    server, server_kernel = _fork_server_cpu()
+    return (me.ru_utime + me.ru_stime, me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime + server,
+            me.ru_stime + kids.ru_stime + server_kernel)
+
+
+def _fork_server_cpu() -> tuple[float, float]:
+    """(CPU s, the kernel's part) of the eval workers' fork server and its exited children, from
+    /proc/PID/stat (utime, stime, cutime, cstime); zeros before it starts."""
+    from multiprocess import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            utime, stime, cutime, cstime = map(int, f.read().rsplit(")", 1)[1].split()[11:15])
+    except (OSError, TypeError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (utime + stime + cutime + cstime) / tick, (stime + cstime) / tick
 
 
 def _server_cpu(pid: int) -> float:
@@ -170,10 +189,15 @@ def main() -> None:
     raise_open_files()
     workers_sweep = [w for w in args.workers if w <= cores] or [1]
     server, url = start_server(args.latency, args.server_processes)
-    runs, alone = [], {}
+    runs, alone, fork_server = [], {}, None
     try:
         warm = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native")
         timed(warm, 8, 8)  # imports, first connections
+        if max(workers_sweep) > 1:  # the workers' fork server starts (and imports) once a process, here
+            started = _fork_server_cpu()[0], time.perf_counter()
+            timed(warm, 8, 8, 2)
+            fork_server = {"wall_s": round(time.perf_counter() - started[1], 3),
+                           "cpu_s": round(_fork_server_cpu()[0] - started[0], 3)}
         for concurrency in args.concurrency:
             ideal = concurrency / args.latency
             if not args.no_client_alone:
@@ -207,7 +231,7 @@ def main() -> None:
     print(json.dumps({"benchmark": "eval_throughput", "mode": args.mode, "latency_s": args.latency,
                       "cpu_count": cores, "server_processes": args.server_processes,
                       "env_cpu_ms_per_call": env_alone(200 if args.quick else 1000),
-                      "client_alone": alone, "runs": runs}))
+                      "client_alone": alone, "fork_server_start": fork_server, "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -590,13 +590,17 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None:
+def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ=None) -> None:
     """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU.
     Ctrl-C is the parent's to handle: a worker ignores it, and the parent's SIGTERM cancels its
-    run (its episodes in flight are sent as ``cancelled``)."""
+    run (its episodes in flight are sent as ``cancelled``). ``environ``: the parent's environment
+    variables as they are now (a fork server's children would otherwise have those of its start)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
 
     async def main() -> None:
         import benchmax_gym  # noqa: F401  (registers the ids)
@@ -619,13 +623,32 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency) -> None
         _send(conn, ("failed", policy.scrub(f"{type(exc).__name__}: {exc}")))
 
 
-async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, workers, sink) -> None:
-    """Spread the pairs over ``workers`` spawned processes (``concurrency`` split among them); the
-    parent keeps the run directory and the progress bar. One process's event loop tops out at a
-    few hundred model calls per second (the HTTP client's CPU): more processes, more calls."""
+# What a fork server imports once for all eval workers (those not installed are skipped).
+_WORKER_PRELOAD = [__name__, "benchmax_gym.eval.policies", "openai", "httptools"]
+
+
+def _worker_context() -> Any:
+    """How eval workers start: forked from a fork server where the platform has one, which
+    imports the package and the OpenAI SDK once (each spawned worker imported them again, the
+    SDK most: 1.2 s of CPU per worker on 2 cores, more than a second of wall before its first
+    request), else spawned. Either way each worker starts from a clean process, never a fork of
+    the running parent (its event loop, threads and connections), and imports the script anew
+    (a fork server's ``__main__`` preload does not take before Python 3.14)."""
     import multiprocess as mp
 
-    ctx = mp.get_context("spawn")
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:  # (no fork server on this platform)
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(_WORKER_PRELOAD)  # (read when the server starts, once a process)
+    return ctx
+
+
+async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, workers, sink) -> None:
+    """Spread the pairs over ``workers`` processes (``concurrency`` split among them); the
+    parent keeps the run directory and the progress bar. One process's event loop tops out at a
+    few hundred model calls per second (the HTTP client's CPU): more processes, more calls."""
+    ctx = _worker_context()
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     running, errors, procs = [workers], [], []
@@ -634,6 +657,7 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
         try:
             kind, value = _receive(conn)
         except (EOFError, OSError):
+            proc.join(timeout=1.0)  # (its exit status, when it had one; its traceback went to stderr)
             kind, value = "failed", f"an eval worker exited (status {proc.exitcode}) without a word"
         if kind == "record":
             sink.add(value)
@@ -654,7 +678,7 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
         for w in range(workers):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, daemon=True, args=(
-                child, env_id, kwargs, policy, pending[w::workers], seed, split[w]))
+                child, env_id, kwargs, policy, pending[w::workers], seed, split[w], dict(os.environ)))
             proc.start()
             child.close()
             procs.append((parent, proc))
@@ -737,8 +761,9 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
         workers: processes to spread the episodes over (``concurrency`` is split exactly among
             them; never more workers than ``concurrency``). One process spends ~0.5 ms of CPU per
             model call (the env's share included), so it tops out near 2,000 calls per second;
-            beyond that, more workers. They are spawned: an id registered in your script must be registered
-            when the script is imported (not only under ``if __name__ == "__main__"``).
+            beyond that, more workers. They start from a clean process (a fork server's, where the
+            platform has one, else spawned), which imports your script: an id registered in it
+            must be registered when it is imported (not only under ``if __name__ == "__main__"``).
 
     Example::
 

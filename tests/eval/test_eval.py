@@ -296,6 +296,51 @@ def test_workers_split_the_episodes_and_give_the_same_records(answers, tmp_path)
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=2, workers=0)
 
 
+WORKERS_SCRIPT = """
+import json, os, pathlib, sys
+
+from benchmax_gym.eval import evaluate
+from benchmax_gym.eval.runner import _worker_context
+
+
+def mark_and_answer(obs, info):  # leaves a mark where the variable says, in the process it runs in
+    pathlib.Path(os.environ["BMX_TEST_MARKS"], str(os.getpid())).touch()
+    return "\\\\boxed{0}"
+
+
+if __name__ == "__main__":
+    errors = []
+    for folder in sys.argv[1:]:
+        os.environ["BMX_TEST_MARKS"] = folder
+        result = evaluate("benchmax/Math-v0", mark_and_answer, env_kwargs={"python_tool": False}, tasks=4,
+                          concurrency=2, workers=2)
+        errors += [r["error"] for r in result.records]
+    import multiprocess.forkserver
+
+    print(json.dumps({"errors": errors, "me": os.getpid(), "method": _worker_context().get_start_method(),
+                      "server": multiprocess.forkserver._forkserver._forkserver_pid}))
+"""
+
+
+def test_workers_start_with_the_environment_of_their_run(tmp_path):
+    """Workers start from a fork server that the first run starts (it imports the package once,
+    not each worker); a later run's workers still see the environment variables as they are
+    when that run starts, as spawned ones would, and each run has processes of its own."""
+    script = tmp_path / "two_runs.py"
+    script.write_text(WORKERS_SCRIPT)
+    folders = [tmp_path / "a", tmp_path / "b"]
+    for folder in folders:
+        folder.mkdir()
+    out = subprocess.run([sys.executable, str(script), *map(str, folders)], capture_output=True, text=True,
+                         timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["errors"] == [None] * 8
+    first, second = ({int(p.name) for p in folder.iterdir()} for folder in folders)
+    assert len(first) == len(second) == 2 and not first & second and report["me"] not in first | second
+    assert report["method"] == "forkserver" and report["server"]  # (Linux: the fork server's children)
+
+
 def test_a_worker_message_the_c_pickler_refuses_still_reaches_the_parent():
     """Workers send records with the C pickler (dill was 40x slower a record); what it refuses
     (a function in a record) goes by dill, and the parent reads either."""
