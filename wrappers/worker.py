@@ -186,7 +186,8 @@ class _Worker:
         for i, action in enumerate(actions, start):
             try:
                 result = stepper[i](action)
-                if result[2] or result[3]:
+                _, _, terminated, truncated, _ = result  # (not five values: the env failed, as in _step_plain)
+                if terminated or truncated:
                     ended.append(i - start)
             except Exception as exc:
                 result, settled = self._finish_now(self._broken(i, exc)), False
