@@ -3,8 +3,9 @@ Prints one JSON object.
 
 Same environment, same actions, one run:
 1. cheap tool: Math-v0's calculator, 64 envs: environment steps per second, over ``--rounds``
-   interleaved rounds (median and range): ``SubprocVectorEnv`` with full infos and with
-   ``info_keys=["error", "reward_components"]`` (the lighter info mode), Gymnasium's
+   interleaved rounds (median and range): ``SubprocVectorEnv`` with full infos (``subproc``:
+   the caller reads none of them, so the object columns are never decoded; ``subproc_read``: it
+   reads every value), with ``info_keys=["error", "reward_components"]`` (the lighter info mode), Gymnasium's
    ``AsyncVectorEnv`` and ``SyncVectorEnv`` on the same env, and GEM's own ``SyncVectorEnv`` over
    its ``ToolEnvWrapper`` with the same calculator (``step_overhead.py``'s peer, run in the
    interpreter ``--gem-python`` names; left out when it has no GEM). The episodes never end
@@ -16,7 +17,8 @@ Same environment, same actions, one run:
 4. memory: resident (and proportional) set size of all processes for 64 and 256 envs;
 5. the parent's own CPU (``time.process_time`` of this process, which never counts the workers)
    per environment step, lock-step calculator envs, for each size of ``--parent-envs`` (64 and
-   1,024), with ``info_keys`` and with full infos, and the steps per second alongside, for each
+   1,024), with ``info_keys``, with full infos and with full infos all read by the caller
+   (``full_infos_read``: the object columns are decoded when read), and the steps per second alongside, for each
    worker count of ``--sweep`` (1, 2, 4, 8, 16, capped at ``os.cpu_count()``) and the default
    ``num_workers``, and the workers' CPU per step (all of them, from /proc); beside them, at the
    same sizes, Gymnasium's ``SyncVectorEnv`` (steps per second and its CPU per step: all its work
@@ -24,7 +26,7 @@ Same environment, same actions, one run:
    worker costs the parent per batch (the slope of its CPU per batch over the sweep, ``info_keys``),
    the figure behind the default worker count; and ``parent_alone_full_infos_us_per_step``, the
    parent's work on such a batch (full infos, the default's messages) timed alone in this process,
-   which a shared machine's load moves far less. The parent's serial work is the ceiling of a
+   which a shared machine's load moves far less (``..._read_us_per_step``: every info value read too). The parent's serial work is the ceiling of a
    many-core machine (1 us of it per step caps every worker count at 1M steps/s); on a shared or
    small machine its CPU per step is the figure to compare, as wall-clock rates move with the
    load.
@@ -97,13 +99,17 @@ def latency_action(rng: np.random.Generator) -> str:
     return f'<tool_call>{{"name": "wait_ms", "arguments": {{"ms": {ms}}}}}</tool_call>'
 
 
-def lockstep_rate(envs, actions_for, seconds: float) -> float:
+def lockstep_rate(envs, actions_for, seconds: float, read: bool = False) -> float:
+    """Steps per second; ``read``: the caller reads every info value of every batch."""
     envs.reset(seed=0)
     for _ in range(3):  # warm up
         envs.step(actions_for())
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        envs.step(actions_for())
+        infos = envs.step(actions_for())[4]
+        if read:
+            for _ in infos.values():
+                pass
         steps += envs.num_envs
     return steps / (time.perf_counter() - start)
 
@@ -121,8 +127,10 @@ def ready_first_rate(envs: SubprocVectorEnv, rng, seconds: float, batch: int) ->
     return rate
 
 
-def parent_cpu(envs, seconds: float) -> dict:
-    """Lock-step: the parent's CPU (this process only) per env step, and the steps per second."""
+def parent_cpu(envs, seconds: float, read: bool = False) -> dict:
+    """Lock-step: the parent's CPU (this process only) per env step, and the steps per second;
+    ``read``: the caller reads every info value of every batch (the object columns, decoded
+    when first read, included)."""
     n = envs.num_envs
     actions = [CALC] * n
     envs.reset(seed=0)
@@ -132,7 +140,10 @@ def parent_cpu(envs, seconds: float) -> dict:
     workers = sum(map(cpu_seconds, pids))
     steps, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
-        envs.step(actions)
+        infos = envs.step(actions)[4]
+        if read:
+            for _ in infos.values():
+                pass
         steps += n
     cpu, wall = time.process_time() - cpu, time.perf_counter() - start
     workers = sum(map(cpu_seconds, pids)) - workers
@@ -140,12 +151,13 @@ def parent_cpu(envs, seconds: float) -> dict:
             "workers_cpu_us_per_step": round(workers / steps * 1e6, 3)}  # (at the clock tick's resolution)
 
 
-def parent_alone(n: int, workers: int, seconds: float) -> float:
+def parent_alone(n: int, workers: int, seconds: float, read: bool = False) -> float:
     """The parent's own work on a lock-step batch, alone in this process (no workers running
     beside it, caches warm): decoding ``workers`` messages of ``n`` calculator envs' full infos
     as the workers send them and joining them into the batch, with the garbage collector as in
-    a step; CPU microseconds per env step. A shared machine's load moves it far less than the
-    lock-step figure, so before/after compare here best."""
+    a step (``read``: and reading every info value, the object columns decoded then); CPU
+    microseconds per env step. A shared machine's load moves it far less than the lock-step
+    figure, so before/after compare here best."""
     import pickle
 
     from benchmax_gym.wrappers import vector, worker
@@ -163,7 +175,10 @@ def parent_alone(n: int, workers: int, seconds: float) -> float:
 
     def step():
         with vector._collections_paused():
-            return parent._batch_columns([worker.unpack_results(pickle.loads(m)[1]) for m in messages])
+            batch = parent._batch_columns([worker.unpack_results(pickle.loads(m)[1]) for m in messages])
+        if read:
+            for _ in batch[4].values():
+                pass
 
     for _ in range(3):
         step()
@@ -216,21 +231,24 @@ def parent_section(args, sizes: list[int], cpus: int, keys: list[str], gem: Peer
         counts = [w for w in map(int, args.sweep.split(",")) if w <= cpus and w <= size] or [1]
         sweep: dict[str, dict] = {}
         for count in sorted({*counts, default}):
-            for mode, info_keys in (("info_keys", keys), ("full_infos", None)):
+            for mode, info_keys, read in (("info_keys", keys, False), ("full_infos", None, False),
+                                          ("full_infos_read", None, True)):
                 runs = []
                 for _ in range(args.rounds):
                     envs = SubprocVectorEnv([math_env] * size, num_workers=count, info_keys=info_keys)
-                    runs.append(parent_cpu(envs, args.seconds))
+                    runs.append(parent_cpu(envs, args.seconds, read))
                     envs.close()
                 sweep.setdefault(str(count), {})[mode] = {
                     key: statistics.median(run[key] for run in runs) for key in runs[0]}
         entry: dict = {"by_workers": sweep, "default_workers": default,
                        "parent_alone_full_infos_us_per_step": statistics.median(
-                           parent_alone(size, default, args.seconds) for _ in range(args.rounds))}
+                           parent_alone(size, default, args.seconds) for _ in range(args.rounds)),
+                       "parent_alone_full_infos_read_us_per_step": statistics.median(
+                           parent_alone(size, default, args.seconds, True) for _ in range(args.rounds))}
         syncs = []
         for _ in range(args.rounds):
             envs = SyncVectorEnv([math_env] * size)
-            syncs.append(parent_cpu(envs, args.seconds))
+            syncs.append(parent_cpu(envs, args.seconds, True))
             envs.close()
         entry["gym_sync"] = {key: statistics.median(run[key] for run in syncs)
                              for key in ("parent_cpu_us_per_step", "steps_per_s")}
@@ -238,7 +256,7 @@ def parent_section(args, sizes: list[int], cpus: int, keys: list[str], gem: Peer
             entry["gem_sync_steps_per_s"] = round(statistics.median(
                 gem.vector_rate(size, args.seconds) for _ in range(args.rounds)))
         at_default = sweep[str(default)]
-        for mode in ("full_infos", "info_keys"):
+        for mode in ("full_infos", "full_infos_read", "info_keys"):
             entry[f"default_{mode}_over_gym_sync"] = round(
                 at_default[mode]["steps_per_s"] / entry["gym_sync"]["steps_per_s"], 3)
             if gem:
@@ -281,6 +299,7 @@ def main() -> None:
     makers = {
         "subproc": lambda k: SubprocVectorEnv([math_env] * k),  # (the default num_workers)
         "subproc_info_keys": lambda k: SubprocVectorEnv([math_env] * k, info_keys=keys),
+        "subproc_read": lambda k: SubprocVectorEnv([math_env] * k),  # (the caller reads every info value)
         "async": lambda k: AsyncVectorEnv([math_env] * k, shared_memory=False),
         "sync": lambda k: SyncVectorEnv([math_env] * k),
     }
@@ -289,12 +308,12 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, make in makers.items():
                 envs = make(n)
-                rounds[name].append(lockstep_rate(envs, lambda: [CALC] * n, secs))
+                rounds[name].append(lockstep_rate(envs, lambda: [CALC] * n, secs, name.endswith("_read")))
                 envs.close()
             if gem:
                 rounds["gem_sync"].append(gem.vector_rate(n, secs))
         cheap = {name: median_range(values) for name, values in rounds.items()}
-        for name in ("subproc", "subproc_info_keys"):
+        for name in ("subproc", "subproc_read", "subproc_info_keys"):
             cheap[f"{name}_over_sync"] = cheap[name]["median"] / cheap["sync"]["median"]
             if gem:
                 cheap[f"{name}_over_gem_sync"] = cheap[name]["median"] / cheap["gem_sync"]["median"]

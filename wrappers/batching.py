@@ -3,8 +3,11 @@ arrays with ``_key`` masks (the parent's serial cost of a step)."""
 
 from __future__ import annotations
 
+import gc
 import itertools
+import marshal
 import operator
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -157,6 +160,7 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
             column[2].append((start, count, tag, data, mask))
     out: dict[str, Any] = {}
     every = None  # the mask of a key every env has (the common case), made once
+    lazy, decoded = False, {}  # (the deferred columns' blobs, decoded when the first is read)
     for key, (tag, whole, slices) in by_key.items():
         whole = whole and len(slices) == len(parts)
         if tag == "n":
@@ -174,13 +178,12 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
                     arrays.append(np.zeros((num_envs - at, *shape), dtype=dtype))
                 array = np.concatenate(arrays)
         elif tag == "o":
-            if whole:
-                values = slices[0][3] if len(slices) == 1 else itertools.chain.from_iterable(s[3] for s in slices)
-                array = np.fromiter(values, dtype=object, count=num_envs)
-            else:
-                array = np.full(num_envs, fill_value=None, dtype=object)
-                for start, count, _, values, mask in slices:
-                    array[_positions(start, count, mask)] = np.fromiter(values, dtype=object, count=len(values))
+            array = _object_column([(start, count, values, mask) for start, count, _, values, mask in slices],
+                                   num_envs, whole)
+        elif tag == "z":  # decoded when first read (LazyInfos)
+            array = _Undecoded([(start, count, data, mask) for start, count, _, data, mask in slices], num_envs,
+                               whole, decoded)
+            lazy = True
         elif tag == "d":
             array = join_columns([(start, count, data) for start, count, _, data, _ in slices], num_envs)
         else:  # a mix of kinds: Gymnasium's rules, from the values
@@ -199,7 +202,171 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
             for start, count, _, _, part in slices:
                 mask[start:start + count] = True if part is None else np.frombuffer(part, dtype=np.bool_)
         out[key], out[f"_{key}"] = array, mask
+    return LazyInfos(out) if lazy else out
+
+
+def _object_column(slices: list[tuple[int, int, list, bytes | None]], num_envs: int, whole: bool) -> np.ndarray:
+    """The object array of a column's slices' values ``(start, count, values, mask)``, None where absent."""
+    if whole:
+        values = slices[0][2] if len(slices) == 1 else itertools.chain.from_iterable(s[2] for s in slices)
+        return np.fromiter(values, dtype=object, count=num_envs)
+    array = np.full(num_envs, fill_value=None, dtype=object)
+    for start, count, values, mask in slices:
+        array[_positions(start, count, mask)] = np.fromiter(values, dtype=object, count=len(values))
+    return array
+
+
+def defer_columns(columns: list[tuple], exact: bool) -> list[tuple]:
+    """A worker's columns with its object columns (tag ``"o"``: messages, tool calls...) as the
+    bytes of their values, all in one blob (tag ``"z"``: ``((codec, bytes), position)``, the
+    codec marshal's when ``exact``, else pickle's), for the parent to decode only when the caller
+    reads one: decoding thousands of Python objects a step (and collecting them) was most of the
+    parent's serial work with full infos. One blob, not one per column: reading them all then
+    costs what it did. Columns of strings and numbers stay as they are (as cheap to decode as to
+    defer), and ``final_obs`` (episode ends only)."""
+    deferred = [j for j, (key, tag, data, _) in enumerate(columns)
+                if tag == "o" and key != "final_obs" and not set(map(type, data)) <= _ATOMS]
+    if not deferred:
+        return columns
+    values = [columns[j][2] for j in deferred]
+    blob = ("m", marshal.dumps(values, 4)) if exact else ("p", pickle.dumps(values, pickle.HIGHEST_PROTOCOL))
+    out = list(columns)
+    for at, j in enumerate(deferred):  # (the blob travels once: marshal and pickle send a repeat as a reference)
+        key, _, _, mask = columns[j]
+        out[j] = (key, "z", (blob, at), mask)
     return out
+
+
+_ATOMS = frozenset((str, int, float, bool, bytes, type(None)))
+
+
+def _deferred_values(data: tuple, decoded: dict | None = None) -> list:
+    """A deferred column's values (``decoded``: the blobs decoded so far, by id, shared by the
+    columns of one batch)."""
+    blob, at = data
+    if decoded is None:
+        return _decoded(blob)[at]
+    entry = decoded.get(id(blob))
+    if entry is None:
+        entry = decoded[id(blob)] = (blob, _decoded(blob))  # (the blob kept: its id stays its own)
+    return entry[1][at]
+
+
+def _decoded(blob: tuple[str, bytes]) -> list:
+    codec, raw = blob
+    return marshal.loads(raw) if codec == "m" else pickle.loads(raw)
+
+
+class _Undecoded:
+    """A :class:`LazyInfos` column still in its workers' bytes."""
+
+    __slots__ = ("slices", "num_envs", "whole", "decoded")
+
+    def __init__(self, slices: list[tuple[int, int, tuple, bytes | None]], num_envs: int, whole: bool,
+                 decoded: dict):
+        self.slices, self.num_envs, self.whole, self.decoded = slices, num_envs, whole, decoded
+
+    def decode(self) -> np.ndarray:
+        return _object_column([(start, count, _deferred_values(data, self.decoded), mask)
+                               for start, count, data, mask in self.slices], self.num_envs, self.whole)
+
+    def __repr__(self) -> str:
+        return "<an info column not decoded yet: read it through the dict (infos[key])>"
+
+
+class LazyInfos(dict):
+    """Gymnasium's info batch (a ``dict``) whose object columns (each env's messages, tool calls,
+    task id...) are decoded from the workers' bytes the first time they are read: a caller that
+    reads only ``error`` or the rewards' components never pays for building (and collecting)
+    thousands of Python objects a step. Every way Python reads a dict sees the decoded arrays
+    (``infos[k]``, ``get``, ``items``, ``values``, ``dict(infos)``, ``{**infos}``, ``|``, ``==``,
+    ``repr``, copy, pickle: a plain ``dict``); only code that reads a dict's storage in C, or
+    calls ``dict.__getitem__(infos, k)``, would see a placeholder: hand it ``dict(infos)``."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:
+        value = dict.__getitem__(self, key)
+        if type(value) is _Undecoded:
+            with _collections_paused():
+                value = value.decode()
+            dict.__setitem__(self, key, value)
+        return value
+
+    def _decode_all(self) -> None:
+        undecoded = [(key, value) for key, value in dict.items(self) if type(value) is _Undecoded]
+        if undecoded:
+            with _collections_paused():  # (one collection after them all)
+                for key, value in undecoded:
+                    dict.__setitem__(self, key, value.decode())
+
+    def __iter__(self):  # (not dict's own: so dict(infos), {**infos} and merges read through __getitem__)
+        return dict.__iter__(self)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default
+
+    def items(self):
+        self._decode_all()
+        return dict.items(self)
+
+    def values(self):
+        self._decode_all()
+        return dict.values(self)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in self:
+            self[key]  # noqa: B018  (decoded first)
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple:
+        self._decode_all()
+        return dict.popitem(self)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else dict.setdefault(self, key, default)
+
+    def copy(self) -> dict:
+        self._decode_all()
+        return dict.copy(self)
+
+    __copy__ = copy
+
+    def __deepcopy__(self, memo: dict) -> dict:
+        import copy
+
+        return copy.deepcopy(self.copy(), memo)
+
+    def __reduce__(self) -> tuple:
+        return dict, (self.copy(),)
+
+    def __or__(self, other: Any) -> Any:
+        if not isinstance(other, dict):
+            return NotImplemented
+        new = self.copy()
+        new.update(other)
+        return new
+
+    def __ror__(self, other: Any) -> Any:
+        if not isinstance(other, dict):
+            return NotImplemented
+        new = dict(other)
+        new.update(self.copy())
+        return new
+
+    def __eq__(self, other: Any) -> Any:
+        self._decode_all()
+        if isinstance(other, LazyInfos):
+            other._decode_all()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: Any) -> Any:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __repr__(self) -> str:
+        self._decode_all()
+        return dict.__repr__(self)
 
 
 def unpack_columns(columns: list[tuple], count: int) -> list[dict]:
@@ -223,7 +390,7 @@ def _column_values(tag: str, data: Any, mask: bytes | None, count: int) -> list:
     if tag == "d":
         rows = unpack_columns(data, count)
         return rows if mask is None else [rows[j] for j in _positions(0, count, mask)]
-    return data
+    return _deferred_values(data) if tag == "z" else data
 
 
 def _positions(start: int, count: int, mask: bytes | None) -> list[int]:
@@ -272,3 +439,20 @@ def _objects(values: list[Any], num_envs: int, where: list[int], whole: bool) ->
     array = np.full(num_envs, fill_value=None, dtype=object)
     array[where] = np.fromiter(values, dtype=object, count=len(values))  # (a list of lists would spread)
     return array
+
+
+class _collections_paused:
+    """No cyclic garbage collection while a batch is decoded: the thousands of acyclic
+    containers it makes (infos' messages and tool calls) would trigger collections that walk
+    them over and over (a third of the parent's CPU with full infos); the one collection that
+    is due runs after."""
+
+    __slots__ = ("enabled",)
+
+    def __enter__(self) -> None:
+        self.enabled = gc.isenabled()
+        gc.disable()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.enabled:
+            gc.enable()

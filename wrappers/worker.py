@@ -26,7 +26,7 @@ import numpy as np
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.env import fewer_collections
 
-from .batching import _pack_column, pack_columns
+from .batching import _pack_column, defer_columns, pack_columns
 
 # Wrappers gym.make adds by default; behind only these, a worker may call the env's own astep.
 _TRANSPARENT_WRAPPERS = ("OrderEnforcing", "PassiveEnvChecker")
@@ -357,8 +357,12 @@ def pack_results(rows: list[tuple[int, tuple]]) -> tuple | bytes:
 
 
 def _marshalled(message: tuple) -> tuple | bytes:
-    """A column message in ``marshal``'s format when every value is a plain builtin, else as it is."""
-    return marshal.dumps(message, 4) if _marshal_exact(message) else message
+    """A column message in ``marshal``'s format when every value is a plain builtin, else as it
+    is; its object columns as bytes either way (``defer_columns``: the parent decodes them when
+    read)."""
+    exact = _marshal_exact(message)
+    message = (*message[:-1], defer_columns(message[-1], exact))
+    return marshal.dumps(message, 4) if exact else message
 
 
 _MARSHAL_EXACT = frozenset((str, int, float, bool, type(None), bytes, tuple, list, dict))

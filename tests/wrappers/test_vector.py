@@ -448,7 +448,9 @@ _info = st.dictionaries(st.sampled_from(["a", "b", "c", "final_obs"]),
 
 
 def _same(a, b):
-    assert type(a) is type(b)
+    from benchmax_gym.wrappers.batching import LazyInfos
+
+    assert type(a) is type(b) or (type(a) is LazyInfos and type(b) is dict)  # (a lock-step batch's: decoded as read)
     if isinstance(a, dict):
         assert sorted(a, key=str) == sorted(b, key=str)
         for key in a:
@@ -547,6 +549,73 @@ def test_worker_columns_joined_build_what_gymnasiums_add_info_builds(infos, rnd)
     assert list(joined) == list(expected)  # the keys in Gymnasium's order too
     for value in joined.values():
         assert not isinstance(value, np.ndarray) or value.flags.writeable  # the caller's own arrays
+
+
+_DICT_READS = {  # every way a caller reads (or changes, then reads) Gymnasium's info batch
+    "index": lambda d: d["messages"], "get": lambda d: d.get("tool_calls"), "get absent": lambda d: d.get("x", 7),
+    "in": lambda d: ("messages" in d, "x" in d), "len": len, "keys": lambda d: list(d), "items": lambda d: list(d.items()),
+    "values": lambda d: list(d.values()), "dict": dict, "unpacked": lambda d: {**d}, "or": lambda d: d | {"x": 1},
+    "ror": lambda d: {"x": 1} | d, "ior": lambda d: _did(d.__ior__({"messages": 1}), d), "copy": lambda d: d.copy(),
+    "copy.copy": lambda d: __import__("copy").copy(d), "deepcopy": lambda d: __import__("copy").deepcopy(d),
+    "pickle": lambda d: __import__("pickle").loads(__import__("pickle").dumps(d)), "repr": repr, "str": str,
+    "pop": lambda d: (d.pop("tool_calls"), d.pop("x", 3), list(d.items())), "popitem": lambda d: (d.popitem(), dict(d)),
+    "setdefault": lambda d: (d.setdefault("messages"), d.setdefault("x", 2), dict(d)),
+    "set, then read": lambda d: _did(d.__setitem__("messages", 5), dict(d)),
+    "del, then read": lambda d: _did(d.__delitem__("messages"), list(d.values())),
+    "update, then read": lambda d: _did(d.update(task_id=1), list(d.items())),
+    "equal": lambda d: (d == dict(d), d != dict(d), d == {}, {} != d),
+    "json": lambda d: __import__("json").dumps(d, default=lambda a: a.tolist()),
+    "kwargs": lambda d: (lambda **kw: kw)(**d),
+}
+
+
+def _did(_, result):
+    return result
+
+
+@pytest.mark.parametrize("read", list(_DICT_READS))
+def test_a_lockstep_batchs_infos_read_as_gymnasiums_dict_though_decoded_late(read):
+    """A lock-step batch's object columns (messages, tool calls...) stay in the workers' bytes
+    until read (LazyInfos): every way of reading or changing a dict gives what it gives on
+    Gymnasium's own batch of the same infos, and nothing is decoded before it is read."""
+    import pickle
+
+    from benchmax_gym.wrappers.batching import LazyInfos, _InfoBatch, join_columns
+    from benchmax_gym.wrappers.worker import pack_results, unpack_results
+
+    envs = [gym.make("benchmax/Math-v0", python_tool=False).unwrapped for _ in range(5)]
+    rows = []
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+        rows.append((i, env.step(CALC if i != 2 else "<tool_call>{bad</tool_call>")))
+    parts = []
+    for a, b in ((0, 2), (2, 5)):  # two workers' messages, through a pipe
+        wire = unpack_results(pickle.loads(pickle.dumps(pack_results(rows[a:b]), protocol=pickle.HIGHEST_PROTOCOL)))
+        parts.append((a, b - a, wire[5]))
+    expected, batcher = {}, _InfoBatch(5)
+    for i, (_, result) in enumerate(rows):
+        expected = batcher._add_info(expected, result[4], i)
+    lazy = join_columns(parts, 5)
+    assert type(lazy) is LazyInfos and list(lazy) == list(expected)
+    assert repr(dict.__getitem__(lazy, "messages")).startswith("<an info column not decoded yet")
+    assert type(dict.__getitem__(lazy, "task_id")) is np.ndarray  # (strings: as cheap to decode at once)
+    got, want = _DICT_READS[read](lazy), _DICT_READS[read](expected)
+    if read in ("repr", "str", "json"):
+        assert got == want
+    else:
+        assert _equal(_plain(got), _plain(want)), (got, want)
+    assert isinstance(lazy, dict) and len(lazy) == len(expected)
+
+
+def _plain(value):
+    """LazyInfos as the dict it reads as, inside any result."""
+    from benchmax_gym.wrappers.batching import LazyInfos
+
+    if isinstance(value, LazyInfos):
+        return dict(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map(_plain, value))
+    return value
 
 
 def _same_subset(lean, full):
@@ -750,11 +819,13 @@ def test_a_lockstep_slice_in_one_loop_sends_what_the_per_env_path_sends(mode, ke
     import marshal
     import pickle
 
-    from benchmax_gym.wrappers import worker
+    from benchmax_gym.wrappers import batching, worker
 
     n = 6
 
     def normal(message):  # (the tracebacks name each path's own frames)
+        if isinstance(message, tuple) and len(message) == 4 and message[1] == "z":  # a column sent as bytes
+            message = (message[0], "o", batching._deferred_values(message[2]), message[3])
         if isinstance(message, (list, tuple)):
             return type(message)(map(normal, message))
         if isinstance(message, dict):
