@@ -207,13 +207,9 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
 
 def _object_column(slices: list[tuple[int, int, list, bytes | None]], num_envs: int, whole: bool) -> np.ndarray:
     """The object array of a column's slices' values ``(start, count, values, mask)``, None where absent."""
-    if whole:
-        values = slices[0][2] if len(slices) == 1 else itertools.chain.from_iterable(s[2] for s in slices)
-        return np.fromiter(values, dtype=object, count=num_envs)
-    array = np.full(num_envs, fill_value=None, dtype=object)
-    for start, count, values, mask in slices:
-        array[_positions(start, count, mask)] = np.fromiter(values, dtype=object, count=len(values))
-    return array
+    values = slices[0][2] if len(slices) == 1 else list(itertools.chain.from_iterable(s[2] for s in slices))
+    where = [] if whole else [j for start, count, _, mask in slices for j in _positions(start, count, mask)]
+    return _objects(values, num_envs, where, whole)
 
 
 def defer_columns(columns: list[tuple], exact: bool) -> list[tuple]:
