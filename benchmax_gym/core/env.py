@@ -732,13 +732,14 @@ class ToolEnv(gym.Env[str, str]):
         one = fmt.one_call(action)
         if one is None:
             return None
-        name, arguments, content = one
+        name, arguments, content, call_id = one
         tool = self.toolset.tools.get(name)
         if tool is None or tool.terminal:
             return None  # (a terminal tool may end the episode: the general path grades it)
         episode.turn = turn = episode.turn + 1
         episode.actions.append(action)
-        call_id = _CALL_IDS[turn] if turn < 256 else f"call_{turn}_0"
+        if call_id is None:
+            call_id = _CALL_IDS[turn] if turn < 256 else f"call_{turn}_0"
         messages = episode.messages
         function = {"name": name, "arguments": dumps_arguments(arguments)}
         messages.append({"role": "assistant", "content": content,

@@ -225,10 +225,11 @@ class ToolCallFormat:
     def parse(self, action: str, turn: int, tools: dict[str, Any] | None = None) -> Parsed:
         raise NotImplementedError
 
-    def one_call(self, action: str) -> tuple[str, dict[str, Any], str] | None:
-        """``(name, arguments, content)`` when ``action`` is plainly one call with an arguments
-        object (what ``parse`` finds), in one pass; ``None`` for anything else, left to ``parse``.
-        The engine's fast step uses it; a format need not offer it."""
+    def one_call(self, action: str) -> tuple[str, dict[str, Any], str, str | None] | None:
+        """``(name, arguments, content, call_id)`` when ``action`` is plainly one call with an
+        arguments object (what ``parse`` finds), in one pass; ``None`` for anything else, left to
+        ``parse``. ``call_id`` is the id the action gives its call (formats that keep the model's
+        ids), else None. The engine's fast step uses it; a format need not offer it."""
         return None
 
     def instructions(self, schemas: list[dict[str, Any]]) -> str:
@@ -313,7 +314,7 @@ class HermesFormat(ToolCallFormat):
         name, args = obj.get("name"), obj.get("arguments")
         if type(name) is not str or not name or type(args) is not dict or "function" in obj:
             return None  # (_call_from_obj's other shapes)
-        return name, args, (before + after).strip()
+        return name, args, (before + after).strip(), None
 
     def render_calls(self, calls):
         return "\n".join(
@@ -372,6 +373,9 @@ class JsonFormat(ToolCallFormat):
             [{"tool_call_id": i, "name": n, "content": c} for i, n, c in results], ensure_ascii=False
         )
 
+    def render_one(self, call_id, name, content):  # render_results' text for one, without the encoder
+        return f'[{{"tool_call_id": {_escape(call_id)}, "name": {_escape(name)}, "content": {_escape(content)}}}]'
+
 
 class OpenAIFormat(ToolCallFormat):
     name = "openai"
@@ -411,7 +415,38 @@ class OpenAIFormat(ToolCallFormat):
             "tool_calls": [ToolCall(f"call_{i}", n, a).to_openai() for i, (n, a) in enumerate(calls)],
         }, ensure_ascii=False)
 
+    def one_call(self, action):
+        text = action.strip()
+        if text[:1] != "{":
+            return None
+        try:
+            msg, end = _scan_once(text, 0)
+        except (StopIteration, ValueError, RecursionError):
+            return None
+        if end != len(text) or type(msg) is not dict:
+            return None
+        calls = msg.get("tool_calls")
+        if type(calls) is not list or len(calls) != 1 or type(calls[0]) is not dict:
+            return None
+        call = calls[0]
+        function = call.get("function")
+        if type(function) is not dict:
+            return None
+        name, arguments = function.get("name"), function.get("arguments")
+        if type(name) is not str or not name or type(arguments) is not str:
+            return None  # (_call_from_obj's other shapes: arguments as an object, absent, parameters)
+        try:
+            args, end = _scan_once(arguments, 0)
+        except (StopIteration, ValueError, RecursionError):
+            return None
+        if end != len(arguments) or type(args) is not dict:
+            return None
+        content, given = msg.get("content"), call.get("id")
+        return (name, args, content.strip() if type(content) is str else "",
+                given if type(given) is str and given else None)
+
     render_results = JsonFormat.render_results
+    render_one = JsonFormat.render_one
 
 
 class XmlFormat(ToolCallFormat):

@@ -172,6 +172,60 @@ def test_fast_step_returns_what_the_general_path_returns(actions, config):
         general.close()
 
 
+@st.composite
+def _openai_action(draw):
+    """An OpenAI assistant message as the model's action (``tool_format="openai"``): mostly one
+    plain call, and the shapes the fast step must leave to the general path."""
+    name = draw(st.sampled_from(["add", "echo", "listing", "boom", "deny", "nap", "broken", "gone", "nope", ""]))
+    args = {"add": {"a": 2, "b": 3}, "echo": {"text": "hé", "times": 2}, "listing": {"n": 3}}.get(name, {})
+    args = draw(st.one_of(st.just(args), _arguments))
+    arguments = draw(st.sampled_from(["json", "json", "json", "object", "empty", "blank", "spaced", "broken", "absent"]))
+    function = {"name": name}
+    if arguments != "absent":
+        text = json.dumps(args, ensure_ascii=draw(st.booleans()))
+        function["arguments"] = {"json": text, "object": args, "empty": "", "blank": "  ", "spaced": f" {text} ",
+                                 "broken": text[:-1]}[arguments]
+    call = {"type": "function", "function": function}
+    given = draw(st.sampled_from(["c1", "", None, 7, "absent", "call_9"]))
+    if given != "absent":
+        call["id"] = given
+    calls = draw(st.sampled_from(["one", "one", "one", "two", "none", "null", "not_a_list", "not_a_dict",
+                                  "flat", "absent"]))
+    message = {"role": "assistant", "content": draw(st.sampled_from([None, "", "Let me add.", " x ", 3]))}
+    if calls != "absent":
+        message["tool_calls"] = {"one": [call], "two": [call, call], "none": [], "null": None, "not_a_list": call,
+                                 "not_a_dict": ["x"], "flat": [{"name": name, "arguments": args}]}[calls]
+    text = json.dumps(message, ensure_ascii=draw(st.booleans()))
+    return draw(st.sampled_from(["", " ", "\n"])) + text + draw(st.sampled_from(["", "\n", "x", "<think>"]))
+
+
+@st.composite
+def _openai_one_call(draw):
+    """The step the fast path is for, as an OpenAI message: one plain call."""
+    name = draw(st.sampled_from(["add", "echo", "listing", "boom", "deny", "nap", "broken", "gone"]))
+    args = {"add": {"a": 2, "b": 3}, "echo": {"text": "hé", "times": draw(st.integers(0, 30))},
+            "listing": {"n": draw(st.integers(0, 30))}, "nap": {"seconds": 0}}.get(name, {})
+    call = {"type": "function", "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=draw(st.booleans()))}}
+    given = draw(st.sampled_from(["c1", "", None, "absent"]))
+    if given != "absent":
+        call["id"] = given
+    message = {"role": "assistant", "content": draw(st.sampled_from([None, "", "Let me add.", " x \n"])), "tool_calls": [call]}
+    return draw(st.sampled_from(["", " "])) + json.dumps(message) + draw(st.sampled_from(["", "\n"]))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_openai_one_call(), _openai_one_call(), _openai_action(), _messy()), min_size=1, max_size=6),
+       _config)
+def test_fast_step_returns_what_the_general_path_returns_for_openai_messages(actions, config):
+    fast, general = make(tool_format="openai", **config), make(tool_format="openai", **config)
+    general._step_one_call = lambda action: None
+    try:
+        assert _play(fast, actions) == _play(general, actions)
+    finally:
+        fast.close()
+        general.close()
+
+
 @pytest.mark.parametrize("action, taken", [
     ('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', True),
     ('<tool_call>{"name": "nap", "arguments": {"seconds": 0}}</tool_call>', True),  # a thread-run tool
@@ -188,6 +242,28 @@ def test_which_steps_take_the_fast_path(action, taken):
     env.reset(seed=0)
     env.step(action)
     assert (calls[0] is not None) == taken
+    env.close()
+
+
+@pytest.mark.parametrize("action, taken", [
+    ('{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", '
+     '"function": {"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}}]}', True),
+    ('{"content": "x", "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]}', True),  # bad_arguments
+    ('{"content": "", "tool_calls": [{"function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}', False),
+    ('{"content": "", "tool_calls": []}', False),  # a final answer
+    ('{"content": "", "tool_calls": [{"function": {"name": "nope", "arguments": "{}"}}]}', False),
+])
+def test_which_openai_steps_take_the_fast_path(action, taken):
+    env = make(tool_format="openai", max_turns=10)
+    calls = []
+    one_call = env._step_one_call
+    env._step_one_call = lambda a: calls.append(one_call(a)) or calls[-1]
+    env.reset(seed=0)
+    env.step(action)
+    assert (calls[0] is not None) == taken
+    if taken:  # the model's own call id, as the general path keeps it
+        given = json.loads(action)["tool_calls"][0].get("id", "call_1_0")
+        assert env.episode.messages[-1]["tool_call_id"] == given
     env.close()
 
 
