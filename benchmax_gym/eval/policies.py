@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmax_gym.core.formats import _ENCODER  # (json.dumps(..., ensure_ascii=False) builds one per call)
+
 BASELINES = ("solver", "random", "empty")
 TRANSPORTS = ("lean", "sdk")
 HTTPX_CLIENTS = 8  # httpx clients a ChatPolicy spreads its requests over (one aiohttp client suffices)
@@ -256,7 +258,7 @@ class ChatPolicy:
         content = message.get("content")
         if self.native_tools:
             calls = [_without_none(c) for c in message.get("tool_calls") or []]
-            action = json.dumps({"role": "assistant", "content": content, "tool_calls": calls}, ensure_ascii=False)
+            action = _ENCODER.encode({"role": "assistant", "content": content, "tool_calls": calls})
         else:
             action = content or ""
         reasoning = message.get("reasoning_content")

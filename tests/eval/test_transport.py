@@ -11,6 +11,8 @@ import socketserver
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from benchmax_gym.eval import ChatPolicy, PolicyError
 from benchmax_gym.testing.openai_server import FakeChatServer
@@ -393,3 +395,30 @@ def test_without_httptools_the_lean_transport_falls_back_to_the_sdks(monkeypatch
             await policy.aclose()
 
     assert asyncio.run(which()) is None  # the SDK's path, with no error
+
+
+_json_texts = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                           max_leaves=8).map(lambda v: json.dumps(v, ensure_ascii=False))
+
+
+@settings(max_examples=400, deadline=None)
+@given(_json_texts, st.sampled_from(["", " ", "\n", "\r\n\t", "\x1c", "\u2028", " x", "}", ",1"]),
+       st.sampled_from(["", " ", "\ufeff"]), st.sampled_from(["utf-8", "utf-16", "utf-32"]),
+       st.binary(max_size=3))
+def test_the_lean_paths_reply_decoding_is_json_loads(text, after, before, encoding, junk):
+    """The lean path reads a reply's JSON with the C scanner directly: whatever the bytes (white
+    space, a BOM, other encodings, trailing junk, broken UTF-8), it gives what json.loads gives, or
+    raises the same error."""
+    from benchmax_gym.eval.http import _json_reply
+
+    for body in ((before + text + after).encode(encoding), (text + after).encode("utf-8") + junk):
+        try:
+            expected = ("ok", json.loads(body))
+        except ValueError as exc:
+            expected = ("error", type(exc), str(exc))
+        try:
+            got = ("ok", _json_reply(body))
+        except ValueError as exc:
+            got = ("error", type(exc), str(exc))
+        assert repr(got) == repr(expected)

@@ -69,13 +69,23 @@ def extract_answer(text: str) -> str | None:
     A boxed answer inside answer tags counts as boxed. Surrounding white space and ``$`` are
     stripped. None when the text has neither (the reply scores 0).
     """
+    global _last_extracted
     if not isinstance(text, str):
         return None
+    last = _last_extracted  # (one tuple, read and written whole: safe across threads)
+    if last[0] == text:
+        return last[1]
     boxed = _boxed_contents(text)
     if boxed:
-        return _clean(boxed[-1])
-    tagged = final_answer(text)
-    return None if tagged is None else _clean(tagged)
+        answer = _clean(boxed[-1])
+    else:
+        tagged = final_answer(text)
+        answer = None if tagged is None else _clean(tagged)
+    _last_extracted = (text, answer)
+    return answer
+
+
+_last_extracted: tuple[str | None, str | None] = (None, None)  # the rubric's two leaves read the same reply
 
 
 def well_formed(text: str) -> bool:

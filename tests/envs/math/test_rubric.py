@@ -384,3 +384,18 @@ def test_plain_int_fast_path_agrees_with_the_full_comparison(monkeypatch):
                for g, p in pairs) > 300
     monkeypatch.setattr(rubric, "_PLAIN_INT", re.compile(r"(?!)"))  # the full path only
     assert [is_equivalent(g, p) for g, p in pairs] == fast
+
+
+def test_extracting_answers_from_several_threads_gives_each_its_own():
+    """extract_answer keeps the last reply it read (the rubric's two leaves read the same one):
+    threads grading different replies at once each get their own reply's answer."""
+    texts = [f"work {i} \\boxed{{{i}}}" if i % 3 else f"<answer>{i}</answer>" for i in range(300)] + ["none", ""]
+    expected = [extract_answer(t) for t in texts]
+    assert expected[1] == "1" and expected[3] == "3" and expected[-2] is None
+
+    def grade(offset):
+        return [extract_answer(texts[(i + offset) % len(texts)]) for i in range(len(texts) * 20)]
+
+    with ThreadPoolExecutor(4) as pool:
+        for offset, got in zip(range(4), pool.map(grade, range(4))):
+            assert got == [expected[(i + offset) % len(texts)] for i in range(len(texts) * 20)]
