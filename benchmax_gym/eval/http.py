@@ -129,6 +129,9 @@ class _Connection(asyncio.Protocol):
         self.spoiled = True
         self.close()
 
+    def _expire(self) -> None:
+        self._fail(TimeoutError())
+
     def _stop(self, exc: BaseException) -> None:
         """Stop the parser (inside a callback): ``data_received`` fails the reply with ``exc``."""
         self.error = exc
@@ -191,15 +194,23 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def exchange(self, data: bytes) -> tuple[int, list[tuple[str, str]], bytes, bool]:
-        """Send ``data`` (a whole request) and read one reply: ``(status, headers, body, reusable)``
+    async def exchange(self, data: bytes, deadline: float) -> tuple[int, list[tuple[str, str]], bytes, bool]:
+        """Send ``data`` (a whole request) and read one reply by ``deadline`` (the loop's clock;
+        past it, TimeoutError and the connection closed): ``(status, headers, body, reusable)``
         (``headers``: ``(name, value)`` pairs as sent, Latin-1 text; ``body`` decoded)."""
         if self.closed:
             raise ConnectionError("the server closed the connection before a whole reply")
         self.got, self.whole_head, self.pending, self.error, self.status = False, False, 0, None, 0
-        self.reply = asyncio.get_running_loop().create_future()
-        self.transport.write(data)
-        status, headers, body, keep_alive = await self.reply
+        loop = asyncio.get_running_loop()
+        reply = self.reply = loop.create_future()
+        # the reply itself times out (a timer a request, not asyncio.timeout's cancelling the task:
+        # a third of the cost)
+        timer = loop.call_at(deadline, self._expire)
+        try:
+            self.transport.write(data)
+            status, headers, body, keep_alive = await reply
+        finally:
+            timer.cancel()
         encoding = _field(headers, "content-encoding")
         if encoding:
             encoding = encoding.lower()
@@ -264,13 +275,15 @@ class LeanChatClient:
         return conn
 
     async def _attempt(self, payload: bytes, retries_taken: int) -> tuple[int, list, bytes]:
+        """One try: the whole reply within the timeout (TimeoutError past it)."""
         data = (self._head % (retries_taken, len(payload))).encode("latin-1") + payload
+        deadline = self.loop.time() + self.timeout
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:
                 continue
             try:
-                status, headers, body, reusable = await conn.exchange(data)
+                status, headers, body, reusable = await conn.exchange(data, deadline)
             except ConnectionError:
                 conn.close()
                 if conn.got:
@@ -281,9 +294,10 @@ class LeanChatClient:
                 raise
             self._keep(conn, reusable)
             return status, headers, body
-        conn = await self._connect()
+        async with asyncio.timeout_at(deadline):
+            conn = await self._connect()
         try:
-            status, headers, body, reusable = await conn.exchange(data)
+            status, headers, body, reusable = await conn.exchange(data, deadline)
         except BaseException:
             conn.close()
             raise
@@ -311,9 +325,8 @@ class LeanChatClient:
         max_retries = sdk.max_retries
         for taken in range(max_retries + 1):
             remaining = max_retries - taken
-            try:
-                async with asyncio.timeout(self.timeout):  # the whole reply, as the SDK path's deadline
-                    status, headers, body = await self._attempt(payload, taken)
+            try:  # (the whole reply within the timeout, as the SDK path's deadline)
+                status, headers, body = await self._attempt(payload, taken)
             except _Unsupported:
                 return await self.sdk.post("/chat/completions", body=params, cast_to=object)
             except TimeoutError:
