@@ -8,7 +8,7 @@ import itertools
 import marshal
 import operator
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -178,12 +178,9 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
                     arrays.append(np.zeros((num_envs - at, *shape), dtype=dtype))
                 array = np.concatenate(arrays)
         elif tag == "o":
-            array = _object_column([(start, count, values, mask) for start, count, _, values, mask in slices],
-                                   num_envs, whole)
+            array = _object_column(slices, num_envs, whole)
         elif tag == "z":  # decoded when first read (LazyInfos)
-            array = _Undecoded([(start, count, data, mask) for start, count, _, data, mask in slices], num_envs,
-                               whole, decoded)
-            lazy = True
+            array, lazy = _Undecoded(slices, num_envs, whole, decoded), True
         elif tag == "d":
             array = join_columns([(start, count, data) for start, count, _, data, _ in slices], num_envs)
         else:  # a mix of kinds: Gymnasium's rules, from the values
@@ -205,11 +202,15 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
     return LazyInfos(out) if lazy else out
 
 
-def _object_column(slices: list[tuple[int, int, list, bytes | None]], num_envs: int, whole: bool) -> np.ndarray:
-    """The object array of a column's slices' values ``(start, count, values, mask)``, None where absent."""
-    values = slices[0][2] if len(slices) == 1 else list(itertools.chain.from_iterable(s[2] for s in slices))
-    where = [] if whole else [j for start, count, _, mask in slices for j in _positions(start, count, mask)]
-    return _objects(values, num_envs, where, whole)
+def _object_column(slices: list[tuple], num_envs: int, whole: bool, decoded: dict | None = None) -> np.ndarray:
+    """The object array of a column's slices (``(start, count, tag, data, mask)``, as
+    :func:`join_columns` gathers them), None where absent; a deferred slice's values come from
+    its blob (``decoded``: the batch's blobs decoded so far)."""
+    parts = [_deferred_values(data, decoded) if tag == "z" else data for _, _, tag, data, _ in slices]
+    if whole:
+        return _objects(parts[0] if len(parts) == 1 else itertools.chain.from_iterable(parts), num_envs, [], True)
+    where = [j for start, count, _, _, mask in slices for j in _positions(start, count, mask)]
+    return _objects(list(itertools.chain.from_iterable(parts)), num_envs, where, False)
 
 
 def defer_columns(columns: list[tuple], exact: bool) -> list[tuple]:
@@ -258,13 +259,11 @@ class _Undecoded:
 
     __slots__ = ("slices", "num_envs", "whole", "decoded")
 
-    def __init__(self, slices: list[tuple[int, int, tuple, bytes | None]], num_envs: int, whole: bool,
-                 decoded: dict):
+    def __init__(self, slices: list[tuple], num_envs: int, whole: bool, decoded: dict):
         self.slices, self.num_envs, self.whole, self.decoded = slices, num_envs, whole, decoded
 
     def decode(self) -> np.ndarray:
-        return _object_column([(start, count, _deferred_values(data, self.decoded), mask)
-                               for start, count, data, mask in self.slices], self.num_envs, self.whole)
+        return _object_column(self.slices, self.num_envs, self.whole, self.decoded)
 
     def __repr__(self) -> str:
         return "<an info column not decoded yet: read it through the dict (infos[key])>"
@@ -427,9 +426,10 @@ def _columns(infos: Sequence[dict], index: list[int]) -> dict[str, tuple[list, l
     return columns
 
 
-def _objects(values: list[Any], num_envs: int, where: list[int], whole: bool) -> np.ndarray:
+def _objects(values: Iterable[Any], num_envs: int, where: list[int], whole: bool) -> np.ndarray:
     """An object array of ``values`` at ``where`` (None elsewhere), each value kept whole (a
-    list stays one element, as Gymnasium assigns it)."""
+    list stays one element, as Gymnasium assigns it). ``whole``: every env's, in order (then
+    ``values`` may be any iterable)."""
     if whole:
         return np.fromiter(values, dtype=object, count=num_envs)
     array = np.full(num_envs, fill_value=None, dtype=object)
