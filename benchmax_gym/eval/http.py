@@ -194,9 +194,9 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def exchange(self, data: bytes, deadline: float) -> tuple[int, list[tuple[str, str]], bytes, bool]:
-        """Send ``data`` (a whole request) and read one reply by ``deadline`` (the loop's clock;
-        past it, TimeoutError and the connection closed): ``(status, headers, body, reusable)``
+    async def exchange(self, data: bytes, deadline: float | None) -> tuple[int, list[tuple[str, str]], bytes, bool]:
+        """Send ``data`` (a whole request) and read one reply by ``deadline`` (the loop's clock,
+        None for none; past it, TimeoutError and the connection closed): ``(status, headers, body, reusable)``
         (``headers``: ``(name, value)`` pairs as sent, Latin-1 text; ``body`` decoded)."""
         if self.closed:
             raise ConnectionError("the server closed the connection before a whole reply")
@@ -205,12 +205,13 @@ class _Connection(asyncio.Protocol):
         reply = self.reply = loop.create_future()
         # the reply itself times out (a timer a request, not asyncio.timeout's cancelling the task:
         # a third of the cost)
-        timer = loop.call_at(deadline, self._expire)
+        timer = loop.call_at(deadline, self._expire) if deadline is not None else None
         try:
             self.transport.write(data)
             status, headers, body, keep_alive = await reply
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
         encoding = _field(headers, "content-encoding")
         if encoding:
             encoding = encoding.lower()
@@ -277,7 +278,7 @@ class LeanChatClient:
     async def _attempt(self, payload: bytes, retries_taken: int) -> tuple[int, list, bytes]:
         """One try: the whole reply within the timeout (TimeoutError past it)."""
         data = (self._head % (retries_taken, len(payload))).encode("latin-1") + payload
-        deadline = self.loop.time() + self.timeout
+        deadline = None if self.timeout is None else self.loop.time() + self.timeout
         while self._idle:
             conn = self._idle.pop()
             if conn.closed:

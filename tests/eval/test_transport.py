@@ -109,6 +109,12 @@ def test_retry_after_is_honoured(server, header):
         assert arrivals[1] - arrivals[0] >= 0.55  # the server's wait, not the SDK's 0.5 s backoff or less
 
 
+def test_no_timeout_means_no_deadline_on_either_transport(server):
+    """``timeout=None`` (the SDK's "no timeout"): a slow reply is waited for, on both paths."""
+    outcome, headers, _ = both(server, [{"delay": 1.0}], timeout=None, max_retries=0)
+    assert isinstance(outcome, tuple) and len(headers) == 1
+
+
 def test_timeouts_malformed_bodies_and_refused_connections_fail_alike(server):
     outcome, headers, _ = both(server, [{"delay": 3.0}, {"delay": 3.0}], timeout=1.0, max_retries=1)
     assert outcome.startswith("APITimeoutError") and len(headers) == 2
