@@ -34,6 +34,10 @@ from typing import Any
 from benchmax_gym.core.formats import _scan_once
 from benchmax_gym.eval.policies import PolicyError
 
+MAX_HEAD_BYTES = 64 << 10  # a status line and headers longer than this are not an HTTP reply
+MAX_HEADERS = 256  # header fields in one reply (uvicorn sends 4, vLLM and OpenAI about 20)
+MAX_IDLE = 1024  # keep-alive connections kept for reuse
+
 # json.dumps with these settings builds an encoder per call (a tenth of a request's encoding)
 _encode_body = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
@@ -49,10 +53,6 @@ def _json_reply(body: bytes) -> Any:
     except (UnicodeDecodeError, StopIteration, ValueError, RecursionError):
         pass
     return json.loads(body)
-
-MAX_HEAD_BYTES = 64 << 10  # a status line and headers longer than this are not an HTTP reply
-MAX_HEADERS = 256  # header fields in one reply (uvicorn sends 4, vLLM and OpenAI about 20)
-MAX_IDLE = 1024  # keep-alive connections kept for reuse
 
 
 class _Unsupported(Exception):
