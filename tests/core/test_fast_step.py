@@ -226,42 +226,29 @@ def test_fast_step_returns_what_the_general_path_returns_for_openai_messages(act
         general.close()
 
 
-@pytest.mark.parametrize("action, taken", [
-    ('Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', True),
-    ('<tool_call>{"name": "nap", "arguments": {"seconds": 0}}</tool_call>', True),  # a thread-run tool
-    ('<tool_call>{"name": "add", "arguments": {"a": "x", "b": 2}}</tool_call>', True),  # bad_arguments
-    ('<tool_call>{"name": "nope", "arguments": {}}</tool_call>', False),  # unknown_tool: the general path
-    ('<tool_call>{"name": "add", "parameters": {"a": 1, "b": 2}}</tool_call>', False),
-    ("The answer is 42", False),
-])
-def test_which_steps_take_the_fast_path(action, taken):
-    env = make(max_turns=10)
-    calls = []
-    one_call = env._step_one_call
-    env._step_one_call = lambda a: calls.append(one_call(a)) or calls[-1]
-    env.reset(seed=0)
-    env.step(action)
-    assert (calls[0] is not None) == taken
-    env.close()
-
-
-@pytest.mark.parametrize("action, taken", [
-    ('{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", '
+@pytest.mark.parametrize("fmt, action, taken", [
+    ("hermes", 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', True),
+    ("hermes", '<tool_call>{"name": "nap", "arguments": {"seconds": 0}}</tool_call>', True),  # a thread-run tool
+    ("hermes", '<tool_call>{"name": "add", "arguments": {"a": "x", "b": 2}}</tool_call>', True),  # bad_arguments
+    ("hermes", '<tool_call>{"name": "nope", "arguments": {}}</tool_call>', False),  # unknown_tool: the general path
+    ("hermes", '<tool_call>{"name": "add", "parameters": {"a": 1, "b": 2}}</tool_call>', False),
+    ("hermes", "The answer is 42", False),
+    ("openai", '{"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", '
      '"function": {"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}}]}', True),
-    ('{"content": "x", "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]}', True),  # bad_arguments
-    ('{"content": "", "tool_calls": [{"function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}', False),
-    ('{"content": "", "tool_calls": []}', False),  # a final answer
-    ('{"content": "", "tool_calls": [{"function": {"name": "nope", "arguments": "{}"}}]}', False),
+    ("openai", '{"content": "x", "tool_calls": [{"function": {"name": "add", "arguments": "{}"}}]}', True),  # bad_arguments
+    ("openai", '{"content": "", "tool_calls": [{"function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]}', False),
+    ("openai", '{"content": "", "tool_calls": []}', False),  # a final answer
+    ("openai", '{"content": "", "tool_calls": [{"function": {"name": "nope", "arguments": "{}"}}]}', False),
 ])
-def test_which_openai_steps_take_the_fast_path(action, taken):
-    env = make(tool_format="openai", max_turns=10)
+def test_which_steps_take_the_fast_path(fmt, action, taken):
+    env = make(tool_format=fmt, max_turns=10)
     calls = []
     one_call = env._step_one_call
     env._step_one_call = lambda a: calls.append(one_call(a)) or calls[-1]
     env.reset(seed=0)
     env.step(action)
     assert (calls[0] is not None) == taken
-    if taken:  # the model's own call id, as the general path keeps it
+    if taken and fmt == "openai":  # the model's own call id, as the general path keeps it
         given = json.loads(action)["tool_calls"][0].get("id", "call_1_0")
         assert env.episode.messages[-1]["tool_call_id"] == given
     env.close()
