@@ -114,6 +114,16 @@ def _loads(text: str) -> tuple[Any, str | None]:
         return None, "invalid JSON (nested too deeply)"
 
 
+def _whole_object(text: str) -> dict | None:
+    """The JSON object that is all of ``text`` (read in C), else None: the one-pass readers'
+    test; anything else is left to ``_loads``/``parse``, which say what is wrong."""
+    try:
+        obj, end = _scan_once(text, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    return obj if end == len(text) and type(obj) is dict else None
+
+
 def _strip_fence(text: str) -> str:
     """Drop a Markdown code fence around JSON (```json ... ```). Plain string work: a regex here
     backtracks cubically on long runs of whitespace, and actions are hostile input."""
@@ -304,12 +314,8 @@ class HermesFormat(ToolCallFormat):
         body, closed, after = rest.partition("</tool_call>")
         if not closed or "<tool_call>" in rest or "</tool_call>" in after or "</tool_call>" in before:
             return None
-        body = body.strip()  # a fenced body takes the general path
-        try:
-            obj, end = _scan_once(body, 0)
-        except (StopIteration, ValueError, RecursionError):
-            return None
-        if end != len(body) or type(obj) is not dict:
+        obj = _whole_object(body.strip())  # (a fenced body takes the general path)
+        if obj is None:
             return None
         name, args = obj.get("name"), obj.get("arguments")
         if type(name) is not str or not name or type(args) is not dict or "function" in obj:
@@ -416,14 +422,8 @@ class OpenAIFormat(ToolCallFormat):
         }, ensure_ascii=False)
 
     def one_call(self, action):
-        text = action.strip()
-        if text[:1] != "{":
-            return None
-        try:
-            msg, end = _scan_once(text, 0)
-        except (StopIteration, ValueError, RecursionError):
-            return None
-        if end != len(text) or type(msg) is not dict:
+        msg = _whole_object(action.strip())
+        if msg is None:
             return None
         calls = msg.get("tool_calls")
         if type(calls) is not list or len(calls) != 1 or type(calls[0]) is not dict:
@@ -435,11 +435,8 @@ class OpenAIFormat(ToolCallFormat):
         name, arguments = function.get("name"), function.get("arguments")
         if type(name) is not str or not name or type(arguments) is not str:
             return None  # (_call_from_obj's other shapes: arguments as an object, absent, parameters)
-        try:
-            args, end = _scan_once(arguments, 0)
-        except (StopIteration, ValueError, RecursionError):
-            return None
-        if end != len(arguments) or type(args) is not dict:
+        args = _whole_object(arguments)
+        if args is None:
             return None
         content, given = msg.get("content"), call.get("id")
         return (name, args, content.strip() if type(content) is str else "",
