@@ -244,10 +244,15 @@ def register_tool_env(
 
     if not isinstance(env_id, str) or "-v" not in env_id:
         raise ValueError(f"env_id must look like 'namespace/Name-v0', got {env_id!r}")
+    if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
+        raise TypeError(f"tools must be a list of tools (functions or Tool objects) or a Toolset, got {tools!r:.80}")
     toolset = tools if isinstance(tools, Toolset) else Toolset(tools)
     for t in toolset:  # a Tool built by hand with a schema from elsewhere is refused here, not at its first call
         check_schema(t.name, t.parameters)
-    source = given_tasks(list(tasks) if not hasattr(tasks, "get") else tasks)
+    try:
+        source = given_tasks(list(tasks) if not hasattr(tasks, "get") else tasks)
+    except TypeError:  # (not iterable: None, a number)
+        source = None
     if source is None:
         raise ValueError(f"tasks must be a TaskSource or a non-empty list of Tasks or task dicts, got {tasks!r}")
     tasks = source

@@ -52,15 +52,17 @@ import time
 import os
 import uuid
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.formats import PARSE_ERROR, Parsed, ToolCallFormat, dumps_arguments, get_format, split_reasoning
+from benchmax_gym.core.formats import (PARSE_ERROR, Parsed, ToolCall, ToolCallFormat, dumps_arguments, get_format,
+                                      split_reasoning)
 from benchmax_gym.core.rubric import Rubric, milestones
-from benchmax_gym.core.checks import positive_int, positive_number
+from benchmax_gym.core.checks import boolean, positive_int, positive_number
 from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure, failed_reward
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
@@ -295,9 +297,15 @@ class ToolEnv(gym.Env[str, str]):
             if not isinstance(reward_weights, dict):
                 raise TypeError(f"reward_weights must be a dict of component -> weight, got {reward_weights!r}")
             rubric = rubric.with_weights(reward_weights)
+        if dense_rewards:  # (checked as weighed: reward_weights may change either side)
+            dense = next(f for f in rubric.turn_funcs if f.name == "dense")
+            if dense.weight >= rubric.max_reward:
+                raise ValueError(f"dense_rewards must be below the final reward's maximum ({rubric.max_reward:g}, with "
+                                 f"reward_weights), so that it never pays more than solving the task; got "
+                                 f"{dense.weight:g}")
         self.rubric = rubric
         self.render_mode = render_mode
-        self.info_timings = bool(info_timings)
+        self.info_timings = boolean("info_timings", info_timings)
         if sandbox is not None and not isinstance(sandbox, SandboxConfig):
             raise TypeError(f"sandbox must be a SandboxConfig, got {type(sandbox).__name__}")
         self.sandbox_config = sandbox
@@ -307,7 +315,7 @@ class ToolEnv(gym.Env[str, str]):
 
         self.observation_space = UnicodeText(self.max_observation_chars)
         self.action_space = UnicodeText(self.max_action_chars)
-        self._family_prompt, self._tools_in_prompt = system_prompt, tools_in_prompt
+        self._family_prompt, self._tools_in_prompt = system_prompt, boolean("tools_in_prompt", tools_in_prompt)
         self.set_toolset(toolset)
         self.episode: Episode | None = None
 
@@ -349,9 +357,6 @@ class ToolEnv(gym.Env[str, str]):
             raise ValueError(f"dense_rewards: {type(self).__name__} has no dense signal of its own; give its rubric a "
                              "per-turn component instead (RewardFn(..., per_turn=True) or core.rubric.milestones)")
         weight = DENSE_WEIGHT if dense_rewards is True else positive_number("dense_rewards", dense_rewards)
-        if weight >= rubric.max_reward:
-            raise ValueError(f"dense_rewards must be below the final reward's maximum ({rubric.max_reward:g}), so "
-                             f"that it never pays more than solving the task; got {dense_rewards!r}")
         return Rubric([*rubric.children, milestones("dense", find, weight, context=rubric.context)], rubric.context,
                       shaping=rubric.shaping)
 
@@ -438,24 +443,34 @@ class ToolEnv(gym.Env[str, str]):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         self._seed(seed)
+        index, task, options = self._choose_task(options)  # (a bad option fails before the running episode ends)
         self._end_episode()
-        episode, options = self._new_episode(options)
-        self.open_episode(episode, options)
-        if self.setup is not None or self.teardown is not None:
-            state = self.setup(episode.task, episode) if self.setup is not None else None
-            self._keep_state(episode, self.aio.run(state) if inspect.isawaitable(state) else state)
-        return self._first_observation(episode)
+        try:
+            episode = self._new_episode(index, task)
+            self.open_episode(episode, options)
+            if self.setup is not None or self.teardown is not None:
+                state = self.setup(episode.task, episode) if self.setup is not None else None
+                self._keep_state(episode, self.aio.run(state) if inspect.isawaitable(state) else state)
+            return self._first_observation(episode)
+        except BaseException:  # no half-made episode to step (and grade): step() asks for a reset
+            self._end_episode()
+            raise
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         """``reset`` as a coroutine, for workers that interleave many environments."""
         self._seed(seed)
+        index, task, options = self._choose_task(options)
         await self._aend_episode()
-        episode, options = self._new_episode(options)
-        await self.aopen_episode(episode, options)
-        if self.setup is not None or self.teardown is not None:
-            state = self.setup(episode.task, episode) if self.setup is not None else None
-            self._keep_state(episode, await state if inspect.isawaitable(state) else state)
-        return self._first_observation(episode)
+        try:
+            episode = self._new_episode(index, task)
+            await self.aopen_episode(episode, options)
+            if self.setup is not None or self.teardown is not None:
+                state = self.setup(episode.task, episode) if self.setup is not None else None
+                self._keep_state(episode, await state if inspect.isawaitable(state) else state)
+            return self._first_observation(episode)
+        except BaseException:
+            await self._aend_episode()
+            raise
 
     def step(self, action: str) -> StepResult:
         if type(action) is str and not self.info_timings:
@@ -616,12 +631,17 @@ class ToolEnv(gym.Env[str, str]):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _new_episode(self, options: dict[str, Any] | None) -> tuple[Episode, dict[str, Any]]:
+    def _choose_task(self, options: Any) -> tuple[int, Task, dict[str, Any]]:
+        """``reset``'s task (``options["task_index"]``, else drawn) and its options, as a dict."""
+        if options is not None and not isinstance(options, Mapping):
+            raise TypeError(f"reset(options=...) must be a dict or None, got {type(options).__name__}: {options!r:.80}")
         options = dict(options or {})
         index = options.get("task_index")
         if index is None:
             index = self.tasks.sample_index(self.np_random)
-        task = self.tasks[index]
+        return index, self.tasks[index], options
+
+    def _new_episode(self, index: int, task: Task) -> Episode:
         self.episode = Episode(task=task, rollout_id=uuid.uuid4().hex, index=int(index))
         if self.episode_timeout is not None:
             self.episode.deadline = time.monotonic() + self.episode_timeout
@@ -636,7 +656,7 @@ class ToolEnv(gym.Env[str, str]):
             # the episode's workspace only: its code runs when its first call comes
             box = Sandbox(mode=cfg.mode, limits=cfg.limits, preload=cfg.preload)
             self.episode.state["sandbox"] = self.episode.resources.enter_context(contextlib.closing(box))
-        return self.episode, options
+        return self.episode
 
     def _first_observation(self, episode: Episode) -> ResetResult:
         messages = self.task_messages(episode.task)
@@ -753,27 +773,28 @@ class ToolEnv(gym.Env[str, str]):
             text, error = result, None
         else:
             text, error = result.content, result.error
+            if error:
+                episode.tool_errors += 1
+            if result.outcome:  # not the model's failure: the episode ends as the general path ends it
+                return self._finish_one_call(episode, ToolCall(call_id, name, arguments), result)
+        tool_calls = [{"id": call_id, "name": name, "arguments": arguments}]
+        if self.rubric.per_turn:  # (one attribute read a step for rubrics without per-turn leaves)
+            try:  # (before the result joins the transcript, as in the general path)
+                reward, components, errors = self.rubric.score_turn_in(self._turn_context(
+                    episode, content, tool_calls, [text]), self.aio.run)
+            except RewardFailure as exc:
+                return self._finish_one_call(episode, ToolCall(call_id, name, arguments),
+                                             result if error else ToolResult(text), exc)
         message = {"role": "tool", "tool_call_id": call_id, "name": name, "content": text}
         messages.append(message)
-        if error:
-            episode.tool_errors += 1
         obs = fmt.render_one(call_id, name, text)
         if len(obs) > self.max_observation_chars:
             obs = truncate(obs, self.max_observation_chars)
         info = {
             "messages": [message], "task_id": episode.task.id, "turn": turn,
-            "tool_calls": [{"id": call_id, "name": name, "arguments": arguments}],
-            "error": error, "errors": [error] if error else [],
+            "tool_calls": tool_calls, "error": error, "errors": [error] if error else [],
         }
-        if error and result.outcome:  # (a failed result always has an error: the common step reads no more)
-            return obs, self._fail(episode, info, result.outcome), False, True, info
-        if self.rubric.per_turn:  # (one attribute read a step for rubrics without per-turn leaves)
-            try:
-                reward, components, errors = self.rubric.score_turn_in(self._turn_context(
-                    episode, content, info["tool_calls"], [text]), self.aio.run)
-            except RewardFailure as exc:
-                log.warning("reward failed for task %s: %s", episode.task.id, exc)
-                return obs, self._fail(episode, info, exc.outcome), False, True, info
+        if self.rubric.per_turn:
             episode.turn_log.append(components)  # (_pay_turn, inline: this is every step's cost)
             info["reward_components"] = components
             if errors:
@@ -781,6 +802,21 @@ class ToolEnv(gym.Env[str, str]):
             episode.turn_paid += reward
             return obs, reward, False, False, info
         return obs, 0.0, False, False, info
+
+    def _finish_one_call(self, episode: Episode, call: ToolCall, result: ToolResult,
+                         unscored: RewardFailure | None = None) -> StepResult:
+        """The short step's rare endings, finished by the general path's ``_finish_step`` so that
+        both end an episode alike: its call failed for a reason not the model's (``result``'s
+        outcome), or a per-turn leaf could not score (``unscored``)."""
+        plan = _StepPlan(episode, 0.0)
+        plan.to_run, plan.results = [call], [result]
+        if result.error:
+            plan.errors.append(result.error)
+        if unscored is not None:
+            self._reward_failed(plan, unscored)
+        else:
+            plan.failure, plan.truncated = result.outcome, True
+        return self._finish_step(plan)
 
     @staticmethod
     def _ended_by(plan: "_StepPlan", call: Any) -> bool:

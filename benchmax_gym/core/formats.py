@@ -360,6 +360,8 @@ class JsonFormat(ToolCallFormat):
         if not all(isinstance(i, dict) and "name" in i for i in items):
             if isinstance(obj, dict) and "name" not in obj and "arguments" not in obj:
                 return Parsed(content=action.strip())  # some other JSON: a final answer
+            if isinstance(obj, list) and not any(isinstance(i, dict) for i in items):
+                return Parsed(content=action.strip())  # a list of values (["Paris", "Lyon"]): a final answer
             return Parsed(errors=['each tool call must be an object with "name" and "arguments"'])
         return _add_calls(Parsed(), items, turn)
 

@@ -36,6 +36,8 @@ import concurrent.futures
 import copy
 import inspect
 import json
+import os
+import queue
 import re
 import threading
 import warnings
@@ -44,6 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pydantic
+
+from benchmax_gym.core.outcomes import FAILURES
 
 INJECTED = ("episode", "state")
 
@@ -78,6 +82,8 @@ class ToolFailure(Exception):
     (see :mod:`benchmax_gym.core.outcomes`); a :class:`ToolError` is the model's and scored."""
 
     def __init__(self, message: str, outcome: str):
+        if outcome not in FAILURES:  # (a typo, or "scored", would put a NaN reward in the signal)
+            raise ValueError(f"outcome must be one of {sorted(FAILURES)}, got {outcome!r}")
         super().__init__(message)
         self.outcome = outcome
 
@@ -480,8 +486,8 @@ def _one_argument_invoke(only: str, kind: type):
                 try:
                     value = t.fn(value)
                 except Exception as exc:
-                    return _failed(t.name, exc, timeout)
-                return value if type(value) is str and len(value) <= max_chars else _capped_text(value, max_chars)
+                    return _failed(t.name, exc, timeout, max_chars)
+                return value if type(value) is str and len(value) <= max_chars else _capped_text(t.name, value, max_chars)
         return run_direct_text(t, args, timeout, max_chars)
 
     return invoke
@@ -571,6 +577,62 @@ def truncate(text: str, limit: int) -> str:
     return text[: limit - len(marker)] + marker
 
 
+class _ToolThreads(concurrent.futures.Executor):
+    """Daemon threads for the tools that may block, shared by every env of the process: a
+    thread is started whenever none is idle (up to ``limit`` alive), so a tool stuck past its
+    timeout (a thread cannot be killed) holds its own thread, never a slot that later calls of
+    any env wait for, and never holds up the interpreter's exit. Threads idle for
+    ``idle_seconds`` end."""
+
+    def __init__(self, limit: int = 256, idle_seconds: float = 60.0):
+        self.limit, self.idle_seconds = limit, idle_seconds
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # one release per idle thread not yet claimed by a call
+        self._lock = threading.Lock()
+        self._alive = 0
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((future, fn, args, kwargs))
+        if not self._idle.acquire(blocking=False):
+            with self._lock:
+                start = self._alive < self.limit
+                self._alive += start
+            if start:
+                threading.Thread(target=self._serve, name="benchmax-tool", daemon=True).start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                future, fn, args, kwargs = self._calls.get(timeout=self.idle_seconds)
+            except queue.Empty:
+                if self._idle.acquire(blocking=False):  # no call is counting on this thread: end it
+                    with self._lock:
+                        self._alive -= 1
+                    return
+                continue
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:  # (the caller's to see, as a pool's worker passes it on)
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            del future, fn, args, kwargs  # (no reference kept while idle)
+            self._idle.release()
+
+
+def _fresh_threads() -> None:
+    """A forked child has none of its parent's threads: it starts its own."""
+    global _THREADS
+    _THREADS = _ToolThreads()
+
+
+_THREADS = _ToolThreads()
+os.register_at_fork(after_in_child=_fresh_threads)
+
+
 class Toolset:
     """An ordered set of tools with execution rules (timeout, output cap).
 
@@ -583,10 +645,10 @@ class Toolset:
         self.tools: dict[str, Tool] = {}
         for t in tools:
             self.add(t)
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
 
     def add(self, t: Tool | Callable[..., Any]) -> None:
+        if not isinstance(t, Tool) and not callable(t):
+            raise TypeError(f"a tool must be a Tool or a typed, documented function, got {t!r:.80}")
         t = t if isinstance(t, Tool) else tool(t)
         if t.name in self.tools:
             raise ValueError(f"duplicate tool name {t.name!r}")
@@ -607,7 +669,7 @@ class Toolset:
 
     # -- execution ------------------------------------------------------------------------
 
-    def _prepare(self, name: str, arguments: Any, episode: Any):
+    def _prepare(self, name: str, arguments: Any, episode: Any, max_chars: int):
         t = self.tools.get(name)
         if t is None:
             known = ", ".join(self.tools) or "none"
@@ -620,9 +682,9 @@ class Toolset:
         try:
             kwargs = t.validate(arguments)
         except ArgumentError as exc:
-            return None, None, _bad_arguments(name, exc)
+            return None, None, _bad_arguments(name, exc, max_chars)
         except Exception as exc:  # the validator itself broke (a $ref it cannot resolve): the call's error
-            return None, None, _validator_failed(name, exc)
+            return None, None, _validator_failed(name, exc, max_chars)
         if t.wants_episode or t.wants_state:  # a new dict: validate may return the call's own (info shows it)
             kwargs = dict(kwargs)
             if t.wants_episode:
@@ -630,14 +692,6 @@ class Toolset:
             if t.wants_state:
                 kwargs["state"] = getattr(episode, "setup_state", None)
         return t, kwargs, None
-
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=4, thread_name_prefix="benchmax-tool"
-                )
-            return self._executor
 
     def run(self, name: str, arguments: Any, *, episode: Any = None, timeout: float, max_chars: int,
             run_coroutine: Callable[[Any, float], Any] | None = None) -> ToolResult:
@@ -649,11 +703,11 @@ class Toolset:
             try:
                 kwargs = t.validate(arguments)
             except ArgumentError as exc:
-                return _bad_arguments(name, exc)
+                return _bad_arguments(name, exc, max_chars)
             except Exception as exc:  # the validator itself broke: the call's error
-                return _validator_failed(name, exc)
+                return _validator_failed(name, exc, max_chars)
         else:
-            t, kwargs, failed = self._prepare(name, arguments, episode)
+            t, kwargs, failed = self._prepare(name, arguments, episode, max_chars)
             if failed:
                 return failed
         try:
@@ -666,13 +720,13 @@ class Toolset:
             elif t.inline or t.self_timed:
                 value = t.fn(**kwargs)
             else:
-                value = self._pool().submit(t.fn, **kwargs).result(timeout)
+                value = _THREADS.submit(t.fn, **kwargs).result(timeout)
         except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
             return _timed_out(name, timeout)
         except Exception as exc:  # the tool's own failure is the model's observation
-            return _error_result(name, exc)
-        text = value if type(value) is str else to_text(value)
-        return ToolResult(text if len(text) <= max_chars else truncate(text, max_chars))
+            return _error_result(name, exc, max_chars)
+        text = value if type(value) is str and len(value) <= max_chars else _capped_text(name, value, max_chars)
+        return text if type(text) is not str else ToolResult(text)
 
     @staticmethod
     def run_direct(t: Tool, arguments: dict[str, Any], timeout: float, max_chars: int) -> ToolResult:
@@ -684,7 +738,7 @@ class Toolset:
     async def arun(self, name: str, arguments: Any, *, episode: Any = None, timeout: float,
                    max_chars: int) -> ToolResult:
         """Run one call inside an event loop; sync tools that may block run in a thread."""
-        t, kwargs, failed = self._prepare(name, arguments, episode)
+        t, kwargs, failed = self._prepare(name, arguments, episode, max_chars)
         if failed:
             return failed
         try:
@@ -694,20 +748,19 @@ class Toolset:
                 value = t.fn(**kwargs)
             else:
                 loop = asyncio.get_running_loop()
-                fut = loop.run_in_executor(self._pool(), lambda: t.fn(**kwargs))
+                fut = loop.run_in_executor(_THREADS, lambda: t.fn(**kwargs))
                 value = await (fut if t.self_timed else asyncio.wait_for(fut, timeout))
         except (TimeoutError, asyncio.TimeoutError):
             return _timed_out(name, timeout)
         except Exception as exc:
-            return _error_result(name, exc)
-        return ToolResult(truncate(to_text(value), max_chars))
+            return _error_result(name, exc, max_chars)
+        text = _capped_text(name, value, max_chars)
+        return text if type(text) is not str else ToolResult(text)
 
     def close(self) -> None:
-        with self._lock:
-            if self._executor is not None:
-                # A tool stuck past its timeout cannot be killed in a thread; do not wait for it.
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = None
+        """Nothing to release: blocking tools run on the process's shared daemon threads
+        (``_THREADS``), which other envs' calls (of one registered id, sharing this toolset) may
+        be using. Subclasses that hold connections close them here."""
 
 
 def run_direct_text(t: Tool, arguments: dict[str, Any], timeout: float, max_chars: int) -> str | ToolResult:
@@ -716,27 +769,41 @@ def run_direct_text(t: Tool, arguments: dict[str, Any], timeout: float, max_char
     try:
         kwargs = t.validate(arguments)
     except ArgumentError as exc:
-        return _bad_arguments(t.name, exc)
+        return _bad_arguments(t.name, exc, max_chars)
     except Exception as exc:  # the validator itself broke: the call's error
-        return _validator_failed(t.name, exc)
+        return _validator_failed(t.name, exc, max_chars)
     try:
         value = t.fn(**kwargs)
     except Exception as exc:
-        return _failed(t.name, exc, timeout)
-    return value if type(value) is str and len(value) <= max_chars else _capped_text(value, max_chars)
+        return _failed(t.name, exc, timeout, max_chars)
+    return value if type(value) is str and len(value) <= max_chars else _capped_text(t.name, value, max_chars)
 
 
-def _failed(name: str, exc: Exception, timeout: float) -> ToolResult:
+def _failed(name: str, exc: Exception, timeout: float, max_chars: int) -> ToolResult:
     """The result of a direct call whose tool raised ``exc``."""
     if isinstance(exc, (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError)):
         return _timed_out(name, timeout)
-    return _error_result(name, exc)  # the tool's own failure is the model's observation
+    return _error_result(name, exc, max_chars)  # the tool's own failure is the model's observation
 
 
-def _capped_text(value: Any, max_chars: int) -> str:
-    """A tool's return value as the text the model sees, at most ``max_chars`` long."""
-    text = value if type(value) is str else to_text(value)
+def _capped_text(name: str, value: Any, max_chars: int) -> str | ToolResult:
+    """A tool's return value as the text the model sees, at most ``max_chars`` long; a value
+    that has no text (its ``__str__`` raises, an int past Python's digit limit, nesting too deep
+    for JSON) is the tool's error, never an exception out of ``step()``."""
+    try:
+        text = value if type(value) is str else to_text(value)
+    except Exception as exc:
+        return ToolResult(truncate(f"Error: tool '{name}' returned a value with no text: {_describe(exc)}",
+                                   max_chars), "tool_error")
     return text if len(text) <= max_chars else truncate(text, max_chars)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, even one whose ``__str__`` raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be read)"
 
 
 def _timed_out(name: str, timeout: float) -> ToolResult:
@@ -745,19 +812,28 @@ def _timed_out(name: str, timeout: float) -> ToolResult:
     return FailedResult(f"Error: tool '{name}' timed out after {timeout:g} s.", "tool_timeout")
 
 
-def _validator_failed(name: str, exc: Exception) -> ToolResult:
+def _validator_failed(name: str, exc: Exception, max_chars: int) -> ToolResult:
     """Checking a call's arguments raised (not a refusal: the schema's validator broke on them)."""
-    return ToolResult(f"Error: tool '{name}' could not check its arguments: {type(exc).__name__}: {exc}",
+    return ToolResult(truncate(f"Error: tool '{name}' could not check its arguments: {_describe(exc)}", max_chars),
                       "tool_error")
 
 
-def _bad_arguments(name: str, exc: ArgumentError) -> ToolResult:
-    return ToolResult(f"Error: bad arguments for '{name}': {exc}", "bad_arguments")
+def _bad_arguments(name: str, exc: ArgumentError, max_chars: int) -> ToolResult:
+    return ToolResult(truncate(f"Error: bad arguments for '{name}': {_message(exc)}", max_chars), "bad_arguments")
 
 
-def _error_result(name: str, exc: Exception) -> ToolResult:
+def _error_result(name: str, exc: Exception, max_chars: int) -> ToolResult:
+    """A tool's exception as its result, its text capped like any result's."""
     if isinstance(exc, ToolError):
-        return ToolResult(f"Error: {exc}", exc.code)
+        return ToolResult(truncate(f"Error: {_message(exc)}", max_chars), exc.code)
     if isinstance(exc, ToolFailure):
-        return FailedResult(f"Error: tool '{name}' failed: {exc}", exc.outcome)
-    return ToolResult(f"Error: tool '{name}' failed: {type(exc).__name__}: {exc}", "tool_error")
+        return FailedResult(truncate(f"Error: tool '{name}' failed: {_message(exc)}", max_chars), exc.outcome)
+    return ToolResult(truncate(f"Error: tool '{name}' failed: {_describe(exc)}", max_chars), "tool_error")
+
+
+def _message(exc: BaseException) -> str:
+    """An exception's message, even one whose ``__str__`` raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"{type(exc).__name__} (its message could not be read)"

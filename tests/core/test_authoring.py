@@ -247,6 +247,41 @@ def test_async_setup_and_teardown_through_reset_and_areset():
                      "teardown []"]
 
 
+@pytest.mark.parametrize("runner", ["reset", "areset"])
+def test_a_reset_whose_setup_raises_leaves_no_episode_to_step_or_grade(runner):
+    torn = []
+
+    def setup(task, episode):
+        if task.id == "broken":
+            raise ConnectionError("database copy failed")
+        return {"ok": True}
+
+    env = ToolEnv(tasks=ListTasks([Task("fine", "Go.", "x"), Task("broken", "Go.", "x")]), toolset=Toolset([]),
+                  rubric=Rubric([lambda completion: 1.0]), setup=setup, teardown=torn.append)
+    reset = env.reset if runner == "reset" else lambda **kw: asyncio.run(env.areset(**kw))
+    reset(options={"task_index": 0})
+    with pytest.raises(ConnectionError, match="database copy failed"):
+        reset(options={"task_index": 1})
+    assert torn == [{"ok": True}]  # the episode before was ended as usual
+    with pytest.raises(gym.error.ResetNeeded):
+        env.step("my answer")  # never graded: a failure is not a reward
+    assert env.reset(options={"task_index": 0})[1]["task_index"] == 0  # the env goes on
+    env.close()
+
+
+@pytest.mark.parametrize("options", ["task_index=1", 5, [1, 2]])
+def test_reset_options_that_are_not_a_dict_are_refused_before_the_running_episode_ends(options):
+    env = ToolEnv(tasks=ListTasks([Task("a", "Go.", "x"), Task("b", "Go.", "y")]), toolset=Toolset([]),
+                  rubric=Rubric([lambda completion: 1.0]))
+    env.reset(options={"task_index": 0})
+    with pytest.raises(TypeError, match=r"reset\(options=...\) must be a dict"):
+        env.reset(options=options)
+    with pytest.raises(IndexError):
+        env.reset(options={"task_index": 7})
+    assert env.step("x")[1] == 1.0  # the running episode was left as it was, and is graded
+    env.close()
+
+
 async def open_account_async(task, episode):
     await asyncio.sleep(0)
     return open_account(task, episode)

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv, ToolError, ToolFailure, Toolset, tool
+from benchmax_gym.core import (ListTasks, RewardFailure, RewardFn, Rubric, Task, ToolEnv, ToolError, ToolFailure, Toolset,
+                               tool)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sample_tools import add, anap, nap
@@ -62,10 +63,32 @@ def gone_thread() -> str:
 TOOLS = [add, nap, anap, broken, boom, deny, echo, listing, gone, gone_thread]
 
 
-def make(**kwargs) -> ToolEnv:
+def _turn_signal(messages, tool_results, turn):
+    """A per-turn leaf that reads the transcript it is shown (its value says how long it was)."""
+    return min(1.0, len(messages) / 20 + len("".join(tool_results)) / 1000)
+
+
+def _judge_down_at_turn_2(messages, tool_results, turn):
+    if turn == 2:
+        raise RewardFailure("the judge is down")
+    return _turn_signal(messages, tool_results, turn)
+
+
+def _user(conversation, task):
+    return "Thanks, go on."
+
+
+def make(per_turn=None, **kwargs) -> ToolEnv:
+    """The test env; ``per_turn``: a per-turn leaf (``"reads"`` the transcript, or also ``"fails"``
+    to score at turn 2); ``user=True``: a simulated user."""
     tasks = ListTasks([Task(f"t{i}", f"Question {i}", "42") for i in range(3)])
-    return ToolEnv(tasks=tasks, toolset=Toolset(TOOLS), rubric=Rubric([lambda completion, answer: float(completion == answer)]),
-                   system_prompt="Test.", **kwargs)
+    leaves = [lambda completion, answer: float(completion == answer)]
+    if per_turn:
+        leaves.append(RewardFn("turn_signal", _turn_signal if per_turn == "reads" else _judge_down_at_turn_2, 0.1,
+                               per_turn=True))
+    if kwargs.pop("user", False):
+        kwargs["user"] = _user
+    return ToolEnv(tasks=tasks, toolset=Toolset(TOOLS), rubric=Rubric(leaves), system_prompt="Test.", **kwargs)
 
 
 _names = st.sampled_from(["add", "nap", "anap", "broken", "boom", "deny", "echo", "listing", "gone", "gone_thread",
@@ -144,6 +167,8 @@ _config = st.fixed_dictionaries({}, optional={
     "max_action_chars": st.integers(10, 200),
     "max_calls_per_action": st.integers(1, 2),
     "reasoning_tags": st.sampled_from([None, ("<think>", "</think>")]),
+    "per_turn": st.sampled_from([None, "reads", "fails"]),
+    "user": st.booleans(),
 })
 
 

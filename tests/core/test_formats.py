@@ -417,6 +417,18 @@ def test_json_prose_starting_with_brace_is_final():
         assert parsed.content == text
 
 
+@pytest.mark.parametrize("text", ['["Paris", "Lyon"]', "[42]", "[]", '[null, 1.5, "x"]'])
+def test_json_list_of_values_is_a_final_answer(text):
+    parsed = J.parse(text, 1)
+    assert parsed.is_final and parsed.content == text
+
+
+@pytest.mark.parametrize("text", ['[{"arguments": {}}]', '[{"name": "a", "arguments": {}}, 3]'])
+def test_json_list_with_an_object_that_is_not_a_call_is_an_error(text):
+    parsed = J.parse(text, 1)
+    assert not parsed.is_final and parsed.errors
+
+
 def test_json_object_without_name_is_final():
     text = '{"answer": 42, "reasoning": "because"}'
     parsed = J.parse(text, 1)

@@ -736,3 +736,167 @@ def test_positional_only_parameter_is_rejected_or_callable():
     except TypeError:
         return  # rejected at decoration, like *args: fine
     assert Toolset([t]).run("f", {"a": 1}, **RUN) == ToolResult("1")
+
+
+# -- hostile return values, stuck tools, shared toolsets --------------------------------------
+
+
+class _Unprintable:
+    def __str__(self):
+        raise RuntimeError("no text for you")
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("inline", [True, False])
+@pytest.mark.parametrize("make, why", [
+    (lambda: 10 ** 5000, "ValueError"),  # past Python's int-to-text digit limit
+    (_Unprintable, "RuntimeError"),
+    (lambda: _nested(100_000), "RecursionError"),
+], ids=["huge_int", "str_raises", "too_deep"])
+def test_a_return_value_with_no_text_is_the_tools_error_on_every_path(inline, make, why):
+    @tool(inline=inline)
+    def give() -> object:
+        """Returns a value that cannot be shown."""
+        return make()
+
+    from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv
+
+    ts = Toolset([give])
+    for result in (ts.run("give", {}, **RUN), asyncio.run(ts.arun("give", {}, **RUN))):
+        assert result.error == "tool_error" and why in result.content and result.outcome is None
+    env = ToolEnv(tasks=ListTasks([Task("t", "q", "a")]), toolset=ts, rubric=Rubric([lambda completion: 0.0]))
+    action = '<tool_call>{"name": "give", "arguments": {}}</tool_call>'
+    for step in (env.step, lambda a: env.aio.run(env.astep(a))):
+        env.reset(seed=0)
+        obs, reward, terminated, truncated, info = step(action)
+        assert info["error"] == "tool_error" and "returned a value with no text" in obs and why in obs
+        assert (reward, terminated, truncated) == (0.0, False, False)
+        assert [m["role"] for m in env.episode.messages[-2:]] == ["assistant", "tool"]  # the call has its reply
+    env.close()
+
+
+class _Loud(Exception):
+    def __str__(self):
+        raise RuntimeError("nor for this")
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_every_error_text_is_capped_like_a_result(inline):
+    @tool(inline=inline)
+    def shout(kind: str) -> str:
+        """Fails at length."""
+        if kind == "tool_error":
+            raise ToolError("no " * 100_000)
+        if kind == "loud":
+            raise _Loud()
+        raise ValueError("bad " * 100_000)
+
+    ts = Toolset([shout])
+    for kind in ("tool_error", "value"):
+        for result in (ts.run("shout", {"kind": kind}, timeout=5.0, max_chars=500),
+                       asyncio.run(ts.arun("shout", {"kind": kind}, timeout=5.0, max_chars=500))):
+            assert result.error == "tool_error" and len(result.content) <= 500 and "truncated" in result.content
+    bad = ts.run("shout", {"kind": "x" * 100_000, "extra": 1}, timeout=5.0, max_chars=300)
+    assert bad.error == "bad_arguments" and len(bad.content) <= 300
+    loud = ts.run("shout", {"kind": "loud"}, **RUN)  # an exception whose message cannot be read
+    assert loud.error == "tool_error" and "_Loud" in loud.content
+
+
+def test_a_tool_failure_with_an_unknown_outcome_is_refused_where_it_is_raised():
+    from benchmax_gym.core.tools import ToolFailure
+
+    for outcome in ("tool_unavailble", "scored", ""):
+        with pytest.raises(ValueError, match="outcome must be one of"):
+            ToolFailure("gone", outcome)
+    assert ToolFailure("gone", "tool_unavailable").outcome == "tool_unavailable"
+
+
+def test_calls_stuck_past_their_timeout_never_starve_later_calls():
+    release = threading.Event()
+
+    @tool
+    def fetch(page: str) -> str:
+        """A backend that hangs for the page 'slow'."""
+        if page == "slow":
+            release.wait(60)
+        return f"page {page}"
+
+    ts = Toolset([fetch])
+    try:
+        for _ in range(6):  # more stuck calls than a small fixed pool has threads
+            assert ts.run("fetch", {"page": "slow"}, timeout=0.1, max_chars=100).error == "tool_timeout"
+        assert ts.run("fetch", {"page": "fast"}, timeout=2.0, max_chars=100) == ToolResult("page fast")
+        assert asyncio.run(ts.arun("fetch", {"page": "fast"}, timeout=2.0, max_chars=100)) == ToolResult("page fast")
+    finally:
+        release.set()
+
+
+def test_a_tool_stuck_past_its_timeout_does_not_hold_up_the_interpreters_exit(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import time\n"
+        "from benchmax_gym.core.tools import Toolset, tool\n"
+        "@tool\n"
+        "def hang() -> str:\n"
+        "    '''Never returns in time.'''\n"
+        "    time.sleep(120)\n"
+        "    return 'late'\n"
+        "ts = Toolset([hang])\n"
+        "print(ts.run('hang', {}, timeout=0.2, max_chars=100).error)\n"
+        "ts.close()\n"
+    )
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "tool_timeout", out.stderr
+    assert time.monotonic() - start < 30  # (the tool would sleep 120 s)
+
+
+def test_closing_one_env_leaves_the_calls_of_others_sharing_its_toolset_running():
+    import time
+
+    import gymnasium as gym
+
+    from benchmax_gym import register_tool_env
+
+    @tool
+    def lookup(key: str) -> str:
+        """A slow backend."""
+        time.sleep(0.5)
+        return f"value of {key}"
+
+    register_tool_env("test/SharedToolset-v0", tools=[lookup], tasks=[{"prompt": "q", "answer": "a"}],
+                      rubric=lambda completion: 0.0)
+    envs = [gym.make("test/SharedToolset-v0").unwrapped for _ in range(6)]
+    assert envs[0].toolset is envs[1].toolset  # (one registered id: one toolset)
+    for env in envs:
+        env.reset(seed=0)
+    action = '<tool_call>{"name": "lookup", "arguments": {"key": "k"}}</tool_call>'
+    results = {}
+
+    def step(i):
+        try:
+            results[i] = envs[i].step(action)
+        except BaseException as exc:  # (a cancelled call raises CancelledError, a BaseException)
+            results[i] = exc
+
+    threads = [threading.Thread(target=step, args=(i,)) for i in range(1, 6)]  # more calls than a small pool runs at once
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    envs[0].close()
+    for t in threads:
+        t.join(20)
+    assert all(isinstance(results[i], tuple) and results[i][4]["error"] is None and "value of k" in results[i][0]
+               for i in range(1, 6)), results
+    for env in envs[1:]:
+        env.close()

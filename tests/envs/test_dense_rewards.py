@@ -93,6 +93,15 @@ def test_dense_rewards_must_stay_below_the_final_reward(value):
         gym.make("benchmax/Math-v0", python_tool=False, dense_rewards=value)
 
 
+@pytest.mark.parametrize("weights", [{"correct": 0.1, "format": 0.0}, {"dense": 5.0}])
+def test_dense_rewards_stay_below_the_final_reward_as_reward_weights_weigh_them(weights):
+    with pytest.raises(ValueError, match="dense_rewards must be below the final reward's maximum"):
+        gym.make("benchmax/Math-v0", python_tool=False, dense_rewards=0.2, reward_weights=weights)
+    env = gym.make("benchmax/Math-v0", python_tool=False, dense_rewards=0.2, reward_weights={"dense": 0.5})
+    assert [f.weight for f in env.unwrapped.rubric.turn_funcs] == [0.5]  # (below the final maximum: allowed)
+    env.close()
+
+
 def test_a_user_server_has_no_dense_signal_of_its_own():
     from benchmax_gym.envs.mcp.env import EXAMPLE_SERVER
 

@@ -54,6 +54,30 @@ def test_bad_make_argument_is_named():
         gym.make("benchmax/Math-v0", tool_format="yaml")
     with pytest.raises(TypeError, match="not_an_option"):
         gym.make("benchmax/Math-v0", not_an_option=1)
+    for option in ("info_timings", "tools_in_prompt"):  # (a string "false" is true)
+        with pytest.raises(ValueError, match=f"{option} must be True or False"):
+            gym.make("benchmax/Math-v0", **{option: "false"})
+
+
+@pytest.mark.parametrize("kwargs, error, names", [
+    ({"tools": None}, TypeError, "tools must be a list"),
+    ({"tools": "lookup"}, TypeError, "tools must be a list"),
+    ({"tools": [5]}, TypeError, "a tool must be a Tool or a typed, documented function, got 5"),
+    ({"tasks": None}, ValueError, "tasks must be a TaskSource"),
+    ({"tasks": 3}, ValueError, "tasks must be a TaskSource"),
+])
+def test_register_tool_env_names_the_bad_argument(kwargs, error, names):
+    def lookup(city: str) -> str:
+        """Look a city up.
+
+        Args:
+            city: its name
+        """
+        return city
+
+    given = {"tools": [lookup], "tasks": [{"prompt": "p", "answer": "a"}], "rubric": lambda completion: 0.0, **kwargs}
+    with pytest.raises(error, match=names):
+        benchmax_gym.register_tool_env("test/BadArgs-v0", **given)
 
 
 def test_register_tool_env_in_one_call():
