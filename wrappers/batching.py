@@ -405,7 +405,8 @@ def _columns(infos: Sequence[dict], index: list[int]) -> dict[str, tuple[list, l
     mid-episode), the values come out by one C-level pass per info, all with ``index``."""
     if infos:
         keys = list(infos[0])
-        if keys and len(set(map(len, infos))) == 1:
+        # (plain dicts only: a defaultdict or Counter would make up the keys it lacks)
+        if keys and len(set(map(len, infos))) == 1 and set(map(type, infos)) == {dict}:
             try:
                 rows = list(map(operator.itemgetter(*keys), infos))
             except KeyError:

@@ -49,6 +49,7 @@ class _Channel:
     """
 
     conn: Any
+    crashed: str | None = None  # the worker's own error, when it reported one as it stopped
 
     def lost_reason(self) -> str:
         raise NotImplementedError
@@ -66,9 +67,13 @@ class _Channel:
 
     def _read(self) -> Any:
         try:
-            return pickle.loads(self.conn.recv_bytes())
+            message = pickle.loads(self.conn.recv_bytes())
         except (EOFError, OSError):
             raise WorkerLost(self.lost_reason()) from None
+        if message[0] == "crashed":  # the worker's own error, as it stops
+            self.crashed = f"the worker failed: {message[1]}"
+            raise WorkerLost(self.crashed)
+        return message
 
     def recv_ready(self) -> list[Any]:
         """The messages waiting (called once the connection is readable: the first is there)."""
@@ -101,7 +106,7 @@ class _Process(_Channel):
 
     def lost_reason(self) -> str:
         self.process.join(timeout=5)
-        return f"the worker process exited (code {self.process.exitcode})"
+        return self.crashed or f"the worker process exited (code {self.process.exitcode})"
 
     def alive(self) -> bool:
         return self.process.is_alive()

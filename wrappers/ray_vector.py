@@ -395,6 +395,8 @@ class _RayHost(_Channel):
 
     def lost_reason(self) -> str:
         """Ray's word on the host's end when it comes within moments, else the connection's."""
+        if self.crashed:
+            return self.crashed
         if self.gone is None:
             done, _ = self.ray.wait([self.serving], timeout=2.0)
             self.gone = "its connection closed"

@@ -163,6 +163,7 @@ class WorkerVectorEnv(VectorEnv):
             for i in group:
                 self._owner[i] = w
         self._pending: dict[int, float] = {}  # env id -> when its job was sent
+        self._lockstep: tuple | None = None  # a lock-step batch being read: (chunks, workers sent to)
         self._ready: dict[int, tuple] = {}  # env id -> result not yet returned by recv
         self._lost: dict[int, dict] = {}  # idle envs whose worker was restarted -> their error info
         self._lost_reset: dict[int, dict] = {}  # SAME_STEP: lost envs being reset -> error info
@@ -303,9 +304,9 @@ class WorkerVectorEnv(VectorEnv):
             restarted = [i for i in self._groups[w] if i in self._ready]
             if restarted:
                 self._workers[w].send(("reset", [(i, None, None) for i in restarted]))
-                for i, (obs, info) in self._collect_now(w, set(restarted)).items():
-                    final = self._ready[i][4]
-                    self._ready[i] = (obs, math.nan, False, True, {**final, **info})
+                for i, result in self._collect_now(w, set(restarted)).items():
+                    self._ready[i] = (result[0], math.nan, False, True, {**self._ready[i][4], **result[-1]})
+                    # (a reset that raised too is a 5-tuple: its error joins the info)
 
     def _collect_now(self, w: int, wanted: set[int]) -> dict[int, Any]:
         out: dict[int, Any] = {}
@@ -455,8 +456,8 @@ class WorkerVectorEnv(VectorEnv):
         error = self._lost_reset.pop(i, None) if i in self._pending else None
         if error is None:
             return result
-        obs, info = result
-        return obs, math.nan, False, True, {"final_obs": "", "final_info": error, **info}
+        return result[0], math.nan, False, True, {"final_obs": "", "final_info": error, **result[-1]}  # (a reset
+        # that raised too is a 5-tuple: its error joins the info)
 
     def _batch(self, results: list[tuple]):
         if not results:
@@ -542,10 +543,12 @@ class WorkerVectorEnv(VectorEnv):
         now, ranges = time.monotonic(), self._ranges
         chunks: list[list[tuple]] = [[] for _ in ranges]
         left = [len(ids) for ids in ranges]
-        failed = False
+        failed, sent = False, []
+        self._lockstep = (chunks, sent)  # (an interrupted step leaves it: its results are not the next step's)
         for w, ids in enumerate(ranges):
             try:
                 self._workers[w].send(("step_all", (ids.start, actions[ids.start:ids.stop])))
+                sent.append(w)
             except WorkerLost:  # (the others step on; _gather restarts this one)
                 failed = True
         if self._blocking_reads and self.step_timeout is None and not failed:
@@ -589,6 +592,7 @@ class WorkerVectorEnv(VectorEnv):
                 if w not in heard and left[w] and not self._workers[w].alive():
                     failed = True
             busy = [w for w in busy if left[w] > 0]
+        self._lockstep = None
         if not failed and not any(left):
             batch = self._batch_columns([chunk for per_worker in chunks for chunk in per_worker])
             if batch is not None:
@@ -626,7 +630,15 @@ class WorkerVectorEnv(VectorEnv):
         return _stack(self.single_observation_space, obs), rewards, terminated, truncated, infos
 
     def _drain(self) -> None:
-        """Finish what a ready-first caller left in flight before a lock-step call."""
+        """Finish what a ready-first caller left in flight before a lock-step call, or what an
+        interrupted ``step()`` (Ctrl-C) left unread: those results are dropped, not taken for the
+        next call's."""
+        if self._lockstep is not None:
+            chunks, sent = self._lockstep
+            self._lockstep = None
+            got = {i for per_worker in chunks for chunk in per_worker for i in chunk[0]}
+            now = time.monotonic()
+            self._pending.update((i, now) for w in sent for i in self._ranges[w] if i not in got)
         if self._pending:
             self._gather(len(self._pending) + len(self._ready), None)
         self._ready.clear()
@@ -658,8 +670,9 @@ class WorkerVectorEnv(VectorEnv):
             raise ValueError(f"got {len(values)} values for num_envs={self.num_envs}")
         for w, worker in enumerate(self._workers):
             worker.send(("set_attr", (name, [(i, values[i]) for i in self._groups[w]])))
-        for worker in self._workers:
-            self._expect(worker, "called")
+        refused = [error for worker in self._workers for _, error in self._expect(worker, "called")]
+        if refused:  # (an env's own error, as SyncVectorEnv raises it)
+            raise refused[0]
 
     @property
     def worker_pids(self) -> list[int]:

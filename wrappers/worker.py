@@ -132,7 +132,12 @@ class _Worker:
             if terminated or truncated:
                 if self.mode == AutoresetMode.SAME_STEP:
                     final_obs, final_info = obs, info
-                    obs, info = await self._reset(i, None, None)
+                    try:
+                        obs, info = await self._reset(i, None, None)
+                    except Exception as exc:  # the episode's result stands; the env is rebuilt, the error reported
+                        obs, _, _, _, info = await self._broken(i, exc)
+                        info = {**{k: v for k, v in info.items() if k not in ("final_obs", "final_info")},
+                                "error": info["final_info"]["error"]}
                     info = {"final_obs": final_obs, "final_info": final_info, **info}  # (Gymnasium's order)
                 elif self.mode == AutoresetMode.NEXT_STEP:
                     self.needs_reset[i] = True
@@ -151,7 +156,10 @@ class _Worker:
         self._build(i)
         self.needs_reset[i] = True
         if self.mode == AutoresetMode.SAME_STEP:
-            obs, info = await self._reset(i, None, None)
+            try:
+                obs, info = await self._reset(i, None, None)
+            except Exception as again:  # (the env's own error stays the one reported; its next step resets it)
+                obs, info = "", {"error": f"{ENV_ERROR}: {type(again).__name__}: {again}"}
             return obs, math.nan, False, True, {"final_obs": "", "final_info": error, **info}
         return "", math.nan, False, True, error
 
@@ -218,8 +226,9 @@ class _Worker:
         keep, first = self.keep, infos[0]
         present = [key for key in dict.fromkeys(keep) if key in first]
         absent = [key for key in keep if key not in first]
-        if not any("final_info" in info for info in infos) and not (
-                absent and any(key in info for info in infos for key in absent)):
+        if set(map(type, infos)) == {dict} and not any("final_info" in info for info in infos) and not (
+                absent and any(key in info for info in infos for key in absent)):  # (plain dicts: a
+            # defaultdict would make up the keys it lacks)
             index = list(range(len(infos)))
             try:
                 return [(key, *_pack_column(key, list(map(itemgetter(key), infos)), index, index), None)
@@ -275,10 +284,16 @@ class _Worker:
         self.flush_scheduled = False
         if self.outbox:
             out, self.outbox = self.outbox, []
-            if self.columnar:
-                self.emit(("batch", pack_results(out)))
-            else:
-                self.emit(("results", out))
+            try:
+                self.emit(("batch", pack_results(out)) if self.columnar else ("results", out))
+            except Exception as exc:  # (run by the loop, outside any command: the parent must hear of it)
+                self.crash(exc)
+
+    def crash(self, exc: BaseException) -> None:
+        """A command, or sending its results, failed in the worker itself (a result that cannot
+        be pickled): its host reports it and stops, so the parent restarts the worker and reports
+        this error rather than waiting for results that will not come."""
+        raise exc
 
     def handle(self, command: str, payload: Any) -> None:
         """Run one command of the parent's (all but ``close``, which belongs to the host)."""
@@ -312,15 +327,16 @@ class _Worker:
                     out.append((i, attr(*args, **kwargs) if callable(attr) else attr))
                 except Exception as exc:
                     out.append((i, exc))
-            try:
-                self.emit(("called", out))
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:  # (else the parent waits forever)
-                self.emit(("called", [(i, TypeError(f"{name!r} cannot be sent to the parent: {exc}")) for i, _ in out]))
+            self._reply_called(name, out)
         elif command == "set_attr":
             name, values = payload
+            refused = []
             for i, value in values:
-                self.envs[i].set_wrapper_attr(name, value)
-            self.emit(("called", []))
+                try:
+                    self.envs[i].set_wrapper_attr(name, value)
+                except Exception as exc:  # (the parent raises it, as SyncVectorEnv would)
+                    refused.append((i, exc))
+            self._reply_called(name, refused)
         elif command == "curriculum":  # a mixture's levels, decided by the parent's controller: no reply
             for env in self.envs.values():
                 try:
@@ -332,6 +348,12 @@ class _Worker:
             self.emit(("spaces", (env.observation_space, env.action_space, env.metadata, env.render_mode)))
         else:
             raise ValueError(f"unknown command {command!r}")
+
+    def _reply_called(self, name: str, out: list[tuple[int, Any]]) -> None:
+        try:
+            self.emit(("called", out))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # (else the parent waits forever)
+            self.emit(("called", [(i, TypeError(f"{name!r} cannot be sent to the parent: {exc}")) for i, _ in out]))
 
     def close(self) -> None:
         for env in self.envs.values():
@@ -430,6 +452,15 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
         return
     gc.freeze()  # the envs just built (and the imports) are never garbage: collections skip them
 
+    def crash(exc: BaseException) -> None:
+        try:
+            emit(("crashed", origin + failure_text(exc)))
+        except Exception:  # (the parent is gone, or the pipe broke: it sees the worker exit)
+            pass
+        loop.stop()
+
+    worker.crash = crash
+
     def on_command() -> None:
         try:
             command, payload = pickle.loads(conn.recv_bytes())
@@ -437,8 +468,11 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
             command, payload = "close", None
         if command == "close":
             loop.stop()
-        else:
+            return
+        try:
             worker.handle(command, payload)
+        except Exception as exc:
+            crash(exc)
 
     emit(("ready", None))
     loop.add_reader(conn.fileno(), on_command)

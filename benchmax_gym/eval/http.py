@@ -216,9 +216,8 @@ class _Connection(asyncio.Protocol):
         if encoding:
             encoding = encoding.lower()
             if encoding in ("gzip", "x-gzip", "deflate"):
-                inflate = zlib.decompressobj(zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS)
                 try:
-                    body = inflate.decompress(body, self.max_bytes + 1)
+                    body = _inflate(body, encoding, self.max_bytes + 1)
                 except zlib.error as exc:
                     raise ConnectionError(f"a bad {encoding} body: {exc}") from None
                 if len(body) > self.max_bytes:
@@ -226,6 +225,17 @@ class _Connection(asyncio.Protocol):
             elif encoding != "identity":
                 raise ConnectionError(f"an unsupported Content-Encoding: {encoding[:40]!r}")
         return status, headers, body, keep_alive and not self.closed and not self.spoiled
+
+
+def _inflate(body: bytes, encoding: str, limit: int) -> bytes:
+    """A gzip or deflate body, decoded up to ``limit`` bytes; deflate as zlib's format, else raw
+    (what some servers send, and httpx and aiohttp accept too)."""
+    if encoding != "deflate":
+        return zlib.decompressobj(zlib.MAX_WBITS | 32).decompress(body, limit)
+    try:
+        return zlib.decompressobj(zlib.MAX_WBITS).decompress(body, limit)
+    except zlib.error:
+        return zlib.decompressobj(-zlib.MAX_WBITS).decompress(body, limit)
 
 
 class LeanChatClient:
@@ -312,7 +322,9 @@ class LeanChatClient:
             conn.close()
 
     def _response(self, status: int, headers: list[tuple[str, str]], body: bytes) -> Any:
-        """The reply as the SDK's httpx ``Response`` (for its retry rules and errors; rare)."""
+        """The reply as the SDK's httpx ``Response`` (for its retry rules and errors; rare), its
+        body already decoded (so without the headers that describe it as sent)."""
+        headers = [(k, v) for k, v in headers if k.lower() not in ("content-encoding", "content-length")]
         return _sdk_httpx().Response(status, headers=headers, content=body, request=self._request())
 
     def _request(self) -> Any:

@@ -9,6 +9,7 @@ import itertools
 import json
 import socketserver
 import threading
+import zlib
 
 import pytest
 from hypothesis import given, settings
@@ -428,3 +429,18 @@ def test_the_lean_paths_reply_decoding_is_json_loads(text, after, before, encodi
         except ValueError as exc:
             got = ("error", type(exc), str(exc))
         assert repr(got) == repr(expected)
+
+
+@pytest.mark.parametrize("replies, outcome", [
+    ([http(b"429 Too Many Requests", [b"content-encoding: gzip", b"retry-after: 0.2"],
+           gzip.compress(b'{"error": {"message": "slow down"}}')), http()], ("\\boxed{4}", "stop")),  # retried
+    ([http(b"400 Bad Request", [b"content-encoding: gzip"], gzip.compress(b'{"error": {"message": "bad param"}}'))],
+     "BadRequestError 400: bad param"),
+    ([http(fields=[b"content-encoding: deflate"], body=zlib.compress(COMPLETION)[2:-4])], ("\\boxed{4}", "stop")),  # raw
+])
+def test_compressed_error_replies_and_raw_deflate_are_read_as_the_sdk_reads_them(replies, outcome):
+    """Servers behind a proxy gzip their error replies too: a rate limit is still retried, an
+    error still the SDK's; deflate may come without zlib's wrapper."""
+    for transport in ("lean", "sdk"):
+        with RawServer(*[(reply, False) for reply in replies]) as server:
+            assert calls(server.url, transport, max_retries=1) == [outcome], transport

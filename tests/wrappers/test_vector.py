@@ -860,3 +860,140 @@ def test_a_lockstep_slice_in_one_loop_sends_what_the_per_env_path_sends(mode, ke
         fast_sent.clear(), slow_sent.clear()
     assert loops >= 3  # (after a failure or a NEXT_STEP end, the next slice takes the per-env path)
     fast.close(), slow.close()
+
+
+# -- a worker's own failures, interrupted steps, failed resets, dict subclasses -----------------
+
+
+class Fragile(Flaky):
+    """``Flaky`` whose resets fail while ``flag`` (a file) exists; 'lock' puts an unpicklable
+    value in its info, 'slow' takes half a second, and it has a read-only ``level``."""
+
+    def __init__(self, flag: str = ""):
+        self.flag = flag
+
+    @property
+    def level(self):
+        return 1
+
+    def reset(self, *, seed=None, options=None):
+        if self.flag and os.path.exists(self.flag):
+            raise RuntimeError("the task server is down")
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if action == "slow":
+            time.sleep(0.5)
+        if action == "lock":
+            import threading
+
+            return "locked", 0.0, False, False, {"lock": threading.Lock()}
+        return super().step(action)
+
+
+def test_set_attr_an_env_refuses_raises_its_own_error_at_once():
+    envs = SubprocVectorEnv([Fragile] * 2, num_workers=2)
+    start = time.monotonic()
+    with pytest.raises(AttributeError, match="level"):
+        envs.set_attr("level", 2)
+    assert time.monotonic() - start < 10
+    envs.set_attr("count", 5)  # the workers go on
+    assert envs.get_attr("count") == (5, 5)
+    envs.close()
+
+
+@pytest.mark.parametrize("ready_first", [False, True])
+def test_a_result_the_worker_cannot_send_is_reported_with_the_workers_own_error(ready_first):
+    envs = SubprocVectorEnv([Fragile] * 2, num_workers=1)
+    envs.reset(seed=0)
+    if ready_first:
+        envs.send(["lock", "lock"])
+        *_, info, _ = envs.recv(min_ready=2, timeout=60)
+    else:
+        *_, info = envs.step(["lock", "lock"])
+    assert all("worker_restarted: the worker failed: TypeError: cannot pickle '_thread.lock'" in e for e in info["error"])
+    assert envs.faults == 1
+    obs, *_ = envs.step(["x", "x"])  # the restarted worker steps on
+    assert all(o.startswith("start") for o in obs)  # (its envs were never reset: this step resets them)
+    envs.close()
+
+
+def test_an_interrupted_step_leaves_no_results_for_the_next_one():
+    envs = SubprocVectorEnv([Fragile] * 2, num_workers=2)
+    envs.reset(seed=0)
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(["slow", "slow"])
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    obs, *_ = envs.step(["B", "B"])
+    assert list(obs) == ["echo B 2", "echo B 2"]  # this step's results (the interrupted one's were step 1)
+    obs, *_ = envs.step(["C", "C"])
+    assert list(obs) == ["echo C 3", "echo C 3"]
+    envs.close()
+
+
+def test_same_step_keeps_an_episodes_result_when_its_reset_or_its_restart_fails(tmp_path):
+    import functools
+
+    flag = tmp_path / "resets-fail"
+    make = functools.partial(Fragile, str(flag))
+    envs = SubprocVectorEnv([make] * 3, num_workers=1, autoreset_mode="SameStep")
+    envs.reset(seed=0)
+    flag.touch()
+    obs, reward, terminated, truncated, info = envs.step(["end", "raise", "x"])
+    assert list(reward[[0, 2]]) == [1.0, 1.0] and np.isnan(reward[1])
+    assert list(terminated) == [True, False, False] and list(truncated) == [False, True, False]
+    assert info["final_info"]["count"][0] == 1 and info["_final_info"][0]  # the ended episode, as it ended
+    assert "the task server is down" in info["error"][0]  # its autoreset's failure
+    assert "the tool exploded" in info["final_info"]["error"][1]  # the step's own error is the one its episode ends with
+    assert "the task server is down" in info["error"][1]
+    envs.close()
+
+    envs = SubprocVectorEnv([make] * 4, num_workers=2, autoreset_mode="SameStep")
+    flag.unlink()
+    envs.reset(seed=0)
+    flag.touch()
+    obs, reward, terminated, truncated, info = envs.step(["die", "x", "x", "x"])  # the restarted worker's resets fail
+    assert list(truncated) == [True, True, False, False]
+    assert all("worker_restarted" in e for e in info["final_info"]["error"][:2])
+    assert all("the task server is down" in e for e in info["error"][:2])
+    envs.close()
+
+
+class Tallies(gym.Env):
+    """Infos that are ``defaultdict``s with different keys per env."""
+
+    observation_space = UnicodeText(100)
+    action_space = UnicodeText(100)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {}
+
+    def step(self, action):
+        from collections import defaultdict
+
+        info = defaultdict(int, calls=1)
+        info[action] += 1
+        return "ok", 0.0, False, False, info
+
+
+def test_infos_that_are_dict_subclasses_are_batched_as_gymnasium_batches_them():
+    actions = ["calculator", "search"]
+    sync = SyncVectorEnv([Tallies] * 2)
+    sync.reset(seed=0)
+    expected = sync.step(actions)[4]
+    for keys in (None, ["calls", "calculator", "search"]):
+        envs = SubprocVectorEnv([Tallies] * 2, num_workers=1, info_keys=keys)
+        envs.reset(seed=0)
+        got = envs.step(actions)[4]
+        for key in ("calls", "calculator", "search"):
+            assert same(got[key], expected[key]) and same(got[f"_{key}"], expected[f"_{key}"]), key
+        envs.close()
