@@ -232,9 +232,13 @@ class _Sealed:
         return mac.digest()
 
     def send_bytes(self, body: bytes) -> None:
+        self.conn.send_bytes(self.seal(body))
+
+    def seal(self, body: bytes) -> bytes:
+        """The next frame's body as sent: ``body`` and its tag (a worker's outbox writes it)."""
         tag = self._tag(self._send_mac, self._sent, body)
         self._sent += 1
-        self.conn.send_bytes(body + tag)
+        return body + tag
 
     def recv_bytes(self) -> memoryview:
         if self.rejected is None:

@@ -997,3 +997,40 @@ def test_infos_that_are_dict_subclasses_are_batched_as_gymnasium_batches_them():
         for key in ("calls", "calculator", "search"):
             assert same(got[key], expected[key]) and same(got[f"_{key}"], expected[f"_{key}"]), key
         envs.close()
+
+
+class Big(gym.Env):
+    """Each step's info carries a long transcript (as a tool env's turn can)."""
+
+    observation_space = UnicodeText(1 << 30)
+    action_space = UnicodeText(1 << 30)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {}
+
+    def step(self, action):
+        return "obs", 1.0, False, False, {"transcript": "x" * len(action)}
+
+
+@pytest.mark.parametrize("size", [1 << 20])
+def test_big_actions_sent_while_big_results_wait_unread_never_deadlock(size):
+    """A ready-first caller sends big actions to a worker whose big results it has not read: the
+    worker must go on reading (its writes never block its loop), or both wait for ever."""
+    import threading
+
+    envs = SubprocVectorEnv([Big] * 4, num_workers=1, step_timeout=30)
+    envs.reset(seed=0)
+    hung = threading.Timer(60, lambda: [os.kill(pid, signal.SIGKILL) for pid in envs.worker_pids])
+    hung.start()  # (a deadlock would block this test for ever: the watchdog breaks it, and the test fails)
+    try:
+        big = "a" * size
+        envs.send([big, big], env_ids=[0, 1])
+        time.sleep(0.5)  # the worker answers; the caller reads nothing yet
+        envs.send([big, big], env_ids=[2, 3])
+        *_, info, ids = envs.recv(min_ready=4, timeout=60)
+    finally:
+        hung.cancel()
+    assert sorted(ids) == [0, 1, 2, 3] and envs.faults == 0
+    assert all(len(t) == size for t in info["transcript"])
+    envs.close()
