@@ -36,7 +36,8 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
 * limits per call: wall-clock timeout that kills the whole process tree (anything the code
   leaves running is swept away after every call), CPU seconds, memory and number of processes of
   the call as a whole (a cgroup per call where one can be made; elsewhere ``memory_mb /
-  max_processes`` of address space each and no ``memfd_create``), size of any file written,
+  max_processes`` of address space each, no ``memfd_create`` or SysV shared memory, and a
+  ``/dev/shm`` of one such share), size of any file written,
   workspace quota (workspace and ``/tmp`` together: a tmpfs per episode on root hosts, so writes
   stop during the call; elsewhere checked after it), and stdout/stderr capped with a visible marker;
 * environment: scrubbed - no inherited variables, so no API keys or tokens.
@@ -54,6 +55,8 @@ import atexit
 import functools
 import json
 import logging
+import math
+import numbers
 import os
 import re
 import secrets
@@ -101,9 +104,18 @@ class SandboxLimits:
     max_output_chars: int = 20_000
 
     def __post_init__(self):
+        """Refuse what would break every call (NaN, inf, a bool) here, naming the limit; sizes and
+        counts are whole numbers (``512.0`` from a JSON or YAML config becomes ``512``)."""
         for name, value in asdict(self).items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"sandbox limit {name} must be a positive number, got {value!r}")
+            if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0
+                    or not isinstance(value, numbers.Integral) and not math.isfinite(value)):
+                raise ValueError(f"sandbox limit {name} must be a finite positive number, got {value!r}")
+            if name == "timeout":
+                object.__setattr__(self, name, float(value))
+                continue
+            if not isinstance(value, numbers.Integral) and not float(value).is_integer():
+                raise ValueError(f"sandbox limit {name} must be a whole number, got {value!r}")
+            object.__setattr__(self, name, int(value))
 
     @classmethod
     def from_dict(cls, values: dict[str, Any] | None) -> "SandboxLimits":
@@ -228,7 +240,10 @@ _BLOCKED_SYSCALLS = {
 _ARCHES = {"x86_64": (0, 0xC000003E, 56), "aarch64": (1, 0xC00000B7, 220)}  # column, AUDIT_ARCH, clone
 _CLONE3 = 435
 _CLONE_NEW_NAMESPACES = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET|NEWTIME
-_MEMFD_CREATE = (319, 279)
+# memory no address space limit counts (refused where no cgroup caps the call): memfd_create, and
+# SysV shared memory (a detached segment is no process's address space; shmget alone would do, as
+# the call's IPC namespace starts empty)
+_UNCOUNTED_MEMORY = {"memfd_create": (319, 279), "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195)}
 _SOCKET_CALLS = ((41, 198), (53, 199))  # socket, socketpair
 _SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK: all normal code uses
 
@@ -240,8 +255,9 @@ def seccomp_filter(memfd: bool = True) -> bytes | None:
     ENOSYS (its flags are behind a pointer; libc then falls back to ``clone``), and so does any
     call through a foreign ABI (x32, i386). Sockets of any family but those in
     ``_SOCKET_FAMILIES`` fail with EAFNOSUPPORT (AF_VSOCK reaches the VM's host). Without
-    ``memfd`` (no cgroup caps the call's memory) ``memfd_create`` fails too: its pages are not
-    address space, so no per-process limit counts them."""
+    ``memfd`` (no cgroup caps the call's memory) ``memfd_create`` and SysV shared memory
+    (``shmget``, ``shmat``, ``shmctl``) fail too: their pages are not address space, so no
+    per-process limit counts them (i386's ``ipc`` multiplexer is a foreign ABI, refused above)."""
     import platform
     import struct
 
@@ -252,7 +268,7 @@ def seccomp_filter(memfd: bool = True) -> bytes | None:
     eperm, enosys, eafnosupport, allow = 0x00050000 | 1, 0x00050000 | 38, 0x00050000 | 97, 0x7FFF0000
     blocked = [numbers[column] for numbers in _BLOCKED_SYSCALLS.values()]
     if not memfd:
-        blocked.append(_MEMFD_CREATE[column])
+        blocked += [numbers[column] for numbers in _UNCOUNTED_MEMORY.values()]
     prog: list = [(0x20, 0, 0, 4), (0x15, 1, 0, audit_arch), (0x06, 0, 0, eperm),
                   (0x20, 0, 0, 0)]  # arch check, then load the number
     if column == 0:
@@ -396,7 +412,8 @@ def memory_mechanism() -> tuple[bool, str]:
         return True, (f"a cgroup per call ({how}) caps the call's processes together (memory_mb, "
                       "max_processes; memfd and tmpfs pages included)")
     return False, (f"per process only ({how}): each process's new address space is capped at "
-                   "memory_mb / max_processes and memfd_create is refused")
+                   "memory_mb / max_processes, memfd_create and SysV shared memory are refused, "
+                   "and /dev/shm holds one such share")
 
 
 def resolve_level(mode: str) -> str:
@@ -1158,8 +1175,11 @@ class Sandbox:
         return _workspace_usage(self.workspace) + _workspace_usage(self.tmp)
 
     def _enforce_quota(self, since: float) -> None:
-        """Delete files changed during the call that broke the quota, newest first. Change time,
-        not modification time: code can set the latter (``os.utime``), never the former."""
+        """Delete entries changed during the call that broke the quota, newest first. Change time,
+        not modification time: code can set the latter (``os.utime``), never the former.
+        Directories count too (each an entry, like an empty file) and go once empty: a directory
+        still holding newer entries is retried after them, deepest first (its children are gone
+        by then, or are older than the call and it stays)."""
         cutoff = time.time() - (time.monotonic() - since) - 1
         changed, total = [], 0
 
@@ -1167,26 +1187,36 @@ class Sandbox:
             def collect(parts, st, root=root):
                 nonlocal total
                 total += _usage(st)
-                if not stat.S_ISDIR(st.st_mode) and st.st_ctime >= cutoff:
-                    changed.append((st.st_ctime, _usage(st), root, parts))
+                if st.st_ctime >= cutoff:
+                    changed.append((st.st_ctime, _usage(st), root, parts, stat.S_ISDIR(st.st_mode)))
 
             _walk(root, collect)
         quota = self.limits.workspace_mb * 1024 * 1024
-        for _, size, root, parts in sorted(changed, key=lambda c: c[:2], reverse=True):
+        not_empty = []
+        for entry in sorted(changed, key=lambda c: c[:2], reverse=True):
             if total <= quota:
-                break
-            if _unlink_at(root, parts):
+                return
+            _, size, root, parts, is_dir = entry
+            if _unlink_at(root, parts, is_dir):
+                total -= size
+            elif is_dir:
+                not_empty.append(entry)
+        for _, size, root, parts, is_dir in sorted(not_empty, key=lambda c: len(c[3]), reverse=True):
+            if total <= quota:
+                return
+            if _unlink_at(root, parts, is_dir):
                 total -= size
 
 
-def _unlink_at(root: Path, parts: tuple[str, ...]) -> bool:
-    """Unlink ``root/parts...`` one directory at a time (no symlink followed, any path length)."""
+def _unlink_at(root: Path, parts: tuple[str, ...], directory: bool = False) -> bool:
+    """Unlink ``root/parts...`` (``directory``: remove it if empty) one directory at a time (no
+    symlink followed, any path length)."""
     fds = []
     try:
         fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
         for part in parts[:-1]:
             fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
-        os.unlink(parts[-1], dir_fd=fds[-1])
+        (os.rmdir if directory else os.unlink)(parts[-1], dir_fd=fds[-1])
         return True
     except OSError:
         return False

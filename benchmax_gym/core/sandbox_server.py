@@ -370,9 +370,14 @@ def prepare_namespace():
     remount_read_only("/dev")
 
 
-def enter_episode(episode):
+def enter_episode(episode, limits=None):
     """Then only this episode's files: its workspace at /workspace and its own /tmp, every other
-    episode hidden, the rest read-only; then the seccomp filter."""
+    episode hidden, the rest read-only; then the seccomp filter. With ``limits`` (no cgroup: no
+    limit counts tmpfs pages) ``/dev/shm`` shrinks to one process's share of ``memory_mb``."""
+    if limits is not None:
+        share = limits["memory_mb"] * 1024 * 1024 // limits["max_processes"]
+        mount("tmpfs", "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV,
+              f"size={max(min(share, 64 << 20), 1 << 20)}")  # size=0 would be no limit at all
     mount(f"{EPISODES}/ep-{episode}/workspace", "/workspace", None, MS_BIND | MS_REC)
     mount(f"{EPISODES}/ep-{episode}/tmp", "/tmp", None, MS_BIND | MS_REC)
     mount("tmpfs", EPISODES, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
@@ -429,6 +434,34 @@ def remove_cgroup(name):
         except OSError:
             gone = False
     return gone
+
+
+def kill_cgroup(name):
+    """Kill every process in the call's cgroup: at level ``rlimits`` no PID namespace ends what
+    left the call's process group (a double fork with ``setsid``). A process with SIGKILL pending
+    never forks again, so this ends once a look finds none it has not killed."""
+    path = f"{next(iter(CONFIG['cgroups'].values()))}/{name}"
+    try:
+        fd = os.open(f"{path}/cgroup.kill", os.O_WRONLY)  # cgroup v2, Linux 5.14 on: at once
+        try:
+            os.write(fd, b"1")
+            return
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    killed = set()
+    for _ in range(1000):
+        try:
+            with open(f"{path}/cgroup.procs") as f:
+                pids = {int(pid) for pid in f.read().split()} - killed
+        except (OSError, ValueError):
+            return
+        if not pids:
+            return
+        for pid in pids:
+            kill(pid)
+        killed |= pids
 
 
 def join_cgroup(name):
@@ -533,14 +566,30 @@ def monitor(request, nproc, cgroup=None):
     result["exit_code"] = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     result["signal"] = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
     for name, fd in (("stdout", read_out), ("stderr", read_err)):
-        text = buffers[fd].decode("utf-8", errors="backslashreplace")
-        extra = dropped[fd]
-        if len(text) > cap:
-            extra += len(text[cap:].encode("utf-8", errors="backslashreplace"))
-            text = text[:cap]
+        text, extra = cut_output(bytes(buffers[fd]), cap)
         result[name] = text
-        result[name + "_dropped_bytes"] = extra
+        result[name + "_dropped_bytes"] = dropped[fd] + extra
     return result, child
+
+
+def cut_output(data, cap):
+    """``(text, bytes left out)``: ``data`` decoded, a byte that is not UTF-8 shown as ``\\xNN``,
+    cut to ``cap`` characters (never inside such an escape). What is left out is counted in the
+    code's bytes, not in the escapes' four characters each."""
+    text = data.decode("utf-8", errors="backslashreplace")
+    if len(text) <= cap:
+        return text, 0
+    raw = data.decode("utf-8", errors="surrogateescape")  # the same, one character per bad byte
+    end, before = None, 0  # where the shown text ends in raw, and the bad bytes before it
+    for bad in re.finditer("[\udc80-\udcff]", raw):  # shown as 4 characters each
+        if bad.start() + 3 * before + 4 > cap:  # its escape does not fit
+            end = min(bad.start(), cap - 3 * before)
+            break
+        before += 1
+    if end is None:
+        end = cap - 3 * before
+    shown = raw[:end].encode("utf-8", errors="surrogateescape")
+    return shown.decode("utf-8", errors="backslashreplace"), len(data) - len(shown)
 
 
 ZYGOTE = []  # the server's end of its socket to the zygote
@@ -697,7 +746,7 @@ def serve_call(request_fd, result_fd, cgroup_name=None):
             check(libc().setns(network, CLONE_NEWNET), "setns")
             os.close(network)
         if ISOLATED:
-            enter_episode(request["episode"])
+            enter_episode(request["episode"], None if cgroup_name else request["limits"])
         result, child = monitor(request, request["nproc"], cgroup)
     except BaseException:
         result = {"internal_error": traceback.format_exc()}
@@ -794,30 +843,49 @@ def main():
     spare = [new_monitor() for _ in range(SPARE_MONITORS)]
     spare_networks = [new_network()] if ISOLATED else []
 
+    def let_go(request_fd, read_fd, cgroup):
+        """A monitor that will serve nothing: it exits when its request socket closes unread."""
+        for fd in (request_fd, read_fd):
+            if fd is not None:
+                os.close(fd)
+        if cgroup:
+            doomed.append(cgroup)
+
     def dispatch(request):
-        request["nproc"] = process_limit(request)
-        data = json.dumps(request).encode() + b"\n"
-        network = None
-        if ISOLATED:
-            network = networks.get(request["episode"])
-            if network is None:
-                network = networks[request["episode"]] = spare_networks.pop() if spare_networks else new_network()
-        request_fd, read_fd, cgroup = spare.pop() if spare else new_monitor()
+        """Hand ``request`` to a monitor. Whatever goes wrong here (a request the host should not
+        have sent, a monitor that cannot start) fails this request alone, with its own message,
+        and lets its monitor go: a queued request is dispatched from ``finish``, outside
+        ``handle``'s guard, where an exception ended the server and every other episode's call."""
+        taken = None
         try:
-            if cgroup:
-                limit_cgroup(cgroup, request["limits"])
-            send_request(request_fd, data, network)  # the monitor reads it once its namespaces are ready
-        except OSError:  # a spare that died: a fresh monitor
-            os.close(read_fd)
-            if cgroup:
-                doomed.append(cgroup)
-            request_fd, read_fd, cgroup = new_monitor()
-            if cgroup:
-                limit_cgroup(cgroup, request["limits"])
-            send_request(request_fd, data, network)
-        deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
-        calls[read_fd] = Call(request.get("id"), request["episode"], deadline, cgroup)
-        sel.register(read_fd, selectors.EVENT_READ)
+            request["nproc"] = process_limit(request)
+            data = json.dumps(request).encode() + b"\n"
+            network = None
+            if ISOLATED:
+                network = networks.get(request["episode"])
+                if network is None:
+                    network = networks[request["episode"]] = spare_networks.pop() if spare_networks else new_network()
+            deadline = time.monotonic() + float(request.get("timeout", 10)) + GRACE
+            for attempt in range(2):
+                taken = list(spare.pop() if spare and not attempt else new_monitor())  # request, result, cgroup
+                try:
+                    if taken[2]:
+                        limit_cgroup(taken[2], request["limits"])
+                    request_fd, taken[0] = taken[0], None  # send_request closes the request socket
+                    send_request(request_fd, data, network)  # the monitor reads it once its namespaces are ready
+                    break
+                except OSError:  # a spare that died: a fresh monitor
+                    if attempt:
+                        raise
+                    let_go(*taken)
+                    taken = None
+            _, read_fd, cgroup = taken
+            calls[read_fd] = Call(request.get("id"), request["episode"], deadline, cgroup)
+            sel.register(read_fd, selectors.EVENT_READ)
+        except Exception:
+            if taken is not None and taken[1] not in calls:
+                let_go(*taken)
+            reply({"id": request.get("id"), "internal_error": traceback.format_exc()})
 
     def finish(fd, call, result):
         sel.unregister(fd)
@@ -825,6 +893,8 @@ def main():
         del calls[fd]
         if ISOLATED and call.monitor:
             kill(call.monitor)  # nothing of the call lingers into the episode's next one
+        elif call.cgroup:
+            kill_cgroup(call.cgroup)  # nor at level rlimits where a cgroup holds the call
         if call.cgroup:  # removed once its processes are gone
             doomed.append(call.cgroup)
         result["id"] = call.id
@@ -833,10 +903,13 @@ def main():
             request = queue.popleft()
             reply({"id": request.get("id"), "started": True})
             dispatch(request)
-        while len(spare) < SPARE_MONITORS and not queue:  # made while the model reads this result
-            spare.insert(0, new_monitor())  # the oldest is used first: it is ready
-        if ISOLATED and not spare_networks and not queue:
-            spare_networks.append(new_network())
+        try:
+            while len(spare) < SPARE_MONITORS and not queue:  # made while the model reads this result
+                spare.insert(0, new_monitor())  # the oldest is used first: it is ready
+            if ISOLATED and not spare_networks and not queue:
+                spare_networks.append(new_network())
+        except Exception:  # no spare this time: the next call makes its own, or fails alone
+            traceback.print_exc()
 
     def result_of(call):
         lines = call.data.split(b"\n")

@@ -4,6 +4,7 @@ must fail, and the sandbox must serve a normal call right after. No mocks of the
 import gc
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -985,3 +986,184 @@ def test_a_killed_hosts_tmpfs_are_swept_by_the_next_pool(bubblewrap, tmp_path):
         time.sleep(0.2)
     assert mounted() == [] and not os.path.exists(pool_dir)
     assert stale_cgroups(pool) == []
+
+
+# -- review: limits that no per-process cap counted, quotas, bad limits, counts ----------------------
+
+# SysV shared memory detached once written is no process's address space, nor is a /dev/shm file
+# written with write(): where no cgroup caps the call, each must stay within memory_mb.
+SHM_ATTACK = r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+libc.shmat.restype = ctypes.c_void_p
+libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+libc.shmdt.argtypes = [ctypes.c_void_p]
+held = 0
+for i in range(128):  # 512 MiB of segments, each detached once written
+    shmid = libc.shmget(0, 4 << 20, 0o1000 | 0o600)
+    if shmid < 0:
+        print('SHMGET refused', ctypes.get_errno(), flush=True)
+        break
+    addr = libc.shmat(shmid, None, 0)
+    ctypes.memset(addr, 1, 4 << 20)
+    libc.shmdt(addr)
+    held += 4
+print('SHM', held, flush=True)
+wrote = 0
+try:
+    with open('/dev/shm/fill', 'wb') as f:
+        for i in range(128):
+            f.write(b'x' * (1 << 20)); f.flush(); wrote += 1
+except OSError as e:
+    print('DEVSHM stopped', e.errno)
+print('DEVSHM', wrote)
+"""
+
+
+def test_shared_memory_counts_against_the_memory_limit(bubblewrap):
+    """Before, where no cgroup caps the call (non-root hosts), SysV segments held 1 GiB under
+    memory_mb=256 and /dev/shm took 64 MiB more. Now shmget is refused there (as memfd_create is)
+    and /dev/shm holds one process's share; with a cgroup, both are allowed and counted."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    limits = SandboxLimits(timeout=20, memory_mb=256, max_processes=16)
+    for cgroups in (False, True):
+        pool = _Pool(BUBBLEWRAP, (), cgroups=cgroups)
+        if cgroups and pool.cgroups is None:
+            pool.shut_down()
+            continue
+        try:
+            with Sandbox(limits=limits, pool=pool) as box:
+                result = box.run(SHM_ATTACK)
+                lines = dict(line.rsplit(" ", 1) for line in result.stdout.splitlines())
+                if cgroups:
+                    assert result.error == "memory_limit" and int(lines.get("SHM", 0)) < 256, result.text
+                else:
+                    assert lines["SHMGET refused"] == "1" and lines["SHM"] == "0", result.text
+                    assert lines["DEVSHM stopped"] == "28" and int(lines["DEVSHM"]) <= 256 // 16, result.text
+                assert box.run("print('ok')").stdout == "ok\n"
+        finally:
+            pool.shut_down()
+
+
+def test_directories_count_against_the_quota_and_go_where_it_is_checked_after_the_call(bubblewrap):
+    """Without a tmpfs (non-root hosts) empty directories counted against the quota but were never
+    deleted: each call added 20,000 more. Now the call's newest entries go, directories included
+    (emptied first), until the workspace fits again; what was there before the call stays."""
+    from benchmax_gym.core.sandbox import _Pool
+
+    pool = _Pool(BUBBLEWRAP, (), tmpfs=False)
+    code = ("import os\nfor i in range(3000):\n    os.mkdir(f'd{CALL}_{i}')\n"
+            "os.makedirs('/'.join(['n%d' % CALL] * 40))\n"
+            "for depth in range(1, 41):\n    open('/'.join(['n%d' % CALL] * depth + ['f']), 'w').write('x')\n"
+            "for i in range(500):\n    os.mkdir(f'/tmp/t{CALL}_{i}')\nprint('made')")
+    try:
+        with Sandbox(limits=SandboxLimits(timeout=60, workspace_mb=4), pool=pool) as box:
+            assert not box.tmpfs
+            box.put_file("kept/data.txt", b"from the host")
+            for call in range(3):
+                result = box.run(code.replace("CALL", str(call)))
+                assert result.error == "file_size_limit" and "quota" in result.text, result.text
+                assert box._usage() <= 4 << 20
+                assert len(os.listdir(box.workspace)) + len(os.listdir(box.tmp)) <= 1024
+            assert (box.workspace / "kept" / "data.txt").read_bytes() == b"from the host"
+            assert box.run("print('ok')").stdout == "ok\n"
+    finally:
+        pool.shut_down()
+
+
+def test_limits_are_whole_finite_numbers_named_when_not():
+    """``512.0`` (JSON, YAML) made every call fail (a float shifted in the server) and leaked its
+    monitor; NaN failed every call and inf never timed out. Integral floats now become ints; the
+    rest is refused at construction, naming the limit."""
+    import math
+
+    limits = SandboxLimits(memory_mb=512.0, max_processes=16.0, timeout=3)
+    assert (limits.memory_mb, limits.max_processes, limits.timeout) == (512, 16, 3.0)
+    assert type(limits.memory_mb) is int and type(limits.timeout) is float
+    for name, value in (("timeout", math.nan), ("timeout", math.inf), ("memory_mb", math.nan),
+                        ("max_processes", math.inf), ("memory_mb", 512.5), ("cpu_seconds", True),
+                        ("workspace_mb", "64"), ("max_output_chars", -1)):
+        with pytest.raises(ValueError, match=f"sandbox limit {name} must be"):
+            SandboxLimits(**{name: value})
+    with pytest.raises(ValueError, match="timeout"):
+        gym.make("benchmax/Math-v0", sandbox_limits={"timeout": math.nan})
+
+
+def test_a_request_the_server_cannot_start_fails_alone(bubblewrap, monkeypatch):
+    """A request the server could not hand to a monitor (here limits the host now refuses, sent
+    anyway) left its monitor waiting forever; queued, it raised in ``finish`` and killed the server
+    with every other episode's call. Now it alone fails, as the sandbox's error."""
+    from benchmax_gym.core import sandbox
+    from benchmax_gym.core.outcomes import ENV_ERROR
+    from benchmax_gym.core.sandbox import _Pool
+
+    monkeypatch.setattr(sandbox, "MAX_CONCURRENT_CALLS", 1)  # the second call waits in the queue
+    pool = _Pool(BUBBLEWRAP, ())
+    good, bad, other = (Sandbox(limits=SandboxLimits(timeout=20), pool=pool) for _ in range(3))
+    object.__setattr__(bad.limits, "max_processes", "32")  # what SandboxLimits refuses
+    try:
+        assert good.run("print(1)").stdout == "1\n"
+        server = psutil.Process(pool.server().proc.pid)
+        out = {}
+
+        def run(name, box, code):
+            out[name] = box.run(code)
+
+        threads = [threading.Thread(target=run, args=("good", good, "import time; time.sleep(2); print('good')")),
+                   threading.Thread(target=run, args=("bad", bad, "print('bad')")),
+                   threading.Thread(target=run, args=("other", other, "print('other')"))]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.5)
+        for thread in threads:
+            thread.join()
+        assert out["good"].stdout == "good\n" and out["other"].stdout == "other\n", out
+        assert out["bad"].outcome == ENV_ERROR and "bad" not in out["bad"].stdout
+        for _ in range(5):  # not queued: each failed call let its monitor go
+            assert bad.run("print('bad')").outcome == ENV_ERROR
+        assert good.run("print(2)").stdout == "2\n" and pool.restarts == 0
+        deadline = time.monotonic() + 20
+        while len(server.children(recursive=True)) > 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(server.children(recursive=True)) <= 4, [p.cmdline() for p in server.children(recursive=True)]
+    finally:
+        for box in (good, bad, other):
+            box.close()
+        pool.shut_down()
+
+
+def test_the_truncation_marker_counts_the_codes_bytes(bubblewrap):
+    """Bytes that are not UTF-8 are shown as ``\\xff`` (four characters each); the marker counted
+    the escapes' characters: 100,000 bytes claimed 320,000 more."""
+    with Sandbox(limits=SandboxLimits(max_output_chars=5000)) as box:
+        result = box.run("import os\nos.write(1, b'\\xff' * 100_000)\nos.write(2, 'é€'.encode() * 50_000)")
+        assert len(result.stdout) <= 5000 and result.stdout == "\\xff" * 1250
+        assert result.stdout_dropped_bytes == 100_000 - 1250
+        assert result.stderr == "é€" * 2500 and result.stderr_dropped_bytes == 5 * 50_000 - 5 * 2500
+
+
+def test_a_setsid_process_does_not_outlive_its_call_at_the_rlimits_level():
+    """At level ``rlimits`` nothing but the process group was killed: a double fork with setsid
+    survived the call. Where a cgroup holds the call, everything in it is killed."""
+    marker = str(7_000_000 + secrets.randbelow(1_000_000))
+    code = ("import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+            "        os.closerange(0, 1024)\n"
+            f"        os.execv('/bin/sleep', ['sleep', '{marker}'])\n    os._exit(0)\nprint('done')")
+
+    def survivors():
+        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
+
+    try:
+        with Sandbox(mode="rlimits", limits=SandboxLimits(timeout=5)) as box:
+            if box._pool.cgroups is None:
+                pytest.skip("no cgroup here: at level rlimits a process that leaves the call's session survives it")
+            assert box.run(code).stdout == "done\n"
+            deadline = time.monotonic() + 5
+            while survivors() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert survivors() == []
+    finally:
+        for process in survivors():
+            process.kill()
