@@ -9,7 +9,9 @@ with one link, and read at most a given number of bytes.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -26,7 +28,9 @@ class WorkspaceFileError(ToolError):
     (a symlink, hard link, FIFO, device or directory) or ``file_too_large``."""
 
 
-def _open(root: str | os.PathLike, name: str, flags: int) -> int:
+def _parent(root: str | os.PathLike, name: str) -> tuple[int, str]:
+    """An fd of the directory holding ``root/name``, reached one ``O_NOFOLLOW`` component at a
+    time, and the file's own name in it."""
     parts = [p for p in Path(name).parts if p not in ("", ".")]
     if not parts or Path(name).is_absolute() or ".." in parts:
         raise WorkspaceFileError(f"{name!r} is not a path inside the workspace", code="unsafe_file")
@@ -42,15 +46,27 @@ def _open(root: str | os.PathLike, name: str, flags: int) -> int:
                 raise WorkspaceFileError(f"{name} does not exist in the workspace", code="file_missing") from None
             except OSError:
                 raise WorkspaceFileError(f"{name}: {part!r} is not a plain directory (a symbolic link?)", code="unsafe_file") from None
-        try:
-            return os.open(parts[-1], flags | _FILE_FLAGS, dir_fd=fds[-1])
-        except FileNotFoundError:
-            raise WorkspaceFileError(f"{name} does not exist in the workspace", code="file_missing") from None
-        except OSError as exc:  # ELOOP: a symbolic link; ENXIO: a FIFO without reader, ...
-            raise WorkspaceFileError(f"{name} cannot be opened ({os.strerror(exc.errno)}): only a regular file is used", code="unsafe_file") from None
+        return fds.pop(), parts[-1]
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _open_in(dir_fd: int, base: str, name: str, flags: int) -> int:
+    try:
+        return os.open(base, flags | _FILE_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise WorkspaceFileError(f"{name} does not exist in the workspace", code="file_missing") from None
+    except OSError as exc:  # ELOOP: a symbolic link; ENXIO: a FIFO without reader, ...
+        raise WorkspaceFileError(f"{name} cannot be opened ({os.strerror(exc.errno)}): only a regular file is used", code="unsafe_file") from None
+
+
+def _open(root: str | os.PathLike, name: str, flags: int) -> int:
+    dir_fd, base = _parent(root, name)
+    try:
+        return _open_in(dir_fd, base, name, flags)
+    finally:
+        os.close(dir_fd)
 
 
 def _check(fd: int, name: str, max_bytes: int | None) -> os.stat_result:
@@ -109,15 +125,39 @@ def read_workspace_file(root: str | os.PathLike, name: str, max_bytes: int) -> t
 
 
 def write_workspace_file(root: str | os.PathLike, name: str, data: bytes) -> tuple[int, int, int, int]:
-    """Replace the contents of the existing regular file ``root/name`` (its owner and mode kept,
-    so the model's code may still change it) and return its new version."""
-    fd = _open(root, name, os.O_WRONLY)
+    """Replace the existing regular file ``root/name`` with ``data`` and return its new version.
+
+    ``data`` goes to a new file beside it (created exclusively, never through a link), which is
+    then renamed over it: a write that fails (a full disk) leaves the old file whole. The new
+    file takes the old one's owner and mode, so the model's code may still change it."""
+    dir_fd, base = _parent(root, name)
     try:
-        _check(fd, name, None)
-        os.ftruncate(fd, 0)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        return _version(os.fstat(fd))
+        fd = _open_in(dir_fd, base, name, os.O_RDONLY)
+        try:
+            st = _check(fd, name, None)
+        finally:
+            os.close(fd)
+        temp = f".{base}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE_FLAGS, 0o600, dir_fd=dir_fd)
+        try:
+            try:
+                try:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                except PermissionError:  # not root: the file is ours, which is what counts
+                    if os.fstat(fd).st_uid != st.st_uid:
+                        raise
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                version = _version(os.fstat(fd))
+            finally:
+                os.close(fd)
+            os.rename(temp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=dir_fd)
+            raise
+        return version
     finally:
-        os.close(fd)
+        os.close(dir_fd)

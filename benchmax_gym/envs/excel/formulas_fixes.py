@@ -11,6 +11,13 @@ way for a model's workbook to reach outside itself at grading:
   so ``SUMPRODUCT(--(A1:A3=C1:C3),B1:B3)`` summed booleans as 0. A sign run with any ``-`` that
   folds to ``+`` becomes the operator ``u--``, which converts to a number as ``-`` does.
   (Still so upstream in ``formulas/tokens/operator.py``, ``OperatorToken.process``.)
+* **range cap**: ``formulas`` materializes a range cell by cell (~300 bytes each). The recalculation
+  first cuts whole columns and huge ranges to the used area; a range that is still over
+  :data:`MAX_LOADED_RANGE_CELLS` (the used area stretched by one far cell, R1C1 or ``INDIRECT``
+  text, an array formula's area) stops the recalculation with :class:`RangeTooLarge`.
+* **deadline**: a recalculation given a time limit (:func:`deadline`) stops at the next cell
+  ``formulas`` loads, range it assembles or formula it evaluates past it (:class:`Overrun`):
+  20,000 chained formulas took 44 s.
 * **text cap**: Excel's text results stop at 32,767 characters (``#VALUE!`` past that);
   ``formulas`` builds any string, so ``REPT(REPT("x",30000),30000)`` took ~1 GB. ``REPT`` and
   ``SUBSTITUTE`` check the length before building; ``&``, ``CONCAT``, ``CONCATENATE``,
@@ -24,12 +31,32 @@ import contextlib
 import functools
 import os
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 MAX_TEXT = 32_767  # Excel's limit on the characters of a text value
+MAX_LOADED_RANGE_CELLS = 300_000
+"""The most cells one range may cover when ``formulas`` reads it: no workbook the host opens holds
+more cells than this (:data:`.recalc.MAX_CELLS`), so a larger range is mostly empty grid."""
+
+
+class RangeTooLarge(BaseException):
+    """A range over :data:`MAX_LOADED_RANGE_CELLS`. A BaseException, so that the ``except
+    Exception`` of ``formulas`` and schedula (which would make it a ``#REF!``) let it through."""
+
+    def __init__(self, ref: str, cells: int):
+        super().__init__(ref, cells)
+        self.ref, self.cells = ref, cells
+
+
+class Overrun(BaseException):
+    """This thread's recalculation ran past its :func:`deadline`; a BaseException, as
+    :class:`RangeTooLarge`."""
+
 
 _allowed = threading.local()  # .path: the one workbook file this thread may load
+_deadline = threading.local()  # .at: the time.monotonic() past which this thread's recalculation stops
 
 
 @contextlib.contextmanager
@@ -40,6 +67,27 @@ def only_book(path: str | os.PathLike) -> Iterator[None]:
         yield
     finally:
         _allowed.path = None
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None) -> Iterator[None]:
+    """While this thread recalculates, ``formulas`` stops with :class:`Overrun` past ``seconds``
+    (None: never): checked before each cell it loads, range it assembles and node it evaluates."""
+    _deadline.at = None if seconds is None else time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _deadline.at = None
+
+
+def _checked(method: Any) -> Any:
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        at = getattr(_deadline, "at", None)
+        if at is not None and time.monotonic() > at:
+            raise Overrun
+        return method(*args, **kwargs)
+    return wrapper
 
 
 @functools.cache
@@ -61,6 +109,30 @@ def apply() -> None:
         return load_workbook(filename, *args, **kwargs)
 
     xlreader.load_workbook = guarded_load_workbook  # add_book imports it from the module per call
+
+    # --- range cap
+    from formulas.ranges import Ranges
+
+    get_range = Ranges.get_range
+
+    def bounded_get_range(ref: Any, context: Any = None, raise_anchor: bool = True) -> Any:
+        rng = get_range(ref, context, raise_anchor)
+        rows = int(rng.get("r2") or 1) - (int(rng.get("r1") or 1) or 1) + 1  # 0: from the first
+        cols = int(rng.get("n2") or 1) - (int(rng.get("n1") or 1) or 1) + 1
+        if rows * cols > MAX_LOADED_RANGE_CELLS:
+            raise RangeTooLarge(str(ref), rows * cols)
+        return rng
+
+    Ranges.get_range = staticmethod(bounded_get_range)  # ranges formulas loads and assembles pass here
+
+    # --- deadline
+    from formulas.cell import RangesAssembler
+    from formulas.excel import ExcelModel
+    from schedula.utils.sol import Solution
+
+    ExcelModel.compile_cell = _checked(ExcelModel.compile_cell)
+    RangesAssembler.__init__ = _checked(RangesAssembler.__init__)
+    Solution._evaluate_node = _checked(Solution._evaluate_node)
 
     # --- double unary
     Operator._precedences["u--"] = Operator._precedences["u-"]

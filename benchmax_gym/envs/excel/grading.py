@@ -31,6 +31,7 @@ from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.datetime import to_excel
 
 from benchmax_gym.envs.excel.recalc import (
+    GRADE_TIMEOUT_S,
     CellKey,
     Workbook,
     _bounding_ranges,
@@ -278,7 +279,7 @@ def _expected_cells(data: bytes, position: str, method: str) -> _ExpectedCells:
 
 
 def _output_values(
-    data: bytes, ranges: Iterable[tuple[str, str]], method: str
+    data: bytes, ranges: Iterable[tuple[str, str]], method: str, time_limit: float | None = GRADE_TIMEOUT_S
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """Output values keyed by the answer's sheet names; ``_MISSING_SHEET`` for absent sheets."""
     notes: list[str] = []
@@ -303,7 +304,7 @@ def _output_values(
     finally:
         wb.close()
     if formats:
-        computed, compute_notes = _compute(data, method, formats, epoch)
+        computed, compute_notes = _compute(data, method, formats, epoch, time_limit=time_limit)
         notes.extend(compute_notes)
         for (real, coordinate) in formats:
             values[renamed[real], coordinate] = computed.get((real, coordinate))
@@ -316,7 +317,8 @@ def expected_values(answer: Workbook, position: str, recalc: str = "auto") -> li
     return list(expected)
 
 
-def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto") -> GradeResult:
+def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto",
+          time_limit: float | None = GRADE_TIMEOUT_S) -> GradeResult:
     """Grade the ``output`` workbook against ``answer`` at ``position``, SpreadsheetBench-style.
 
     ``output`` and ``answer`` are xlsx paths or bytes; ``output`` may also be a function that
@@ -324,8 +326,9 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
     note), and is refused over the limits of :func:`check_workbook`. Every cell of ``position`` (see
     :func:`parse_answer_position`; sheet names come from the answer workbook) must match after
     :func:`normalize`. Formula cells are recalculated with ``recalc`` (see :data:`.recalc.RECALC_MODES`)
-    only when the answer positions hold any. A sheet missing from the output makes its cells
-    wrong; an output that is missing, over the limits or not an xlsx workbook grades 0 with a note.
+    only when the answer positions hold any, within ``time_limit`` seconds. A sheet missing from
+    the output makes its cells wrong; an output that is missing, over the limits, not an xlsx
+    workbook or slower to recalculate than ``time_limit`` grades 0 with a note.
 
     Raises:
         ValueError: a bad ``recalc``, or a ``position`` that does not fit the answer workbook.
@@ -339,7 +342,7 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
     try:
         data = _read_bytes(output)
         check_workbook(data)
-        got, output_notes = _output_values(data, ranges, method)
+        got, output_notes = _output_values(data, ranges, method, time_limit)
     except Exception as exc:  # the model's workbook: deleted, truncated, not a zip, ...
         notes.append(f"output workbook could not be read ({type(exc).__name__}: {str(exc)[:200]})")
         return GradeResult(cells=0.0, solved=False, total=total, correct=0, notes=notes)
@@ -364,8 +367,8 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
     )
 
 
-def correct_cells(output: Workbook, answer: Workbook, position: str,
-                  recalc: str = "auto") -> tuple[set[tuple[str, str]], int]:
+def correct_cells(output: Workbook, answer: Workbook, position: str, recalc: str = "auto",
+                  time_limit: float | None = GRADE_TIMEOUT_S) -> tuple[set[tuple[str, str]], int]:
     """The answer cells ``output`` already holds right, ``(sheet, cell)``, and how many there are:
     :func:`grade`'s comparison, cell by cell (Excel's dense signal). An unreadable output holds none."""
     method = _check_recalc(recalc)
@@ -373,7 +376,7 @@ def correct_cells(output: Workbook, answer: Workbook, position: str,
     try:
         data = _read_bytes(output)
         check_workbook(data)
-        got, _ = _output_values(data, ranges, method)
+        got, _ = _output_values(data, ranges, method, time_limit)
     except Exception:  # noqa: BLE001 - the model's workbook: deleted, truncated, not a zip
         return set(), len(expected)
     right = set()

@@ -3,12 +3,14 @@
 openpyxl does not compute formulas, and a model may answer with formulas: :func:`recalculate`
 computes them with the ``formulas`` package (made to scale: whole-column and huge ranges are
 bounded to the used area, references to other workbooks become errors) or with headless
-LibreOffice, falling back to the values cached in the file. :func:`check_workbook` refuses
-workbooks whose parsing alone would cost the host unbounded time or memory.
+LibreOffice, falling back to the values cached in the file, within a time limit
+(:func:`run_with_deadline`). :func:`check_workbook` refuses workbooks whose parsing alone would
+cost the host unbounded time or memory.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime as dt
 import functools
 import io
@@ -32,7 +34,9 @@ from openpyxl.utils.datetime import from_excel
 
 from benchmax_gym.envs.excel import formulas_fixes
 
-__all__ = ["RECALC_MODES", "WorkbookTooLarge", "check_workbook", "recalculate"]
+__all__ = [
+    "RECALC_MODES", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate", "run_with_deadline",
+]
 
 RECALC_MODES = ("auto", "formulas", "libreoffice", "none")
 """How formula cells get their values: ``auto`` and ``formulas`` use the ``formulas`` package
@@ -40,6 +44,9 @@ RECALC_MODES = ("auto", "formulas", "libreoffice", "none")
 which recalculates on load; ``none`` trusts the values cached in the file, as upstream does."""
 
 LIBREOFFICE_TIMEOUT_S = 120
+GRADE_TIMEOUT_S = 30.0
+"""The time the grader gives the recalculation of a model's workbook (the tools give theirs
+``tool_timeout``); SpreadsheetBench's take well under a second."""
 
 Workbook = str | Path | bytes | Callable[[], bytes]
 CellKey = tuple[str, str]  # (sheet name, "A1")
@@ -57,23 +64,63 @@ MAX_RATIO = 200
 """The most a part larger than 1 MiB may inflate, relative to its compressed size."""
 MAX_PARTS = 10_000
 MAX_CELLS = 300_000
-"""The most cells (written cells plus the cells merged ranges cover, which openpyxl creates one
-by one) a workbook may have: openpyxl spends ~10 us and ~1 KB per cell."""
+"""The most cells a workbook may have: written cells plus every cell that merged ranges,
+hyperlinks and comments cover (openpyxl creates those one by one); openpyxl spends ~10 us and
+~1 KB per cell."""
+MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's grid
 
 _CELL_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?c[\s/>]")
-_MERGE_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?mergeCell\s[^>]*?ref\s*=\s*[\"']([^\"']*)[\"']")
+_RANGE_TAG = re.compile(  # elements whose ref openpyxl fills with a cell per position
+    rb"<(?:[A-Za-z_][\w.-]*:)?(?:mergeCell|hyperlink|comment)\s[^>]*?(?<=\s)ref\s*=\s*[\"']([^\"']*)[\"']"
+)
+_DECLARED_ENCODING = re.compile(rb"(?:\xef\xbb\xbf)?\s*<\?xml[^>]*?encoding\s*=\s*[\"']([\w.:-]{1,40})[\"']")
 
 
 class WorkbookTooLarge(ValueError):
     """A workbook over the host's limits (:data:`MAX_WORKBOOK_BYTES`, :data:`MAX_XML_BYTES`,
-    :data:`MAX_RATIO`, :data:`MAX_PARTS`, :data:`MAX_CELLS`), refused before openpyxl parses it."""
+    :data:`MAX_RATIO`, :data:`MAX_PARTS`, :data:`MAX_CELLS`), refused before openpyxl parses it,
+    or with a range too large to recalculate (:data:`.formulas_fixes.MAX_LOADED_RANGE_CELLS`)."""
+
+
+def _covered_cells(ref: bytes) -> int:
+    """The cells a ``ref`` attribute covers (``A1:C3``; whole columns or rows span the grid)."""
+    total = 0
+    for part in ref.decode("ascii", "replace").replace("$", "").upper().split():
+        try:
+            min_col, min_row, max_col, max_row = range_boundaries(part)
+        except (TypeError, ValueError):
+            continue
+        cols = MAX_COL if min_col is None or max_col is None else abs(max_col - min_col) + 1
+        rows = MAX_ROW if min_row is None or max_row is None else abs(max_row - min_row) + 1
+        total += cols * rows
+    return total
+
+
+def _as_parsed(xml: bytes) -> bytes:
+    """A part's bytes as the XML parser reads them, in UTF-8: a part in UTF-16 or in a declared
+    single-byte encoding such as EBCDIC hides its tags from a scan of the raw bytes."""
+    if xml.startswith((b"\xff\xfe", b"\xfe\xff")):
+        codec = "utf-16"
+    elif xml[:2] in (b"<\x00", b"\x00<"):
+        codec = "utf-16-le" if xml[0] == 0x3C else "utf-16-be"
+    elif m := _DECLARED_ENCODING.match(xml):
+        codec = m[1].decode("ascii").lower().replace("_", "-")
+        if codec in ("utf-8", "utf8", "us-ascii", "ascii", "iso-8859-1", "latin-1", "latin1"):
+            return xml  # tags are plain ASCII bytes
+    else:
+        return xml
+    try:
+        return xml.decode(codec, "replace").encode("utf-8", "replace")
+    except (LookupError, ValueError):
+        return xml  # an encoding Python lacks: the XML parser cannot read it either
 
 
 def check_workbook(data: bytes) -> None:
     """Refuse, with :class:`WorkbookTooLarge`, a workbook whose parsing would cost the host
     unbounded time or memory: a zip bomb, or a small file that expands to millions of cells.
-    Cheap: the zip directory, then one scan of the worksheets' XML. Files that are not a zip
-    pass through (openpyxl's own error then says what is wrong)."""
+    Cheap: the zip directory, then one scan of every part (openpyxl finds worksheets through
+    relationships, under any name). Files that are not a zip pass through (openpyxl's own error
+    then says what is wrong)."""
     if len(data) > MAX_WORKBOOK_BYTES:
         raise WorkbookTooLarge(f"the workbook is {len(data)} bytes; the limit is {MAX_WORKBOOK_BYTES}")
     try:
@@ -92,23 +139,51 @@ def check_workbook(data: bytes) -> None:
                 raise WorkbookTooLarge(f"{p.filename} expands {p.file_size // max(p.compress_size, 1)}-fold; the limit is {MAX_RATIO}")
         cells = 0
         for p in parts:
-            if not p.filename.lower().endswith(".xml") or "worksheets/" not in p.filename.lower():
-                continue
             try:
-                xml = archive.read(p)
+                xml = _as_parsed(archive.read(p))
             except Exception:
-                return  # a broken part: openpyxl reports it
-            cells += len(_CELL_TAG.findall(xml))
-            for ref in _MERGE_TAG.findall(xml):
-                try:
-                    min_col, min_row, max_col, max_row = range_boundaries(ref.decode("ascii", "replace").replace("$", "").upper())
-                    cells += (abs(max_col - min_col) + 1) * (abs(max_row - min_row) + 1)
-                except (TypeError, ValueError):
-                    continue
+                continue  # a broken part: openpyxl reports it if it reads it
+            if b"sheetData" in xml:
+                cells += len(_CELL_TAG.findall(xml))
+            for ref in _RANGE_TAG.findall(xml):
+                cells += _covered_cells(ref)
                 if cells > MAX_CELLS:
                     break
             if cells > MAX_CELLS:
-                raise WorkbookTooLarge(f"the workbook has more cells than the limit of {MAX_CELLS} (merged ranges count every cell they cover)")
+                raise WorkbookTooLarge(
+                    f"the workbook has more cells than the limit of {MAX_CELLS} "
+                    "(merged ranges, hyperlinks and comments count every cell they cover)"
+                )
+
+
+class TimeLimitExceeded(TimeoutError):
+    """Work given up at its deadline (:func:`run_with_deadline`)."""
+
+
+def run_with_deadline(fn: Callable[[], Any], seconds: float | None, what: str = "the work") -> Any:
+    """``fn()``, given up after ``seconds`` (None: no limit) with :class:`TimeLimitExceeded`.
+
+    It runs in a daemon thread of its own (~0.1 ms): the inline tools and the grader have no other
+    deadline. One that overruns finishes unwatched (no pool outlives a fork or delays the
+    interpreter's exit), so ``fn`` must bound its own work: the recalculation stops itself at
+    the same deadline (:func:`.formulas_fixes.deadline`); openpyxl's parsing is bounded by
+    :func:`check_workbook`.
+    """
+    if seconds is None:
+        return fn()
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="excel-deadline", daemon=True).start()
+    try:
+        return future.result(seconds)
+    except concurrent.futures.TimeoutError:
+        raise TimeLimitExceeded(f"{what} took over {seconds:g} s") from None
 
 
 def _read_bytes(workbook: Workbook) -> bytes:
@@ -265,13 +340,46 @@ def _may_be_huge(formula: str) -> bool:
     return ":" in formula and any(_huge(m[0]) for m in _AREA_RE.finditer(formula))
 
 
+def _bound_ref(ref: str, max_row: int, max_col: int) -> str | None:
+    """``ref`` (``Sheet1!$E:$E``, ``3:3``, ``A1:Z200000``) cut to the used area, or None when it
+    needs no cut."""
+    prefix, bang, ref = ref.rpartition("!")
+    prefix += bang
+    if m := _WHOLE_COLUMNS_RE.fullmatch(ref):
+        return f"{prefix}{m[1]}{m[2]}$1:{m[3]}{m[4]}${max_row}"
+    if m := _WHOLE_ROWS_RE.fullmatch(ref):
+        last = get_column_letter(max_col)
+        return f"{prefix}$A{m[1]}{m[2]}:${last}{m[3]}{m[4]}"
+    if _huge(ref):
+        min_col, min_row, max_c, max_r = range_boundaries(ref.replace("$", "").upper())
+        last_col, last_row = min(max_c, max(max_col, min_col)), min(max_r, max(max_row, min_row))
+        return f"{prefix}{get_column_letter(min_col)}{min_row}:{get_column_letter(last_col)}{last_row}"
+    return None
+
+
+def _check_size(ref: str) -> str:
+    """``ref``, a range cut to the used area; :class:`WorkbookTooLarge` if it is still over
+    :data:`.formulas_fixes.MAX_LOADED_RANGE_CELLS` (one far cell stretches the used area)."""
+    min_col, min_row, max_col, max_row = range_boundaries(ref.rpartition("!")[2].replace("$", "").upper())
+    cells = (max_col - min_col + 1) * (max_row - min_row + 1)
+    if cells > formulas_fixes.MAX_LOADED_RANGE_CELLS:
+        raise WorkbookTooLarge(
+            f"a formula refers to {ref}, {cells} cells even cut to the used area; "
+            f"the limit is {formulas_fixes.MAX_LOADED_RANGE_CELLS}"
+        )
+    return ref
+
+
 def _bound_formula(formula: str, max_row: int, max_col: int) -> str:
     """``formula`` with whole-column/row references (``$E:$E``, ``3:3``) and ranges of more than
-    :data:`MAX_RANGE_CELLS` cells cut to the used area.
+    :data:`MAX_RANGE_CELLS` cells cut to the used area, also as the text of ``INDIRECT("A:A")``
+    (which ``formulas`` reads as a range).
 
     ``formulas`` materializes ``E:E`` as 1,048,576 cells: one ``SUMIFS($E:$E, ...)`` takes
     minutes. Cells past the used area are empty, so for the usual aggregates the result is the
-    same (functions that count the blanks or the rows themselves could differ).
+    same (functions that count the blanks or the rows themselves could differ). A range still
+    too large once cut (one far cell stretches the used area) is :class:`WorkbookTooLarge`, as
+    are the ranges this text-level cut misses, when ``formulas`` reads them (:mod:`.formulas_fixes`).
     """
     if not _WHOLE_HINT_RE.search(formula) and not _may_be_huge(formula):
         return formula
@@ -280,42 +388,52 @@ def _bound_formula(formula: str, max_row: int, max_col: int) -> str:
     except Exception:
         return formula
     changed = False
-    for token in tokens.items:
-        if token.type != Token.OPERAND or token.subtype != Token.RANGE:
+    items = tokens.items
+    for i, token in enumerate(items):
+        if token.type != Token.OPERAND:
             continue
-        prefix, bang, ref = token.value.rpartition("!")
-        prefix += bang
-        if m := _WHOLE_COLUMNS_RE.fullmatch(ref):
-            token.value = f"{prefix}{m[1]}{m[2]}$1:{m[3]}{m[4]}${max_row}"
-            changed = True
-        elif m := _WHOLE_ROWS_RE.fullmatch(ref):
-            last = get_column_letter(max_col)
-            token.value = f"{prefix}$A{m[1]}{m[2]}:${last}{m[3]}{m[4]}"
-            changed = True
-        elif _huge(ref):
-            min_col, min_row, max_c, max_r = range_boundaries(ref.replace("$", "").upper())
-            last_col, last_row = min(max_c, max(max_col, min_col)), min(max_r, max(max_row, min_row))
-            token.value = f"{prefix}{get_column_letter(min_col)}{min_row}:{get_column_letter(last_col)}{last_row}"
-            changed = True
+        if token.subtype == Token.RANGE:
+            if (bounded := _bound_ref(token.value, max_row, max_col)) is not None:
+                token.value, changed = _check_size(bounded), True
+        elif (token.subtype == Token.TEXT and 0 < i < len(items) - 1 and items[i + 1].subtype == Token.CLOSE
+              and items[i - 1].type == Token.FUNC and items[i - 1].value.upper() == "INDIRECT("):
+            if (bounded := _bound_ref(token.value[1:-1], max_row, max_col)) is not None:
+                token.value, changed = f'"{_check_size(bounded)}"', True
     return tokens.render() if changed else formula
+
+
+def _used_extent(wb: openpyxl.Workbook) -> tuple[int, int]:
+    """The last row and column that hold a value in any sheet of ``wb`` (at least 1), from the
+    cells the sheets hold: walking their grid (``iter_rows``) creates a cell per position, and
+    one far cell would make that millions."""
+    max_row = max_col = 1
+    for ws in wb.worksheets:
+        for (row, col), cell in ws._cells.items():
+            if cell.value is not None:
+                max_row, max_col = max(max_row, row), max(max_col, col)
+    return max_row, max_col
 
 
 def _bound_whole_references(wb: openpyxl.Workbook) -> None:
     """Apply :func:`_bound_formula` to every formula and defined name of ``wb``, in place."""
-    max_row = max((ws.max_row for ws in wb.worksheets), default=1)
-    max_col = max((ws.max_column for ws in wb.worksheets), default=1)
+    max_row, max_col = _used_extent(wb)
     for ws in wb.worksheets:
-        for row in ws.iter_rows():
-            for cell in row:
-                if cell.data_type != "f":
-                    continue
+        for cell in ws._cells.values():
+            if cell.data_type != "f":
+                continue
+            try:
                 if isinstance(cell.value, str):
                     cell.value = _bound_formula(cell.value, max_row, max_col)
                 elif isinstance(getattr(cell.value, "text", None), str):  # ArrayFormula
                     cell.value.text = _bound_formula(cell.value.text, max_row, max_col)
+            except WorkbookTooLarge as exc:
+                raise WorkbookTooLarge(f"{ws.title}!{cell.coordinate}: {exc}") from None
     for name in wb.defined_names.values():
         if name.attr_text and ":" in name.attr_text:
-            name.attr_text = _bound_formula("=" + name.attr_text, max_row, max_col)[1:]
+            try:
+                name.attr_text = _bound_formula("=" + name.attr_text, max_row, max_col)[1:]
+            except WorkbookTooLarge as exc:
+                raise WorkbookTooLarge(f"the name {name.name}: {exc}") from None
 
 
 def _plain(value: Any) -> Any:
@@ -354,32 +472,45 @@ def _parses(formulas: Any, formula: Any) -> bool:
     return True
 
 
-def _formulas_values(data: bytes, keys: set[CellKey]) -> tuple[dict[CellKey, Any], list[str]]:
+def _formulas_values(
+    data: bytes, keys: set[CellKey], time_limit: float | None = None
+) -> tuple[dict[CellKey, Any], list[str]]:
     """Compute the formula cells ``keys`` with the ``formulas`` package; also its warnings.
 
     Each cell is requested on its own (``from_ranges``), so only what it depends on is loaded:
     an unsupported formula elsewhere in the workbook does not matter, and one that it does
-    depend on spoils that cell alone (as ``#REF!``) rather than its whole range.
+    depend on spoils that cell alone (as ``#REF!``) rather than its whole range. Past
+    ``time_limit`` seconds ``formulas`` stops at its next cell or formula
+    (:class:`TimeLimitExceeded`).
     """
     formulas = _formulas_module()
-    wb = _open(data, data_only=False, read_only=False)
-    _bound_whole_references(wb)
     _formulas_log.messages = messages = []
     try:
-        with tempfile.TemporaryDirectory(prefix="benchmax-excel-") as tmp:
-            path = Path(tmp) / "book.xlsx"
-            wb.save(path)
-            with formulas_fixes.only_book(path):  # formulas naming other files load none
-                try:
-                    solution = _solve(formulas, path, keys)
-                except Exception:
-                    # Usually a requested formula that formulas cannot parse (a table reference
-                    # such as ``Data[Cost]``): leave those out, so they alone use cached values.
-                    bad = {key for key in keys if not _parses(formulas, wb[key[0]][key[1]].value)}
-                    if not bad:
-                        raise
-                    messages.append(f"cannot parse {len(bad)} formula(s), e.g. at {min(bad)}")
-                    solution = _solve(formulas, path, keys - bad)
+        with formulas_fixes.deadline(time_limit):  # from the start, as the caller's
+            wb = _open(data, data_only=False, read_only=False)
+            _bound_whole_references(wb)
+            with tempfile.TemporaryDirectory(prefix="benchmax-excel-") as tmp:
+                path = Path(tmp) / "book.xlsx"
+                wb.save(path)
+                with formulas_fixes.only_book(path):  # formulas naming other files load none
+                    try:
+                        solution = _solve(formulas, path, keys)
+                    except Exception:
+                        # Usually a requested formula that formulas cannot parse (a table reference
+                        # such as ``Data[Cost]``): leave those out, so they alone use cached values.
+                        bad = {key for key in keys if not _parses(formulas, wb[key[0]][key[1]].value)}
+                        if not bad:
+                            raise
+                        messages.append(f"cannot parse {len(bad)} formula(s), e.g. at {min(bad)}")
+                        solution = _solve(formulas, path, keys - bad)
+    except formulas_fixes.Overrun:
+        raise TimeLimitExceeded(f"the recalculation took over {time_limit:g} s") from None
+    except formulas_fixes.RangeTooLarge as exc:
+        ref = exc.ref.rpartition("]")[2].replace("'!", "!")  # without the temporary file's path
+        raise WorkbookTooLarge(
+            f"a formula refers to {ref}, {exc.cells} cells even cut to the used area; "
+            f"the limit is {formulas_fixes.MAX_LOADED_RANGE_CELLS}"
+        ) from None
     finally:
         _formulas_log.messages = None
     return _solution_values(solution, keys, wb.sheetnames), messages
@@ -463,11 +594,10 @@ def _without_external_references(data: bytes) -> bytes:
     found = bool(wb._external_links)
     wb._external_links = []
     for ws in wb.worksheets:
-        for row in ws.iter_rows():
-            for cell in row:
-                formula = getattr(cell.value, "text", cell.value)  # ArrayFormula keeps .text
-                if cell.data_type == "f" and isinstance(formula, str) and external_reference(formula):
-                    cell.value, found = "=#REF!", True
+        for cell in ws._cells.values():  # not iter_rows: it makes a cell per position of the grid
+            formula = getattr(cell.value, "text", cell.value)  # ArrayFormula keeps .text
+            if cell.data_type == "f" and isinstance(formula, str) and external_reference(formula):
+                cell.value, found = "=#REF!", True
     for name, defined in list(wb.defined_names.items()):
         if defined.attr_text and external_reference("=" + defined.attr_text):
             del wb.defined_names[name]
@@ -523,8 +653,13 @@ def _compute(
     epoch: dt.datetime,
     *,
     trust_empty_cache: bool = False,
+    time_limit: float | None = None,
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """Values for the formula cells ``formats`` (cell -> number format), and notes.
+
+    A recalculation past ``time_limit`` seconds (:class:`TimeLimitExceeded`) or with a range too
+    large (:class:`WorkbookTooLarge`) raises: the workbook's own doing, never replaced by the
+    values cached in it.
 
     Falls back to the values cached in the file when the recalculation fails as a whole, and
     cell by cell where ``formulas`` answers ``#NAME?`` (a function it lacks) or ``#REF!`` (a
@@ -538,8 +673,12 @@ def _compute(
         return _cached_values(data, keys), notes
     try:
         if method == "libreoffice":
-            return _libreoffice_values(data, keys), notes
-        values, warnings = _formulas_values(data, keys)
+            return _libreoffice_values(data, keys), notes  # bounded by LIBREOFFICE_TIMEOUT_S
+        _formulas_module()  # imported (once) outside the deadline
+        work = functools.partial(_formulas_values, data, keys, time_limit)
+        values, warnings = run_with_deadline(work, time_limit, "the recalculation")
+    except (TimeLimitExceeded, WorkbookTooLarge):
+        raise
     except Exception as exc:
         notes.append(
             f"recalculation with {method!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
@@ -570,14 +709,17 @@ def _compute(
 
 
 def recalculate(
-    workbook: Workbook, recalc: str = "auto", ranges: Iterable[tuple[str, str]] | None = None
+    workbook: Workbook, recalc: str = "auto", ranges: Iterable[tuple[str, str]] | None = None,
+    time_limit: float | None = None,
 ) -> dict[CellKey, Any]:
     """``{(sheet, "A1"): value}`` for the formula cells of ``workbook`` (within ``ranges``,
     ``[(sheet, "A1:B3"), ...]``, when given; else everywhere), computed with ``recalc``.
 
     Values are what openpyxl would read from a file Excel had saved: numbers, strings, bools,
     datetimes for date-formatted cells, error strings such as ``"#DIV/0!"``, None for empty.
-    When recalculation fails the values cached in the file are returned (None where absent).
+    When recalculation fails the values cached in the file are returned (None where absent);
+    past ``time_limit`` seconds it raises :class:`TimeLimitExceeded`, and for a range too large
+    even cut to the used area :class:`WorkbookTooLarge`.
     """
     method = _check_recalc(recalc)
     data = _read_bytes(workbook)
@@ -591,7 +733,7 @@ def recalculate(
         wb.close()
     if not formats:
         return {}
-    return _compute(data, method, formats, epoch)[0]
+    return _compute(data, method, formats, epoch, time_limit=time_limit)[0]
 
 
 def _formula_formats(

@@ -11,11 +11,11 @@ cannot store - is a clear tool error and leaves the workbook as it was.
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime as dt
 import io
+import math
+import os
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,15 @@ from openpyxl.utils.exceptions import IllegalCharacterError
 
 from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, unchanged, workspace_file_version, write_workspace_file
 from benchmax_gym.core.tools import ToolError, tool
-from benchmax_gym.envs.excel.recalc import MAX_WORKBOOK_BYTES, WorkbookTooLarge, check_workbook, external_reference, recalculate
+from benchmax_gym.envs.excel.recalc import (
+    MAX_WORKBOOK_BYTES,
+    TimeLimitExceeded,
+    WorkbookTooLarge,
+    check_workbook,
+    external_reference,
+    recalculate,
+    run_with_deadline,
+)
 
 WORKBOOK = "workbook.xlsx"
 MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's own limits
@@ -36,6 +44,8 @@ MAX_TEXT = 32_767  # the most characters an Excel cell holds
 ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?)?$")
 TIME = re.compile(r"^(\d{1,5}):([0-5]\d)(?::([0-5]\d)(?:\.(\d{1,6}))?)?$")
 """``H:MM[:SS[.ffffff]]``: a time of day below 24 hours, a duration (Excel's ``[h]:mm:ss``) from 24."""
+NOT_IN_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+"""Characters an xlsx file (XML 1.0) cannot hold: saved anyway, they leave a workbook no one can open."""
 
 
 class WorkbookFile:
@@ -101,25 +111,9 @@ class WorkbookFile:
             return openpyxl.load_workbook(io.BytesIO(data), data_only=data_only)
 
         try:
-            if not bounded or self.timeout is None:
-                return load()
-            # A daemon thread of its own (~0.1 ms, only when the file changed): one that overruns
-            # finishes unwatched, and no pool outlives a fork or delays the interpreter's exit.
-            future: concurrent.futures.Future = concurrent.futures.Future()
-
-            def run():
-                try:
-                    future.set_result(load())
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
-                    future.set_exception(exc)
-
-            threading.Thread(target=run, name="excel-parse", daemon=True).start()
-            try:
-                return future.result(self.timeout)
-            except concurrent.futures.TimeoutError:
-                raise ToolError(f"opening {WORKBOOK} took over {self.timeout:g} s; make it smaller", code="tool_timeout") from None
-        except ToolError:
-            raise
+            return run_with_deadline(load, self.timeout if bounded else None, f"opening {WORKBOOK}")
+        except TimeLimitExceeded as exc:
+            raise ToolError(f"{exc}; make it smaller", code="tool_timeout") from None
         except Exception as exc:
             raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
 
@@ -127,7 +121,11 @@ class WorkbookFile:
         buffer = io.BytesIO()
         self._book.save(buffer)
         data = buffer.getvalue()
-        self._version = write_workspace_file(self.path.parent, self.path.name, data)
+        try:
+            self._version = write_workspace_file(self.path.parent, self.path.name, data)
+        except OSError as exc:  # the file was replaced whole or not at all: it is as it was
+            why = os.strerror(exc.errno) if exc.errno else exc
+            raise ToolError(f"{WORKBOOK} could not be saved ({why}); it is unchanged") from None
         self._values, self._data = None, data
 
     def discard(self) -> None:
@@ -136,7 +134,8 @@ class WorkbookFile:
 
     def recalculated(self, sheet: str, rng: str) -> dict[tuple[str, str], Any]:
         """Values of the formula cells of ``sheet!rng`` computed as the grader computes them, from
-        the loaded workbook (not the file again); cached until the workbook changes."""
+        the loaded workbook (not the file again), within ``timeout`` (a read is an inline tool:
+        nothing else bounds it); cached, refusals too, until the workbook changes."""
         book = self.book()
         key = (self._version, sheet, rng)
         cache = self.__dict__.setdefault("_recalculated", {})  # made on first use: reads rarely need it
@@ -144,7 +143,14 @@ class WorkbookFile:
             buffer = io.BytesIO()
             book.save(buffer)
             cache.clear()  # only the current version's results are worth keeping
-            cache[key] = recalculate(buffer.getvalue(), ranges=[(sheet, rng)])
+            try:
+                cache[key] = recalculate(buffer.getvalue(), ranges=[(sheet, rng)], time_limit=self.timeout)
+            except TimeLimitExceeded as exc:  # kept: the same read would only overrun again
+                cache[key] = (f"computing the formulas: {exc} (the tool time limit); simplify them", "tool_timeout")
+            except WorkbookTooLarge as exc:
+                cache[key] = (f"the formulas cannot be computed: {exc}", "workbook_too_large")
+        if isinstance(cache[key], tuple):
+            raise ToolError(cache[key][0], code=cache[key][1])
         return cache[key]
 
     def sheet(self, name: str):
@@ -169,6 +175,10 @@ def _bounds(ref: str) -> tuple[int, int, int, int]:
         raise ToolError(f"{ref!r} is not a cell or range like 'B2' or 'A1:D20'") from None
     if None in (min_col, min_row, max_col, max_row):
         raise ToolError(f"{ref!r}: give both corners of the range, like 'A1:D20' (whole rows/columns are not supported)")
+    if min(min_row, max_row) < 1:  # openpyxl reads row 0 as "no limit": the whole column
+        raise ToolError(f"{ref!r}: rows are numbered from 1")
+    min_col, max_col = sorted((min_col, max_col))  # 'C3:A1' is A1:C3, as in Excel
+    min_row, max_row = sorted((min_row, max_row))
     if max_col > MAX_COL or max_row > MAX_ROW:
         raise ToolError(f"{ref!r} is outside Excel's grid (at most {get_column_letter(MAX_COL)}{MAX_ROW})")
     return min_col, min_row, max_col, max_row
@@ -274,6 +284,9 @@ def _cell_value(coordinate: str, value: Any) -> Any:
     if isinstance(value, str):
         if len(value) > MAX_TEXT:
             raise ToolError(f"{coordinate}: text longer than {MAX_TEXT} characters")
+        if bad := NOT_IN_XML.search(value):
+            raise ToolError(f"{coordinate}: the text contains {ascii(bad[0])}; Excel cannot store control "
+                            "characters, U+FFFE, U+FFFF or lone surrogates")
         if value.startswith("'"):
             return _Text(value[1:])
         if value.startswith("=") and (ref := external_reference(value)):
@@ -287,8 +300,8 @@ def _cell_value(coordinate: str, value: Any) -> Any:
             return _time_value(match)
         return value
     if value is None or isinstance(value, (bool, int, float)):
-        if isinstance(value, float) and value != value:
-            raise ToolError(f"{coordinate}: NaN cannot be stored in a cell")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ToolError(f"{coordinate}: {value} cannot be stored in a cell (NaN and infinity are not numbers Excel keeps)")
         return value
     raise ToolError(f"{coordinate}: a cell holds text, a number, true/false or null, not {type(value).__name__}")
 
@@ -310,8 +323,10 @@ def write_cells(sheet: str, cells: dict[str, Any], episode, create_sheet: bool =
     if sheet not in book.sheetnames:
         if not create_sheet:
             raise ToolError(f"no sheet named {sheet!r}; the sheets are {book.sheetnames} (pass create_sheet=true to add it)")
-        if not sheet.strip() or len(sheet) > 31 or any(ch in sheet for ch in "[]:*?/\\"):
-            raise ToolError(f"{sheet!r} is not a valid sheet name (1-31 characters, none of []:*?/\\)")
+        if not sheet.strip() or len(sheet) > 31 or any(ch in sheet for ch in "[]:*?/\\") or NOT_IN_XML.search(sheet):
+            raise ToolError(f"{sheet!r} is not a valid sheet name (1-31 characters, none of []:*?/\\ or control characters)")
+        if clash := next((name for name in book.sheetnames if name.upper() == sheet.upper()), None):
+            raise ToolError(f"a sheet named {clash!r} exists (sheet names ignore case): write to it, or choose another name")
     if not cells:
         raise ToolError("cells is empty: give at least one {coordinate: value}")
     if len(cells) > MAX_WRITE_CELLS:

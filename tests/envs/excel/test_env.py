@@ -112,6 +112,14 @@ def test_tools_read_write_and_python_agree(tmp_path):
         (call("write_cells", sheet="Sheet1", cells={"A1:B2": 1}), "one cell per key"),
         (call("write_cells", sheet="Sheet1", cells={"A1": {"nested": 1}}), "not dict"),
         (call("write_cells", sheet="Sheet1", cells={"B3": 1}), "merged"),
+        (call("read_range", sheet="Sheet1", range="A0:B0"), "rows are numbered from 1"),  # row 0: no 2,000-cell cap
+        (call("write_cells", sheet="Sheet1", cells={"A0": 1}), "rows are numbered from 1"),
+        (call("write_cells", sheet="Sheet1", cells={"A1": "a\uffffb"}), "U+FFFF"),  # saved, no one could open it
+        (call("write_cells", sheet="Sheet1", cells={"A1": "\ud800"}), "lone surrogates"),
+        (call("write_cells", sheet="Sheet1", cells={"A1": float("inf")}), "cannot be stored"),  # saved as nothing
+        (call("write_cells", sheet="Sheet1", cells={"A1": float("-inf")}), "cannot be stored"),
+        (call("write_cells", sheet="\x01x", cells={"A1": 1}, create_sheet=True), "not a valid sheet name"),
+        (call("write_cells", sheet="SHEET1", cells={"A1": 1}, create_sheet=True), "ignore case"),
     ],
 )
 def test_bad_tool_input_is_a_clear_error_and_the_workbook_is_intact(tmp_path, action, says):

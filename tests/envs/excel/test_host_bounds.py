@@ -1,0 +1,301 @@
+"""Excel-v0's host-side work on a model's workbook stays bounded in time and memory, in proportion
+to what the workbook really holds: one far cell, ranges hidden in R1C1, INDIRECT text or array
+formulas, hyperlinks over millions of cells, worksheets under other names or in UTF-16, slow
+formulas; and a save that fails leaves the workbook as it was."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import stat
+import threading
+import time
+import zipfile
+
+import gymnasium as gym
+import openpyxl
+import pytest
+from openpyxl.worksheet.formula import ArrayFormula
+
+import benchmax_gym
+from benchmax_gym.core import files
+from benchmax_gym.envs.excel import formulas_fixes, recalc
+from benchmax_gym.envs.excel.grading import grade
+from benchmax_gym.envs.excel.recalc import (
+    TimeLimitExceeded,
+    WorkbookTooLarge,
+    _bound_formula,
+    _bound_whole_references,
+    check_workbook,
+    recalculate,
+    run_with_deadline,
+)
+
+
+def call(name, **args):
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+def to_bytes(wb) -> bytes:
+    buffer = io.BytesIO()
+    wb.save(buffer)
+    return buffer.getvalue()
+
+
+def small_book():
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.title = "Sheet"
+    ws["A1"], ws["A2"], ws["A3"] = 1, 2, 3
+    return wb, ws
+
+
+def small_env(tmp_path, **kwargs):
+    """Excel-v0 on one task whose answer is 6 at Sheet!E1 (Sheet!A1:A3 holds 1, 2, 3)."""
+    wb, ws = small_book()
+    wb.save(tmp_path / "in.xlsx")
+    ws["E1"] = 6
+    wb.save(tmp_path / "answer.xlsx")
+    spec = {"workbook": str(tmp_path / "answer.xlsx"), "position": "'Sheet'!E1"}
+    task = benchmax_gym.Task("t", "Fill E1.", answer=spec, solution=spec, files={"workbook.xlsx": str(tmp_path / "in.xlsx")})
+    env = gym.make("benchmax/Excel-v0", tasks=[task], python_tool=False, **kwargs)
+    env.reset(seed=0)
+    return env
+
+
+@pytest.fixture
+def small_limits(monkeypatch):
+    """Ranges over 100 cells are cut to the used area; over 1,000 once cut, refused."""
+    monkeypatch.setattr(recalc, "MAX_RANGE_CELLS", 100)
+    monkeypatch.setattr(formulas_fixes, "MAX_LOADED_RANGE_CELLS", 1000)
+
+
+# --------------------------------------------------------------------------- ranges
+
+
+def test_bounding_walks_the_real_cells_not_the_grid():
+    """``iter_rows`` over a loaded sheet made a cell per position of its used range: one value
+    at F1048576 cost 6.3 million cells (18 s, 1.5 GB) before any formula was computed."""
+    wb, ws = small_book()
+    ws["B1"] = "=SUM(A:A)"
+    ws.cell(row=50_000, column=3).number_format = "0.00"  # styled but empty: no data down there
+    cells = len(ws._cells)
+    _bound_whole_references(wb)
+    assert len(ws._cells) == cells  # no cell was made
+    assert ws["B1"].value == "=SUM(A$1:A$3)"  # cut to the data, not to the styled cell
+
+
+def test_a_range_still_huge_once_cut_is_refused():
+    # one value at XFD1048576 makes the used area the whole grid: nothing to cut
+    with pytest.raises(WorkbookTooLarge, match="17179869184 cells even cut to the used area; the limit is"):
+        _bound_formula("=SUM(A1:XFD1048576)", 1_048_576, 16_384)
+
+
+def test_a_far_cell_makes_whole_columns_a_clear_zero(small_limits):
+    wb, ws = small_book()
+    ws["A5000"] = 1  # stretches A:A to 5,000 cells, over this test's cap of 1,000
+    ws["E1"] = "=SUM(A:A)"
+    answer, answer_ws = small_book()
+    answer_ws["E1"] = 7
+    with pytest.raises(WorkbookTooLarge, match=r"Sheet!E1: a formula refers to A\$1:A\$5000"):
+        recalculate(to_bytes(wb), ranges=[("Sheet", "E1")])
+    result = grade(to_bytes(wb), to_bytes(answer), "E1")
+    assert result.cells == 0.0 and any("A$1:A$5000" in note and "limit" in note for note in result.notes), result.notes
+
+
+def test_indirect_text_is_cut_like_a_range(small_limits):
+    assert _bound_formula('=SUM(INDIRECT("Data!A1:Z200000"))', 10, 3) == '=SUM(INDIRECT("Data!A1:C10"))'
+    assert _bound_formula('=SUM(INDIRECT("A:A"))', 10, 3) == '=SUM(INDIRECT("A$1:A$10"))'
+    assert _bound_formula('=LEN("A1:Z200000")', 10, 3) == '=LEN("A1:Z200000")'  # text, not a range
+    wb, ws = small_book()
+    ws["E1"] = '=SUM(INDIRECT("A:A"))'
+    assert recalculate(to_bytes(wb), ranges=[("Sheet", "E1")]) == {("Sheet", "E1"): 6}
+
+
+@pytest.mark.parametrize("formula", ["=SUM(R1C1:R100C100)", "=SUM(A1:B2:Z500)", ArrayFormula("E1:Z500", "=1+1")],
+                         ids=["r1c1", "compound", "array-formula"])
+def test_ranges_the_text_cut_misses_are_refused_when_read(small_limits, formula):
+    wb, ws = small_book()
+    ws["E1"] = formula
+    with pytest.raises(WorkbookTooLarge, match="cells even cut to the used area; the limit is 1000"):
+        recalculate(to_bytes(wb), ranges=[("Sheet", "E1")])
+
+
+# --------------------------------------------------------------------------- check_workbook
+
+
+def repack(wb, change) -> bytes:
+    """``wb`` saved, each part passed through ``change(name, data) -> (name, data)``."""
+    src = zipfile.ZipFile(io.BytesIO(to_bytes(wb)))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        for info in src.infolist():
+            name, data = change(info.filename, src.read(info))
+            z.writestr(name, data)
+    return out.getvalue()
+
+
+SHEET = "xl/worksheets/sheet1.xml"
+
+
+@pytest.mark.parametrize("extra", [
+    b'<hyperlinks><hyperlink ref="A1:Z100000" location="Sheet!A1"/></hyperlinks>',
+    b'<mergeCells count="1"><mergeCell ref="A:XFD"/></mergeCells>',
+], ids=["hyperlink", "whole-column-merge"])
+def test_ranges_openpyxl_fills_cell_by_cell_count_as_cells(extra):
+    wb, _ = small_book()
+    data = repack(wb, lambda name, xml: (name, xml.replace(b"</sheetData>", b"</sheetData>" + extra) if name == SHEET else xml))
+    with pytest.raises(WorkbookTooLarge, match="limit of 300000"):
+        check_workbook(data)
+
+
+def test_comments_over_a_range_count_as_cells():
+    wb, ws = small_book()
+    ws["A1"].comment = openpyxl.comments.Comment("note", "me")
+    data = repack(wb, lambda name, xml: (name, xml.replace(b'ref="A1"', b'ref="A1:Z100000"') if "comments" in name else xml))
+    with pytest.raises(WorkbookTooLarge, match="limit of 300000"):
+        check_workbook(data)
+
+
+def big_sheet_book():
+    wb = openpyxl.Workbook()
+    for row in range(1, 201):
+        wb.active.cell(row, 1, row)
+    return wb
+
+
+def moved_sheet(name, xml):
+    """The worksheet at xl/data/s1.dat: openpyxl follows the workbook's relationships there."""
+    if name == SHEET:
+        return "xl/data/s1.dat", xml
+    if name == "xl/_rels/workbook.xml.rels":
+        return name, xml.replace(b"worksheets/sheet1.xml", b"data/s1.dat")
+    if name == "[Content_Types].xml":
+        return name, xml.replace(b'PartName="/xl/worksheets/sheet1.xml"', b'PartName="/xl/data/s1.dat"')
+    return name, xml
+
+
+def utf16_sheet(name, xml):
+    if name == SHEET:
+        return name, ('<?xml version="1.0" encoding="UTF-16"?>' + xml.decode()).encode("utf-16")
+    return name, xml
+
+
+@pytest.mark.parametrize("change", [moved_sheet, utf16_sheet], ids=["other-part-name", "utf-16"])
+def test_every_worksheet_part_is_counted(monkeypatch, change):
+    data = repack(big_sheet_book(), change)
+    assert len(openpyxl.load_workbook(io.BytesIO(data)).active._cells) == 200  # openpyxl reads them all
+    monkeypatch.setattr(recalc, "MAX_CELLS", 100)
+    with pytest.raises(WorkbookTooLarge, match="limit of 100"):
+        check_workbook(data)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_run_with_deadline():
+    assert run_with_deadline(lambda: 42, 5) == 42
+    with pytest.raises(ZeroDivisionError):
+        run_with_deadline(lambda: 1 / 0, 5)
+    release = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(TimeLimitExceeded, match="waiting took over 0.1 s"):
+        run_with_deadline(release.wait, 0.1, "waiting")
+    assert time.monotonic() - started < 2
+    release.set()
+
+
+def workers_end(limit=5.0):
+    """Whether every deadline worker thread ends within ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while any(t.name == "excel-deadline" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return not any(t.name == "excel-deadline" for t in threading.enumerate())
+
+
+def chain(ws, n, column="H"):
+    """``n`` formulas, each the next plus one: ~2 ms each to recalculate."""
+    cells = {f"{column}{i}": f"={column}{i + 1}+1" for i in range(1, n + 1)}
+    cells[f"{column}{n + 1}"] = 0
+    if ws is not None:
+        for coordinate, value in cells.items():
+            ws[coordinate] = value
+    return cells
+
+
+def test_grading_gives_up_a_slow_recalculation():
+    wb, ws = small_book()
+    chain(ws, 1500)
+    ws["E1"] = "=H1"
+    answer, answer_ws = small_book()
+    answer_ws["E1"] = 1500
+    started = time.monotonic()
+    result = grade(to_bytes(wb), to_bytes(answer), "E1", time_limit=0.2)
+    assert time.monotonic() - started < 2
+    assert result.cells == 0.0 and any("took over 0.2 s" in note for note in result.notes), result.notes
+    assert workers_end(limit=1.0)  # the recalculation stopped itself too: it does not run on unwatched
+
+
+def test_read_range_gives_up_a_slow_recalculation(tmp_path):
+    env = small_env(tmp_path, tool_timeout=0.3)
+    obs, _, _, _, info = env.step(call("write_cells", sheet="Sheet", cells=chain(None, 1500)))
+    assert info["error"] is None, obs
+    for _ in range(2):  # the second read is refused at once: the same work would overrun again
+        started = time.monotonic()
+        obs, _, _, _, info = env.step(call("read_range", sheet="Sheet", range="H1"))
+        assert info["error"] == "tool_timeout" and "took over 0.3 s" in obs, obs
+        assert time.monotonic() - started < 3
+    assert workers_end(limit=1.0)
+    env.step(call("write_cells", sheet="Sheet", cells={"H2": 5, "E1": "=SUM(A1:A3)"}))
+    obs, _, _, _, info = env.step(call("read_range", sheet="Sheet", range="E1:H1"))
+    assert info["error"] is None and "E1: =SUM(A1:A3) -> 6" in obs and "H1: =H2+1 -> 6" in obs, obs
+
+
+# --------------------------------------------------------------------------- saving
+
+
+class _FullDisk:
+    """``os`` for core.files, with a disk that fills up after the first 100 bytes written."""
+
+    def __init__(self):
+        self.written = 0
+
+    def write(self, fd, data):
+        if self.written >= 100:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = os.write(fd, bytes(data[: 100 - self.written]))
+        self.written += n
+        return n
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
+def test_a_failed_save_leaves_the_workbook_whole(tmp_path, monkeypatch):
+    env = small_env(tmp_path)
+    path = env.unwrapped.episode.state["workbook"].path
+    os.chmod(path, 0o640)
+    before = path.read_bytes()
+    monkeypatch.setattr(files, "os", _FullDisk())
+    obs, _, _, _, info = env.step(call("write_cells", sheet="Sheet", cells={"E1": 6}))
+    assert info["error"] == "tool_error" and "could not be saved (No space left on device)" in obs, obs
+    assert path.read_bytes() == before and os.listdir(path.parent) == [path.name]  # no partial file left
+    monkeypatch.undo()
+    obs, _, _, _, info = env.step(call("read_range", sheet="Sheet", range="A1:E1"))
+    assert info["error"] is None and "E1" not in obs
+    _, _, _, _, info = env.step(call("write_cells", sheet="Sheet", cells={"E1": 6}))
+    assert info["error"] is None
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640  # the replaced file keeps its mode
+    _, reward, terminated, _, _ = env.step("done")
+    assert terminated and reward == 1.0
+
+
+# --------------------------------------------------------------------------- ranges the model gives
+
+
+def test_a_backwards_range_reads_as_excel_reads_it(tmp_path):
+    env = small_env(tmp_path)
+    obs, _, _, _, info = env.step(call("read_range", sheet="Sheet", range="B3:A1"))
+    assert info["error"] is None and obs.splitlines() == ["<tool_response>", "A1: 1", "A2: 2", "A3: 3", "</tool_response>"], obs
