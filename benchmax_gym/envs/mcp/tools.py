@@ -218,16 +218,24 @@ class Connection:
         return self.client is not None and self._task is not None and not self._task.done()
 
     async def list_tools(self) -> list[Any]:
+        """The server's tools, every page, within ``init_timeout`` and ``MAX_TOOL_PAGES`` pages: a
+        server that never answers, or pages for ever, fails the reset naming it."""
+
         async def go():
             tools, cursor = [], None
-            while True:
+            for _ in range(MAX_TOOL_PAGES):
                 page = await self.client.list_tools(cursor=cursor) if cursor else await self.client.list_tools()
                 tools += page.tools
                 cursor = getattr(page, "next_cursor", None)
                 if not cursor:
                     return tools
+            raise RuntimeError(f"MCP server {self.spec.name!r} listed its tools in over {MAX_TOOL_PAGES} pages")
 
-        return await self.aio.arun(go())
+        try:
+            return await self.aio.arun(asyncio.wait_for(go(), self.init_timeout))
+        except (asyncio.TimeoutError, TimeoutError):
+            raise RuntimeError(f"MCP server {self.spec.name!r} did not list its tools within {self.init_timeout:g} s "
+                               "(init_timeout)") from None
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         if not self.alive:
@@ -272,6 +280,13 @@ atexit.register(lambda: kill_servers(_LIVE))  # no server outlives the interpret
 
 
 _CONNECTION_LOST = (types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT)
+MAX_TOOL_PAGES = 1000
+
+
+def _connection_lost(exc: MCPError) -> bool:
+    """Whether ``exc`` is the SDK's own word that the connection closed or the call timed out:
+    its codes are in the range servers use for their own errors, which are answers like any."""
+    return exc.code in _CONNECTION_LOST and (exc.message == "Connection closed" or "timed out" in exc.message.lower())
 
 
 def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
@@ -282,7 +297,7 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
         try:
             result = await connection.call(remote.name, arguments, env.tool_timeout)  # the SDK enforces the timeout
         except Exception as exc:
-            if isinstance(exc, MCPError) and exc.code not in _CONNECTION_LOST and connection.alive:
+            if isinstance(exc, MCPError) and not _connection_lost(exc) and connection.alive:
                 # An error answer (an unknown tool, an oversized reply): the server keeps its state.
                 raise ToolError(f"the MCP server {server.name!r} answered {name!r} with an error: "
                                 f"{exc.message}") from None

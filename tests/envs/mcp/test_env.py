@@ -448,3 +448,72 @@ def test_one_worker_waits_on_its_envs_servers_at_once(broken_server):
 def test_bad_configuration_fails_at_make(kwargs, says):
     with pytest.raises((ValueError, TypeError), match=says):
         gym.make("benchmax/MCP-v0", **kwargs)
+
+
+_RAW_SERVER = '''
+import json, sys
+mode = sys.argv[1]
+for line in sys.stdin:
+    msg = json.loads(line)
+    mid, method = msg.get("id"), msg.get("method")
+    if mid is None:
+        continue
+    if method == "initialize":
+        out = {"result": {"protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                          "serverInfo": {"name": "raw", "version": "0"}}}
+    elif method == "tools/list":
+        if mode == "never_lists":
+            continue
+        out = {"result": {"tools": [{"name": "t", "inputSchema": {"type": "object"}}], "nextCursor": "again"}}
+    else:
+        out = {"error": {"code": -32601, "message": "no " + str(method)}}
+    sys.stdout.write(json.dumps({"jsonrpc": "2.0", "id": mid, **out}) + "\\n")
+    sys.stdout.flush()
+'''
+
+
+@pytest.mark.parametrize("mode, says", [("never_lists", "did not list its tools within 3 s"),
+                                        ("pages_for_ever", "listed its tools in over 1000 pages")])
+def test_a_server_that_never_finishes_listing_its_tools_fails_the_reset_naming_it(tmp_path, mode, says):
+    script = tmp_path / "raw.py"
+    script.write_text(_RAW_SERVER)
+    env = gym.make("benchmax/MCP-v0", server={"command": sys.executable, "args": [str(script), mode]},
+                   tasks=[{"prompt": "p"}], reward=lambda completion: 0.0, init_timeout=3)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=says):
+        env.reset(seed=0)
+    assert time.monotonic() - start < 30
+    env.close()
+
+
+def test_a_servers_own_error_answer_with_a_reserved_code_is_a_tool_error(tmp_path):
+    """-32000/-32001 are also the SDK's codes for a lost connection or a timeout: a live server
+    answering with them keeps its state, and the call is the model's tool_error."""
+    script = tmp_path / "errcode.py"
+    script.write_text(textwrap.dedent('''
+        from mcp.server.mcpserver import MCPServer
+        from mcp.shared.exceptions import MCPError
+        server = MCPServer("errcode")
+        count = [0]
+        @server.tool()
+        def bump() -> int:
+            """Count calls."""
+            count[0] += 1
+            return count[0]
+        @server.tool()
+        def query(code: int) -> str:
+            """Fail with a JSON-RPC error of the given code."""
+            raise MCPError(code=code, message=f"database is locked (code {code})")
+        server.run()
+    '''))
+    env = gym.make("benchmax/MCP-v0", server={"command": sys.executable, "args": [str(script)]},
+                   tasks=[{"prompt": "p"}], reward=lambda completion: 0.0, tool_timeout=10)
+    env.reset(seed=0)
+    conn = env.unwrapped.connections["server"]
+    assert "1" in env.step(call("bump"))[0]
+    for n, code in enumerate((-32602, -32000, -32001), start=2):
+        obs, reward, terminated, truncated, info = env.step(call("query", code=code))
+        assert info["error"] == "tool_error" and "database is locked" in obs and not truncated
+        assert str(n) in env.step(call("bump"))[0]  # the same server, its state kept
+    assert conn.starts == 1
+    env.close()
