@@ -166,8 +166,10 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     rewards = np.array([r["reward"] for rs in rows for r in rs], dtype=float)
     successes = np.array([bool(r["success"]) for rs in rows for r in rs], dtype=float)
     owner = np.repeat(np.arange(len(ids)), sizes)
-    task_reward = np.bincount(owner, rewards, len(ids)) / sizes
-    task_success = np.bincount(owner, successes, len(ids)) / sizes
+    # each task's sums: a resample of tasks (a cluster bootstrap) weighs each episode once, as the
+    # point estimates (the means over episodes) do, so an interval always holds its estimate
+    task_reward = np.bincount(owner, rewards, len(ids))
+    task_success = np.bincount(owner, successes, len(ids))
     options = {"seed": seed, "confidence": confidence, "resamples": resamples}
     notes = []
     if failed:
@@ -185,7 +187,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         # episodes hold each value (the sort trim_mean does is the costly part of a summary).
         per_task = np.zeros((len(ids), len(distinct)))
         np.add.at(per_task, (owner, codes.reshape(-1)), 1)
-        by_task = np.column_stack([task_reward, task_success, per_task])
+        by_task = np.column_stack([task_reward, task_success, sizes, per_task])
 
         def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
             """Mean reward, success rate and IQM of the tasks ``picked`` (resampled task indices, batched)."""
@@ -193,7 +195,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
             offsets = len(ids) * np.arange(len(rows))[:, None]
             counts = np.bincount((rows + offsets).ravel(), minlength=rows.size).reshape(len(rows), len(ids))
             sums = counts.astype(float) @ by_task
-            out = np.column_stack([sums[:, :2] / rows.shape[1], _iqm_of_counts(sums[:, 2:], distinct)])
+            out = np.column_stack([sums[:, :2] / sums[:, 2:3], _iqm_of_counts(sums[:, 3:], distinct)])
             return out.T.reshape(3, *picked.shape[:-1])
     else:
         padded = np.full((len(ids), sizes.max()), np.nan)  # task x sample, NaN past a task's samples
@@ -209,7 +211,9 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
             else:
                 iqm = np.array([trim_mean(row[~np.isnan(row)], 0.25) for row in chosen.reshape(-1, chosen.shape[-1])]
                                ).reshape(chosen.shape[:-1])
-            return np.stack([task_reward[picked].mean(axis=-1), task_success[picked].mean(axis=-1), iqm])
+            episodes = sizes[picked].sum(axis=-1)
+            return np.stack([task_reward[picked].sum(axis=-1) / episodes, task_success[picked].sum(axis=-1) / episodes,
+                             iqm])
 
     reward_ci, success_ci, iqm_ci = _intervals(len(ids), per_resample, **options)
     solved = Counter(zip(sizes.tolist(), np.bincount(owner, successes, len(ids)).astype(int).tolist()))

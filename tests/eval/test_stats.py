@@ -173,3 +173,16 @@ def test_the_comparison_plot_names_env_and_models(tmp_path, monkeypatch):
     plot_compare(compare({"a": records, "b": records}), tmp_path, runs)
     assert "a (benchmax/Math-v0 - m1)" in seen and "b (benchmax/Math-v0 - solver)" in seen
     assert "Runs per task\nbenchmax/Math-v0" in seen
+
+
+@pytest.mark.parametrize("rewards", [[0.0, 1.0], [0.0, 0.25, 0.5, 0.75, 1.0, 0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9,
+                                                  0.05, 0.15, 0.35, 0.45, 0.55, 0.65, 0.85, 0.95]])
+def test_each_estimate_lies_in_its_interval_when_tasks_have_unequal_samples(rewards):
+    """Failures cluster on hard tasks, leaving them fewer scored samples: the means weigh each
+    episode once, and so must their intervals (both ways of computing them)."""
+    records = [rec(f"h{t}", 0, rewards[0], success=False) for t in range(50)]
+    records += [rec(f"e{t}", s, rewards[(t + s) % len(rewards) or -1] if len(rewards) > 2 else 1.0, success=True)
+                for t in range(50) for s in range(10)]
+    s = summarize(records, seed=1)
+    for name in ("mean_reward", "success_rate"):
+        assert s[name]["ci_low"] <= s[name]["value"] <= s[name]["ci_high"], (name, s[name])
