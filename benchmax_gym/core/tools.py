@@ -800,10 +800,7 @@ def _capped_text(name: str, value: Any, max_chars: int) -> str | ToolResult:
 
 def _describe(exc: BaseException) -> str:
     """``Type: message`` of an exception, even one whose ``__str__`` raises."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return f"{type(exc).__name__} (its message could not be read)"
+    return f"{type(exc).__name__}: {_message(exc)}"
 
 
 def _timed_out(name: str, timeout: float) -> ToolResult:
