@@ -210,7 +210,7 @@ def bubblewrap_status() -> tuple[bool, str]:
         with Sandbox(limits=SandboxLimits(timeout=20), pool=pool) as box:
             result = box.run("print('ok')")
         if result.stdout != "ok\n":
-            detail = pool.errors or result.text
+            detail = " ".join((pool.errors or result.text).split())  # one line: doctor's table
             return False, f"the sandbox cannot start here: {detail[:300]}"
     except OSError as exc:
         return False, f"the sandbox cannot start here: {exc}"
@@ -681,6 +681,7 @@ class _Server:
         self.ok = False
         self.dead = False
         self.errors = ""  # the tail of what it wrote to stderr
+        self.finished = threading.Event()  # set once both its streams are read to the end
         self.write_lock = threading.Lock()
         threading.Thread(target=self._read, name="benchmax-sandbox-reader", daemon=True).start()
 
@@ -711,6 +712,7 @@ class _Server:
         self._fail_all("lost")
         for stream in (self.proc.stdout, self.proc.stderr):
             stream.close()
+        self.finished.set()
 
     def _dispatch(self, line: bytes) -> bool:
         try:
@@ -1112,6 +1114,7 @@ class Sandbox:
                 raise RuntimeError("the sandbox belongs to the process that opened it")
             server = self._pool.server()
             if not server.ready.wait(60) or not server.ok:
+                server.finished.wait(2.0)  # its stdout closed first: bubblewrap's message may be unread
                 why = self._pool.errors
                 log.error("the sandbox failed to start: %s", why or "no message")
                 self._pool.restart(server)

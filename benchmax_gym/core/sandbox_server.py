@@ -196,6 +196,7 @@ def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=Fals
     before exiting: tearing down a copy of a large warm process takes milliseconds, and the call
     need not wait for it (a process killed by a signal reports nothing: the monitor then waits)."""
     limits = request["limits"]
+    me = os.getpid()  # the code's forks run on through this function too: only this process reports
     gc.enable()
     try:
         if in_cgroup:  # the OOM killer takes the code's processes, never the monitor that reports
@@ -261,7 +262,8 @@ def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=Fals
     except BaseException:
         pass
     try:
-        os.write(STATUS_FD, b"%d" % (status & 0xFF))
+        if os.getpid() == me:
+            os.write(STATUS_FD, b"%d" % (status & 0xFF))
         for fd in (1, 2, STATUS_FD):
             os.close(fd)
     except OSError:
@@ -537,7 +539,7 @@ def monitor(request, nproc, cgroup=None):
                 continue
             if key.fd == read_status:
                 if chunk:
-                    reported += chunk[:8]
+                    reported = (reported + chunk)[:8]  # only what the code's process wrote counts
                     continue
                 sel.unregister(read_status)
                 if reported.isdigit() and status is None:  # the code ended and its output is closed

@@ -248,7 +248,10 @@ def test_read_range_gives_up_a_slow_recalculation(tmp_path):
         assert info["error"] == "tool_timeout" and "took over 0.3 s" in obs, obs
         assert time.monotonic() - started < 3
     assert workers_end(limit=1.0)
-    env.step(call("write_cells", sheet="Sheet", cells={"H2": 5, "E1": "=SUM(A1:A3)"}))
+    # the episode goes on: cut the chain short (so opening the book is quick on a loaded machine too)
+    cells = {**{f"H{i}": None for i in range(3, 1502)}, "H2": 5, "E1": "=SUM(A1:A3)"}
+    obs, _, _, _, info = env.step(call("write_cells", sheet="Sheet", cells=cells))
+    assert info["error"] is None, obs
     obs, _, _, _, info = env.step(call("read_range", sheet="Sheet", range="E1:H1"))
     assert info["error"] is None and "E1: =SUM(A1:A3) -> 6" in obs and "H1: =H2+1 -> 6" in obs, obs
 
