@@ -15,6 +15,13 @@ way for a model's workbook to reach outside itself at grading:
   first cuts whole columns and huge ranges to the used area; a range that is still over
   :data:`MAX_LOADED_RANGE_CELLS` (the used area stretched by one far cell, R1C1 or ``INDIRECT``
   text, an array formula's area) stops the recalculation with :class:`RangeTooLarge`.
+* **ranges in all**: the ranges one recalculation assembles and the arrays its cells hold may
+  cover at most :data:`MAX_RANGES_CELLS` together (:class:`RangesTooLarge`): ranges under the
+  cut are never cut, and 40 formulas over their own 99,000-cell ranges took 2.4 GB.
+* **array size**: a function or operator whose result would have over :data:`MAX_ARRAY_CELLS`
+  cells (``A1:A20000*TRANSPOSE(A1:A20000)``, ``MMULT``, ``MUNIT``, ``MAKEARRAY``, ``EXPAND``) is
+  refused before it runs (:class:`ArrayTooLarge`): one such numpy operation on objects holds the
+  GIL, so no deadline could stop it (97 s and 3.2 GB past a 3 s limit).
 * **deadline**: a recalculation given a time limit (:func:`deadline`) stops at the next cell
   ``formulas`` loads, range it assembles or formula it evaluates past it (:class:`Overrun`):
   20,000 chained formulas took 44 s.
@@ -29,16 +36,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 MAX_TEXT = 32_767  # Excel's limit on the characters of a text value
 MAX_LOADED_RANGE_CELLS = 300_000
 """The most cells one range may cover when ``formulas`` reads it: no workbook the host opens holds
 more cells than this (:data:`.recalc.MAX_CELLS`), so a larger range is mostly empty grid."""
+
+MAX_RANGES_CELLS = 1_000_000
+"""The most cells the distinct ranges of one recalculation may cover together: ``formulas`` holds
+each assembled range cell by cell (~600 bytes a cell), so this bounds its memory near 0.6 GB."""
 
 
 class RangeTooLarge(BaseException):
@@ -50,6 +64,20 @@ class RangeTooLarge(BaseException):
         self.ref, self.cells = ref, cells
 
 
+MAX_ARRAY_CELLS = 1_000_000
+"""The most cells one function's or operator's result may have."""
+
+
+class ArrayTooLarge(RangeTooLarge):
+    """A function or operator whose result would be over :data:`MAX_ARRAY_CELLS` cells; ``ref``
+    is its name."""
+
+
+class RangesTooLarge(RangeTooLarge):
+    """The ranges of one recalculation over :data:`MAX_RANGES_CELLS` together; ``ref`` is the one
+    that passed it."""
+
+
 class Overrun(BaseException):
     """This thread's recalculation ran past its :func:`deadline`; a BaseException, as
     :class:`RangeTooLarge`."""
@@ -57,6 +85,7 @@ class Overrun(BaseException):
 
 _allowed = threading.local()  # .path: the one workbook file this thread may load
 _deadline = threading.local()  # .at: the time.monotonic() past which this thread's recalculation stops
+# .cells: the cells of the ranges it has assembled and the arrays its nodes hold so far (.held: their ids)
 
 
 @contextlib.contextmanager
@@ -72,12 +101,14 @@ def only_book(path: str | os.PathLike) -> Iterator[None]:
 @contextlib.contextmanager
 def deadline(seconds: float | None) -> Iterator[None]:
     """While this thread recalculates, ``formulas`` stops with :class:`Overrun` past ``seconds``
-    (None: never): checked before each cell it loads, range it assembles and node it evaluates."""
+    (None: never): checked before each cell it loads, range it assembles and node it evaluates.
+    It also counts the cells of the ranges it assembles, against :data:`MAX_RANGES_CELLS`."""
     _deadline.at = None if seconds is None else time.monotonic() + seconds
+    _deadline.cells, _deadline.held = 0, set()
     try:
         yield
     finally:
-        _deadline.at = None
+        _deadline.at = _deadline.held = None
 
 
 def _checked(method: Any) -> Any:
@@ -131,8 +162,30 @@ def apply() -> None:
     from schedula.utils.sol import Solution
 
     ExcelModel.compile_cell = _checked(ExcelModel.compile_cell)
-    RangesAssembler.__init__ = _checked(RangesAssembler.__init__)
-    Solution._evaluate_node = _checked(Solution._evaluate_node)
+    assemble = _checked(RangesAssembler.__init__)
+
+    def counted_assemble(self: Any, ref: Any, *args: Any, **kwargs: Any) -> None:
+        assemble(self, ref, *args, **kwargs)
+        if getattr(_deadline, "held", None) is None:  # not in a recalculation of ours: not counted
+            return
+        _deadline.cells += len(self.indices)
+        if _deadline.cells > MAX_RANGES_CELLS:
+            raise RangesTooLarge(str(ref), _deadline.cells)
+
+    RangesAssembler.__init__ = counted_assemble
+    evaluate_node = _checked(Solution._evaluate_node)
+
+    def counted_evaluate_node(self: Any, args: Any, node_attr: Any, node_id: Any, *rest: Any, **kwargs: Any) -> Any:
+        value = evaluate_node(self, args, node_attr, node_id, *rest, **kwargs)
+        held = getattr(_deadline, "held", None)
+        if isinstance(value, np.ndarray) and value.size > 1 and held is not None and id(value) not in held:
+            held.add(id(value))  # a cell's array, held to the end (often by two nodes)
+            _deadline.cells += value.size
+            if _deadline.cells > MAX_RANGES_CELLS:
+                raise RangesTooLarge(f"an array of {value.size} cells", _deadline.cells)
+        return value
+
+    Solution._evaluate_node = counted_evaluate_node
 
     # --- double unary
     Operator._precedences["u--"] = Operator._precedences["u-"]
@@ -193,3 +246,70 @@ def apply() -> None:
         capped(lambda x, y: x + y), input_parser=lambda *a: map(ftext._str, a),
         args_parser=lambda *a: (replace_empty(v, "") for v in a),
     )
+
+    # --- array size
+    for table in (functions, OPERATORS):
+        for name, entry in table.items():
+            if name in (",", " ", ":"):  # range operators: get_range bounds them
+                continue
+            if isinstance(entry, dict) and callable(entry.get("function")):
+                entry["function"] = _sized(name, entry["function"])
+            elif callable(entry):
+                table[name] = _sized(name, entry)
+
+
+def _shape(value: Any) -> tuple[int, int] | None:
+    """The rows and columns of an array or range argument (None for a single value)."""
+    if isinstance(value, np.ndarray):
+        return value.shape if value.ndim == 2 else None
+    ranges = getattr(value, "ranges", None)
+    if ranges and isinstance(ranges[0], dict):
+        r = ranges[0]
+        try:
+            return int(r["r2"]) - int(r["r1"]) + 1, int(r["n2"]) - int(r["n1"]) + 1
+        except (KeyError, TypeError, ValueError):
+            return None
+    return None
+
+
+def _number(value: Any) -> float:
+    """A count argument as a number (0 when it is not one: the function itself answers that)."""
+    value = getattr(value, "value", value)
+    try:
+        number = float(np.ravel(value)[0])
+    except (TypeError, ValueError, IndexError):
+        return 0.0
+    return number if number == number else 0.0  # NaN
+
+
+def _result_cells(name: str, args: tuple) -> float:
+    """How many cells ``name(*args)`` would produce, from its arguments' shapes alone: their
+    broadcast (element-wise functions and operators), or what the array makers are asked for."""
+    base = name.rpartition(".")[2]
+    if base == "MMULT" and len(args) >= 2:
+        left, right = _shape(args[0]), _shape(args[1])
+        if left and right:
+            return left[0] * right[1]
+    elif base == "MUNIT" and args:
+        return _number(args[0]) ** 2
+    elif base == "MAKEARRAY" and len(args) >= 2:
+        return _number(args[0]) * _number(args[1])
+    elif base == "EXPAND" and len(args) >= 2:
+        return _number(args[1]) * (_number(args[2]) if len(args) > 2 else 1)
+    shapes = [shape for shape in map(_shape, args) if shape]
+    if len(shapes) < 2:
+        return 0
+    try:
+        return math.prod(np.broadcast_shapes(*shapes))
+    except ValueError:  # shapes that do not broadcast: the function pairs them its own way
+        return 0
+
+
+def _sized(name: str, func: Any) -> Any:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        cells = _result_cells(name, args)
+        if cells > MAX_ARRAY_CELLS:
+            raise ArrayTooLarge(name, int(min(cells, 1e18)))
+        return func(*args, **kwargs)
+    return wrapper

@@ -507,6 +507,16 @@ def _formulas_values(
         raise TimeLimitExceeded(f"the recalculation took over {time_limit:g} s") from None
     except formulas_fixes.RangeTooLarge as exc:
         ref = exc.ref.rpartition("]")[2].replace("'!", "!")  # without the temporary file's path
+        if isinstance(exc, formulas_fixes.ArrayTooLarge):
+            raise WorkbookTooLarge(
+                f"a formula's {exc.ref} would make an array of {exc.cells} cells; "
+                f"the limit is {formulas_fixes.MAX_ARRAY_CELLS}"
+            ) from None
+        if isinstance(exc, formulas_fixes.RangesTooLarge):
+            raise WorkbookTooLarge(
+                f"the formulas' ranges and arrays cover {exc.cells} cells in all (the last: {ref}); "
+                f"the limit is {formulas_fixes.MAX_RANGES_CELLS}"
+            ) from None
         raise WorkbookTooLarge(
             f"a formula refers to {ref}, {exc.cells} cells even cut to the used area; "
             f"the limit is {formulas_fixes.MAX_LOADED_RANGE_CELLS}"

@@ -123,6 +123,55 @@ def test_ranges_the_text_cut_misses_are_refused_when_read(small_limits, formula)
         recalculate(to_bytes(wb), ranges=[("Sheet", "E1")])
 
 
+def test_the_ranges_of_one_recalculation_are_bounded_in_all(monkeypatch):
+    """Ranges under the cut are never cut: 40 formulas over their own 99,000-cell ranges held
+    2.4 GB. Their cells together are bounded (here 500); one range used by many formulas counts once."""
+    monkeypatch.setattr(formulas_fixes, "MAX_RANGES_CELLS", 500)
+    wb, ws = small_book()
+    for row in range(1, 11):
+        ws[f"E{row}"] = "=SUM(F1:N10)"  # the same 90 cells ten times
+    assert recalculate(to_bytes(wb), ranges=[("Sheet", "E1:E10")])[("Sheet", "E1")] == 0
+    for row in range(1, 11):
+        ws[f"E{row}"] = f"=SUM(F{row}:N{row + 9})"  # ten ranges of 90 cells: 900
+    with pytest.raises(WorkbookTooLarge, match="ranges and arrays cover [0-9]+ cells in all .*; the limit is 500"):
+        recalculate(to_bytes(wb), ranges=[("Sheet", "E1:E10")])
+    answer, answer_ws = small_book()
+    for row in range(1, 11):
+        answer_ws[f"E{row}"] = 0
+    result = grade(to_bytes(wb), to_bytes(answer), "E1:E10")
+    assert result.cells == 0.0 and any("in all" in note and "limit is 500" in note for note in result.notes), result.notes
+
+
+@pytest.mark.parametrize("formula, name", [
+    ("=SUM(A1:A2000*TRANSPOSE(A1:A2000))", r"\*"), ("=SUM(IF(A1:A2000>0,TRANSPOSE(A1:A2000),0))", "IF"),
+    ("=SUM(MMULT(A1:A2000,TRANSPOSE(A1:A2000)))", "MMULT"), ("=SUM(MUNIT(2000))", "MUNIT"),
+    ("=SUM(MAKEARRAY(2000,2000,LAMBDA(r,c,r)))", "MAKEARRAY"), ("=SUM(EXPAND(A1,2000,2000,0))", "EXPAND"),
+])
+def test_an_array_too_large_is_refused_before_it_is_built(monkeypatch, formula, name):
+    """One numpy operation on objects holds the GIL: ``MMULT`` of two 20,000-cell ranges ran 97 s
+    and took 3.2 GB past a 3 s deadline. Results over the cap (here 10,000 cells) are refused
+    from their arguments' shapes, before they are built; smaller ones are computed."""
+    monkeypatch.setattr(formulas_fixes, "MAX_ARRAY_CELLS", 10_000)
+    wb, ws = small_book()  # A1:A3 hold 1, 2, 3
+    ws["E1"] = formula
+    with pytest.raises(WorkbookTooLarge, match=f"a formula's {name} would make an array of 4000000 cells; "
+                                               "the limit is 10000"):
+        recalculate(to_bytes(wb), ranges=[("Sheet", "E1")])
+    ws["E1"] = "=SUM(A1:A3*TRANSPOSE(A1:A3))"
+    assert recalculate(to_bytes(wb), ranges=[("Sheet", "E1")]) == {("Sheet", "E1"): 36}
+
+
+def test_the_arrays_cells_hold_count_toward_the_bound_in_all(monkeypatch):
+    monkeypatch.setattr(formulas_fixes, "MAX_RANGES_CELLS", 100)
+    wb, ws = small_book()
+    ws["E1"] = "=A1:A3*TRANSPOSE(A1:A3)"  # 9 cells, spilled: held to the end of the recalculation
+    assert recalculate(to_bytes(wb), ranges=[("Sheet", "E1")])[("Sheet", "E1")] == 1
+    for row in range(1, 13):
+        ws[f"E{row}"] = "=A1:A3*TRANSPOSE(A1:A3)"
+    with pytest.raises(WorkbookTooLarge, match="ranges and arrays cover [0-9]+ cells in all .*an array of 9 cells"):
+        recalculate(to_bytes(wb), ranges=[("Sheet", "E1:E12")])
+
+
 # --------------------------------------------------------------------------- check_workbook
 
 
