@@ -234,7 +234,7 @@ class BenchmaxEnv(ToolEnv):
         definitions = self.aio.run(benchmax_env.list_tools())
         tools = [
             Tool.from_schema(
-                d.name, d.description, d.input_schema, functools.partial(self._call_tool, d.name), wants_episode=True,
+                d.name, d.description, d.input_schema, functools.partial(self._call_tool, d.name), wants_episode=False,
                 wants_state=False, lenient=self.lenient_schemas,
             )
             for d in definitions
@@ -269,8 +269,10 @@ class BenchmaxEnv(ToolEnv):
         self._shutdown()
         super().close()
 
-    async def _call_tool(self, tool_name: str, episode: Episode, **args: Any) -> Any:
-        return await self.benchmax_env.run_tool(episode.rollout_id, tool_name, **args)
+    async def _call_tool(self, tool_name: str, /, **args: Any) -> Any:
+        """``run_tool`` with the model's arguments only: a benchmax tool may name one ``episode`` or
+        ``tool_name``. The rollout is the running episode's (the call starts within its step)."""
+        return await self.benchmax_env.run_tool(self.episode.rollout_id, tool_name, **args)
 
     async def _reward(self, task: Task, messages: Messages, episode: Episode) -> dict[str, float]:
         row = task.answer

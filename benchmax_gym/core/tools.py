@@ -201,7 +201,9 @@ class Tool:
         ``object``, ``float`` as ``number``, ``tuple`` as ``array``, ``any`` as no constraint)
         with a warning; the model is shown the corrected schema. ``wants_state``: pass the
         episode's setup state as ``state=`` (default: when ``fn`` has a ``state`` parameter the
-        schema does not describe).
+        schema does not describe). A schema argument named ``episode`` (or ``state``) with
+        ``wants_episode`` (``wants_state``) raises :class:`ToolSchemaError`: the engine's value
+        would overwrite the model's.
 
         Example::
 
@@ -211,8 +213,13 @@ class Tool:
         """
         params = check_schema(name, parameters, lenient=lenient)
         validator = jsonschema_validator(params)
+        properties = params.get("properties") or {}
         if wants_state is None:
-            wants_state = _takes(fn, "state") and "state" not in (params.get("properties") or {})
+            wants_state = _takes(fn, "state") and "state" not in properties
+        for injected, wanted in (("episode", wants_episode), ("state", wants_state)):
+            if wanted and injected in properties:  # the engine's value would replace the model's argument
+                raise ToolSchemaError(f"tool {name!r}: its schema has an argument named {injected!r}, which the "
+                                      f"engine passes as {injected}= (wants_{injected}=True); pass it another way")
 
         def validate(args: dict[str, Any]) -> dict[str, Any]:
             if validator.is_valid(args):  # the common case, without collecting and sorting errors

@@ -234,3 +234,27 @@ def test_vector_workers_shut_down_the_classes_they_build(tmp_path):
     assert len(list(tmp_path.iterdir())) == 2  # one per env, in the worker processes
     envs.close()
     assert list(tmp_path.iterdir()) == []
+
+
+class EchoEnv(BaseEnv):
+    """A tool with an argument named like the engine's own (``episode``)."""
+
+    async def list_tools(self):
+        schema = {"type": "object", "properties": {"episode": {"type": "integer"}, "text": {"type": "string"}},
+                  "required": ["episode", "text"]}
+        return [ToolDefinition("echo", "Echo the arguments.", schema)]
+
+    async def run_tool(self, rollout_id, tool_name, **tool_args):
+        return f"{rollout_id} {tool_name} {sorted(tool_args.items())}"
+
+    async def compute_reward(self, rollout_id, messages, task, **kwargs):
+        return {"done": 1.0}
+
+
+def test_a_tool_argument_named_episode_reaches_run_tool_intact():
+    env = gym.make(register_benchmax_env("test/Echo-v0", EchoEnv, ROWS))
+    env.reset(seed=0)
+    obs, *_, info = env.step('<tool_call>{"name": "echo", "arguments": {"episode": 7, "text": "x"}}</tool_call>')
+    assert info["error"] is None, obs
+    assert f"{env.unwrapped.episode.rollout_id} echo [('episode', 7), ('text', 'x')]" in obs
+    env.close()

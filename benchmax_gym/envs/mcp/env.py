@@ -56,8 +56,9 @@ class MCPEnv(ToolEnv):
             their tools), naming it.
         **engine_kwargs: the engine's options (``max_turns``, ``tool_timeout``, ...).
 
-    Servers start at the first reset (their tools are only known then) and are restarted if they
-    die; a call to a crashed server is a tool error and the episode goes on.
+    Servers start at the first reset (their tools are only known then). A call to a server that
+    crashed (restarted) or overran ``tool_timeout`` (killed; a fresh one starts at the next reset)
+    ends the episode ungraded (``tool_unavailable``, ``tool_timeout``).
     """
 
     def __init__(

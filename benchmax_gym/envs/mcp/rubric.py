@@ -5,31 +5,42 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
+from benchmax_gym.core.outcomes import RewardFailure
 from benchmax_gym.core.rubric import RewardFn, Rubric, final_answer
-from benchmax_gym.core.tools import ToolError
+from benchmax_gym.core.tools import ToolError, ToolFailure
 
 
 class ServerClient:
     """What reward functions get as ``client``: call the episode's tools before teardown.
 
     ``client.call_tool(name, arguments)`` returns the result text (sync); ``await
-    client.acall_tool(...)`` inside async reward functions. A tool error raises ``ToolError``.
+    client.acall_tool(...)`` inside async reward functions. A tool error raises ``ToolError``; a
+    call that fails for a reason not the model's (past ``tool_timeout``, a server gone) raises
+    :class:`RewardFailure` with its outcome: the episode ends ungraded, even if the function
+    caught it (``failure`` keeps it), since a failure is never a reward.
     """
 
     def __init__(self, env: Any):
         self._env = env
+        self.failure: RewardFailure | None = None
 
     async def acall_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
         tool = self._env.toolset.tools.get(name)
         if tool is None:
             raise ToolError(f"no tool named {name!r}; the tools are {list(self._env.toolset.tools)}")
-        return await tool.fn(episode=None, **(arguments or {}))  # the call reaches the server's loop itself
+        try:
+            return await tool.fn(**(arguments or {}))  # the call reaches the server's loop itself
+        except ToolFailure as exc:
+            self.failure = self.failure or RewardFailure(f"the reward's call of {name!r} failed: {exc}", exc.outcome)
+            raise self.failure from None
 
     def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:
-        return self._env.aio.run(self.acall_tool(name, arguments), self._env.tool_timeout)
+        # No timeout of its own: the call times itself out (``tool_timeout``) and stops the server.
+        return self._env.aio.run(self.acall_tool(name, arguments))
 
     @property
     def tools(self) -> list[str]:
@@ -65,21 +76,30 @@ def example_progress(answer: dict, tool_calls: list, tool_results: list) -> tupl
 
 
 def _with_client(funcs: list | Rubric) -> Rubric:
-    """A rubric offering ``client``, each sync function that takes it run in a thread.
+    """A rubric offering ``client``, each function that takes it checked by :func:`_checked`.
 
-    A sync function blocks while its ``client.call_tool`` waits for the server; run inline in
-    the event loop that holds the server's session (a vector worker's), it could never finish.
     A :class:`Rubric` keeps its tree (combinators, per-turn leaves, shaping).
     """
     rubric = funcs._with_context(("client",)) if isinstance(funcs, Rubric) else Rubric(funcs, context=("client",))
-    return rubric.map_leaves(
-        lambda f: f._copy(fn=_in_a_thread(f.fn)) if "client" in f.params and not f.is_async else f)
+    return rubric.map_leaves(lambda f: f._copy(fn=_checked(f.fn)) if "client" in f.params else f)
 
 
-def _in_a_thread(fn: Callable) -> Callable:
+def _checked(fn: Callable) -> Callable:
+    """``fn``, async, raising its client's failure (a call past its timeout) whatever it returned.
+
+    A sync function runs in a thread: it blocks while its ``client.call_tool`` waits for the
+    server, and run inline in the event loop that holds the server's session (a vector worker's),
+    it could never finish.
+    """
+
     @functools.wraps(fn)  # keeps the signature: the rubric reads which arguments it wants
     async def run(**kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, **kwargs)
+        client = kwargs.get("client")
+        try:
+            return await fn(**kwargs) if inspect.iscoroutinefunction(fn) else await asyncio.to_thread(fn, **kwargs)
+        finally:
+            if isinstance(client, ServerClient) and client.failure is not None:
+                raise client.failure
 
     return run
 

@@ -8,6 +8,10 @@ in a list; a message over the limit is dropped as it streams past (memory stays 
 request gets a JSON-RPC error at once, so the call fails with a clear message and the server
 lives on. Everything above the byte stream (parsing, the session) is the SDK's.
 
+A server's whole process tree goes with it: it starts in its own session and process group, its
+environment carries a marker, and stopping it kills the group, every process below it and every
+process that carries the marker (a daemon that started its own session and left the tree).
+
 The server's stderr is captured, not passed to ours (a chatty or crashing server could flood the
 user's terminal): its last few KB are kept in a :class:`StderrTail` for error messages, and each
 chunk is logged at debug level.
@@ -24,6 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 
 import subprocess
+import uuid
 
 import anyio
 import mcp_types as types
@@ -34,8 +39,58 @@ _KEEP = 512  # bytes kept from each end of a dropped message, to find its reques
 _ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 _GRACE_S = 2.0  # a server gets this long to exit after its stdin closes, then it is killed
 _STDERR_DRAIN_S = 1.0  # after the server exits, how long to wait for the rest of its stderr
+MARKER = "BENCHMAX_MCP_SERVER"  # in a server's environment (its children inherit it): whose tree to kill
 
 log = logging.getLogger(__name__)
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), or None when it is gone: a pid with another
+    start time is another process, which is never killed."""
+    stat = _stat(pid)
+    return stat[1] if stat else None
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[1]), int(fields[19])  # ppid, starttime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def tree(root: int | None, born: int | None, marker: bytes | None = None) -> dict[int, int]:
+    """Every process below ``root`` (by parent links, sessions regardless; only while ``root`` is
+    still the process that started at ``born``) and, given ``marker``, every process whose
+    environment holds it: pid -> start time, for :func:`kill_processes`."""
+    table = {int(e): st for e in os.listdir("/proc") if e.isdigit() and (st := _stat(int(e))) is not None}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found: dict[int, int] = {}
+    todo = [root] if root is not None and born is not None and table.get(root, (0, None))[1] == born else []
+    while todo:
+        for pid in children.get(todo.pop(), ()):
+            if pid not in found:
+                found[pid] = table[pid][1]
+                todo.append(pid)
+    if marker is not None:
+        for pid, (_, started) in table.items():
+            if pid not in found and pid != os.getpid():
+                with suppress(OSError):
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        if marker in f.read().split(b"\0"):
+                            found[pid] = started
+    return found
+
+
+def kill_processes(found: dict[int, int]) -> None:
+    """SIGKILL each process of ``found`` that is still the one seen (same pid, same start time)."""
+    for pid, started in found.items():
+        if start_time(pid) == started:
+            with suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
 
 
 class StderrTail:
@@ -106,13 +161,15 @@ async def stdio_transport(
     """
     stderr = stderr if stderr is not None else StderrTail()
     command = shutil.which(server.command) or server.command
+    token = uuid.uuid4().hex
     process = await anyio.open_process(
         [command, *server.args],
-        env=get_default_environment() | (server.env or {}),
+        env=get_default_environment() | (server.env or {}) | {MARKER: token},
         cwd=server.cwd,
         stderr=subprocess.PIPE,  # read into ``stderr``, never passed to ours
         start_new_session=True,  # its own process group: the whole tree is killed at the end
     )
+    born = start_time(process.pid)
     on_spawn(process.pid)
     to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
@@ -194,7 +251,7 @@ async def stdio_transport(
             yield read_stream, write_stream
         finally:
             with anyio.CancelScope(shield=True):
-                await _stop(process)
+                await _stop(process, born, f"{MARKER}={token}".encode())
                 with anyio.move_on_after(_STDERR_DRAIN_S):  # its last words, for the error message
                     await stderr_done.wait()
             tasks.cancel_scope.cancel()
@@ -202,8 +259,10 @@ async def stdio_transport(
             await write_stream.aclose()
 
 
-async def _stop(process: anyio.abc.Process) -> None:
-    """Close stdin, give the server a grace period, then kill its process group."""
+async def _stop(process: anyio.abc.Process, born: int | None, marker: bytes) -> None:
+    """Close stdin, give the server a grace period, then kill its process group and every process
+    it started (seen before it exits: an orphan's parent link is gone)."""
+    started = tree(process.pid, born, marker)
     with suppress(Exception):
         await process.stdin.aclose()
     with anyio.move_on_after(_GRACE_S):
@@ -213,6 +272,6 @@ async def _stop(process: anyio.abc.Process) -> None:
             os.killpg(process.pid, signal.SIGKILL)
         with anyio.move_on_after(_GRACE_S):
             await process.wait()
+    kill_processes(started | tree(None, None, marker))  # (and any it started meanwhile)
     with suppress(Exception):
         await process.aclose()
-

@@ -5,7 +5,8 @@ A :class:`ServerSpec` says how to reach a server (a stdio command or a streamabl
 A :class:`Connection` keeps one live client session on its environment's own event loop (the
 SDK's context managers must be entered and left in one task, so a holder task owns them), and
 tools from ``list_tools`` become :class:`~benchmax_gym.core.tools.Tool` objects whose calls go
-through ``call_tool``. A crashed server is restarted and the call becomes a tool error.
+through ``call_tool``. A crashed server is restarted, one stuck past the timeout is killed (a new
+one starts at the next reset), and either failure ends the episode (core.outcomes).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import shutil
 import signal
 import weakref
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import mcp_types as types
 from mcp import Client
@@ -30,7 +33,7 @@ from mcp.shared.exceptions import MCPError
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure
-from benchmax_gym.envs.mcp.stdio import StderrTail, stdio_transport
+from benchmax_gym.envs.mcp.stdio import StderrTail, kill_processes, start_time, stdio_transport, tree
 
 WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episode's directory
 
@@ -61,31 +64,64 @@ class ServerSpec:
         return stdio_transport(params, max_message_bytes, on_spawn, stderr)
 
 
+_HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
+
+
+def _url(name: str, url: Any) -> str:
+    """A streamable-HTTP URL, checked at make: anything else fails only when the server starts."""
+    parsed = urlparse(url) if isinstance(url, str) else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ValueError(f"server {name!r}: 'url' must be an http:// or https:// URL with a host, got {url!r}")
+    return url
+
+
+def _command(name: str, command: str) -> str:
+    """Fail at make, naming the server, for a command that cannot be run (not at the first reset)."""
+    if shutil.which(command) is not None:
+        return command
+    path = Path(command)
+    if path.is_dir():
+        raise ValueError(f"server {name!r}: command {command!r} is a directory")
+    if path.is_file() and os.sep in command:
+        raise ValueError(f"server {name!r}: command {command!r} is not executable")
+    raise ValueError(f"server {name!r}: command {command!r} was not found")
+
+
 def _spec(name: str, entry: Any) -> ServerSpec:
     if isinstance(entry, str):
         if not entry.startswith(("http://", "https://")):
             raise ValueError(f"server {name!r}: a string must be a streamable-HTTP URL, got {entry!r}")
-        return ServerSpec(name=name, url=entry)
+        return ServerSpec(name=name, url=_url(name, entry))
     if not isinstance(entry, Mapping):
         raise ValueError(f"server {name!r} must be a dict with 'command' or 'url', got {type(entry).__name__}")
     unknown = set(entry) - {"command", "args", "env", "cwd", "url", "type", "transport"}
     if unknown:
         raise ValueError(f"server {name!r}: unknown keys {sorted(unknown)}")
+    for key in ("type", "transport"):  # mcpServers files may name the transport: two are spoken here
+        kind = entry.get(key)
+        if kind is not None and kind not in ("stdio", *_HTTP_TYPES):
+            raise ValueError(f"server {name!r}: {key} {kind!r} is not supported; use 'stdio' with a 'command' "
+                             f"or streamable HTTP ('http') with a 'url'")
+        if kind is not None and (kind == "stdio") == bool(entry.get("url")):
+            raise ValueError(f"server {name!r}: {key} {kind!r} does not fit its "
+                             f"{'url' if entry.get('url') else 'command'}")
     if entry.get("url"):
-        return ServerSpec(name=name, url=str(entry["url"]))
+        return ServerSpec(name=name, url=_url(name, entry["url"]))
     command = entry.get("command")
     if not isinstance(command, str) or not command:
         raise ValueError(f"server {name!r} needs a 'command' (stdio) or a 'url' (streamable HTTP)")
-    if shutil.which(command) is None and not Path(command).is_file():
-        raise ValueError(f"server {name!r}: command {command!r} was not found")
     args = entry.get("args", [])
     env = entry.get("env", {})
+    cwd = entry.get("cwd")
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ValueError(f"server {name!r}: 'args' must be a list of strings")
-    if not isinstance(env, Mapping):
-        raise ValueError(f"server {name!r}: 'env' must be a dict of strings")
-    return ServerSpec(name=name, command=command, args=tuple(args), env={str(k): str(v) for k, v in env.items()},
-                      cwd=entry.get("cwd"))
+    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError(f"server {name!r}: 'env' must be a dict of strings to strings, got {env!r:.200}")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ValueError(f"server {name!r}: 'cwd' must be a string, got {type(cwd).__name__}")
+    if cwd and WORKSPACE not in cwd and not Path(cwd).is_dir():  # ("{workspace}" only exists at reset)
+        raise ValueError(f"server {name!r}: 'cwd' {cwd!r} is not an existing directory")
+    return ServerSpec(name=name, command=_command(name, command), args=tuple(args), env=dict(env), cwd=cwd or None)
 
 
 def parse_servers(server: Any) -> list[ServerSpec]:
@@ -125,29 +161,15 @@ def result_text(result: Any) -> str:
     return "\n".join(parts)
 
 
-def _children(pid: int) -> set[int]:
-    """Direct children of ``pid`` (from /proc), to find the server process the SDK spawned."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.add(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return found
-
-
-def _kill_tree(pid: int) -> None:
-    """The SDK starts a stdio server in its own session: kill that whole process group."""
-    for child in _children(pid):
-        _kill_tree(child)
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+def _kill_tree(pid: int, born: int | None) -> None:
+    """Kill a stdio server's process group (its own session) and every process below it, while
+    ``pid`` is still that server (``born``: its start time; a reaped pid may be another's now)."""
+    if born is None or start_time(pid) != born:
+        return
+    found = tree(pid, born)
+    with suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    kill_processes({pid: born, **found})
 
 
 class Connection:
@@ -168,13 +190,16 @@ class Connection:
         self._task: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
         self.starts = 0
-        self.pids: set[int] = set()
+        self.pids: dict[int, int | None] = {}  # the stdio server's pid -> its start time
         self.stderr = StderrTail()
         _LIVE.add(self)
 
+    def _spawned(self, pid: int) -> None:
+        self.pids[pid] = start_time(pid)
+
     async def _hold(self, workspace: Path, ready: asyncio.Future) -> None:
         try:
-            target = self.spec.target(workspace, self.max_message_bytes, self.pids.add, self.stderr)
+            target = self.spec.target(workspace, self.max_message_bytes, self._spawned, self.stderr)
             async with Client(target) as client:
                 self.client = client
                 if not ready.done():
@@ -242,10 +267,15 @@ class Connection:
             raise ConnectionError("the server is not running")
         return await self.aio.arun(self.client.call_tool(name, arguments, read_timeout_seconds=timeout))
 
-    async def close(self) -> None:
-        await self.aio.arun(self._close())
+    async def close(self, kill: bool = False) -> None:
+        """End the session and the server; ``kill``: at once, without the grace period a server gets
+        to exit (one stuck in a call would only run it out)."""
+        await self.aio.arun(self._close(kill))
 
-    async def _close(self) -> None:
+    async def _close(self, kill: bool = False) -> None:
+        if kill:
+            for pid, born in self.pids.items():
+                _kill_tree(pid, born)
         task, self._task = self._task, None
         if task is not None:
             if self._stop is not None:
@@ -254,9 +284,9 @@ class Connection:
                 await asyncio.wait_for(task, 5)
             except (asyncio.TimeoutError, Exception):
                 task.cancel()
-        pids, self.pids = self.pids, set()
-        for pid in pids:
-            _kill_tree(pid)
+        pids, self.pids = self.pids, {}
+        for pid, born in pids.items():
+            _kill_tree(pid, born)
 
 
 def _describe(exc: BaseException) -> str:
@@ -272,8 +302,8 @@ _LIVE: "weakref.WeakSet[Connection]" = weakref.WeakSet()
 def kill_servers(connections) -> None:
     """Kill the server processes of ``connections`` (for an environment that was never closed)."""
     for connection in list(connections):
-        for pid in connection.pids:
-            _kill_tree(pid)
+        for pid, born in list(connection.pids.items()):
+            _kill_tree(pid, born)
 
 
 atexit.register(lambda: kill_servers(_LIVE))  # no server outlives the interpreter
@@ -292,7 +322,7 @@ def _connection_lost(exc: MCPError) -> bool:
 def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
     """A toolset entry for ``remote`` (an MCP ``Tool``) of ``server``, exposed to the model as ``name``."""
 
-    async def call(episode: Any = None, **arguments: Any) -> str:
+    async def call(**arguments: Any) -> str:  # the model's arguments only: an MCP tool may have one named episode
         connection: Connection = env.connections[server.name]
         try:
             result = await connection.call(remote.name, arguments, env.tool_timeout)  # the SDK enforces the timeout
@@ -301,21 +331,24 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
                 # An error answer (an unknown tool, an oversized reply): the server keeps its state.
                 raise ToolError(f"the MCP server {server.name!r} answered {name!r} with an error: "
                                 f"{exc.message}") from None
-            # A crashed server, or one still busy past the timeout (a stdio stream is in order, so
-            # nothing else gets through until it finishes): start it again so the episode goes on.
-            timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(exc).lower()
+            # Either way below, the server's state is gone and the episode cannot go on as it was:
+            # a failure that is not the model's (core.outcomes), which ends it.
+            if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(exc).lower():
+                # Still busy past the timeout (a stdio stream is in order, so nothing else gets
+                # through until it finishes): killed at once, not given a grace period to run out,
+                # and started afresh at the next reset, not while this step waits.
+                await connection.close(kill=True)
+                raise ToolFailure(f"tool {name!r} timed out after {env.tool_timeout:g} s; the MCP server "
+                                  f"{server.name!r} was stopped (its state is lost) and starts afresh at the "
+                                  "next reset", TOOL_TIMEOUT) from None
+            # A crashed server: start it again at once, to report a restart that fails too.
             await connection.close()
-            said = "" if timed_out else connection.stderr.describe()  # a crashed server's last words
-            # Either way the server's state is gone and the episode cannot go on as it was: a
-            # failure that is not the model's (core.outcomes), which ends it.
+            said = connection.stderr.describe()  # a crashed server's last words
             try:
                 await connection.start(env.workspace)
             except RuntimeError as failed:
                 raise ToolFailure(f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}){said}"
                                   f"\nRestarting it failed: {failed}", TOOL_UNAVAILABLE) from None
-            if timed_out:
-                raise ToolFailure(f"tool {name!r} timed out after {env.tool_timeout:g} s; the MCP server "
-                                  f"{server.name!r} was restarted", TOOL_TIMEOUT) from None
             raise ToolFailure(
                 f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}); it was restarted{said}",
                 TOOL_UNAVAILABLE) from None
@@ -327,8 +360,8 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             raise ToolError(text or f"tool {name!r} reported an error")
         return text
 
-    tool = Tool.from_schema(name, remote.description or name, remote.input_schema, call, wants_episode=True,
+    tool = Tool.from_schema(name, remote.description or name, remote.input_schema, call, wants_episode=False,
                             wants_state=False, lenient=getattr(env, "lenient_schemas", False))
-    tool.self_timed = True  # the call times itself out and restarts the server before answering
+    tool.self_timed = True  # the call times itself out and stops the server before answering
     return tool
 

@@ -1,0 +1,234 @@
+"""benchmax/MCP-v0 through gym.make against real SDK servers: a tool argument named ``episode``,
+a reward's call past its timeout, configurations that fail at make, the server's whole process
+tree gone at close, and a timed-out call that returns soon after its timeout."""
+
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import gymnasium as gym
+import psutil
+import pytest
+
+import benchmax_gym  # noqa: F401
+
+SERVER = textwrap.dedent('''
+    import subprocess, sys, time
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("lifecycle")
+    SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
+    QUIET = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    @server.tool()
+    def echo_episode(episode: str) -> str:
+        """Echo an argument that happens to be named episode."""
+        return f"got episode={episode!r}"
+
+    @server.tool()
+    def nap(seconds: float) -> str:
+        """Sleep, then answer."""
+        time.sleep(seconds)
+        return "rested"
+
+    count = [0]
+
+    @server.tool()
+    def bump() -> int:
+        """Count calls (state that a restart loses)."""
+        count[0] += 1
+        return count[0]
+
+    @server.tool()
+    def daemon_child() -> int:
+        """A child in a session of its own (outside the server's process group)."""
+        return subprocess.Popen(SLEEPER, start_new_session=True, **QUIET).pid
+
+    @server.tool()
+    def orphan() -> int:
+        """A grandchild in a session of its own whose parent exits at once (reparented away)."""
+        code = ("import subprocess, sys; print(subprocess.Popen(%r, start_new_session=True, stdin=subprocess.DEVNULL, "
+                "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)" % (SLEEPER,))
+        return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+    server.run()
+''')
+
+
+def call(name, **args):
+    return "<tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
+def running(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone_within(pids, seconds=10):
+    deadline = time.monotonic() + seconds
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(running(p) for p in pids)
+
+
+@pytest.fixture
+def server(tmp_path):
+    path = tmp_path / "lifecycle_server.py"
+    path.write_text(SERVER)
+    return {"command": sys.executable, "args": [str(path)]}
+
+
+def make(server, **kwargs):
+    kwargs.setdefault("reward", lambda completion: 0.0)
+    return gym.make("benchmax/MCP-v0", server=server, tasks=[{"prompt": "p"}], **kwargs)
+
+
+# -- 1. a tool argument named episode ---------------------------------------------------------
+
+
+def test_a_tool_argument_named_episode_reaches_the_server_intact(server):
+    seen = []
+
+    def reward(client):
+        seen.append(client.call_tool("echo_episode", {"episode": "from the reward"}))
+        return 1.0
+
+    env = make(server, reward=reward)
+    obs, info = env.reset(seed=0)
+    tool = next(t for t in info["tools"] if t["function"]["name"] == "echo_episode")
+    assert "episode" in tool["function"]["parameters"]["properties"]  # the model sees it
+    obs, _, _, _, info = env.step(call("echo_episode", episode="ep-42"))
+    assert info["error"] is None and "got episode='ep-42'" in obs
+    _, reward, terminated, _, info = env.step("done")
+    assert terminated and reward == 1.0 and "reward_errors" not in info
+    assert seen == ["got episode='from the reward'"]
+    env.close()
+
+
+# -- 2. a reward's call past tool_timeout -----------------------------------------------------
+
+
+@pytest.mark.parametrize("swallowed", [False, True])
+def test_a_reward_call_past_its_timeout_fails_the_episode_naming_the_tool(server, swallowed, caplog):
+    def reward(client):
+        try:
+            client.call_tool("nap", {"seconds": 30})
+        except Exception:
+            if not swallowed:
+                raise
+        return 1.0  # never a reward: the server it read is gone
+
+    env = make(server, reward=reward, tool_timeout=1)
+    env.reset(seed=0)
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        _, reward, terminated, truncated, info = env.step("done")
+    assert time.monotonic() - start < 1 + 5
+    assert math.isnan(reward) and truncated and not terminated and info["outcome"] == "tool_timeout"
+    assert env.unwrapped.episode_record()["reward"] is None
+    said = caplog.text
+    assert "'nap'" in said and "timed out after 1 s" in said
+    env.reset(seed=1)  # a fresh server for the next episode
+    obs, _, _, _, info = env.step(call("bump"))
+    assert info["error"] is None and "1" in obs
+    env.close()
+
+
+# -- 3. configurations that fail at make ------------------------------------------------------
+
+
+def _bad_configs(tmp_path):
+    script = tmp_path / "not_executable.py"
+    script.write_text("print('hi')\n")
+    script.chmod(0o644)
+    python = {"command": sys.executable, "args": ["-c", "pass"]}
+    return [
+        ({**python, "cwd": str(tmp_path / "missing")}, "'cwd'.*not an existing directory"),
+        ({**python, "cwd": 5}, "'cwd' must be a string"),
+        ({**python, "env": {"KEY": None}}, "'env' must be a dict of strings"),
+        ({**python, "env": {"PORT": 8080}}, "'env' must be a dict of strings"),
+        ({**python, "env": ["KEY=1"]}, "'env' must be a dict of strings"),
+        ({"command": str(script)}, "not_executable.py' is not executable"),
+        ({"command": str(tmp_path)}, "is a directory"),
+        ({"url": "http://127.0.0.1:9/sse", "type": "sse"}, "type 'sse' is not supported"),
+        ({"url": "http://127.0.0.1:9/sse", "transport": "websocket"}, "transport 'websocket' is not supported"),
+        ({"url": "http://127.0.0.1:9/mcp", "type": "stdio"}, "type 'stdio' does not fit its url"),
+        ({**python, "type": "http"}, "type 'http' does not fit its command"),
+        ({"url": "ftp://127.0.0.1/mcp"}, "'url' must be an http:// or https:// URL"),
+        ({"url": "http://"}, "'url' must be an http:// or https:// URL"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(13))
+def test_a_bad_server_configuration_fails_at_make_naming_the_server_and_argument(tmp_path, case):
+    entry, says = _bad_configs(tmp_path)[case]
+    with pytest.raises(ValueError, match=says) as raised:
+        make({"mcpServers": {"weather": entry}})
+    assert "server 'weather'" in str(raised.value)
+
+
+def test_a_good_configuration_with_transport_types_makes_and_runs(server, tmp_path):
+    env = make({"mcpServers": {"local": {**server, "type": "stdio", "cwd": "{workspace}", "env": {"X": "1"}},
+                               "remote": {"url": "http://127.0.0.1:9/mcp", "type": "http"}}})
+    env.close()  # (the remote one is never reached: servers start at reset)
+    env = make({**server, "transport": "stdio", "cwd": str(tmp_path)})
+    env.reset(seed=0)
+    assert "1" in env.step(call("bump"))[0]
+    env.close()
+
+
+# -- 4. close() takes the server's whole process tree -----------------------------------------
+
+
+def test_close_kills_the_servers_daemons_and_nothing_else(server):
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    env = make(server, tool_timeout=30)
+    env.reset(seed=0)
+    pids = []
+    try:
+        for tool in ("daemon_child", "orphan"):
+            obs, _, _, _, info = env.step(call(tool))
+            assert info["error"] is None
+            pids.append(int(obs.split("\n")[1]))
+        assert all(running(p) for p in pids)
+        env.close()
+        assert gone_within(pids)
+        assert running(bystander.pid)  # an unrelated process in its own session lives on
+    finally:
+        for pid in pids:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        bystander.kill()
+        bystander.wait()
+
+
+# -- 5. a timed-out call returns soon after its timeout ---------------------------------------
+
+
+def test_a_timed_out_call_returns_soon_after_its_timeout_and_the_next_episode_gets_a_fresh_server(server):
+    env = make(server, tool_timeout=1)
+    env.reset(seed=0)
+    connection = env.unwrapped.connections["server"]
+    assert "1" in env.step(call("bump"))[0]
+    assert "2" in env.step(call("bump"))[0]
+    old = list(connection.pids)
+    start = time.monotonic()
+    obs, reward, terminated, truncated, info = env.step(call("nap", seconds=30))
+    overshoot = time.monotonic() - start - 1
+    assert info["outcome"] == "tool_timeout" and math.isnan(reward) and truncated and not terminated
+    assert "timed out after 1 s" in obs
+    assert overshoot < 1.5, f"the timed-out call returned {overshoot:.2f} s after its timeout"
+    assert gone_within(old)  # the stuck server is gone at once
+    env.reset(seed=1)
+    obs, _, _, _, info = env.step(call("bump"))
+    assert info["error"] is None and "1" in obs  # a fresh server: the old state is gone
+    assert connection.starts == 2
+    env.close()
