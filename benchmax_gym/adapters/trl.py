@@ -54,6 +54,13 @@ nanstd, advantage 0) and its ``env_mask`` is all zero (no token in the loss). ``
 ``drop``          the whole group is left out: every reward ``None``, every mask zero
 ================  ===========================================================================
 
+A group is what GRPOTrainer normalises over: ``num_generations`` consecutive samples of the batch
+it gathers from every process (process 0's prompts, then process 1's, ...), one prompt's. Its
+sampler spreads a group over processes (2 samples a prompt, 3 a process: ``[a, a, b]`` and
+``[b, c, c]``), so on several processes ``failed_group`` and the group rubric gather what they
+need from every process (``accelerate``'s ``gather_object``) and decide on the whole group, the
+same on each; each process applies the decision to its own samples.
+
 With ``environment_factory`` TRL owns the loop and the mask: ``Env.reward`` gives a failed
 episode ``None`` (out of the baseline, advantage 0).
 """
@@ -65,6 +72,7 @@ import contextlib
 import inspect
 import itertools
 import json
+import logging
 import threading
 from typing import Any, ClassVar
 
@@ -80,6 +88,8 @@ from benchmax_gym.core import outcomes
 from benchmax_gym.core.group import GroupRubric, group_rubric_of
 
 FAILED_GROUP = ("renormalise", "drop")
+
+log = logging.getLogger(__name__)
 
 
 def _require_trl() -> None:
@@ -105,10 +115,12 @@ class TRLRollout:
             share it), to generate with another backend; the default is the trainer's own
             (:func:`generate_turn`).
         failed_group: ``"renormalise"`` (default) or ``"drop"``: the group of a failed episode
-            (a group is a run of the same prompt, as GRPOTrainer's sampler orders them).
+            (a group: a prompt's ``num_generations`` samples, a run of GRPOTrainer's batch, on
+            however many processes they are; see :class:`_Groups`).
         group_rubric: a :class:`~benchmax_gym.core.group.GroupRubric` over each group's
-            ``num_generations`` episodes (default: the env's own, if any); its rewards are
-            ``env_reward``. A group that cannot be scored (its judge down) fails whole.
+            ``num_generations`` episodes (default: the env's own, if any), all of them, on
+            whichever processes; its rewards are ``env_reward``. A group that cannot be scored
+            (its judge down) fails whole.
     """
 
     def __init__(self, env_id: str, tokenizer: Any, *, env_kwargs: dict[str, Any] | None = None,
@@ -172,23 +184,7 @@ class TRLRollout:
         self._log(trainer, episodes)
         have_logprobs = all(e.logprobs is not None for e in episodes)
         masks, rewards = [e.loss_mask for e in episodes], [e.reward for e in episodes]
-        groups = [list(g) for _, g in itertools.groupby(range(len(prompts)), key=lambda i: json.dumps(prompts[i]))]
-        for group in groups:
-            rubric = self.group_rubric or group_rubric_of(sessions[group[0]].env)
-            if rubric is not None:
-                records = [{**episodes[i].record, "reward": episodes[i].reward, "outcome": episodes[i].outcome,
-                            "reward_components": dict(episodes[i].reward_components)} for i in group]
-                task = getattr(sessions[group[0]].env.unwrapped.episode, "task", None)
-                for i, record in zip(group, rubric.score(records, task=task)):
-                    if outcomes.is_failure(record.get("outcome")):  # failed, or its group could not be scored
-                        masks[i], rewards[i] = [0] * len(masks[i]), None
-                    else:
-                        rewards[i] = record["reward"]
-        if self.failed_group == "drop":
-            for group in groups:
-                if any(episodes[i].failed or rewards[i] is None for i in group):
-                    for i in group:
-                        masks[i], rewards[i] = [0] * len(masks[i]), None
+        self._score_groups(prompts, trainer, sessions, episodes, masks, rewards)
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],
@@ -197,6 +193,79 @@ class TRLRollout:
             "env_reward": rewards,
             "turn_rewards": [list(e.turn_rewards) for e in episodes],  # reaches reward functions as a kwarg
         }
+
+    def _score_groups(self, prompts: list[Any], trainer: Any, sessions: list[TokenSession], episodes: list[Any],
+                      masks: list[list[int]], rewards: list[float | None]) -> None:
+        """The group rubric and ``failed_group``, each over a whole group, in place on this
+        process's ``masks`` and ``rewards``.
+
+        A group is what GRPOTrainer normalises over (:class:`_Groups`). On several processes its
+        samples may be on different ones (the sampler spreads a prompt's ``num_generations``
+        samples over them): every process gathers every sample's group, position and failure (and
+        the records a rubric scored elsewhere needs), the rubric scores a group once, on the
+        process holding its first sample, its scores are gathered again, and each process applies
+        the group's decision to its own samples. The collective calls are the same on every
+        process, in the same order: one ``gather_object``, and a second one when a rubric's
+        group is split; none on one process."""
+        layout = _Groups.of(trainer, prompts)
+        positions = [layout.start + i for i in range(len(prompts))]
+        local: dict[int, list[int]] = {}
+        for i, key in enumerate(layout.keys):
+            local.setdefault(key, []).append(i)
+        rubrics = {key: self.group_rubric or group_rubric_of(sessions[run[0]].env) for key, run in local.items()}
+
+        def record(i: int) -> dict[str, Any]:
+            e = episodes[i]
+            return {**e.record, "reward": e.reward, "outcome": e.outcome,
+                    "reward_components": dict(e.reward_components)}
+
+        # every sample: (group, position, failed, its record where its group is scored elsewhere)
+        samples = [(key, positions[i], bool(episodes[i].failed or rewards[i] is None),
+                    record(i) if rubrics[key] is not None and layout.owner(key) != layout.rank else None)
+                   for i, key in enumerate(layout.keys)]
+        everyone = layout.gather({"size": len(prompts), "samples": samples})
+        if len({p["size"] for p in everyone}) > 1:  # the same on every process: all raise
+            raise ValueError("TRLRollout: the processes got batches of different sizes "
+                             f"({[p['size'] for p in everyone]}); GRPOTrainer gives each the same")
+        members: dict[int, list[tuple[int, bool, dict[str, Any] | None]]] = {}
+        for payload in everyone:
+            for key, position, failed, rec in payload["samples"]:
+                members.setdefault(key, []).append((position, failed, rec))
+        scores: dict[int, tuple[float | None, bool]] = {}  # position -> (reward, failed)
+        for key, run in local.items():
+            rubric = rubrics[key]
+            if rubric is None or layout.owner(key) != layout.rank:
+                continue
+            own = {positions[i]: i for i in run}
+            group = sorted(members[key], key=lambda m: m[0])
+            records = [record(own[pos]) if pos in own else rec for pos, _, rec in group]
+            task = getattr(sessions[run[0]].env.unwrapped.episode, "task", None)
+            try:
+                scored = rubric.score(records, task=task)
+            except Exception as exc:  # the group fails; the other processes still get its scores
+                log.warning("group rubric %r raised; its group fails", rubric, exc_info=exc)
+                scored = [{"reward": None, "outcome": outcomes.ENV_ERROR} for _ in records]
+            for (pos, _, _), out in zip(group, scored):
+                # failed, or its group could not be scored
+                scores[pos] = (out.get("reward"), outcomes.is_failure(out.get("outcome")))
+        if any(rec is not None for payload in everyone for *_, rec in payload["samples"]):
+            for shared in layout.gather(scores):  # a rubric's group is split: its scores to every process
+                scores.update(shared)
+        for i, pos in enumerate(positions):
+            if pos in scores:
+                reward, failed = scores[pos]
+                if failed:
+                    masks[i], rewards[i] = [0] * len(masks[i]), None
+                else:
+                    rewards[i] = reward
+        if self.failed_group == "drop":  # each process has what it needs of its groups' every member
+            def lost(pos: int, failed: bool) -> bool:
+                return failed or (pos in scores and (scores[pos][1] or scores[pos][0] is None))
+
+            for key, run in local.items():
+                if any(lost(pos, failed) for pos, failed, _ in members[key]):
+                    for i in run:
+                        masks[i], rewards[i] = [0] * len(masks[i]), None
 
     @staticmethod
     def _log(trainer: Any, episodes: list[Any]) -> None:
@@ -219,6 +288,58 @@ class TRLRollout:
                 session.close()
         self._sessions.clear()
         self._pool.shutdown(wait=False)
+
+
+class _Groups:
+    """Which group each of this process's samples is in, as GRPOTrainer forms its groups: it
+    gathers every process's batch in process order (process 0's samples, then process 1's, ...;
+    each process gets as many) and normalises each run of ``num_generations`` samples
+    (``num_generations_eval`` in eval) of that order, the run its sampler fills with one prompt.
+    A group is its run's number: a sample's global position (``process_index * len(prompts)`` plus
+    its place here) over ``num_generations``, so two groups of the same prompt text stay apart.
+
+    A trainer without ``num_generations`` (a call from your own code), or a batch its groups do
+    not fill or that puts other prompts in one, on one process: a group is a run of the same
+    prompt, as before. On several processes a batch its groups do not fill is an error: the groups
+    could not be told apart across them."""
+
+    def __init__(self, keys: list[int], start: int, rank: int, world: int, size: int, n: int | None):
+        self.keys, self.start, self.rank, self.world, self.size, self.n = keys, start, rank, world, size, n
+
+    @classmethod
+    def of(cls, trainer: Any, prompts: list[Any]) -> _Groups:
+        accelerator = getattr(trainer, "accelerator", None)
+        world = int(getattr(accelerator, "num_processes", 1) or 1)
+        rank = int(getattr(accelerator, "process_index", 0) or 0) if world > 1 else 0
+        training = getattr(getattr(trainer, "model", None), "training", True)
+        n = getattr(trainer, "num_generations" if training else "num_generations_eval", None)
+        if not training and n is None:
+            n = getattr(trainer, "num_generations", None)
+        size, start = len(prompts), rank * len(prompts)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0 and (size * world) % n == 0:
+            keys = [(start + i) // n for i in range(size)]
+            texts = [json.dumps(p) for p in prompts]
+            if world > 1 or all(texts[i] == texts[i - 1] for i in range(1, size) if keys[i] == keys[i - 1]):
+                return cls(keys, start, rank, world, size, n)
+        if world > 1:
+            raise ValueError(f"TRLRollout on {world} processes needs the trainer's num_generations (got {n!r}) "
+                             f"to divide the batch ({size} prompts a process)")
+        runs = itertools.groupby(range(size), key=lambda i: json.dumps(prompts[i]))
+        keys = [key for key, (_, run) in enumerate(runs) for _ in run]
+        return cls(keys, 0, 0, 1, size, None)
+
+    def owner(self, key: int) -> int:
+        """The process holding the group's first sample: it scores the group's rubric."""
+        return 0 if self.n is None else (key * self.n) // self.size
+
+    def gather(self, obj: Any) -> list[Any]:
+        """``obj`` from every process, in process order (``gather_object``: a collective call
+        every process makes); ``[obj]`` on one process, with no call."""
+        if self.world == 1:
+            return [obj]
+        from accelerate.utils import gather_object
+
+        return gather_object([obj])
 
 
 def _task_of(prompt: Any) -> tuple[str, int]:

@@ -78,3 +78,89 @@ def test_environment_factory_reward_scores_each_run_of_one_task_together():
     assert rewards == [0.0, 0.0, 0.0, 0.0]  # right but alike (1 - 1 each); wrong and distinct
     with pytest.raises(TypeError, match="group_rubric"):
         trl_environment("benchmax/Math-v0", group_rubric=relative_rank)
+
+
+def _loopback_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_processes(tmp_path):
+    """A real GRPOTrainer on two CPU processes (gloo, loopback only), two steps, 2 samples a prompt,
+    3 a process: TRL's sampler gives process 0 [a, a, b] and process 1 [b, c, c]. The group rubric
+    (each member's score: its group's size) sees both members of b; when process 0's b fails,
+    failed_group="drop" drops process 1's b too."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_loopback_port()), "GLOO_SOCKET_IFNAME": lo, "OMP_NUM_THREADS": "1",
+            "TRL_EXPERIMENTAL_SILENCE": "1"}
+    script = Path(__file__).with_name("trl_two_processes.py")
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=root, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(2)]
+    try:
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    finally:
+        for p in procs:  # one failed: the other waits at a collective call
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert [c["num_processes"] for c in first + second] == [2] * 4
+    assert [c["process_index"] for c in first + second] == [0, 0, 1, 1]
+    for zero, one in zip(first, second):  # each step: [a, a, b] and [b, c, c], b split
+        assert zero["tasks"][0] == zero["tasks"][1] and zero["tasks"][2] == one["tasks"][0]
+        assert one["tasks"][1] == one["tasks"][2] and len({zero["tasks"][0], one["tasks"][0], one["tasks"][2]}) == 3
+    # step 1, no failure: every group rubric saw its 2 members, b's on both processes
+    assert first[0]["env_reward"] == [2.0, 2.0, 2.0] and second[0]["env_reward"] == [2.0, 2.0, 2.0]
+    # step 2, process 0's b failed: b is dropped on both processes, a and c are kept
+    assert first[1]["env_reward"] == [2.0, 2.0, None] and second[1]["env_reward"] == [None, 2.0, 2.0]
+    assert [m == 0 for m in first[1]["mask_sums"]] == [False, False, True]
+    assert [m == 0 for m in second[1]["mask_sums"]] == [True, False, False]
+
+
+def test_two_groups_of_the_same_prompt_stay_apart(qwen_tokenizer):
+    """GRPOTrainer's groups are runs of num_generations samples: two groups of one prompt in a row
+    (a dataset row twice) are two groups, for failed_group and the group rubric alike."""
+    from types import SimpleNamespace
+
+    from flaky import ENV_ID
+
+    from benchmax_gym.adapters.trl import TRLRollout
+
+    def size(rewards):
+        return [float(len(rewards))] * len(rewards)
+
+    sessions_seen = []
+
+    def scripted(trainer, sessions):
+        ids = []
+        for s in sessions:
+            if id(s) not in sessions_seen:
+                sessions_seen.append(id(s))
+            reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
+            ids.append(model_ids(s.chat, ("FAULT " if sessions_seen.index(id(s)) == 0 else "") + reply))
+        return ids, [None] * len(ids)
+
+    rollout = TRLRollout(ENV_ID, qwen_tokenizer, env_kwargs={"fail_marker": "FAULT"}, generate=scripted,
+                         failed_group="drop", group_rubric=GroupRubric([("size", size)], combine="replace"))
+    trainer = SimpleNamespace(max_completion_length=2048, _metrics=None, num_generations=2,
+                              model=SimpleNamespace(training=True))
+    prompt = rollout.dataset(1)["prompt"][0]
+    out = rollout([prompt] * 6, trainer)
+    rollout.close()
+    assert out["env_reward"] == [None, None, 2.0, 2.0, 2.0, 2.0]
+    assert [sum(m) == 0 for m in out["env_mask"]] == [True, True, False, False, False, False]
