@@ -62,7 +62,9 @@ need from every process (``accelerate``'s ``gather_object``) and decide on the w
 same on each; each process applies the decision to its own samples.
 
 With ``environment_factory`` TRL owns the loop and the mask: ``Env.reward`` gives a failed
-episode ``None`` (out of the baseline, advantage 0).
+episode ``None`` (out of the baseline, advantage 0). TRL calls ``Env.reward`` on each process's
+own samples; its group rubric gathers a split group's members the same way (its groups: runs of
+``num_generations``, read from the trainer TRL's ``log_metric`` keyword is bound to).
 """
 
 from __future__ import annotations
@@ -328,6 +330,28 @@ class _Groups:
         keys = [key for key, (_, run) in enumerate(runs) for _ in run]
         return cls(keys, 0, 0, 1, size, None)
 
+    @classmethod
+    def for_reward(cls, trainer: Any, tasks: list[Any]) -> _Groups:
+        """The groups of a reward function's samples (``tasks``: each one's task): GRPOTrainer's,
+        as :meth:`of` forms them, given the trainer; else (``n`` None) on one process runs of one
+        task, and on several processes (``torch.distributed`` initialized: accelerate's
+        ``PartialState``) keys the caller forms from the gathered order."""
+        if trainer is not None and getattr(trainer, "accelerator", None) is not None \
+                and getattr(trainer, "num_generations", None) is not None:
+            return cls.of(trainer, tasks)
+        world, rank = 1, 0
+        with contextlib.suppress(ImportError):
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                from accelerate import PartialState
+
+                state = PartialState()
+                world, rank = int(state.num_processes), int(state.process_index)
+        if world == 1:
+            return cls.of(None, tasks)
+        return cls([], rank * len(tasks), rank, world, len(tasks), None)
+
     def owner(self, key: int) -> int:
         """The process holding the group's first sample: it scores the group's rubric."""
         return 0 if self.n is None else (key * self.n) // self.size
@@ -489,9 +513,10 @@ class TRLEnvironment:
 def trl_environment(env_id: str, *, group_rubric: GroupRubric | None = None, **env_kwargs: Any) -> type[TRLEnvironment]:
     """A class for ``GRPOTrainer(environment_factory=...)``: ``reset(**row)``, one method per
     tool (typed signature, Google-style docstring from the tool's schema), ``final_answer``,
-    and ``reward``: the reward function to pass as ``reward_funcs``. TRL hands that function the
-    whole batch, so ``group_rubric`` (default: the env's own) scores each run of environments on
-    one task (a prompt's ``num_generations`` samples) together."""
+    and ``reward``: the reward function to pass as ``reward_funcs``. ``group_rubric`` (default:
+    the env's own) scores each group (a prompt's ``num_generations`` samples, as GRPOTrainer
+    normalises them) together, its members gathered from every process TRL's sampler spread them
+    over (see ``_EnvReward``)."""
     _require_trl()
     if group_rubric is not None and not isinstance(group_rubric, GroupRubric):
         raise TypeError(f"group_rubric must be a GroupRubric, got {type(group_rubric).__name__}")
@@ -535,7 +560,23 @@ def message_user(self, message: str) -> str:
 
 class _EnvReward:
     """``Env.reward``: TRL's reward function for the envs of class ``cls``. An object, not a
-    method: TRL offers every public method of an environment class to the model as a tool."""
+    method: TRL offers every public method of an environment class to the model as a tool.
+
+    With a group rubric (``cls.group_rubric``) each group is scored together: a group is what
+    GRPOTrainer normalises over (:class:`_Groups`: a run of ``num_generations`` samples of the
+    batch it gathers from every process, one prompt's). TRL calls a reward function on each
+    process's own samples, and its sampler spreads a group over processes, so on several
+    processes every process gathers each sample's global position, task and (where its group is
+    scored elsewhere) record; the rubric scores a group once, on the process holding its first
+    sample; a second gather shares the scores when a group is split; each process returns its own
+    samples' rewards. The collective calls are the same on every process, in the same order, and
+    decided from gathered data only; none on one process. A rubric that raises fails its group
+    (every member ``None``) rather than leaving the other processes waiting.
+
+    ``num_generations`` comes from the trainer that TRL's ``log_metric`` (a keyword every reward
+    function gets) is bound to. Called without it (your own code): a group is a run of
+    environments on the same task, in the order gathered from every process (process 0's, then
+    process 1's, ...)."""
 
     def __init__(self, cls: type):
         self.cls = cls
@@ -549,15 +590,58 @@ class _EnvReward:
         rubric = self.cls.group_rubric
         if rubric is None:
             return rewards
-        # a group: a run of environments on the same task (GRPOTrainer's sampler puts a prompt's
-        # num_generations samples together)
-        mine = [i for i, e in enumerate(environments) if type(e) is self.cls]
-        for _, run in itertools.groupby(mine, key=lambda i: environments[i].env.unwrapped.episode.index):
-            run = list(run)
-            records = [{**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]} for i in run]
-            task = environments[run[0]].env.unwrapped.episode.task
-            for i, record in zip(run, rubric.score(records, task=task)):
-                rewards[i] = None if outcomes.is_failure(record.get("outcome")) else record["reward"]
+        # each sample's task (None: another class's environment, not scored here)
+        tasks = [e.env.unwrapped.episode.index if type(e) is self.cls else None for e in environments]
+        trainer = getattr(kwargs.get("log_metric"), "__self__", None)  # TRL passes its trainer's bound method
+        layout = _Groups.for_reward(trainer, tasks)
+        size = len(tasks)
+
+        def record(i: int) -> dict[str, Any]:
+            return {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]}
+
+        def elsewhere(i: int) -> bool:  # may sample i's group be scored on another process?
+            if layout.world == 1:
+                return False
+            if layout.n is not None:
+                return layout.owner(layout.keys[i]) != layout.rank
+            return layout.rank > 0 and all(tasks[j] == tasks[0] for j in range(i + 1))  # a run from the last process
+
+        samples = [(layout.start + i, task, record(i) if task is not None and elsewhere(i) else None)
+                   for i, task in enumerate(tasks)]
+        everyone = layout.gather({"size": size, "samples": samples})
+        if len({p["size"] for p in everyone}) > 1:  # the same on every process: all raise
+            raise ValueError(f"{self.__name__}.reward: the processes got batches of different sizes "
+                             f"({[p['size'] for p in everyone]}); GRPOTrainer gives each the same")
+        flat = [sample for payload in everyone for sample in payload["samples"]]  # global order
+        if layout.world == 1:
+            keys = layout.keys
+        elif layout.n is not None:
+            keys = [pos // layout.n for pos, _, _ in flat]
+        else:  # runs of one task in the global order
+            keys = list(itertools.accumulate(int(j > 0 and flat[j][1] != flat[j - 1][1]) for j in range(len(flat))))
+        groups: dict[tuple[int, Any], list[int]] = {}  # (group, task) -> indices into flat
+        for j, (key, (_, task, _)) in enumerate(zip(keys, flat)):
+            if task is not None:
+                groups.setdefault((key, task), []).append(j)
+        scores: dict[int, float | None] = {}  # position -> reward
+        for members in groups.values():
+            if flat[members[0]][0] // size != layout.rank:  # its first sample is elsewhere: scored there
+                continue
+            local = [flat[j][0] - layout.start for j in members]
+            records = [record(i) if 0 <= i < size else flat[j][2] for i, j in zip(local, members)]
+            try:
+                scored = rubric.score(records, task=environments[local[0]].env.unwrapped.episode.task)
+            except Exception as exc:  # the group fails; the other processes still get its scores
+                log.warning("group rubric %r raised; its group fails", rubric, exc_info=exc)
+                scored = [{"reward": None, "outcome": outcomes.ENV_ERROR} for _ in records]
+            for j, out in zip(members, scored):
+                scores[flat[j][0]] = None if outcomes.is_failure(out.get("outcome")) else out.get("reward")
+        if any(len({flat[j][0] // size for j in members}) > 1 for members in groups.values()):
+            for shared in layout.gather(scores):  # a group is split: its scores to every process
+                scores.update(shared)
+        for i in range(size):
+            if layout.start + i in scores:
+                rewards[i] = scores[layout.start + i]
         return rewards
 
 

@@ -88,12 +88,8 @@ def _loopback_port():
         return s.getsockname()[1]
 
 
-def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_processes(tmp_path):
-    """A real GRPOTrainer on two CPU processes (gloo, loopback only), two steps, 2 samples a prompt,
-    3 a process: TRL's sampler gives process 0 [a, a, b] and process 1 [b, c, c]. The group rubric
-    (each member's score: its group's size) sees both members of b; when process 0's b fails,
-    failed_group="drop" drops process 1's b too."""
-    import json
+def _two_processes(tmp_path, *args):
+    """``trl_two_processes.py tmp_path *args`` on two CPU processes (gloo, loopback only), both exiting 0."""
     import os
     import socket
     import subprocess
@@ -107,7 +103,7 @@ def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_proce
             "MASTER_PORT": str(_loopback_port()), "GLOO_SOCKET_IFNAME": lo, "OMP_NUM_THREADS": "1",
             "TRL_EXPERIMENTAL_SILENCE": "1"}
     script = Path(__file__).with_name("trl_two_processes.py")
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=root, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), *args], cwd=root, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(2)]
     try:
@@ -118,6 +114,16 @@ def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_proce
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+
+
+def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_processes(tmp_path):
+    """A real GRPOTrainer on two CPU processes (gloo, loopback only), two steps, 2 samples a prompt,
+    3 a process: TRL's sampler gives process 0 [a, a, b] and process 1 [b, c, c]. The group rubric
+    (each member's score: its group's size) sees both members of b; when process 0's b fails,
+    failed_group="drop" drops process 1's b too."""
+    import json
+
+    _two_processes(tmp_path)
     first, second = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert [c["num_processes"] for c in first + second] == [2] * 4
     assert [c["process_index"] for c in first + second] == [0, 0, 1, 1]
@@ -130,6 +136,28 @@ def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_proce
     assert first[1]["env_reward"] == [2.0, 2.0, None] and second[1]["env_reward"] == [None, 2.0, 2.0]
     assert [m == 0 for m in first[1]["mask_sums"]] == [False, False, True]
     assert [m == 0 for m in second[1]["mask_sums"]] == [True, False, False]
+
+
+def test_environment_factory_reward_scores_each_group_whole_when_trl_splits_it_over_two_processes(tmp_path):
+    """Env.reward, as TRL calls it on each of two CPU processes (a real GRPOTrainer, one step,
+    environment_factory): process 0 has [a, a, b] and process 1 [b, c, c]. The group rubric (each
+    member's score: its group's size) scores b once, both members, on process 0; each process gets
+    its own samples' rewards."""
+    import json
+
+    _two_processes(tmp_path, "environment_factory")
+    zero, one = (json.loads((tmp_path / f"env{r}.json").read_text()) for r in range(2))
+    assert [len(p["calls"]) for p in (zero, one)] == [1, 1]
+    assert [p["calls"][0]["process_index"] for p in (zero, one)] == [0, 1]
+    a, _, b = zero["calls"][0]["tasks"]
+    b1, c, _ = one["calls"][0]["tasks"]
+    assert zero["calls"][0]["tasks"] == [a, a, b] and one["calls"][0]["tasks"] == [b, c, c]
+    assert b1 == b and len({a, b, c}) == 3
+    assert zero["groups"] == [[a, a], [b, b]] and one["groups"] == [[c, c]]  # b scored once, whole
+    assert zero["calls"][0]["rewards"] == [2.0, 2.0, 2.0] and one["calls"][0]["rewards"] == [2.0, 2.0, 2.0]
+    # called without TRL's keywords (no num_generations): runs of one task in the gathered order
+    assert zero["direct_groups"] == [[a, a], [b, b]] and one["direct_groups"] == [[c, c]]
+    assert zero["direct"] == [2.0, 2.0, 2.0] and one["direct"] == [2.0, 2.0, 2.0]
 
 
 def test_two_groups_of_the_same_prompt_stay_apart(qwen_tokenizer):

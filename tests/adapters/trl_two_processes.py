@@ -7,7 +7,13 @@ Two GRPO steps through :class:`TRLRollout` (``failed_group="drop"``, a group rub
 member with its group's size), ``num_generations=2``, ``per_device_train_batch_size=3``: TRL's
 sampler gives process 0 prompts ``[a, a, b]`` and process 1 ``[b, c, c]``, so group ``b`` is
 split between them. At the second step process 0's ``b`` sample fails (a tool backend lost).
-Each process writes what its rollout_func got and returned to ``OUT_DIR/rank<k>.json``."""
+Each process writes what its rollout_func got and returned to ``OUT_DIR/rank<k>.json``.
+
+``python trl_two_processes.py OUT_DIR environment_factory``: one GRPO step through
+:func:`trl_environment` (Math-v0, a group rubric that scores each member with its group's size
+and notes the tasks it saw), the same batch layout (group ``b`` split). Each process writes what
+``Env.reward`` got and returned, and the groups its rubric scored, to ``OUT_DIR/env<k>.json``;
+then the same for ``Env.reward`` called directly on the trainer's environments (no trainer)."""
 
 import json
 import os
@@ -19,14 +25,59 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # flaky.py
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, mode: str = "rollout") -> None:
     import torch
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
+    if mode == "environment_factory":
+        environment_factory(out_dir, rank)
+    else:
+        rollout_func(out_dir, rank)
+    dist.destroy_process_group()
 
+
+def environment_factory(out_dir: str, rank: int) -> None:
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmax_gym.adapters.trl import trl_environment
+    from benchmax_gym.core.group import GroupRubric
+    from benchmax_gym.testing.tokenizers import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen2.5")
+    groups, calls = [], []
+
+    def size(records):  # each member's score: how many members its group had
+        groups.append([r["task_index"] for r in records])
+        return [float(len(records))] * len(records)
+
+    Env = trl_environment("benchmax/Math-v0", group_rubric=GroupRubric([("size", size)], combine="replace"))
+
+    def env_reward(completions, environments=None, **kwargs):  # Env.reward, as TRL calls it, recorded
+        out = Env.reward(completions, environments=environments, **kwargs)
+        calls.append({"tasks": [e.env.unwrapped.episode.index for e in environments], "rewards": out,
+                      "process_index": kwargs["log_metric"].__self__.accelerator.process_index})
+        return out
+
+    output_dir = tempfile.mkdtemp(prefix=f"benchmax-trl-env{rank}-", dir=out_dir)
+    args = GRPOConfig(output_dir=output_dir, per_device_train_batch_size=3, num_generations=2,
+                      max_completion_length=8, max_steps=1, report_to=[], use_cpu=True, logging_steps=1,
+                      save_strategy="no", dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=tiny_model(tokenizer), reward_funcs=env_reward, args=args,
+                          train_dataset=Env.dataset(6), environment_factory=Env, processing_class=tokenizer)
+    trainer.train()
+    trained = list(groups)
+    # called from your own code (no log_metric, so no num_generations): runs of one task in the
+    # order gathered from both processes
+    groups.clear()
+    direct = Env.reward([[] for _ in trainer.environments], environments=trainer.environments)
+    Path(out_dir, f"env{rank}.json").write_text(json.dumps({"calls": calls, "groups": trained,
+                                                            "direct": direct, "direct_groups": groups}))
+
+
+def rollout_func(out_dir: str, rank: int) -> None:
     from flaky import ENV_ID
     from trl import GRPOConfig, GRPOTrainer
 
@@ -71,8 +122,7 @@ def main(out_dir: str) -> None:
     trainer.train()
     rollout.close()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(calls))
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
