@@ -41,8 +41,8 @@ from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
 from benchmax_gym.core.judge import judge_usage, total_usage
-from benchmax_gym.core.outcomes import (CANCELLED, ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, TRUNCATED,
-                                        is_failure)
+from benchmax_gym.core.outcomes import (CANCELLED, ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, SIGNAL,
+                                        TRUNCATED, is_failure)
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
 from benchmax_gym.wrappers.worker import async_api
 
@@ -808,6 +808,15 @@ def _record_problem(record: Any) -> str | None:
             return f"outcome is {record['outcome']!r}, not one of {sorted(OUTCOMES)}"
         if is_failure(record["outcome"]) and reward is not None:
             return f"outcome is {record['outcome']}, a failure, yet reward is {reward!r}"
+    outcome = outcome_of(record)
+    if outcome in SIGNAL:  # a score: what every statistic reads (a null reward would be NaN or crash them)
+        said = f"outcome is {outcome}" if "outcome" in record else f"no outcome and no error (so {outcome})"
+        if reward is None:
+            return f"{said}, a score, yet reward is None"
+        if type(record.get("success")) is not bool:
+            return f"{said}, a score, yet success is {record.get('success')!r}, not true or false"
+        if type(record.get("task_id")) not in (str, int):
+            return f"{said}, a score, yet task_id is {record.get('task_id')!r}"
     if not isinstance(record.get("metadata", {}), dict):
         return "metadata is not an object"
     for key in _COUNTS:
@@ -821,6 +830,8 @@ def read_rollouts(folder: Path, repair: bool = False,
     """The records of ``folder/rollouts.jsonl``. A last line cut short (a run killed while writing
     it) is dropped - and removed from the file when ``repair``; any other bad line, a pair twice,
     or (given ``pairs``) a pair outside the run is an error: counted, it would skew the summary.
+    So is a score (a ``scored`` or ``truncated`` record) without a finite reward, ``success`` or
+    task id: every statistic reads them (a null reward would be NaN in the summary, or crash it).
     A record without ``outcome`` (an older run) gets the derived one (:func:`outcome_of`)."""
     data = _read_safely(folder, "rollouts.jsonl", MAX_ROLLOUTS_BYTES)
     if data is None:

@@ -2,16 +2,28 @@
 
 Tasks are the unit of resampling: a benchmark is a sample of tasks, and samples of one task are
 not independent of each other. So CIs are percentile bootstrap intervals over tasks
-(``scipy.stats.bootstrap``); IQM is ``scipy.stats.trim_mean(x, 0.25)`` over episodes, its CI
-resampling tasks with all their episodes. pass@k is the unbiased estimator of the Codex paper;
-the probability of improvement is rliable's: per task, P(X > Y) + P(X = Y) / 2 over the two
-runs' episodes (the Mann-Whitney U over n*m), averaged over tasks. (rliable itself does not
-import with this machine's pandas, and its stratified bootstrap keeps tasks fixed, which gives
-no interval with one sample per task - the common case for LLM evals.)
+(``scipy.stats.bootstrap``): a cluster bootstrap that draws tasks with all their episodes. The
+mean reward and success rate weigh each episode once (tasks with more scored samples weigh
+more), and so does each resample, so an estimate lies in its CI; ``compare``'s difference is the
+difference of those means on the shared tasks, resampled paired (the same tasks for both runs).
+IQM is ``scipy.stats.trim_mean(x, 0.25)`` over episodes, its CI resampling tasks with all their
+episodes. pass@k is the unbiased estimator of the Codex paper; the probability of improvement
+is rliable's: per task, P(X > Y) + P(X = Y) / 2 over the two runs' episodes (the Mann-Whitney U
+over n*m), averaged over tasks. (rliable itself does not import with this machine's pandas, and
+its stratified bootstrap keeps tasks fixed, which gives no interval with one sample per task -
+the common case for LLM evals.)
+
+With one task there are no tasks to resample: the CIs resample its episodes instead - the
+spread of that task's samples, not of a benchmark's tasks - and the result says so
+(``intervals_over: "episodes"`` and a note); with one episode (in ``compare``: one episode of
+the shared task in a run) there is no CI (``ci_low``/``ci_high`` None). Never a zero-width
+interval standing for certainty it does not have.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,21 +45,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def _intervals(n: int, statistic: Callable[..., Any], *, seed: int, confidence: float,
-               resamples: int) -> list[tuple[float, float]]:
-    """Percentile bootstrap intervals of each output of ``statistic(tasks, axis=-1)`` - a function
-    of resampled task indices, vectorised over resamples, returning one row per output. One
-    resampling serves them all (each alone would draw the same indices from ``seed``); with one
-    task the value is its own interval."""
+def _intervals(n: int | tuple[int, ...], statistic: Callable[..., Any], *, seed: int, confidence: float,
+               resamples: int) -> list[tuple[float | None, float | None]]:
+    """Percentile bootstrap intervals of each output of ``statistic(units, axis=-1)`` - a function
+    of resampled unit indices (tasks; episodes where there is one task), vectorised over
+    resamples, returning one row per output. ``n``: the units, or a tuple of counts of independent
+    samples, each resampled on its own (``statistic(units_1, units_2, axis=-1)``). One resampling
+    serves them all (each alone would draw the same indices from ``seed``). A sample of fewer than
+    2 units has nothing to resample: no interval (None, None), never the value as its own interval."""
     from scipy.stats import bootstrap
 
-    if n < 2:
-        values = np.atleast_1d(statistic(np.arange(n), axis=-1))
-        return [(float(v), float(v)) for v in values]
-    result = bootstrap((np.arange(n),), statistic, confidence_level=confidence, n_resamples=resamples, batch=200,
-                       method="percentile", vectorized=True, rng=np.random.default_rng(seed))
+    sizes = (n,) if isinstance(n, (int, np.integer)) else tuple(n)
+    if min(sizes) < 2:
+        return [(None, None)] * len(np.atleast_1d(statistic(*(np.arange(m) for m in sizes), axis=-1)))
+    result = bootstrap(tuple(np.arange(m) for m in sizes), statistic, confidence_level=confidence,
+                       n_resamples=resamples, batch=200, method="percentile", vectorized=True, paired=False,
+                       rng=np.random.default_rng(seed))
     low, high = np.atleast_1d(result.confidence_interval.low), np.atleast_1d(result.confidence_interval.high)
     return [(float(a), float(b)) for a, b in zip(low, high)]
+
+
+def _units(owner: np.ndarray, clusters: int) -> tuple[np.ndarray, str | None]:
+    """What a bootstrap resamples, for items (episodes) owned by ``clusters`` tasks (``owner``:
+    each one's task, sorted): the tasks when there are 2 or more (a cluster bootstrap); with one
+    task, its episodes - then the interval is the spread of that task's samples, not of a
+    benchmark's tasks (said as ``"episodes"``); with one episode, nothing (None). Returns each
+    item's unit (sorted) and what the units are."""
+    if clusters > 1:
+        return owner, "tasks"
+    return np.arange(len(owner)), "episodes" if len(owner) > 1 else None
 
 
 def _estimate(value: float, ci: tuple[float | None, float | None]) -> dict[str, float | None]:
@@ -89,11 +115,22 @@ def _groups(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None) ->
 
 
 def _signal(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The ``scored`` and ``truncated`` episodes: the only ones whose reward is a score (issue 29)."""
+    """The ``scored`` and ``truncated`` episodes: the only ones whose reward is a score (issue 29).
+    One without a finite reward is a ValueError naming it (it would be NaN in every statistic);
+    ``read_rollouts`` refuses such a record in a run directory."""
     from benchmax_gym.core.outcomes import SIGNAL
     from benchmax_gym.eval.runner import outcome_of
 
-    return [r for r in records if outcome_of(r) in SIGNAL]
+    out = []
+    for r in records:
+        outcome = outcome_of(r)
+        if outcome in SIGNAL:
+            reward = r.get("reward")
+            if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+                raise ValueError(f"task {r.get('task_id')!r} (index {r.get('task_index')!r}) sample "
+                                 f"{r.get('sample')!r}: a {outcome} episode with reward {reward!r}, not a number")
+            out.append(r)
+    return out
 
 
 def outcome_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
@@ -106,17 +143,22 @@ def outcome_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
 def failure_rate(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence: float = 0.95,
                  resamples: int = 2000) -> dict[str, float | None]:
     """The share of failed episodes, with a bootstrap CI over tasks (by ``task_index``: a failed
-    episode may have no task id): a run's failures cluster by task as its scores do."""
+    episode may have no task id): a run's failures cluster by task as its scores do. With one
+    task the CI resamples its episodes; with one episode there is none (``ci_low`` None)."""
     from benchmax_gym.core.outcomes import is_failure
     from benchmax_gym.eval.runner import outcome_of
 
     if not records:
         return {"value": 0.0, "ci_low": None, "ci_high": None}
     index = {t: i for i, t in enumerate(sorted({r["task_index"] for r in records}))}
-    owner = np.array([index[r["task_index"]] for r in records])
-    sizes = np.bincount(owner, minlength=len(index)).astype(float)
-    failed = np.bincount(owner, [float(is_failure(outcome_of(r))) for r in records], len(index))
+    order = sorted(range(len(records)), key=lambda i: index[records[i]["task_index"]])
+    unit, over = _units(np.array([index[records[i]["task_index"]] for i in order]), len(index))
+    units = int(unit[-1]) + 1
+    sizes = np.bincount(unit, minlength=units).astype(float)
+    failed = np.bincount(unit, [float(is_failure(outcome_of(records[i]))) for i in order], units)
     value = failed.sum() / sizes.sum()
+    if over is None:
+        return _estimate(value, (None, None))
     if value in (0.0, 1.0):  # every resample is the same: no bootstrap (it would warn of degenerate data)
         return _estimate(value, (float(value), float(value)))
 
@@ -124,7 +166,7 @@ def failure_rate(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confide
         picked = picked.astype(np.intp, copy=False)
         return (failed[picked].sum(axis=-1) / sizes[picked].sum(axis=-1))[None]
 
-    (ci,) = _intervals(len(index), per_resample, seed=seed, confidence=confidence, resamples=resamples)
+    (ci,) = _intervals(units, per_resample, seed=seed, confidence=confidence, resamples=resamples)
     return _estimate(value, ci)
 
 
@@ -147,6 +189,12 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     values). Deterministic given ``seed``. Every score statistic is over the ``scored`` and
     ``truncated`` episodes only (a failure is not a score of 0); ``failure_rate`` (with its CI) and
     ``outcomes`` (the count of each) account for the rest.
+
+    Means weigh each episode once; their CIs are a cluster bootstrap that resamples tasks (with
+    all their episodes) and weighs episodes as the means do, so each estimate lies in its CI.
+    ``intervals_over`` says what the CIs resample: ``"tasks"``; with one task, ``"episodes"``
+    (its samples: the CI is the spread over this task's samples, not over tasks - a note says
+    so); with one episode, None (no CI: ``ci_low`` and ``ci_high`` are None, a note says why).
     """
     everything = records
     records = _signal(records)  # a failed episode has no score
@@ -166,10 +214,14 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     rewards = np.array([r["reward"] for rs in rows for r in rs], dtype=float)
     successes = np.array([bool(r["success"]) for rs in rows for r in rs], dtype=float)
     owner = np.repeat(np.arange(len(ids)), sizes)
-    # each task's sums: a resample of tasks (a cluster bootstrap) weighs each episode once, as the
-    # point estimates (the means over episodes) do, so an interval always holds its estimate
-    task_reward = np.bincount(owner, rewards, len(ids))
-    task_success = np.bincount(owner, successes, len(ids))
+    # What a resample draws (``unit``: each episode's, in order): tasks, or with one task its
+    # episodes. Each unit's sums: a resample of units weighs each episode once, as the point
+    # estimates (the means over episodes) do, so an interval always holds its estimate.
+    unit, over = _units(owner, len(ids))
+    units = int(unit[-1]) + 1
+    unit_sizes = np.bincount(unit, minlength=units)
+    unit_reward = np.bincount(unit, rewards, units)
+    unit_success = np.bincount(unit, successes, units)
     options = {"seed": seed, "confidence": confidence, "resamples": resamples}
     notes = []
     if failed:
@@ -178,6 +230,11 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     if sizes.min() != sizes.max():
         notes.append(f"tasks have {sizes.min()} to {sizes.max()} samples: pass@k goes up to {sizes.min()}, and "
                      "means weight each task by its samples")
+    if over == "episodes":
+        notes.append(f"one task: its CIs resample its {len(rewards)} episodes - the spread of this task's samples, "
+                     "not of a benchmark's tasks (that takes 2 or more tasks)")
+    elif over is None:
+        notes.append("one episode: no CI (nothing to resample)")
 
     from scipy.stats import trim_mean
 
@@ -185,25 +242,25 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     if len(distinct) <= MAX_COUNTED_VALUES:
         # A resample is a count per task; with few distinct rewards, its IQM follows from how many
         # episodes hold each value (the sort trim_mean does is the costly part of a summary).
-        per_task = np.zeros((len(ids), len(distinct)))
-        np.add.at(per_task, (owner, codes.reshape(-1)), 1)
-        by_task = np.column_stack([task_reward, task_success, sizes, per_task])
+        per_unit = np.zeros((units, len(distinct)))
+        np.add.at(per_unit, (unit, codes.reshape(-1)), 1)
+        by_unit = np.column_stack([unit_reward, unit_success, unit_sizes, per_unit])
 
         def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
-            """Mean reward, success rate and IQM of the tasks ``picked`` (resampled task indices, batched)."""
+            """Mean reward, success rate and IQM of the units ``picked`` (resampled unit indices, batched)."""
             rows = picked.astype(np.intp, copy=False).reshape(-1, picked.shape[-1])
-            offsets = len(ids) * np.arange(len(rows))[:, None]
-            counts = np.bincount((rows + offsets).ravel(), minlength=rows.size).reshape(len(rows), len(ids))
-            sums = counts.astype(float) @ by_task
+            offsets = units * np.arange(len(rows))[:, None]
+            counts = np.bincount((rows + offsets).ravel(), minlength=len(rows) * units).reshape(len(rows), units)
+            sums = counts.astype(float) @ by_unit
             out = np.column_stack([sums[:, :2] / sums[:, 2:3], _iqm_of_counts(sums[:, 3:], distinct)])
             return out.T.reshape(3, *picked.shape[:-1])
     else:
-        padded = np.full((len(ids), sizes.max()), np.nan)  # task x sample, NaN past a task's samples
-        padded[owner, np.arange(len(rewards)) - np.repeat(np.cumsum(sizes) - sizes, sizes)] = rewards
-        equal = sizes.min() == sizes.max()
+        padded = np.full((units, unit_sizes.max()), np.nan)  # unit x sample, NaN past a unit's samples
+        padded[unit, np.arange(len(rewards)) - np.repeat(np.cumsum(unit_sizes) - unit_sizes, unit_sizes)] = rewards
+        equal = unit_sizes.min() == unit_sizes.max()
 
         def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
-            """Mean reward, success rate and IQM of the tasks ``picked`` (resampled task indices, batched)."""
+            """Mean reward, success rate and IQM of the units ``picked`` (resampled unit indices, batched)."""
             picked = picked.astype(np.intp, copy=False)
             chosen = padded[picked].reshape(*picked.shape[:-1], -1)
             if equal:
@@ -211,11 +268,11 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
             else:
                 iqm = np.array([trim_mean(row[~np.isnan(row)], 0.25) for row in chosen.reshape(-1, chosen.shape[-1])]
                                ).reshape(chosen.shape[:-1])
-            episodes = sizes[picked].sum(axis=-1)
-            return np.stack([task_reward[picked].sum(axis=-1) / episodes, task_success[picked].sum(axis=-1) / episodes,
+            episodes = unit_sizes[picked].sum(axis=-1)
+            return np.stack([unit_reward[picked].sum(axis=-1) / episodes, unit_success[picked].sum(axis=-1) / episodes,
                              iqm])
 
-    reward_ci, success_ci, iqm_ci = _intervals(len(ids), per_resample, **options)
+    reward_ci, success_ci, iqm_ci = _intervals(units, per_resample, **options)
     solved = Counter(zip(sizes.tolist(), np.bincount(owner, successes, len(ids)).astype(int).tolist()))
 
     turns = sum(int(r.get("turns") or 0) for r in records)
@@ -240,6 +297,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         "completion_tokens_mean": _mean([r.get("completion_tokens") for r in records]),
         "length_cut_turns": sum(int(r.get("finish_reason_length") or 0) for r in records),
         "confidence": confidence,
+        "intervals_over": over,
         "notes": notes,
         "zero_variance_groups": zero_variance_share(records),
         **_by_member(records, seed=seed, confidence=confidence, resamples=resamples),
@@ -281,11 +339,31 @@ def probability_of_improvement(x: Sequence[float], y: Sequence[float]) -> float:
     return float(mannwhitneyu(x, y).statistic / (len(x) * len(y)))
 
 
+def _poi_of_counts(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """:func:`probability_of_improvement` of each row pair: ``x[r, j]`` and ``y[r, j]`` episodes of
+    the two runs hold the ``j``-th distinct reward (sorted ascending)."""
+    below = np.cumsum(y, axis=-1) - y  # episodes of y under each value
+    return (x * (below + 0.5 * y)).sum(axis=-1) / (x.sum(axis=-1) * y.sum(axis=-1))
+
+
 def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | None = None, seed: int = 0,
             confidence: float = 0.95, resamples: int = 2000) -> dict[str, Any]:
-    """Paired comparison on the tasks every run has: per-task mean rewards, each run's mean
-    difference from ``baseline`` (default: the first run) and its probability of improvement
-    over it, with bootstrap CIs over tasks."""
+    """Paired comparison on the tasks every run has (their ``scored`` and ``truncated`` episodes).
+
+    ``mean_reward``: each run's mean over its episodes of the shared tasks, each episode weighed
+    once as :func:`summarize` does (it is the mean ``summarize`` gives those episodes); each run's
+    ``mean_difference`` from ``baseline`` (default: the first run) is the difference of those
+    means, with a paired cluster bootstrap CI: a resample draws tasks, the same for both runs, and
+    weighs their episodes as the means do, so the difference lies in its CI. The probability of
+    improvement is rliable's: per task, P(X > Y) + P(X = Y) / 2 over the two runs' episodes,
+    averaged over tasks (each task once), its CI from the same resamples. ``per_task`` and
+    ``tasks_better`` / ``tasks_worse`` / ``tasks_tied`` are over each task's mean reward.
+
+    With one shared task there are no tasks to resample: the CIs resample each run's episodes of
+    that task on their own (``intervals_over`` is ``"episodes"``, and a note says the CIs are
+    over samples of one task, not over tasks); with only one episode of it in a run, there is no
+    CI (None; ``intervals_over`` None).
+    """
     names = list(runs)
     if len(names) < 2:
         raise ValueError("compare needs at least two runs")
@@ -297,19 +375,60 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
     if not shared:
         raise ValueError("the runs share no task")
     options = {"seed": seed, "confidence": confidence, "resamples": resamples}
-    means = {name: np.array([np.mean([r["reward"] for r in grouped[name][t]]) for t in shared]) for name in names}
+    # each run's rewards on each shared task, their sums and counts (what a resample of tasks adds up)
+    rewards = {name: [np.array([r["reward"] for r in grouped[name][t]], dtype=float) for t in shared]
+               for name in names}
+    sums = {name: np.array([v.sum() for v in rewards[name]]) for name in names}
+    sizes = {name: np.array([len(v) for v in rewards[name]], dtype=float) for name in names}
+    means = {name: sums[name] / sizes[name] for name in names}  # per task
+    overall = {name: float(sums[name].sum() / sizes[name].sum()) for name in names}  # over episodes
+    notes: list[str] = []
+    over: str | None = "tasks"
+    if len(shared) == 1:
+        few = [name for name in names if sizes[name][0] < 2]
+        over = None if few else "episodes"
+        notes.append(f"one shared task: no CI ({', '.join(few)} played it once; nothing to resample)" if few else
+                     "one shared task: the CIs resample each run's episodes of it - the spread of this task's "
+                     "samples, not of a benchmark's tasks (that takes 2 or more shared tasks)")
     against = {}
     for name in names:
         if name == baseline:
             continue
         diff = means[name] - means[baseline]
-        poi = np.array([probability_of_improvement([r["reward"] for r in grouped[name][t]],
-                                                   [r["reward"] for r in grouped[baseline][t]]) for t in shared])
-        both = np.stack([diff, poi])
-        diff_ci, poi_ci = _intervals(len(shared), lambda picked, axis=-1, both=both: both[
-            :, picked.astype(np.intp, copy=False)].mean(axis=-1), **options)
+        poi = np.array([probability_of_improvement(x, y) for x, y in zip(rewards[name], rewards[baseline])])
+        if over == "episodes":  # one task: each run's episodes resampled on their own (they are not paired)
+            x, y = rewards[name][0], rewards[baseline][0]
+            distinct, codes = np.unique(np.concatenate([x, y]), return_inverse=True)
+            x_codes, y_codes = codes[:len(x)], codes[len(x):]
+
+            def counts(chosen: np.ndarray, m: int = len(distinct)) -> np.ndarray:
+                rows = chosen.reshape(-1, chosen.shape[-1])
+                flat = (rows + m * np.arange(len(rows))[:, None]).ravel()
+                return np.bincount(flat, minlength=len(rows) * m).reshape(len(rows), m).astype(float)
+
+            def statistic(ix: np.ndarray, iy: np.ndarray, axis: int = -1, x=x, y=y, xc=x_codes, yc=y_codes,
+                          counts=counts) -> np.ndarray:
+                ix, iy = ix.astype(np.intp, copy=False), iy.astype(np.intp, copy=False)
+                out = np.stack([x[ix].mean(axis=-1) - y[iy].mean(axis=-1),
+                                _poi_of_counts(counts(xc[ix]), counts(yc[iy])).reshape(ix.shape[:-1])])
+                return out
+
+            diff_ci, poi_ci = _intervals((len(x), len(y)), statistic, **options)
+        else:  # tasks, paired: the same resampled tasks for both runs
+            by_task = np.column_stack([sums[name], sizes[name], sums[baseline], sizes[baseline], poi])
+
+            def statistic(picked: np.ndarray, axis: int = -1, by_task=by_task) -> np.ndarray:
+                rows = picked.astype(np.intp, copy=False).reshape(-1, picked.shape[-1])
+                n = len(by_task)
+                chosen = np.bincount((rows + n * np.arange(len(rows))[:, None]).ravel(),
+                                     minlength=len(rows) * n).reshape(len(rows), n).astype(float)
+                total = chosen @ by_task
+                out = np.stack([total[:, 0] / total[:, 1] - total[:, 2] / total[:, 3], total[:, 4] / rows.shape[1]])
+                return out.reshape(2, *picked.shape[:-1])
+
+            diff_ci, poi_ci = _intervals(len(shared), statistic, **options)
         against[name] = {
-            "mean_difference": _estimate(diff.mean(), diff_ci),
+            "mean_difference": _estimate(overall[name] - overall[baseline], diff_ci),
             "probability_of_improvement": _estimate(poi.mean(), poi_ci),
             "tasks_better": int((diff > 0).sum()), "tasks_worse": int((diff < 0).sum()),
             "tasks_tied": int((diff == 0).sum()),
@@ -319,13 +438,16 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
         "runs": names,
         "shared_tasks": len(shared),
         "dropped_tasks": {name: len(grouped[name]) - len(shared) for name in names},
-        "mean_reward": {name: float(means[name].mean()) for name in names},
+        "mean_reward": overall,
+        "episodes": {name: int(sizes[name].sum()) for name in names},
         # over each run's episodes: means of runs failing at different rates are not comparable
         "failure_rate": {name: failure_rate(runs[name], seed=seed, confidence=confidence,
                                             resamples=resamples)["value"] for name in names},
         "against_baseline": against,
         "per_task": [{"task_id": t, **{name: float(means[name][i]) for name in names}} for i, t in enumerate(shared)],
         "confidence": confidence,
+        "intervals_over": over,
+        "notes": notes,
     }
 
 
@@ -358,7 +480,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         level = f"{summary.get('confidence', 0.95):.0%} CI"
         return _table([("episodes", f"{summary['episodes']}, none scored"), *_accounting_rows(summary, level),
                        *[("note", n) for n in summary.get("notes", [])]])
-    level = f"{summary['confidence']:.0%} CI"
+    level = _level(summary)
     rows = [
         ("episodes", f"{summary['episodes']} over {summary['tasks']} tasks ({summary['failed_episodes']} failed"
                      f"{', left out' if summary['failed_episodes'] else ''})"),
@@ -387,10 +509,18 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     return _table(rows)
 
 
+def _level(result: Mapping[str, Any]) -> str:
+    """The CI columns' label: the level, and what the CIs resample when not tasks."""
+    over = result.get("intervals_over", "tasks")
+    if over is None:
+        return "no CI"
+    return f"{result['confidence']:.0%} CI" + (" over episodes" if over == "episodes" else "")
+
+
 def format_compare(result: Mapping[str, Any]) -> str:
     """A side-by-side table: each run's mean reward, its difference from the baseline and its
     probability of improvement over it."""
-    level = f"{result['confidence']:.0%} CI"
+    level = _level(result)
     width = max(len(n) for n in result["runs"])
     rates = result.get("failure_rate") or {}
     lines = [f"{result['shared_tasks']} shared tasks; baseline {result['baseline']}"
@@ -401,4 +531,5 @@ def format_compare(result: Mapping[str, Any]) -> str:
         diff = _ci(row["mean_difference"]) if row else "-"
         poi = _ci(row["probability_of_improvement"]) if row else "-"
         lines.append(f"{name:<{width}}  {result['mean_reward'][name]:>11.3f}  {diff:<30}  {poi}")
+    lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
