@@ -342,7 +342,7 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
                                   f"{server.name!r} was stopped (its state is lost) and starts afresh at the "
                                   "next reset", TOOL_TIMEOUT) from None
             # A crashed server: start it again at once, to report a restart that fails too.
-            await connection.close()
+            await connection.close(kill=True)  # gone already, or past answering: no grace period
             said = connection.stderr.describe()  # a crashed server's last words
             try:
                 await connection.start(env.workspace)
