@@ -38,7 +38,7 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key or key.startswith(".") or key.endswith("."):
-            raise SystemExit(f"--env-arg expects KEY=VALUE or KEY.FIELD=VALUE, got {pair!r}")
+            usage_error(f"--env-arg expects KEY=VALUE or KEY.FIELD=VALUE, got {pair!r}")
         try:
             value = json.loads(raw)
         except ValueError:
@@ -48,7 +48,7 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
         for part in path:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
-                raise SystemExit(f"--env-arg {pair!r}: {part} is already set to a value that is not a dict")
+                usage_error(f"--env-arg {pair!r}: {part} is already set to a value that is not a dict")
         target[last] = value
     return kwargs
 
@@ -168,6 +168,29 @@ def usage_error(message: Any) -> NoReturn:
     """A bad command line or configuration: one line on stderr, exit status 2 (argparse's)."""
     print(f"benchmax-gym: error: {' '.join(str(message).split())}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def runtime_error(message: Any) -> NoReturn:
+    """A failure while running (an environment that cannot start): one line on stderr, exit status 1."""
+    print(f"benchmax-gym: error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def port_number(text: str) -> int:
+    """argparse type of a server's ``--port``: 0 (any free one) to 65535; uvicorn would wrap 70000 round."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 (any free port) to 65535, got {port}")
+    return port
+
+
+def _check_seed(seed: int) -> None:
+    """Gymnasium and numpy refuse a negative seed, deep inside a reset: say so naming --seed."""
+    if seed < 0:
+        usage_error(f"--seed must be 0 or more, got {seed}")
 
 
 def episode_plan(args: argparse.Namespace, num_tasks: int | None) -> tuple[str, list[tuple[int, int | None]]]:
@@ -292,6 +315,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         ("--first-tasks", args.first_tasks)):
         if value is not None and value <= 0:
             usage_error(f"{flag} must be a positive number, got {value}")
+    _check_seed(args.seed)
     if args.jsonl:
         _check_jsonl(args)
     try:
@@ -315,6 +339,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         results = play(env, args.policy, plan, args.seed, progress=not args.quiet)
         summary = summarize(results, time.perf_counter() - start, args.rollouts_per_task or 1)
+    except (RuntimeError, OSError) as exc:  # the environment failed to start (an MCP server, a lost connection)
+        runtime_error(f"{args.env_id}: {exc}")
     finally:
         env.close()
     summary = {"env_id": args.env_id, "policy": args.policy, "mode": mode, **summary}
@@ -353,6 +379,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         usage_error("say who plays: --model NAME (with --base-url) or --policy solver|random|empty")
     if args.model is not None and args.policy is not None:
         usage_error("--model and --policy exclude each other")
+    _check_seed(args.seed)
+    if not 0 < args.timeout < float("inf"):
+        usage_error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    if args.max_retries < 0:
+        usage_error(f"--max-retries must be 0 or more, got {args.max_retries}")
+    if args.max_tokens is not None and args.max_tokens < 1:
+        usage_error(f"--max-tokens must be at least 1, got {args.max_tokens}")
     extra = {}
     if args.model is not None:
         # the key's variable: --api-key-env, else OPENAI_API_KEY as the SDK reads it (and it reads
@@ -502,14 +535,17 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
         usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not 0 < args.idle_timeout < float("inf"):
         usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
+    _check_seed(args.seed)
     try:
         serve(args.env_id, args.transport, host=args.host, port=args.port,
               env_kwargs=_parse_env_args(args.env_arg), seed=args.seed, idle_timeout=args.idle_timeout,
               max_sessions=args.max_sessions, auth_token=args.auth_token)
     except gym.error.Error as exc:
         usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
-    except (TypeError, ValueError, ImportError) as exc:  # a bad --env-arg, found when the first environment is made
-        usage_error(f"cannot make {args.env_id}: {exc}")
+    except (TypeError, ValueError, ImportError, OSError) as exc:  # a bad --env-arg (a missing file, say), found
+        usage_error(f"cannot make {args.env_id}: {exc}")  # when the first environment is made
+    except RuntimeError as exc:  # its first environment failed to start (an MCP server)
+        runtime_error(f"cannot start {args.env_id}: {exc}")
     except KeyboardInterrupt:
         pass
     return 0
@@ -728,7 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     mcp.add_argument("env_id", help="an id from `benchmax-gym list`")
     mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="http: the address to listen on (loopback by default)")
-    mcp.add_argument("--port", type=int, default=8000, help="http: the port (0: any free one; the URL is printed)")
+    mcp.add_argument("--port", type=port_number, default=8000,
+                     help="http: the port (0: any free one; the URL is printed)")
     mcp.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
                      help="http: a session with no request in flight this long is closed with its environment")
     mcp.add_argument("--max-sessions", type=int, default=64,
@@ -749,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
                         "environment per WebSocket session at /ws (needs the openenv extra)")
     oe.add_argument("env_id", help="an id from `benchmax-gym list` (or yours, with --import MODULE)")
     oe.add_argument("--host", default="127.0.0.1", help="the address to listen on (loopback by default)")
-    oe.add_argument("--port", type=int, default=8000, help="the port (0: any free one; the URL is printed)")
+    oe.add_argument("--port", type=port_number, default=8000, help="the port (0: any free one; the URL is printed)")
     oe.add_argument("--max-sessions", type=int, default=64,
                     help="WebSocket sessions open at once; one more gets CAPACITY_REACHED until one ends")
     oe.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",

@@ -15,7 +15,9 @@ initialize-handshake era; its environment is closed (sandbox killed, workspace d
 session ends: the client's DELETE, or ``idle_timeout`` seconds with no request in flight (a
 client that vanished without a DELETE), or the server's shutdown. At most ``max_sessions`` are
 open at once; one more is refused with HTTP 503 "Too many open sessions" until one ends. The
-modern stateless protocol has no session, so its requests share one environment.
+modern stateless protocol has no session, so its requests share one environment. An environment
+that fails to start fails the call that started it (an error result saying why, outcome
+``env_error``) and is not kept: the session's next call tries again.
 
 HTTP binds to 127.0.0.1 unless told otherwise; ``auth_token`` (or ``BENCHMAX_GYM_MCP_TOKEN``)
 makes every request need ``Authorization: Bearer <token>`` (401 without it).
@@ -36,6 +38,7 @@ import mcp_types as types
 from mcp.server.lowlevel import Server
 
 import benchmax_gym  # noqa: F401  (registers the ids)
+from benchmax_gym.core.outcomes import ENV_ERROR, FAILURES
 
 TOKEN_ENV = "BENCHMAX_GYM_MCP_TOKEN"
 #: the ``_meta`` key of a tool result that failed for a reason not the model's (core.outcomes)
@@ -76,11 +79,19 @@ class SessionEnvs:
         env.close()
 
     async def for_request(self, ctx: Any) -> gym.Env:
+        """The request's session's environment, made at its first call. A failed start is not
+        kept: the next call tries again (a flaky server start must not fail a session for ever)."""
         connection = _connection(ctx)
         if connection is None or connection.session_id is None:  # stdio, or stateless HTTP
-            if self._shared is None:
-                self._shared = asyncio.ensure_future(asyncio.to_thread(self.make))
-            return await asyncio.shield(self._shared)
+            made = self._shared
+            if made is None:
+                made = self._shared = asyncio.ensure_future(asyncio.to_thread(self.make))
+            try:
+                return await asyncio.shield(made)
+            except Exception:
+                if self._shared is made:
+                    self._shared = None  # the next call tries again
+                raise
         made = connection.state.get(_ENV_KEY)
         if made is None:  # a reset may start a sandbox or a server: off the event loop
             made = connection.state[_ENV_KEY] = asyncio.ensure_future(asyncio.to_thread(self.make))
@@ -132,7 +143,13 @@ def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: in
         return types.ListToolsResult(tools=tools)
 
     async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        env = (await sessions.for_request(ctx)).unwrapped
+        try:
+            env = (await sessions.for_request(ctx)).unwrapped
+        except Exception as exc:  # its environment failed to start: say why (not "Internal server error")
+            outcome = getattr(exc, "outcome", None)
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=f"the environment failed to start: {exc}")],
+                is_error=True, meta={OUTCOME_META: outcome if outcome in FAILURES else ENV_ERROR})
         result = await env.toolset.arun(
             params.name, dict(params.arguments or {}), episode=env.episode,
             timeout=env.tool_timeout, max_chars=env.max_tool_output_chars,

@@ -371,3 +371,63 @@ def test_help_has_no_restructuredtext_markup(command):
     out = run(*command.split(), "--help").stdout
     assert "usage:" in out
     assert not re.search(r"``|:[a-z]+:`", out), out
+
+
+# -- errors a user meets: one line, exit 2 for a bad argument and 1 for an env that cannot start -------
+
+FAILING_MCP = """
+import sys
+import gymnasium as gym
+
+gym.register("me/NoKey-v0", entry_point="benchmax_gym.envs.mcp.env:MCPEnv", kwargs=dict(
+    server={"command": sys.executable, "args": ["-c", "import sys; sys.exit('API_KEY not set')"]},
+    tasks=[{"prompt": "p"}], reward=lambda completion: 0.0))
+"""
+
+
+@pytest.mark.parametrize("command", [("run", "--quiet"), ("mcp-serve",), ("mcp-serve", "--transport", "http",
+                                                                            "--port", "0")])
+def test_an_mcp_server_that_fails_to_start_is_one_line_exit_1(tmp_path, command):
+    (tmp_path / "nokey.py").write_text(FAILING_MCP)
+    out = subprocess.run([*CLI, "--import", "nokey", command[0], "me/NoKey-v0", *command[1:]], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("benchmax-gym: error: "), out.stderr
+    assert "me/NoKey-v0" in lines[0] and "failed to start" in lines[0] and "API_KEY not set" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["run", "mcp-serve"])
+def test_a_missing_env_arg_file_is_one_line_exit_2(tmp_path, command):
+    missing = tmp_path / "missing.jsonl"
+    out = subprocess.run([*CLI, command, "benchmax/Math-v0", "--env-arg", "tasks=gsm8k", "--env-arg",
+                          f"task_args.dataset={missing}"], capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    _one_line_error(out, "cannot make benchmax/Math-v0", str(missing))
+
+
+@pytest.mark.parametrize("args, says", [
+    (("run", "benchmax/Math-v0", "--seed", "-1", "--episodes", "1"), "--seed must be 0 or more, got -1"),
+    (("mcp-serve", "benchmax/Math-v0", "--seed", "-1"), "--seed must be 0 or more, got -1"),
+    (("eval", "benchmax/Math-v0", "--policy", "solver", "--seed", "-1"), "--seed must be 0 or more, got -1"),
+    (("eval", "benchmax/Math-v0", "--policy", "solver", "--timeout", "0"), "--timeout must be a positive number"),
+    (("eval", "benchmax/Math-v0", "--policy", "solver", "--max-retries", "-1"), "--max-retries must be 0 or more"),
+    (("eval", "benchmax/Math-v0", "--policy", "solver", "--max-tokens", "0"), "--max-tokens must be at least 1"),
+    (("run", "benchmax/Math-v0", "--env-arg", "oops"), "--env-arg expects KEY=VALUE"),
+])
+def test_bad_numbers_are_one_line_exit_2(tmp_path, args, says):
+    extra = ("--out", str(tmp_path / "run")) if args[0] == "eval" else ()
+    out = subprocess.run([*CLI, *args, *extra], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    _one_line_error(out, "benchmax-gym: error: ", says)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["mcp-serve", "openenv-serve"])
+@pytest.mark.parametrize("port", ["-1", "70000", "abc"])
+def test_a_bad_port_is_refused_at_argument_parsing(command, port):
+    """Port 0 (any free one) is served by the tests of both servers; 70000 used to wrap round to 4464."""
+    extra = ("--transport", "http") if command == "mcp-serve" else ()
+    out = subprocess.run([*CLI, command, "benchmax/Math-v0", *extra, f"--port={port}"], capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "listening" not in out.stderr, out.stderr
+    assert "error: argument --port: " in out.stderr.splitlines()[-1], out.stderr

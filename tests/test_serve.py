@@ -467,3 +467,55 @@ def test_a_failure_that_is_not_the_models_travels_as_its_outcome(tmp_path):
             assert math.isnan(reward) and truncated and not terminated
         finally:
             env.close()
+
+
+# -- a session's environment that fails to start --------------------------------------------------
+
+FLAKY_SERVER = """
+import os, sys
+from mcp.server.mcpserver import MCPServer
+
+count = os.path.join(os.path.dirname(os.path.abspath(__file__)), "starts")
+n = int(open(count).read()) if os.path.exists(count) else 0
+open(count, "w").write(str(n + 1))
+if n == 1:  # the first start (mcp-serve's probe) works, the second fails, the third works again
+    sys.exit("transient: backend warming up")
+server = MCPServer("flaky")
+
+@server.tool()
+def ping() -> str:
+    return "pong"
+
+server.run()
+"""
+
+FLAKY_ENV = """
+import os, sys
+import gymnasium as gym
+
+here = os.path.dirname(os.path.abspath(__file__))
+gym.register("me/Flaky-v0", entry_point="benchmax_gym.envs.mcp.env:MCPEnv", kwargs=dict(
+    server={"command": sys.executable, "args": [os.path.join(here, "flaky_server.py")]},
+    tasks=[{"prompt": "p"}], reward=lambda completion: 0.0))
+"""
+
+
+def test_stdio_a_failed_environment_start_is_reported_and_the_next_call_tries_again(tmp_path):
+    """A flaky start fails the one call it happens in, with its own message and an outcome: it is
+    not kept as the session's environment (every later call failed the same way)."""
+    from benchmax_gym.serve import OUTCOME_META
+
+    (tmp_path / "flaky_server.py").write_text(FLAKY_SERVER)
+    (tmp_path / "flakyenv.py").write_text(FLAKY_ENV)
+
+    async def main():
+        params = StdioServerParameters(command=CLI[0], args=[*CLI[1:], "--import", "flakyenv", "mcp-serve", "me/Flaky-v0"],
+                                       cwd=str(tmp_path))
+        async with Client(params) as client:
+            return [await client.call_tool("ping", {}) for _ in range(3)]
+
+    failed, *later = asyncio.run(main())
+    assert failed.is_error and "transient: backend warming up" in text(failed), text(failed)
+    assert failed.meta[OUTCOME_META] == "env_error"
+    assert [(r.is_error, text(r)) for r in later] == [(False, "pong"), (False, "pong")]
+    assert (tmp_path / "starts").read_text() == "3"
