@@ -6,7 +6,8 @@ and ``PRAGMA query_only`` is on while it runs. Its cost is bounded two ways. Acr
 progress handler stops it at a deadline (a recursive CTE that never ends). Within one step, where
 SQLite never looks at the clock, the string functions whose built-in cost is the product of their
 arguments' lengths (``instr``, ``replace``, ``trim``: a 500 KB needle in a 1 MB haystack took 10 s
-a row) are replaced by linear ones with the same results, and LIKE/GLOB patterns are limited to
+a row) are replaced by linear ones with the same results, ``printf``'s ``%c`` repeats are capped
+(SQLite loops over 2**31 of them however big the result), and LIKE/GLOB patterns are limited to
 256 characters (one 1 MB value times a 40,000-character pattern took 51 s). Strings and blobs are
 limited to 1 MB. Rows are read one at a time and reading stops at the row cap or once the
 output would pass the tool-output cap, so 200 rows of 1 MB never sit in memory together. Typed
@@ -30,7 +31,8 @@ _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNC
 _FORBIDDEN_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts5"}
 MAX_VALUE_BYTES = 1_000_000
 MAX_PATTERN_CHARS = 256
-_as_text = sqlite3.connect(":memory:", check_same_thread=False)  # SQLite's own number-to-text
+_as_text = sqlite3.connect(":memory:", check_same_thread=False)  # SQLite's own number-to-text and printf
+_as_text.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
 
 
 def _text(value: Any) -> Any:
@@ -72,7 +74,42 @@ def _trimmer(method: str):
     return trim
 
 
-_LINEAR_FUNCTIONS = [("instr", 2, _instr), ("replace", 3, _replace)] + [
+_CONVERSION = re.compile(r"%[-+ #!0,]*(?:\d+|\*)?(?:\.(\*|\d*))?l{0,2}(.?)", re.S)
+
+
+def _printf(*args: Any) -> Any:
+    """SQLite's ``printf``/``format``, refusing (NULL, as SQLite does for a too-big result) a
+    format whose ``%c`` repeats add up past :data:`MAX_VALUE_BYTES`: SQLite 3.40 loops once per
+    repeat even after the result overflowed (``printf('%.*c', 2147483647, 'x')`` took 10 s, in
+    one step the query deadline never sees). A ``*`` precision counts as the largest argument."""
+    fmt = _text(args[0]) if args else None
+    if isinstance(fmt, bytes):
+        fmt = fmt.decode("utf-8", "replace")
+    if isinstance(fmt, str) and "c" in fmt:
+        star = 0
+        repeats = 0
+        for m in _CONVERSION.finditer(fmt):
+            if m.group(2) != "c" or not m.group(1):
+                continue
+            if m.group(1) == "*":
+                if not star:
+                    star = max((abs(_int32(a)) for a in args[1:]), default=0) or 1
+                repeats += star
+            else:
+                repeats += int(m.group(1)) & 0x7FFFFFFF
+            if repeats > MAX_VALUE_BYTES:
+                return None
+    return _as_text.execute(f"SELECT printf({', '.join('?' * len(args))})", args).fetchone()[0] if args else None
+
+
+def _int32(value: Any) -> int:
+    """An argument as SQLite's printf reads a ``*`` width: int64, then truncated to a C int."""
+    n = _as_text.execute("SELECT CAST(? AS INTEGER)", (value,)).fetchone()[0] or 0
+    n &= 0xFFFFFFFF
+    return n - (1 << 32) if n >= 1 << 31 else n
+
+
+_LINEAR_FUNCTIONS = [("instr", 2, _instr), ("replace", 3, _replace), ("printf", -1, _printf), ("format", -1, _printf)] + [
     (name, n, _trimmer(method)) for name, method in (("trim", "strip"), ("ltrim", "lstrip"), ("rtrim", "rstrip"))
     for n in (1, 2)]
 

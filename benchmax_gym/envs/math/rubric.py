@@ -240,7 +240,50 @@ def _verify(gold: str, predicted: str, timeout: int | None) -> bool:
     pred_parsed = parse(f"\\boxed{{{pred_text}}}", parsing_timeout=timeout)
     if not gold_parsed or not pred_parsed:
         return False
+    if any(_digits(e) > MAX_DIGITS for e in (*gold_parsed[:1], *pred_parsed[:1])):
+        return False
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+
+
+#: an answer whose numbers may reach more digits than this is refused before sympy evaluates it
+MAX_DIGITS = 10_000
+_FACTORIAL_LIKE = frozenset({"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial",
+                             "FallingFactorial", "fibonacci", "lucas", "primorial", "catalan"})
+
+
+def _digits(expr, depth: int = 0) -> float:
+    """An upper bound on the decimal digits of the numbers in a parsed answer.
+
+    sympy computes ``3^{10^{10}}`` exactly in one C call that holds the GIL: no timeout can stop
+    it (a thread's ``join(timeout)`` never returns, ``signal.alarm`` only reaches the main
+    thread), so such an answer is refused before it is evaluated."""
+    import sympy
+
+    if depth > 200:
+        return math.inf
+    if isinstance(expr, sympy.MatrixBase):
+        return max((_digits(e, depth + 1) for e in expr), default=0.0)
+    if isinstance(expr, sympy.Integer):
+        return max(1.0, abs(int(expr)).bit_length() * 0.30103)
+    if isinstance(expr, sympy.Rational):
+        return max(_digits(sympy.Integer(expr.p)), _digits(sympy.Integer(expr.q)))
+    if isinstance(expr, sympy.Float):
+        _, man, exp, bc = expr._mpf_ if expr._mpf_[1] else (0, 0, 0, 1)
+        return max(1.0, abs(exp + bc) * 0.30103)
+    args = getattr(expr, "args", ())
+    if not isinstance(expr, sympy.Basic) or not args:
+        return 1.0
+    parts = [_digits(a, depth + 1) for a in args]
+    name = type(expr).__name__
+    if isinstance(expr, sympy.Pow) or name == "exp":
+        base, power = (parts[0], parts[1]) if len(parts) == 2 else (1.0, parts[0])
+        return math.inf if power > 300 else max(base, 1.0) * 10.0 ** power
+    if name in _FACTORIAL_LIKE:
+        top = max(parts)
+        return math.inf if top > 300 else top * 10.0 ** top
+    if isinstance(expr, sympy.Mul):
+        return sum(parts)
+    return max(parts) + (1.0 if isinstance(expr, sympy.Add) else 0.0)
 
 
 def is_equivalent(gold: str, predicted: str, timeout: float = 5.0) -> bool:

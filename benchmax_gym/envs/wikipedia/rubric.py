@@ -5,7 +5,8 @@ The answer is the last ``<answer>...</answer>`` of the final reply, the rule eve
 the gold are normalised as in SQuAD (lower-case, punctuation and the articles a/an/the removed,
 white space collapsed); ``em`` is equality, ``f1`` the token-overlap F1, except that when either
 side is ``yes``, ``no`` or ``noanswer`` and they differ F1 is 0 (so "no" never earns credit
-against "yes, ..."). A gold given as a list of aliases scores the best of them.
+against "yes, ..."). A gold given as a list of aliases scores the best of them. An answer with
+no words left after normalisation scores 0 (else ``<answer></answer>`` matched a gold such as "The").
 """
 
 from __future__ import annotations
@@ -47,13 +48,16 @@ def f1_score(prediction: str, gold: str) -> float:
 
 
 def _golds(answer: str | Sequence[str]) -> list[str]:
-    return [answer] if isinstance(answer, str) else [str(a) for a in answer]
+    """The gold aliases; a lone number (a task list's ``answer=1875``) is its text."""
+    if isinstance(answer, Sequence) and not isinstance(answer, (str, bytes)):
+        return [str(a) for a in answer]
+    return [str(answer)]
 
 
 def _best(metric, completion: str, answer) -> float:
     prediction = final_answer(completion)
-    if prediction is None or len(prediction) > MAX_ANSWER_CHARS:
-        return 0.0
+    if prediction is None or len(prediction) > MAX_ANSWER_CHARS or not normalize_answer(prediction):
+        return 0.0  # no answer; an empty one (or "the") is no answer either, whatever the gold
     return max(metric(prediction, gold) for gold in _golds(answer))
 
 

@@ -172,10 +172,21 @@ def bamboogle_tasks(path: str | os.PathLike, *, limit: int | None = None) -> Lis
         if "question" not in fields or "answer" not in fields:
             raise ValueError(f"dataset {str(path)!r}: record {i} needs Question and Answer fields")
         tasks.append(Task(
-            id=f"bamboogle-{i}", prompt=str(fields["question"]), answer=fields["answer"],
+            id=f"bamboogle-{i}", prompt=str(fields["question"]), answer=_gold(fields["answer"], path, i),
             solution={"supporting": list(fields.get("supporting", []))}, metadata={"source": "bamboogle"},
         ))
     return ListTasks(tasks)
+
+
+def _gold(answer: Any, path: str | os.PathLike, i: int) -> str | list[str]:
+    """An answer as the rubric compares it: text, or a non-empty list of aliases (a number in
+    the file, ``"Answer": 1875``, is its text: graded as it was, the right answer scored 0)."""
+    if isinstance(answer, (list, tuple)):
+        aliases = [str(a) for a in answer if a is not None and str(a).strip()]
+        if not aliases:
+            raise ValueError(f"dataset {str(path)!r}: record {i} has no answer (got {answer!r})")
+        return aliases
+    return answer if answer is None else str(answer)
 
 
 def load_corpus(path: str | os.PathLike) -> tuple[list[dict[str, str]], str]:

@@ -80,3 +80,28 @@ def test_linear_functions_give_sqlites_own_results(env):
             if isinstance(a, bytes) and "instr" not in sql:
                 continue  # blobs through replace/trim come back as text here, as blobs in SQLite
             assert con.execute(sql, args).fetchone() == plain.execute(sql, args).fetchone(), (sql, args)
+
+
+def test_printf_char_repeats_past_the_value_limit_return_at_once(env):
+    """SQLite 3.40's ``%c`` loops once per repeat even after the result overflowed: 10 s a row."""
+    sql = ("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+           "SELECT printf('%.*c', 2147483647 - n, 'x') IS NULL, format('%.2147483000c', 'y') IS NULL FROM r")
+    obs, info, took = query(env, sql)
+    assert info["error"] is None, obs
+    assert '"rows": [[1, 1], [1, 1], [1, 1]]' in obs, obs
+    assert took < 8, took  # was 10 s and more a row
+
+
+@pytest.mark.parametrize("args", [
+    ("%d-%s|%%c", 5, "x"), ("%.3c|%5c|%-5c", "ab", "y", "z"), ("%.*c", 3, "é"), ("%*.*c", 6, 3, "q"),
+    ("%.*c", -4, "w"), ("%.*c", "5", "x"), ("%.*c", 4294967298, "x"), ("%.c%.0c%.1c%.2lc", "a", "b", "c", "d"),
+    ("%,d %05.2f %q %Q %w %z %!.3g %#x", 1234567, 3.14159, "it's", None, 'a"b', "zz", 1.5, 255),
+    ("abc%",), (None, 1), (b"%s", b"x"), (12,), ("%.999999c", "z"), ("%.600000c%.600000c", "a", "b")])
+def test_printf_gives_sqlites_own_results(env, args):
+    con = env.unwrapped.episode.state["db"].con
+    plain = sqlite3.connect(":memory:")
+    plain.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+    marks = ", ".join("?" * len(args))
+    for name in ("printf", "format"):
+        sql = f"SELECT {name}({marks})"
+        assert con.execute(sql, args).fetchone() == plain.execute(sql, args).fetchone(), (name, args)

@@ -184,3 +184,22 @@ def test_modules_import_one_another_without_a_circle():
         return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph.get(start, ()))
 
     assert [m for m in graph if reaches(m, m)] == []
+
+
+def test_bamboogle_numbers_are_graded_as_text_and_empty_aliases_refused(tmp_path):
+    """A file's ``"Answer": 1875`` once made the right answer score 0 (the rubric raised on it)."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"title": "Vorsa", "text": "Vorsa was founded in 1875."}) + "\n")
+    path = tmp_path / "bamboogle.jsonl"
+    path.write_text(json.dumps({"Question": "When was Vorsa founded?", "Answer": 1875}) + "\n")
+    env = gym.make("benchmax/Wikipedia-v0", tasks="bamboogle", task_args={"dataset": str(path)},
+                   backend="local", backend_args={"corpus": str(corpus)})
+    try:
+        env.reset(seed=0)
+        _, reward, terminated, _, info = env.step("<answer>1875</answer>")
+        assert terminated and reward == 1.0 and info["reward_components"]["em"] == 1.0
+    finally:
+        env.close()
+    path.write_text(json.dumps({"Question": "When was Vorsa founded?", "Answer": []}) + "\n")
+    with pytest.raises(ValueError, match="record 0 has no answer"):
+        bamboogle_tasks(path)

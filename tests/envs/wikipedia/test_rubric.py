@@ -59,3 +59,16 @@ def test_components_from_completions():
     assert em("Vorsa Press", "Vorsa Press") == 0.0  # no tags, no answer
     assert f1("<answer>x</answer>", ["Vorsa Press", "x"]) == 1.0  # list of aliases: best one
     assert f1("<answer>" + "word " * 1000 + "</answer>", "word") == 0.0  # absurdly long answers score 0
+
+
+@pytest.mark.parametrize("gold", ["The", "a", "An!", ["the", "Paris"]])
+def test_an_empty_answer_never_scores_even_against_a_gold_of_only_articles(gold):
+    for reply in ("<answer></answer>", "<answer>the</answer>", "<answer> . </answer>"):
+        assert em(reply, gold) == 0.0 and f1(reply, gold) == 0.0, (reply, gold)
+    assert em("<answer>Paris</answer>", ["the", "Paris"]) == 1.0
+
+
+def test_a_numeric_gold_is_graded_as_its_text():
+    assert em("<answer>1875</answer>", 1875) == 1.0
+    assert f1("<answer>1875</answer>", 1875) == 1.0
+    assert em("<answer>3.5</answer>", [3.5, "three and a half"]) == 1.0
