@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -74,6 +75,11 @@ def _band(name: str, band: Any) -> tuple[float, float]:
     return float(band[0]), float(band[1])
 
 
+def _is_int(value: Any, low: int, high: float = math.inf) -> bool:
+    """An int (numpy's too, not a bool) from ``low`` to ``high``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and low <= value <= high
+
+
 class MemberLevels:
     """One member's levels and where it stands: its configuration and its state.
 
@@ -90,20 +96,33 @@ class MemberLevels:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise ValueError(f"curriculum[{name!r}]['window'] must be a positive int, got {window!r}")
         self.window = window
+        # (the window holds at most `window` episodes: a larger min_episodes would never move the level)
+        if min_episodes is not None and not _is_int(min_episodes, 1, window):
+            raise ValueError(f"curriculum[{name!r}]['min_episodes'] must be an int from 1 to the window "
+                             f"({window}), got {min_episodes!r}")
         self.min_episodes = window if min_episodes is None else int(min_episodes)
-        if not 0 <= start < len(self.levels):
+        if not _is_int(start, 0, len(self.levels) - 1):
             raise ValueError(f"curriculum[{name!r}]['start'] must be a level from 0 to {len(self.levels) - 1}, "
                              f"got {start!r}")
         if schedule is not None and not callable(schedule):
-            schedule = tuple(sorted((int(e), int(level)) for e, level in schedule))
-            bad = [level for _, level in schedule if not 0 <= level < len(self.levels)]
-            if bad:
-                raise ValueError(f"curriculum[{name!r}]['schedule'] names levels {bad} "
-                                 f"outside 0..{len(self.levels) - 1}")
+            schedule = self._checked_schedule(schedule)
         self.schedule = schedule
         self.level = start
         self.episodes = 0  # graded episodes seen (failures never count)
         self.recent: collections.deque[bool] = collections.deque(maxlen=window)
+
+    def _checked_schedule(self, schedule: Any) -> tuple[tuple[int, int], ...]:
+        """``[(episodes, level), ...]`` as sorted int pairs; anything else is an error naming the key."""
+        where, last = f"curriculum[{self.name!r}]['schedule']", len(self.levels) - 1
+        if isinstance(schedule, (str, bytes, Mapping)) or not isinstance(schedule, (list, tuple)) or not schedule:
+            raise ValueError(f"{where} must be a non-empty list of (episodes, level) pairs or a function "
+                             f"episodes -> level, got {schedule!r}")
+        for pair in schedule:
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and _is_int(pair[0], 0)
+                    and _is_int(pair[1], 0, last)):
+                raise ValueError(f"{where}: each entry must be (episodes >= 0, level from 0 to {last}), "
+                                 f"got {pair!r}")
+        return tuple(sorted((int(e), int(level)) for e, level in schedule))
 
     @property
     def adaptive(self) -> bool:
@@ -146,6 +165,9 @@ class MemberLevels:
         return {"level": self.level, "episodes": self.episodes, "recent": list(self.recent)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not _is_int(state["level"], 0, len(self.levels) - 1):  # (a state saved with other levels)
+            raise ValueError(f"curriculum[{self.name!r}]: the saved level {state['level']!r} is not one of this "
+                             f"member's levels 0..{len(self.levels) - 1}")
         self.level, self.episodes = int(state["level"]), int(state["episodes"])
         self.recent = collections.deque((bool(s) for s in state["recent"]), maxlen=self.window)
 

@@ -59,7 +59,9 @@ Attributes the mixture does not define (``tool_schemas``, ``toolset``, ``rubric`
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
+import numbers
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -137,7 +139,7 @@ def parse_members(members: Any) -> list[MemberSpec]:
             raise ValueError(f"members: {env_id!r} is not a registered env id{hint}")
         if env_id == "benchmax/Mix-v0":
             raise ValueError("members: a mixture cannot hold benchmax/Mix-v0 (list its members instead)")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0 or math.isinf(weight):
+        if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not weight >= 0 or math.isinf(weight):
             raise ValueError(f"members: the weight of {env_id!r} must be a non-negative number, got {weight!r}")
         name = env_id.rpartition("/")[2] if name is None else name
         if not isinstance(name, str) or not name or "/" in name:
@@ -156,9 +158,11 @@ class MixSampler:
     def __init__(self, weights: list[float], mode: str = "stratified"):
         if mode not in SAMPLING:
             raise ValueError(f"sampling must be one of {list(SAMPLING)}, got {mode!r}")
-        total = float(sum(weights))
+        if not (weights and max(weights) > 0):
+            raise ValueError(f"weights: at least one must be positive, got {weights!r}")
+        scaled = np.asarray(weights, dtype=float) / max(weights)  # (huge finite weights: their sum stays finite)
         self.mode = mode
-        self.cumulative = list(np.cumsum(np.asarray(weights, dtype=float) / total)[:-1])
+        self.cumulative = list(np.cumsum(scaled / scaled.sum())[:-1])
         self.position, self.offset = 0, 0.0
 
     def seed(self, rng: np.random.Generator) -> None:
@@ -240,6 +244,19 @@ def _member_class(env_id: str) -> Any:
     if isinstance(creator, RegisteredFactory):
         creator = _PARTS.get(creator.env_id, (creator,))[0]
     return creator
+
+
+@contextlib.contextmanager
+def _naming(name: str, env_id: str | None = None, level: int | None = None):
+    """A member's own error, unchanged in type and message, with a note naming the member (the
+    mixture's traceback alone does not say which of its members failed)."""
+    try:
+        yield
+    except Exception as exc:
+        where = f"mixture member {name!r}"
+        if not any(str(note).startswith(where) for note in getattr(exc, "__notes__", ())):
+            exc.add_note(where + (f" ({env_id} at level {level})" if env_id else ""))
+        raise
 
 
 def _stable(text: str) -> int:
@@ -344,8 +361,9 @@ class MixEnv(gym.Env[str, str]):
             spec = self.specs[self._names.index(name)]
             overlay = self.curriculum.members[name].levels[level]
             kwargs = apply_level(self._kwargs[name], overlay)
-            env = gym.make(spec.env_id, render_mode=self.render_mode, disable_env_checker=True, **kwargs) \
-                if self.render_mode else gym.make(spec.env_id, disable_env_checker=True, **kwargs)
+            with _naming(name, spec.env_id, level):
+                env = gym.make(spec.env_id, render_mode=self.render_mode, disable_env_checker=True, **kwargs) \
+                    if self.render_mode else gym.make(spec.env_id, disable_env_checker=True, **kwargs)
             member = self._built[(name, level)] = _Member(name, level, env)
             rng_state = self._pending_rng.pop(member.key, None)
             if rng_state is not None:
@@ -451,20 +469,30 @@ class MixEnv(gym.Env[str, str]):
 
         return step
 
+    def _ending_episode(self) -> None:
+        """A reset ends the episode playing: if the next member then fails to build or reset,
+        ``step`` raises ResetNeeded instead of going on with the old member's episode."""
+        self._current = None
+        self._episode_step = self._no_episode
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
+        self._ending_episode()
         member, options, member_seed = self._choose(seed, options)
-        obs, info = (member.core if member.direct else member.env).reset(seed=member_seed, options=options)
+        with _naming(member.name):
+            obs, info = (member.core if member.direct else member.env).reset(seed=member_seed, options=options)
         return self._started(member, obs, info)
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """``reset`` as a coroutine (a vector worker interleaves many envs)."""
         super().reset(seed=seed)
+        self._ending_episode()
         member, options, member_seed = self._choose(seed, options)
-        if member.direct:
-            obs, info = await member.core.areset(seed=member_seed, options=options)
-        else:
-            obs, info = member.env.reset(seed=member_seed, options=options)
+        with _naming(member.name):
+            if member.direct:
+                obs, info = await member.core.areset(seed=member_seed, options=options)
+            else:
+                obs, info = member.env.reset(seed=member_seed, options=options)
         return self._started(member, obs, info)
 
     def step(self, action: str):

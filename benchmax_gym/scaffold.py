@@ -11,21 +11,31 @@ from __future__ import annotations
 
 import keyword
 import re
+import sys
 from pathlib import Path
 
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+# (fullmatch, not match with "$": "$" also matches before a final newline, which would name a
+# folder "foo\n" and break the generated pyproject.toml)
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_ENV_ID = re.compile(r"[\w.\-]+/[\w.\-]+-v\d+")
+# import names the generated package must not take: it would shadow them (the standard library,
+# what its own code imports, its tests folder) or replace the library itself on install
+_TAKEN = {"benchmax_gym", "gymnasium", "numpy", "pytest", "setuptools", "pip", "tests", "test"}
 
 
 def names(name: str, env_id: str | None = None) -> dict[str, str]:
     """The package's names: distribution ``name``, import package, env class and id."""
-    if not _NAME.match(name or ""):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"NAME must start with a letter and hold only letters, digits, '-' and '_', got {name!r}")
     package = re.sub(r"[-]+", "_", name).lower()
     if keyword.iskeyword(package):
         raise ValueError(f"NAME {name!r} makes the package name {package!r}, a Python keyword")
+    if package in _TAKEN or package in sys.stdlib_module_names or package.replace("_", "-") == "benchmax-gym":
+        raise ValueError(f"NAME {name!r} makes the package name {package!r}, which is taken (the standard library, "
+                         "benchmax-gym or what the package imports): choose another, e.g. 'my-" + name + "'")
     camel = "".join(part[:1].upper() + part[1:] for part in re.split(r"[-_]+", name) if part)
     env_id = env_id or f"{package}/{camel}-v0"
-    if not re.match(r"^[\w.\-]+/[\w.\-]+-v\d+$", env_id):
+    if not isinstance(env_id, str) or not _ENV_ID.fullmatch(env_id):
         raise ValueError(f"--id must look like 'namespace/Name-v0', got {env_id!r}")
     return {"name": name, "package": package, "camel": camel, "env_id": env_id}
 

@@ -110,3 +110,35 @@ def test_math_digits_really_change_the_tasks():
     assert easy["difficulty"] == 0 and hard["difficulty"] == 5
     assert mix.unwrapped.built_members == ["Math-v0@0", "Math-v0@5"]
     mix.close()
+
+
+@pytest.mark.parametrize("options, says", [
+    # more than the window holds: the level could never move (the member stuck at its start for good)
+    ({"window": 8, "min_episodes": 9}, r"\['min_episodes'\] must be an int from 1 to the window \(8\), got 9"),
+    ({"min_episodes": "8"}, r"\['min_episodes'\] must be an int"),
+    ({"min_episodes": 0}, r"\['min_episodes'\] must be an int"),
+    ({"start": "1"}, r"\['start'\] must be a level from 0 to 5, got '1'"),
+    ({"start": True}, r"\['start'\] must be a level from 0 to 5, got True"),
+    ({"schedule": [10, 2]}, r"\['schedule'\]: each entry must be \(episodes >= 0, level from 0 to 5\), got 10"),
+    ({"schedule": [(0, 1.5)]}, r"\['schedule'\]: each entry must be"),
+    ({"schedule": "0:1"}, r"\['schedule'\] must be a non-empty list of \(episodes, level\) pairs or a function"),
+    ({"schedule": {0: 1}}, r"\['schedule'\] must be a non-empty list"),
+])
+def test_bad_level_options_fail_at_make_naming_the_member_and_key(options, says):
+    with pytest.raises(ValueError, match=r"curriculum\['Math-v0'\]" + says):
+        gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0}, curriculum={"Math-v0": options})
+
+
+def test_min_episodes_up_to_the_window_moves_the_level():
+    c = controller(window=4, min_episodes=4)
+    for i in range(4):
+        c.record("m", 0, f"t{i}", 1.0, True, "scored")
+    assert c.level("m") == 1
+
+
+def test_a_saved_level_this_member_does_not_have_is_refused_on_load():
+    c = controller()
+    state = c.state_dict()
+    state["members"]["m"]["level"] = 7  # saved with more levels than this run declares
+    with pytest.raises(ValueError, match=r"curriculum\['m'\]: the saved level 7 is not one of this member's levels 0..2"):
+        controller().load_state_dict(state)

@@ -339,3 +339,33 @@ def test_a_named_mixture_registers_checks_at_once_and_runs_in_workers():
     finally:
         gym.registry.pop(env_id, None)
         registry.ENVS.pop(env_id, None)
+
+
+def test_a_member_that_fails_to_build_raises_its_own_error_named_and_leaves_no_episode_to_step(tmp_path):
+    """The failing member's reset raised, yet step() went on with the previous member's episode."""
+    broken = ("broken", "benchmax/Math-v0", {"tasks": "hf", "task_args": {"dataset": str(tmp_path / "none.jsonl")}})
+    mix = gym.make("benchmax/Mix-v0", members=[("benchmax/Math-v0", 1.0), (broken, 1.0)], disable_env_checker=True)
+    failed = 0
+    for seed in range(12):
+        try:
+            mix.reset(seed=seed)
+        except FileNotFoundError as exc:
+            failed += 1
+            assert "none.jsonl" in str(exc)
+            assert exc.__notes__ == ["mixture member 'broken' (benchmax/Math-v0 at level 0)"]
+            with pytest.raises(gym.error.ResetNeeded):
+                mix.step("\\boxed{1}")
+        else:
+            mix.step("<tool_call>{not json")  # a live episode of the good member, left playing
+    assert 0 < failed < 12
+    mix.close()
+
+
+def test_weights_may_be_numpy_numbers_and_huge_ones_keep_their_ratio():
+    mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": np.float32(0.25), "benchmax/Wikipedia-v0": np.int64(1)})
+    assert mix.unwrapped.specs[0].weight == 0.25
+    mix.close()
+    # 1e308 + 1e308 overflows to inf: every draw went to the last member
+    mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1e308, "benchmax/Wikipedia-v0": 1e308})
+    assert mix.unwrapped._sampler.cumulative == [0.5]
+    mix.close()

@@ -48,3 +48,19 @@ def test_an_existing_folder_is_never_overwritten(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["new", "taken", "--dir", str(tmp_path)])
     assert "exists" in capsys.readouterr().err and not any((tmp_path / "taken").iterdir())
+
+
+@pytest.mark.parametrize("name, env_id, says", [
+    ("acme\n", "acme/Acme-v0", "NAME must start with a letter"),  # ("$" matched before the newline)
+    ("acme", "acme/Acme-v0\n", "--id must look like"),  # (a newline inside the pyproject's TOML key)
+    ("json", None, "which is taken"),  # the stdlib's: `import json` in the solver would find the wrong one
+    ("benchmax_gym", None, "which is taken"),  # installing it would replace the library itself
+    ("Gymnasium", None, "which is taken"),
+    ("tests", None, "which is taken"),
+])
+def test_names_that_would_break_or_shadow_are_refused_and_nothing_is_written(tmp_path, name, env_id, says):
+    from benchmax_gym.scaffold import scaffold
+
+    with pytest.raises(ValueError, match=says):
+        scaffold(name, tmp_path, env_id)
+    assert not any(tmp_path.iterdir())

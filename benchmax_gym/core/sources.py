@@ -20,7 +20,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 from benchmax_gym.core.checks import Checked, arg, non_negative_int, optional, positive_int
-from benchmax_gym.core.tasks import GeneratedTasks, Task, TaskSource, given_tasks
+from benchmax_gym.core.tasks import DatasetTasks, GeneratedTasks, ListTasks, Task, TaskSource, given_tasks
 
 
 __all__ = ["GeneratedSource", "SourceConfig", "arg", "choose", "task_source"]
@@ -137,9 +137,24 @@ def task_source(env: Any, tasks: Any, task_args: Mapping[str, Any] | None,
     config = choose(tasks, task_args, options, legacy)
     env.task_config = config
     if config is not None:
-        return config.build(env)
+        return require_answers(config.build(env), env)
     source = given_tasks(tasks)
     if source is None:
         raise ValueError(f"tasks must be one of {_names(options)}, a config instance, a TaskSource or a "
                          f"non-empty list of tasks, got {tasks!r}")
+    return require_answers(source, env)
+
+
+def require_answers(source: TaskSource, env: Any) -> TaskSource:
+    """``source``, checked that each task held in memory (a list, a dataset) has a ground truth:
+    the families that call :func:`task_source` grade every episode against ``task.answer``, and a
+    task without one (``None``, or blank text) would be scored against nothing (Math's grader
+    gave ``\\boxed{None}`` full reward). Refused at make, naming the task."""
+    if isinstance(source, (ListTasks, DatasetTasks)):
+        for i, task in enumerate(source.tasks):
+            answer = task.answer
+            if answer is None or (isinstance(answer, str) and not answer.strip()):
+                raise ValueError(f"tasks[{i}] (id {task.id!r}) has no answer (got {answer!r}): "
+                                 f"{type(env).__name__} grades each episode against its task's answer; "
+                                 "give every task one, or leave the task out")
     return source

@@ -185,6 +185,8 @@ def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any
             raise ValueError(f"{here}['content'] must be text or None, got {type(content).__name__}")
         message: dict[str, Any] = {"role": m["role"], "content": content or ""}
         if m["role"] == "assistant" and m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], (list, tuple)):
+                raise ValueError(f"{here}['tool_calls'] must be a list of calls, got {type(m['tool_calls']).__name__}")
             calls = []
             for j, call in enumerate(m["tool_calls"]):
                 function = call.get("function") if isinstance(call, Mapping) else None
@@ -416,10 +418,48 @@ def load_records(
                 f"got {expanded or 'no data files'}"
             )
         builder = kinds.pop()
-        ds = datasets.load_dataset(builder, data_files=expanded, split=split or "train", **load_kwargs)
+        try:
+            ds = datasets.load_dataset(builder, data_files=expanded, split=split or "train", **load_kwargs)
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:  # datasets' DatasetGenerationError, pyarrow's, a bare StopIteration...
+            raise ValueError(f"path {path!r}: cannot read it as {builder.upper()}: {_unreadable(expanded, exc)}") from exc
     else:
         ds = _load_from_hub(datasets, files[0], name, split or "train", load_kwargs)
     return ds
+
+
+def _unreadable(files: list[str], exc: BaseException) -> str:
+    """Why ``datasets`` could not read local ``files``, in one line: the first empty file, or
+    the first JSON Lines line that is not a JSON object (file and line), else the innermost
+    cause's message (pandas names a CSV's line, pyarrow a Parquet's footer). Only on failure:
+    a good file is never read twice."""
+    for f in files:
+        try:
+            if os.path.getsize(f) == 0:
+                return f"{f} is empty"
+            if os.path.splitext(f)[1] not in (".json", ".jsonl"):
+                continue
+            with open(f, encoding="utf-8") as lines:
+                first = True
+                for number, line in enumerate(lines, 1):
+                    if not line.strip():
+                        continue
+                    if first and os.path.splitext(f)[1] == ".json" and line.lstrip()[:1] == "[":
+                        break  # a JSON array: pyarrow's message below
+                    first = False
+                    try:
+                        record = json.loads(line)
+                    except ValueError as bad:
+                        return f"{f} line {number}: not JSON ({bad})"
+                    if not isinstance(record, dict):
+                        return f"{f} line {number}: expected a JSON object, got {type(record).__name__}"
+        except (OSError, UnicodeDecodeError) as bad:
+            return f"{f}: {bad}"
+    cause = exc
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(cause).__name__}: {str(cause).strip() or type(exc).__name__}".splitlines()[0][:500]
 
 
 HUB_CONNECT_TIMEOUT = 3.0  # seconds a TCP connect to the hub may take before it counts as unreachable

@@ -18,8 +18,10 @@ from typing import Any
 from benchmax_gym.core.tasks import ListTasks, task_from_dict
 
 
-def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, Any]]:
-    """The JSON objects of a JSON Lines file; a bad line is an error naming the file and line."""
+def _numbered_jsonl(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
+    """``(line number, value)`` for each non-blank line of a JSON Lines file."""
+    if os.path.isdir(path):
+        raise ValueError(f"{what} {os.fspath(path)!r} is a folder, not a JSON Lines file")
     records = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -29,17 +31,29 @@ def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, An
                 record = json.loads(line)
             except ValueError as exc:
                 raise ValueError(f"{what} {os.fspath(path)!r} line {number}: not JSON ({exc})") from None
-            records.append(record)
+            records.append((number, record))
     return records
+
+
+def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, Any]]:
+    """The JSON objects of a JSON Lines file; a bad line is an error naming the file and line."""
+    return [record for _, record in _numbered_jsonl(path, what)]
 
 
 def load_tasks(path: str | os.PathLike) -> ListTasks:
     """The tasks of a JSON Lines file written by ``benchmax-gym tasks ...`` (or by hand), checked
-    as ``gym.make`` checks tasks handed over (a bad record names its line's index)."""
-    records = read_jsonl(path, "tasks")
+    as ``gym.make`` checks tasks handed over; a bad record is an error naming the file and its
+    line (not its index among the records: blank lines are skipped)."""
+    records = _numbered_jsonl(path, "tasks")
     if not records:
         raise ValueError(f"tasks {os.fspath(path)!r} holds no tasks")
-    return ListTasks([task_from_dict(r, i) for i, r in enumerate(records)])
+    tasks = []
+    for i, (number, record) in enumerate(records):
+        try:
+            tasks.append(task_from_dict(record, i))
+        except ValueError as exc:
+            raise ValueError(f"tasks {os.fspath(path)!r} line {number}: {exc}") from None
+    return ListTasks(tasks)
 
 
 def write_jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:

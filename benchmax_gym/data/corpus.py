@@ -68,13 +68,18 @@ def load_documents(path: str | os.PathLike) -> list[Document]:
             raise ValueError(f"{file}: larger than {MAX_DOCUMENT_BYTES >> 20} MiB; split it")
         documents += _read(file)
     seen: dict[str, int] = {}
+    taken: set[str] = set()  # (a suffixed title may be another document's own: "X (2)" twice loses one)
     unique = []
     for doc in documents:
+        if not doc.text.strip():
+            continue
         key = " ".join(doc.title.split()).casefold()
-        seen[key] = seen.get(key, 0) + 1
-        title = doc.title if seen[key] == 1 else f"{doc.title} ({seen[key]})"
-        if doc.text.strip():
-            unique.append(Document(title, doc.text, doc.source))
+        title = doc.title
+        while " ".join(title.split()).casefold() in taken:
+            seen[key] = seen.get(key, 1) + 1
+            title = f"{doc.title} ({seen[key]})"
+        taken.add(" ".join(title.split()).casefold())
+        unique.append(Document(title, doc.text, doc.source))
     if not unique:
         raise ValueError(f"DOCS {str(path)!r}: the documents hold no text")
     return unique

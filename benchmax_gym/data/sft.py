@@ -24,7 +24,16 @@ from typing import Any
 from benchmax_gym.core.outcomes import SCORED
 
 
-def _hf_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _hf_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The transcript in the shape chat templates read; None when it is not a list of chat
+    messages (a hand-edited or foreign log: left out and counted, never a crash)."""
+    def shaped(m: Any) -> bool:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        return isinstance(m, dict) and (not calls or isinstance(calls, list) and all(
+            isinstance(c, dict) and isinstance(c.get("function") or {}, dict) for c in calls))
+
+    if not all(shaped(m) for m in messages):
+        return None
     out = []
     for m in messages:
         m = {k: v for k, v in m.items() if v is not None or k == "content"}
@@ -108,6 +117,9 @@ def export_sft(run: str | os.PathLike, *, min_reward: float | None = None, env_i
             left_out["not successful"] += 1
             continue
         messages = _hf_messages(record["messages"])
+        if messages is None:
+            left_out["malformed transcript"] += 1
+            continue
         if not messages or messages[-1].get("role") != "assistant":
             left_out["does not end with the model's reply"] += 1
             continue

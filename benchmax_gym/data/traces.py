@@ -126,7 +126,11 @@ def keep_filter(spec: str) -> Callable[[Any], bool]:
         return lambda record: True
     found = re.fullmatch(r"reward\s*(>=|<=|==|=|>|<)\s*(-?[\d.]+(?:e-?\d+)?)", spec)
     if found:
-        compare, bound = _COMPARE[found[1]], float(found[2])
+        try:
+            bound = float(found[2])
+        except ValueError:
+            raise ValueError(f"--keep {spec!r}: {found[2]!r} is not a number") from None
+        compare = _COMPARE[found[1]]
         return lambda record: (isinstance(record, dict) and isinstance(record.get("reward"), (int, float))
                                and not isinstance(record.get("reward"), bool) and compare(record["reward"], bound))
     name, sep, raw = spec.partition("=")
@@ -166,7 +170,10 @@ def _calls(message: dict[str, Any], env: Any, turn: int) -> list[tuple[str, Any]
     """``(name, arguments)`` of an assistant message's calls: its ``tool_calls``, else calls written
     in the env's format in its text (what a text-format agent logs)."""
     calls = []
-    for call in message.get("tool_calls") or []:
+    listed = message.get("tool_calls") or []
+    if not isinstance(listed, (list, tuple)):  # a hostile or broken log: one bad call, reported
+        return [("", None)]
+    for call in listed:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict):
             calls.append(("", None))
@@ -217,7 +224,9 @@ def reference(messages: list[dict[str, Any]], record: Any, answer_field: str | N
     """The trusted reference: a field of the record, else the final assistant reply (its last
     ``\\boxed{}`` or ``<answer>`` when it has one); None when the trace ends on a tool call."""
     if answer_field:
-        return _field(record, answer_field)
+        value = _field(record, answer_field)
+        # (blank text is no reference: its tasks would be scored against nothing)
+        return None if isinstance(value, str) and not value.strip() else value
     for i in range(len(messages) - 1, -1, -1):
         message = messages[i]
         if message.get("role") == "assistant":
@@ -270,7 +279,7 @@ def tasks_from_traces(logs: str | os.PathLike, env: Any, *, keep: str = "all", t
         if answer is None:
             report.skipped["no reference answer"] += 1
             report.problem(where, "no final answer to keep as the reference"
-                           + (f" (field {answer_field!r} is missing)" if answer_field else ""))
+                           + (f" (field {answer_field!r} is missing or blank)" if answer_field else ""))
             continue
         prefix = [m for m in messages[:end] if not (m.get("role") == "system"
                                                     and str(m.get("content") or "").strip() == system)]

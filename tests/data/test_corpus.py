@@ -200,3 +200,12 @@ def test_a_pdf_document_is_read_with_the_pdf_extra(tmp_path, capsys):
     code, summary = main(["tasks", "from-corpus", str(docs), "--out", str(tmp_path / "t.jsonl"), "--json",
                           "--quiet"]), json.loads(capsys.readouterr().out)
     assert code == 0 and any(t.answer == "1140" for t in load_tasks(tmp_path / "t.jsonl").tasks)
+
+
+def test_a_suffixed_title_never_collides_with_another_documents_own(tmp_path):
+    """"X", "X" and a document titled "X (2)": the second X became "X (2)" too, and the index keeps
+    one article per title (one document lost)."""
+    for name, title in (("a.md", "X"), ("b.md", "X"), ("c.md", "X (2)")):
+        (tmp_path / name).write_text(f"# {title}\n\nText of {name}.\n")
+    titles = [d.title for d in load_documents(tmp_path)]
+    assert len(set(titles)) == 3 and titles[:2] == ["X", "X (2)"]

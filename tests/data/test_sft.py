@@ -90,3 +90,18 @@ def test_a_run_jsonl_file_exports_too(tmp_path, capsys):
     assert summary["exported"] == 3 and summary["env_id"] == ENV
     rows = [json.loads(line) for line in open(out)]
     assert all(r["messages"][-1]["role"] == "assistant" and r["reward"] == 1.0 for r in rows)
+
+
+def test_a_malformed_transcript_is_left_out_and_counted_not_a_crash(tmp_path, capsys):
+    """A hand-edited or foreign record (messages not chat messages) was an AttributeError/TypeError."""
+    good = {"env_id": ENV, "outcome": "scored", "reward": 1.0, "task_id": "t",
+            "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\\boxed{1}"}]}
+    bad = [{**good, "messages": [1, 2]},
+           {**good, "messages": [{"role": "assistant", "content": "x", "tool_calls": 5}]},
+           {**good, "messages": [{"role": "assistant", "content": "x", "tool_calls": [5]}]}]
+    episodes = tmp_path / "episodes.jsonl"
+    episodes.write_text("".join(json.dumps(r) + "\n" for r in [good, *bad]))
+    out = tmp_path / "sft.jsonl"
+    assert main(["export-sft", str(episodes), "--out", str(out), "--env-arg", "python_tool=false", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["exported"] == 1 and summary["left_out"] == {"malformed transcript": 3}

@@ -125,6 +125,7 @@ def test_turn_choices_and_allowing_invalid_calls(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, says", [
     (["--keep", "reward~1"], "--keep must be"),
+    (["--keep", "reward>=1.2.3"], "--keep 'reward>=1.2.3': '1.2.3' is not a number"),
     (["--turn", "middle"], "--turn must be"),
     (["--turn", "0"], "counts assistant messages from 1"),
     (["--env", "benchmax/Nope-v0"], "--env"),
@@ -147,3 +148,25 @@ def test_a_json_array_of_traces_is_read_whole(tmp_path, capsys):
     code, report = from_traces(capsys, str(tmp_path / "traces.json"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
     assert code == 0 and report["traces"] == 2 and report["kept"] == 1
     assert report["skipped"] == {"no reference answer": 1}  # the second trace has no reply to trust
+
+
+def test_a_hostile_trace_is_reported_and_the_rest_still_read(tmp_path, capsys):
+    """``tool_calls`` that is not a list (a broken or foreign log) was a TypeError that ended the command."""
+    user, reply = {"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "\\boxed{2}"}
+    lines = [{"messages": [user, {"role": "assistant", "content": "x", "tool_calls": 5}, user, reply]},
+             {"messages": [user, reply], "reward": 1.0}]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, report = from_traces(capsys, str(log), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
+    assert code == 0 and report["traces"] == 2 and report["kept"] == 1
+    assert report["skipped"] == {"a bad tool call in the prefix": 1} and report["unknown_tools"] == {"(no name)": 1}
+
+
+def test_a_blank_answer_field_is_no_reference(tmp_path, capsys):
+    """A task whose reference is blank text would be scored against nothing: skipped and said."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"messages": CONVERSATION[1:5], "gold": gold}) + "\n" for gold in ("", "  ", "5")))
+    code, report = from_traces(capsys, str(log), "--env", ENV, "--out", str(tmp_path / "t.jsonl"),
+                               "--answer-field", "gold")
+    assert code == 0 and report["kept"] == 1 and report["skipped"] == {"no reference answer": 2}
+    assert [t.answer for t in load_tasks(tmp_path / "t.jsonl").tasks] == ["5"]

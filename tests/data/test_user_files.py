@@ -1,0 +1,74 @@
+"""A user's own task files and datasets are untrusted input: a bad file fails at ``gym.make`` naming
+the file and line (not a traceback from inside ``datasets``), and a task without an answer is refused
+at make, never scored against nothing."""
+
+import json
+
+import gymnasium as gym
+import pytest
+
+import benchmax_gym  # noqa: F401
+from benchmax_gym.data import load_tasks
+
+MATH = "benchmax/Math-v0"
+
+
+def make_hf(path):
+    return gym.make(MATH, tasks="hf", task_args={"dataset": str(path)}, python_tool=False)
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("bad_line.jsonl", '{"question": "q1", "answer": "1"}\n\n{"question": oops\n', r"bad_line\.jsonl line 3: not JSON"),
+    ("not_object.jsonl", '{"question": "q1", "answer": "1"}\n[1, 2]\n', r"not_object\.jsonl line 2: expected a JSON object"),
+    ("empty.jsonl", "", r"empty\.jsonl is empty"),
+    ("ragged.csv", "question,answer\nq1,1\nq2,2,3\n", r"cannot read it as CSV: .*line 3"),
+    ("broken.parquet", "not a parquet file", r"cannot read it as PARQUET: .*[Pp]arquet"),
+])
+def test_a_broken_local_dataset_fails_at_make_naming_the_file_and_line(tmp_path, name, text, says):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=says) as raised:
+        make_hf(path)
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize("tasks", [
+    [{"prompt": "What is 2 + 2?", "answer": "4"}, {"prompt": "What is 3 + 3?"}],
+    [{"prompt": "What is 2 + 2?", "answer": "4"}, {"prompt": "What is 3 + 3?", "answer": None}],
+    [{"prompt": "What is 2 + 2?", "answer": "4"}, {"prompt": "What is 3 + 3?", "answer": "  "}],
+])
+@pytest.mark.parametrize("env_id", [MATH, "benchmax/Wikipedia-v0"])
+def test_a_task_without_an_answer_is_refused_at_make_naming_it(tasks, env_id):
+    # (Math graded such a task against None: a reply of \boxed{None} scored 1.0)
+    with pytest.raises(ValueError, match=r"tasks\[1\] \(id '1'\) has no answer"):
+        gym.make(env_id, tasks=tasks)
+
+
+def test_a_dataset_row_with_a_blank_answer_is_refused_at_make(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"question": "q1", "answer": "1"}\n{"question": "q2", "answer": ""}\n')
+    with pytest.raises(ValueError, match=r"id 'qa-1'\) has no answer"):
+        make_hf(path)
+
+
+def test_a_loaded_task_file_without_answers_is_refused_too(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps({"prompt": "What is 2 + 2?"}) + "\n")
+    with pytest.raises(ValueError, match=r"has no answer"):
+        gym.make(MATH, tasks=load_tasks(path))
+
+
+def test_load_tasks_names_the_file_and_line_of_a_bad_record(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    good = json.dumps({"prompt": "p", "answer": "1"})
+    path.write_text(f"{good}\n\n{good}\n[1]\n")
+    with pytest.raises(ValueError, match=r"tasks\.jsonl' line 4: "):
+        load_tasks(path)
+    calls = {"prompt": "", "answer": "1", "messages": [{"role": "user", "content": "x"},
+                                                        {"role": "assistant", "content": "", "tool_calls": 5},
+                                                        {"role": "tool", "tool_call_id": "c", "content": "r"}]}
+    path.write_text(json.dumps(calls) + "\n")
+    with pytest.raises(ValueError, match=r"line 1: .*\['tool_calls'\] must be a list of calls, got int"):
+        load_tasks(path)
+    with pytest.raises(ValueError, match=r"is a folder"):
+        load_tasks(tmp_path)
