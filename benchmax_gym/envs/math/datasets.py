@@ -102,6 +102,7 @@ def math500_tasks(
 
     def to_task(record: Mapping[str, Any], index: int) -> Task | None:
         _require(record, ("problem", "answer"), path)
+        _answered(record["answer"], "answer", index, path)
         answer = str(record["answer"])
         expression = numeric_expression(answer)
         if numeric_only and expression is None:
@@ -142,6 +143,7 @@ def hf_tasks(
 
     def to_task(record: Mapping[str, Any], index: int) -> Task | None:
         _require(record, (question_field, answer_field), path)
+        _answered(record[answer_field], answer_field, index, path)
         gold = transform(record[answer_field])
         if gold is None:
             return None
@@ -162,6 +164,14 @@ def _require(record: Mapping[str, Any], fields: Sequence[str], path: Any) -> Non
             f"dataset {_label(path)!r} has no field {', '.join(map(repr, missing))}; "
             f"available fields: {', '.join(map(repr, record))}"
         )
+
+
+def _answered(value: Any, field: str, index: int, path: Any) -> None:
+    """A record's answer is there: null (what ``datasets`` fills in for a missing key) or blank
+    would become the gold text ``"None"`` or ``""``, which a reply could match."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"dataset {_label(path)!r} record {index}: the answer field {field!r} is "
+                         f"{'null' if value is None else 'blank'}; every task needs an answer")
 
 
 def _is_local(path: Any) -> bool:

@@ -296,3 +296,15 @@ def test_hf_tasks_wrong_mapping_names_the_fields():
     assert "'prompt'" in message and "'question'" in message and "'answer'" in message
     with pytest.raises(ValueError, match="'solution_text'"):
         hf_tasks(MATH500, question_field="problem", answer_field="solution_text")
+
+
+@pytest.mark.parametrize("answer, said", [(None, "null"), ("  ", "blank")])
+def test_a_record_with_a_null_or_blank_answer_is_refused_naming_it(tmp_path, answer, said):
+    """A null answer (what `datasets` fills in for a missing key) became the gold text "None",
+    which `\\boxed{None}` matched."""
+    path = tmp_path / "mine.jsonl"
+    rows = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": answer}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=f"dataset 'mine' record 1: the answer field 'answer' is {said}"):
+        tasks = hf_tasks(str(path))
+        [tasks[i] for i in range(len(tasks))]
