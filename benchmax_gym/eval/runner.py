@@ -94,7 +94,8 @@ def task_indices(tasks: Any, available: int | None) -> list[int]:
     if stop is None:
         raise EvalError("this environment's task list is unbounded: give --tasks an end (i:j)")
     if not 0 <= start < stop or (available is not None and stop > available):
-        raise EvalError(f"--tasks {tasks}: not a non-empty range within the {available} tasks")
+        within = f"within the {available} tasks" if available is not None else "of task indices from 0"
+        raise EvalError(f"--tasks {tasks}: not a non-empty range {within}")
     return list(range(start, stop))
 
 

@@ -203,6 +203,8 @@ def test_tasks_selection_errors_are_clear():
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks="some")
     with pytest.raises(EvalError, match="not a non-empty range"):
         evaluate(ENV, "solver", env_kwargs={**ENV_KWARGS, "task_args": {"num_tasks": 5}}, tasks="2:9")
+    with pytest.raises(EvalError, match="--tasks 0: not a non-empty range of task indices from 0$"):
+        evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=0)  # unbounded: no count to name ("the None tasks")
     with pytest.raises(EvalError, match="k must be a positive int"):
         evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=2, k=0)
 
