@@ -235,8 +235,10 @@ def _verify(gold: str, predicted: str, timeout: int | None) -> bool:
 
     # Wrapping in \boxed{} makes math-verify read the whole string as one LaTeX answer; a bare
     # "pi" would otherwise be read as the product p*i.
-    gold_parsed = parse(f"\\boxed{{{_clean(gold)}}}", parsing_timeout=timeout)
-    pred_text = _BARE_PI.sub(r"\\pi", _clean(predicted))
+    gold_text, pred_text = _clean(gold), _BARE_PI.sub(r"\\pi", _clean(predicted))
+    if _too_big(gold_text) or _too_big(pred_text):
+        return False
+    gold_parsed = parse(f"\\boxed{{{gold_text}}}", parsing_timeout=timeout)
     pred_parsed = parse(f"\\boxed{{{pred_text}}}", parsing_timeout=timeout)
     if not gold_parsed or not pred_parsed:
         return False
@@ -247,6 +249,23 @@ def _verify(gold: str, predicted: str, timeout: int | None) -> bool:
 
 #: an answer whose numbers may reach more digits than this is refused before sympy evaluates it
 MAX_DIGITS = 10_000
+
+
+@functools.lru_cache(maxsize=1024)  # a task's gold and common answers recur across samples
+def _too_big(latex: str) -> bool:
+    """Whether ``latex``'s numbers may pass :data:`MAX_DIGITS`, from a parse that evaluates
+    nothing: the parser itself evaluates some functions (``\\binom{3^{10^{10}}}{2}`` computes
+    ``3^{10^{10}}``, holding the GIL) before the parsed answer can be checked."""
+    from math_verify.parser import parse_latex_cached
+    from sympy import evaluate
+
+    try:
+        with evaluate(False):  # (sympy's global parameters are per thread)
+            # uncached: math-verify's own parse must never read this unevaluated result
+            expr = parse_latex_cached.__wrapped__(latex)
+    except Exception:  # not LaTeX it reads: the parse below decides
+        return False
+    return _digits(expr) > MAX_DIGITS
 _FACTORIAL_LIKE = frozenset({"factorial", "factorial2", "subfactorial", "gamma", "binomial", "RisingFactorial",
                              "FallingFactorial", "fibonacci", "lucas", "primorial", "catalan"})
 

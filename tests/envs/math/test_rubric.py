@@ -404,7 +404,8 @@ def test_extracting_answers_from_several_threads_gives_each_its_own():
 HUGE_NUMBER_CHECK = """
 import threading
 from benchmax_gym.envs.math.rubric import is_equivalent
-answers = ['3^{10^{10}}', '7^{9^{9^{9}}}', '\\\\frac{1}{3}^{-10^{10}}', '\\\\{3^{10^{10}}\\\\}', '(10^{9})!']
+answers = ['3^{10^{10}}', '7^{9^{9^{9}}}', '\\\\frac{1}{3}^{-10^{10}}', '\\\\{3^{10^{10}}\\\\}', '(10^{9})!',
+           '\\\\binom{3^{10^{10}}}{2}']  # (the last is evaluated by the parser itself)
 out = []
 worker = threading.Thread(target=lambda: out.extend(is_equivalent('2', a) for a in answers))
 worker.start()
@@ -415,7 +416,8 @@ print(out, is_equivalent('3^{100}', '3^{100}'), is_equivalent('\\\\binom{10}{3}'
 
 def test_an_answer_with_a_huge_number_is_refused_before_sympy_holds_the_gil():
     """Outside the main thread ``3^{10^{10}}`` once hung the worker: sympy's exact power is one
-    C call holding the GIL, so the grading thread's ``join(timeout)`` never returned. Run in a
+    C call holding the GIL, so the grading thread's ``join(timeout)`` never returned - also when
+    the parser evaluates it (``\\binom{3^{10^{10}}}{2}``), before the parsed answer is seen. Run in a
     child process so a regression fails instead of hanging the suite."""
     import subprocess
     import sys
@@ -425,4 +427,4 @@ def test_an_answer_with_a_huge_number_is_refused_before_sympy_holds_the_gil():
     except subprocess.TimeoutExpired:
         pytest.fail("grading a huge power hung the worker")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[False, False, False, False, False] True True", done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "[False, False, False, False, False, False] True True", done.stdout
