@@ -2,9 +2,10 @@
 
 ``query`` runs the model's SQL read-only, enforced by SQLite itself, not by looking at the text:
 an authorizer allows only reads (no writes, ``ATTACH``, ``PRAGMA``, ``VACUUM``, ``load_extension``)
-and ``PRAGMA query_only`` is on while it runs. Its cost is bounded two ways. Across steps, a
-progress handler stops it at a deadline (a recursive CTE that never ends). Within one step, where
-SQLite never looks at the clock, the string functions whose built-in cost is the product of their
+and ``PRAGMA query_only`` is on while it runs. Its cost is bounded two ways. At its deadline a
+watchdog thread interrupts it (``Connection.interrupt``: SQLite stops at the next opcode, so a
+recursive CTE that never ends, or one whose every row calls a function on a 900 KB value, stops
+within one opcode's work of the deadline). Within one opcode the string functions whose built-in cost is the product of their
 arguments' lengths (``instr``, ``replace``, ``trim``: a 500 KB needle in a 1 MB haystack took 10 s
 a row) are replaced by linear ones with the same results, ``printf``'s ``%c`` repeats are capped
 (SQLite loops over 2**31 of them however big the result), and LIKE/GLOB patterns are limited to
@@ -18,8 +19,10 @@ was.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -165,10 +168,9 @@ class EpisodeDB:
         Rows are read one at a time; reading stops after ``max_rows`` rows or once the text of
         the rows read passes ``max_chars`` (the rest could not be shown anyway).
         """
-        deadline = time.monotonic() + self.timeout
         self.con.execute("PRAGMA query_only = ON")
         self.con.set_authorizer(_read_only)
-        self.con.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+        _WATCHDOG.arm(self.con, time.monotonic() + self.timeout)
         try:
             cur = self.con.execute(sql, params)
             rows, size, truncated = [], 0, False
@@ -191,7 +193,7 @@ class EpisodeDB:
             _broken(exc)
             raise ToolError(_sql_message(exc)) from None
         finally:
-            self.con.set_progress_handler(None, 0)
+            _WATCHDOG.disarm(self.con)
             self.con.set_authorizer(None)
             self.con.execute("PRAGMA query_only = OFF")
         return columns, rows, truncated
@@ -205,6 +207,53 @@ class EpisodeDB:
         cur = self.con.execute(sql, params)
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r)) for r in cur.fetchall()]
+
+
+class _Watchdog:
+    """One daemon thread per process that interrupts each armed connection at its deadline.
+
+    A progress handler (Python, every 10,000 opcodes) let a query whose opcodes each cost a
+    millisecond (``instr`` over a 900 KB blob, row after row) run 2.7 s past a 2 s timeout;
+    ``interrupt`` is thread-safe and SQLite checks it between opcodes. Arming costs a dict entry
+    (the thread is woken only for a deadline earlier than the one it waits for); disarming under
+    the same lock means no interrupt lands once a query is done."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # (the thread does not exist in a child)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition()
+        self._due: dict[int, tuple[float, sqlite3.Connection]] = {}
+        self._waiting_until = float("inf")
+        self._thread: threading.Thread | None = None
+
+    def arm(self, con: sqlite3.Connection, deadline: float) -> None:
+        with self._cond:
+            self._due[id(con)] = (deadline, con)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="crm-query-watchdog", daemon=True)
+                self._thread.start()
+            elif deadline < self._waiting_until:
+                self._cond.notify()
+
+    def disarm(self, con: sqlite3.Connection) -> None:
+        with self._cond:
+            self._due.pop(id(con), None)
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for key, (deadline, con) in list(self._due.items()):
+                    if deadline <= now:
+                        del self._due[key]
+                        con.interrupt()
+                self._waiting_until = min((d for d, _ in self._due.values()), default=float("inf"))
+                self._cond.wait(None if self._due == {} else self._waiting_until - now)
+
+
+_WATCHDOG = _Watchdog()
 
 
 def _sql_message(exc: Exception) -> str:

@@ -105,3 +105,41 @@ def test_printf_gives_sqlites_own_results(env, args):
     for name in ("printf", "format"):
         sql = f"SELECT {name}({marks})"
         assert con.execute(sql, args).fetchone() == plain.execute(sql, args).fetchone(), (name, args)
+
+
+@pytest.mark.parametrize("sql", [
+    # every row decodes a 900 KB blob in a Python function: a millisecond an opcode, which a
+    # deadline checked every 10,000 opcodes let run 2.7 s past a 2 s timeout
+    "WITH RECURSIVE r(n, s) AS (SELECT 1, randomblob(900000) UNION ALL SELECT n + 1, s FROM r WHERE n < 10000000) "
+    "SELECT sum(instr(s, 'zz')) FROM r",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 1000000000) SELECT count(*) FROM r",
+])
+def test_a_query_stops_at_its_deadline_whatever_each_row_costs(tmp_path, sql):
+    env = gym.make("benchmax/CRM-v0", cache_dir=str(tmp_path), org_size=200, query_timeout=0.5)
+    env.reset(seed=0)
+    for _ in range(2):  # the watchdog serves query after query
+        obs, info, took = query(env, sql)
+        assert info["error"] == "tool_error" and "ran longer than 0.5 s" in obs, obs
+        assert took < 1.5, took  # (was 3.2 s for the first)
+    obs, info, _ = query(env, "SELECT COUNT(*) FROM \"Case\"")  # and the next query runs whole
+    assert info["error"] is None and "interrupted" not in obs
+    env.close()
+
+
+def test_a_query_in_a_forked_worker_stops_at_its_deadline(tmp_path):
+    sql = ("WITH RECURSIVE r(n, s) AS (SELECT 1, randomblob(900000) UNION ALL SELECT n + 1, s FROM r "
+           "WHERE n < 10000000) SELECT sum(instr(s, 'zz')) FROM r")
+    env = gym.make("benchmax/CRM-v0", cache_dir=str(tmp_path), org_size=200, query_timeout=0.5)
+    env.reset(seed=0)
+    query(env, "SELECT 1")  # the watchdog thread runs in this process before the fork
+    envs = gym.make_vec("benchmax/CRM-v0", num_envs=2, cache_dir=str(tmp_path), org_size=200, query_timeout=0.5)
+    try:
+        envs.reset(seed=0)
+        action = env.unwrapped.format.render_calls([("query", {"sql": sql})])
+        started = time.perf_counter()
+        obs, _, _, _, infos = envs.step([action, action])
+        assert time.perf_counter() - started < 3, time.perf_counter() - started
+        assert list(infos["error"]) == ["tool_error"] * 2 and all("ran longer than 0.5 s" in o for o in obs)
+    finally:
+        envs.close()
+        env.close()
