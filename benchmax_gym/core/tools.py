@@ -3,7 +3,9 @@
 ``@tool`` turns a function into a :class:`Tool` whose JSON schema (OpenAI function format) is
 built from the signature, type hints and the docstring's ``Args:`` section. Arguments are
 validated with pydantic before the call, so a wrong type or a missing argument becomes a tool
-error message, never an exception in the environment.
+error message, never an exception in the environment. Its lax conversions stay (``"3"`` for an
+int, ``"true"`` for a bool, ``3.0`` for an int), but a boolean is never a number nor a number a
+boolean, and NaN and infinities are refused, as a JSON Schema validator would.
 
 A tool may take a parameter named ``episode``: the engine passes the running
 :class:`~benchmax_gym.core.env.Episode` (per-episode state, workspace), and the parameter is
@@ -40,6 +42,8 @@ import os
 import queue
 import re
 import threading
+import types
+import typing
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -446,7 +450,8 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
         default = ... if param.default is param.empty else param.default
         fields[pname] = (annotation, pydantic.Field(default, description=arg_docs.get(pname) or None))
     model = pydantic.create_model(
-        f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid"), **fields
+        f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid", allow_inf_nan=False),
+        **{pname: (_json_kinds_kept(annotation), info) for pname, (annotation, info) in fields.items()},
     )
     parameters = _strip_titles(model.model_json_schema())
     parameters.setdefault("properties", {})
@@ -479,6 +484,41 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
             and sig.parameters[one[0]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD):
         made.invoke = _one_argument_invoke(*one)
     return made
+
+
+def _json_kinds_kept(annotation: Any) -> Any:
+    """``annotation`` for pydantic, with JSON's booleans and numbers kept apart: pydantic's lax
+    mode reads ``true`` as the integer 1 and ``1`` as ``True`` (``limit: true`` ran as
+    ``limit=1``), which no JSON Schema validator accepts (a schema tool refuses them). Its other
+    conversions stay: a string that spells the value (``"3"`` for an int, ``"true"`` for a bool),
+    a whole float for an int. In ``Optional``/unions, lists, sets, tuples and dicts too."""
+    if annotation is bool:
+        return typing.Annotated[bool, pydantic.BeforeValidator(_not_a_number)]
+    if annotation in (int, float):
+        return typing.Annotated[annotation, pydantic.BeforeValidator(_not_a_boolean)]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if not args or origin is typing.Annotated or origin is typing.Literal:
+        return annotation
+    kept = tuple(_json_kinds_kept(a) if a is not Ellipsis else a for a in args)
+    if kept == args:
+        return annotation
+    if origin in (typing.Union, types.UnionType):
+        return typing.Union[kept]
+    if origin in (list, set, frozenset, tuple, dict):
+        return origin[kept]
+    return annotation
+
+
+def _not_a_boolean(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+    return value
+
+
+def _not_a_number(value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ValueError(f"expected a boolean, got the number {value!r}")
+    return value
 
 
 def _one_argument_invoke(only: str, kind: type):
@@ -555,7 +595,7 @@ def _pydantic_message(exc: pydantic.ValidationError) -> str:
         elif kind == "extra_forbidden":
             parts.append(f"unexpected argument '{loc}'")
         else:
-            parts.append(f"argument '{loc}': {err['msg']}")
+            parts.append(f"argument '{loc}': {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
 
 

@@ -306,6 +306,33 @@ def test_wrong_type(toolset, name, value):
     assert re.search(rf"argument '{name}(\.\w+)*'", result.content), result.content
 
 
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("count", True, "expected a number, got the boolean true"),  # ran as count=1
+        ("ratio", False, "expected a number, got the boolean false"),
+        ("limit", True, "expected a number, got the boolean true"),  # inside Optional
+        ("numbers", [1, True], "expected a number, got the boolean true"),  # inside a list
+        ("flag", 1, "expected a boolean, got the number 1"),
+        ("flag", 0.0, "expected a boolean, got the number 0.0"),
+        ("ratio", float("nan"), "finite number"),  # json.loads reads NaN and Infinity
+        ("scale", float("inf"), "finite number"),
+        ("scale", "-Infinity", "finite number"),
+    ],
+)
+def test_booleans_and_numbers_are_kept_apart_as_json_schema_keeps_them(toolset, name, value, expected):
+    result = toolset.run("everything", good_args(**{name: value}), **RUN)
+    assert result.error == "bad_arguments" and expected in result.content, result.content
+    assert re.search(rf"argument '{name}(\.\w+)*'", result.content), result.content
+
+
+def test_strings_that_spell_the_value_are_still_read(toolset):
+    result = toolset.run("everything", good_args(count="3", ratio="0.25", flag="false", limit=" 7 ", scale=2), **RUN)
+    assert result.error is None, result.content
+    values = json.loads(result.content)
+    assert (values["count"], values["ratio"], values["flag"], values["limit"], values["scale"]) == (3, 0.25, False, 7, 2.0)
+
+
 def test_unexpected_argument(toolset):
     result = toolset.run("echo", {"message": "m", "volume": 11}, **RUN)
     assert result.error == "bad_arguments"
