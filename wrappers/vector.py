@@ -69,6 +69,8 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector.utils import batch_space
 
+from benchmax_gym.core.outcomes import outcome_detail
+
 from .batching import _collections_paused, _stack, batch_infos, join_columns, unpack_columns
 from .channel import WorkerLost, _Process, readable
 from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, unpack_results
@@ -151,8 +153,9 @@ class WorkerVectorEnv(VectorEnv):
         if info_keys is not None:
             if isinstance(info_keys, str) or not all(isinstance(k, str) for k in info_keys):
                 raise ValueError(f"info_keys must be a list of info key names or None, got {info_keys!r}")
-            # always kept: the outcome, and what a mixture's controller in this parent reads
-            info_keys = tuple(info_keys) + tuple(k for k in ("outcome", *MIX_INFO_KEYS) if k not in info_keys)
+            # always kept: the outcome and why, and what a mixture's controller in this parent reads
+            kept = ("outcome", "outcome_detail", *MIX_INFO_KEYS)
+            info_keys = tuple(info_keys) + tuple(k for k in kept if k not in info_keys)
         self.info_keys = info_keys
         self._fns = fns
         split = np.array_split(np.arange(self.num_envs), num_workers)
@@ -292,7 +295,8 @@ class WorkerVectorEnv(VectorEnv):
         for i in self._groups[w]:
             sent = self._pending.pop(i, None)
             self._lost_reset.pop(i, None)
-            info = {"error": f"{WORKER_RESTARTED}: {reason}", "outcome": ENV_ERROR}
+            info = {"error": f"{WORKER_RESTARTED}: {reason}", "outcome": ENV_ERROR,
+                    "outcome_detail": outcome_detail(f"its worker was restarted: {reason}")}
             if sent is None and i not in self._ready:
                 self._lost[i] = info  # idle: its next step reports the lost episode
                 continue

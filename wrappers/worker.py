@@ -27,6 +27,7 @@ import numpy as np
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.env import fewer_collections
+from benchmax_gym.core.outcomes import outcome_detail
 
 from .batching import _pack_column, defer_columns, pack_columns
 
@@ -149,8 +150,8 @@ class _Worker:
 
     async def _broken(self, i: int, exc: Exception):
         """The env raised: rebuild it; its episode ends truncated, with the error in the info."""
-        error = {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "outcome": ENV_ERROR,
-                 "traceback": traceback.format_exc(limit=5)}
+        error = _env_error(exc)
+        error["traceback"] = traceback.format_exc(limit=5)
         try:
             self.envs[i].close()
         except Exception:
@@ -551,4 +552,10 @@ class _Outbox:
 
 def _raised(exc: Exception) -> tuple:
     """The result of a reset that raised: the env failed (issue 29), not the model."""
-    return "", math.nan, False, True, {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "outcome": ENV_ERROR}
+    return "", math.nan, False, True, _env_error(exc)
+
+
+def _env_error(exc: Exception) -> dict[str, Any]:
+    """The info of an episode its env's exception ended (``outcome_detail``: the exception)."""
+    return {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "outcome": ENV_ERROR,
+            "outcome_detail": outcome_detail(f"the env raised {type(exc).__name__}: {exc}")}

@@ -63,7 +63,8 @@ from benchmax_gym.core.formats import (PARSE_ERROR, Parsed, ToolCall, ToolCallFo
                                       split_reasoning)
 from benchmax_gym.core.rubric import Rubric, milestones
 from benchmax_gym.core.checks import boolean, positive_int, positive_number
-from benchmax_gym.core.outcomes import DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure, failed_reward
+from benchmax_gym.core.outcomes import (DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure, failed_reward,
+                                        outcome_detail)
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
@@ -815,7 +816,7 @@ class ToolEnv(gym.Env[str, str]):
         if unscored is not None:
             self._reward_failed(plan, unscored)
         else:
-            plan.failure, plan.truncated = result.outcome, True
+            plan.failure, plan.failure_detail, plan.truncated = result.outcome, result.content, True
         return self._finish_step(plan)
 
     @staticmethod
@@ -849,6 +850,7 @@ class ToolEnv(gym.Env[str, str]):
         if isinstance(heard, UserFailure):
             log.warning("the user simulator failed in task %s: %s", plan.episode.task.id, heard)
             plan.failure, plan.final = heard.outcome, False
+            plan.failure_detail = f"the simulated user could not answer: {heard}"
             plan.notes.append(f"The simulated user could not answer ({heard.outcome}): the episode is over.")
             return
         if heard.content:
@@ -883,12 +885,14 @@ class ToolEnv(gym.Env[str, str]):
                                   [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls],
                                   [r.content for r in plan.results])
 
-    def _fail(self, episode: Episode, info: dict[str, Any], outcome: str) -> float:
+    def _fail(self, episode: Episode, info: dict[str, Any], outcome: str, detail: str | None = None) -> float:
         """End ``episode`` with a failure that is not the model's: never graded (its record's
-        reward stays ``None``), ``info["outcome"]`` set, what it opened released now (a dead
-        sandbox, a deadline's workspace) rather than at the next reset. Returns the step's reward, NaN."""
+        reward stays ``None``), ``info["outcome"]`` set and ``info["outcome_detail"]`` saying why,
+        what it opened released now (a dead sandbox, a deadline's workspace) rather than at the
+        next reset. Returns the step's reward, NaN."""
         episode.done, episode.outcome = True, outcome
         info["outcome"] = outcome
+        info["outcome_detail"] = outcome_detail(detail or f"the episode ended as {outcome}")
         info["reward_components"] = {}
         self._release(episode)
         return failed_reward()
@@ -898,6 +902,7 @@ class ToolEnv(gym.Env[str, str]):
         """A reward component could not score (its judge down): the episode ends ungraded."""
         log.warning("reward failed for task %s: %s", plan.episode.task.id, exc)
         plan.failure, plan.grade, plan.final, plan.truncated = exc.outcome, False, False, True
+        plan.failure_detail = f"a reward could not score: {exc}"
         plan.notes.append(f"The episode could not be graded ({exc.outcome}): it is over.")
 
     def _time_left(self, plan: "_StepPlan", deadline: float) -> float | None:
@@ -1000,11 +1005,12 @@ class ToolEnv(gym.Env[str, str]):
                 plan.errors.append(r.error)
                 episode.tool_errors += 1
                 if r.outcome and not plan.failure:
-                    plan.failure = r.outcome
+                    plan.failure, plan.failure_detail = r.outcome, r.content
         if plan.failure:  # the episode ends here, ungraded; calls not run get no result
             if plan.failure == DEADLINE:
                 if DEADLINE not in plan.errors:
                     plan.errors.append(DEADLINE)
+                plan.failure_detail = f"the episode's time limit ({self.episode_timeout:g} s) passed"
                 plan.notes.append(f"The episode's time limit ({self.episode_timeout:g} s) has passed: the episode is over.")
             del plan.to_run[len(plan.results):]
             plan.skipped = ()
@@ -1091,7 +1097,7 @@ class ToolEnv(gym.Env[str, str]):
             info["user"] = episode.user.as_info()  # counts and cost, never its instructions
         reward = 0.0
         if plan.failure:
-            reward = self._fail(episode, info, plan.failure)
+            reward = self._fail(episode, info, plan.failure, plan.failure_detail)
         elif plan.turn_score is not None:
             reward = self._pay_turn(episode, plan.turn_score, info)
         if plan.grade and not plan.failure:
@@ -1168,6 +1174,7 @@ class _StepPlan:
     parsed: Parsed | None = None
     ended_by: str | None = None  # the terminal tool whose call ended the episode
     failure: str | None = None  # an outcome that is not the model's: the episode ends ungraded
+    failure_detail: str | None = None  # why, in a line (info["outcome_detail"])
     user_message: dict[str, Any] | None = None  # what the simulated user said this step
     asked_user = False
     skipped: list | tuple = ()

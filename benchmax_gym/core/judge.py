@@ -333,8 +333,10 @@ class JudgeRubric:
             return parse(text, *args)
         except Exception as exc:
             self._forget(request)
-            raise RewardFailure(f"the judge's reply is unusable ({type(exc).__name__}: {exc}): "
-                                f"{text[-200:]!r}", MODEL_ERROR) from None
+            # (the reply may quote the reference answer: it is logged, and kept out of the
+            # exception, which info["outcome_detail"] and eval's records carry)
+            log.warning("the judge's reply is unusable (%s: %s): %r", type(exc).__name__, exc, text[-200:])
+            raise RewardFailure(f"the judge's reply is unusable ({type(exc).__name__}: {exc})", MODEL_ERROR) from None
 
     def _group_fn(self) -> Callable[..., Any]:
         async def group(completions: list[str], prompt: str = "", task: Any = None,

@@ -7,11 +7,16 @@ JSON, an unknown tool, wrong arguments, a tool error its input caused) are part 
 episodes.
 
 A finished episode's last ``info`` carries ``info["outcome"]``; steps before it carry no
-``outcome`` key. A failed episode's reward is ``None`` in records (eval's ``rollouts.jsonl``,
-``episode_record()``) and ``float("nan")`` where an API must return a float (``step()``, a vector
-env's reward array). A failure ends the episode at the step it happens in with
-``terminated=False, truncated=True`` (Gymnasium's truncation: cut off from outside the task, not
-ended by the model), ungraded, its resources released.
+``outcome`` key. A failed episode's also carries ``info["outcome_detail"]``: why, in one line
+(:func:`outcome_detail`: the failing tool's message, the reward's or simulated user's exception,
+the time limit; for a lost worker, its error), for logs and eval's records (``record["error"]``).
+It is the host's: the model's observation only says that the episode could not be graded.
+
+A failed episode's reward is ``None`` in records (eval's ``rollouts.jsonl``, ``episode_record()``)
+and ``float("nan")`` where an API must return a float (``step()``, a vector env's reward array).
+A failure ends the episode at the step it happens in with ``terminated=False, truncated=True``
+(Gymnasium's truncation: cut off from outside the task, not ended by the model), ungraded, its
+resources released.
 
 Whose fault: a failure is classified where it happens (a tool raises
 :class:`~benchmax_gym.core.tools.ToolFailure` with its outcome):
@@ -63,13 +68,27 @@ class RewardFailure(Exception):
     """Raised by a reward component that cannot score for reasons not the model's (a judge model
     unreachable, its reply unusable past retries). Unlike any other exception in a component
     (scored 0 and logged), it ends the episode ungraded with ``outcome`` (``model_error`` by
-    default): a failure is never a reward."""
+    default): a failure is never a reward.
+
+    Its message is the failure's reason in ``info["outcome_detail"]`` and eval's records: say
+    what failed (a tool's name, a timeout, an exception's type), never what a grader said (a
+    judge's reply, a grading tool's text may quote the answer); log that instead."""
 
     def __init__(self, message: str, outcome: str = MODEL_ERROR):
         if outcome not in FAILURES:
             raise ValueError(f"outcome must be one of {sorted(FAILURES)}, got {outcome!r}")
         super().__init__(message)
         self.outcome = outcome
+
+
+MAX_DETAIL_CHARS = 500
+
+
+def outcome_detail(text: str) -> str:
+    """A failure's reason as ``info["outcome_detail"]`` carries it: one line, at most
+    :data:`MAX_DETAIL_CHARS` characters (an exception's text may run to pages)."""
+    line = " ".join(str(text).split())
+    return line if len(line) <= MAX_DETAIL_CHARS else line[:MAX_DETAIL_CHARS - 3] + "..."
 
 
 def is_failure(outcome: str | None) -> bool:

@@ -357,7 +357,8 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     reported = info.get("outcome") if isinstance(info, Mapping) else None
     if failure is None and reported in FAILURES:  # the env's own failure (a tool timed out, a worker lost)
         failure = reported
-        error = policy.scrub(str(info.get("error") or f"the env ended the episode as {reported}"))
+        error = policy.scrub(str(info.get("outcome_detail") or info.get("error")
+                                 or f"the env ended the episode as {reported}"))
     failed = failure is not None
     outcome = failure or (reported if reported in OUTCOMES else TRUNCATED if truncated else SCORED)
     so_far = {}

@@ -117,6 +117,7 @@ def test_a_step_that_starts_past_the_deadline_runs_nothing_and_is_not_graded(asy
     obs, reward, terminated, truncated, info = result
     assert info["outcome"] == DEADLINE and math.isnan(reward) and truncated and not terminated
     assert "time limit" in obs and env.episode_record()["reward"] is None
+    assert info["outcome_detail"] == "the episode's time limit (0.2 s) passed"
     env.close()
 
 
@@ -177,6 +178,7 @@ def test_a_tool_past_its_timeout_ends_the_episode_with_tool_timeout(name, asynch
     obs, reward, terminated, truncated, info = asyncio.run(env.astep(action)) if asynchronous else env.step(action)
     assert info["outcome"] == info["error"] == "tool_timeout" and "timed out" in obs
     assert math.isnan(reward) and truncated and not terminated and env.episode_record()["reward"] is None
+    assert f"'{name}'" in info["outcome_detail"] and "timed out" in info["outcome_detail"]
     env.close()
 
 
@@ -197,6 +199,8 @@ def test_a_reward_that_cannot_score_fails_the_episode_instead_of_scoring_zero(as
     _, reward, terminated, truncated, info = step("42")
     assert math.isnan(reward) and (terminated, truncated, info["outcome"]) == (False, True, MODEL_ERROR)
     assert env.episode_record()["reward"] is None and env.released
+    assert info["outcome_detail"] == "a reward could not score: the judge endpoint answered 500 three times"
+    assert "500 three times" not in str(info["messages"])  # the model is told only that it could not be graded
     env2 = Env(tasks=tasks, toolset=Toolset([add]), rubric=Rubric([broken]), system_prompt="Test.")
     env2.reset(seed=0)
     _, reward, _, _, info = env2.step("42")
@@ -246,3 +250,24 @@ def test_recorded_episodes_carry_their_outcome_and_an_abandoned_one_is_cancelled
     assert [(r["seed"], r["outcome"], r["reward"]) for r in records] == [
         (0, "tool_timeout", None), (1, "cancelled", None), (3, "scored", 1.0), (4, "cancelled", None)]
     assert records[1]["turns"] == 1 and records[1]["reward_components"] == {}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_per_turn_reward_that_cannot_score_says_why_in_info_and_never_to_the_model(asynchronous):
+    """A per-turn leaf's RewardFailure mid-episode (the one-call step and the general one): the
+    reason reaches info["outcome_detail"], and neither the observation nor the transcript."""
+    from benchmax_gym.core import RewardFn
+    from benchmax_gym.core.outcomes import MODEL_ERROR, RewardFailure
+
+    def progress(tool_results):
+        raise RewardFailure("the progress judge timed out")
+
+    env = Env(tasks=ListTasks([Task("t0", "Question 0", "42")]), toolset=Toolset([add]),
+              rubric=Rubric([RewardFn("progress", progress, per_turn=True)]), system_prompt="Test.")
+    env.reset(seed=0)
+    action = call("add", a=1, b=2)
+    obs, reward, _, truncated, info = asyncio.run(env.astep(action)) if asynchronous else env.step(action)
+    assert math.isnan(reward) and truncated and info["outcome"] == MODEL_ERROR
+    assert info["outcome_detail"] == "a reward could not score: the progress judge timed out"
+    assert "progress judge" not in json.dumps([obs, env.messages])
+    env.close()

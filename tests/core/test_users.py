@@ -156,6 +156,7 @@ def test_an_llm_user_whose_endpoint_fails_ends_the_episode_as_model_error(caplog
         env.close()
     assert math.isnan(reward) and truncated and not terminated and info["outcome"] == "model_error"
     assert record["reward"] is None and info["user"]["calls"] == 1 and len(server.requests) == 3
+    assert info["outcome_detail"].startswith("the simulated user could not answer:") and "InternalServerError" in info["outcome_detail"]
     assert "sk-test-secret" not in json.dumps([obs, info, record]) + caplog.text
 
 

@@ -141,9 +141,9 @@ def test_retry_failed_needs_a_run_to_retry(tmp_path):
 class Reporting(gym.Wrapper):
     """The env engine's side (issue 29): the last info may carry an outcome, a step may raise."""
 
-    def __init__(self, env, outcome=None, truncate=False, raise_on_step=False):
+    def __init__(self, env, outcome=None, truncate=False, raise_on_step=False, detail=None):
         super().__init__(env)
-        self.outcome, self.truncate, self.raise_on_step = outcome, truncate, raise_on_step
+        self.outcome, self.truncate, self.raise_on_step, self.detail = outcome, truncate, raise_on_step, detail
 
     def step(self, action):
         if self.raise_on_step:
@@ -153,6 +153,8 @@ class Reporting(gym.Wrapper):
             terminated, truncated = False, True
         if self.outcome is not None:
             info = {**info, "outcome": self.outcome}
+        if self.detail is not None:
+            info["outcome_detail"] = self.detail
         return obs, reward, terminated, truncated, info
 
 
@@ -172,6 +174,14 @@ def test_the_record_takes_the_envs_outcome_or_derives_it(kwargs, outcome, scored
     assert (record["reward"] is not None) == scored and (record["error"] is None) == scored
     if scored and not kwargs.get("truncate"):  # cut at its first step, the solver has not answered yet
         assert record["reward"] == 1.0
+
+
+def test_the_record_says_why_the_env_failed_the_episode():
+    env = Reporting(gym.make(ENV, **ENV_KWARGS), outcome="model_error", detail="a reward could not score: judge down")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        record = asyncio.run(play_episode(env, as_policy("solver"), 0, 0, 1, pool))
+    env.close()
+    assert record["outcome"] == "model_error" and record["error"] == "a reward could not score: judge down"
 
 
 def record(task, sample, reward, outcome=None, **extra):

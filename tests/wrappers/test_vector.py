@@ -267,6 +267,8 @@ def test_worker_killed_mid_step():
     assert envs.worker_pids[1] != victim and envs.faults == 1
     # issue 29: a lost worker is the envs' failure, never a reward; the mask says which rewards are signal
     assert info["_outcome"].tolist() == [False, False, True, True] and list(info["outcome"][2:]) == ["env_error"] * 2
+    assert info["_outcome_detail"].tolist() == [False, False, True, True]
+    assert info["outcome_detail"][2].startswith("its worker was restarted:")
     assert info["scored"].tolist() == [True, True, False, False] and np.isnan(rewards[2:]).all()
     assert rewards[info["scored"]].tolist() == [0.0, 0.0]
     obs, rewards, terminated, truncated, info = envs.step([nap_action(0.01)] * 4)
@@ -300,6 +302,7 @@ def test_env_that_raises_is_rebuilt_and_the_others_go_on():
     assert truncated.tolist() == [False, True, False, False]
     assert "the tool exploded" in info["error"][1] and obs[0] == "echo a 1"
     assert info["outcome"][1] == "env_error" and np.isnan(rewards[1]) and info["scored"].tolist() == [True, False, True, True]
+    assert info["outcome_detail"][1].startswith("the env raised") and "the tool exploded" in info["outcome_detail"][1]
     obs, rewards, terminated, truncated, info = envs.step(["d", "x", "e", "f"])
     assert obs[0] == "echo d 2" and obs[1].startswith("start ")  # rebuilt env reset (NEXT_STEP)
     assert envs.faults == 0  # no worker restart was needed

@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from benchmax_gym.core.outcomes import RewardFailure
+from benchmax_gym.core.outcomes import TOOL_TIMEOUT, RewardFailure
 from benchmax_gym.core.rubric import RewardFn, Rubric, final_answer
 from benchmax_gym.core.tools import ToolError, ToolFailure
+
+log = logging.getLogger(__name__)
 
 
 class ServerClient:
@@ -21,7 +24,10 @@ class ServerClient:
     client.acall_tool(...)`` inside async reward functions. A tool error raises ``ToolError``; a
     call that fails for a reason not the model's (past ``tool_timeout``, a server gone) raises
     :class:`RewardFailure` with its outcome: the episode ends ungraded, even if the function
-    caught it (``failure`` keeps it), since a failure is never a reward.
+    caught it (``failure`` keeps it), since a failure is never a reward. Its message (which
+    ``info["outcome_detail"]`` carries) names the tool and the timeout or outcome only: the
+    server's own text (a grading tool's may quote the answer, a crashed server's stderr anything)
+    goes to the log.
     """
 
     def __init__(self, env: Any):
@@ -35,7 +41,11 @@ class ServerClient:
         try:
             return await tool.fn(**(arguments or {}))  # the call reaches the server's loop itself
         except ToolFailure as exc:
-            self.failure = self.failure or RewardFailure(f"the reward's call of {name!r} failed: {exc}", exc.outcome)
+            if self.failure is None:
+                log.warning("the reward's call of MCP tool %r failed (%s): %s", name, exc.outcome, exc)
+                why = (f"timed out after {self._env.tool_timeout:g} s" if exc.outcome == TOOL_TIMEOUT
+                       else f"failed ({exc.outcome})")
+                self.failure = RewardFailure(f"the reward's call of tool {name!r} {why}", exc.outcome)
             raise self.failure from None
 
     def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> str:

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 import benchmax_gym  # noqa: F401
+from benchmax_gym.envs.mcp.stdio import MARKER
 from benchmax_gym.testing import aplay, play
 
 EXAMPLE = [sys.executable, "-m", "benchmax_gym.envs.mcp.example_server"]
@@ -26,7 +27,16 @@ def call(name, **args):
 
 
 def server_processes():
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    """The live MCP servers this process's envs started (their environment carries the marker;
+    under xdist, other modules' tests leave processes of their own, such as eval's fork server)."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and MARKER in p.environ():
+                found.append(p)
+        except psutil.Error:  # (gone meanwhile)
+            pass
+    return found
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -57,6 +57,14 @@ SERVER = textwrap.dedent('''
                 "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)" % (SLEEPER,))
         return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
+    from mcp.types import CallToolResult, TextContent
+
+    @server.tool()
+    def grade_down() -> CallToolResult:
+        """A grading backend gone, its text quoting the answer (a benchmax mcp-serve failure's form)."""
+        return CallToolResult(content=[TextContent(type="text", text="grader down; expected 'SECRET-4417'")],
+                              is_error=True, meta={"benchmax/outcome": "tool_unavailable"})
+
     server.run()
 ''')
 
@@ -136,10 +144,56 @@ def test_a_reward_call_past_its_timeout_fails_the_episode_naming_the_tool(server
     assert env.unwrapped.episode_record()["reward"] is None
     said = caplog.text
     assert "'nap'" in said and "timed out after 1 s" in said
+    # the reason reaches the trainer (info), not the model (the observation)
+    assert "'nap'" in info["outcome_detail"] and "timed out after 1 s" in info["outcome_detail"]
+    assert "nap" not in "".join(m["content"] or "" for m in info["messages"])
     env.reset(seed=1)  # a fresh server for the next episode
     obs, _, _, _, info = env.step(call("bump"))
     assert info["error"] is None and "1" in obs
     env.close()
+
+
+@pytest.mark.parametrize("tool, arguments, outcome, says", [
+    ("nap", {"seconds": 30}, "tool_timeout", "the reward's call of tool 'nap' timed out after 1 s"),
+    ("grade_down", {}, "tool_unavailable", "the reward's call of tool 'grade_down' failed (tool_unavailable)"),
+])
+def test_a_failed_reward_call_says_why_in_info_never_the_servers_text_nor_to_the_model(server, tool, arguments,
+                                                                                        outcome, says, caplog):
+    """info["outcome_detail"] names the tool and the timeout or outcome; the server's own text (a
+    grading tool's may quote the answer) goes to the log only, and the model sees none of it."""
+    def graded(client):
+        return float(client.call_tool(tool, arguments) == "pass")
+
+    env = make(server, reward=graded, tool_timeout=1)
+    env.reset(seed=0)
+    with caplog.at_level(logging.WARNING):
+        obs, reward, _, truncated, info = env.step("done")
+    assert math.isnan(reward) and truncated and info["outcome"] == outcome
+    assert info["outcome_detail"] == f"a reward could not score: {says}"
+    assert "SECRET-4417" not in json.dumps(info) and ("SECRET-4417" in caplog.text) == (tool == "grade_down")
+    said = json.dumps([obs, info["messages"]])  # what this step showed the model (tool names are in its prompt)
+    assert tool not in said and "timed out" not in said and "could not score" not in said
+    assert "SECRET" not in json.dumps(env.unwrapped.messages)
+    env.close()
+
+
+@pytest.mark.parametrize("info_keys", [None, ["error"]])  # (outcome and outcome_detail always come)
+def test_a_reward_call_past_its_timeout_says_why_through_a_vector_env(server, info_keys):
+    def graded(client):
+        client.call_tool("nap", {"seconds": 30})
+        return 1.0
+
+    envs = gym.make_vec("benchmax/MCP-v0", num_envs=2, num_workers=1, server=server, tasks=[{"prompt": "p"}],
+                        reward=graded, tool_timeout=1, info_keys=info_keys)
+    try:
+        envs.reset(seed=0)
+        obs, rewards, _, truncated, infos = envs.step(("done", "done"))
+    finally:
+        envs.close()
+    assert truncated.all() and all(math.isnan(r) for r in rewards) and infos["_outcome_detail"].all()
+    assert list(infos["outcome_detail"]) == ["a reward could not score: the reward's call of tool 'nap' "
+                                             "timed out after 1 s"] * 2
+    assert not any("nap" in o for o in obs)
 
 
 # -- 3. configurations that fail at make ------------------------------------------------------
