@@ -440,7 +440,7 @@ def _unreadable(files: list[str], exc: BaseException) -> str:
                 return f"{f} is empty"
             if os.path.splitext(f)[1] not in (".json", ".jsonl"):
                 continue
-            with open(f, encoding="utf-8") as lines:
+            with open(f, encoding="utf-8-sig") as lines:  # (datasets skips a byte-order mark too)
                 first = True
                 for number, line in enumerate(lines, 1):
                     if not line.strip():

@@ -19,6 +19,8 @@ def make_hf(path):
 
 @pytest.mark.parametrize("name, text, says", [
     ("bad_line.jsonl", '{"question": "q1", "answer": "1"}\n\n{"question": oops\n', r"bad_line\.jsonl line 3: not JSON"),
+    # a byte-order mark (Windows editors write one) is not the error: line 3 is
+    ("bom.jsonl", '\ufeff{"question": "q1", "answer": "1"}\n\n{"question": oops\n', r"bom\.jsonl line 3: not JSON"),
     ("not_object.jsonl", '{"question": "q1", "answer": "1"}\n[1, 2]\n', r"not_object\.jsonl line 2: expected a JSON object"),
     ("empty.jsonl", "", r"empty\.jsonl is empty"),
     ("ragged.csv", "question,answer\nq1,1\nq2,2,3\n", r"cannot read it as CSV: .*line 3"),

@@ -250,7 +250,7 @@ class _Watchdog:
                         del self._due[key]
                         con.interrupt()
                 self._waiting_until = min((d for d, _ in self._due.values()), default=float("inf"))
-                self._cond.wait(None if self._due == {} else self._waiting_until - now)
+                self._cond.wait(None if not self._due else self._waiting_until - now)
 
 
 _WATCHDOG = _Watchdog()
