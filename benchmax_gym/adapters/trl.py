@@ -76,7 +76,8 @@ import itertools
 import json
 import logging
 import threading
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
 
 from benchmax_gym.adapters.tokens import (
     TASK_KEY,
@@ -198,76 +199,23 @@ class TRLRollout:
 
     def _score_groups(self, prompts: list[Any], trainer: Any, sessions: list[TokenSession], episodes: list[Any],
                       masks: list[list[int]], rewards: list[float | None]) -> None:
-        """The group rubric and ``failed_group``, each over a whole group, in place on this
-        process's ``masks`` and ``rewards``.
-
-        A group is what GRPOTrainer normalises over (:class:`_Groups`). On several processes its
-        samples may be on different ones (the sampler spreads a prompt's ``num_generations``
-        samples over them): every process gathers every sample's group, position and failure (and
-        the records a rubric scored elsewhere needs), the rubric scores a group once, on the
-        process holding its first sample, its scores are gathered again, and each process applies
-        the group's decision to its own samples. The collective calls are the same on every
-        process, in the same order: one ``gather_object``, and a second one when a rubric's
-        group is split; none on one process."""
-        layout = _Groups.of(trainer, prompts)
-        positions = [layout.start + i for i in range(len(prompts))]
-        local: dict[int, list[int]] = {}
-        for i, key in enumerate(layout.keys):
-            local.setdefault(key, []).append(i)
-        rubrics = {key: self.group_rubric or group_rubric_of(sessions[run[0]].env) for key, run in local.items()}
-
+        """The group rubric and ``failed_group``, each over a whole group (:meth:`_Groups.score`:
+        on whichever processes it is), in place on this process's ``masks`` and ``rewards``."""
         def record(i: int) -> dict[str, Any]:
             e = episodes[i]
             return {**e.record, "reward": e.reward, "outcome": e.outcome,
                     "reward_components": dict(e.reward_components)}
 
-        # every sample: (group, position, failed, its record where its group is scored elsewhere)
-        samples = [(key, positions[i], bool(episodes[i].failed or rewards[i] is None),
-                    record(i) if rubrics[key] is not None and layout.owner(key) != layout.rank else None)
-                   for i, key in enumerate(layout.keys)]
-        everyone = layout.gather({"size": len(prompts), "samples": samples})
-        if len({p["size"] for p in everyone}) > 1:  # the same on every process: all raise
-            raise ValueError("TRLRollout: the processes got batches of different sizes "
-                             f"({[p['size'] for p in everyone]}); GRPOTrainer gives each the same")
-        members: dict[int, list[tuple[int, bool, dict[str, Any] | None]]] = {}
-        for payload in everyone:
-            for key, position, failed, rec in payload["samples"]:
-                members.setdefault(key, []).append((position, failed, rec))
-        scores: dict[int, tuple[float | None, bool]] = {}  # position -> (reward, failed)
-        for key, run in local.items():
-            rubric = rubrics[key]
-            if rubric is None or layout.owner(key) != layout.rank:
-                continue
-            own = {positions[i]: i for i in run}
-            group = sorted(members[key], key=lambda m: m[0])
-            records = [record(own[pos]) if pos in own else rec for pos, _, rec in group]
-            task = getattr(sessions[run[0]].env.unwrapped.episode, "task", None)
-            try:
-                scored = rubric.score(records, task=task)
-            except Exception as exc:  # the group fails; the other processes still get its scores
-                log.warning("group rubric %r raised; its group fails", rubric, exc_info=exc)
-                scored = [{"reward": None, "outcome": outcomes.ENV_ERROR} for _ in records]
-            for (pos, _, _), out in zip(group, scored):
-                # failed, or its group could not be scored
-                scores[pos] = (out.get("reward"), outcomes.is_failure(out.get("outcome")))
-        if any(rec is not None for payload in everyone for *_, rec in payload["samples"]):
-            for shared in layout.gather(scores):  # a rubric's group is split: its scores to every process
-                scores.update(shared)
-        for i, pos in enumerate(positions):
-            if pos in scores:
-                reward, failed = scores[pos]
-                if failed:
-                    masks[i], rewards[i] = [0] * len(masks[i]), None
-                else:
-                    rewards[i] = reward
-        if self.failed_group == "drop":  # each process has what it needs of its groups' every member
-            def lost(pos: int, failed: bool) -> bool:
-                return failed or (pos in scores and (scores[pos][1] or scores[pos][0] is None))
-
-            for key, run in local.items():
-                if any(lost(pos, failed) for pos, failed, _ in members[key]):
-                    for i in run:
-                        masks[i], rewards[i] = [0] * len(masks[i]), None
+        verdicts = _Groups.of(trainer, prompts).score(
+            "TRLRollout", labels=[None] * len(prompts),  # a group: one of the layout's, whole
+            failed=[bool(e.failed or r is None) for e, r in zip(episodes, rewards)],
+            rubrics=[self.group_rubric or group_rubric_of(s.env) for s in sessions], record=record,
+            task=lambda i: getattr(sessions[i].env.unwrapped.episode, "task", None))
+        for i, (score, lost) in enumerate(verdicts):
+            if score is not None:
+                rewards[i] = None if score[1] else score[0]
+            if (score is not None and score[1]) or (lost and self.failed_group == "drop"):
+                masks[i], rewards[i] = [0] * len(masks[i]), None
 
     @staticmethod
     def _log(trainer: Any, episodes: list[Any]) -> None:
@@ -364,6 +312,86 @@ class _Groups:
         from accelerate.utils import gather_object
 
         return gather_object([obj])
+
+    def score(self, who: str, labels: list[Any], failed: list[bool], rubrics: list[GroupRubric | None],
+              record: Callable[[int], dict[str, Any]], task: Callable[[int], Any],
+              ) -> list[tuple[tuple[float | None, bool] | None, bool]]:
+        """Each group scored whole by its rubric, however many processes GRPOTrainer's sampler
+        spread it over. For each of this process's samples: ``(score, lost)``, what its group's
+        rubric gave it (``(reward, failed)``; None without a rubric) and whether any member of its
+        group failed or got no reward (for ``failed_group="drop"``).
+
+        A group: the samples of one of this layout's groups with the same ``labels`` entry (on
+        several processes without ``n``: a run of one label in the gathered order). Every process
+        gathers every sample's position, label, failure and, where its group may be scored on
+        another process, its record (``record``); the group's rubric (its first sample's,
+        ``rubrics``) scores it once, on the process holding that sample (``task``: of a sample
+        here); a second gather shares the scores when a scored group is split. The collective
+        calls are the same on every process, in the same order, decided from gathered data only;
+        none on one process. A rubric that raises fails its group rather than leaving the other
+        processes waiting at the second gather."""
+        size, here = len(labels), range(self.start, self.start + len(labels))
+
+        def elsewhere(i: int) -> bool:  # may sample i's group be scored on another process?
+            if self.world == 1:
+                return False
+            if self.n is not None:
+                return self.owner(self.keys[i]) != self.rank
+            return self.rank > 0 and all(label == labels[0] for label in labels[:i + 1])  # a run from before
+
+        mine = [_Sample(self.start + i, labels[i], failed[i], rubrics[i] is not None,
+                        record(i) if rubrics[i] is not None and elsewhere(i) else None) for i in range(size)]
+        everyone = self.gather({"size": size, "samples": mine})
+        if len({p["size"] for p in everyone}) > 1:  # the same on every process: all raise
+            raise ValueError(f"{who}: the processes got batches of different sizes "
+                             f"({[p['size'] for p in everyone]}); GRPOTrainer gives each the same")
+        flat = [sample for payload in everyone for sample in payload["samples"]]  # global order
+        if self.world == 1:
+            keys = self.keys
+        elif self.n is not None:
+            keys = [s.pos // self.n for s in flat]
+        else:  # runs of one label in the global order
+            keys = list(itertools.accumulate(int(j > 0 and flat[j].label != flat[j - 1].label)
+                                             for j in range(len(flat))))
+        groups: dict[tuple[int, Any], list[_Sample]] = {}
+        for key, s in zip(keys, flat):
+            groups.setdefault((key, s.label), []).append(s)
+        scores: dict[int, tuple[float | None, bool]] = {}  # position -> (reward, failed)
+        for members in groups.values():
+            first = members[0]
+            if not first.scored or first.pos not in here:  # no rubric, or scored where its first sample is
+                continue
+            rubric = rubrics[first.pos - self.start]
+            try:
+                records = [record(s.pos - self.start) if s.pos in here else s.record for s in members]
+                scored = rubric.score(records, task=task(first.pos - self.start))
+            except Exception as exc:  # the group fails; the other processes still get its scores
+                log.warning("group rubric %r raised; its group fails", rubric, exc_info=exc)
+                scored = [{"reward": None, "outcome": outcomes.ENV_ERROR} for _ in members]
+            for s, out in zip(members, scored):
+                scores[s.pos] = (out.get("reward"), outcomes.is_failure(out.get("outcome")))
+        if any(m[0].scored and m[0].pos // size != m[-1].pos // size for m in groups.values()):
+            for shared in self.gather(scores):  # a scored group is split: its scores to every process
+                scores.update(shared)
+
+        def gone(s: _Sample) -> bool:  # it failed, or its group's rubric failed it or gave it no reward
+            reward, bad = scores.get(s.pos, (0.0, False))
+            return s.failed or bad or reward is None
+
+        lost: dict[int, bool] = {}  # position -> its group lost a member
+        for members in groups.values():
+            lost.update(dict.fromkeys((s.pos for s in members), any(map(gone, members))))
+        return [(scores.get(pos), lost[pos]) for pos in here]
+
+
+class _Sample(NamedTuple):
+    """One sample, as :meth:`_Groups.score` gathers it from every process."""
+
+    pos: int  # in GRPOTrainer's gathered batch
+    label: Any  # its group's samples share it
+    failed: bool
+    scored: bool  # it has a group rubric
+    record: dict[str, Any] | None  # where its group may be scored on another process
 
 
 def _task_of(prompt: Any) -> tuple[str, int]:
@@ -562,16 +590,10 @@ class _EnvReward:
     """``Env.reward``: TRL's reward function for the envs of class ``cls``. An object, not a
     method: TRL offers every public method of an environment class to the model as a tool.
 
-    With a group rubric (``cls.group_rubric``) each group is scored together: a group is what
-    GRPOTrainer normalises over (:class:`_Groups`: a run of ``num_generations`` samples of the
-    batch it gathers from every process, one prompt's). TRL calls a reward function on each
-    process's own samples, and its sampler spreads a group over processes, so on several
-    processes every process gathers each sample's global position, task and (where its group is
-    scored elsewhere) record; the rubric scores a group once, on the process holding its first
-    sample; a second gather shares the scores when a group is split; each process returns its own
-    samples' rewards. The collective calls are the same on every process, in the same order, and
-    decided from gathered data only; none on one process. A rubric that raises fails its group
-    (every member ``None``) rather than leaving the other processes waiting.
+    With a group rubric (``cls.group_rubric``) each group is scored together, as
+    :meth:`_Groups.score` does it: TRL calls a reward function on each process's own samples, and
+    its sampler spreads a group over processes. A rubric that raises fails its group (every member
+    ``None``).
 
     ``num_generations`` comes from the trainer that TRL's ``log_metric`` (a keyword every reward
     function gets) is bound to. Called without it (your own code): a group is a run of
@@ -590,59 +612,15 @@ class _EnvReward:
         rubric = self.cls.group_rubric
         if rubric is None:
             return rewards
-        # each sample's task (None: another class's environment, not scored here)
+        # each sample's task: its group's label (None: another class's environment, not scored here)
         tasks = [e.env.unwrapped.episode.index if type(e) is self.cls else None for e in environments]
         trainer = getattr(kwargs.get("log_metric"), "__self__", None)  # TRL passes its trainer's bound method
-        layout = _Groups.for_reward(trainer, tasks)
-        size = len(tasks)
-
-        def record(i: int) -> dict[str, Any]:
-            return {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]}
-
-        def elsewhere(i: int) -> bool:  # may sample i's group be scored on another process?
-            if layout.world == 1:
-                return False
-            if layout.n is not None:
-                return layout.owner(layout.keys[i]) != layout.rank
-            return layout.rank > 0 and all(tasks[j] == tasks[0] for j in range(i + 1))  # a run from the last process
-
-        samples = [(layout.start + i, task, record(i) if task is not None and elsewhere(i) else None)
-                   for i, task in enumerate(tasks)]
-        everyone = layout.gather({"size": size, "samples": samples})
-        if len({p["size"] for p in everyone}) > 1:  # the same on every process: all raise
-            raise ValueError(f"{self.__name__}.reward: the processes got batches of different sizes "
-                             f"({[p['size'] for p in everyone]}); GRPOTrainer gives each the same")
-        flat = [sample for payload in everyone for sample in payload["samples"]]  # global order
-        if layout.world == 1:
-            keys = layout.keys
-        elif layout.n is not None:
-            keys = [pos // layout.n for pos, _, _ in flat]
-        else:  # runs of one task in the global order
-            keys = list(itertools.accumulate(int(j > 0 and flat[j][1] != flat[j - 1][1]) for j in range(len(flat))))
-        groups: dict[tuple[int, Any], list[int]] = {}  # (group, task) -> indices into flat
-        for j, (key, (_, task, _)) in enumerate(zip(keys, flat)):
-            if task is not None:
-                groups.setdefault((key, task), []).append(j)
-        scores: dict[int, float | None] = {}  # position -> reward
-        for members in groups.values():
-            if flat[members[0]][0] // size != layout.rank:  # its first sample is elsewhere: scored there
-                continue
-            local = [flat[j][0] - layout.start for j in members]
-            records = [record(i) if 0 <= i < size else flat[j][2] for i, j in zip(local, members)]
-            try:
-                scored = rubric.score(records, task=environments[local[0]].env.unwrapped.episode.task)
-            except Exception as exc:  # the group fails; the other processes still get its scores
-                log.warning("group rubric %r raised; its group fails", rubric, exc_info=exc)
-                scored = [{"reward": None, "outcome": outcomes.ENV_ERROR} for _ in records]
-            for j, out in zip(members, scored):
-                scores[flat[j][0]] = None if outcomes.is_failure(out.get("outcome")) else out.get("reward")
-        if any(len({flat[j][0] // size for j in members}) > 1 for members in groups.values()):
-            for shared in layout.gather(scores):  # a group is split: its scores to every process
-                scores.update(shared)
-        for i in range(size):
-            if layout.start + i in scores:
-                rewards[i] = scores[layout.start + i]
-        return rewards
+        verdicts = _Groups.for_reward(trainer, tasks).score(
+            f"{self.__name__}.reward", labels=tasks, failed=[r is None for r in rewards],
+            rubrics=[None if task is None else rubric for task in tasks],
+            record=lambda i: {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]},
+            task=lambda i: environments[i].env.unwrapped.episode.task)
+        return [r if score is None else None if score[1] else score[0] for r, (score, _) in zip(rewards, verdicts)]
 
 
 def _last_reply(completion: Any) -> str:
