@@ -3,9 +3,14 @@
 ``@tool`` turns a function into a :class:`Tool` whose JSON schema (OpenAI function format) is
 built from the signature, type hints and the docstring's ``Args:`` section. Arguments are
 validated with pydantic before the call, so a wrong type or a missing argument becomes a tool
-error message, never an exception in the environment. Its lax conversions stay (``"3"`` for an
-int, ``"true"`` for a bool, ``3.0`` for an int), but a boolean is never a number nor a number a
-boolean, and NaN and infinities are refused, as a JSON Schema validator would.
+error message, never an exception in the environment. Its lax conversions of strings that spell
+the value exactly stay, since models send them (``"3"``, ``" 3 "`` or ``"3.0"`` for an int,
+``"1e3"`` for a float, ``"true"``/``"yes"``/``"1"`` for a bool), as does a whole float for an int
+(``3.0``: JSON Schema's integer too); what is not exact is refused (``"3.5"`` or ``3.5`` for an
+int, ``"0x10"``). A boolean is never a number nor a number a boolean (in ``Annotated`` and
+``Literal`` too), and NaN and infinities are never a number (``json.loads`` reads ``NaN``; a
+:meth:`Tool.from_schema` tool refuses them as well), as JSON Schema has it. Fields of a pydantic
+model or ``TypedDict`` parameter are pydantic's lax ones.
 
 A tool may take a parameter named ``episode``: the engine passes the running
 :class:`~benchmax_gym.core.env.Episode` (per-episode state, workspace), and the parameter is
@@ -38,6 +43,7 @@ import concurrent.futures
 import copy
 import inspect
 import json
+import math
 import os
 import queue
 import re
@@ -247,10 +253,26 @@ def _takes(fn: Callable[..., Any], parameter: str) -> bool:
 
 
 def jsonschema_validator(schema: dict[str, Any]):
-    """A validator for a checked schema, of the draft it names (2020-12 when it names none)."""
+    """A validator for a checked schema, of the draft it names (2020-12 when it names none), for
+    which NaN and infinities are no ``number``: JSON has none, but ``json.loads`` reads them."""
     import jsonschema
 
-    return jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
+    draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    finite = _FINITE_DRAFTS.get(draft)
+    if finite is None:
+        checker = draft.TYPE_CHECKER
+
+        def is_finite_number(_checker: Any, instance: Any) -> bool:
+            return checker.is_type(instance, "number") and not (
+                type(instance) is float and not math.isfinite(instance))
+
+        finite = _FINITE_DRAFTS[draft] = jsonschema.validators.extend(
+            draft, type_checker=checker.redefine("number", is_finite_number))
+    return finite(schema)
+
+
+#: each draft's validator class with finite numbers (made once: a class per tool would cost milliseconds)
+_FINITE_DRAFTS: dict[type, type] = {}
 
 
 def check_schema(name: str, parameters: Any, *, lenient: bool = False) -> dict[str, Any]:
@@ -491,13 +513,29 @@ def _json_kinds_kept(annotation: Any) -> Any:
     mode reads ``true`` as the integer 1 and ``1`` as ``True`` (``limit: true`` ran as
     ``limit=1``), which no JSON Schema validator accepts (a schema tool refuses them). Its other
     conversions stay: a string that spells the value (``"3"`` for an int, ``"true"`` for a bool),
-    a whole float for an int. In ``Optional``/unions, lists, sets, tuples and dicts too."""
+    a whole float for an int. In ``Optional``/unions, lists, sets, tuples, dicts, ``Annotated``
+    (``PositiveInt``, ``Field(ge=1)``) and ``Literal`` too."""
     if annotation is bool:
         return typing.Annotated[bool, pydantic.BeforeValidator(_not_a_number)]
     if annotation in (int, float):
         return typing.Annotated[annotation, pydantic.BeforeValidator(_not_a_boolean)]
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if not args or origin is typing.Annotated or origin is typing.Literal:
+    if origin is typing.Annotated:  # (constraints next to the type, so that the schema keeps "minimum")
+        base = annotation.__origin__
+        kept = _json_kinds_kept(base)
+        if kept is base:
+            return annotation
+        if typing.get_origin(kept) is typing.Annotated and kept.__origin__ is base:  # the kind's check last
+            return typing.Annotated[(base, *annotation.__metadata__, *kept.__metadata__)]
+        return typing.Annotated[(kept, *annotation.__metadata__)]
+    if origin is typing.Literal:  # pydantic reads true as the literal 1 (True == 1), and 1 as True
+        booleans = any(type(a) is bool for a in args)
+        numbers = any(type(a) in (int, float) for a in args)
+        if numbers != booleans:
+            check = _not_a_boolean if numbers else _not_a_number
+            return typing.Annotated[annotation, pydantic.BeforeValidator(check)]
+        return annotation
+    if not args:
         return annotation
     kept = tuple(_json_kinds_kept(a) if a is not Ellipsis else a for a in args)
     if kept == args:
@@ -546,8 +584,9 @@ _PRIMITIVES = (str, int, float, bool)
 def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]], dict[str, Any]]):
     """For a signature of plain ``str``/``int``/``float``/``bool`` parameters (with immutable
     defaults): a validator that accepts, without pydantic, arguments that are exactly of their
-    types, all required ones present and none unknown - what pydantic would return unchanged -
-    and hands anything else (a coercion, an error to word) to pydantic. None for other signatures."""
+    types (a float finite), all required ones present and none unknown - what pydantic would
+    return unchanged - and hands anything else (a coercion, an error to word) to pydantic. None
+    for other signatures."""
     kinds, required, defaults = {}, [], {}
     for pname, (annotation, info) in fields.items():
         if annotation not in _PRIMITIVES:
@@ -560,7 +599,8 @@ def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]]
         else:
             return None
     n_required = len(required)
-    if n_required == 1 and len(kinds) == 1:  # one required argument (a calculator's): one look
+    floats = tuple(pname for pname, kind in kinds.items() if kind is float)  # (NaN and infinities are floats)
+    if n_required == 1 and len(kinds) == 1 and not floats:  # one required argument (a calculator's): one look
         (only, kind), = kinds.items()
 
         def validate_one(args: dict[str, Any]) -> dict[str, Any]:
@@ -582,7 +622,17 @@ def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]]
                 return slow(args)
         return {**defaults, **args} if defaults else args  # (callers spread it: never changed)
 
-    return validate
+    if not floats:
+        return validate
+
+    def validate_finite(args: dict[str, Any]) -> dict[str, Any]:
+        for pname in floats:
+            value = args.get(pname)
+            if type(value) is float and not math.isfinite(value):
+                return slow(args)  # (pydantic words the refusal)
+        return validate(args)
+
+    return validate_finite
 
 
 def _pydantic_message(exc: pydantic.ValidationError) -> str:

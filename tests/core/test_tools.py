@@ -4,8 +4,9 @@ import asyncio
 import json
 import re
 import threading
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
+import pydantic
 import pytest
 
 from benchmax_gym.core import aio
@@ -291,6 +292,9 @@ def test_missing_argument(toolset):
         ("text", 5),
         ("count", "abc"),
         ("count", 1.5),
+        ("count", "3.5"),  # never truncated to 3
+        ("count", "0x10"),
+        ("count", "1e3"),
         ("ratio", "fast"),
         ("numbers", ["one"]),
         ("numbers", 3),
@@ -331,6 +335,91 @@ def test_strings_that_spell_the_value_are_still_read(toolset):
     assert result.error is None, result.content
     values = json.loads(result.content)
     assert (values["count"], values["ratio"], values["flag"], values["limit"], values["scale"]) == (3, 0.25, False, 7, 2.0)
+
+
+@tool
+def search_like(query: str, limit: int = 5, min_score: float = 0.0, exact: bool = False) -> str:
+    """Plain arguments only, as the families' tools (CRM's search_knowledge): the fast check.
+
+    Args:
+        query: words
+        limit: how many
+        min_score: a threshold
+        exact: whole words only
+    """
+    return json.dumps([query, limit, min_score, exact])
+
+
+@tool
+def halve(x: float) -> float:
+    """One float argument (the one-argument fast check).
+
+    Args:
+        x: a number
+    """
+    return x / 2
+
+
+@pytest.mark.parametrize(
+    "tool_name, arguments, name, expected",
+    [
+        # json.loads reads NaN: it ran
+        ("search_like", {"query": "q", "min_score": float("nan")}, "min_score", "finite number"),
+        ("search_like", {"query": "q", "min_score": float("inf")}, "min_score", "finite number"),
+        ("search_like", {"query": "q", "min_score": float("-inf"), "limit": 2}, "min_score", "finite number"),
+        ("halve", {"x": float("nan")}, "x", "finite number"),
+        ("halve", {"x": float("-inf")}, "x", "finite number"),
+    ],
+)
+def test_plain_float_arguments_refuse_nan_and_infinities(tool_name, arguments, name, expected):
+    result = Toolset([search_like, halve]).run(tool_name, arguments, **RUN)
+    assert result.error == "bad_arguments" and expected in result.content, result.content
+    assert f"argument '{name}'" in result.content, result.content
+
+
+@tool
+def constrained(
+    limit: Annotated[int, pydantic.Field(ge=1, le=20)] = 5,
+    page: pydantic.PositiveInt = 1,
+    shout: Annotated[bool, "loud"] = False,
+    level: Literal[1, 2, 3] = 1,
+    only: Literal[True] = True,
+) -> str:
+    """Constrained and literal arguments.
+
+    Args:
+        limit: how many
+        page: which page
+        shout: loudly
+        level: a level
+        only: must be true
+    """
+    return json.dumps([limit, page, shout, level, only])
+
+
+@pytest.mark.parametrize(
+    "name, value, expected",
+    [
+        ("limit", True, "expected a number, got the boolean true"),  # ran as limit=1
+        ("page", True, "expected a number, got the boolean true"),
+        ("shout", 1, "expected a boolean, got the number 1"),  # ran as shout=True
+        ("level", True, "expected a number, got the boolean true"),  # ran as level=1 (True == 1)
+        ("only", 1, "expected a boolean, got the number 1"),
+    ],
+)
+def test_annotated_and_literal_arguments_keep_booleans_and_numbers_apart(name, value, expected):
+    result = Toolset([constrained]).run("constrained", {name: value}, **RUN)
+    assert result.error == "bad_arguments" and expected in result.content, result.content
+    assert f"argument '{name}'" in result.content, result.content
+    low = Toolset([constrained]).run("constrained", {"limit": 0}, **RUN)  # the constraints still hold
+    assert low.error == "bad_arguments"
+    assert "argument 'limit': Input should be greater than or equal to 1" in low.content
+    props = constrained.parameters["properties"]  # the schema the model sees is unchanged
+    assert (props["limit"]["minimum"], props["limit"]["maximum"]) == (1, 20)
+    assert props["page"]["exclusiveMinimum"] == 0
+    assert props["level"]["enum"] == [1, 2, 3]
+    ok = Toolset([constrained]).run("constrained", {"limit": "3", "page": 2.0, "level": 2}, **RUN)
+    assert json.loads(ok.content) == [3, 2, False, 2, True]
 
 
 def test_unexpected_argument(toolset):
@@ -684,6 +773,26 @@ def test_from_schema_rejects_bad_arguments(arguments, mentions):
     assert result.error == "bad_arguments"
     assert mentions in result.content
     assert called == []
+
+
+@pytest.mark.parametrize(
+    "arguments, mentions",
+    [
+        ({"x": float("nan")}, "x: nan is not of type 'number'"),  # json.loads reads NaN; fn got it
+        ({"x": float("inf")}, "x: inf is not of type 'number'"),
+        ({"x": 1.5, "xs": [1, float("-inf")]}, "xs.1: -inf is not of type 'number'"),
+    ],
+)
+def test_from_schema_refuses_nan_and_infinities_for_a_number(arguments, mentions):
+    schema = {"type": "object", "properties": {
+        "x": {"type": "number"}, "xs": {"type": "array", "items": {"type": "number"}},
+        "n": {"type": "integer"}}}
+    called = []
+    t = Tool.from_schema("measure", "Measure.", schema, lambda **kw: called.append(kw))
+    result = Toolset([t]).run("measure", arguments, **RUN)
+    assert result.error == "bad_arguments" and mentions in result.content, result.content
+    assert called == []
+    assert Toolset([t]).run("measure", {"x": 1e308, "xs": [-2, 0.5], "n": 3.0}, **RUN).error is None
 
 
 def test_from_schema_without_parameters_takes_an_empty_object():
