@@ -29,6 +29,7 @@ from benchmax_gym.core.checks import boolean, optional, path_or_id, positive_int
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg
 from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task, load_records, pick, rand_int
 from benchmax_gym.envs.crm.org import CATEGORIES, HIGH_PRIORITY_RESPONSE_HOURS, MAX_TRANSFERS, REFUND_WINDOW_DAYS
+from benchmax_gym.envs.crm.rubric import normalize
 
 QA_TYPES = (
     "knowledge_qa", "monthly_trend_analysis", "top_issue_identification", "case_routing",
@@ -427,9 +428,10 @@ def check_task_ids(tasks: ListTasks, org: Any, org_db: Any) -> None:
 def crmarena_tasks(path: str | os.PathLike, *, limit: int | None = None) -> ListTasks:
     """Tasks from a file in CRMArena's format: a JSON list or JSON Lines of
     ``{idx, type (or task), query, answer, reward_metric, metadata}`` (other local formats and hub
-    ids such as ``Salesforce/CRMArena`` go through ``datasets``). ``answer`` is a string or a list of strings; ``metadata["required"]``, when
-    present, is context the agent must see (CRMArena's convention) and is added to the prompt, as is
-    ``metadata["optional"]`` (definitions of quarters and seasons, say)."""
+    ids such as ``Salesforce/CRMArena`` go through ``datasets``). ``answer`` is a string or a list of
+    strings, where a null item means "None" (see :func:`crmarena_gold`); ``metadata["required"]``,
+    when present, is context the agent must see (CRMArena's convention) and is added to the prompt,
+    as is ``metadata["optional"]`` (definitions of quarters and seasons, say)."""
     path = os.fspath(path)
     if Path(path).suffix in (".json", ".jsonl") and Path(path).is_file():
         text = Path(path).read_text(encoding="utf-8")
@@ -449,6 +451,29 @@ def crmarena_tasks(path: str | os.PathLike, *, limit: int | None = None) -> List
     return ListTasks(tasks)
 
 
+def crmarena_gold(answer: Any, where: str) -> str | list[str]:
+    """A CRMArena record's gold answer: its text, or its list of texts.
+
+    CRMArena writes "no such record" (a case whose agent violated no policy) as a null item,
+    ``"answer": [null]``, and grades it as the text "None" (its evaluator turns ``[None]`` into
+    ``["None"]``), as the generated ``policy_violation_identification`` tasks do: a null item is the
+    gold "None" here too. A null answer itself (what ``datasets`` fills in for a missing key), an
+    empty list, or an answer or item with no words (an empty reply would match it) is refused,
+    naming the record."""
+    if answer is None:
+        raise ValueError(f"{where}: the answer is null; CRMArena writes a 'None' answer (no matching "
+                         "record) as [null], and every task needs an answer")
+    items = list(answer) if isinstance(answer, (list, tuple)) else [answer]
+    if not items:
+        raise ValueError(f"{where}: the answer is an empty list; every task needs an answer")
+    golds = ["None" if a is None else str(a) for a in items]
+    for gold in golds:
+        if not normalize(gold):
+            raise ValueError(f"{where}: the answer {gold!r} has no words to match (an empty reply "
+                             "would); every task needs an answer")
+    return golds if isinstance(answer, (list, tuple)) else golds[0]
+
+
 def _crmarena_task(record: Any, i: int, path: str) -> Task:
     where = f"{path!r} record {i}"
     if not isinstance(record, Mapping):
@@ -460,8 +485,7 @@ def _crmarena_task(record: Any, i: int, path: str) -> Task:
     metric = record["reward_metric"]
     if metric not in METRICS:
         raise ValueError(f"{where}: reward_metric must be one of {METRICS}, got {metric!r}")
-    answer = record["answer"]
-    answer = [str(a) for a in answer] if isinstance(answer, (list, tuple)) else str(answer)
+    answer = crmarena_gold(record["answer"], where)
     metadata = record.get("metadata") or {}
     if isinstance(metadata, str):
         metadata = json.loads(metadata) if metadata.strip().startswith("{") else {"required": metadata}

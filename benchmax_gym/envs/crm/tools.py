@@ -5,19 +5,21 @@ an authorizer allows only reads (no writes, ``ATTACH``, ``PRAGMA``, ``VACUUM``, 
 and ``PRAGMA query_only`` is on while it runs. Its cost is bounded two ways. At its deadline a
 watchdog thread interrupts it (``Connection.interrupt``: SQLite stops at the next opcode, so a
 recursive CTE that never ends, or one whose every row calls a function on a 900 KB value, stops
-within one opcode's work of the deadline). Within one opcode the string functions whose built-in cost is the product of their
-arguments' lengths (``instr``, ``replace``, ``trim``: a 500 KB needle in a 1 MB haystack took 10 s
-a row) are replaced by linear ones with the same results, ``printf``'s ``%c`` repeats are capped
-(SQLite loops over 2**31 of them however big the result), and LIKE/GLOB patterns are limited to
-256 characters (one 1 MB value times a 40,000-character pattern took 51 s). Strings and blobs are
-limited to 1 MB. Rows are read one at a time and reading stops at the row cap or once the
-output would pass the tool-output cap, so 200 rows of 1 MB never sit in memory together. Typed
-tools run parameterized SQL. Every failure is a :class:`ToolError` and leaves the database as it
-was.
+within one opcode's work of the deadline). Within one opcode the string functions whose built-in
+cost is the product of their arguments' lengths (``instr``, ``replace``, ``trim``: a 500 KB needle
+in a 1 MB haystack took 10 s a row) are replaced by linear ones with the same results,
+``printf``'s ``%c`` repeats are capped (SQLite loops over 2**31 of them however big the result),
+and LIKE/GLOB patterns are limited to 100 characters (a match costs up to the value's length
+times the pattern's: a 1 MB value took 51 s against a 40,000-character pattern, 0.7 s against a
+256-character GLOB class, 0.27 s at 100). Strings and blobs are limited to 1 MB. Rows are read
+one at a time and reading stops at the row cap or once the output would pass the tool-output cap,
+so 200 rows of 1 MB never sit in memory together. Typed tools run parameterized SQL. Every failure
+is a :class:`ToolError` and leaves the database as it was.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -33,7 +35,7 @@ from benchmax_gym.envs.crm.org import CASE_PRIORITIES, CASE_STATUSES, RESOLUTION
 _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 _FORBIDDEN_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts5"}
 MAX_VALUE_BYTES = 1_000_000
-MAX_PATTERN_CHARS = 256
+MAX_PATTERN_CHARS = 100
 _as_text = sqlite3.connect(":memory:", check_same_thread=False)  # SQLite's own number-to-text and printf
 _as_text.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
 
@@ -68,13 +70,29 @@ def _replace(text: Any, old: Any, new: Any) -> Any:
 
 
 def _trimmer(method: str):
+    """SQLite's trim, ltrim or rtrim. Python's strip scans ``chars`` for every character it
+    removes (a 500,000-character set over a 1 MB value took 8-12 s in one step, holding the
+    GIL), so past a few distinct characters the ends are walked against a set."""
     def trim(text: Any, chars: Any = " ") -> Any:
         text, chars = _text(text), _text(chars)
         if text is None or chars is None:
             return None
         text, chars = (v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in (text, chars))
+        chars = chars.partition("\x00")[0]  # SQLite reads the set as a C string
+        if len(chars) > 64:
+            keep = set(chars)
+            if len(keep) > 64:
+                start = 0 if method == "rstrip" else _run(text, keep)
+                end = len(text) if method == "lstrip" else len(text) - _run(reversed(text), keep)
+                return text[start:max(start, end)]
+            chars = "".join(keep)
         return getattr(text, method)(chars)
     return trim
+
+
+def _run(chars: Any, keep: set[str]) -> int:
+    """How many of ``chars`` come before the first one not in ``keep``."""
+    return sum(1 for _ in itertools.takewhile(keep.__contains__, chars))
 
 
 _CONVERSION = re.compile(r"%[-+ #!0,]*(?:\d+|\*)?(?:\.(\*|\d*))?l{0,2}(.?)", re.S)
@@ -99,7 +117,7 @@ def _printf(*args: Any) -> Any:
                     star = max((abs(_int32(a)) for a in args[1:]), default=0) or 1
                 repeats += star
             else:
-                repeats += int(m.group(1)) & 0x7FFFFFFF
+                repeats += int(m.group(1)[-32:]) & 0x7FFFFFFF  # a uint32 in SQLite; 10**32 % 2**32 == 0
             if repeats > MAX_VALUE_BYTES:
                 return None
     return _as_text.execute(f"SELECT printf({', '.join('?' * len(args))})", args).fetchone()[0] if args else None

@@ -279,6 +279,27 @@ def test_crmarena_task_files_run_against_your_own_org(cache, tmp_path):
         gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(bad)}, org_db=str(org))
 
 
+def test_crmarena_none_answers_are_the_gold_none_and_missing_answers_are_refused(cache, tmp_path):
+    """CRMArena writes "no policy was violated" as ``"answer": [null]`` and grades it as the text
+    "None"; so does the loader. A null answer (what ``datasets`` fills in for a missing key) was
+    the gold "None" too; it, an empty list and wordless answers (an empty reply would match them)
+    are refused at make, naming the record."""
+    org = cached_org(0, SMALL, cache)
+    record = {"idx": 3, "task": "policy_violation_identification", "reward_metric": "exact_match",
+              "query": "Did the agent breach a policy? If so, which knowledge article?"}
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(dict(record, answer=[None])))
+    env = gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org))
+    for reply, expected in (("<answer>None</answer>", 1.0), ("<answer></answer>", 0.0),
+                            ("<answer>ka0</answer>", 0.0)):
+        env.reset(options={"task_index": 0})
+        assert env.step(reply)[1] == expected, reply
+    for answer in (None, [], [""], ["ka0Ws000000QriDIAS", " "], "", "the", ["..."]):
+        path.write_text(json.dumps(dict(record, answer=["None"])) + "\n" + json.dumps(dict(record, answer=answer)))
+        with pytest.raises(ValueError, match=r"tasks.jsonl' record 1: the answer .*every task needs an answer"):
+            gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org))
+
+
 def test_metrics():
     assert final_answer("Thinking... <answer> The May </answer>") == "The May"
     assert exact_match("the May.", "may") == 1.0 and exact_match("June", "May") == 0.0

@@ -2,6 +2,7 @@
 tool and must come back quickly, bounded in memory, with the same answers SQLite gives."""
 
 import sqlite3
+import string
 import time
 import tracemalloc
 
@@ -47,6 +48,16 @@ def test_long_like_patterns_are_refused_at_once(env):
     obs, info, took = query(env, sql)
     assert info["error"] == "tool_error" and "LIKE and GLOB patterns are limited" in obs
     assert took < 3, took
+    # one LIKE/GLOB costs up to the value's length times the pattern's, in one step that the
+    # deadline cannot cut short: a 1 MB value against a 256-character GLOB class took 0.7 s
+    for operator in ("GLOB", "LIKE"):
+        for length in (100, 101):
+            pattern = f"'*[' || substr(x, 1, {length - 4}) || ']b'"
+            obs, info, _ = query(env, MEGA + f"SELECT x {operator} {pattern} FROM big")
+            if length == 100:
+                assert info["error"] is None, obs
+            else:
+                assert info["error"] == "tool_error" and "patterns are limited to 100 characters" in obs, obs
     obs, info, _ = query(env, "SELECT COUNT(*) FROM \"Case\" WHERE Subject LIKE '%order%'")
     assert info["error"] is None
 
@@ -65,7 +76,9 @@ def test_rows_of_a_megabyte_are_not_all_held_at_once(env):
 
 
 CASES = [("hello world", "o"), ("hello", ""), ("", "x"), (None, "a"), ("a", None), (12345, 3), (1.5, "."),
-         (b"ab\x00cd", b"cd"), ("naïve café", "é"), ("aaa", "aa"), ("x", "xyz")]
+         (b"ab\x00cd", b"cd"), ("naïve café", "é"), ("aaa", "aa"), ("x", "xyz"),
+         ("cabbage", "ab\x00c"),  # SQLite's trim reads its character set up to a NUL
+         ("abcXYZ 12 mid-dle 34 ZYXcba", string.ascii_letters + string.digits + " !é")]  # a big set
 
 
 def test_linear_functions_give_sqlites_own_results(env):
@@ -96,7 +109,8 @@ def test_printf_char_repeats_past_the_value_limit_return_at_once(env):
     ("%d-%s|%%c", 5, "x"), ("%.3c|%5c|%-5c", "ab", "y", "z"), ("%.*c", 3, "é"), ("%*.*c", 6, 3, "q"),
     ("%.*c", -4, "w"), ("%.*c", "5", "x"), ("%.*c", 4294967298, "x"), ("%.c%.0c%.1c%.2lc", "a", "b", "c", "d"),
     ("%,d %05.2f %q %Q %w %z %!.3g %#x", 1234567, 3.14159, "it's", None, 'a"b', "zz", 1.5, 255),
-    ("abc%",), (None, 1), (b"%s", b"x"), (12,), ("%.999999c", "z"), ("%.600000c%.600000c", "a", "b")])
+    ("abc%",), (None, 1), (b"%s", b"x"), (12,), ("%.999999c", "z"), ("%.600000c%.600000c", "a", "b"),
+    ("%.1" + "0" * 5000 + "5c|%.4294967299c", "x", "y")])  # SQLite reads a precision as a uint32
 def test_printf_gives_sqlites_own_results(env, args):
     con = env.unwrapped.episode.state["db"].con
     plain = sqlite3.connect(":memory:")
@@ -112,6 +126,11 @@ def test_printf_gives_sqlites_own_results(env, args):
     # deadline checked every 10,000 opcodes let run 2.7 s past a 2 s timeout
     "WITH RECURSIVE r(n, s) AS (SELECT 1, randomblob(900000) UNION ALL SELECT n + 1, s FROM r WHERE n < 10000000) "
     "SELECT sum(instr(s, 'zz')) FROM r",
+    # every row trims a 1 MB value by a 500,000-character set: 8-12 s a row when each character
+    # removed was looked up by scanning the set
+    "WITH RECURSIVE r(n, s) AS (SELECT 1, replace(hex(zeroblob(499000)), '0', 'a') UNION ALL "
+    "SELECT n + 1, s FROM r WHERE n < 10000000) SELECT sum(length(trim(s, replace(hex(zeroblob(250000)), '0', 'b') "
+    "|| 'a'))) FROM r",
     "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 1000000000) SELECT count(*) FROM r",
 ])
 def test_a_query_stops_at_its_deadline_whatever_each_row_costs(tmp_path, sql):
