@@ -302,7 +302,7 @@ class _Groups:
 
     def owner(self, key: int) -> int:
         """The process holding the group's first sample: it scores the group's rubric."""
-        return 0 if self.n is None else (key * self.n) // self.size
+        return (key * self.n) // self.size  # (asked only when n is known)
 
     def gather(self, obj: Any) -> list[Any]:
         """``obj`` from every process, in process order (``gather_object``: a collective call
