@@ -115,8 +115,10 @@ class TRLRollout:
         max_workers: threads stepping envs (tools that wait on I/O overlap).
         generate: ``generate(trainer, sessions) -> (ids, logprobs)``, one reply per session
             (its ``input_ids`` so far, at most its ``budget`` ids: the sessions of one call
-            share it), to generate with another backend; the default is the trainer's own
-            (:func:`generate_turn`).
+            share it), to generate with another backend, called on each process on its own;
+            the default is the trainer's own (:func:`generate_turn`), which on several processes
+            is called in lock-step (:meth:`_lockstep`: its vLLM server mode, ZeRO-3 and FSDP
+            are collective calls).
         failed_group: ``"renormalise"`` (default) or ``"drop"``: the group of a failed episode
             (a group: a prompt's ``num_generations`` samples, a run of GRPOTrainer's batch, on
             however many processes they are; see :class:`_Groups`).
@@ -139,6 +141,7 @@ class TRLRollout:
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails here, not mid-training
         self.chat = ChatTemplate(tokenizer, **(chat_kwargs or {}))
+        self._own_backend = generate is None  # the trainer's generation: in lock-step on several processes
         self.generate = generate or (lambda trainer, sessions: generate_turn(
             trainer, [s.input_ids for s in sessions], sessions[0].budget))
         self._sessions: dict[str, list[TokenSession]] = {}  # per env (its id and kwargs, as JSON)
@@ -170,19 +173,13 @@ class TRLRollout:
         for session in sessions:
             session.max_tokens = budget
         tasks = [index for _, index in tasks]
+        groups = _Groups.of(trainer, prompts)
         list(self._pool.map(lambda st: st[0].reset(options={"task_index": st[1]}), zip(sessions, tasks)))
+        if groups.world > 1 and self._own_backend:
+            self._lockstep(trainer, sessions, groups)
         while active := sorted((s for s in sessions if not s.done), key=lambda s: s.budget or 0):
             for _, group in itertools.groupby(active, key=lambda s: s.budget):  # each asks for what it has left
-                group = list(group)
-                try:
-                    ids, logprobs = self.generate(trainer, group)
-                    if len(ids) != len(group) or len(logprobs) != len(group):
-                        raise ValueError(f"{len(ids)} replies and {len(logprobs)} logprobs for {len(group)} sequences")
-                except Exception as exc:  # the backend failed these episodes: model_error, never a reward
-                    for session in group:
-                        session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
-                    continue
-                list(self._pool.map(lambda a: a[0].step(*a[1:]), zip(group, ids, logprobs)))
+                self._turn(trainer, list(group))
         episodes = [s.episode for s in sessions]
         self._log(trainer, episodes)
         have_logprobs = all(e.logprobs is not None for e in episodes)
@@ -196,6 +193,46 @@ class TRLRollout:
             "env_reward": rewards,
             "turn_rewards": [list(e.turn_rewards) for e in episodes],  # reaches reward functions as a kwarg
         }
+
+    def _turn(self, trainer: Any, group: list[TokenSession], lockstep: tuple[int, int | None] | None = None) -> None:
+        """One reply for each session of ``group``, generated in one call, and its step. With
+        ``lockstep`` ``(padding, budget)``: the trainer's generation, the call carrying
+        ``padding`` more one-token prompts (their replies dropped) and asking for at most
+        ``budget`` ids (a session's own budget cuts its reply in ``step``: the same ids)."""
+        try:
+            if lockstep is not None:
+                padding, budget = lockstep
+                dummy = [self.chat.tokenizer.eos_token_id or 0]
+                ids, logprobs = generate_turn(trainer, [s.input_ids for s in group] + [dummy] * padding, budget)
+                ids, logprobs = ids[:len(group)], logprobs[:len(group)]
+            else:
+                ids, logprobs = self.generate(trainer, group)
+            if len(ids) != len(group) or len(logprobs) != len(group):
+                raise ValueError(f"{len(ids)} replies and {len(logprobs)} logprobs for {len(group)} sequences")
+        except Exception as exc:  # the backend failed these episodes: model_error, never a reward
+            for session in group:
+                session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
+            return
+        list(self._pool.map(lambda a: a[0].step(*a[1:]), zip(group, ids, logprobs)))
+
+    def _lockstep(self, trainer: Any, sessions: list[TokenSession], groups: _Groups) -> None:
+        """Every process's turns, with the trainer's generation on several processes: each round
+        every process calls it once, with as many prompts as the process with the most
+        unfinished episodes (the rest padding), asking for the largest budget left, until no
+        process has one. Its backends are collective (vLLM's server mode gathers every process's
+        prompts and hands each the slice at ``process_index * len(prompts)``; DeepSpeed ZeRO-3
+        and FSDP gather the weights): a process calling it more often, or with fewer prompts,
+        than another would wait forever or take another process's replies. The round's plan is
+        decided from gathered data only, the same on every process."""
+        while True:
+            active = [s for s in sessions if not s.done]
+            budgets = [s.budget for s in active]
+            plan = groups.gather((len(active), None if None in budgets else max(budgets, default=1)))
+            most = max(n for n, _ in plan)
+            if most == 0:
+                return
+            wanted = [b for n, b in plan if n]
+            self._turn(trainer, active, lockstep=(most - len(active), None if None in wanted else max(wanted)))
 
     def _score_groups(self, prompts: list[Any], trainer: Any, sessions: list[TokenSession], episodes: list[Any],
                       masks: list[list[int]], rewards: list[float | None]) -> None:

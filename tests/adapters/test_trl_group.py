@@ -138,6 +138,23 @@ def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_proce
     assert [m == 0 for m in second[1]["mask_sums"]] == [True, False, False]
 
 
+def test_rollout_func_calls_the_trainers_generation_in_lock_step_on_every_process(tmp_path):
+    """The trainer's generation is a collective call on several processes (vLLM's server mode
+    gathers every process's prompts and hands each the slice at process_index * len(prompts)):
+    with process 0's episodes taking three turns and process 1's one, both processes call it
+    three times with three prompts each (process 1's padded), and each episode gets its own
+    replies."""
+    import json
+
+    _two_processes(tmp_path, "lockstep")
+    zero, one = (json.loads((tmp_path / f"lockstep{r}.json").read_text()) for r in range(2))
+    assert zero["counts"] == one["counts"] == [3, 3, 3]
+    assert [e["turns"] for e in zero["episodes"][0]] == [3, 3, 3]
+    assert [e["turns"] for e in one["episodes"][0]] == [1, 1, 1]
+    assert {e["outcome"] for e in zero["episodes"][0] + one["episodes"][0]} == {"scored"}
+    assert all(e["reward"] is not None for e in zero["episodes"][0] + one["episodes"][0])
+
+
 def test_environment_factory_reward_scores_each_group_whole_when_trl_splits_it_over_two_processes(tmp_path):
     """Env.reward, as TRL calls it on each of two CPU processes (a real GRPOTrainer, one step,
     environment_factory): process 0 has [a, a, b] and process 1 [b, c, c]. The group rubric (each

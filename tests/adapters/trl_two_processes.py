@@ -9,6 +9,13 @@ sampler gives process 0 prompts ``[a, a, b]`` and process 1 ``[b, c, c]``, so gr
 split between them. At the second step process 0's ``b`` sample fails (a tool backend lost).
 Each process writes what its rollout_func got and returned to ``OUT_DIR/rank<k>.json``.
 
+``python trl_two_processes.py OUT_DIR lockstep``: one GRPO step through :class:`TRLRollout` with
+the trainer's own generation, which here does what TRL's vLLM server mode does: every call
+gathers every process's prompts (a collective call) and hands each process the slice at
+``process_index * len(prompts)``. Process 0's episodes make two calculator calls before answering,
+process 1's answer at once. Each process writes its generation calls' prompt counts and its
+episodes to ``OUT_DIR/lockstep<k>.json``.
+
 ``python trl_two_processes.py OUT_DIR environment_factory``: one GRPO step through
 :func:`trl_environment` (Math-v0, a group rubric that scores each member with its group's size
 and notes the tasks it saw), the same batch layout (group ``b`` split). Each process writes what
@@ -34,6 +41,8 @@ def main(out_dir: str, mode: str = "rollout") -> None:
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
     if mode == "environment_factory":
         environment_factory(out_dir, rank)
+    elif mode == "lockstep":
+        lockstep(out_dir, rank)
     else:
         rollout_func(out_dir, rank)
     dist.destroy_process_group()
@@ -75,6 +84,56 @@ def environment_factory(out_dir: str, rank: int) -> None:
     direct = Env.reward([[] for _ in trainer.environments], environments=trainer.environments)
     Path(out_dir, f"env{rank}.json").write_text(json.dumps({"calls": calls, "groups": trained,
                                                             "direct": direct, "direct_groups": groups}))
+
+
+def lockstep(out_dir: str, rank: int) -> None:
+    from accelerate.utils import broadcast_object_list, gather_object
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout
+    from benchmax_gym.testing.tokenizers import model_ids, tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen")
+    counts, turns = [], []
+    calculator = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 2"}}</tool_call>'
+
+    def reply(ids):  # this process's policy: on process 0, two calculator calls and then an answer
+        sessions = [s for pool in rollout._sessions.values() for s in pool if s.input_ids == ids]
+        if not sessions:  # not one of this process's episodes
+            return [tokenizer.eos_token_id]
+        done = len(sessions[0].episode.turn_rewards)
+        return model_ids(sessions[0].chat, calculator if rank == 0 and done < 2 else "<answer>4</answer>")
+
+    def server_mode(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        counts.append(len(prompt_ids))
+        everyone = gather_object([(rank, [list(p) for p in prompt_ids])])
+        answers = [None]
+        broadcast_object_list(answers, from_process=0)  # (process 0 would answer every prompt here)
+        sizes = {len(prompts) for _, prompts in everyone}
+        mine = [reply(list(p)) for p in prompt_ids]
+        if len(sizes) > 1:  # vLLM's server mode would hand this process another process's replies
+            mine = [[tokenizer.eos_token_id]] * len(prompt_ids)
+        return mine, None
+
+    class Recorded(TRLRollout):
+        def __call__(self, prompts, trainer):
+            out = super().__call__(prompts, trainer)
+            pool = [s for p in self._sessions.values() for s in p]
+            turns.append([{"turns": len(s.episode.turn_rewards), "outcome": s.episode.outcome,
+                           "reward": s.episode.reward} for s in pool])
+            return out
+
+    rollout = Recorded("benchmax/Math-v0", tokenizer, max_workers=2)
+    output_dir = tempfile.mkdtemp(prefix=f"benchmax-trl-lockstep{rank}-", dir=out_dir)
+    args = GRPOConfig(output_dir=output_dir, per_device_train_batch_size=3, num_generations=2,
+                      max_completion_length=2048, max_steps=1, report_to=[], use_cpu=True, logging_steps=1,
+                      save_strategy="no", dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=tiny_model(tokenizer), reward_funcs=rollout.reward, args=args,
+                          train_dataset=rollout.dataset(6), rollout_func=rollout, processing_class=tokenizer)
+    trainer._generate_single_turn = server_mode
+    trainer.train()
+    rollout.close()
+    Path(out_dir, f"lockstep{rank}.json").write_text(json.dumps({"counts": counts, "episodes": turns}))
 
 
 def rollout_func(out_dir: str, rank: int) -> None:

@@ -331,6 +331,9 @@ def test_same_step_mode_faults_return_fresh_observations():
     obs, rewards, terminated, truncated, info = envs.step(["a", "end"])
     assert truncated[0] and obs[0].startswith("start ") and "worker_restarted" in info["final_info"]["error"][0]
     assert info["final_info"]["outcome"][0] == "env_error" and np.isnan(rewards[0]) and not info["scored"][0]
+    # why the episode failed goes with the episode that ended (final_info), not the fresh one's info
+    assert info["final_info"]["outcome_detail"][0].startswith("its worker was restarted:")
+    assert info["final_info"]["_outcome_detail"].tolist() == [True, False] and "outcome_detail" not in info
     assert terminated[1] and obs[1].startswith("start ") and info["final_obs"][1] == "echo end 1"
     envs.close()
 
@@ -956,6 +959,8 @@ def test_same_step_keeps_an_episodes_result_when_its_reset_or_its_restart_fails(
     assert info["final_info"]["count"][0] == 1 and info["_final_info"][0]  # the ended episode, as it ended
     assert "the task server is down" in info["error"][0]  # its autoreset's failure
     assert "the tool exploded" in info["final_info"]["error"][1]  # the step's own error is the one its episode ends with
+    assert info["final_info"]["outcome_detail"][1].startswith("the env raised")
+    assert "the tool exploded" in info["final_info"]["outcome_detail"][1]
     assert "the task server is down" in info["error"][1]
     envs.close()
 
