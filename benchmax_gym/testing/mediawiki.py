@@ -6,8 +6,10 @@ It answers, on 127.0.0.1, the requests that ``wikipedia-api`` and the live backe
 ``list=search`` (the corpus's FTS5 index, snippets marked up as MediaWiki does), following
 ``redirects=1`` and reporting ``normalized`` titles and missing pages the way Wikipedia does.
 It records every request (``requests``) and can be told to fail the next ones with given statuses
-(``fail_next``) or to stall before answering (``stall_next``, seconds), so retries, backoff,
-timeouts and caching are tested against a real HTTP exchange.
+(``fail_next``: ``(status, headers)`` or ``(status, headers, error code)``; with 200 that is
+MediaWiki's error answer, ``{"error": {...}}`` marked ``MediaWiki-API-Error``) or to stall
+before answering (``stall_next``, seconds), so retries, backoff, timeouts and caching are tested
+against a real HTTP exchange.
 
 Example::
 
@@ -41,7 +43,7 @@ class MediaWikiStub:
         self.index = CorpusIndex.in_memory(self.records, "stub")
         self.requests: list[dict[str, str]] = []
         self.user_agents: list[str] = []
-        self.fail_next: list[tuple[int, dict[str, str]]] = []  # (status, headers) for the next requests
+        self.fail_next: list[tuple] = []  # (status, headers[, error code]) for the next requests
         self.stall_next: list[float] = []  # seconds to wait before answering the next requests
         self._lock = threading.Lock()
         self.closed = False
@@ -152,8 +154,9 @@ class MediaWikiStub:
                 if stub.closed:
                     return
                 if failure is not None:
-                    status, headers = failure
-                    return self._send(status, {"error": {"code": "failure", "info": f"HTTP {status}"}}, headers)
+                    status, headers, *code = failure
+                    error = {"code": code[0] if code else "failure", "info": f"HTTP {status}"}
+                    return self._send(status, {"error": error}, headers)
                 self._send(200, stub.answer(params))
 
             def _send(self, status: int, body: dict, headers: Mapping[str, str] | None = None):
@@ -161,6 +164,8 @@ class MediaWikiStub:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=utf-8")
                 self.send_header("Content-Length", str(len(data)))
+                if "error" in body:  # as MediaWiki marks its error answers
+                    self.send_header("MediaWiki-API-Error", body["error"]["code"])
                 for k, v in (headers or {}).items():
                     self.send_header(k, v)
                 self.end_headers()

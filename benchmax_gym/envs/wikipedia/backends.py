@@ -41,7 +41,7 @@ from benchmax_gym.core.cache import cache_root
 from benchmax_gym.core.checks import int_between, number_between, optional, positive_number, text
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.outcomes import TOOL_UNAVAILABLE
-from benchmax_gym.core.tools import ToolFailure
+from benchmax_gym.core.tools import ToolError, ToolFailure
 
 USER_AGENT = "benchmax-gym/0.1 (https://github.com/benchmax-gym; multi-hop search QA environment)"
 DISAMBIGUATION_CATEGORIES = "Category:All disambiguation pages|Category:Disambiguation pages"
@@ -264,22 +264,43 @@ class CorpusBackend:
 
 
 _DECODED_AWAY = (b"content-encoding", b"content-length", b"transfer-encoding")  # the body is kept decoded
+#: MediaWiki error codes that are the server's trouble, not the request's (``internal_api_error_*`` too)
+SERVER_TROUBLE = ("maxlag", "ratelimited", "readonly", "internal_api_error")
+
+
+def api_error(headers: httpx.Headers, content: bytes) -> dict | None:
+    """MediaWiki's error answer (``{"error": {code, info}}``, sent with HTTP 200 and a
+    ``MediaWiki-API-Error`` header), or None for any other body."""
+    if "mediawiki-api-error" not in headers and not content.lstrip().startswith(b'{"error"'):
+        return None
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error if isinstance(error, dict) else None
 
 
 class CachingTransport(httpx.BaseTransport):
-    """An httpx transport that remembers successful GET answers (LRU, ``max_entries``) and, when
-    ``api_url`` is set, sends every request there instead of ``{lang}.wikipedia.org``.
+    """An httpx transport that remembers successful GET answers (LRU, at most ``max_entries``
+    answers and ``max_bytes`` of bodies: a model reading long articles cannot fill the memory)
+    and, when ``api_url`` is set, sends every request there instead of ``{lang}.wikipedia.org``.
 
-    Only 200 answers are kept, so a 429 or 5xx is retried by the client, never replayed.
-    ``sent`` counts the requests that reached the network.
+    Only 200 answers are kept, so a 429 or 5xx is retried by the client, never replayed. A
+    MediaWiki error answer (HTTP 200 with ``{"error": ...}``) is never kept either: one the server
+    caused (:data:`SERVER_TROUBLE`: lag, rate limit, read-only, internal error) is handed on as a
+    503, retried with backoff and then a :class:`ToolFailure`; any other (the request's fault) is
+    a :class:`ToolError` with the server's message. ``sent`` counts the requests that reached the
+    network.
     """
 
     def __init__(self, inner: httpx.BaseTransport | None = None, *, api_url: str | None = None,
-                 max_entries: int = 4096):
+                 max_entries: int = 4096, max_bytes: int = 256 << 20):
         self.inner = inner or httpx.HTTPTransport()
         self.api_url = httpx.URL(api_url) if api_url else None
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.sent = 0
+        self.cached_bytes = 0
         self._cache: OrderedDict[str, tuple[list[tuple[bytes, bytes]], bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -302,12 +323,21 @@ class CachingTransport(httpx.BaseTransport):
         content = response.read()
         response.close()
         headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DECODED_AWAY]
-        if key and response.status_code == 200:
+        status = response.status_code
+        error = api_error(response.headers, content) if status == 200 else None
+        if error is not None:
+            code = str(error.get("code", ""))
+            if not code.startswith(SERVER_TROUBLE):
+                raise ToolError(f"Wikipedia refused the request: {error.get('info') or code}")
+            status = 503
+        if key and status == 200 and len(content) <= self.max_bytes:
             with self._lock:
-                self._cache[key] = (headers, content)
-                while len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
-        return httpx.Response(response.status_code, headers=headers, content=content, request=request)
+                if key not in self._cache:
+                    self._cache[key] = (headers, content)
+                    self.cached_bytes += len(content)
+                while len(self._cache) > self.max_entries or self.cached_bytes > self.max_bytes:
+                    self.cached_bytes -= len(self._cache.popitem(last=False)[1][1])
+        return httpx.Response(status, headers=headers, content=content, request=request)
 
     def close(self) -> None:
         self.inner.close()
@@ -345,6 +375,8 @@ class LiveBackend:
         return [SearchHit(title, _plain(page.search_meta.snippet)) for title, page in results.pages.items()][:limit]
 
     def article(self, title: str) -> Article | None:
+        if "|" in title:  # no title holds one; the API reads it as several titles, one answer
+            return None
         page = self.wiki.page(title)
         try:
             summary = page.summary  # one prop=extracts request; sets pageid (negative when missing)

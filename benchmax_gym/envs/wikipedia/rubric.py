@@ -6,7 +6,9 @@ the gold are normalised as in SQuAD (lower-case, punctuation and the articles a/
 white space collapsed); ``em`` is equality, ``f1`` the token-overlap F1, except that when either
 side is ``yes``, ``no`` or ``noanswer`` and they differ F1 is 0 (so "no" never earns credit
 against "yes, ..."). A gold given as a list of aliases scores the best of them. An answer with
-no words left after normalisation scores 0 (else ``<answer></answer>`` matched a gold such as "The").
+no words scores 0 (HotpotQA's script gives ``<answer></answer>`` EM 1 against a gold such as "The"),
+and a gold of only articles (the band "The The") keeps them on both sides: there the script scores
+every wordless answer EM 1 and the right one F1 0.
 """
 
 from __future__ import annotations
@@ -24,19 +26,27 @@ _SPECIAL = ("yes", "no", "noanswer")
 MAX_ANSWER_CHARS = 1_000
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse white space."""
+def normalize_answer(text: str, keep_articles: bool = False) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles (unless ``keep_articles``),
+    collapse white space."""
     text = str(text).lower().translate(_PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
+    return " ".join((text if keep_articles else _ARTICLES.sub(" ", text)).split())
+
+
+def _normalized(prediction: str, gold: str) -> tuple[str, str]:
+    """Both normalised; with the articles kept where the gold is nothing else ("The The")."""
+    keep = not normalize_answer(gold)
+    return normalize_answer(prediction, keep), normalize_answer(gold, keep)
 
 
 def exact_match(prediction: str, gold: str) -> float:
-    return float(normalize_answer(prediction) == normalize_answer(gold))
+    pred, truth = _normalized(prediction, gold)
+    return float(pred == truth)
 
 
 def f1_score(prediction: str, gold: str) -> float:
     """Token F1 with HotpotQA's rule for yes/no/noanswer."""
-    pred, truth = normalize_answer(prediction), normalize_answer(gold)
+    pred, truth = _normalized(prediction, gold)
     if (pred in _SPECIAL or truth in _SPECIAL) and pred != truth:
         return 0.0
     pred_tokens, truth_tokens = pred.split(), truth.split()
@@ -56,8 +66,8 @@ def _golds(answer: str | Sequence[str]) -> list[str]:
 
 def _best(metric, completion: str, answer) -> float:
     prediction = final_answer(completion)
-    if prediction is None or len(prediction) > MAX_ANSWER_CHARS or not normalize_answer(prediction):
-        return 0.0  # no answer; an empty one (or "the") is no answer either, whatever the gold
+    if prediction is None or len(prediction) > MAX_ANSWER_CHARS or not normalize_answer(prediction, True):
+        return 0.0  # no answer; an empty one (or ".") is no answer either, whatever the gold
     return max(metric(prediction, gold) for gold in _golds(answer))
 
 

@@ -31,6 +31,7 @@ from benchmax_gym.core.sources import GeneratedSource, SourceConfig
 from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task
 from benchmax_gym.envs.wikipedia.backends import corpus_key
 from benchmax_gym.envs.wikipedia.encyclopedia import Encyclopedia
+from benchmax_gym.envs.wikipedia.rubric import normalize_answer
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def hotpotqa_tasks(path: str | os.PathLike, *, limit: int | None = None) -> List
             raise ValueError(f"dataset {str(path)!r}: record {i} lacks HotpotQA field(s) {missing}")
         supporting = list(dict.fromkeys(str(title) for title, _ in r["supporting_facts"]))
         tasks.append(Task(
-            id=str(r.get("_id") or f"hotpotqa-{i}"), prompt=str(r["question"]), answer=str(r["answer"]),
+            id=str(r.get("_id") or f"hotpotqa-{i}"), prompt=str(r["question"]), answer=_gold(r["answer"], path, i),
             solution={"supporting": supporting},
             metadata={"source": "hotpotqa", "type": r.get("type"), "level": r.get("level")},
         ))
@@ -180,13 +181,19 @@ def bamboogle_tasks(path: str | os.PathLike, *, limit: int | None = None) -> Lis
 
 def _gold(answer: Any, path: str | os.PathLike, i: int) -> str | list[str]:
     """An answer as the rubric compares it: text, or a non-empty list of aliases (a number in
-    the file, ``"Answer": 1875``, is its text: graded as it was, the right answer scored 0)."""
+    the file, ``"Answer": 1875``, is its text: graded as it was, the right answer scored 0).
+    A null answer stays None, which the environment refuses naming the task (as text it was the
+    gold "None"); one with no words to compare (".") is refused here: every reply scored 0."""
     if isinstance(answer, (list, tuple)):
-        aliases = [str(a) for a in answer if a is not None and str(a).strip()]
+        aliases = [str(a) for a in answer if a is not None and normalize_answer(str(a), keep_articles=True)]
         if not aliases:
             raise ValueError(f"dataset {str(path)!r}: record {i} has no answer (got {answer!r})")
         return aliases
-    return answer if answer is None else str(answer)
+    if answer is None or not str(answer).strip():
+        return answer
+    if not normalize_answer(str(answer), keep_articles=True):
+        raise ValueError(f"dataset {str(path)!r}: record {i} has no words in its answer {answer!r} to grade")
+    return str(answer)
 
 
 def load_corpus(path: str | os.PathLike) -> tuple[list[dict[str, str]], str]:

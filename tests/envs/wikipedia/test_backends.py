@@ -7,11 +7,14 @@ import sqlite3
 import time
 
 import gymnasium as gym
+import httpx
 import pytest
 
 import benchmax_gym  # noqa: F401
 from benchmax_gym.core.tasks import ListTasks, Task
-from benchmax_gym.envs.wikipedia.backends import CorpusBackend, CorpusIndex, LiveBackend, fts_query, parse_article
+from benchmax_gym.envs.wikipedia.backends import (
+    CachingTransport, CorpusBackend, CorpusIndex, LiveBackend, fts_query, parse_article,
+)
 from benchmax_gym.envs.wikipedia.tasks import bamboogle_tasks, load_corpus
 from benchmax_gym.testing import play
 
@@ -203,3 +206,61 @@ def test_bamboogle_numbers_are_graded_as_text_and_empty_aliases_refused(tmp_path
     path.write_text(json.dumps({"Question": "When was Vorsa founded?", "Answer": []}) + "\n")
     with pytest.raises(ValueError, match="record 0 has no answer"):
         bamboogle_tasks(path)
+
+
+def test_a_mediawiki_error_answer_is_never_cached_nor_graded_as_the_models(mediawiki):
+    """MediaWiki says "lagged", "read-only" or "internal error" with HTTP 200 and ``{"error": ...}``:
+    it once became "No results" (search) or a KeyError tool error (get_article), both scored, and
+    was cached, so that request failed for the rest of the environment's life."""
+    env = live_env(mediawiki, backend_args={"max_retries": 1, "retry_wait": 0.01})
+    env.reset(seed=0)
+    mediawiki.fail_next = [(200, {}, "maxlag")]  # one lagged answer: retried, then the real one
+    obs, info = call(env, "search", query="Limmat")
+    assert info["error"] is None and "Zürich" in obs
+    mediawiki.fail_next = [(200, {}, "readonly"), (200, {}, "internal_api_error_DBQueryError")]
+    obs, reward, _, truncated, info = env.step(env.unwrapped.format.render_calls([("get_article", {"title": "Zürich"})]))
+    assert info["outcome"] == "tool_unavailable" and math.isnan(reward) and truncated
+    env.reset(seed=0)
+    sent = mediawiki.count(prop="extracts", titles="Zürich")
+    obs, info = call(env, "get_article", title="Zürich")  # asked again: the error was not kept
+    assert info["error"] is None and "Limmat" in obs and mediawiki.count(prop="extracts", titles="Zürich") == sent + 1
+    mediawiki.fail_next = [(200, {}, "badvalue")]  # an error of the request itself: the model sees it
+    obs, info = call(env, "search", query="closest planet")
+    assert info["error"] == "tool_error" and "Wikipedia refused the request" in obs
+    obs, info = call(env, "search", query="closest planet")
+    assert info["error"] is None and "Mercury (planet)" in obs
+    env.close()
+
+
+def test_a_live_title_with_a_pipe_is_no_article(mediawiki):
+    """``|`` separates titles in the API: "A|B" read A under a made-up redirect from "A|B"."""
+    env = live_env(mediawiki)
+    env.reset(seed=0)
+    obs, info = call(env, "get_article", title="Mercury (planet)|Zürich")
+    assert info["error"] == "tool_error" and "no article titled" in obs and "Redirected" not in obs
+    assert mediawiki.count(titles="Mercury (planet)|Zürich") == 0
+    env.close()
+
+
+def test_the_response_cache_is_bounded_in_bytes(mediawiki, world):
+    """Long articles, each kept whole: 4,096 of them once had no bound on their bytes."""
+    transport = CachingTransport(api_url=mediawiki.api_url, max_bytes=5_000)
+    fetched = 0
+    with httpx.Client(transport=transport) as client:
+        for person in world.people[:40]:
+            params = {"action": "query", "prop": "extracts", "titles": person.title}
+            fetched += len(client.get("https://en.wikipedia.org/w/api.php", params=params).content)
+    assert fetched > 10_000 and 0 < transport.cached_bytes <= 5_000
+    assert transport.cached_bytes == sum(len(body) for _, body in transport._cache.values())
+
+
+@pytest.mark.parametrize("answer, says", [(None, "has no answer"), (".", "no words"), (["-", "?"], "has no answer")])
+def test_an_ungradable_gold_is_refused_at_make(tmp_path, answer, says):
+    """A HotpotQA record with ``"answer": null`` once became the gold "None", so that
+    ``<answer>None</answer>`` scored 1; a gold with no words made every reply score 0."""
+    path = tmp_path / "hotpot.json"
+    record = {"_id": "x", "question": "When was Vorsa founded?", "answer": answer,
+              "supporting_facts": [["Vorsa", 0]], "context": [["Vorsa", ["Vorsa was founded in 1875."]]]}
+    path.write_text(json.dumps([record]))
+    with pytest.raises(ValueError, match=says):
+        gym.make("benchmax/Wikipedia-v0", tasks="hotpotqa", task_args={"dataset": str(path)})

@@ -63,9 +63,18 @@ def test_components_from_completions():
 
 @pytest.mark.parametrize("gold", ["The", "a", "An!", ["the", "Paris"]])
 def test_an_empty_answer_never_scores_even_against_a_gold_of_only_articles(gold):
-    for reply in ("<answer></answer>", "<answer>the</answer>", "<answer> . </answer>"):
+    for reply in ("<answer></answer>", "<answer> . </answer>", "<answer>-</answer>"):
         assert em(reply, gold) == 0.0 and f1(reply, gold) == 0.0, (reply, gold)
     assert em("<answer>Paris</answer>", ["the", "Paris"]) == 1.0
+
+
+def test_a_gold_of_only_articles_is_graded_with_them():
+    """HotpotQA's script normalises "The The" (the band) to nothing: the right answer scored 0
+    here (and F1 0 there), while any wordless answer got EM 1 there."""
+    assert em("<answer>The The</answer>", "The The") == 1.0 and f1("<answer>the the.</answer>", "The The") == 1.0
+    assert em("<answer>The</answer>", "The The") == 0.0 and 0 < f1("<answer>The</answer>", "The The") < 1
+    assert em("<answer>A</answer>", "a") == 1.0 and em("<answer>the</answer>", "A") == 0.0
+    assert em("<answer>the Paris</answer>", "Paris") == 1.0  # elsewhere the articles still go
 
 
 def test_a_numeric_gold_is_graded_as_its_text():
