@@ -4,7 +4,8 @@
 (``.txt``: titled by the file name), Markdown (``.md``: its first ``#`` heading, else the file
 name), HTML (``.html``/``.htm``: ``<title>``, else the first ``<h1>``; scripts and styles dropped)
 and JSON Lines or JSON arrays of ``{title, text}`` (a HotpotQA file too); PDF when the ``pdf``
-extra (``pypdf``) is installed. Sub-headings become ``== Heading ==`` lines, the section
+extra (``pypdf``) is installed. Text is UTF-8 (or UTF-16 with its byte-order mark); a file in
+another encoding is refused naming it. Sub-headings become ``== Heading ==`` lines, the section
 convention of the Wikipedia family's backend, so ``get_article`` can read a section at a time.
 A title seen twice gets `` (2)``, `` (3)``...: the index keeps one article per title.
 
@@ -47,6 +48,8 @@ class Chunk:
 def document_files(path: str | os.PathLike) -> list[Path]:
     """The documents under ``path`` (itself when a file), in name order; hidden files skipped."""
     root = Path(path)
+    if root.exists() and not root.is_file() and not root.is_dir():  # a FIFO or a device: never opened
+        raise ValueError(f"DOCS {str(path)!r}: not a regular file or folder")
     if root.is_file():
         if root.suffix.lower() not in SUFFIXES:
             raise ValueError(f"DOCS {str(path)!r}: not a document this reads ({', '.join(SUFFIXES)})")
@@ -94,11 +97,14 @@ def _read(file: Path) -> list[Document]:
     if suffix in JSON_SUFFIXES:
         from benchmax_gym.envs.wikipedia.tasks import load_corpus
 
-        records, _ = load_corpus(file)
+        try:
+            records, _ = load_corpus(file)
+        except RecursionError:  # json.loads of a hostile or broken file
+            raise ValueError(f"{file}: JSON nested too deeply to read") from None
         return [Document(r["title"], r["text"], str(file)) for r in records]
     if suffix == ".pdf":
         return [Document(_stem_title(file), _pdf_text(file), str(file))]
-    raw = file.read_text(encoding="utf-8", errors="replace")
+    raw = _decode(file)
     if suffix in MARKDOWN_SUFFIXES:
         title, text = _markdown(raw)
     elif suffix in HTML_SUFFIXES:
@@ -106,6 +112,20 @@ def _read(file: Path) -> list[Document]:
     else:
         title, text = None, raw
     return [Document(title or _stem_title(file), text.strip(), str(file))]
+
+
+def _decode(file: Path) -> str:
+    """``file``'s text: UTF-8 (a byte-order mark dropped: it hid a Markdown title), or UTF-16 with
+    its byte-order mark. Anything else is refused naming the byte: decoded with replacement
+    characters, its words went into the index and the questions silently garbled."""
+    data = file.read_bytes()
+    try:
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            return data.decode("utf-16")
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{file}: not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
+                         "save it as UTF-8") from None
 
 
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
@@ -213,9 +233,22 @@ def sentences(text: str) -> list[str]:
     return out
 
 
+def _cut(sentence: str, limit: int) -> list[str]:
+    """``sentence`` in parts of at most ``limit`` characters, cut at spaces (anywhere when there
+    are none): a text without sentence ends (a log, a table) was one chunk of any size."""
+    parts, start = [], 0
+    while len(sentence) - start > limit:
+        cut = sentence.rfind(" ", start + 1, start + limit + 1)
+        cut = cut if cut > start else start + limit
+        parts.append(sentence[start:cut].strip())
+        start = cut
+    return parts + [sentence[start:].strip()]
+
+
 def chunk_document(doc: Document, chunk_chars: int = 1200) -> list[Chunk]:
     """Paragraphs of ``doc`` grouped into passages of about ``chunk_chars`` characters (a heading
-    stays with what follows it; a longer paragraph is split between sentences)."""
+    stays with what follows it; a longer paragraph is split between sentences, a longer sentence
+    between words)."""
     if chunk_chars < 200:
         raise ValueError(f"chunk_chars must be at least 200, got {chunk_chars}")
     pieces: list[str] = []
@@ -227,7 +260,7 @@ def chunk_document(doc: Document, chunk_chars: int = 1200) -> list[Chunk]:
             pieces.append(paragraph)
             continue
         current = ""
-        for sentence in sentences(paragraph):
+        for sentence in (part for s in sentences(paragraph) for part in _cut(s, chunk_chars)):
             if current and len(current) + len(sentence) + 1 > chunk_chars:
                 pieces.append(current)
                 current = ""

@@ -46,7 +46,7 @@ def _hf_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
                 if isinstance(function.get("arguments"), str):
                     try:
                         function["arguments"] = json.loads(function["arguments"])
-                    except ValueError:
+                    except (ValueError, RecursionError):  # kept as text, as chat_messages("hf") keeps it
                         pass
                 calls.append({"type": "function", "function": function, **({"id": c["id"]} if c.get("id") else {})})
             m["tool_calls"] = calls

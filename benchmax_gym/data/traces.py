@@ -71,33 +71,55 @@ def trace_files(logs: str | os.PathLike) -> list[Path]:
         if not files:
             raise ValueError(f"LOGS {str(logs)!r}: no .jsonl or .json files in the folder")
         return files
+    if path.exists() and not path.is_file():  # a FIFO or a device: never opened (a FIFO would block)
+        raise ValueError(f"LOGS {str(logs)!r}: not a regular file or folder")
     if not path.is_file():
         raise FileNotFoundError(f"LOGS {str(logs)!r}: no such file or folder")
     return [path]
 
 
+class Unreadable(str):
+    """Why a trace line (or ``.json`` file) could not be read: yielded in place of its record."""
+
+
+_BOM = b"\xef\xbb\xbf"  # (editors on Windows write one; json.loads refuses it in text)
+
+
+def _parse(data: bytes) -> Any:
+    """The JSON value in ``data``, or an :class:`Unreadable` saying why not."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Unreadable(f"not UTF-8 text (byte {exc.start} of the line); save the file as UTF-8")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        return Unreadable(f"not JSON ({exc})")
+    except RecursionError:  # a hostile or broken log must not end the command
+        return Unreadable("JSON nested too deeply to read")
+
+
 def read_traces(logs: str | os.PathLike) -> Iterator[tuple[str, Any]]:
-    """``(where, record)`` for each line of each trace file (``where`` is ``file:line``); a line
-    that is not JSON is yielded as ``None`` (reported, not fatal)."""
+    """``(where, record)`` for each line of each trace file (``where`` is ``file:line``, the file
+    relative to a LOGS folder); a line that cannot be read (not UTF-8, not JSON) is yielded as an
+    :class:`Unreadable` saying why (reported, not fatal)."""
+    root = Path(logs)
     for file in trace_files(logs):
+        name = file.relative_to(root).as_posix() if root.is_dir() else file.name
         if file.suffix == ".json":  # a JSON array of traces (or one trace)
-            try:
-                data = json.loads(file.read_text(encoding="utf-8"))
-            except ValueError:
-                data = None
-            if data is not None:
+            data = _parse(file.read_bytes().removeprefix(_BOM))
+            if not isinstance(data, Unreadable):
                 items = data if isinstance(data, list) and not (data and isinstance(data[0], dict)
                                                                 and "role" in data[0]) else [data]
                 for i, item in enumerate(items, 1):
-                    yield f"{file.name}[{i}]", item
+                    yield f"{name}[{i}]", item
                 continue
-        with open(file, encoding="utf-8") as f:
+        with open(file, "rb") as f:
             for number, line in enumerate(f, 1):
+                if number == 1:
+                    line = line.removeprefix(_BOM)
                 if line.strip():
-                    try:
-                        yield f"{file.name}:{number}", json.loads(line)
-                    except ValueError:
-                        yield f"{file.name}:{number}", None
+                    yield f"{name}:{number}", _parse(line)
 
 
 def conversation(record: Any) -> list[dict[str, Any]] | None:
@@ -182,7 +204,7 @@ def _calls(message: dict[str, Any], env: Any, turn: int) -> list[tuple[str, Any]
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass  # kept as text: reported as invalid
         calls.append((str(function.get("name") or ""), arguments))
     if not calls and isinstance(message.get("content"), str) and env is not None:
@@ -262,7 +284,7 @@ def tasks_from_traces(logs: str | os.PathLike, env: Any, *, keep: str = "all", t
         messages = conversation(record)
         if not messages or not all(isinstance(m, dict) for m in messages):
             report.skipped["not a chat trace"] += 1
-            report.problem(where, "not a chat trace (no messages)")
+            report.problem(where, record if isinstance(record, Unreadable) else "not a chat trace (no messages)")
             continue
         bad = check_calls(messages, env, where, report)
         if not trusted(record):

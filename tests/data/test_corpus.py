@@ -209,3 +209,54 @@ def test_a_suffixed_title_never_collides_with_another_documents_own(tmp_path):
         (tmp_path / name).write_text(f"# {title}\n\nText of {name}.\n")
     titles = [d.title for d in load_documents(tmp_path)]
     assert len(set(titles)) == 3 and titles[:2] == ["X", "X (2)"]
+
+
+def test_byte_order_marks_and_crlf_are_read_as_the_text_they_mark(tmp_path):
+    """A UTF-8 byte-order mark hid a Markdown file's ``# Title`` (the file name became the title,
+    the mark and the heading stayed in the text); UTF-16 with its mark was read as noise."""
+    (tmp_path / "notes.md").write_bytes("# Kesh Delta\r\n\r\nThe delta was mapped in 1822.\r\n".encode("utf-8-sig"))
+    (tmp_path / "wide.txt").write_bytes("The Orrin mill opened in 1870.".encode("utf-16"))
+    docs = {d.title: d.text for d in load_documents(tmp_path)}
+    assert docs == {"Kesh Delta": "The delta was mapped in 1822.", "wide": "The Orrin mill opened in 1870."}
+
+
+@pytest.mark.parametrize("name, content, says", [
+    # decoded with replacement characters, "café" went into the index and the questions as "caf\ufffd"
+    ("latin1.txt", "The café opened in 1901.".encode("latin-1"), r"latin1\.txt: not UTF-8 text \(byte 7: b'\\xe9'\)"),
+    # json.loads' RecursionError ended the command with a traceback
+    ("deep.json", b"[" * 100_000 + b"]" * 100_000, r"deep\.json: JSON nested too deeply"),
+])
+def test_an_unreadable_document_is_refused_naming_the_file(tmp_path, capsys, name, content, says):
+    (tmp_path / "good.md").write_text("# Good\n\nThe good document was written in 1999.\n")
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=says):
+        load_documents(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "from-corpus", str(tmp_path), "--out", str(tmp_path / "t.jsonl"), "--quiet"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and name in err and "Traceback" not in err
+
+
+def test_a_fifo_as_docs_is_refused_without_opening_it(tmp_path):
+    """(It was called "no such file or folder".)"""
+    import os
+
+    os.mkfifo(tmp_path / "docs.md")
+    with pytest.raises(ValueError, match="not a regular file or folder"):
+        load_documents(tmp_path / "docs.md")
+
+
+def test_a_text_without_sentence_ends_is_still_chunked_to_size(tmp_path):
+    """A log or a table (no ". X" anywhere) was one chunk however long: 100,000 characters for
+    chunk_chars=1200, the whole of it in one model prompt."""
+    words = " ".join(f"reading{i}" for i in range(10_000))
+    chunks = chunk_document(load_documents_from(tmp_path, words)[0], 1200)
+    assert max(len(c.text) for c in chunks) <= 1200
+    assert " ".join(c.text for c in chunks) == words  # nothing lost, every word whole
+    unbroken = "x" * 5000  # (no space at all: cut anyway)
+    assert [len(c.text) for c in chunk_document(load_documents_from(tmp_path, unbroken)[0], 1200)] == [1200] * 4 + [200]
+
+
+def load_documents_from(folder, text):
+    (folder / "doc.txt").write_text(text)
+    return load_documents(folder / "doc.txt")

@@ -105,3 +105,22 @@ def test_a_malformed_transcript_is_left_out_and_counted_not_a_crash(tmp_path, ca
     assert main(["export-sft", str(episodes), "--out", str(out), "--env-arg", "python_tool=false", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["exported"] == 1 and summary["left_out"] == {"malformed transcript": 3}
+
+
+def test_tool_call_arguments_nested_too_deeply_are_kept_as_text_not_a_crash(tmp_path, capsys):
+    """A foreign log's call whose ``arguments`` JSON nests past Python's recursion limit ended the
+    export with a RecursionError; it is kept as the text it was (what ``chat_messages("hf")`` does
+    with arguments that do not parse), the row after it exported too."""
+    deep = "[" * 100_000 + "]" * 100_000
+    call = {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": deep}}
+    record = {"env_id": ENV, "outcome": "scored", "reward": 1.0, "task_id": "t",
+              "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                           {"role": "tool", "tool_call_id": "c1", "name": "calculator", "content": "Error"},
+                           {"role": "assistant", "content": "\\boxed{1}"}]}
+    episodes = tmp_path / "episodes.jsonl"
+    episodes.write_text(json.dumps(record) + "\n" + json.dumps({**record, "task_id": "u"}) + "\n")
+    out = tmp_path / "sft.jsonl"
+    assert main(["export-sft", str(episodes), "--out", str(out), "--env-arg", "python_tool=false", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["exported"] == 2
+    rows = [json.loads(line) for line in open(out)]
+    assert [r["messages"][1]["tool_calls"][0]["function"]["arguments"] for r in rows] == [deep, deep]

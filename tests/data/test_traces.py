@@ -170,3 +170,49 @@ def test_a_blank_answer_field_is_no_reference(tmp_path, capsys):
                                "--answer-field", "gold")
     assert code == 0 and report["kept"] == 1 and report["skipped"] == {"no reference answer": 2}
     assert [t.answer for t in load_tasks(tmp_path / "t.jsonl").tasks] == ["5"]
+
+
+def test_a_byte_order_mark_loses_no_trace(tmp_path, capsys):
+    """A file saved with a UTF-8 byte-order mark (Windows editors) lost its first trace (JSON Lines)
+    or all of them (a JSON array), each counted as "not a chat trace"."""
+    trace = {"messages": CONVERSATION[1:5], "reward": 1.0}
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "lines.jsonl").write_text(f"{json.dumps(trace)}\r\n{json.dumps(trace)}\r\n", encoding="utf-8-sig")
+    (tmp_path / "logs" / "array.json").write_text(json.dumps([trace, trace]), encoding="utf-8-sig")
+    code, report = from_traces(capsys, str(tmp_path / "logs"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
+    assert code == 0 and report["traces"] == 4 and report["kept"] == 4 and report["skipped"] == {}
+
+
+def test_an_unreadable_line_is_reported_with_its_file_line_and_why_and_the_rest_still_read(tmp_path, capsys):
+    """A line in another encoding was a UnicodeDecodeError naming no file; JSON nested past Python's
+    recursion limit (a line, or a tool call's arguments) a RecursionError traceback; both ended the
+    command. Two logs of the same name in different folders are told apart."""
+    good = json.dumps({"messages": CONVERSATION[1:5], "reward": 1.0}).encode()
+    deep_arguments = "{\"expression\": " + "[" * 100_000 + "]" * 100_000 + "}"
+    hostile = {"messages": [CONVERSATION[1], {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": deep_arguments}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "?"}, {"role": "user", "content": "Just answer."},
+        {"role": "assistant", "content": "\\boxed{5}"}], "reward": 1.0}
+    for folder in ("monday", "tuesday"):
+        (tmp_path / "logs" / folder).mkdir(parents=True)
+    latin = b'{"messages": [{"role": "user", "content": "caf'
+    (tmp_path / "logs" / "monday" / "log.jsonl").write_bytes(
+        latin + b'\xe9?"}]}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n" + good + b"\n")
+    (tmp_path / "logs" / "tuesday" / "log.jsonl").write_text(json.dumps(hostile) + "\n" + good.decode() + "\n")
+    code, report = from_traces(capsys, str(tmp_path / "logs"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
+    assert code == 0 and report["traces"] == 5 and report["kept"] == 2
+    assert report["skipped"] == {"not a chat trace": 2, "a bad tool call in the prefix": 1}
+    assert report["examples"][:2] == [f"monday/log.jsonl:1: not UTF-8 text (byte {len(latin)} of the line); save the file as UTF-8",
+                                      "monday/log.jsonl:2: JSON nested too deeply to read"]
+    assert report["examples"][2].startswith("tuesday/log.jsonl:1: message 1: invalid arguments for calculator")
+
+
+def test_a_fifo_as_logs_is_refused_without_opening_it(tmp_path, capsys):
+    """(Opening a FIFO blocks until a writer comes; it was called "no such file or folder".)"""
+    import os
+
+    fifo = tmp_path / "traces.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "from-traces", str(fifo), "--env", ENV, "--out", str(tmp_path / "t.jsonl")])
+    assert exit_.value.code == 2 and "not a regular file or folder" in capsys.readouterr().err
