@@ -390,7 +390,8 @@ def load_records(
     """Load a dataset split with ``datasets.load_dataset``: local files or a hub id.
 
     Local files go through the ``json``/``parquet``/``csv`` builders (the original formats
-    of most benchmarks); anything else is treated as a hub id. Returns a ``datasets.Dataset``.
+    of most benchmarks; a CSV file's cells are read as the text they hold, see
+    :func:`_csv_as_text`); anything else is treated as a hub id. Returns a ``datasets.Dataset``.
     """
     import datasets  # imported here: it costs ~1 s and generated tasks never need it
 
@@ -418,6 +419,8 @@ def load_records(
                 f"got {expanded or 'no data files'}"
             )
         builder = kinds.pop()
+        if builder == "csv":
+            load_kwargs = {**_csv_as_text(expanded[0], load_kwargs), **load_kwargs}
         try:
             ds = datasets.load_dataset(builder, data_files=expanded, split=split or "train", **load_kwargs)
         except (KeyboardInterrupt, MemoryError):
@@ -427,6 +430,28 @@ def load_records(
     else:
         ds = _load_from_hub(datasets, files[0], name, split or "train", load_kwargs)
     return ds
+
+
+def _csv_as_text(file: str, load_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``load_dataset`` arguments that read every column of a CSV file as the text it holds:
+    pandas' guesses turned answers into other answers (``007`` into 7.0, ``1.50`` into 1.5, ``NA``
+    and ``None`` into missing). Only an empty cell is missing. Nothing when the header cannot be
+    read here (``datasets`` then says why) or names a column twice."""
+    import csv
+
+    import datasets
+
+    if "features" in load_kwargs:
+        return {}
+    try:
+        with open(file, encoding="utf-8-sig", newline="") as f:
+            header = next(csv.reader(f, delimiter=load_kwargs.get("sep", load_kwargs.get("delimiter", ",")) or ","))
+    except (OSError, ValueError, StopIteration, csv.Error):
+        return {}
+    if not header or len(set(header)) != len(header):
+        return {}
+    return {"features": datasets.Features({name: datasets.Value("string") for name in header}),
+            "keep_default_na": False, "na_values": [""]}
 
 
 def _unreadable(files: list[str], exc: BaseException) -> str:

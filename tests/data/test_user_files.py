@@ -75,3 +75,19 @@ def test_load_tasks_names_the_file_and_line_of_a_bad_record(tmp_path):
         load_tasks(path)
     with pytest.raises(ValueError, match=r"is a folder"):
         load_tasks(tmp_path)
+
+
+def test_a_csv_dataset_keeps_its_cells_as_the_text_they_hold(tmp_path):
+    """pandas' guesses changed answers (007 became 7.0, 1.50 became 1.5, NA and None missing):
+    every cell is read as its text; only an empty one is missing."""
+    from benchmax_gym.core import load_records
+
+    path = tmp_path / "qa.csv"
+    path.write_text('question,answer,note\nq1,007,\nq2,1.50,x\nq3,NA,\n"q,4",None,"a\nb"\n')
+    assert list(load_records(path)) == [
+        {"question": "q1", "answer": "007", "note": None}, {"question": "q2", "answer": "1.50", "note": "x"},
+        {"question": "q3", "answer": "NA", "note": None}, {"question": "q,4", "answer": "None", "note": "a\nb"}]
+    path.write_text("question,answer\nWhat is 3 / 2 to two places?,1.50\n")
+    env = make_hf(path)
+    assert env.unwrapped.tasks.get(0).answer == "1.50"
+    env.close()
