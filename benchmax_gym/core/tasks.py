@@ -156,12 +156,25 @@ class ListTasks(TaskSource):
         if not tasks:
             raise ValueError("tasks must not be empty")
         self.tasks = list(tasks)
+        check_unique_ids(self.tasks)
 
     def __len__(self) -> int:
         return len(self.tasks)
 
     def get(self, index: int) -> Task:
         return self.tasks[index]
+
+
+def check_unique_ids(tasks: Sequence[Task], where: str = "") -> None:
+    """Refuse two tasks with one id: eval's records and statistics tell tasks apart by id, so
+    two tasks sharing one were pooled as one task (an explicit id ``"2"`` and a task without an
+    id at index 2, or the ids ``1`` and ``"1"``)."""
+    seen: dict[str, int] = {}
+    for i, task in enumerate(tasks):
+        first = seen.setdefault(task.id, i)
+        if first != i:
+            raise ValueError(f"{where}tasks[{first}] and tasks[{i}] share the id {task.id!r}: give each "
+                             "task its own id (eval's records and statistics tell tasks apart by it)")
 
 
 _TASK_KEYS = ("prompt", "answer", "id", "solution", "metadata", "messages")
@@ -332,6 +345,7 @@ class DatasetTasks(TaskSource):
                 tasks.append(task)
         if not tasks:
             raise ValueError(f"no usable tasks in {path!r} (split={split!r})")
+        check_unique_ids(tasks, f"dataset {path!r}: ")
         self.tasks = tasks
         # what the records are (datasets' fingerprint: the files or hub revision and the loading
         # settings) and how they became tasks: the key of the content hash's cache on disk

@@ -91,3 +91,18 @@ def test_a_csv_dataset_keeps_its_cells_as_the_text_they_hold(tmp_path):
     env = make_hf(path)
     assert env.unwrapped.tasks.get(0).answer == "1.50"
     env.close()
+
+
+@pytest.mark.parametrize("ids, clash", [([1, "1"], r"tasks\[0\] and tasks\[1\] share the id '1'"),
+                                        (["a", "b", None, "2"], r"tasks\[2\] and tasks\[3\] share the id '2'")])
+def test_two_tasks_with_one_id_are_refused_at_make(tmp_path, ids, clash):
+    """Eval's records and statistics tell tasks apart by id: two tasks sharing one (1 and "1", or a
+    task without an id at index 2 and an explicit "2") were pooled as one task."""
+    tasks = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), **({"id": t} if t is not None else {})}
+             for i, t in enumerate(ids)]
+    with pytest.raises(ValueError, match=clash):
+        gym.make(MATH, tasks=tasks)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    with pytest.raises(ValueError, match=clash):
+        load_tasks(path)
