@@ -219,7 +219,10 @@ def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=Fals
              CONFIG.get("base_as", 0) + limits["memory_mb"] * mb // limits["max_processes"]),
             (resource.RLIMIT_FSIZE, limits["max_file_mb"] * mb),
             (resource.RLIMIT_NPROC, nproc),
-            (resource.RLIMIT_CORE, 0),
+            # 1, not 0: a core_pattern that pipes to a program (apport, systemd-coredump) ignores
+            # 0 and starts a root helper on the host for each crash; the kernel skips piping at 1,
+            # which is also too small for a core file
+            (resource.RLIMIT_CORE, 1),
         ):
             resource.setrlimit(which, (value, value))
         uid = request.get("uid")
@@ -368,7 +371,8 @@ def prepare_namespace():
     mount("none", "/", None, MS_REC | MS_SLAVE)  # an episode's tmpfs mounted later still arrives
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
     mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=64m,mode=1777")
-    mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=620")
+    # ptys come from one pool for the whole machine (kernel.pty.max): a call may take a few, not all
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID, "newinstance,ptmxmode=0666,mode=620,max=32")
     remount_read_only("/dev")
 
 
@@ -409,9 +413,12 @@ def make_cgroup():
 
 
 def limit_cgroup(name, limits):
-    """Set the call's limits: ``memory_mb`` (no swap) and ``max_processes`` (and its monitor)."""
+    """Set the call's limits: ``memory_mb`` (no swap) and ``max_processes`` (and its monitor).
+    Cgroup v1 counts TCP buffers only once they have a limit of their own (loopback connections
+    held 600 MiB past a 256 MiB ``memory_mb``): they get ``memory_mb`` too (v2 counts them with the rest)."""
     memory, pids = limits["memory_mb"] << 20, limits["max_processes"] + 1
-    files = {"memory": [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory)],
+    files = {"memory": [("memory.limit_in_bytes", memory), ("memory.memsw.limit_in_bytes", memory),
+                        ("memory.kmem.tcp.limit_in_bytes", memory)],
              "pids": [("pids.max", pids)],
              "unified": [("memory.max", memory), ("memory.swap.max", 0), ("pids.max", pids)]}
     for key, parent in CONFIG["cgroups"].items():
