@@ -23,7 +23,8 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   need names. Engine options given to ``gym.make`` itself (``tool_format``, ``max_turns``...)
   reach every member whose class takes them; a member's own kwargs win.
 * **Sampling**: each reset draws a member. ``sampling="stratified"`` (default): a golden-ratio
-  (Kronecker) sequence through the cumulative weights, its phase drawn from the env's seed, so
+  (Kronecker) sequence through the cumulative weights, its phase drawn from the env's seed (with
+  none, from its entropy-seeded RNG: each env of a vector env its own), so
   any window of N resets holds each member within a count or two of ``N * weight`` (about ±1
   point at N=256; ``benchmarks/mixture.py``); ``"random"``: an independent draw by weight from
   ``self.np_random``. Both are reproducible from the seed. ``options={"member": name}`` forces a
@@ -163,7 +164,10 @@ class MixSampler:
         scaled = np.asarray(weights, dtype=float) / max(weights)  # (huge finite weights: their sum stays finite)
         self.mode = mode
         self.cumulative = list(np.cumsum(scaled / scaled.sum())[:-1])
-        self.position, self.offset = 0, 0.0
+        # (None: no phase yet. The first draw takes one from the env's RNG, which Gymnasium seeds
+        # from entropy when reset gets no seed: a phase of 0 for all had every env of a vector
+        # env play the same member at each reset)
+        self.position, self.offset = 0, None
 
     def seed(self, rng: np.random.Generator) -> None:
         self.position, self.offset = 0, float(rng.random())
@@ -171,6 +175,8 @@ class MixSampler:
     def draw(self, rng: np.random.Generator) -> int:
         if self.mode == "random":
             return bisect.bisect_right(self.cumulative, rng.random())
+        if self.offset is None:
+            self.offset = float(rng.random())
         u = (self.offset + self.position * PHI) % 1.0
         self.position += 1
         return bisect.bisect_right(self.cumulative, u)
@@ -227,8 +233,9 @@ class _Member:
         self.direct = core is not None  # else its own wrappers stay in the calls
         self.step = (core or env).step
         rubric = getattr(self.core, "rubric", None)
-        funcs = getattr(rubric, "funcs", None)
-        self.max_reward = sum(max(f.weight, 0.0) for f in funcs) if funcs else 1.0
+        # (as eval's success: the sum of every leaf's weight also counted per-turn leaves and those
+        # under gates, a maximum no episode reaches)
+        self.max_reward = rubric.max_reward if rubric is not None else 1.0
         self.solver = None
 
 
@@ -528,7 +535,11 @@ class MixEnv(gym.Env[str, str]):
             info["reward_components"] = {f"{name}/{k}": v for k, v in components.items()}
         outcome = info.get("outcome")
         graded = reward == reward  # (a failure's reward is NaN)
-        success = bool(graded and reward >= member.max_reward - 1e-9)
+        # success from the graded reward, as eval's: a last step's reward also holds that step's
+        # per-turn pay (dense_rewards), or less what earlier steps paid (shaping)
+        episode = getattr(member.core, "episode", None)
+        final = episode.reward if episode is not None else reward
+        success = bool(graded and final is not None and final >= member.max_reward - 1e-9)
         report = {"member": name, "level": level, "task_id": self._task_id, "reward": float(reward),
                   "success": success, "outcome": outcome}
         self.curriculum.record(name, level, self._task_id, float(reward), success, outcome)
@@ -586,7 +597,8 @@ class MixEnv(gym.Env[str, str]):
                 "counts": dict(self.counts), "member_rngs": rngs, "curriculum": self.curriculum.state_dict()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self._sampler.position, self._sampler.offset = int(state["position"]), float(state["offset"])
+        self._sampler.position = int(state["position"])
+        self._sampler.offset = None if state["offset"] is None else float(state["offset"])
         self.np_random.bit_generator.state = state["rng"]
         self._seed, self._seeded = state["seed"], set(state["seeded"])
         self.counts.update(state["counts"])

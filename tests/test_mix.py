@@ -369,3 +369,51 @@ def test_weights_may_be_numpy_numbers_and_huge_ones_keep_their_ratio():
     mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1e308, "benchmax/Wikipedia-v0": 1e308})
     assert mix.unwrapped._sampler.cumulative == [0.5]
     mix.close()
+
+
+@pytest.mark.parametrize("sampling", ["stratified", "random"])
+def test_draws_follow_the_weights_by_a_chi_square_test(sampling):
+    """20,000 draws, fixed seed: the counts fit the weights (a zero weight is never drawn)."""
+    from scipy.stats import chisquare
+
+    from benchmax_gym.mix import MixSampler
+
+    weights = [0.05, 0.0, 0.15, 0.3, 0.5]
+    sampler, rng = MixSampler(weights, sampling), np.random.default_rng(1)
+    sampler.seed(rng)
+    counts = np.bincount([sampler.draw(rng) for _ in range(20_000)], minlength=len(weights))
+    assert counts[1] == 0
+    expected = np.array([w for w in weights if w]) * 20_000
+    assert chisquare(counts[[0, 2, 3, 4]], expected).pvalue > 0.01, counts
+
+
+def test_envs_reset_without_a_seed_do_not_all_play_the_same_member():
+    """The stratified sequence's phase was 0 unless a seed was given: every env of a vector env
+    reset without one played the same member at each reset, each batch all one member."""
+    envs = gym.make_vec("benchmax/Mix-v0", num_envs=8, vectorization_mode="sync", members=TWO, python_tool=False)
+    batches = [set(envs.reset()[1]["member"]) for _ in range(8)]
+    assert any(len(b) == 2 for b in batches), batches
+    envs.close()
+
+
+def test_a_solved_episode_with_dense_rewards_is_a_success_and_moves_the_level_up():
+    """Success is the graded reward at the rubric's maximum, as eval counts it: the per-turn
+    'dense' leaf's weight was added to the maximum, so no episode succeeded and the level never rose."""
+    mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0}, python_tool=False, dense_rewards=True,
+                   curriculum={"Math-v0": {"knob": "task_args.difficulty.digits", "values": [1, 2], "window": 2}})
+    solver = mix.unwrapped.reference_solver()
+    played = [play(mix, solver, seed=0), play(mix, solver)]
+    assert all(p.info["mix_episode"]["success"] for p in played)
+    assert mix.unwrapped.curriculum.level("Math-v0") == 1
+    mix.close()
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf"), -0.5, "0.5", True, None])
+def test_a_weight_that_is_no_non_negative_number_fails_at_make_naming_it(weight):
+    with pytest.raises(ValueError, match=r"members: the weight of 'benchmax/Wikipedia-v0' must be a non-negative"):
+        gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0, "benchmax/Wikipedia-v0": weight})
+
+
+def test_weights_all_zero_fail_at_make():
+    with pytest.raises(ValueError, match=r"members: at least one member needs a positive weight"):
+        gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 0.0, "benchmax/Wikipedia-v0": 0})

@@ -300,7 +300,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         "intervals_over": over,
         "notes": notes,
         "zero_variance_groups": zero_variance_share(records),
-        **_by_member(records, seed=seed, confidence=confidence, resamples=resamples),
+        **_by_member(everything, seed=seed, confidence=confidence, resamples=resamples),
     }
 
 
@@ -313,7 +313,8 @@ def zero_variance_share(records: Sequence[Mapping[str, Any]]) -> float | None:
 
 def _by_member(records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str, Any]:
     """A mixture's run (records with ``member``, benchmax/Mix-v0): each member's own summary (CIs
-    included) and its zero-variance share per difficulty level; nothing for another env's run."""
+    included) and its zero-variance share per difficulty level; nothing for another env's run.
+    ``records``: every episode, failed ones too, so each member's failures are counted as its own."""
     members: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in records:
         if r.get("member") is not None:
@@ -326,7 +327,8 @@ def _by_member(records: Sequence[Mapping[str, Any]], **options: Any) -> dict[str
         levels: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         for r in rs:
             levels[str(r.get("difficulty", 0))].append(r)
-        summary["zero_variance_by_difficulty"] = {level: zero_variance_share(group) for level, group in sorted(levels.items())}
+        summary["zero_variance_by_difficulty"] = {level: zero_variance_share(_signal(group))
+                                                  for level, group in sorted(levels.items())}
         summary.pop("by", None)
         out[name] = summary
     return {"by_member": out}
@@ -502,9 +504,12 @@ def format_summary(summary: Mapping[str, Any]) -> str:
         rows.append((f"by {key}", "  ".join(f"{v}: {c['mean_reward']:.3f} (n={c['episodes']})"
                                             for v, c in list(cells.items())[:MAX_SHOWN_GROUPS]) + more))
     for name, member in summary.get("by_member", {}).items():
+        failed = f", {member['failed_episodes']} failed" if member.get("failed_episodes") else ""
         if member.get("scored_episodes"):
             rows.append((f"member {name}", f"reward {_ci(member['mean_reward'])}  success {_ci(member['success_rate'])}"
-                                           f"  (n={member['scored_episodes']})"))
+                                           f"  (n={member['scored_episodes']}{failed})"))
+        elif member.get("failed_episodes"):
+            rows.append((f"member {name}", f"all {member['failed_episodes']} episodes failed"))
     rows += [("note", n) for n in summary.get("notes", [])]
     return _table(rows)
 

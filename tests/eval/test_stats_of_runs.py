@@ -226,3 +226,30 @@ def test_each_member_of_a_mixture_says_what_its_intervals_resample():
     assert [members[m]["intervals_over"] for m in ("many", "one", "single")] == ["tasks", "episodes", None]
     assert width(members["many"]["mean_reward"]) > 0 and width(members["one"]["mean_reward"]) > 0
     assert members["single"]["mean_reward"]["ci_low"] is None
+
+
+def test_each_member_of_a_mixture_counts_its_own_failed_episodes():
+    """A member whose endpoint fails half its episodes: its summary says so (it said 0 failures
+    and a failure rate of 0: the failed episodes were dropped before the members were split)."""
+    members = [("benchmax/Math-v0", 0.5), ("benchmax/Wikipedia-v0", 0.5)]
+    calls = Counter()
+
+    def policy(obs, info):
+        if info["member"] == "Wikipedia-v0":
+            calls[info["task_id"]] += 1
+            if calls[info["task_id"]] % 2:
+                raise RuntimeError("the endpoint timed out")
+        return "\\boxed{1} <answer>1</answer>"
+
+    result = evaluate("benchmax/Mix-v0", policy, env_kwargs={"members": members, "python_tool": False}, tasks=6, k=2,
+                      concurrency=1)
+    wiki = [r for r in result.records if r.get("member") == "Wikipedia-v0"]
+    failed = sum(r["outcome"] == "model_error" for r in wiki)
+    assert 0 < failed < len(wiki)
+    summary = result.summary["by_member"]["Wikipedia-v0"]
+    assert summary["episodes"] == len(wiki) and summary["failed_episodes"] == failed
+    assert summary["scored_episodes"] == len(wiki) - failed
+    assert summary["failure_rate"]["value"] == pytest.approx(failed / len(wiki))
+    assert summary["outcomes"]["model_error"] == failed
+    assert result.summary["by_member"]["Math-v0"]["failed_episodes"] == 0
+    assert f"(n={len(wiki) - failed}, {failed} failed)" in format_summary(result.summary)
