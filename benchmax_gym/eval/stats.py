@@ -17,7 +17,9 @@ With one task there are no tasks to resample: the CIs resample its episodes inst
 spread of that task's samples, not of a benchmark's tasks - and the result says so
 (``intervals_over: "episodes"`` and a note); with one episode (in ``compare``: one episode of
 the shared task in a run) there is no CI (``ci_low``/``ci_high`` None). Never a zero-width
-interval standing for certainty it does not have.
+interval standing for certainty it does not have: a share seen as all 0 or all 1 (every
+resample the same) takes Wilson's score interval over the units (:func:`_wilson`), and a mean
+reward that is the same for every episode, at neither 0 nor 1, has no CI.
 """
 
 from __future__ import annotations
@@ -63,6 +65,17 @@ def _intervals(n: int | tuple[int, ...], statistic: Callable[..., Any], *, seed:
                        rng=np.random.default_rng(seed))
     low, high = np.atleast_1d(result.confidence_interval.low), np.atleast_1d(result.confidence_interval.high)
     return [(float(a), float(b)) for a, b in zip(low, high)]
+
+
+def _wilson(value: float, n: int, confidence: float) -> tuple[float, float]:
+    """The interval of a share seen as all 0 or all 1 over ``n`` units (tasks; episodes with one
+    task): every bootstrap resample is then the same, and its percentile interval of zero width
+    claimed a certainty 10 tasks do not give. Wilson's score interval (``scipy.stats.binomtest``)
+    over the units, not the episodes: a task's samples are not independent of each other."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(round(value * n), n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def _units(owner: np.ndarray, clusters: int) -> tuple[np.ndarray, str | None]:
@@ -160,7 +173,7 @@ def failure_rate(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confide
     if over is None:
         return _estimate(value, (None, None))
     if value in (0.0, 1.0):  # every resample is the same: no bootstrap (it would warn of degenerate data)
-        return _estimate(value, (float(value), float(value)))
+        return _estimate(value, _wilson(value, units, confidence))
 
     def per_resample(picked: np.ndarray, axis: int = -1) -> np.ndarray:
         picked = picked.astype(np.intp, copy=False)
@@ -273,6 +286,16 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
                              iqm])
 
     reward_ci, success_ci, iqm_ci = _intervals(units, per_resample, **options)
+    if over is not None and successes.min() == successes.max():
+        success_ci = _wilson(successes[0], units, confidence)
+    if over is not None and rewards.min() == rewards.max():  # every episode scored the same
+        if rewards[0] in (0.0, 1.0):  # a reward of 0 or 1 throughout: a share, as success is
+            reward_ci = iqm_ci = _wilson(rewards[0], units, confidence)
+        else:
+            reward_ci = iqm_ci = (None, None)
+            notes.append(f"every episode scored {rewards[0]:g}: no CI for the mean reward or IQM (an interval "
+                         "would need the rewards' bounds; the success rate's is Wilson's over the "
+                         f"{units} {over})")
     solved = Counter(zip(sizes.tolist(), np.bincount(owner, successes, len(ids)).astype(int).tolist()))
 
     turns = sum(int(r.get("turns") or 0) for r in records)

@@ -186,3 +186,32 @@ def test_each_estimate_lies_in_its_interval_when_tasks_have_unequal_samples(rewa
     s = summarize(records, seed=1)
     for name in ("mean_reward", "success_rate"):
         assert s[name]["ci_low"] <= s[name]["value"] <= s[name]["ci_high"], (name, s[name])
+
+
+@pytest.mark.parametrize("outcome", [0.0, 1.0])
+def test_a_share_seen_all_zero_or_all_one_has_wilsons_interval_over_tasks_never_zero_width(outcome):
+    """10 tasks, 3 samples each, every one solved (or none): the bootstrap's resamples are all the
+    same and its interval had zero width, [1.000, 1.000]; Wilson's score interval over the 10
+    tasks is n / (n + z^2) at the open end (0.722 at 95%)."""
+    from scipy.stats import norm
+
+    records = [{"task_id": str(t), "task_index": t, "reward": outcome, "success": bool(outcome), "outcome": "scored"}
+               for t in range(10) for _ in range(3)]
+    summary = summarize(records)
+    z2 = norm.ppf(0.975) ** 2
+    edge = 10 / (10 + z2)
+    expected = (edge, 1.0) if outcome else (0.0, 1 - edge)
+    for name in ("success_rate", "mean_reward", "iqm"):
+        assert summary[name]["value"] == outcome
+        assert (summary[name]["ci_low"], summary[name]["ci_high"]) == pytest.approx(expected), name
+    assert (summary["failure_rate"]["ci_low"], summary["failure_rate"]["ci_high"]) == pytest.approx((0.0, 1 - edge))
+    assert "[1.000, 1.000]" not in format_summary(summary) and "[0.000, 0.000]" not in format_summary(summary)
+
+
+def test_a_mean_reward_the_same_for_every_episode_between_0_and_1_has_no_interval():
+    records = [{"task_id": str(t), "task_index": t, "reward": 0.5, "success": False, "outcome": "scored"}
+               for t in range(10) for _ in range(2)]
+    summary = summarize(records)
+    assert summary["mean_reward"]["ci_low"] is None and summary["iqm"]["ci_low"] is None
+    assert any("every episode scored 0.5" in note for note in summary["notes"])
+    assert summary["success_rate"]["ci_high"] == pytest.approx(1 - 10 / (10 + 1.959963984540054 ** 2))
