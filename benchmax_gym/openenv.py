@@ -16,7 +16,9 @@ one environment per connection, made at its first reset, closed (sandbox killed,
 deleted) when the client closes or disconnects, or after ``idle_timeout`` seconds without a
 message; at most ``max_sessions`` at once (one more gets ``CAPACITY_REACHED``). OpenEnv's HTTP
 ``/reset`` and ``/step`` build a fresh environment per request: ``/reset`` returns a task's first
-observation (a preview), ``/step`` has no episode and says to use ``/ws``. Loopback by default;
+observation (a preview), ``/step`` has no episode and says to use ``/ws`` (a refusal that says
+``done`` has no reward). Request bodies are bounded (16 MiB, as a WebSocket message is). Loopback
+by default, refusing web pages (a ``Host`` or ``Origin`` that is not loopback: 403);
 ``auth_token`` (or ``BENCHMAX_GYM_OPENENV_TOKEN``) makes every request and WebSocket handshake
 need ``Authorization: Bearer <token>``.
 
@@ -147,8 +149,11 @@ def _classes() -> SimpleNamespace:
         done: bool = False
 
     def refusal(code: str, message: str, done: bool) -> BenchmaxGymObservation:
+        """A refused request; one that says ``done`` has no reward: no episode was graded (a client
+        would record 0.0 as the episode's reward)."""
         info = {"error": code, "errors": [code]}
-        return BenchmaxGymObservation(text=f"Error: {message}", info=info, metadata=info, done=done, reward=0.0)
+        return BenchmaxGymObservation(text=f"Error: {message}", info=info, metadata=info, done=done,
+                                      reward=None if done else 0.0)
 
     class GymEnvironment(Environment):
         """One gym env per OpenEnv session, made at the session's first reset (OpenEnv also
@@ -168,6 +173,8 @@ def _classes() -> SimpleNamespace:
         def reset(self, seed: int | None = None, episode_id: str | None = None, **options: Any):
             if self.closed:
                 return refusal(SESSION_CLOSED, "this session was closed (idle too long); connect again", True)
+            if episode_id is not None and not isinstance(episode_id, str):  # (the state could not say it)
+                raise ValueError(f"episode_id must be a string, got {type(episode_id).__name__}")
             if self.env is None:
                 self.env = gym.make(self.env_id, **self.env_kwargs)
             obs, info = self.env.reset(seed=seed, options=options or None)
@@ -305,13 +312,27 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sess
             await asyncio.to_thread(environment.close)
 
     app.router.on_shutdown.append(close_sessions)
-    return _QuietDisconnects(app)
+    from mcp.server.transport_security import RequestBodyLimitMiddleware
+
+    return _QuietDisconnects(RequestBodyLimitMiddleware(app, MAX_REQUEST_BYTES))
+
+
+#: the largest HTTP request body (413 beyond): what uvicorn allows a WebSocket message (OpenEnv's
+#: app reads a whole body into memory, several times its size, however big it is)
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 class _QuietDisconnects:
-    """ASGI wrapper: a WebSocket client that vanished is not a server error. (OpenEnv's ``/ws``
-    handler, having freed the session, closes the socket again and lets starlette's
-    ``WebSocketDisconnect`` escape, which uvicorn logs as a traceback.)"""
+    """ASGI wrapper of OpenEnv's app, for its WebSocket sessions.
+
+    A client that vanished is not a server error: OpenEnv's ``/ws`` handler, having freed the
+    session, answers the dead socket and lets starlette's ``WebSocketDisconnect`` (or, mid-step,
+    a ``RuntimeError``: send after close) escape, which uvicorn logs as a traceback.
+
+    A ``/ws`` message OpenEnv reads outside its error handling (binary, JSON that is not an object,
+    nests past the parser's depth or holds an int past its digit limit) would end the session,
+    its episode lost; it is answered with an ``INVALID_JSON`` error instead, and the session goes
+    on."""
 
     def __init__(self, app: Any):
         self.app = app
@@ -319,11 +340,46 @@ class _QuietDisconnects:
     async def __call__(self, scope, receive, send) -> None:
         from starlette.websockets import WebSocketDisconnect
 
+        if scope["type"] == "websocket" and scope.get("path") == "/ws":
+            receive = _objects_only(receive, send)
         try:
             await self.app(scope, receive, send)
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, RuntimeError):
             if scope["type"] != "websocket":
                 raise
+
+
+def _objects_only(receive: Any, send: Any) -> Any:
+    """``receive`` of a ``/ws`` session, answering the messages OpenEnv cannot read itself (the
+    handler only receives between its replies, so nothing else is sending)."""
+
+    async def checked() -> dict[str, Any]:
+        while True:
+            message = await receive()
+            if message["type"] != "websocket.receive":
+                return message
+            problem = _not_a_message(message.get("text"))
+            if problem is None:
+                return message
+            error = {"type": "error", "data": {"message": f"Invalid JSON: {problem}", "code": "INVALID_JSON"}}
+            await send({"type": "websocket.send", "text": json.dumps(error)})
+
+    return checked
+
+
+def _not_a_message(text: str | None) -> str | None:
+    """Why a /ws message is none OpenEnv's handler survives, or None (bad JSON it answers itself)."""
+    if text is None:
+        return "a message is JSON text, not binary"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    except (ValueError, RecursionError) as exc:  # nested past the parser's depth, an int past its digits
+        return str(exc)
+    if not isinstance(value, dict):
+        return f'a message is a JSON object ({{"type": ..., "data": ...}}), got {type(value).__name__}'
+    return None
 
 
 def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: dict[str, Any] | None = None,

@@ -3,8 +3,8 @@
 Any MCP client or agent framework can then use a family's tools (Math's calculator and sandboxed
 python, Excel's workbook tools, CRM's database tools, ...). Each MCP session gets its own
 environment, reset once at its first tool call: its own workspace, workbook, database copy or
-sandbox, so sessions never see each other's changes. The server's instructions are the
-environment's system prompt.
+sandbox, so sessions never see each other's changes; its calls run one at a time, as a step runs
+them. The server's instructions are the environment's system prompt.
 
 A call that fails for a reason that is not the model's (the sandbox died, a backend is down, a
 tool timed out: :mod:`benchmax_gym.core.outcomes`) is an error result whose ``_meta`` carries
@@ -19,7 +19,8 @@ modern stateless protocol has no session, so its requests share one environment.
 that fails to start fails the call that started it (an error result saying why, outcome
 ``env_error``) and is not kept: the session's next call tries again.
 
-HTTP binds to 127.0.0.1 unless told otherwise; ``auth_token`` (or ``BENCHMAX_GYM_MCP_TOKEN``)
+HTTP binds to 127.0.0.1 unless told otherwise, and there takes no request from a web page (a
+``Host`` or ``Origin`` that is not loopback: 403); ``auth_token`` (or ``BENCHMAX_GYM_MCP_TOKEN``)
 makes every request need ``Authorization: Bearer <token>`` (401 without it).
 """
 
@@ -32,6 +33,7 @@ import os
 import sys
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 import gymnasium as gym
 import mcp_types as types
@@ -57,13 +59,13 @@ class SessionEnvs:
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], seed: int | None):
         self.env_id, self.env_kwargs, self.seed = env_id, env_kwargs, seed
-        self.live: set[gym.Env] = set()  # made and not yet closed
+        self.live: dict[gym.Env, asyncio.Lock] = {}  # made and not yet closed: its calls' turn
         self._lock = threading.Lock()
         self._shared: asyncio.Future | None = None
 
     def make(self) -> gym.Env:
         env = gym.make(self.env_id, **self.env_kwargs)
-        self.live.add(env)
+        self.live[env] = asyncio.Lock()
         try:
             env.reset(seed=self.seed)
         except BaseException:
@@ -73,9 +75,8 @@ class SessionEnvs:
 
     def _close(self, env: gym.Env) -> None:
         with self._lock:  # a session's release and the server's shutdown may race: close once
-            if env not in self.live:
+            if self.live.pop(env, None) is None:
                 return
-            self.live.discard(env)
         env.close()
 
     async def for_request(self, ctx: Any) -> gym.Env:
@@ -102,6 +103,12 @@ class SessionEnvs:
             if connection.state.get(_ENV_KEY) is made:
                 del connection.state[_ENV_KEY]  # the next call tries again
             raise
+
+    def turn(self, env: gym.Env) -> asyncio.Lock:
+        """An environment's calls run one at a time, as a step runs a turn's: a session's
+        concurrent calls would race on its state, and each hold one of the process's tool
+        threads while it waits for the sandbox (hundreds at once starve every other session)."""
+        return self.live.get(env) or asyncio.Lock()
 
     async def _release(self, made: asyncio.Future) -> None:
         """The session ended: close its environment (in a thread; the SDK bounds the wait)."""
@@ -144,16 +151,18 @@ def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: in
 
     async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         try:
-            env = (await sessions.for_request(ctx)).unwrapped
+            made = await sessions.for_request(ctx)
         except Exception as exc:  # its environment failed to start: say why (not "Internal server error")
             outcome = getattr(exc, "outcome", None)
             return types.CallToolResult(
                 content=[types.TextContent(type="text", text=f"the environment failed to start: {exc}")],
                 is_error=True, meta={OUTCOME_META: outcome if outcome in FAILURES else ENV_ERROR})
-        result = await env.toolset.arun(
-            params.name, dict(params.arguments or {}), episode=env.episode,
-            timeout=env.tool_timeout, max_chars=env.max_tool_output_chars,
-        )
+        env = made.unwrapped
+        async with sessions.turn(made):
+            result = await env.toolset.arun(
+                params.name, dict(params.arguments or {}), episode=env.episode,
+                timeout=env.tool_timeout, max_chars=env.max_tool_output_chars,
+            )
         return types.CallToolResult(
             content=[types.TextContent(type="text", text=result.content)], is_error=result.error is not None,
             # a failure that is not the model's (issue 29) says so: an episode run on it ends with it
@@ -275,13 +284,15 @@ def headers_first(protocol_class: type[asyncio.Protocol], timeout: float = HEADE
 
 def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command: str, path: str = "") -> None:
     """Serve an ASGI app with uvicorn until interrupted (``mcp-serve``, ``openenv-serve``): behind
-    :class:`BearerToken` when there is a token (a warning when there is none off loopback) and
-    :func:`headers_first`, and saying where it listens on stderr once the socket is open, so
-    scripts can wait for it."""
+    :class:`BearerToken` when there is a token (a warning when there is none off loopback),
+    :class:`LocalOnly` on loopback, and :func:`headers_first`, and saying where it listens on
+    stderr once the socket is open, so scripts can wait for it."""
     import uvicorn
     from uvicorn.config import HTTP_PROTOCOLS
     from uvicorn.importer import import_from_string
 
+    if _is_loopback(host):
+        app = LocalOnly(app)
     if auth_token:
         app = BearerToken(app, auth_token)
     elif not _is_loopback(host):
@@ -307,6 +318,56 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+class LocalOnly:
+    """ASGI wrapper of a server on loopback: its clients are this machine's programs, not the web
+    pages its browser opens. A browser lets any page open a WebSocket to 127.0.0.1 (CORS does not
+    cover them) and sends the page's ``Origin``; a page can also rebind its own name to 127.0.0.1
+    (its ``Host`` then names it). A request or handshake whose ``Host`` or ``Origin`` is not a
+    loopback name is refused with 403."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = dict(scope["headers"])
+            host, origin = headers.get(b"host"), headers.get(b"origin")
+            if not (_names_loopback(b"//" + host if host is not None else None)
+                    and _names_loopback(origin)):
+                from starlette.responses import JSONResponse
+
+                response = JSONResponse(
+                    {"error": "forbidden", "error_description": "this server takes requests from programs on "
+                     "this machine only, not from web pages (Host and Origin must be loopback)"}, status_code=403,
+                    headers={"Connection": "close"} if scope["type"] == "http" else None)
+                return await _refuse(scope, receive, send, response)
+        await self.app(scope, receive, send)
+
+
+def _names_loopback(url: bytes | None) -> bool:
+    """A header naming no host (none sent), or one that names a loopback host."""
+    if url is None:
+        return True
+    try:
+        return _is_loopback(urlsplit(url.decode("latin-1")).hostname or "")
+    except ValueError:
+        return False
+
+
+async def _refuse(scope, receive, send, response: Any) -> None:
+    """Answer an HTTP request, or refuse a WebSocket handshake before it is accepted."""
+    if scope["type"] == "http":
+        await response(scope, receive, send)
+        return
+    from starlette.websockets import WebSocket
+
+    socket = WebSocket(scope, receive, send)
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await socket.send_denial_response(response)
+    else:  # a server without the denial extension answers 403
+        await socket.close(code=1008)
+
+
 class BearerToken:
     """ASGI wrapper: every HTTP request and WebSocket handshake needs ``Authorization: Bearer
     <token>`` (compared in constant time), else 401 with ``WWW-Authenticate: Bearer`` (a WebSocket
@@ -328,15 +389,5 @@ class BearerToken:
                     status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"',
                                               **({"Connection": "close"} if scope["type"] == "http" else {})},
                 )
-                if scope["type"] == "http":
-                    await response(scope, receive, send)
-                else:
-                    from starlette.websockets import WebSocket
-
-                    socket = WebSocket(scope, receive, send)
-                    if "websocket.http.response" in scope.get("extensions", {}):
-                        await socket.send_denial_response(response)
-                    else:  # a server without the denial extension answers 403
-                        await socket.close(code=1008)
-                return
+                return await _refuse(scope, receive, send, response)
         await self.app(scope, receive, send)
