@@ -399,7 +399,11 @@ class OpenAIFormat(ToolCallFormat):
             return Parsed(errors=["the assistant message must be a JSON object"])
         if not {"role", "content", "tool_calls"} & msg.keys():
             return Parsed(content=text)  # some other JSON: the reply itself is the answer
+        if msg.get("role", "assistant") != "assistant":  # (a malformed message is said to be, never graded)
+            return Parsed(errors=[f'the message\'s "role" must be "assistant", got {msg.get("role")!r:.40}'])
         content = msg.get("content")
+        if content is not None and not isinstance(content, str):
+            return Parsed(errors=[f'the message\'s "content" must be text or null, got {type(content).__name__}'])
         out = Parsed(content=content.strip() if isinstance(content, str) else "")
         calls = msg.get("tool_calls")
         calls = [] if calls is None else calls

@@ -743,3 +743,24 @@ def test_tag_scanner_finds_what_the_lazy_regexes_find(text):
     named = [(m.group(1), m.group(2), m.start(), m.end())
              for m in re.finditer(r"<function=([^>\n]*)>(.*?)</function>", text, re.DOTALL)]
     assert list(_tagged(text, "<function=", "</function>", named=True)) == named
+
+
+@pytest.mark.parametrize("message, says", [
+    ('{"role": "user", "content": "4"}', '"role" must be "assistant"'),
+    ('{"role": "assistant", "content": 5}', '"content" must be text or null'),
+    ('{"content": ["4"]}', '"content" must be text or null'),
+])
+def test_an_openai_message_of_another_role_or_with_content_that_is_not_text_is_said_to_be_wrong(message, says):
+    """Such a message was taken as the final answer (its content, or nothing) and graded; it is a
+    malformed action, answered with what is wrong, and the episode goes on."""
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401
+
+    parsed = fmt("openai").parse(message, 0)
+    assert parsed.calls == [] and any(says in e for e in parsed.errors)
+    env = gym.make("benchmax/Math-v0", tool_format="openai", python_tool=False)
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(message)
+    assert says in obs and not terminated and not truncated and reward == 0
+    env.close()
