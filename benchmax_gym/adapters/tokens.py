@@ -27,7 +27,8 @@ template's own rendering is what differs:
 * templates that ``trim`` assistant content (Llama 3): a reply with leading or trailing
   whitespace keeps it here;
 * templates whose turn end lacks the stop token the model emitted (an EOS a template never
-  writes): the EOS is kept here;
+  writes): the EOS is kept here; templates that write text before it (Llama 2's ``' </s>'``):
+  the model's stop token closes the turn, without that text;
 * a reply cut by the token budget has no stop token: its turn is closed by environment tokens
   (loss mask 0), which is what the template writes after it;
 * message contents holding the text of a special token (a tool printing ``<|im_end|>``): the
@@ -130,6 +131,7 @@ class ChatTemplate:
         if _SENTINEL not in base:
             raise TemplateError("the chat template does not render assistant messages' content")
         self.turn_end = base[base.index(_SENTINEL) + len(_SENTINEL):]
+        self._special_ids = _special_ids(tokenizer)
         self.stop_ids = self._stop_ids()
         self._stop_texts = {i: self.tokenizer.decode([i]) for i in self.stop_ids}
         probe = "BENCHMAX_TOOL_PROBE_7f3a"
@@ -241,18 +243,18 @@ class ChatTemplate:
         less the stop token the model already generated (all of it when the model stopped
         without one, so its turn is closed)."""
         text = self.render_turn(messages)
-        stop = self._stop_text(model_ids)
-        return text[len(stop):] if stop and text.startswith(stop) else text
+        closed = self._closed(model_ids)
+        return text[closed:] if closed and text.startswith(self.turn_end[:closed]) else text
 
     def env_ids(self, messages: list[dict[str, Any]], model_ids: list[int]) -> list[int]:
         return self.encode_messages(messages, lambda m: self.env_text(m, model_ids))
 
     def turn_rest(self, model_ids: list[int]) -> str:
         """The part of the template's final turn end the model did not generate."""
-        stop = self._stop_text(model_ids)
-        if not stop:
+        if not self._stop_text(model_ids):
             return self.turn_end
-        return self.turn_end[len(stop):] if self.turn_end.startswith(stop) else ""
+        closed = self._closed(model_ids)
+        return self.turn_end[closed:] if closed else ""
 
     def garbage(self, model_ids: Any, logprobs: Any = None) -> str | None:
         """What is wrong with a generation backend's reply (``None``: nothing): not a sequence of
@@ -277,8 +279,10 @@ class ChatTemplate:
         return None
 
     def text(self, model_ids: list[int]) -> str:
-        """The reply the env reads: the model's ids decoded, without the final stop token."""
-        if model_ids and model_ids[-1] in self.stop_ids:
+        """The reply the env reads: the model's ids decoded, without the final stop token (any
+        special token: engines also stop on the generation config's other EOS ids, Qwen2.5's
+        ``<|endoftext|>``, and keep it in the ids but not in the text)."""
+        if model_ids and (model_ids[-1] in self.stop_ids or model_ids[-1] in self._special_ids):
             model_ids = model_ids[:-1]
         return self.decode(model_ids)
 
@@ -325,6 +329,14 @@ class ChatTemplate:
     def _stop_text(self, model_ids: list[int]) -> str:
         return self._stop_texts.get(model_ids[-1], "") if model_ids else ""
 
+    def _closed(self, model_ids: list[int]) -> int:
+        """How much of the turn end the model's stop token stands for: up to and including the
+        stop token's text, which a template may write after whitespace (Llama 2's ``' </s>'``:
+        appending all of it wrote a second EOS); 0 without a stop token in the turn end."""
+        stop = self._stop_text(model_ids)
+        at = self.turn_end.find(stop) if stop else -1
+        return at + len(stop) if at >= 0 else 0
+
     def _stop_ids(self) -> set[int]:
         """EOS, and the special token that opens the template's turn end (``<|im_end|>``, ``<|eot_id|>``)."""
         stops = set()
@@ -332,11 +344,14 @@ class ChatTemplate:
         if eos is not None:
             stops.update(eos if isinstance(eos, list) else [eos])
         end_ids = self.encode(self.turn_end)
-        special = set(getattr(self.tokenizer, "all_special_ids", []) or [])
-        special |= {i for i, t in getattr(self.tokenizer, "added_tokens_decoder", {}).items() if t.special}
-        if end_ids and end_ids[0] in special:
+        if end_ids and end_ids[0] in self._special_ids:
             stops.add(end_ids[0])
         return stops
+
+
+def _special_ids(tokenizer: Any) -> set[int]:
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    return special | {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
 
 
 def _special_tokens(tokenizer: Any) -> list[str]:
@@ -573,6 +588,7 @@ class TokenSession:
         episode.info = self.info = info
         episode.terminated, episode.truncated, episode.outcome = False, True, outcome
         episode.reward, episode.reward_components = None, {}
+        episode.turn_rewards = [0.0] * len(episode.turn_rewards)  # as _end leaves a failure's: none paid
         episode.loss_mask = [0] * len(episode.loss_mask)
         episode.record = {**self.env.unwrapped.episode_record(), "outcome": outcome, "reward": None, "error": error}
 

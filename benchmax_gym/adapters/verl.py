@@ -21,8 +21,11 @@ Each trajectory plays one episode at the token level (:class:`TokenSession`): th
 as the server returned them, env turns rendered by the chat template, one ``request_id`` per
 trajectory (the server's prefix cache holds), the response within ``response_length`` by
 :class:`TokenSession`'s budget rule (each request asks for what is left, at least 1; env ids
-that would overflow end the episode truncated, graded as it stands). The env is built, reset
-and stepped in a thread, off the worker's event loop that serves the other trajectories.
+that would overflow end the episode truncated, graded as it stands). The prompt must fit
+``rollout.prompt_length`` (``data.max_prompt_length``): a longer one raises naming it (verl's
+own loops cut such a prompt from the left, which would cut the env's instructions, and a
+wider one fails verl's batch). The env is built, reset and stepped in a thread, off the
+worker's event loop that serves the other trajectories.
 
 The env's reward is the trajectory's ``reward_score``. verl's post-processing reads the keys of
 ``reward_extra_info`` from a batch's first sample and indexes every sample with them, so that
@@ -102,6 +105,7 @@ class BenchmaxAgentLoop(AgentLoopBase):
             make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails when verl builds the loop
         self.chat = ChatTemplate(self.tokenizer, **self.apply_chat_template_kwargs)
         self.response_length = self.rollout_config.response_length
+        self.prompt_length = getattr(self.rollout_config, "prompt_length", None)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         extra = dict(kwargs.get("extra_info") or {})
@@ -114,6 +118,13 @@ class BenchmaxAgentLoop(AgentLoopBase):
         request_id = uuid4().hex  # one per trajectory: every turn extends the same prefix
         try:
             await session.areset(options={"task_index": int(task)} if task is not None else None)
+            if self.prompt_length is not None and len(session.episode.prompt_ids) > self.prompt_length:
+                # verl pads prompts to this width and would fail its batch (a torch.cat of prompts of
+                # different widths) after every trajectory played; cutting it would lose the env's prompt
+                raise ValueError(
+                    f"{env_id} task {task}: its prompt is {len(session.episode.prompt_ids)} tokens, "
+                    f"rollout.prompt_length is {self.prompt_length}: raise data.max_prompt_length, or set "
+                    "data.filter_overlong_prompts=True to leave such rows out")
             while not session.done:
                 params = dict(sampling_params)
                 params["max_tokens"] = session.budget

@@ -493,3 +493,68 @@ def test_a_cut_episodes_grading_step_pays_on_its_last_turn(qwen_tokenizer):
     assert episode.cut and episode.truncated and len(episode.turn_rewards) == len(episode.turns) == 1
     assert episode.turn_rewards == [pytest.approx(0.2)] and episode.reward == pytest.approx(0.2)  # the values; no answer
     session.close()
+
+
+def test_a_reply_ending_in_another_eos_is_read_without_it_and_closed_by_the_template():
+    """Qwen2.5-Instruct's generation config stops on ``<|endoftext|>`` as well as ``<|im_end|>``
+    (the engine keeps it in the ids): the env reads the reply without it (as an engine's text
+    has it), the ids keep it as generated, and the template's turn end closes the turn."""
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen2.5")
+    chat = ChatTemplate(tokenizer)
+    endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert endoftext != tokenizer.eos_token_id
+    session = TokenSession("benchmax/Math-v0", chat)
+    session.reset(seed=0)
+    call = session.env.unwrapped.reference_solver()(session.obs, session.info)
+    reply = chat.encode(call) + [endoftext]
+    env_ids = session.step(reply)
+    assert session.env.unwrapped.episode_record()["actions"] == [call]
+    assert session.episode.completion_ids[slice(*session.episode.turns[0])] == reply
+    assert tokenizer.decode(env_ids).startswith("<|im_end|>\n<|im_start|>user\n<tool_response>")
+    session.close()
+
+
+LLAMA2_STYLE = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{- ' ' + m.content + ' ' + eos_token }}"
+                "{%- else %}{{- '[INST] ' + m.role + ': ' + m.content + ' [/INST]' }}{%- endif %}{%- endfor %}")
+
+
+def test_a_turn_end_with_text_before_its_eos_gets_one_eos_per_turn():
+    """A Llama 2 style template writes ``' </s>'`` after a reply: the model's own EOS closes its
+    turn (appending the whole turn end put a second EOS after it); a reply cut without one is
+    closed by the whole turn end."""
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("plain")
+    chat = ChatTemplate(tokenizer, chat_template=LLAMA2_STYLE)
+    assert chat.turn_end == " </s>"
+    session = TokenSession("benchmax/Math-v0", chat)
+    play_tokens(session, seed=0)
+    episode = session.episode
+    assert episode.reward == 1.0 and len(episode.turns) >= 2
+    assert episode.completion_ids.count(tokenizer.eos_token_id) == len(episode.turns)  # the model's, no more
+    for _, end in episode.turns[:-1]:
+        assert tokenizer.decode(episode.completion_ids[end:]).startswith("[INST] ")
+    session.reset(seed=0)
+    cut = session.step(chat.encode("<tool_call>"))  # no stop token: the turn end closes it
+    assert tokenizer.decode(cut).startswith(" </s>[INST] ")
+    session.close()
+
+
+def test_a_backend_failure_after_a_paid_turn_leaves_no_turn_reward(qwen_tokenizer):
+    """fail() (the generation backend raised) after a turn that per-turn rewards paid: its turn
+    rewards are cleared as an env-reported failure's are (verl's turn_scores, OpenRLHF's
+    turn_rewards carried the 0.2 of a trajectory whose score is NaN)."""
+    import math
+
+    chat = ChatTemplate(qwen_tokenizer)
+    session = TokenSession("benchmax/Math-v0", chat, env_kwargs={"python_tool": False, "dense_rewards": True})
+    session.reset(seed=0)
+    session.step(model_ids(chat, session.env.unwrapped.reference_solver()(session.obs, session.info)))
+    assert session.episode.turn_rewards == [pytest.approx(0.2)]
+    session.fail("model_error", "the server went away")
+    episode = session.episode
+    assert episode.failed and episode.reward is None and episode.turn_rewards == [0.0]
+    assert not any(episode.token_rewards()) and math.isnan(episode.metrics()["turn_reward"])
+    session.close()

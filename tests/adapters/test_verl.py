@@ -41,8 +41,8 @@ class SolverServer:
         return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
 
 
-def _agent_loop(tokenizer, server, response_length=2048):
-    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096,
+def _agent_loop(tokenizer, server, response_length=2048, prompt_length=4096):
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": prompt_length,
                                                                  "response_length": response_length}},
                                "data": {"apply_chat_template_kwargs": {}}})
     return hydra.utils.instantiate(config=_agent_loop_registry["benchmax"], trainer_config=DictConfigWrap(config),
@@ -213,6 +213,23 @@ def test_budget_property_every_request_within_what_is_left(qwen_tokenizer, respo
     assert len(out.response_ids) <= response_length and len(out.response_mask) == len(out.response_ids)
     assert out.response_mask[-1] == 1  # never ends on env ids cut short
     assert out.extra_fields["reward_components"]  # graded, cut or not
+
+
+def test_a_prompt_longer_than_prompt_length_fails_naming_it_before_anything_is_generated(qwen_tokenizer):
+    """verl pads prompts to ``prompt_length``: a longer one made a wider row, and its batch's
+    torch.cat failed after every trajectory had played. One that fits exactly plays."""
+    import pytest
+
+    row = task_rows("benchmax/Math-v0", 1)[0]
+    fits = asyncio.run(_agent_loop(qwen_tokenizer, SolverServer(qwen_tokenizer, "benchmax/Math-v0")).run({}, **row))
+    width = len(fits.prompt_ids)
+    server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
+    with pytest.raises(ValueError, match=f"prompt is {width} tokens, rollout.prompt_length is {width - 1}.*"
+                                         "data.max_prompt_length"):
+        asyncio.run(_agent_loop(qwen_tokenizer, server, prompt_length=width - 1).run({}, **row))
+    assert server.requests == []
+    out = asyncio.run(_agent_loop(qwen_tokenizer, server, prompt_length=width).run({}, **row))
+    assert out.prompt_ids == fits.prompt_ids and out.reward_score == 1.0
 
 
 def test_envs_are_built_reset_and_stepped_off_the_workers_event_loop(qwen_tokenizer, monkeypatch):
