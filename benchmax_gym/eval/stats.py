@@ -78,6 +78,17 @@ def _wilson(value: float, n: int, confidence: float) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
+def _newcombe(p: float, q: float, n: int, m: int, confidence: float) -> tuple[float, float]:
+    """The interval of the difference ``p - q`` of two shares over ``n`` and ``m`` units from
+    each one's Wilson interval (Newcombe's hybrid score method, 1998): for a difference whose
+    bootstrap resamples are all the same (both runs solved every task, say), where the percentile
+    interval has zero width. Treats the runs as independent: wider than a paired interval."""
+    lp, up = _wilson(p, n, confidence)
+    lq, uq = _wilson(q, m, confidence)
+    d = p - q
+    return float(d - math.hypot(p - lp, uq - q)), float(d + math.hypot(up - p, q - lq))
+
+
 def _units(owner: np.ndarray, clusters: int) -> tuple[np.ndarray, str | None]:
     """What a bootstrap resamples, for items (episodes) owned by ``clusters`` tasks (``owner``:
     each one's task, sorted): the tasks when there are 2 or more (a cluster bootstrap); with one
@@ -452,6 +463,16 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
                 return out.reshape(2, *picked.shape[:-1])
 
             diff_ci, poi_ci = _intervals(len(shared), statistic, **options)
+        if diff_ci[0] is not None and diff_ci[0] == diff_ci[1]:  # every resample the same: no spread shown
+            units = [len(shared)] * 2 if over == "tasks" else [int(sizes[name][0]), int(sizes[baseline][0])]
+            binary = all(np.isin(v, (0.0, 1.0)).all() for run in (name, baseline) for v in rewards[run])
+            diff_ci = _newcombe(overall[name], overall[baseline], *units, confidence) if binary else (None, None)
+        if poi_ci[0] is not None and poi_ci[0] == poi_ci[1]:
+            poi_ci = (None, None)
+        if None in (*diff_ci, *poi_ci) and over is not None:
+            notes.append(f"{name}: every resample of the {over} gave the same value, so no bootstrap interval "
+                         "shows its uncertainty: the difference of rewards of 0 or 1 takes Newcombe's score "
+                         "interval, anything else has no CI")
         against[name] = {
             "mean_difference": _estimate(overall[name] - overall[baseline], diff_ci),
             "probability_of_improvement": _estimate(poi.mean(), poi_ci),

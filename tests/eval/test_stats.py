@@ -215,3 +215,23 @@ def test_a_mean_reward_the_same_for_every_episode_between_0_and_1_has_no_interva
     assert summary["mean_reward"]["ci_low"] is None and summary["iqm"]["ci_low"] is None
     assert any("every episode scored 0.5" in note for note in summary["notes"])
     assert summary["success_rate"]["ci_high"] == pytest.approx(1 - 10 / (10 + 1.959963984540054 ** 2))
+
+
+def test_a_comparison_whose_resamples_are_all_the_same_shows_its_uncertainty_or_none():
+    """Two runs that solved every one of 10 tasks differ by 0 in every resample: the bootstrap gave
+    0.000 [0.000, 0.000]. A difference of rewards of 0 or 1 takes Newcombe's score interval (from
+    each run's Wilson interval); any other has no CI, nor has a probability of improvement that
+    every resample gives alike."""
+    def run(reward):
+        return [{"task_id": str(t), "task_index": t, "reward": reward, "success": reward == 1.0, "outcome": "scored"}
+                for t in range(10) for _ in range(3)]
+
+    result = compare({"a": run(1.0), "b": run(1.0), "c": run(0.0), "h": run(0.5)})
+    edge = 1 - 10 / (10 + 1.959963984540054 ** 2)  # the open end of Wilson's interval of 10 of 10
+    same, none, half = (result["against_baseline"][k] for k in "bch")
+    assert (same["mean_difference"]["ci_low"], same["mean_difference"]["ci_high"]) == pytest.approx((-edge, edge))
+    assert (none["mean_difference"]["ci_low"], none["mean_difference"]["ci_high"]) == pytest.approx(
+        (-1.0, -1.0 + math.hypot(edge, edge)))
+    assert half["mean_difference"]["ci_low"] is None and half["mean_difference"]["value"] == -0.5
+    assert all(r["probability_of_improvement"]["ci_low"] is None for r in (same, none, half))
+    assert "[0.000, 0.000]" not in format_compare(result) and "[-1.000, -1.000]" not in format_compare(result)
