@@ -18,11 +18,12 @@ real package's hook that turns a raw dataset row into that shape) is applied to 
 Classes of the real ``benchmax`` package (``benchmax.envs.base_env.BaseEnv``) are accepted as they
 are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_reward``. What differs:
 
-* ``init_rollout(rollout_id, **init_rollout_args)`` opens each episode; the environment's own
+* ``init_rollout(rollout_id, **init_rollout_args)`` (async, or sync as in the package's
+  ``LocalMCPEnv``) opens each episode; the environment's own
   workspace hooks (``copy_to_workspace``/``copy_from_workspace``) are its business, called from
   its ``init_rollout`` and ``compute_reward`` as in benchmax.
 * The episode is closed with ``release_rollout(rollout_id)``, or the package's
-  ``cleanup_rollout(rollout_id)`` where that is what the class has.
+  ``cleanup_rollout(rollout_id)`` where that is what the class has (sync or async).
 * ``compute_reward``'s dict is one rubric component, ``benchmax``: each entry is reported in
   ``info["reward_components"]`` and the reward is their mean (the entries share the component's
   weight, :mod:`core.rubric`), not their sum.
@@ -304,11 +305,17 @@ class BenchmaxEnv(ToolEnv):
         return messages
 
     async def aopen_episode(self, episode: Episode, options: dict[str, Any]) -> None:
-        await self.benchmax_env.init_rollout(episode.rollout_id, **(episode.task.answer.get("init_rollout_args") or {}))
+        args = episode.task.answer.get("init_rollout_args") or {}
+        done = self.benchmax_env.init_rollout(episode.rollout_id, **args)
+        if inspect.isawaitable(done):  # (sync in the package's LocalMCPEnv, as its cleanup_rollout)
+            await done
 
     async def aclose_episode(self, episode: Episode) -> None:
         env = self.benchmax_env
-        release = getattr(env, "release_rollout", None) or getattr(env, "cleanup_rollout", None)
+        release = getattr(env, "release_rollout", None)
+        if getattr(type(env), "release_rollout", None) in (None, BaseEnv.release_rollout):
+            # the package's name for it, also on a subclass of ours (whose base has a no-op release_rollout)
+            release = getattr(env, "cleanup_rollout", None) or release
         if release is not None:
             done = release(episode.rollout_id)
             if inspect.isawaitable(done):

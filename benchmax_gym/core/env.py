@@ -48,6 +48,8 @@ import inspect
 import json
 import logging
 import marshal
+import re
+import threading
 import time
 import os
 import uuid
@@ -83,6 +85,14 @@ ACTION_TOO_LONG = "action_too_long"
 DENSE_WEIGHT = 0.2  # ``dense_rewards=True``: what a family's dense signal may pay in all, per episode
 TOO_MANY_CALLS = "too_many_calls"
 NOT_RUN = "not_run"  # a call after a terminal tool's, in the same reply
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD. A JSON escape the model writes in
+    ASCII (``"\\ud800"``) decodes to one, and a tool may echo it: no UTF-8 encoder takes it (a
+    Hugging Face tokenizer raises TypeError, ``print`` raises), so the env never shows one."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 @dataclass
@@ -289,6 +299,9 @@ class ToolEnv(gym.Env[str, str]):
         self.max_action_chars = positive_int("max_action_chars", max_action_chars)
         self.max_tool_output_chars = positive_int("max_tool_output_chars", max_tool_output_chars)
         self.tool_timeout = positive_number("tool_timeout", tool_timeout)
+        if self.tool_timeout > threading.TIMEOUT_MAX:  # (every threaded call would fail with OverflowError)
+            raise ValueError(f"tool_timeout must be at most {threading.TIMEOUT_MAX:g} seconds (the longest a thread "
+                             f"can wait), got {tool_timeout!r}")
         self.episode_timeout = None if episode_timeout is None else positive_number("episode_timeout", episode_timeout)
         self.max_calls_per_action = positive_int("max_calls_per_action", max_calls_per_action)
         self.max_observation_chars = positive_int("max_observation_chars", max_observation_chars)
@@ -762,7 +775,7 @@ class ToolEnv(gym.Env[str, str]):
         if call_id is None:
             call_id = _CALL_IDS[turn] if turn < 256 else f"call_{turn}_0"
         messages = episode.messages
-        function = {"name": name, "arguments": dumps_arguments(arguments)}
+        function = {"name": name, "arguments": utf8_safe(dumps_arguments(arguments))}
         messages.append({"role": "assistant", "content": content,
                          "tool_calls": [{"id": call_id, "type": "function", "function": function}]})
         if tool.direct:  # a success is its text (no result object), a failure its ToolResult
@@ -771,9 +784,9 @@ class ToolEnv(gym.Env[str, str]):
             result = self.toolset.run(name, arguments, episode=episode, timeout=self.tool_timeout,
                                       max_chars=self.max_tool_output_chars, run_coroutine=self.aio.run)
         if type(result) is str:
-            text, error = result, None
+            text, error = utf8_safe(result), None
         else:
-            text, error = result.content, result.error
+            text, error = utf8_safe(result.content), result.error
             if error:
                 episode.tool_errors += 1
             if result.outcome:  # not the model's failure: the episode ends as the general path ends it
@@ -987,7 +1000,7 @@ class ToolEnv(gym.Env[str, str]):
         content = visible.strip() if errors else parsed.content
         if calls:
             episode.messages.append({"role": "assistant", "content": content, "tool_calls": [
-                calls[0].to_openai()] if len(calls) == 1 else [c.to_openai() for c in calls]})
+                _shown_call(calls[0])] if len(calls) == 1 else [_shown_call(c) for c in calls]})
         else:
             episode.messages.append({"role": "assistant", "content": content})
         if errors:
@@ -1068,16 +1081,18 @@ class ToolEnv(gym.Env[str, str]):
         calls = plan.to_run + plan.skipped if plan.skipped else plan.to_run
         new_messages, tool_calls, shown = [], [], []  # one loop: a comprehension costs a frame each
         for c, r in zip(calls, plan.results):
-            new_messages.append({"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.content})
+            name, content = utf8_safe(c.name), utf8_safe(r.content)
+            new_messages.append({"role": "tool", "tool_call_id": c.id, "name": name, "content": content})
             tool_calls.append({"id": c.id, "name": c.name, "arguments": c.arguments})
-            shown.append((c.id, c.name, r.content))
+            shown.append((c.id, name, content))
         said = plan.user_message
         if said is not None:  # the simulated user's words: before any note of the engine's
             episode.user.turns.add(len(episode.messages) + len(new_messages))
             new_messages.append(said)
         if plan.notes:
-            new_messages.append({"role": "user", "content": "\n".join(plan.notes)})
-            obs = "\n".join([self.format.render_results(shown), *plan.notes] if calls else plan.notes)
+            notes = utf8_safe("\n".join(plan.notes))
+            new_messages.append({"role": "user", "content": notes})
+            obs = self.format.render_results(shown) + "\n" + notes if calls else notes
         else:
             obs = self.format.render_results(shown) if calls else ""
         if said is not None and not plan.final:
@@ -1187,6 +1202,15 @@ class _StepPlan:
     def __init__(self, episode: Episode, t0: float):
         self.episode, self.t0 = episode, t0
         self.to_run, self.results, self.errors, self.notes = [], [], [], []
+
+
+def _shown_call(call: ToolCall) -> dict[str, Any]:
+    """``call.to_openai()`` for the transcript, its name and arguments UTF-8-safe (:func:`utf8_safe`)."""
+    message = call.to_openai()
+    function = message["function"]
+    if not (function["name"].isascii() and function["arguments"].isascii()):
+        function["name"], function["arguments"] = utf8_safe(function["name"]), utf8_safe(function["arguments"])
+    return message
 
 
 def copy_json(value: Any) -> Any:

@@ -140,6 +140,8 @@ def _read_unicode_from_shared_memory(space: UnicodeText, shared_memory: Any, n: 
 @write_to_shared_memory.register(UnicodeText)
 def _write_unicode_to_shared_memory(space: UnicodeText, index: int, value: str, shared_memory: Any) -> None:
     codes = np.frombuffer(value.encode("utf-32-le", "surrogatepass"), dtype=np.int32)
+    if len(codes) > space.max_length:  # (its row ends there: it would run into the next env's)
+        raise ValueError(f"a string of {len(codes)} characters does not fit {space!r}, at most {space.max_length}")
     row = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)[index * (space.max_length + 1):]
     row[0] = len(codes)
     row[1:1 + len(codes)] = codes

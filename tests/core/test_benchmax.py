@@ -258,3 +258,47 @@ def test_a_tool_argument_named_episode_reaches_run_tool_intact():
     assert info["error"] is None, obs
     assert f"{env.unwrapped.episode.rollout_id} echo [('episode', 7), ('text', 'x')]" in obs
     env.close()
+
+
+
+class SyncRolloutEnv(AnswerTagEnv):
+    """Sync rollout hooks, named as the benchmax package's LocalMCPEnv (0.1.1) has them."""
+
+    def __init__(self, **kwargs):
+        self.live: set[str] = set()
+
+    def init_rollout(self, rollout_id, **rollout_args):
+        self.live.add(rollout_id)
+
+    def cleanup_rollout(self, rollout_id, keep_workspace=True):
+        self.live.remove(rollout_id)
+
+
+class AsyncCleanupEnv(SyncRolloutEnv):
+    async def init_rollout(self, rollout_id, **rollout_args):
+        self.live.add(rollout_id)
+
+    async def cleanup_rollout(self, rollout_id, keep_workspace=True):
+        self.live.remove(rollout_id)
+
+
+@pytest.mark.parametrize("cls", [SyncRolloutEnv, AsyncCleanupEnv])
+def test_rollout_hooks_sync_or_async_and_named_cleanup_rollout_open_and_close_each_episode(cls):
+    """A sync init_rollout made every reset fail ("object NoneType can't be used in 'await'
+    expression"); a cleanup_rollout on a subclass of benchmax_gym's BaseEnv was never called
+    (the base's no-op release_rollout was), so every episode's rollout was left open."""
+    env = benchmax_gym.BenchmaxEnv(cls, ROWS)
+    env.reset(seed=0)
+    assert env.benchmax_env.live == {env.episode.rollout_id}
+    env.step("<answer>Paris</answer>")
+    env.reset(seed=1)
+    assert env.benchmax_env.live == {env.episode.rollout_id}
+
+    async def again():
+        await env.areset(seed=2)
+        return env.episode.rollout_id
+
+    rollout_id = asyncio.run(again())
+    assert env.benchmax_env.live == {rollout_id}
+    env.close()
+    assert env.benchmax_env.live == set()

@@ -6,6 +6,7 @@ import pickle
 import gymnasium
 import numpy as np
 import pytest
+from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
 
 from benchmax_gym.core.spaces import UnicodeText
 
@@ -152,3 +153,15 @@ def test_jsonable_round_trip():
     space = UnicodeText(64)
     batch = ["a", "漢字😀", ""]
     assert space.from_jsonable(space.to_jsonable(batch)) == batch
+
+
+def test_a_string_too_long_for_shared_memory_is_refused_and_its_neighbour_kept():
+    """AsyncVectorEnv's shared memory holds ``max_length`` characters a row: a longer string (an
+    observation wrapper's) overwrote the next environment's observation without a word."""
+    space = UnicodeText(5)
+    memory = create_shared_memory(space, n=2)
+    write_to_shared_memory(space, 1, "bbb", memory)
+    with pytest.raises(ValueError, match="9 characters.*5"):
+        write_to_shared_memory(space, 0, "a" * 9, memory)
+    write_to_shared_memory(space, 0, "ü" * 5, memory)
+    assert tuple(read_from_shared_memory(space, memory, n=2)) == ("ü" * 5, "bbb")
