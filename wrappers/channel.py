@@ -67,9 +67,17 @@ class _Channel:
 
     def _read(self) -> Any:
         try:
-            message = pickle.loads(self.conn.recv_bytes())
+            data = self.conn.recv_bytes()
         except (EOFError, OSError):
             raise WorkerLost(self.lost_reason()) from None
+        try:
+            message = pickle.loads(data)
+        except Exception as exc:  # a value that pickled in the worker but does not unpickle here (an
+            # exception whose __init__ takes other arguments): its results are lost, the worker is
+            # restarted (else the envs it held would wait for ever)
+            self.crashed = (f"its results could not be read in the parent: {type(exc).__name__}: {exc} "
+                            "(a value that pickled in the worker but does not unpickle here?)")
+            raise WorkerLost(self.crashed) from None
         if message[0] == "crashed":  # the worker's own error, as it stops
             self.crashed = f"the worker failed: {message[1]}"
             raise WorkerLost(self.crashed)

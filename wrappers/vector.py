@@ -27,7 +27,8 @@ survives faults:
           obs, rew, term, trunc, info, ids = envs.recv(min_ready=16)
           envs.send(policy(obs), ids)          # those envs go on while the rest still run
 
-* **Faults.** An environment whose step raises is rebuilt; a worker that dies (even by SIGKILL)
+* **Faults.** An environment whose step raises (``sys.exit()`` too) or whose result cannot be
+  pickled is rebuilt, its neighbours untouched; a worker that dies (even by SIGKILL)
   or exceeds ``step_timeout`` is killed and restarted. The affected environments report
   ``truncated=True`` with ``info["error"]`` and ``info["outcome"] == "env_error"`` (in
   ``final_info`` under ``SAME_STEP``), reward NaN (issue 29: never a reward): every env a lost
@@ -547,7 +548,7 @@ class WorkerVectorEnv(VectorEnv):
         now, ranges = time.monotonic(), self._ranges
         chunks: list[list[tuple]] = [[] for _ in ranges]
         left = [len(ids) for ids in ranges]
-        failed, sent = False, []
+        failed, sent, lost = False, [], {}  # lost: worker -> why its messages stopped (restarted below)
         self._lockstep = (chunks, sent)  # (an interrupted step leaves it: its results are not the next step's)
         for w, ids in enumerate(ranges):
             try:
@@ -562,8 +563,8 @@ class WorkerVectorEnv(VectorEnv):
                 while left[w] > 0 and not failed:
                     try:
                         kind, payload = worker._read()
-                    except WorkerLost:
-                        failed = True
+                    except WorkerLost as error:
+                        failed, lost[w] = True, str(error)
                         break
                     if kind != "batch":
                         failed = True
@@ -580,8 +581,8 @@ class WorkerVectorEnv(VectorEnv):
             for w in heard:
                 try:
                     messages = self._workers[w].recv_ready()
-                except WorkerLost:
-                    failed = True
+                except WorkerLost as error:
+                    failed, lost[w] = True, str(error)
                     break
                 for kind, payload in messages:
                     if kind != "batch":  # (not what step_all answers)
@@ -606,6 +607,8 @@ class WorkerVectorEnv(VectorEnv):
                 for i, result in _rows(chunk):
                     self._ready[i] = result
         self._pending.update((i, now) for i in range(self.num_envs) if i not in self._ready)
+        for w, why in lost.items():  # (one alive whose message could not be read would wait for ever)
+            self._restart(w, why)
         return None
 
     def _batch_columns(self, chunks: list[tuple]) -> tuple | None:

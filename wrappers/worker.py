@@ -40,6 +40,10 @@ FLUSH_EVERY = 256  # results per message at most, when one command steps many en
 # (each is a wake-up, a read and a merge; 1,024 envs over 2 workers: 0.6-0.8 us of parent CPU per
 # env step instead of 1.0 with 256)
 COLUMN_FLUSH_EVERY = 1024
+# What an env's own code may raise that ends its episode, not its worker: sys.exit() in a tool
+# (argparse or click given a model's bad arguments) or a stray KeyboardInterrupt (Ctrl-C is the
+# parent's: workers ignore SIGINT) took the worker down, and every env it held.
+ENV_FAULTS = (Exception, SystemExit, KeyboardInterrupt)
 
 
 def async_api(env: gym.Env) -> Any | None:
@@ -80,6 +84,7 @@ class _Worker:
         self.outbox: list[tuple[int, Any]] = []
         self.flush_scheduled = False
         self.columnar = False  # results go back as columns (a lock-step "step_all"), else as rows
+        self.unsent: set[int] = set()  # envs whose result could not be sent, their episode's end in flight
 
     def _build(self, i: int) -> None:
         env = self.env_fns[i]()
@@ -123,7 +128,7 @@ class _Worker:
                 result = self.stepper[i](action)
             else:
                 result = await self.api[i].astep(action)
-        except Exception as exc:
+        except ENV_FAULTS as exc:
             return await self._broken(i, exc)
         return await self._after(i, result)
 
@@ -137,7 +142,7 @@ class _Worker:
                     final_obs, final_info = obs, info
                     try:
                         obs, info = await self._reset(i, None, None)
-                    except Exception as exc:  # the episode's result stands; the env is rebuilt, the error reported
+                    except ENV_FAULTS as exc:  # the episode's result stands; the env is rebuilt, the error reported
                         obs, _, _, _, info = await self._broken(i, exc)
                         info = {**{k: v for k, v in info.items() if k not in ("final_obs", "final_info")},
                                 "error": info["final_info"]["error"]}
@@ -145,23 +150,23 @@ class _Worker:
                 elif self.mode == AutoresetMode.NEXT_STEP:
                     self.needs_reset[i] = True
             return obs, float(reward), bool(terminated), bool(truncated), info
-        except Exception as exc:
+        except ENV_FAULTS as exc:
             return await self._broken(i, exc)
 
     async def _broken(self, i: int, exc: Exception):
         """The env raised: rebuild it; its episode ends truncated, with the error in the info."""
         error = _env_error(exc)
-        error["traceback"] = traceback.format_exc(limit=5)
+        error["traceback"] = "".join(traceback.format_exception(exc, limit=5))
         try:
             self.envs[i].close()
-        except Exception:
+        except ENV_FAULTS:
             pass
         self._build(i)
         self.needs_reset[i] = True
         if self.mode == AutoresetMode.SAME_STEP:
             try:
                 obs, info = await self._reset(i, None, None)
-            except Exception as again:  # (the env's own error stays the one reported; its next step resets it)
+            except ENV_FAULTS as again:  # (the env's own error stays the one reported; its next step resets it)
                 obs, info = "", {"error": f"{ENV_ERROR}: {type(again).__name__}: {again}"}
             return obs, math.nan, False, True, {"final_obs": "", "final_info": error, **info}
         return "", math.nan, False, True, error
@@ -176,7 +181,7 @@ class _Worker:
                 ended = False
             else:
                 ended = True
-        except Exception as exc:
+        except ENV_FAULTS as exc:
             self._start(i, self._broken(i, exc))
             return
         if ended:
@@ -200,7 +205,7 @@ class _Worker:
                 _, _, terminated, truncated, _ = result  # (not five values: the env failed, as in _step_plain)
                 if terminated or truncated:
                     ended.append(i - start)
-            except Exception as exc:
+            except ENV_FAULTS as exc:
                 result, settled = self._finish_now(self._broken(i, exc)), False
             rows.append(result)
         for j in ended:  # (an env's reset, SAME_STEP, touches no other env: after the loop is alike)
@@ -219,9 +224,13 @@ class _Worker:
             terminated = truncated = bytes(len(rows))
         else:
             terminated, truncated = bytes(map(bool, terminated)), bytes(map(bool, truncated))
-        columns = pack_columns(infos) if self.keep is None else self._kept_columns(infos)
-        self.emit(("batch", _marshalled(((start, start + len(rows)), list(obs), rewards.tobytes(),
-                                         terminated, truncated, columns))))
+        try:
+            columns = pack_columns(infos) if self.keep is None else self._kept_columns(infos)
+            self.emit(("batch", _marshalled(((start, start + len(rows)), list(obs), rewards.tobytes(),
+                                             terminated, truncated, columns))))
+        except Exception:  # (a result that cannot be pickled: the per-env path ends that env's episode alone)
+            for j, row in enumerate(rows):
+                self._deliver(start + j, row)
 
     def _kept_columns(self, infos: tuple[dict, ...]) -> list[tuple]:
         """``pack_columns`` of the infos cut to the kept keys: column by column when every info
@@ -244,7 +253,7 @@ class _Worker:
         if self.plain[i]:
             self._deliver(i, self._finish_now(job))
         else:
-            task = self.loop.create_task(job)
+            task = self.loop.create_task(_guarded(job))
             task.add_done_callback(lambda t, i=i: self._deliver(i, self._outcome(t)))
 
     @staticmethod
@@ -253,7 +262,7 @@ class _Worker:
             job.send(None)
         except StopIteration as done:
             return done.value
-        except Exception as exc:  # a reset that raised
+        except ENV_FAULTS as exc:  # a reset that raised
             return _raised(exc)
         job.close()
         raise RuntimeError("a plain environment awaited")
@@ -288,14 +297,47 @@ class _Worker:
         if self.outbox:
             out, self.outbox = self.outbox, []
             try:
-                self.emit(("batch", pack_results(out)) if self.columnar else ("results", out))
+                try:
+                    self.emit(("batch", pack_results(out)) if self.columnar else ("results", out))
+                except Exception:  # (a result that cannot be pickled: that env's alone)
+                    out = self._sendable(out)
+                    if out:
+                        self.emit(("batch", pack_results(out)) if self.columnar else ("results", out))
+                else:
+                    if self.unsent:
+                        self.unsent.difference_update(i for i, _ in out)
             except Exception as exc:  # (run by the loop, outside any command: the parent must hear of it)
                 self.crash(exc)
 
+    def _sendable(self, rows: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+        """The rows whose results pickle. Each other env's episode ends as if it had raised, with
+        what could not be sent (a lock, a generator, a lambda in its info): its neighbours'
+        results go on, and the parent learns which env and which value (once the worker died,
+        and every env it held, with no env named)."""
+        good = []
+        for i, result in rows:
+            try:
+                pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                problem = TypeError(f"env {i}'s result cannot be sent to the parent: {_unpicklable(result)} "
+                                    f"{type(exc).__name__}: {exc}")
+                if i not in self.unsent:  # rebuilt, and reset now under SAME_STEP (its result comes next)
+                    self.unsent.add(i)
+                    self._start(i, self._broken(i, problem))
+                    continue
+                # SAME_STEP: the reset that replaced it cannot be sent either; the error alone (the env is reset)
+                error = _env_error(problem)
+                result = ("", math.nan, False, True,
+                          {"final_obs": "", "final_info": error, "error": error["error"]})
+            self.unsent.discard(i)
+            good.append((i, result))
+        return good
+
     def crash(self, exc: BaseException) -> None:
-        """A command, or sending its results, failed in the worker itself (a result that cannot
-        be pickled): its host reports it and stops, so the parent restarts the worker and reports
-        this error rather than waiting for results that will not come."""
+        """A command, or sending its results, failed in the worker itself (not one env's result
+        that cannot be pickled: ``_sendable``): its host reports it and stops, so the parent
+        restarts the worker and reports this error rather than waiting for results that will not
+        come."""
         raise exc
 
     def handle(self, command: str, payload: Any) -> None:
@@ -474,13 +516,18 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
             return
         try:
             worker.handle(command, payload)
-        except Exception as exc:
+        except BaseException as exc:  # (a SystemExit in an env's call(): said, not an unexplained exit)
             crash(exc)
 
     emit(("ready", None))
     loop.add_reader(conn.fileno(), on_command)
     with fewer_collections():
-        loop.run_forever()
+        while True:
+            try:
+                loop.run_forever()
+                break
+            except (SystemExit, KeyboardInterrupt):  # from a task an env's code started (an async
+                continue  # tool that calls sys.exit()): the task holds it, and the step awaiting it fails
     outbox.flush()  # (a crash report, or results a closing parent may still read)
     worker.close()
     loop.close()
@@ -550,12 +597,38 @@ class _Outbox:
         self.sock.close()
 
 
-def _raised(exc: Exception) -> tuple:
+async def _guarded(job) -> Any:
+    """``job``, whose ``SystemExit`` or ``KeyboardInterrupt`` is the env's failure: in a task
+    it would stop the worker's loop."""
+    try:
+        return await job
+    except (SystemExit, KeyboardInterrupt) as exc:
+        return _raised(exc)
+
+
+def _unpicklable(result: tuple) -> str:
+    """Which part of a result does not pickle, as ``"info['lock']:"`` (an observation's, a
+    reward's...), or ``""``."""
+    *values, info = result
+    parts = [(name, value) for name, value in zip(("observation", "reward", "terminated", "truncated"), values)]
+    if isinstance(info, dict):
+        parts += [(f"info[{key!r}]", value) for key, value in info.items()]
+    else:
+        parts.append(("info", info))
+    for name, value in parts:
+        try:
+            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            return f"{name}:"
+    return ""
+
+
+def _raised(exc: BaseException) -> tuple:
     """The result of a reset that raised: the env failed (issue 29), not the model."""
     return "", math.nan, False, True, _env_error(exc)
 
 
-def _env_error(exc: Exception) -> dict[str, Any]:
+def _env_error(exc: BaseException) -> dict[str, Any]:
     """The info of an episode its env's exception ended (``outcome_detail``: the exception)."""
     return {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "outcome": ENV_ERROR,
             "outcome_detail": outcome_detail(f"the env raised {type(exc).__name__}: {exc}")}

@@ -909,7 +909,8 @@ def test_set_attr_an_env_refuses_raises_its_own_error_at_once():
 
 
 @pytest.mark.parametrize("ready_first", [False, True])
-def test_a_result_the_worker_cannot_send_is_reported_with_the_workers_own_error(ready_first):
+def test_a_result_the_worker_cannot_send_is_reported_as_that_envs_error(ready_first):
+    """(More in test_vector_hostile: the envs beside it keep their results.)"""
     envs = SubprocVectorEnv([Fragile] * 2, num_workers=1)
     envs.reset(seed=0)
     if ready_first:
@@ -917,10 +918,11 @@ def test_a_result_the_worker_cannot_send_is_reported_with_the_workers_own_error(
         *_, info, _ = envs.recv(min_ready=2, timeout=60)
     else:
         *_, info = envs.step(["lock", "lock"])
-    assert all("worker_restarted: the worker failed: TypeError: cannot pickle '_thread.lock'" in e for e in info["error"])
-    assert envs.faults == 1
-    obs, *_ = envs.step(["x", "x"])  # the restarted worker steps on
-    assert all(o.startswith("start") for o in obs)  # (its envs were never reset: this step resets them)
+    assert all(f"env {i}'s result cannot be sent to the parent: info['lock']: TypeError: cannot pickle '_thread.lock'"
+               in e for i, e in enumerate(info["error"]))
+    assert envs.faults == 0  # (the worker goes on)
+    obs, *_ = envs.step(["x", "x"])
+    assert all(o.startswith("start") for o in obs)  # (their episodes ended: this step resets them)
     envs.close()
 
 
