@@ -570,7 +570,7 @@ def _one_argument_invoke(only: str, kind: type):
             if type(value) is kind:
                 try:
                     value = t.fn(value)
-                except Exception as exc:
+                except TOOL_FAULTS as exc:
                     return _failed(t.name, exc, timeout, max_chars)
                 return value if type(value) is str and len(value) <= max_chars else _capped_text(t.name, value, max_chars)
         return run_direct_text(t, args, timeout, max_chars)
@@ -813,14 +813,14 @@ class Toolset:
             elif t.is_async:
                 if run_coroutine is None:
                     raise RuntimeError("async tool called without an event loop runner")
-                value = run_coroutine(t.fn(**kwargs), None if t.self_timed else timeout)
+                value = run_coroutine(_no_exit(t.fn(**kwargs)), None if t.self_timed else timeout)
             elif t.inline or t.self_timed:
                 value = t.fn(**kwargs)
             else:
                 value = _THREADS.submit(t.fn, **kwargs).result(timeout)
         except (TimeoutError, concurrent.futures.TimeoutError, asyncio.TimeoutError):
             return _timed_out(name, timeout)
-        except Exception as exc:  # the tool's own failure is the model's observation
+        except TOOL_FAULTS as exc:  # the tool's own failure is the model's observation
             return _error_result(name, exc, max_chars)
         text = value if type(value) is str and len(value) <= max_chars else _capped_text(name, value, max_chars)
         return text if type(text) is not str else ToolResult(text)
@@ -840,7 +840,7 @@ class Toolset:
             return failed
         try:
             if t.is_async:
-                value = await (t.fn(**kwargs) if t.self_timed else asyncio.wait_for(t.fn(**kwargs), timeout))
+                value = await (_no_exit(t.fn(**kwargs)) if t.self_timed else asyncio.wait_for(_no_exit(t.fn(**kwargs)), timeout))
             elif t.inline:
                 value = t.fn(**kwargs)
             else:
@@ -849,7 +849,7 @@ class Toolset:
                 value = await (fut if t.self_timed else asyncio.wait_for(fut, timeout))
         except (TimeoutError, asyncio.TimeoutError):
             return _timed_out(name, timeout)
-        except Exception as exc:
+        except TOOL_FAULTS as exc:
             return _error_result(name, exc, max_chars)
         text = _capped_text(name, value, max_chars)
         return text if type(text) is not str else ToolResult(text)
@@ -871,9 +871,26 @@ def run_direct_text(t: Tool, arguments: dict[str, Any], timeout: float, max_char
         return _validator_failed(t.name, exc, max_chars)
     try:
         value = t.fn(**kwargs)
-    except Exception as exc:
+    except TOOL_FAULTS as exc:
         return _failed(t.name, exc, timeout, max_chars)
     return value if type(value) is str and len(value) <= max_chars else _capped_text(t.name, value, max_chars)
+
+
+#: What a tool's own code may raise that is its error: ``sys.exit()`` too (argparse or click given
+#: a model's bad arguments exits), which otherwise ended the training process (a KeyboardInterrupt
+#: is the user's Ctrl-C: it is not caught)
+TOOL_FAULTS = (Exception, SystemExit)
+
+
+class ToolExited(Exception):
+    """An async tool called ``sys.exit()``: raised in its task, a ``SystemExit`` stops the event loop."""
+
+
+async def _no_exit(coroutine: Any) -> Any:
+    try:
+        return await coroutine
+    except SystemExit as exc:
+        raise ToolExited(exc.code) from None
 
 
 def _failed(name: str, exc: Exception, timeout: float, max_chars: int) -> ToolResult:
@@ -922,6 +939,9 @@ def _error_result(name: str, exc: Exception, max_chars: int) -> ToolResult:
         return ToolResult(truncate(f"Error: {_message(exc)}", max_chars), exc.code)
     if isinstance(exc, ToolFailure):
         return FailedResult(truncate(f"Error: tool '{name}' failed: {_message(exc)}", max_chars), exc.outcome)
+    if isinstance(exc, (SystemExit, ToolExited)):
+        code = exc.code if isinstance(exc, SystemExit) else exc.args[0]
+        return ToolResult(truncate(f"Error: tool '{name}' exited (sys.exit({code!r}))", max_chars), "tool_error")
     return ToolResult(truncate(f"Error: tool '{name}' failed: {_describe(exc)}", max_chars), "tool_error")
 
 
