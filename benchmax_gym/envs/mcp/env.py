@@ -19,7 +19,7 @@ from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.mcp.rubric import ServerClient, example_progress, example_rubric, user_rubric
 from benchmax_gym.envs.mcp.solver import MCPSolver
 from benchmax_gym.envs.mcp.tasks import example_tasks, user_tasks
-from benchmax_gym.envs.mcp.tools import Connection, kill_servers, mcp_tool, parse_servers
+from benchmax_gym.envs.mcp.tools import Connection, exposed_names, kill_servers, mcp_tool, parse_servers
 
 EXAMPLE_SERVER = {"command": sys.executable, "args": ["-m", "benchmax_gym.envs.mcp.example_server"]}
 SYSTEM_PROMPT = "You are an assistant with tools. Use them to complete the task, then reply without a tool call."
@@ -33,7 +33,8 @@ class MCPEnv(ToolEnv):
         server: a stdio server ``{"command", "args", "env", "cwd"}`` (``"{workspace}"`` in args,
             env or cwd becomes the episode's directory; by default it is the server's cwd), a
             streamable-HTTP URL, an ``{"mcpServers": {...}}`` dict or the path of such a JSON
-            file (tools are prefixed ``server__`` when two servers share a name). Default: the
+            file (tools are prefixed ``server__`` when two servers share a name; see
+            :func:`~benchmax_gym.envs.mcp.tools.exposed_names`). Default: the
             bundled notes/calculator example server.
         tasks: a list of task dicts (``prompt``, ``answer``, ``solution``...), a JSON/JSONL
             file, or a TaskSource. Default: the bundled example tasks.
@@ -110,15 +111,11 @@ class MCPEnv(ToolEnv):
         for connection in self.connections.values():
             await connection.start(self.workspace)
         listed = {name: await c.list_tools() for name, c in self.connections.items()}
-        counts: dict[str, int] = {}
-        for tools in listed.values():
-            for t in tools:
-                counts[t.name] = counts.get(t.name, 0) + 1
+        exposed = exposed_names({name: [t.name for t in tools] for name, tools in listed.items()})
         toolset = Toolset()
         for name, tools in listed.items():
             for t in tools:
-                exposed = f"{name}__{t.name}" if counts[t.name] > 1 else t.name
-                toolset.add(mcp_tool(self, self.connections[name].spec, t, exposed))
+                toolset.add(mcp_tool(self, self.connections[name].spec, t, exposed[name, t.name]))
         self.set_toolset(toolset)
         self._started = True
 

@@ -19,6 +19,7 @@ chunk is logged at debug level.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -125,6 +126,18 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
+def _answers(line: bytes, outstanding: dict[str, types.RequestId]) -> types.RequestId | None:
+    """The request that ``line``, which the SDK could not read, answers: a JSON object with
+    that request's ``id`` and no ``method`` (Python's parser reads what the SDK's may not)."""
+    try:
+        obj = json.loads(line.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict) or "method" in obj or not isinstance(obj.get("id"), (int, str)):
+        return None
+    return outstanding.get(str(obj["id"]))
+
+
 class _Oversized:
     """What is kept of a message too big to deliver: its size and both ends."""
 
@@ -177,6 +190,12 @@ async def stdio_transport(
 
     async def deliver(line: bytes) -> None:
         message = _parse(line)
+        if isinstance(message, Exception) and (request_id := _answers(line, outstanding)) is not None:
+            # An answer the SDK cannot read (nested too deep, bad UTF-8): its call fails now, not
+            # at its timeout, which would stop the server and lose its state.
+            reason = (str(message).splitlines()[1:2] or [type(message).__name__])[0].split(" [type=")[0].strip()
+            message = SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(
+                code=types.INTERNAL_ERROR, message=f"the server's reply could not be read: {reason}")))
         if isinstance(message, SessionMessage) and isinstance(
             message.message, (types.JSONRPCResponse, types.JSONRPCError)
         ):

@@ -15,10 +15,12 @@ import asyncio
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import weakref
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +31,11 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
-from benchmax_gym.core.tools import Tool, ToolError, ToolFailure
+from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, ToolSchemaError
 from benchmax_gym.envs.mcp.stdio import StderrTail, kill_processes, start_time, stdio_transport, tree
 
 WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episode's directory
@@ -115,8 +118,12 @@ def _spec(name: str, entry: Any) -> ServerSpec:
     cwd = entry.get("cwd")
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ValueError(f"server {name!r}: 'args' must be a list of strings")
-    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ValueError(f"server {name!r}: 'env' must be a dict of strings to strings, got {env!r:.200}")
+    if not isinstance(env, Mapping):
+        raise ValueError(f"server {name!r}: 'env' must be a dict of strings to strings, got {type(env).__name__}")
+    bad = [k for k, v in env.items() if not (isinstance(k, str) and isinstance(v, str))]
+    if bad:  # named by key: the values are often secrets, which an error message ends up in logs with
+        raise ValueError(f"server {name!r}: 'env' must be a dict of strings to strings; the entries "
+                         f"{', '.join(repr(k) for k in bad[:5])} are not (their values are not shown)")
     if cwd is not None and not isinstance(cwd, str):
         raise ValueError(f"server {name!r}: 'cwd' must be a string, got {type(cwd).__name__}")
     if cwd and WORKSPACE not in cwd and not Path(cwd).is_dir():  # ("{workspace}" only exists at reset)
@@ -140,6 +147,40 @@ def parse_servers(server: Any) -> list[ServerSpec]:
             raise ValueError("server: 'mcpServers' must map at least one name to a server")
         return [_spec(str(name), entry) for name, entry in servers.items()]
     return [_spec("server", server)]
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # MCP's advice for tool names: every tool-call format carries these
+
+
+def _clean(name: str) -> str:
+    """``name`` if it is a plain tool name, else with every other character as ``_``, cut to 128."""
+    return name if _NAME.fullmatch(name) else (re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:128] or "tool")
+
+
+def exposed_names(listed: Mapping[str, Sequence[str]]) -> dict[tuple[str, str], str]:
+    """The name the model calls each ``(server, tool)`` by: the tool's own where the tool-call
+    formats can carry it (a name with ``>``, ``<``, spaces or newlines cannot be written in every
+    one) and no other server has it; ``server__tool`` where two servers share it; characters
+    outside ``[A-Za-z0-9_.-]`` become ``_``; a name still taken gets ``_2``, ``_3``... A server
+    listing one name twice fails the reset, naming it."""
+    shared = Counter(n for names in listed.values() for n in {_clean(x) for x in names})
+    wanted: dict[tuple[str, str], str] = {}
+    for server, names in listed.items():
+        for name in names:
+            if (server, name) in wanted:
+                raise RuntimeError(f"MCP server {server!r} lists two tools named {name!r}")
+            wanted[server, name] = _clean(f"{server}__{name}" if shared[_clean(name)] > 1 else name)
+    taken: set[str] = set()
+    exposed: dict[tuple[str, str], str] = {}
+    for key in sorted(wanted, key=lambda k: wanted[k] != k[1]):  # names kept as they are first
+        base = name = wanted[key]
+        n = 1
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        exposed[key] = name
+    return {key: exposed[key] for key in wanted}  # (in the servers' order)
 
 
 def result_text(result: Any) -> str:
@@ -261,6 +302,8 @@ class Connection:
         except (asyncio.TimeoutError, TimeoutError):
             raise RuntimeError(f"MCP server {self.spec.name!r} did not list its tools within {self.init_timeout:g} s "
                                "(init_timeout)") from None
+        except (MCPError, ValidationError) as exc:  # an error answer, or a list that is not MCP's
+            raise RuntimeError(f"MCP server {self.spec.name!r} could not list its tools: {_short(exc)}") from None
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         if not self.alive:
@@ -287,6 +330,15 @@ class Connection:
         pids, self.pids = self.pids, {}
         for pid, born in pids.items():
             _kill_tree(pid, born)
+
+
+def _short(exc: MCPError | ValidationError) -> str:
+    """An error answer's message, or a pydantic error in one line (not its whole dump)."""
+    if isinstance(exc, MCPError):
+        return exc.message
+    first = exc.errors()[0]
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"not a valid {exc.title}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}{more}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -331,6 +383,10 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
                 # An error answer (an unknown tool, an oversized reply): the server keeps its state.
                 raise ToolError(f"the MCP server {server.name!r} answered {name!r} with an error: "
                                 f"{exc.message}") from None
+            if isinstance(exc, ValidationError) and connection.alive:
+                # An answer that is not MCP's (an unknown content type): the connection is fine.
+                raise ToolError(f"the MCP server {server.name!r} answered {name!r} with a result that is "
+                                f"{_short(exc)}") from None
             # Either way below, the server's state is gone and the episode cannot go on as it was:
             # a failure that is not the model's (core.outcomes), which ends it.
             if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or "timed out" in str(exc).lower():
@@ -360,8 +416,11 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             raise ToolError(text or f"tool {name!r} reported an error")
         return text
 
-    tool = Tool.from_schema(name, remote.description or name, remote.input_schema, call, wants_episode=False,
-                            wants_state=False, lenient=getattr(env, "lenient_schemas", False))
+    try:
+        tool = Tool.from_schema(name, remote.description or name, remote.input_schema, call, wants_episode=False,
+                                wants_state=False, lenient=getattr(env, "lenient_schemas", False))
+    except ToolSchemaError as exc:  # which server's, when there are several
+        raise ToolSchemaError(f"{exc} (a tool of the MCP server {server.name!r})") from None
     tool.self_timed = True  # the call times itself out and stops the server before answering
     return tool
 
