@@ -19,17 +19,25 @@ way for a model's workbook to reach outside itself at grading:
   cover at most :data:`MAX_RANGES_CELLS` together (:class:`RangesTooLarge`): ranges under the
   cut are never cut, and 40 formulas over their own 99,000-cell ranges took 2.4 GB.
 * **array size**: a function or operator whose result would have over :data:`MAX_ARRAY_CELLS`
-  cells (``A1:A20000*TRANSPOSE(A1:A20000)``, ``MMULT``, ``MUNIT``, ``MAKEARRAY``, ``EXPAND``) is
-  refused before it runs (:class:`ArrayTooLarge`): one such numpy operation on objects holds the
-  GIL, so no deadline could stop it (97 s and 3.2 GB past a 3 s limit).
+  cells (``A1:A20000*TRANSPOSE(A1:A20000)``, ``MMULT``, ``MUNIT``, ``MAKEARRAY``, ``EXPAND``, the
+  periods ``CUMIPMT``/``CUMPRINC`` list, the cells ``TEXTSPLIT`` pads) is refused before it runs
+  (:class:`ArrayTooLarge`): one such numpy operation on objects holds the GIL, so no deadline
+  could stop it (97 s and 3.2 GB past a 3 s limit).
+* **numbers past a float**: ``FACT``, ``FACTDOUBLE``, ``PERMUT`` and ``PERMUTATIONA`` answer
+  Excel's ``#NUM!`` past 1.8e308 instead of building the exact integer in one GIL-holding call
+  (``FACT(3000000)`` ran over 60 s past a 3 s limit); ``FACTDOUBLE`` no longer wraps past 33!!.
+* **regular expressions**: ``REGEXTEST``/``REGEXEXTRACT``/``REGEXREPLACE`` run on the ``regex``
+  module with the GIL released and the deadline as timeout (``re`` cannot be interrupted:
+  ``(a|aa)+b`` on 40 letters backtracks for days); ``REGEXTEST`` looks for a match anywhere, as
+  Excel does (``formulas`` only at the start).
 * **deadline**: a recalculation given a time limit (:func:`deadline`) stops at the next cell
   ``formulas`` loads, range it assembles or formula it evaluates past it (:class:`Overrun`):
   20,000 chained formulas took 44 s.
 * **text cap**: Excel's text results stop at 32,767 characters (``#VALUE!`` past that);
   ``formulas`` builds any string, so ``REPT(REPT("x",30000),30000)`` took ~1 GB. ``REPT`` and
-  ``SUBSTITUTE`` check the length before building; ``&``, ``CONCAT``, ``CONCATENATE``,
-  ``TEXTJOIN`` and ``REPLACE`` (whose results are at most a few times their capped inputs)
-  check after.
+  ``SUBSTITUTE``, ``REGEXREPLACE``, and ``CONCAT``, ``CONCATENATE``, ``TEXTJOIN`` and
+  ``ARRAYTOTEXT`` (whose inputs may be many ranges of long texts: gigabytes) check the length
+  before building; ``&`` and ``REPLACE`` (at most twice their capped inputs) check after.
 """
 
 from __future__ import annotations
@@ -38,6 +46,8 @@ import contextlib
 import functools
 import math
 import os
+import re
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -125,7 +135,11 @@ def _checked(method: Any) -> Any:
 def apply() -> None:
     """Install the fixes into the imported ``formulas`` package (idempotent)."""
     import formulas.excel.xlreader as xlreader
-    from formulas.functions import Error, XlError, get_functions, replace_empty, wrap_func, wrap_ufunc
+    import schedula as sh
+    from formulas.functions import (
+        Error, XlError, flatten, get_error, get_functions, is_not_empty, raise_errors, replace_empty,
+        return_2d_func, wrap_func, wrap_ufunc,
+    )
     from formulas.functions import text as ftext
     from formulas.functions.operators import OPERATORS
     from formulas.tokens.operator import Operator
@@ -237,15 +251,96 @@ def apply() -> None:
         args_parser=lambda *a: (replace_empty(v, "") for v in a),
     )
     functions["REPLACE"] = functions["REPLACEB"] = wrap_ufunc(capped(ftext.xreplace), **ftext._kw0)
-    functions["_XLFN.CONCAT"] = functions["CONCAT"] = wrap_func(capped(ftext.xconcat))
-    functions["_XLFN.CONCATENATE"] = functions["CONCATENATE"] = wrap_ufunc(
-        capped(ftext.xconcat), **ftext._kw0
-    )
-    functions["_XLFN.TEXTJOIN"] = functions["TEXTJOIN"] = wrap_func(capped(ftext.xtextjoin))
     OPERATORS["&"] = wrap_ufunc(
         capped(lambda x, y: x + y), input_parser=lambda *a: map(ftext._str, a),
         args_parser=lambda *a: (replace_empty(v, "") for v in a),
     )
+
+    # --- text built from many values: checked before it is built
+    def concat(text: Any, *args: Any) -> Any:
+        values = list(flatten((text, *args), is_not_empty))
+        raise_errors(values)
+        parts = [ftext._str(v) for v in values]
+        return too_long if sum(map(len, parts)) > MAX_TEXT else "".join(parts)
+
+    def textjoin(delimiter: Any, ignore_empty: Any, text: Any, *args: Any) -> Any:
+        raise_errors(delimiter, ignore_empty, text, *args)
+        if ignore_empty:
+            values = flatten((text, *args), is_not_empty)
+        else:
+            values = (replace_empty(v, "") for v in flatten((text, *args), None))
+        parts, sep = [ftext._str(v) for v in values], ftext._str(next(flatten(delimiter, None)))
+        if sum(map(len, parts)) + len(sep) * (len(parts) - 1) > MAX_TEXT:
+            return too_long
+        return sep.join(parts)
+
+    def arraytotext(array: Any, format_type: Any = 0) -> Any:
+        values = flatten(np.asarray(array, object), None)
+        if sum(len(ftext._str(v)) + 3 for v in values) > MAX_TEXT:  # ", " or '"",' per value at most
+            return too_long
+        return ftext.xarraytotext(array, format_type)
+
+    def textsplit(text: Any, col_delimiter: Any, row_delimiter: Any = None, *args: Any) -> Any:
+        rows, cols = _split_shape(ftext._str(text), col_delimiter, row_delimiter, flatten)
+        if rows * cols > MAX_ARRAY_CELLS:
+            raise ArrayTooLarge("TEXTSPLIT", rows * cols)
+        return ftext.xtextsplit(text, col_delimiter, row_delimiter, *args)
+
+    functions["_XLFN.CONCAT"] = functions["CONCAT"] = wrap_func(concat)
+    functions["_XLFN.CONCATENATE"] = functions["CONCATENATE"] = wrap_ufunc(concat, **ftext._kw0)
+    functions["_XLFN.TEXTJOIN"] = functions["TEXTJOIN"] = wrap_func(textjoin)
+    functions["ARRAYTOTEXT"] = functions["_XLFN.ARRAYTOTEXT"] = wrap_ufunc(
+        arraytotext, input_parser=lambda *a: a, args_parser=lambda *a: a,
+        check_error=lambda a, format_type=0: get_error(format_type), excluded={0},
+    )
+    functions["TEXTSPLIT"] = functions["_XLFN.TEXTSPLIT"] = wrap_ufunc(
+        textsplit, input_parser=lambda *a: a, args_parser=lambda *a: a,
+        excluded={1, 2, 5}, return_func=return_2d_func, check_nan=False,
+    )
+
+    # --- regular expressions: the regex module, stopped at the deadline, results capped
+    ftext._xregex = functools.partial(_regex, too_long=too_long)
+
+    def regextest(text: Any, pattern: Any, case_sensitivity: Any = 0) -> bool:
+        rx, text = ftext._xregex(text, pattern, case_sensitivity)
+        return rx.search(text) is not None  # Excel: whether any part of the text matches (formulas: the start)
+
+    functions["REGEXTEST"] = functions["_XLFN.REGEXTEST"] = wrap_ufunc(regextest, check_nan=False, **ftext._kw0)
+
+    # --- numbers past a float: Excel's #NUM!, never the exact integer (FACT(1E9) would hold the GIL for days)
+    from formulas.functions import stat as fstat
+
+    def fact(number: Any) -> Any:
+        return float(math.factorial(int(number))) if 0 <= number < 171 else np.nan  # 171! is past a float
+
+    def factdouble(number: Any) -> Any:
+        raise_errors(number)
+        x = next(flatten(number, None))
+        if isinstance(x, bool):
+            return Error.errors["#VALUE!"]
+        x = float(0 if x is sh.EMPTY else x)
+        if not -1 <= x < 301:  # 301!! is past a float (numpy's int64 product wrapped from 35!!)
+            return Error.errors["#NUM!"]
+        return float(math.prod(range(int(x), 0, -2)))
+
+    def permut(number: Any, number_chosen: Any) -> Any:
+        n, k = int(number), int(number_chosen)
+        if k < 0 or n < k:
+            return Error.errors["#NUM!"]
+        if math.lgamma(n + 1) - math.lgamma(n - k + 1) > _LOG_FLOAT_MAX:
+            return Error.errors["#NUM!"]
+        return float(math.perm(n, k))
+
+    def permutationa(number: Any, number_chosen: Any) -> Any:
+        n, k = int(number), int(number_chosen)
+        if n > 1 and k > 0 and k * math.log(n) > _LOG_FLOAT_MAX:
+            return Error.errors["#NUM!"]
+        return fstat.xpermutationa(number, number_chosen)
+
+    functions["FACT"] = wrap_ufunc(fact)
+    functions["FACTDOUBLE"] = wrap_func(factdouble)
+    functions["_XLFN.PERMUT"] = functions["PERMUT"] = wrap_ufunc(permut)
+    functions["_XLFN.PERMUTATIONA"] = functions["PERMUTATIONA"] = wrap_ufunc(permutationa)
 
     # --- array size
     for table in (functions, OPERATORS):
@@ -256,6 +351,99 @@ def apply() -> None:
                 entry["function"] = _sized(name, entry["function"])
             elif callable(entry):
                 table[name] = _sized(name, entry)
+
+
+_LOG_FLOAT_MAX = math.log(sys.float_info.max)
+
+
+def _remaining() -> float | None:
+    """Seconds left to this thread's recalculation (None: no deadline)."""
+    at = getattr(_deadline, "at", None)
+    return None if at is None else max(at - time.monotonic(), 0.001)
+
+
+class _Regex:
+    """A pattern of the ``regex`` module run with the GIL released and the recalculation's deadline
+    as its timeout (:class:`Overrun` past it): Python's ``re`` cannot be interrupted, and
+    ``REGEXTEST(REPT("a",40)&"!","(a|aa)+b")`` backtracks for days. ``sub`` stops at Excel's text
+    limit before it builds more: a 32,767-character text with a 32,767-character replacement at each
+    of its 32,768 empty matches is a billion characters."""
+
+    def __init__(self, pattern: Any, too_long: Any):
+        self.pattern, self.too_long = pattern, too_long
+
+    def _run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            result = getattr(self.pattern, method)(*args, timeout=_remaining(), concurrent=True, **kwargs)
+            return list(result) if method == "finditer" else result
+        except TimeoutError:
+            raise Overrun from None
+
+    def match(self, text: str) -> Any:
+        return self._run("match", text)
+
+    def search(self, text: str) -> Any:
+        return self._run("search", text)
+
+    def finditer(self, text: str) -> Any:
+        return self._run("finditer", text)
+
+    def sub(self, template: str, text: str, count: int = 0) -> Any:
+        refs = len(_TEMPLATE_REF.findall(template))
+        size = len(text)  # at most the result's length, match by match
+
+        def expand(m: Any) -> str:
+            nonlocal size
+            longest = max(len(g) for g in (m[0], *m.groups()) if g is not None)
+            size += len(template) + refs * longest - len(m[0])
+            if size > MAX_TEXT:
+                raise _TooLong
+            return m.expand(template)
+
+        try:
+            return self._run("sub", expand, text, count=count)
+        except _TooLong:
+            return self.too_long
+
+
+class _TooLong(Exception):
+    pass
+
+
+# A group reference in a replacement template (\1, \g<name>); an escaped backslash before a digit
+# may count too, which only overestimates.
+_TEMPLATE_REF = re.compile(r"\\(?:g<[^>]*>|[1-9][0-9]?)")
+
+
+def _regex(text: Any, pattern: Any, case_sensitivity: Any = 0, *, too_long: Any) -> tuple[_Regex, str]:
+    """``formulas``' ``_xregex`` on the ``regex`` module (see :class:`_Regex`)."""
+    import regex
+    from formulas.functions import Error, replace_empty
+    from formulas.functions.text import _str
+    from formulas.errors import FoundError
+
+    case_sensitivity = int(float(replace_empty(case_sensitivity)))
+    if case_sensitivity not in (0, 1):
+        raise FoundError(err=Error.errors["#VALUE!"])
+    flags = regex.IGNORECASE if case_sensitivity == 1 else 0
+    return _Regex(regex.compile(_str(pattern), flags), too_long), _str(text)
+
+
+def _split_shape(text: str, col_delimiter: Any, row_delimiter: Any, flatten: Any) -> tuple[int, int]:
+    """Rows and columns of ``TEXTSPLIT(text, ...)`` before its padding makes them (0 where the
+    delimiters are bad: the function answers that; matched ignoring case, an upper bound): one text
+    of 32,767 characters splits into 16,000 x 16,000 cells."""
+    def pattern(delimiter: Any) -> str | None:
+        from formulas.functions.text import _str
+        parts = [_str(v) for v in flatten(delimiter, None, True)]
+        return "|".join(map(re.escape, parts)) if parts and all(parts) else None
+
+    cols = pattern(col_delimiter)
+    rows = [text] if row_delimiter is None else (re.split(p, text, flags=re.IGNORECASE) if (p := pattern(row_delimiter)) else [])
+    if cols is None or not rows:
+        return 0, 0
+    split = re.compile(cols, re.IGNORECASE)
+    return len(rows), max(len(split.split(row)) for row in rows)
 
 
 def _shape(value: Any) -> tuple[int, int] | None:
@@ -294,6 +482,8 @@ def _result_cells(name: str, args: tuple) -> float:
         return _number(args[0]) ** 2
     elif base == "MAKEARRAY" and len(args) >= 2:
         return _number(args[0]) * _number(args[1])
+    elif base in ("CUMIPMT", "CUMPRINC") and len(args) >= 5:  # a list of its periods
+        return _number(args[4]) - _number(args[3]) + 1
     elif base == "EXPAND" and len(args) >= 2:
         return _number(args[1]) * (_number(args[2]) if len(args) > 2 else 1)
     shapes = [shape for shape in map(_shape, args) if shape]

@@ -10,10 +10,12 @@ cost the host unbounded time or memory.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import datetime as dt
 import functools
 import io
+import itertools
 import logging
 import re
 import shutil
@@ -72,6 +74,10 @@ MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's grid
 _CELL_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?c[\s/>]")
 _RANGE_TAG = re.compile(  # elements whose ref openpyxl fills with a cell per position
     rb"<(?:[A-Za-z_][\w.-]*:)?(?:mergeCell|hyperlink|comment)\s[^>]*?(?<=\s)ref\s*=\s*[\"']([^\"']*)[\"']"
+)
+_SHARED_STRING = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?si[\s>].*?</(?:[A-Za-z_][\w.-]*:)?si\s*>", re.S)
+_SHARED_STRING_CELL = re.compile(  # a cell's <v>: an index into the shared strings
+    rb"<(?:[A-Za-z_][\w.-]*:)?c\s[^>]*?(?<=\s)t\s*=\s*[\"']s[\"'][^>]*>\s*<(?:[A-Za-z_][\w.-]*:)?v\s*>\s*([0-9]{1,9})\s*<"
 )
 _DECLARED_ENCODING = re.compile(rb"(?:\xef\xbb\xbf)?\s*<\?xml[^>]*?encoding\s*=\s*[\"']([\w.:-]{1,40})[\"']")
 
@@ -138,6 +144,8 @@ def check_workbook(data: bytes) -> None:
             if p.file_size > 2**20 and p.file_size > MAX_RATIO * max(p.compress_size, 1):
                 raise WorkbookTooLarge(f"{p.filename} expands {p.file_size // max(p.compress_size, 1)}-fold; the limit is {MAX_RATIO}")
         cells = 0
+        shared: list[int] = []  # the bytes of each shared string (the longest where parts disagree)
+        uses: collections.Counter = collections.Counter()  # shared string index -> cells that show it
         for p in parts:
             try:
                 xml = _as_parsed(archive.read(p))
@@ -145,6 +153,10 @@ def check_workbook(data: bytes) -> None:
                 continue  # a broken part: openpyxl reports it if it reads it
             if b"sheetData" in xml:
                 cells += len(_CELL_TAG.findall(xml))
+                uses.update(map(int, _SHARED_STRING_CELL.findall(xml)))
+            if b"sst" in xml:
+                sizes = [len(m) for m in _SHARED_STRING.findall(xml)]
+                shared = [max(a, b) for a, b in itertools.zip_longest(shared, sizes, fillvalue=0)]
             for ref in _RANGE_TAG.findall(xml):
                 cells += _covered_cells(ref)
                 if cells > MAX_CELLS:
@@ -154,6 +166,14 @@ def check_workbook(data: bytes) -> None:
                     f"the workbook has more cells than the limit of {MAX_CELLS} "
                     "(merged ranges, hyperlinks and comments count every cell they cover)"
                 )
+        # openpyxl gives each cell that shows a shared string its own copy when it saves, and
+        # formulas' ranges copy it again: one 32,767-character string in 300,000 cells is 10 GB.
+        inlined = sum(shared[i] * n for i, n in uses.items() if i < len(shared))
+        if total + inlined > MAX_XML_BYTES:
+            raise WorkbookTooLarge(
+                f"the workbook's shared strings, written out in every cell that shows them, come to "
+                f"{total + inlined} bytes; the limit is {MAX_XML_BYTES}"
+            )
 
 
 class TimeLimitExceeded(TimeoutError):

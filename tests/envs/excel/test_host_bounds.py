@@ -351,3 +351,122 @@ def test_a_backwards_range_reads_as_excel_reads_it(tmp_path):
     env = small_env(tmp_path)
     obs, _, _, _, info = env.step(call("read_range", sheet="Sheet", range="B3:A1"))
     assert info["error"] is None and obs.splitlines() == ["<tool_response>", "A1: 1", "A2: 2", "A3: 3", "</tool_response>"], obs
+
+
+# --------------------------------------------------------------------------- work one formula hides
+
+
+@pytest.mark.parametrize("formula, name, cells", [
+    ('=ROWS(TEXTSPLIT(REPT("a,",20)&REPT(";",20),",",";"))', "TEXTSPLIT", 441),
+    ("=CUMIPMT(0.01,1000,1000,1,1000,0)", "CUMIPMT", 1000),
+], ids=["textsplit", "cumipmt"])
+def test_arrays_sized_by_their_values_are_refused_before_they_are_built(monkeypatch, formula, name, cells):
+    """One 32,767-character text splits into 16,000 x 16,000 cells (64 million took 1.1 GB before
+    the bound in all saw them); CUMIPMT lists every period (10^8 took 2.1 GB)."""
+    monkeypatch.setattr(formulas_fixes, "MAX_ARRAY_CELLS", 100)
+    wb, ws = small_book()
+    ws["E1"] = formula
+    with pytest.raises(WorkbookTooLarge, match=f"a formula's {name} would make an array of {cells} cells; the limit is 100"):
+        recalculate(to_bytes(wb), ranges=[("Sheet", "E1")])
+    ws["E1"] = '=INDEX(TEXTSPLIT("a,b;c,d",",",";"),2,2)'
+    ws["E2"] = "=CUMIPMT(0.09/12,360,125000,13,14,0)"
+    got = recalculate(to_bytes(wb), ranges=[("Sheet", "E1:E2")])
+    assert got["Sheet", "E1"] == "d" and got["Sheet", "E2"] == pytest.approx(-1861.63, abs=0.01)
+
+
+@pytest.mark.parametrize("formula, excel", [
+    ("=FACT(170)", 7.257415615307999e306), ("=FACTDOUBLE(40)", 2.5510826561258285e24),
+    ("=PERMUT(1000000000,1)", 1e9), ("=PERMUTATIONA(3,2)", 9), ("=FACTDOUBLE(-1)", 1),
+    ("=FACT(1000000000)", "#NUM!"), ("=FACTDOUBLE(10000000000)", "#NUM!"),
+    ("=PERMUT(1000000000,500)", "#NUM!"), ("=PERMUTATIONA(10,30000000)", "#NUM!"),
+])
+def test_numbers_past_a_float_are_num_errors_never_huge_integers(formula, excel):
+    """Excel computes in floats: past 1.8e308 its answer is #NUM!. ``formulas`` built the exact
+    integer, in one call that holds the GIL (FACT(3000000) ran over 60 s past a 3 s deadline;
+    FACT(1E9) would run for days), and got FACT(170) and FACTDOUBLE(40) wrong."""
+    wb, ws = small_book()
+    ws["E1"] = formula
+    got = recalculate(to_bytes(wb), ranges=[("Sheet", "E1")], time_limit=10)[("Sheet", "E1")]
+    assert got == (excel if isinstance(excel, str) else pytest.approx(excel, rel=1e-12))
+
+
+def test_a_backtracking_regular_expression_stops_at_the_deadline():
+    """Python's ``re`` cannot be interrupted: this REGEXTEST would hold the interpreter, and so
+    every thread of the worker, for days. It runs on the ``regex`` module with the deadline."""
+    wb, ws = small_book()
+    ws["E1"] = '=REGEXTEST(REPT("a",40)&"!","(a|aa)+b")'
+    answer, answer_ws = small_book()
+    answer_ws["E1"] = False
+    result = grade(to_bytes(wb), to_bytes(answer), "E1", time_limit=0.2)
+    assert result.cells == 0.0 and any("took over 0.2 s" in note for note in result.notes), result.notes
+    assert workers_end(limit=1.0)
+
+
+def test_regular_expressions_compute_as_excel_does():
+    wb, ws = small_book()
+    ws["E1"] = '=REGEXREPLACE("2024-03-01","(\\d+)-(\\d+)-(\\d+)","\\3/\\2/\\1")'
+    ws["E2"] = '=REGEXEXTRACT("ab12cd","[0-9]+")'
+    ws["E3"] = '=REGEXTEST("abc","B",1)'  # any part of the text, ignoring case (formulas matched at the start)
+    ws["E4"] = '=LEN(REGEXREPLACE(REPT("a",200),"",REPT("x",200)))'  # 40,400 characters: past Excel's cap
+    got = recalculate(to_bytes(wb), ranges=[("Sheet", "E1:E4")])
+    assert [got["Sheet", f"E{i}"] for i in range(1, 5)] == ["01/03/2024", "12", True, "#VALUE!"]
+
+
+@pytest.mark.parametrize("formula", [
+    "=CONCAT({})", '=TEXTJOIN(",",1,{})', "=ARRAYTOTEXT(A1:A100)",
+])
+def test_text_from_many_cells_is_capped_before_it_is_built(formula):
+    """``CONCAT(A1:A100,A1:A100,...)`` over long texts built the whole text before the cap: 32,767
+    characters a cell times every cell of every range (gigabytes from a few thousand cells)."""
+    import tracemalloc
+
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.title = "Sheet"
+    for row in range(1, 101):
+        ws.cell(row, 1, "x" * 32767)
+    ws["C1"] = formula.format(",".join(["A1:A100"] * 10))  # 32.8 million characters
+    data = to_bytes(wb)
+    tracemalloc.start()
+    try:
+        got = recalculate(data, ranges=[("Sheet", "C1")])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == {("Sheet", "C1"): "#VALUE!"}
+    assert peak < 20 * 2**20, peak
+
+
+def shared_strings_book(cells: int, text: str) -> bytes:
+    """A workbook whose ``cells`` cells all show one shared string (openpyxl writes inline strings;
+    a model's code can write this)."""
+    wb, _ = small_book()
+    rows = b"".join(b'<row r="%d"><c r="B%d" t="s"><v>0</v></c></row>' % (i, i) for i in range(1, cells + 1))
+    sst = (b'<sst xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main" count="1" uniqueCount="1">'
+           b"<si><t>" + text.encode() + b"</t></si></sst>")
+
+    def change(name, xml):
+        if name == SHEET:
+            return name, xml.replace(b"<sheetData>", b"<sheetData>" + rows).replace(b'<row r="1">', b'<row r="1000000">', 1)
+        if name == "xl/_rels/workbook.xml.rels":
+            return name, xml.replace(b"</Relationships>", b'<Relationship Id="rIdS" Target="sharedStrings.xml" Type="http://schemas.openxmlformats.org/officeDocument/2006/relationships/sharedStrings"/></Relationships>')
+        if name == "[Content_Types].xml":
+            return name, xml.replace(b"</Types>", b'<Override PartName="/xl/sharedStrings.xml" ContentType="application/vnd.openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"/></Types>')
+        return name, xml
+
+    data = repack(wb, change)
+    out = io.BytesIO(data)
+    with zipfile.ZipFile(out, "a") as z:
+        z.writestr("xl/sharedStrings.xml", sst)
+    return out.getvalue()
+
+
+def test_shared_strings_count_once_for_every_cell_that_shows_them():
+    """openpyxl writes a copy of a shared string into every cell that shows it when it saves (the
+    recalculation saves, and so does write_cells): 20,000 cells showing one 32,767-character
+    string, a 112 KB file, took 26 s and 876 MB to recalculate."""
+    small = shared_strings_book(3, "hello")
+    check_workbook(small)
+    assert [c.value for c in openpyxl.load_workbook(io.BytesIO(small))["Sheet"]["B"][:3]] == ["hello"] * 3
+    with pytest.raises(WorkbookTooLarge, match="shared strings, written out in every cell that shows them"):
+        check_workbook(shared_strings_book(3000, "x" * 32767))
