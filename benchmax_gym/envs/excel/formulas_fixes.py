@@ -30,6 +30,8 @@ way for a model's workbook to reach outside itself at grading:
   module with the GIL released and the deadline as timeout (``re`` cannot be interrupted:
   ``(a|aa)+b`` on 40 letters backtracks for days); ``REGEXTEST`` looks for a match anywhere, as
   Excel does (``formulas`` only at the start).
+* **number literals**: ``1E3`` is 1000, as Excel reads it (``formulas`` read only ``1E+3``: a
+  correct ``=1E3+1`` had no value).
 * **deadline**: a recalculation given a time limit (:func:`deadline`) stops at the next cell
   ``formulas`` loads, range it assembles or formula it evaluates past it (:class:`Overrun`):
   20,000 chained formulas took 44 s.
@@ -341,6 +343,14 @@ def apply() -> None:
     functions["FACTDOUBLE"] = wrap_func(factdouble)
     functions["_XLFN.PERMUT"] = functions["PERMUT"] = wrap_ufunc(permut)
     functions["_XLFN.PERMUTATIONA"] = functions["PERMUTATIONA"] = wrap_ufunc(permutationa)
+
+    # --- number literals: Excel reads 1E3 as 1000; formulas only 1E+3 (a correct =1E3+1 had no value)
+    from formulas.tokens.operand import Number
+
+    import regex
+
+    Number._re = regex.compile(Number._re.pattern.replace("(?>E[+-][0-9]+)?", "(?>E[+-]?[0-9]+)?"),
+                               Number._re.flags)
 
     # --- array size
     for table in (functions, OPERATORS):

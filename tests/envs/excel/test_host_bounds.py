@@ -470,3 +470,12 @@ def test_shared_strings_count_once_for_every_cell_that_shows_them():
     assert [c.value for c in openpyxl.load_workbook(io.BytesIO(small))["Sheet"]["B"][:3]] == ["hello"] * 3
     with pytest.raises(WorkbookTooLarge, match="shared strings, written out in every cell that shows them"):
         check_workbook(shared_strings_book(3000, "x" * 32767))
+
+
+@pytest.mark.parametrize("formula, excel", [("=1E3+1", 1001), ("=1.5e3*2", 3000), ("=2*1E+3", 2000), ("=1E-3", 0.001)])
+def test_a_number_written_with_an_exponent_and_no_sign_is_read_as_excel_reads_it(formula, excel):
+    """Excel reads 1E3 as 1000; ``formulas`` only read 1E+3, so a correct =1E3+1 had no value and
+    was graded wrong."""
+    wb, ws = small_book()
+    ws["E1"] = formula
+    assert recalculate(to_bytes(wb), ranges=[("Sheet", "E1")], time_limit=10)[("Sheet", "E1")] == pytest.approx(excel)
