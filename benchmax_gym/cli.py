@@ -176,6 +176,36 @@ def runtime_error(message: Any) -> NoReturn:
     raise SystemExit(1)
 
 
+def os_error_text(exc: OSError) -> str:
+    """``PATH: reason`` for a file that could not be opened, made or written (a message of our own as is)."""
+    if not exc.strerror:
+        return str(exc)
+    return f"{exc.filename}: {exc.strerror}" if exc.filename is not None else exc.strerror
+
+
+def _closest_env_id(env_id: str) -> str | None:
+    """The registered id ``env_id`` most likely meant: the namespace or version left out, another
+    case, a typo (gymnasium suggests only within the namespace typed, and only the name)."""
+    import difflib
+
+    from benchmax_gym import registry
+
+    keys: dict[str, str] = {}
+    for known in registry.env_ids():
+        name = known.rpartition("/")[2]
+        for key in (known, name, name.rpartition("-v")[0]):
+            keys.setdefault(key.lower(), known)
+    close = difflib.get_close_matches(env_id.lower(), list(keys), n=1, cutoff=0.75)
+    return keys[close[0]] if close else None
+
+
+def env_id_error(exc: Exception, env_id: str, flag: str = "") -> NoReturn:
+    """gym.make refused ``env_id``: say which registered id is close, else where the ids are listed."""
+    if env_id not in gym.registry and (close := _closest_env_id(env_id)):
+        usage_error(f"{flag}no environment {env_id!r}: did you mean {close}? (`benchmax-gym list` shows every id)")
+    usage_error(f"{flag}{exc} Run `benchmax-gym list` for the available ids.")
+
+
 def port_number(text: str) -> int:
     """argparse type of a server's ``--port``: 0 (any free one) to 65535; uvicorn would wrap 70000 round."""
     try:
@@ -289,6 +319,8 @@ def _check_jsonl(args: argparse.Namespace) -> None:
     """Refuse, before any episode runs, a ``--jsonl`` path that exists (unless ``--append`` or
     ``--overwrite``) or cannot be written."""
     path = args.jsonl
+    if not path:
+        usage_error("--jsonl needs a file name")
     if args.append and args.overwrite:
         usage_error("--append and --overwrite exclude each other")
     if os.path.isdir(path):
@@ -316,12 +348,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if value is not None and value <= 0:
             usage_error(f"{flag} must be a positive number, got {value}")
     _check_seed(args.seed)
-    if args.jsonl:
+    if args.jsonl is not None:
         _check_jsonl(args)
+    elif args.append or args.overwrite:
+        flag = "--append" if args.append else "--overwrite"
+        usage_error(f"{flag} applies to --jsonl FILE: give one, or leave it out")
     try:
         env = gym.make(args.env_id, **_parse_env_args(args.env_arg))
     except gym.error.Error as exc:
-        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+        env_id_error(exc, args.env_id)
     except (TypeError, ValueError, OSError, ImportError) as exc:  # ImportError: a missing extra, named
         usage_error(f"cannot make {args.env_id}: {exc}")
     tasks = getattr(env.unwrapped, "tasks", None)
@@ -341,6 +376,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = summarize(results, time.perf_counter() - start, args.rollouts_per_task or 1)
     except (RuntimeError, OSError) as exc:  # the environment failed to start (an MCP server, a lost connection)
         runtime_error(f"{args.env_id}: {exc}")
+    except KeyboardInterrupt:  # Ctrl-C: the episodes written so far stay (the one cut short as cancelled)
+        kept = f"; the finished episodes are in {args.jsonl} (--append adds to it)" if args.jsonl else ""
+        print(f"\ninterrupted{kept}", file=sys.stderr)
+        return 130
     finally:
         env.close()
     summary = {"env_id": args.env_id, "policy": args.policy, "mode": mode, **summary}
@@ -406,6 +445,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         policy = args.policy
 
+    held = _lock_run_dir(args.out)
     try:
         from benchmax_gym.core.aio import run_sync
 
@@ -417,17 +457,75 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"\ninterrupted: {_eval_progress(args.out)}; rerun the same command to resume", file=sys.stderr)
         return 130
     except gym.error.Error as exc:
-        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+        env_id_error(exc, args.env_id)
     except (EvalError, PolicyError) as exc:
         usage_error(exc)
-    except (TypeError, ValueError, OSError) as exc:
+    except OSError as exc:
+        if exc.filename is not None and _inside(os.fspath(exc.filename), args.out):  # the run directory's
+            usage_error(f"--out {args.out}: cannot write the run there ({os_error_text(exc)})")
         usage_error(f"cannot make {args.env_id}: {exc}")
+    except (TypeError, ValueError) as exc:
+        usage_error(f"cannot make {args.env_id}: {exc}")
+    finally:
+        _release_run_dir(args.out, held)
     if args.json:
         print(json.dumps(result.summary))
     else:
         print(format_summary(result.summary))
         print(f"run directory: {result.out}")
     return 0
+
+
+def _lock_run_dir(out: str) -> tuple[int, str | None] | None:
+    """Hold the run directory (an exclusive flock) while this eval writes it: a second eval into
+    it (a resume started twice) wrote every episode again, and the run could no longer be read.
+    Returns ``(fd, the first folder made)``; None where ``out`` is not a folder (the runner says why)."""
+    import fcntl
+
+    created = None
+    if not os.path.lexists(out):
+        created = os.path.abspath(out)
+        while not os.path.lexists(os.path.dirname(created)):
+            created = os.path.dirname(created)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        if os.path.lexists(out):
+            return None
+        usage_error(f"--out {out}: cannot make the run directory ({os_error_text(exc)})")
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        usage_error(f"--out {out}: another eval is writing this run now; let it finish (or stop it) and run again "
+                    "to resume, or choose another directory")
+    return fd, created
+
+
+def _release_run_dir(out: str, held: tuple[int, str | None] | None) -> None:
+    """Let the run directory go; the folders this eval made and left empty (it failed first) are removed."""
+    if held is None:
+        return
+    fd, created = held
+    folder = os.path.abspath(out)
+    while created:
+        try:
+            os.rmdir(folder)  # only if empty
+        except OSError:
+            break
+        if folder == created:
+            break
+        folder = os.path.dirname(folder)
+    os.close(fd)
+
+
+def _inside(path: str, folder: str) -> bool:
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def _eval_progress(out: str) -> str:
@@ -484,6 +582,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from benchmax_gym.eval import EvalError, load_run
     from benchmax_gym.eval.stats import compare, format_compare
 
+    if args.plots_dir and os.path.exists(args.plots_dir) and not os.path.isdir(args.plots_dir):
+        usage_error(f"--plots-dir {args.plots_dir}: not a folder; name a new or existing folder for the PNGs")
     runs, infos = {}, {}
     try:
         for path in args.runs:
@@ -508,29 +608,48 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.plots_dir:
         from benchmax_gym.eval.plots import plot_compare
 
-        os.makedirs(args.plots_dir, exist_ok=True)
-        plot_compare(result, args.plots_dir, infos)
+        try:
+            os.makedirs(args.plots_dir, exist_ok=True)
+            plot_compare(result, args.plots_dir, infos)
+        except OSError as exc:
+            usage_error(f"--plots-dir {args.plots_dir}: cannot write the plots there ({os_error_text(exc)})")
     print(json.dumps(result) if args.json else format_compare(result))
     return 0
 
 
 def cmd_new(args: argparse.Namespace) -> int:
     """Scaffold an environment package (see :mod:`benchmax_gym.scaffold`)."""
+    import shlex
+
     from benchmax_gym.scaffold import names, scaffold
 
     try:
         root = scaffold(args.name, args.dir, args.id)
-    except (ValueError, FileExistsError) as exc:
+    except ValueError as exc:
         usage_error(exc)
+    except OSError as exc:  # ours: the folder exists; else --dir is a file, read-only, ...
+        usage_error(f"--dir {args.dir}: cannot create the package ({os_error_text(exc)})" if exc.strerror else exc)
     n = names(args.name, args.id)
     print(f"created {root}: {n['env_id']} ({n['package']}/env.py, tasks, tools, rubric, solver, tests)\n"
-          f"  cd {root} && pip install -e '.[test]' && pytest")
+          f"  cd {shlex.quote(str(root))} && pip install -e '.[test]' && pytest")
     return 0
+
+
+# mcp-serve's options for --transport http, and their defaults there
+_MCP_HTTP_DEFAULTS = {"host": "127.0.0.1", "port": 8000, "idle_timeout": 600.0, "max_sessions": 64,
+                      "auth_token": None}
 
 
 def cmd_mcp_serve(args: argparse.Namespace) -> int:
     from benchmax_gym.serve import serve
 
+    given = [name for name in _MCP_HTTP_DEFAULTS if getattr(args, name) is not None]
+    if args.transport == "stdio" and given:  # else ignored: the server waits on stdin, nothing listens
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        usage_error(f"{flags}: for --transport http (stdio serves the client that started it): add --transport http")
+    for name, default in _MCP_HTTP_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.max_sessions < 1:
         usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not 0 < args.idle_timeout < float("inf"):
@@ -541,7 +660,7 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
               env_kwargs=_parse_env_args(args.env_arg), seed=args.seed, idle_timeout=args.idle_timeout,
               max_sessions=args.max_sessions, auth_token=args.auth_token)
     except gym.error.Error as exc:
-        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+        env_id_error(exc, args.env_id)
     except (TypeError, ValueError, ImportError, OSError) as exc:  # a bad --env-arg (a missing file, say), found
         usage_error(f"cannot make {args.env_id}: {exc}")  # when the first environment is made
     except RuntimeError as exc:  # its first environment failed to start (an MCP server)
@@ -565,7 +684,7 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         usage_error(exc)
     except gym.error.Error as exc:
-        usage_error(f"{exc} Run `benchmax-gym list` for the available ids.")
+        env_id_error(exc, args.env_id)
     except (TypeError, ValueError, OSError) as exc:
         usage_error(f"cannot make {args.env_id}: {exc}")
     except KeyboardInterrupt:
@@ -580,6 +699,10 @@ def _import_modules(names: list[str]) -> None:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # as `python -m` would: a module of the project you run from
     for name in names:
+        if name.endswith(".py") or os.sep in name:
+            module = os.path.splitext(os.path.basename(name))[0]
+            usage_error(f"--import takes a module's name, not a file: --import {module}, run from the folder that "
+                        f"holds {module}.py (or with it on PYTHONPATH)")
         try:
             importlib.import_module(name)
         except Exception as exc:
@@ -668,6 +791,18 @@ class PlainHelpFormatter(argparse.HelpFormatter):
 
     def format_help(self) -> str:
         return plain_text(super().format_help())
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe nobody reads any more (poll says POLLERR)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no fileno (captured), no poll
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -762,14 +897,17 @@ def main(argv: list[str] | None = None) -> int:
     new.set_defaults(func=cmd_new)
     mcp = sub.add_parser("mcp-serve", help="serve an environment's tools as an MCP server (one workspace per session)")
     mcp.add_argument("env_id", help="an id from `benchmax-gym list`")
-    mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    mcp.add_argument("--host", default="127.0.0.1", help="http: the address to listen on (loopback by default)")
-    mcp.add_argument("--port", type=port_number, default=8000,
-                     help="http: the port (0: any free one; the URL is printed)")
-    mcp.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
-                     help="http: a session with no request in flight this long is closed with its environment")
-    mcp.add_argument("--max-sessions", type=int, default=64,
-                     help="http: sessions open at once; one more gets HTTP 503 until one ends")
+    mcp.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                     help="stdio: for the client that starts this command; http: a server at http://HOST:PORT/mcp "
+                     "(default: stdio)")
+    mcp.add_argument("--host", help="http: the address to listen on (default: 127.0.0.1, loopback)")
+    mcp.add_argument("--port", type=port_number,
+                     help="http: the port (default: 8000; 0: any free one; the URL is printed)")
+    mcp.add_argument("--idle-timeout", type=float, metavar="SECONDS",
+                     help="http: a session with no request in flight this long is closed with its environment "
+                     "(default: 600)")
+    mcp.add_argument("--max-sessions", type=int,
+                     help="http: sessions open at once; one more gets HTTP 503 until one ends (default: 64)")
     mcp.add_argument("--auth-token", default=None,
                      help="http: require 'Authorization: Bearer TOKEN' (401 without it); "
                           "prefer the BENCHMAX_GYM_MCP_TOKEN variable, which `ps` does not show")
@@ -802,7 +940,13 @@ def main(argv: list[str] | None = None) -> int:
         command.formatter_class = PlainHelpFormatter
     args = parser.parse_args(argv)
     _import_modules(args.imports)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other commands do
+        if not _stdout_gone():  # another pipe (an MCP server's, say): a real failure
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
+        return 141  # 128 + SIGPIPE, what a shell shows for such a command
 
 
 if __name__ == "__main__":

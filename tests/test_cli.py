@@ -319,8 +319,9 @@ def test_openenv_id_without_the_extra_names_the_install_in_one_line():
     (("launch", "--port", "70000", "--print-yaml"), "--port must be a port number"),
     (("launch", "--sky-python", "/nonexistent"), "--sky-python /nonexistent: no such executable"),
     (("launch", "--sky-python", "/nonexistent", "--down"), "--sky-python /nonexistent: no such executable"),
-    (("mcp-serve", "benchmax/Mth-v0"), "Did you mean: `Math`?"),
-    (("mcp-serve", "benchmax/Math-v0", "--max-sessions", "0"), "--max-sessions must be at least 1"),
+    (("mcp-serve", "benchmax/Mth-v0"), "did you mean benchmax/Math-v0?"),
+    (("mcp-serve", "benchmax/Math-v0", "--transport", "http", "--max-sessions", "0"),
+     "--max-sessions must be at least 1"),
 ])
 def test_launch_and_mcp_serve_errors_are_standard_usage_errors(args, says):
     out = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)

@@ -24,13 +24,15 @@ def _refuse_existing(out: str, overwrite: bool) -> None:
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
         usage_error(f"--out {out}: no such directory: {folder}")
+    if not os.access(folder, os.W_OK):  # before the work, which a model's calls may have paid for
+        usage_error(f"--out {out}: cannot create a file in {folder}")
 
 
 def cmd_from_traces(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import benchmax_gym  # noqa: F401  (registers the ids)
-    from benchmax_gym.cli import _parse_env_args, usage_error
+    from benchmax_gym.cli import _parse_env_args, env_id_error, os_error_text, usage_error
     from benchmax_gym.data import write_jsonl
     from benchmax_gym.data.traces import tasks_from_traces
 
@@ -38,7 +40,7 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
     try:
         env = gym.make(args.env, **_parse_env_args(args.env_arg))
     except gym.error.Error as exc:
-        usage_error(f"--env: {exc} Run `benchmax-gym list` for the available ids.")
+        env_id_error(exc, args.env, "--env: ")
     except (TypeError, ValueError, OSError, ImportError) as exc:
         usage_error(f"cannot make {args.env}: {exc}")
     try:
@@ -47,13 +49,16 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
             env.reset(seed=0)
         tasks, report = tasks_from_traces(args.logs, base, keep=args.keep, turn=args.turn,
                                           answer_field=args.answer_field, allow_invalid_calls=args.allow_invalid_calls)
-    except (ValueError, FileNotFoundError) as exc:
-        usage_error(exc)
+    except (ValueError, OSError) as exc:  # OSError: a trace file that cannot be read
+        usage_error(os_error_text(exc) if isinstance(exc, OSError) else exc)
     finally:
         env.close()
     summary = report.as_dict()
     if tasks:
-        write_jsonl(args.out, tasks)
+        try:
+            write_jsonl(args.out, tasks)
+        except OSError as exc:
+            usage_error(f"--out {args.out}: {os_error_text(exc)}")
     if args.json:
         print(json.dumps({**summary, "out": args.out if tasks else None}))
     else:
@@ -68,7 +73,9 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:
-    from benchmax_gym.cli import _parse_env_args, usage_error
+    import gymnasium as gym
+
+    from benchmax_gym.cli import _parse_env_args, env_id_error, os_error_text, usage_error
     from benchmax_gym.data import write_jsonl
     from benchmax_gym.data.sft import export_sft
     from benchmax_gym.eval import EvalError
@@ -81,9 +88,16 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
         rows, summary = export_sft(args.run, min_reward=args.min_reward, env_id=args.env,
                                    env_kwargs=_parse_env_args(args.env_arg) if args.env_arg else None,
                                    tools=not args.no_tools)
-    except (EvalError, ValueError, FileNotFoundError, TypeError) as exc:
+    except gym.error.Error as exc:  # --env, or the run's env id, unknown here
+        env_id_error(exc, args.env or "", "--env: " if args.env else "")
+    except (EvalError, ValueError, TypeError, ImportError) as exc:  # ImportError: the env's extra is missing
         usage_error(exc)
-    write_jsonl(out, rows)
+    except OSError as exc:  # RUN cannot be read
+        usage_error(os_error_text(exc))
+    try:
+        write_jsonl(out, rows)
+    except OSError as exc:
+        usage_error(f"--out {out}: {os_error_text(exc)}")
     summary["out"] = out
     if args.json:
         print(json.dumps(summary))
@@ -94,7 +108,7 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_from_corpus(args: argparse.Namespace) -> int:
-    from benchmax_gym.cli import usage_error
+    from benchmax_gym.cli import os_error_text, usage_error
     from benchmax_gym.data.questions import generate_from_corpus, print_summary
     from benchmax_gym.eval.policies import PolicyError
 
@@ -120,8 +134,10 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
         summary = generate_from_corpus(
             args.docs, args.out, model=model, max_questions=args.max_questions, chunk_chars=args.chunk_chars,
             multi_hop=not args.single_hop_only, corpus_out=args.corpus_out, seed=args.seed, progress=not args.quiet)
-    except (ValueError, FileNotFoundError, PolicyError) as exc:  # PolicyError: the endpoint failed its preflight
+    except (ValueError, PolicyError) as exc:  # PolicyError: the endpoint failed its preflight
         usage_error(exc)
+    except OSError as exc:  # a document that cannot be read, an --out or --corpus-out that cannot be written
+        usage_error(os_error_text(exc))
     if args.json:
         print(json.dumps(summary))
     else:
