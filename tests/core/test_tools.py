@@ -904,9 +904,11 @@ def test_a_return_value_with_no_text_is_the_tools_error_on_every_path(inline, ma
     from benchmax_gym.core import ListTasks, Rubric, Task, ToolEnv
 
     ts = Toolset([give])
-    for result in (ts.run("give", {}, **RUN), asyncio.run(ts.arun("give", {}, **RUN))):
+    run = {**RUN, "timeout": 120.0}  # (a bound for a hang, not a timing: a loaded CI machine took over 5 s)
+    for result in (ts.run("give", {}, **run), asyncio.run(ts.arun("give", {}, **run))):
         assert result.error == "tool_error" and why in result.content and result.outcome is None
-    env = ToolEnv(tasks=ListTasks([Task("t", "q", "a")]), toolset=ts, rubric=Rubric([lambda completion: 0.0]))
+    env = ToolEnv(tasks=ListTasks([Task("t", "q", "a")]), toolset=ts, rubric=Rubric([lambda completion: 0.0]),
+                  tool_timeout=120.0)
     action = '<tool_call>{"name": "give", "arguments": {}}</tool_call>'
     for step in (env.step, lambda a: env.aio.run(env.astep(a))):
         env.reset(seed=0)
