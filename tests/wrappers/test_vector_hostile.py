@@ -190,12 +190,10 @@ def _call(tool, args):
     (Hostile, ["a", "exit", "a"], "SystemExit: 2"),
     (Hostile, ["a", "interrupt", "a"], "KeyboardInterrupt"),
     (AsyncHostile, ["a", "exit", "a"], "SystemExit: 2"),
-    (CLI, [_call("cli", "--help"), _call("cli", "--bad"), _call("cli", "--help")], "SystemExit: 2"),
-    (ACLI, [_call("acli", "--help"), _call("acli", "--bad"), _call("acli", "--help")], "SystemExit: 2"),
 ])
 def test_an_env_that_exits_or_raises_keyboard_interrupt_ends_its_own_episode(env, actions, says, ready_first):
-    """A tool that calls sys.exit() on a model's bad arguments took the worker down, and the
-    results of every env it held ("the worker process exited (code 2)", no env named)."""
+    """An env whose code calls sys.exit() took the worker down, and the results of every env it
+    held ("the worker process exited (code 2)", no env named)."""
     envs = SubprocVectorEnv(env if isinstance(env, str) else [env] * 3, num_envs=3 if isinstance(env, str) else None,
                             num_workers=1)
     try:
@@ -207,6 +205,23 @@ def test_an_env_that_exits_or_raises_keyboard_interrupt_ends_its_own_episode(env
         assert obs[0] == obs[2] != "" and obs[0] != first[0]  # the neighbours' own steps
         obs, *_ = _step(envs, actions[:1] * 3, ready_first)
         assert obs[1] == first[1] and envs.faults == 0  # (rebuilt, and reset by its next step)
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("ready_first", [False, True])
+@pytest.mark.parametrize("env, tool", [(CLI, "cli"), (ACLI, "acli")])
+def test_a_tool_that_exits_on_bad_arguments_is_that_calls_error_in_a_worker(env, tool, ready_first):
+    """A tool that calls sys.exit() on a model's bad arguments (argparse) fails its call, sync or
+    async: the episode goes on, and the worker and its other envs are untouched."""
+    envs = SubprocVectorEnv(env, num_envs=3, num_workers=1)
+    try:
+        envs.reset(seed=0)
+        actions = [_call(tool, "--help"), _call(tool, "--bad"), _call(tool, "--help")]
+        obs, rewards, terminated, truncated, info = _step(envs, actions, ready_first)
+        assert truncated.tolist() == [False] * 3 and terminated.tolist() == [False] * 3
+        assert list(info["error"]) == [None, "tool_error", None] and "exited (sys.exit(2))" in obs[1]
+        assert obs[0] == obs[2] != "" and envs.faults == 0
     finally:
         envs.close()
 
