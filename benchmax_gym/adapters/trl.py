@@ -198,7 +198,8 @@ class TRLRollout:
         """One reply for each session of ``group``, generated in one call, and its step. With
         ``lockstep`` ``(padding, budget)``: the trainer's generation, the call carrying
         ``padding`` more one-token prompts (their replies dropped) and asking for at most
-        ``budget`` ids (a session's own budget cuts its reply in ``step``: the same ids)."""
+        ``budget`` ids (a session's own budget cuts its reply in ``step``, where a call asking
+        for that budget would have stopped it)."""
         try:
             if lockstep is not None:
                 padding, budget = lockstep

@@ -99,7 +99,9 @@ def test_a_server_that_fails_mid_trajectory_gives_model_error_and_no_loss_tokens
 
     class Failing(SolverServer):
         async def generate(self, request_id, prompt_ids, sampling_params, **kwargs):
-            if request_id in self.trajectories and request_id == sorted(self.trajectories)[0]:
+            # (the first trajectory to ask, on its second request: the smallest id, as before, was a
+            # race - another trajectory's first request could come later with a smaller one)
+            if request_id in self.trajectories and request_id == next(iter(self.trajectories)):
                 raise TimeoutError("the rollout server did not answer")
             return await super().generate(request_id, prompt_ids, sampling_params, **kwargs)
 
