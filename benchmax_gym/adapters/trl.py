@@ -184,7 +184,7 @@ class TRLRollout:
         self._log(trainer, episodes)
         have_logprobs = all(e.logprobs is not None for e in episodes)
         masks, rewards = [e.loss_mask for e in episodes], [e.reward for e in episodes]
-        self._score_groups(prompts, trainer, sessions, episodes, masks, rewards)
+        self._score_groups(groups, sessions, episodes, masks, rewards)
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],
@@ -235,7 +235,7 @@ class TRLRollout:
             wanted = [b for n, b in plan if n]
             self._turn(trainer, active, lockstep=(most - len(active), None if None in wanted else max(wanted)))
 
-    def _score_groups(self, prompts: list[Any], trainer: Any, sessions: list[TokenSession], episodes: list[Any],
+    def _score_groups(self, groups: _Groups, sessions: list[TokenSession], episodes: list[Any],
                       masks: list[list[int]], rewards: list[float | None]) -> None:
         """The group rubric and ``failed_group``, each over a whole group (:meth:`_Groups.score`:
         on whichever processes it is), in place on this process's ``masks`` and ``rewards``."""
@@ -244,8 +244,8 @@ class TRLRollout:
             return {**e.record, "reward": e.reward, "outcome": e.outcome,
                     "reward_components": dict(e.reward_components)}
 
-        verdicts = _Groups.of(trainer, prompts).score(
-            "TRLRollout", labels=[None] * len(prompts),  # a group: one of the layout's, whole
+        verdicts = groups.score(
+            "TRLRollout", labels=[None] * len(sessions),  # a group: one of the layout's, whole
             failed=[bool(e.failed or r is None) for e, r in zip(episodes, rewards)],
             rubrics=[self.group_rubric or group_rubric_of(s.env) for s in sessions], record=record,
             task=lambda i: getattr(sessions[i].env.unwrapped.episode, "task", None))
