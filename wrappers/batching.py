@@ -26,6 +26,32 @@ class _InfoBatch:
         self.num_envs = num_envs
 
 
+class InfoBatchError(ValueError):
+    """An info key whose values no one array holds: an int in one env and a str, None or dict
+    in another, arrays of different shapes, an int too large for the first env's dtype.
+    Gymnasium's ``SyncVectorEnv`` fails on them too, with numpy's bare error naming nothing;
+    this names the key (``path``) and the kinds each env gave."""
+
+    def __init__(self, path: str, kinds: str, cause: str):
+        self.path, self.kinds, self.cause = path, kinds, cause
+        super().__init__(f"info{path} cannot be batched into one array: the envs gave {kinds} ({cause}). "
+                         "Give the key one kind of value in every env (leave it out where it has none).")
+
+
+def _unbatchable(key: str, values: list, where: list[int], exc: Exception) -> InfoBatchError:
+    """The error for ``key``'s values (``exc``: why numpy or Gymnasium refused them); a nested
+    dict's key keeps its own kinds, under this key's path."""
+    if isinstance(exc, InfoBatchError):
+        return InfoBatchError(f"[{key!r}]{exc.path}", exc.kinds, exc.cause)
+    envs: dict[str, list[str]] = {}
+    for j, value in zip(where, values):
+        kind = f"{value.dtype} array of shape {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+        envs.setdefault(kind, []).append(str(j))
+    kinds = "; ".join(f"{kind} (env{'s' * (len(js) > 1)} {', '.join(js[:8])}{' ...' * (len(js) > 8)})"
+                      for kind, js in envs.items())  # (a few envs each: 4,096 would bury the message)
+    return InfoBatchError(f"[{key!r}]", kinds, f"{type(exc).__name__}: {exc}")
+
+
 def _stack(space: gym.Space, items: list[Any]) -> Any:
     """Gymnasium's ``concatenate`` of a batch of observations; for text, the tuple it returns,
     without first building the empty batch it would ignore."""
@@ -52,33 +78,37 @@ def batch_columns(columns: dict[str, tuple[list, list[int]]], num_envs: int, ind
     shared = None  # the mask of keys every info has (the common case), made once
     out: dict[str, Any] = {}
     for key, (values, where) in columns.items():
-        kinds = set(map(type, values))
-        first = values[0]
-        if key == "final_obs":
-            array = _objects(values, num_envs, where, whole and where is index)
-        elif any(issubclass(k, dict) for k in kinds):
-            if not all(issubclass(k, dict) for k in kinds):  # Gymnasium's own (odd) result for a mix
-                batcher, partial = _InfoBatch(num_envs), {}
-                for j, value in zip(where, values):
-                    partial = batcher._add_info(partial, {key: value}, j)
-                out.update(partial)
-                continue
-            array = batch_infos(values, num_envs, where)
-        else:
-            kind = type(first)
-            if kind in (int, float, bool) or issubclass(kind, np.number):
-                array = np.zeros(num_envs, dtype=kind)
-                if all(k in (int, float, bool) or issubclass(k, np.number) for k in kinds):
-                    array[where] = values
-                else:  # element by element, as Gymnasium assigns (numpy treats some sequences apart)
+        try:  # (free in the common case: numpy's error for a key is re-raised naming it)
+            kinds = set(map(type, values))
+            first = values[0]
+            if key == "final_obs":
+                array = _objects(values, num_envs, where, whole and where is index)
+            elif any(issubclass(k, dict) for k in kinds):
+                if not all(issubclass(k, dict) for k in kinds):  # Gymnasium's own (odd) result for a mix
+                    batcher, partial = _InfoBatch(num_envs), {}
+                    for j, value in zip(where, values):
+                        partial = batcher._add_info(partial, {key: value}, j)
+                    out.update(partial)
+                    continue
+                array = batch_infos(values, num_envs, where)
+            else:
+                kind = type(first)
+                if kind in (int, float, bool) or issubclass(kind, np.number):
+                    array = np.zeros(num_envs, dtype=kind)
+                    if all(k in (int, float, bool) or issubclass(k, np.number) for k in kinds):
+                        array[where] = values
+                    else:  # element by element, as Gymnasium assigns (numpy treats some sequences apart)
+                        for j, value in zip(where, values):
+                            array[j] = value
+                elif isinstance(first, np.ndarray):
+                    array = np.zeros((num_envs, *first.shape), dtype=first.dtype)
                     for j, value in zip(where, values):
                         array[j] = value
-            elif isinstance(first, np.ndarray):
-                array = np.zeros((num_envs, *first.shape), dtype=first.dtype)
-                for j, value in zip(where, values):
-                    array[j] = value
-            else:
-                array = _objects(values, num_envs, where, whole and where is index)
+                else:
+                    array = _objects(values, num_envs, where, whole and where is index)
+        except Exception as exc:  # noqa: BLE001  (numpy's and Gymnasium's errors vary with the kinds)
+            cause = exc.__cause__ if isinstance(exc, InfoBatchError) else exc  # (numpy's own, once)
+            raise _unbatchable(key, values, where, exc) from cause
         if where is index:
             if shared is None:
                 shared = np.zeros(num_envs, dtype=np.bool_)
@@ -182,7 +212,10 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
         elif tag == "z":  # decoded when first read (LazyInfos)
             array, lazy = _Undecoded(slices, num_envs, whole, decoded), True
         elif tag == "d":
-            array = join_columns([(start, count, data) for start, count, _, data, _ in slices], num_envs)
+            try:
+                array = join_columns([(start, count, data) for start, count, _, data, _ in slices], num_envs)
+            except InfoBatchError as exc:  # (a nested key's: named under this one)
+                raise _unbatchable(key, [], [], exc) from exc.__cause__
         else:  # a mix of kinds: Gymnasium's rules, from the values
             values, where = [], []
             for start, count, tag, data, mask in slices:

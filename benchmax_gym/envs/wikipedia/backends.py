@@ -10,9 +10,12 @@ they talk to.
   file cached on disk under a hash of the corpus, built once and opened read-only per episode.
 * :class:`LiveBackend` - the real MediaWiki API through the ``wikipedia-api`` package (articles and
   ``list=search``), which brings the User-Agent, timeouts, and retries with exponential backoff on
-  429/5xx honouring ``Retry-After``. Its httpx transport is a :class:`CachingTransport`: it
+  429/5xx honouring ``Retry-After`` (up to one request's timeout: a longer one fails the call at
+  once, the wiki is rate-limiting). Its httpx transport is a :class:`CachingTransport`: it
   remembers successful answers (an identical request is not sent twice) and, given ``api_url``,
-  sends every request to another MediaWiki server (tests use a local one).
+  sends every request to another MediaWiki server (tests use a local one). A title of another
+  wiki (``fr:Paris``, ``wikt:word``: MediaWiki answers with ``interwiki``, no ``pages``) is a
+  tool error saying so; a title MediaWiki lists no page for at all is no article.
 
 Corpus text follows MediaWiki's conventions: ``== Heading ==`` lines open sections, a page whose
 text is ``#REDIRECT [[Target]]`` is a redirect, and a page saying ``may refer to:`` is a
@@ -33,6 +36,8 @@ import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
 
 import httpx
@@ -268,6 +273,46 @@ _DECODED_AWAY = (b"content-encoding", b"content-length", b"transfer-encoding")  
 SERVER_TROUBLE = ("maxlag", "ratelimited", "readonly", "internal_api_error")
 
 
+class NotAPage(Exception):
+    """A ``titles`` query answered with no page at all (no ``query``, or ``query`` without
+    ``pages``): MediaWiki did not look the title up on this wiki. :meth:`LiveBackend.article`
+    reads it as no article."""
+
+
+_PAGES = re.compile(rb'"pages"\s*:\s*[\[{]\s*["{]')  # a non-empty "pages" (text's quotes are escaped)
+
+
+def pageless_answer(title: str, content: bytes) -> Exception:
+    """Why the answer ``content`` to a query for ``title`` lists no pages: a :class:`ToolError`
+    when the title belongs to another wiki (``query.interwiki``), else :class:`NotAPage`."""
+    try:
+        query = json.loads(content).get("query")
+    except (ValueError, AttributeError):
+        query = None
+    interwiki = query.get("interwiki") if isinstance(query, dict) else None
+    if isinstance(interwiki, list) and interwiki and isinstance(interwiki[0], dict):
+        prefix = interwiki[0].get("iw") or title.partition(":")[0]
+        return ToolError(f"{title!r} names a page of another wiki ({prefix!r} is an interwiki prefix), which "
+                         "cannot be read here: search this wiki for the subject instead")
+    return NotAPage(title)
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """``Retry-After`` in seconds, from its seconds or its HTTP-date form; None when absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
 def api_error(headers: httpx.Headers, content: bytes) -> dict | None:
     """MediaWiki's error answer (``{"error": {code, info}}``, sent with HTTP 200 and a
     ``MediaWiki-API-Error`` header), or None for any other body."""
@@ -285,18 +330,22 @@ class CachingTransport(httpx.BaseTransport):
     answers and ``max_bytes`` of bodies: a model reading long articles cannot fill the memory)
     and, when ``api_url`` is set, sends every request there instead of ``{lang}.wikipedia.org``.
 
-    Only 200 answers are kept, so a 429 or 5xx is retried by the client, never replayed. A
-    MediaWiki error answer (HTTP 200 with ``{"error": ...}``) is never kept either: one the server
+    Only 200 answers are kept, so a 429 or 5xx is retried by the client, never replayed; a 429
+    whose ``Retry-After`` is longer than ``max_retry_after`` seconds is a :class:`ToolFailure` at
+    once (the client would sleep that long: ``86400`` hung the call for a day). A MediaWiki
+    error answer (HTTP 200 with ``{"error": ...}``) is never kept either: one the server
     caused (:data:`SERVER_TROUBLE`: lag, rate limit, read-only, internal error) is handed on as a
     503, retried with backoff and then a :class:`ToolFailure`; any other (the request's fault) is
-    a :class:`ToolError` with the server's message. ``sent`` counts the requests that reached the
-    network.
+    a :class:`ToolError` with the server's message. An answer to a ``titles`` query that lists
+    no pages raises :func:`pageless_answer`'s error. ``sent`` counts the requests that reached
+    the network.
     """
 
     def __init__(self, inner: httpx.BaseTransport | None = None, *, api_url: str | None = None,
-                 max_entries: int = 4096, max_bytes: int = 256 << 20):
+                 max_entries: int = 4096, max_bytes: int = 256 << 20, max_retry_after: float | None = None):
         self.inner = inner or httpx.HTTPTransport()
         self.api_url = httpx.URL(api_url) if api_url else None
+        self.max_retry_after = max_retry_after
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.sent = 0
@@ -324,12 +373,22 @@ class CachingTransport(httpx.BaseTransport):
         response.close()
         headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DECODED_AWAY]
         status = response.status_code
+        if status == 429 and self.max_retry_after is not None:
+            wait = retry_after_seconds(response.headers.get("retry-after"))
+            if wait is not None and wait > self.max_retry_after:
+                raise ToolFailure(
+                    f"Wikipedia is rate-limiting this client: it asks to wait {wait:.0f} s before the next "
+                    f"request, longer than this tool waits ({self.max_retry_after:g} s); try again later",
+                    TOOL_UNAVAILABLE)
         error = api_error(response.headers, content) if status == 200 else None
         if error is not None:
             code = str(error.get("code", ""))
             if not code.startswith(SERVER_TROUBLE):
                 raise ToolError(f"Wikipedia refused the request: {error.get('info') or code}")
             status = 503
+        titles = request.url.params.get("titles") if status == 200 else None
+        if titles is not None and not _PAGES.search(content):
+            raise pageless_answer(titles, content)
         if key and status == 200 and len(content) <= self.max_bytes:
             with self._lock:
                 if key not in self._cache:
@@ -352,7 +411,8 @@ class LiveBackend:
         user_agent: identifies the client, as Wikimedia's policy asks.
         timeout: seconds per HTTP request.
         max_retries, retry_wait: retries on 429/5xx/timeouts, waiting ``retry_wait * 2**n`` s
-            (or the server's ``Retry-After``); never a fixed sleep before a request.
+            (or the server's ``Retry-After``, when it is at most ``timeout``: a longer one fails
+            the call at once); never a fixed sleep before a request.
         cache_size: answers remembered by the :class:`CachingTransport`.
     """
 
@@ -361,7 +421,8 @@ class LiveBackend:
         import wikipediaapi  # imported here: offline backends never need it
 
         self._errors = wikipediaapi.WikipediaException
-        self.transport = CachingTransport(api_url=api_url, max_entries=cache_size)
+        self._rate_limited = wikipediaapi.WikiRateLimitError
+        self.transport = CachingTransport(api_url=api_url, max_entries=cache_size, max_retry_after=timeout)
         self.wiki = wikipediaapi.Wikipedia(
             user_agent=user_agent, language=language, timeout=timeout, max_retries=max_retries,
             retry_wait=retry_wait, transport=self.transport,
@@ -371,7 +432,7 @@ class LiveBackend:
         try:
             results = self.wiki.search(query, limit=limit)
         except self._errors as exc:
-            raise ToolFailure(f"Wikipedia search is unavailable ({exc})", TOOL_UNAVAILABLE) from None
+            raise self._unavailable("Wikipedia search", exc) from None
         return [SearchHit(title, _plain(page.search_meta.snippet)) for title, page in results.pages.items()][:limit]
 
     def article(self, title: str) -> Article | None:
@@ -383,11 +444,19 @@ class LiveBackend:
             if page.pageid is None or page.pageid < 0:
                 return None
             disambiguation = bool(self.wiki.categories(page, clcategories=DISAMBIGUATION_CATEGORIES))
+        except NotAPage:
+            return None
         except self._errors as exc:
-            raise ToolFailure(f"Wikipedia is unavailable ({exc})", TOOL_UNAVAILABLE) from None
+            raise self._unavailable("Wikipedia", exc) from None
         sections = (Section("", summary.strip()), *_flatten(page.sections))
         redirected_from = title if title_key(page.title) != title_key(title) else None
         return Article(page.title, tuple(s for s in sections if s.title or s.text), redirected_from, disambiguation)
+
+    def _unavailable(self, what: str, exc: Exception) -> ToolFailure:
+        if isinstance(exc, self._rate_limited):
+            return ToolFailure(f"{what} is rate-limiting this client (HTTP 429 on every retry); try again later",
+                               TOOL_UNAVAILABLE)
+        return ToolFailure(f"{what} is unavailable ({exc})", TOOL_UNAVAILABLE)
 
     def close(self) -> None:
         """Shared by every episode of an environment; :meth:`shutdown` releases it."""
@@ -430,8 +499,9 @@ class LiveWikipedia(SourceConfig):
 
     @property
     def tool_timeout(self) -> float:
-        """Long enough for every retry of one request."""
-        return self.http_timeout * (self.max_retries + 1) + self.retry_wait * 2 ** self.max_retries
+        """Long enough for every retry of one request: each attempt, and each wait before a
+        retry (the backoff, or a ``Retry-After`` of at most ``http_timeout``)."""
+        return self.http_timeout * (2 * self.max_retries + 1) + self.retry_wait * 2 ** self.max_retries
 
     def build(self, env: Any) -> LiveBackend:
         return LiveBackend(api_url=self.api_url, language=self.language, user_agent=self.user_agent,
