@@ -13,6 +13,10 @@ python -m openrlhf.cli.train_ppo_ray \
   --data.apply_chat_template \
   --train.agent_func_path "$(dirname "$0")/openrlhf_agent.py" \
   --algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 8 \
+  --algo.dynamic_filtering_enable \
   --rollout.max_new_tokens 1024 --data.max_len 4096 \
   --ckpt.output_dir runs/openrlhf-math \
   "$@"
+# --algo.dynamic_filtering_enable: a failed sample (a tool gone, a lost worker: reward NaN) drops its
+# prompt's group, the only exclusion OpenRLHF's code has; its default range (0, 1) also drops groups
+# whose samples all score the same (DAPO's filter), which carry no advantage under group_norm.

@@ -157,3 +157,95 @@ def test_rewards_examples_compose_gate_and_pay_a_milestone_once():
     finally:
         for env_id in ("me/Capitals-v0", "me/Geo-v1"):
             gym.registry.pop(env_id, None)
+
+
+# --- what a new user meets first: the id list, the eval example, the figures' sources, the family examples
+
+ROOT = README.parent
+
+
+def _section(heading: str, path: Path = README) -> str:
+    return path.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_environments_section_lists_every_registered_benchmax_id_and_only_those():
+    import benchmax_gym  # noqa: F401  (registers the ids)
+
+    registered = {env_id for env_id in gym.registry if env_id.startswith("benchmax/")}
+    listed = set(re.findall(r"`(benchmax/[\w-]+-v\d+)`", _section("Environments")))
+    assert listed == registered, (sorted(registered - listed), sorted(listed - registered))
+
+
+def test_the_eval_example_output_is_what_the_solver_command_prints(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    section = _section("Evaluate a model")
+    command = next(line for line in section.splitlines() if line.startswith("benchmax-gym eval") and "--policy solver" in line)
+    argv = shlex.split(command.split("#")[0])[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "solver-math")
+    shown = re.search(r"prints[^\n]*:\n\n```\n(.*?)```", section, re.DOTALL).group(1).splitlines()
+    done = subprocess.run([sys.executable, "-m", "benchmax_gym", *argv, "--no-plots", "--quiet"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    printed = done.stdout.splitlines()
+    assert [line for line in printed if not line.startswith("run directory")] == \
+        [line for line in shown if not line.startswith("run directory")]
+
+
+def test_every_benchmark_script_the_docs_name_exists_and_the_layout_lists_them_all():
+    docs = [README, ROOT / "benchmarks" / "README.md", *ROOT.glob("benchmax_gym/envs/*/README.md")]
+    named = {name for doc in docs for name in re.findall(r"benchmarks/(\w+)\.py", doc.read_text())}
+    scripts = {path.stem for path in (ROOT / "benchmarks").glob("*.py") if not path.name.startswith("_")}
+    assert named <= scripts, sorted(named - scripts)
+    assert scripts <= set(re.findall(r"\w+", _section("Layout"))), sorted(scripts - set(re.findall(r"\w+", _section("Layout"))))
+
+
+FAMILY_EXAMPLES = [  # README, gym.make arguments and reset arguments its example episode's heading names
+    ("math", "benchmax/Math-v0", {}, {"seed": 2}),
+    ("wikipedia", "benchmax/Wikipedia-v0", {}, {"seed": 0}),
+    ("excel", "benchmax/Excel-v0", {"task_args": {"difficulty": {"rows": 6}}}, {"seed": 1}),
+    ("crm", "benchmax/CRM-v0", {"task_args": {"task_types": ["route_case"]}}, {"seed": 1}),
+    ("mcp", "benchmax/MCP-v0", {}, {"options": {"task_index": 0}}),
+]
+
+
+@pytest.mark.parametrize(("family", "env_id", "make_kwargs", "reset_kwargs"), FAMILY_EXAMPLES, ids=[f[0] for f in FAMILY_EXAMPLES])
+def test_a_family_readmes_example_episode_is_the_task_its_heading_names(family, env_id, make_kwargs, reset_kwargs):
+    import json
+
+    from benchmax_gym.testing import play
+
+    example = (ROOT / "benchmax_gym" / "envs" / family / "README.md").read_text().split("## Example episode", 1)[1]
+    heading, transcript = example.split("\n", 1)
+    named = "seed=" + str(reset_kwargs["seed"]) if "seed" in reset_kwargs else 'options={"task_index": 0}'
+    assert f"reset({named})" in heading
+    user = " ".join(transcript.split("user:", 1)[1].split("assistant:", 1)[0].split())
+    final = transcript.split("assistant:")[-1].split("->")[0].strip()
+    shown_components = json.loads(re.search(r"reward_components (\{.*?\})", transcript).group(1))
+    env = gym.make(env_id, **make_kwargs)
+    try:
+        played = play(env, **reset_kwargs)  # the reference solver
+        prompt = " ".join(env.unwrapped.messages[1]["content"].split())
+        assert prompt.startswith(user.removesuffix(" ...").split(" ... ")[0]), (user, prompt)
+        assert env.unwrapped.messages[-1]["content"] == final
+        assert played.reward == 1.0 and played.infos[-1]["reward_components"] == shown_components
+    finally:
+        env.close()
+
+
+def test_the_milestones_example_needs_only_correct_from_the_example_before_it():
+    namespace: dict = {"correct": lambda completion, answer: float(completion.endswith(f"<answer>{answer}</answer>"))}
+    try:
+        exec(compile(_code_block("Rewards", "milestones("), str(README), "exec"), namespace)  # noqa: S102
+    finally:
+        gym.registry.pop("me/Geo-v1", None)
+        registry.ENVS.pop("me/Geo-v1", None)
+
+
+def test_the_openrlhf_launch_script_turns_on_the_filtering_the_readme_asks_for():
+    row = next(line for line in _section("Train with a trainer").splitlines() if line.startswith("| OpenRLHF |") and "NaN" in line)
+    assert "--algo.dynamic_filtering_enable" in row and "turn it on" in row
+    script = (ROOT / "examples" / "openrlhf_math.sh").read_text()
+    assert "--algo.dynamic_filtering_enable \\" in script.split('"$@"')[0]
