@@ -8,6 +8,8 @@ declare next to a field of a :class:`Checked` dataclass with :func:`arg`.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -139,6 +141,13 @@ def config_of(cls: type) -> Check:
             return value
         if not isinstance(value, Mapping):
             raise ValueError(f"{name} must be a dict of {cls.__name__} fields, got {value!r}")
+        names = [f.name for f in fields(cls) if f.init] if dataclasses.is_dataclass(cls) else None
+        unknown = [key for key in value if names is not None and key not in names]
+        if unknown:  # named with a suggestion and every field, as an unknown keyword argument is
+            hints = [f"{key!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.get_close_matches(
+                str(key), names, n=1)) else "") for key in unknown]
+            raise ValueError(f"{name}: unknown {cls.__name__} field{'s' * (len(hints) > 1)} {', '.join(hints)}; "
+                             f"its fields are {', '.join(names)}")
         try:
             return cls(**value)
         except TypeError as exc:

@@ -510,7 +510,8 @@ def _load_from_hub(datasets: Any, hub_id: str, name: str | None, split: str, loa
     cached copy, or an endpoint that refuses a TCP connect or lets it time out (``datasets``
     would otherwise retry for ~25 s and raise through 50 lines of its internals)."""
     offline = datasets.config.HF_HUB_OFFLINE
-    remedy = "pass local files (JSON, JSON Lines, Parquet) as dataset= instead"
+    remedy = ("pass local files (JSON, JSON Lines, Parquet) instead: task_args={'dataset': PATH} "
+              "(CLI: --env-arg task_args.dataset=PATH)")
     if not offline:
         from huggingface_hub import constants
 

@@ -317,5 +317,5 @@ def test_directory_without_data_files_is_error(tmp_path, cache):
 
 def test_hub_id_while_offline_is_one_clear_connection_error():
     """conftest sets HF_HUB_OFFLINE=1: a hub id that is not cached fails at once, in one line."""
-    with pytest.raises(ConnectionError, match=r"^dataset 'openai/gsm8k': offline mode is on .*dataset= instead$"):
+    with pytest.raises(ConnectionError, match=r"^dataset 'openai/gsm8k': offline mode is on .*task_args=\{'dataset': PATH\} \(CLI: --env-arg task_args\.dataset=PATH\)$"):
         load_records("openai/gsm8k", name="main")

@@ -5,7 +5,10 @@ import re
 from pathlib import Path
 
 import numpy as np
+import gymnasium as gym
 import pytest
+
+import benchmax_gym  # noqa: F401  (registers the ids)
 
 from benchmax_gym.envs.math.calculator import evaluate, format_number
 from benchmax_gym.envs.math.rubric import is_equivalent
@@ -72,6 +75,14 @@ def test_generated_tasks_rejects_wrong_config():
     with pytest.raises(ValueError, match="digits must be an int from 1 to 9"):
         generated_tasks({"digits": 20})
     assert generated_tasks({"digits": 2})[0] == generated_tasks(MathTaskConfig(digits=2))[0]
+
+
+def test_an_unknown_difficulty_field_is_named_with_a_suggestion_at_make():
+    """A typo in a difficulty knob says which field was meant and lists them all (it was the
+    dataclass's bare ``__init__() got an unexpected keyword argument``)."""
+    with pytest.raises(ValueError, match=r"^difficulty: unknown MathTaskConfig field 'digitz' \(did you mean "
+                       r"'digits'\?\); its fields are operands, digits, operations, word_problems, steps$"):
+        gym.make("benchmax/Math-v0", task_args={"difficulty": {"digitz": 3}})
 
 
 # -- generator -----------------------------------------------------------------------------
