@@ -19,7 +19,8 @@ spread of that task's samples, not of a benchmark's tasks - and the result says 
 the shared task in a run) there is no CI (``ci_low``/``ci_high`` None). Never a zero-width
 interval standing for certainty it does not have: a share seen as all 0 or all 1 (every
 resample the same) takes Wilson's score interval over the units (:func:`_wilson`), and a mean
-reward that is the same for every episode, at neither 0 nor 1, has no CI.
+reward that is the same for every episode, at neither 0 nor 1, has no CI, and so has any other
+estimate every resample gives the same (the IQM of rewards mostly 0), with a note.
 """
 
 from __future__ import annotations
@@ -307,6 +308,14 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
             notes.append(f"every episode scored {rewards[0]:g}: no CI for the mean reward or IQM (an interval "
                          "would need the rewards' bounds; the success rate's is Wilson's over the "
                          f"{units} {over})")
+    flat = [label for label, ci in (("mean reward", reward_ci), ("success rate", success_ci), ("IQM", iqm_ci))
+            if ci[0] is not None and ci[0] == ci[1]]
+    if flat:  # every resample the same though the episodes differ (the IQM of mostly-0 rewards, say)
+        reward_ci, success_ci, iqm_ci = ((None, None) if ci[0] is not None and ci[0] == ci[1] else ci
+                                         for ci in (reward_ci, success_ci, iqm_ci))
+        notes.append(f"every resample of the {over} gave the same {' and '.join(flat)}, though the episodes differ "
+                     "(the IQM, when most rewards are equal): no CI, as a zero-width interval would claim a "
+                     "certainty the sample does not give")
     solved = Counter(zip(sizes.tolist(), np.bincount(owner, successes, len(ids)).astype(int).tolist()))
 
     turns = sum(int(r.get("turns") or 0) for r in records)

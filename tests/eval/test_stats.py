@@ -217,6 +217,28 @@ def test_a_mean_reward_the_same_for_every_episode_between_0_and_1_has_no_interva
     assert summary["success_rate"]["ci_high"] == pytest.approx(1 - 10 / (10 + 1.959963984540054 ** 2))
 
 
+def test_an_estimate_every_resample_gives_alike_though_episodes_differ_has_no_interval():
+    """Rewards mostly 0 (3 of 80 episodes solved): every resample's IQM is 0, and the summary
+    showed IQM 0.000 [0.000, 0.000]. And tasks each solved once in two samples: every resample's
+    mean is 0.5. Neither is certainty: no CI, with a note; the estimates that vary keep theirs."""
+    def record(t, k, reward):
+        return {"task_id": str(t), "task_index": t, "sample": k, "reward": reward, "success": reward == 1.0,
+                "outcome": "scored"}
+
+    mostly_zero = summarize([record(t, k, float((t, k) in {(0, 0), (0, 1), (5, 0)}))
+                             for t in range(20) for k in range(4)])
+    assert mostly_zero["iqm"] == {"value": 0.0, "ci_low": None, "ci_high": None}
+    assert mostly_zero["mean_reward"]["ci_low"] < mostly_zero["mean_reward"]["ci_high"]
+    assert any("gave the same IQM" in note for note in mostly_zero["notes"])
+    assert "[0.000, 0.000]" not in format_summary(mostly_zero)
+
+    halves = summarize([record(t, k, float(k)) for t in range(10) for k in range(2)])
+    for name in ("mean_reward", "success_rate"):
+        assert halves[name] == {"value": 0.5, "ci_low": None, "ci_high": None}, name
+    assert any("gave the same mean reward and success rate" in note for note in halves["notes"])
+    assert "[0.500, 0.500]" not in format_summary(halves)
+
+
 def test_a_comparison_whose_resamples_are_all_the_same_shows_its_uncertainty_or_none():
     """Two runs that solved every one of 10 tasks differ by 0 in every resample: the bootstrap gave
     0.000 [0.000, 0.000]. A difference of rewards of 0 or 1 takes Newcombe's score interval (from
