@@ -23,7 +23,11 @@ are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_rewar
   workspace hooks (``copy_to_workspace``/``copy_from_workspace``) are its business, called from
   its ``init_rollout`` and ``compute_reward`` as in benchmax.
 * The episode is closed with ``release_rollout(rollout_id)``, or the package's
-  ``cleanup_rollout(rollout_id)`` where that is what the class has (sync or async).
+  ``cleanup_rollout(rollout_id)`` where that is what the class has (sync or async): once, at the
+  next reset or ``close()``, or as soon as the episode ends by a failure that is not the model's
+  (an ``env_error``, a tool's ``tool_timeout``, the ``deadline``): a failed rollout is never
+  graded nor passed to ``compute_group_reward``, so nothing reads it after. A finished (graded)
+  rollout is kept until the next reset, as the engine keeps a scored episode's resources.
 * ``compute_reward``'s dict is one rubric component, ``benchmax``: each entry is reported in
   ``info["reward_components"]`` and the reward is their mean (the entries share the component's
   weight, :mod:`core.rubric`), not their sum.
@@ -70,7 +74,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmax_gym.core.env import Episode, ToolEnv
+from benchmax_gym.core.env import Episode, ToolEnv, _Teardown
 from benchmax_gym.core.group import GroupFn, GroupRubric, completion_of
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.tasks import ListTasks, Task
@@ -305,27 +309,42 @@ class BenchmaxEnv(ToolEnv):
         return messages
 
     async def aopen_episode(self, episode: Episode, options: dict[str, Any]) -> None:
+        """``init_rollout``, its release (:meth:`aclose_episode`) held on ``episode.resources``
+        first: it runs once, on whichever path the episode leaves by - a failure that ends it
+        (at once, as the engine releases a failed episode's resources), the next reset,
+        ``close()``, garbage collection - as the engine's ``teardown`` does (a release that
+        failed, or an ``init_rollout`` that raised, is logged)."""
+        release = _rollout_release(self.benchmax_env)
+        if release is not None:  # (the benchmax env, never this env: the episode's finalizer holds it)
+            once = _Teardown(release, episode.rollout_id, self.aio)
+            episode.state["_rollout_release"] = once
+            episode.resources.callback(once)
         args = episode.task.answer.get("init_rollout_args") or {}
         done = self.benchmax_env.init_rollout(episode.rollout_id, **args)
         if inspect.isawaitable(done):  # (sync in the package's LocalMCPEnv, as its cleanup_rollout)
             await done
 
     async def aclose_episode(self, episode: Episode) -> None:
-        env = self.benchmax_env
-        release = getattr(env, "release_rollout", None)
-        if getattr(type(env), "release_rollout", None) in (None, BaseEnv.release_rollout):
-            # the package's name for it, also on a subclass of ours (whose base has a no-op release_rollout)
-            release = getattr(env, "cleanup_rollout", None) or release
-        if release is not None:
-            done = release(episode.rollout_id)
-            if inspect.isawaitable(done):
-                await done
+        """Release the episode's rollout (``release_rollout`` or ``cleanup_rollout``), unless a
+        failure that ended the episode already has."""
+        once = episode.state.get("_rollout_release")
+        if once is not None:
+            await once.arun()
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
         self.aio.run(self.aopen_episode(episode, options))
 
     def close_episode(self, episode: Episode) -> None:
         self.aio.run(self.aclose_episode(episode))
+
+
+def _rollout_release(env: Any) -> Any:
+    """``env``'s ``release_rollout``, or the package's ``cleanup_rollout`` where that is what it
+    has (also on a subclass of ours, whose base has a no-op ``release_rollout``); None: neither."""
+    release = getattr(env, "release_rollout", None)
+    if getattr(type(env), "release_rollout", None) in (None, BaseEnv.release_rollout):
+        release = getattr(env, "cleanup_rollout", None) or release
+    return release
 
 
 _GROUP_POSITIONAL = {

@@ -184,7 +184,12 @@ class ToolEnv(gym.Env[str, str]):
         max_turns: steps before the episode is truncated.
         max_action_chars: longer actions are refused (``action_too_long``) without being run.
         max_tool_output_chars: each tool result is cut to this with a visible marker.
-        tool_timeout: seconds per tool call (``tool_timeout`` error when exceeded).
+        tool_timeout: seconds per tool call (``tool_timeout`` error when exceeded). A sync tool
+            runs in a thread that is abandoned at its timeout; an async one is cancelled at its
+            next ``await``: one that blocks the event loop (``time.sleep``, a CPU loop) cannot be
+            stopped and holds the step until it returns, but whatever it then returns or raises
+            is the ``tool_timeout``, never a result to grade. Give such work a sync tool or
+            ``asyncio.to_thread``.
         episode_timeout: wall-clock seconds for the whole episode, all turns (None: no limit).
             A step that starts past it, or a tool call cut short by it (each call's timeout is
             bounded by the time left), ends the episode with outcome ``deadline``: reward NaN,

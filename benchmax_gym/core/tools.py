@@ -9,14 +9,19 @@ the value exactly stay, since models send them (``"3"``, ``" 3 "`` or ``"3.0"`` 
 (``3.0``: JSON Schema's integer too); what is not exact is refused (``"3.5"`` or ``3.5`` for an
 int, ``"0x10"``). A boolean is never a number nor a number a boolean (in ``Annotated`` and
 ``Literal`` too), and NaN and infinities are never a number (``json.loads`` reads ``NaN``; a
-:meth:`Tool.from_schema` tool refuses them as well), as JSON Schema has it. Fields of a pydantic
-model or ``TypedDict`` parameter are pydantic's lax ones.
+:meth:`Tool.from_schema` tool refuses them as well), as JSON Schema has it. The same rules hold
+in the fields of a pydantic model or ``TypedDict`` parameter, and of the models and TypedDicts in
+them; the tool still gets its own classes. Not in a dataclass's fields, nor where a model holds
+its own class (a tree's children): pydantic's lax rules stay there.
 
 A tool may take a parameter named ``episode``: the engine passes the running
 :class:`~benchmax_gym.core.env.Episode` (per-episode state, workspace), and the parameter is
 hidden from the schema; one named ``state`` receives what the environment's ``setup(task,
 episode)`` returned for this episode (see :class:`~benchmax_gym.core.env.ToolEnv`). Tools may be
-sync or ``async``.
+sync or ``async``. An async tool must not block (``time.sleep``, a CPU loop, a blocking client):
+asyncio cannot stop it before its next ``await``, so such a call holds the step past its timeout,
+and its result then comes back as ``tool_timeout``; give blocking work a sync tool (run in a
+thread, abandoned at its timeout) or ``await asyncio.to_thread(...)``.
 
 A terminal tool (``@tool(terminal=True)``: "submit", "transfer to a human") ends the episode
 once a call to it has run without error: the rubric scores the episode at that step. Calls after
@@ -48,6 +53,7 @@ import os
 import queue
 import re
 import threading
+import time
 import types
 import typing
 import warnings
@@ -514,11 +520,14 @@ def _json_kinds_kept(annotation: Any) -> Any:
     ``limit=1``), which no JSON Schema validator accepts (a schema tool refuses them). Its other
     conversions stay: a string that spells the value (``"3"`` for an int, ``"true"`` for a bool),
     a whole float for an int. In ``Optional``/unions, lists, sets, tuples, dicts, ``Annotated``
-    (``PositiveInt``, ``Field(ge=1)``) and ``Literal`` too."""
+    (``PositiveInt``, ``Field(ge=1)``) and ``Literal`` too, and in the fields of pydantic models
+    and ``TypedDict`` s (:func:`_fields_kinds_kept`)."""
     if annotation is bool:
         return typing.Annotated[bool, pydantic.BeforeValidator(_not_a_number)]
     if annotation in (int, float):
         return typing.Annotated[annotation, pydantic.BeforeValidator(_not_a_boolean)]
+    if isinstance(annotation, type) and (issubclass(annotation, pydantic.BaseModel) or _is_typeddict(annotation)):
+        return _fields_kinds_kept(annotation)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:  # (constraints next to the type, so that the schema keeps "minimum")
         base = annotation.__origin__
@@ -545,6 +554,78 @@ def _json_kinds_kept(annotation: Any) -> Any:
     if origin in (list, set, frozenset, tuple, dict):
         return origin[kept]
     return annotation
+
+
+def _is_typeddict(cls: type) -> bool:
+    return issubclass(cls, dict) and hasattr(cls, "__required_keys__")
+
+
+#: each pydantic model or TypedDict class -> what its fields are validated as (:func:`_fields_kinds_kept`)
+_KINDS_KEPT: dict[type, Any] = {}
+
+
+def _fields_kinds_kept(cls: type) -> Any:
+    """A pydantic model or ``TypedDict`` parameter ``cls``, its fields checked as the parameters
+    are: pydantic validates them with the class's own lax config (``true`` read as ``1``, ``NaN``
+    as a float). A twin of ``cls`` with the fields' annotations kept (:func:`_json_kinds_kept`)
+    and NaN and infinities refused validates the argument; a model's twin is a subclass (the
+    model's validators, aliases and defaults hold) whose instance becomes a ``cls`` once
+    validated, so the tool gets its own class. ``cls`` unchanged where no twin can be made (a
+    field type the twin cannot take; a model's field of its own type keeps the lax check)."""
+    kept = _KINDS_KEPT.get(cls)
+    if kept is None:
+        _KINDS_KEPT[cls] = cls  # (a model met again inside its own fields: lax there)
+        try:
+            kept = _model_twin(cls) if issubclass(cls, pydantic.BaseModel) else _typeddict_twin(cls)
+        except Exception:  # (pydantic cannot build the twin: the class as it is, as before)
+            kept = cls
+        _KINDS_KEPT[cls] = kept
+    return kept
+
+
+def _model_twin(cls: type[pydantic.BaseModel]) -> Any:
+    annotations, namespace = {}, {}
+    for fname, info in cls.model_fields.items():
+        kept = _json_kinds_kept(info.annotation)
+        if kept is not info.annotation:
+            annotations[fname] = kept
+            namespace[fname] = copy.copy(info)  # (its default, alias, description and constraints)
+    if not annotations:  # (no number, no boolean)
+        return cls
+    # (``__slots__ = ()``: the same layout as ``cls``, so that its instance can become a ``cls``)
+    twin = type(cls)(cls.__name__, (cls,), {
+        **namespace, "__annotations__": annotations, "__slots__": (), "__module__": cls.__module__,
+        "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+        "model_config": {**cls.model_config, "allow_inf_nan": False},
+    })
+    if any(getattr(twin, a) != getattr(cls, a) for a in ("__basicsize__", "__dictoffset__", "__weakrefoffset__")):
+        return cls  # (a layout its instance could not leave)
+
+    def as_cls(value: Any) -> Any:
+        if type(value) is twin:
+            object.__setattr__(value, "__class__", cls)  # (object's: a frozen model refuses its own)
+        return value
+
+    return typing.Annotated[twin, pydantic.AfterValidator(as_cls)]
+
+
+def _typeddict_twin(cls: type) -> Any:
+    hints = typing.get_type_hints(cls, include_extras=True)
+    annotations, changed = {}, False
+    for key, hint in hints.items():
+        if typing.get_origin(hint) in (typing.Required, typing.NotRequired):
+            hint = typing.get_args(hint)[0]
+        kept = _json_kinds_kept(hint)
+        changed = changed or kept is not hint
+        annotations[key] = (typing.Required if key in cls.__required_keys__ else typing.NotRequired)[kept]
+    if not changed:  # (no number, no boolean)
+        return cls
+    config = getattr(cls, "__pydantic_config__", None)  # (without its own, a TypedDict has the parameters')
+    namespace = {"__annotations__": annotations, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                 "__doc__": cls.__doc__}
+    if config is not None:
+        namespace["__pydantic_config__"] = {**config, "allow_inf_nan": False}
+    return type(cls)(cls.__name__, (), namespace)  # (its value is a dict, as the class's is)
 
 
 def _not_a_boolean(value: Any) -> Any:
@@ -813,7 +894,8 @@ class Toolset:
             elif t.is_async:
                 if run_coroutine is None:
                     raise RuntimeError("async tool called without an event loop runner")
-                value = run_coroutine(_no_exit(t.fn(**kwargs)), None if t.self_timed else timeout)
+                limit = None if t.self_timed else timeout
+                value = run_coroutine(_async_call(t.fn(**kwargs), limit), limit)
             elif t.inline or t.self_timed:
                 value = t.fn(**kwargs)
             else:
@@ -840,7 +922,8 @@ class Toolset:
             return failed
         try:
             if t.is_async:
-                value = await (_no_exit(t.fn(**kwargs)) if t.self_timed else asyncio.wait_for(_no_exit(t.fn(**kwargs)), timeout))
+                call = _async_call(t.fn(**kwargs), None if t.self_timed else timeout)
+                value = await (call if t.self_timed else asyncio.wait_for(call, timeout))
             elif t.inline:
                 value = t.fn(**kwargs)
             else:
@@ -886,11 +969,32 @@ class ToolExited(Exception):
     """An async tool called ``sys.exit()``: raised in its task, a ``SystemExit`` stops the event loop."""
 
 
-async def _no_exit(coroutine: Any) -> Any:
+async def _async_call(coroutine: Any, timeout: float | None) -> Any:
+    """Await an async tool's coroutine, its ``sys.exit()`` a :class:`ToolExited`. With the
+    ``timeout`` the engine gives it, a call that took longer is a :class:`TimeoutError`, whatever
+    it returned or raised: asyncio cancels a coroutine only at an ``await``, so one that blocked
+    its event loop past the timeout (``time.sleep``, a CPU loop) returns late, and nothing in
+    Python can preempt it before (see the module's docstring). A sync tool's late result is
+    dropped alike (its thread is abandoned at the timeout)."""
+    if timeout is None:
+        try:
+            return await coroutine
+        except SystemExit as exc:
+            raise ToolExited(exc.code) from None
+    start = time.monotonic()
     try:
-        return await coroutine
-    except SystemExit as exc:
-        raise ToolExited(exc.code) from None
+        value = await coroutine
+    except asyncio.CancelledError:  # (the timeout's cancellation: wait_for reports it)
+        raise
+    except (Exception, SystemExit) as exc:
+        if time.monotonic() - start > timeout:
+            raise TimeoutError from None
+        if isinstance(exc, SystemExit):
+            raise ToolExited(exc.code) from None
+        raise
+    if time.monotonic() - start > timeout:
+        raise TimeoutError
+    return value
 
 
 def _failed(name: str, exc: Exception, timeout: float, max_chars: int) -> ToolResult:
