@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -14,12 +15,16 @@ from typing import Any
 from benchmax_gym.core.checks import positive_number
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
-from benchmax_gym.core.tasks import TaskSource
-from benchmax_gym.core.tools import Toolset
+from benchmax_gym.core.tasks import Task, TaskSource
+from benchmax_gym.core.tools import Toolset, truncate
 from benchmax_gym.envs.mcp.rubric import ServerClient, example_progress, example_rubric, user_rubric
 from benchmax_gym.envs.mcp.solver import MCPSolver
 from benchmax_gym.envs.mcp.tasks import example_tasks, user_tasks
-from benchmax_gym.envs.mcp.tools import Connection, exposed_names, kill_servers, mcp_tool, parse_servers
+from benchmax_gym.envs.mcp.tools import (
+    MAX_TOOL_LIST_CHARS, Connection, exposed_names, kill_servers, listed_tools, mcp_tool, parse_servers,
+)
+
+log = logging.getLogger(__name__)
 
 EXAMPLE_SERVER = {"command": sys.executable, "args": ["-m", "benchmax_gym.envs.mcp.example_server"]}
 SYSTEM_PROMPT = "You are an assistant with tools. Use them to complete the task, then reply without a tool call."
@@ -47,9 +52,9 @@ class MCPEnv(ToolEnv):
             working directory emptied between episodes; ``"restart"``: a fresh server process for
             every episode (for servers that keep state in memory).
         init_timeout: seconds a server may take to start and answer MCP's initialize.
-        max_message_mb: a stdio server's message over this size is dropped as it arrives and
-            its call becomes a tool error (the server keeps running); smaller results are cut
-            to ``max_tool_output_chars`` as usual.
+        max_message_mb: a server's message (stdio) or reply (HTTP) over this size is dropped as it
+            arrives and its call becomes a tool error (the server keeps running); smaller results
+            are cut to ``max_tool_output_chars`` as usual.
         system_prompt: the instructions before the tools (a generic one by default).
         lenient_schemas: read a server's non-standard schema types (``dict``, ``float``,
             ``tuple``, ``any``) as standard ones, with a warning (see ``Tool.from_schema``); by
@@ -60,6 +65,17 @@ class MCPEnv(ToolEnv):
     Servers start at the first reset (their tools are only known then). A call to a server that
     crashed (restarted) or overran ``tool_timeout`` (killed; a fresh one starts at the next reset)
     ends the episode ungraded (``tool_unavailable``, ``tool_timeout``).
+
+    The prompt lists the tools within bounds, so the task is always in the first observation
+    whole: a description or schema too long is cut with a marker (see ``tools.shown_schema``),
+    the list stops at ``tools.MAX_TOOL_LIST_CHARS`` or half of ``max_observation_chars`` (the
+    prompt says how many tools were left out; they cannot be called), and a system prompt that
+    would still crowd the task out is cut instead of the task.
+
+    A server whose tool list changes (MCP's ``listChanged``: it sends
+    ``notifications/tools/list_changed``) keeps the episode's tools as its prompt showed them; a
+    call of one it no longer lists is a tool error saying so, and the next reset lists the tools
+    anew (``info["tools"]`` and the prompt show the new list).
     """
 
     def __init__(
@@ -88,6 +104,7 @@ class MCPEnv(ToolEnv):
         max_message_bytes = int(positive_number("max_message_mb", max_message_mb) * 1e6)
         specs = parse_servers(EXAMPLE_SERVER if example else server)
         self._example = example
+        self._unlisted = 0  # tools left out of the prompt's list (over its bound)
         super().__init__(
             tasks=example_tasks() if example else user_tasks(tasks),
             toolset=Toolset(),  # filled in when the servers are up
@@ -104,20 +121,50 @@ class MCPEnv(ToolEnv):
         weakref.finalize(self, _remove_in, os.getpid(), self._root)  # close() does it; so does dropping the env
         self.workspace = self._root / "workspace"
         self._started = False
+        self._listed_at: dict[str, int] = {}  # each server's Connection.changes when its tools were listed
 
     # -- servers ---------------------------------------------------------------------------------
 
     async def _start_servers(self) -> None:
         for connection in self.connections.values():
             await connection.start(self.workspace)
+        await self._list_tools()
+        self._started = True
+
+    async def _list_tools(self) -> None:
+        """Ask every server for its tools and make them the env's, the prompt's list bounded."""
+        self._listed_at = {name: c.changes for name, c in self.connections.items()}
         listed = {name: await c.list_tools() for name, c in self.connections.items()}
         exposed = exposed_names({name: [t.name for t in tools] for name, tools in listed.items()})
+        tools = [mcp_tool(self, self.connections[name].spec, t, exposed[name, t.name])
+                 for name, remote in listed.items() for t in remote]
+        limit = min(MAX_TOOL_LIST_CHARS, self.max_observation_chars // 2)
+        shown, self._unlisted = listed_tools(tools, limit)
+        if self._unlisted:
+            log.warning("MCP-v0: the servers list %d tools; the %d that fit in %d characters of prompt are used, "
+                        "%d are left out", len(tools), len(shown), limit, self._unlisted)
         toolset = Toolset()
-        for name, tools in listed.items():
-            for t in tools:
-                toolset.add(mcp_tool(self, self.connections[name].spec, t, exposed[name, t.name]))
+        for tool in shown:
+            toolset.add(tool)
         self.set_toolset(toolset)
-        self._started = True
+
+    def build_system_prompt(self, family_prompt: str, tools_in_prompt: bool) -> str:
+        prompt = super().build_system_prompt(family_prompt, tools_in_prompt)
+        if self._unlisted and tools_in_prompt:
+            prompt += (f"\n\n[{self._unlisted} more tools of the MCP servers are not listed: the list is over its "
+                       "limit of characters]")
+        return prompt
+
+    def task_messages(self, task: Task) -> list[dict[str, Any]]:
+        """The opening messages, the system prompt cut (with a marker) where it and the task
+        would not fit in ``max_observation_chars`` together: the task is never the part cut."""
+        messages = super().task_messages(task)
+        if messages and messages[0]["role"] == "system":
+            rest = sum(len(str(m.get("content") or "")) + 2 for m in messages[1:])
+            room = self.max_observation_chars - rest
+            if len(messages[0]["content"]) > room > 0:
+                messages[0]["content"] = truncate(messages[0]["content"], room)
+        return messages
 
     def _fresh_workspace(self) -> None:
         """Empty the directory in place: a running server's cwd must stay the same directory."""
@@ -136,6 +183,8 @@ class MCPEnv(ToolEnv):
             for connection in self.connections.values():
                 if self.isolation == "restart" or not connection.alive:
                     await connection.start(self.workspace)
+            if any(c.changes != self._listed_at.get(name) for name, c in self.connections.items()):
+                await self._list_tools()  # a server said its tools changed
         episode.state["workspace"] = self.workspace
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:

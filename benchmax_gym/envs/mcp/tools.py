@@ -7,13 +7,22 @@ SDK's context managers must be entered and left in one task, so a holder task ow
 tools from ``list_tools`` become :class:`~benchmax_gym.core.tools.Tool` objects whose calls go
 through ``call_tool``. A crashed server is restarted, one stuck past the timeout is killed (a new
 one starts at the next reset), and either failure ends the episode (core.outcomes).
+
+What a server lists reaches the model's prompt bounded: a description over
+:data:`MAX_DESCRIPTION_CHARS` and an input schema over :data:`MAX_SCHEMA_CHARS` are cut with a
+visible marker (:func:`shown_schema`; calls are still checked against the whole schema), and
+the environment lists tools only up to a total (:func:`listed_tools`), so the task is never
+pushed out of the first observation. A server's credentials (a URL's password or token, its
+headers' values) never appear in an error message (see http_transport.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import json
+import logging
 import os
 import re
 import shutil
@@ -31,19 +40,24 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
-from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, ToolSchemaError
+from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, ToolSchemaError, truncate
+from benchmax_gym.envs.mcp.http_transport import http_transport, redact, secrets_of, shown_url
 from benchmax_gym.envs.mcp.stdio import StderrTail, kill_processes, start_time, stdio_transport, tree
+
+log = logging.getLogger(__name__)
 
 WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episode's directory
 
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """How to reach one MCP server: ``command`` (+ ``args``, ``env``, ``cwd``) or ``url``."""
+    """How to reach one MCP server: ``command`` (+ ``args``, ``env``, ``cwd``) or ``url`` (+
+    ``headers``, sent with every request: ``{"Authorization": "Bearer ..."}``)."""
 
     name: str
     command: str | None = None
@@ -51,12 +65,31 @@ class ServerSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # (the dataclass's would show the URL's and the headers' credentials)
+        where = f"url={shown_url(self.url)!r}" if self.url else f"command={self.command!r}"
+        return f"ServerSpec(name={self.name!r}, {where})"
+
+    @functools.cached_property
+    def secrets(self) -> tuple[str, ...]:
+        """The credentials in the URL and headers, which :meth:`redact` blanks out of a message."""
+        return secrets_of(self.url, self.headers)
+
+    def redact(self, text: str) -> str:
+        return redact(text, self.secrets)
+
+    @property
+    def called(self) -> str:
+        """The server as error messages name it: ``'name'``, and its URL, credentials hidden."""
+        return f"{self.name!r} ({shown_url(self.url)})" if self.url else repr(self.name)
 
     def target(self, workspace: Path, max_message_bytes: int, on_spawn: Callable[[int], None],
                stderr: StderrTail) -> Any:
-        """What the SDK's ``Client`` connects to: the URL, or our stdio transport (see stdio.py)."""
+        """What the SDK's ``Client`` connects to: our streamable-HTTP or stdio transport (see
+        http_transport.py and stdio.py)."""
         if self.url:
-            return self.url
+            return http_transport(self.url, self.headers, max_message_bytes)
         fill = lambda text: text.replace(WORKSPACE, str(workspace))  # noqa: E731
         params = StdioServerParameters(
             command=self.command,
@@ -72,9 +105,14 @@ _HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
 
 def _url(name: str, url: Any) -> str:
     """A streamable-HTTP URL, checked at make: anything else fails only when the server starts."""
-    parsed = urlparse(url) if isinstance(url, str) else None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ValueError(f"server {name!r}: 'url' must be an http:// or https:// URL with a host, got {url!r}")
+    try:
+        parsed = urlparse(url) if isinstance(url, str) else None
+        host = parsed and parsed.hostname
+    except ValueError:  # (a malformed IPv6 host, a port that is not a number)
+        parsed = host = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not host:
+        shown = repr(shown_url(url)) if isinstance(url, str) else type(url).__name__
+        raise ValueError(f"server {name!r}: 'url' must be an http:// or https:// URL with a host, got {shown}")
     return url
 
 
@@ -93,11 +131,11 @@ def _command(name: str, command: str) -> str:
 def _spec(name: str, entry: Any) -> ServerSpec:
     if isinstance(entry, str):
         if not entry.startswith(("http://", "https://")):
-            raise ValueError(f"server {name!r}: a string must be a streamable-HTTP URL, got {entry!r}")
+            raise ValueError(f"server {name!r}: a string must be a streamable-HTTP URL, got {shown_url(entry)!r}")
         return ServerSpec(name=name, url=_url(name, entry))
     if not isinstance(entry, Mapping):
         raise ValueError(f"server {name!r} must be a dict with 'command' or 'url', got {type(entry).__name__}")
-    unknown = set(entry) - {"command", "args", "env", "cwd", "url", "type", "transport"}
+    unknown = set(entry) - {"command", "args", "env", "cwd", "url", "headers", "type", "transport"}
     if unknown:
         raise ValueError(f"server {name!r}: unknown keys {sorted(unknown)}")
     for key in ("type", "transport"):  # mcpServers files may name the transport: two are spoken here
@@ -108,8 +146,16 @@ def _spec(name: str, entry: Any) -> ServerSpec:
         if kind is not None and (kind == "stdio") == bool(entry.get("url")):
             raise ValueError(f"server {name!r}: {key} {kind!r} does not fit its "
                              f"{'url' if entry.get('url') else 'command'}")
+    headers = entry.get("headers", {})
+    if not isinstance(headers, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
+                                                   for k, v in headers.items()):
+        raise ValueError(f"server {name!r}: 'headers' must be a dict of strings to strings "
+                         "(their values are not shown)")
     if entry.get("url"):
-        return ServerSpec(name=name, url=_url(name, entry["url"]))
+        return ServerSpec(name=name, url=_url(name, entry["url"]), headers=dict(headers))
+    if headers:
+        raise ValueError(f"server {name!r}: 'headers' are for a streamable-HTTP server's 'url'; "
+                         "a stdio server takes 'env'")
     command = entry.get("command")
     if not isinstance(command, str) or not command:
         raise ValueError(f"server {name!r} needs a 'command' (stdio) or a 'url' (streamable HTTP)")
@@ -136,7 +182,8 @@ def parse_servers(server: Any) -> list[ServerSpec]:
     if isinstance(server, (str, os.PathLike)) and not str(server).startswith(("http://", "https://")):
         path = Path(server)
         if not path.is_file():
-            raise ValueError(f"server: {str(server)!r} is neither a URL nor an existing mcpServers JSON file")
+            raise ValueError(f"server: {shown_url(str(server))!r} is neither a URL nor an existing mcpServers "
+                             "JSON file")
         try:
             server = json.loads(path.read_text())
         except ValueError as exc:
@@ -220,6 +267,12 @@ class Connection:
     the connection closes: a server still busy (say, writing a huge result) can outlive the
     SDK's own shutdown, and no server may outlive its environment. ``stderr`` keeps the tail of
     what the current (or last) server process wrote there, for error messages.
+
+    A changing tool list (MCP's ``listChanged``): ``changes`` counts the server's word that its
+    tools changed (``notifications/tools/list_changed``, or a ``subscriptions/listen`` event on
+    a 2026-era connection). The environment lists the tools again at its next reset (an
+    episode keeps the tools its prompt showed), and :meth:`still_lists` tells a call whether
+    the server still lists its tool, so a tool removed mid-episode fails with a clear error.
     """
 
     def __init__(self, spec: ServerSpec, init_timeout: float, aio: OwnLoop, max_message_bytes: int):
@@ -233,23 +286,53 @@ class Connection:
         self.starts = 0
         self.pids: dict[int, int | None] = {}  # the stdio server's pid -> its start time
         self.stderr = StderrTail()
+        self.changes = 0  # the server's announcements that its tool list changed
+        self._listed: tuple[int, set[str]] | None = None  # (changes, the names it listed then)
         _LIVE.add(self)
 
     def _spawned(self, pid: int) -> None:
         self.pids[pid] = start_time(pid)
 
+    async def _notified(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.changes += 1
+
+    async def _listen(self, client: Client, listening: asyncio.Event) -> None:
+        """Count a 2026-era server's tool-list events (sent only to a ``subscriptions/listen``)."""
+        try:
+            async with client.listen(tools_list_changed=True) as events:
+                listening.set()
+                async for _ in events:
+                    self.changes += 1
+        except Exception as exc:  # refused, or the connection ended: calls find out for themselves
+            log.debug("MCP server %s: no tool-list events (%s)", self.spec.name, self.spec.redact(_describe(exc)))
+        finally:
+            listening.set()
+
     async def _hold(self, workspace: Path, ready: asyncio.Future) -> None:
+        listener = None
         try:
             target = self.spec.target(workspace, self.max_message_bytes, self._spawned, self.stderr)
-            async with Client(target) as client:
+            async with Client(target, message_handler=self._notified) as client:
+                tools = client.server_capabilities.tools
+                if tools is not None and tools.list_changed and client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    listening = asyncio.Event()
+                    listener = asyncio.get_running_loop().create_task(self._listen(client, listening))
+                    await listening.wait()  # subscribed before a call can change the list (or refused;
+                    # a server that never answers fails the start at init_timeout)
                 self.client = client
                 if not ready.done():
                     ready.set_result(None)
                 await self._stop.wait()
+                if listener is not None:
+                    listener.cancel()
+                    await asyncio.gather(listener, return_exceptions=True)
         except BaseException as exc:  # failed to start, or the server went away
             if not ready.done():
                 ready.set_exception(exc)
         finally:
+            if listener is not None:
+                listener.cancel()
             self.client = None
 
     async def start(self, workspace: Path) -> None:
@@ -269,15 +352,15 @@ class Connection:
         except asyncio.TimeoutError:
             self._task.cancel()  # never initialized: nothing to close gracefully
             await self._close()
-            raise RuntimeError(
-                f"MCP server {self.spec.name!r} did not finish initialize within {self.init_timeout:g} s"
+            raise RuntimeError(self.spec.redact(
+                f"MCP server {self.spec.called} did not finish initialize within {self.init_timeout:g} s"
                 f"{self.stderr.describe()}"
-            ) from None
+            )) from None
         except Exception as exc:
             await self._close()  # the server has exited: its stderr is complete
-            raise RuntimeError(
-                f"MCP server {self.spec.name!r} failed to start: {_describe(exc)}{self.stderr.describe()}"
-            ) from None
+            raise RuntimeError(self.spec.redact(
+                f"MCP server {self.spec.called} failed to start: {_describe(exc)}{self.stderr.describe()}"
+            )) from None
 
     @property
     def alive(self) -> bool:
@@ -295,15 +378,30 @@ class Connection:
                 cursor = getattr(page, "next_cursor", None)
                 if not cursor:
                     return tools
-            raise RuntimeError(f"MCP server {self.spec.name!r} listed its tools in over {MAX_TOOL_PAGES} pages")
+            raise RuntimeError(f"MCP server {self.spec.called} listed its tools in over {MAX_TOOL_PAGES} pages")
 
+        changes = self.changes
         try:
-            return await self.aio.arun(asyncio.wait_for(go(), self.init_timeout))
+            tools = await self.aio.arun(asyncio.wait_for(go(), self.init_timeout))
         except (asyncio.TimeoutError, TimeoutError):
-            raise RuntimeError(f"MCP server {self.spec.name!r} did not list its tools within {self.init_timeout:g} s "
+            raise RuntimeError(f"MCP server {self.spec.called} did not list its tools within {self.init_timeout:g} s "
                                "(init_timeout)") from None
         except (MCPError, ValidationError) as exc:  # an error answer, or a list that is not MCP's
-            raise RuntimeError(f"MCP server {self.spec.name!r} could not list its tools: {_short(exc)}") from None
+            raise RuntimeError(self.spec.redact(
+                f"MCP server {self.spec.called} could not list its tools: {_short(exc)}")) from None
+        self._listed = (changes, {t.name for t in tools})
+        return tools
+
+    async def still_lists(self, name: str) -> bool:
+        """Whether the server still lists tool ``name``: asked again only after it announced a
+        change (a listing that fails says yes, and the call itself finds out)."""
+        if self._listed is None or self._listed[0] != self.changes:
+            try:
+                await self.list_tools()
+            except Exception as exc:
+                log.debug("MCP server %s: listing its tools again failed: %s", self.spec.name, exc)
+                return True
+        return name in self._listed[1]
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float) -> Any:
         if not self.alive:
@@ -335,7 +433,7 @@ class Connection:
 def _short(exc: MCPError | ValidationError) -> str:
     """An error answer's message, or a pydantic error in one line (not its whole dump)."""
     if isinstance(exc, MCPError):
-        return exc.message
+        return _one_line(exc.message)
     first = exc.errors()[0]
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"not a valid {exc.title}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}{more}"
@@ -371,18 +469,104 @@ def _connection_lost(exc: MCPError) -> bool:
     return exc.code in _CONNECTION_LOST and (exc.message == "Connection closed" or "timed out" in exc.message.lower())
 
 
+def _one_line(message: str) -> str:
+    """An error message in one line: the SDK's ``Failed to parse ...: 1 validation error for ...``
+    followed by pydantic's dump becomes its first problem (as stdio.py words an unreadable reply)."""
+    lines = message.splitlines()
+    if len(lines) < 2 or "validation error" not in lines[0]:
+        return message
+    reason = next((x for x in lines[1:] if x.startswith(" ")), lines[1]).split(" [type=")[0].strip()
+    return f"{lines[0].partition(': ')[0]}: {reason}" if ": " in lines[0] else reason
+
+
+MAX_DESCRIPTION_CHARS = 4_000  # of one tool's description, in the prompt
+MAX_SCHEMA_CHARS = 8_000  # of one tool's input schema as JSON, in the prompt
+MAX_TOOL_LIST_CHARS = 200_000  # of the whole tool list in the prompt (at most half the observation)
+_SCHEMA_TEXT_CHARS = 200  # of each text in a schema too long to show whole
+
+
+def _size(schema: Any) -> int:
+    return len(json.dumps(schema, ensure_ascii=False))
+
+
+def _cut_texts(value: Any) -> Any:
+    """``value`` with every string over ``_SCHEMA_TEXT_CHARS`` cut, with a marker (keys kept)."""
+    if isinstance(value, str):
+        return truncate(value, _SCHEMA_TEXT_CHARS)
+    if isinstance(value, dict):
+        return {k: _cut_texts(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_texts(v) for v in value]
+    return value
+
+
+def shown_schema(schema: dict[str, Any], limit: int = MAX_SCHEMA_CHARS) -> dict[str, Any]:
+    """The input schema the model is shown, within ``limit`` characters of JSON: the schema
+    itself when it fits; else with each long text cut; else each argument with its type only,
+    as many as fit, and a description saying what was cut. Only what is shown changes: calls are
+    still checked against the whole schema."""
+    if _size(schema) <= limit:
+        return schema
+    short = _cut_texts(schema)
+    if _size(short) <= limit:
+        return short
+    arguments = schema.get("properties") or {}
+    kept: dict[str, Any] = {}
+    shown = {"type": "object", "description": "", "properties": kept}
+    size = _size(shown) + 200  # (room for the description)
+    for key, sub in arguments.items():
+        kind = sub.get("type") if isinstance(sub, dict) else None
+        entry = {"type": kind} if isinstance(kind, str) else {}
+        size += _size({key: entry})  # (an upper bound of what it adds)
+        if size > limit:
+            break
+        kept[key] = entry
+    required = [r for r in schema.get("required") or [] if r in kept]
+    if required:
+        shown["required"] = required
+    shown["description"] = (f"[input schema cut: its {_size(schema)} characters are over the {limit} shown; "
+                            f"the types of {len(kept)} of its {len(arguments)} arguments are left]")
+    return shown
+
+
+def listed_tools(tools: list[Tool], limit: int) -> tuple[list[Tool], int]:
+    """The tools, in order, whose schemas fit in ``limit`` characters together, and how many
+    more there are: a prompt that lists thousands of tools would push the task out."""
+    total = 0
+    for n, tool in enumerate(tools):
+        total += _size(tool.schema) + 1
+        if total > limit:
+            return tools[:n], len(tools) - n
+    return tools, 0
+
+
 def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
     """A toolset entry for ``remote`` (an MCP ``Tool``) of ``server``, exposed to the model as ``name``."""
 
     async def call(**arguments: Any) -> str:  # the model's arguments only: an MCP tool may have one named episode
+        try:
+            return await _call(arguments)
+        except (ToolError, ToolFailure) as exc:  # (a server's own error text may quote the credentials it was sent)
+            said = server.redact(str(exc))
+            if said == str(exc):
+                raise
+            if isinstance(exc, ToolFailure):
+                raise ToolFailure(said, exc.outcome) from None
+            raise ToolError(said, exc.code) from None
+
+    async def _call(arguments: dict[str, Any]) -> str:
         connection: Connection = env.connections[server.name]
+        if connection.changes and not await connection.still_lists(remote.name):
+            raise ToolError(f"tool {name!r} is gone: the MCP server {server.name!r} changed its tool list during this "
+                            "episode (notifications/tools/list_changed) and no longer lists it; the new list is "
+                            "shown from the next reset")
         try:
             result = await connection.call(remote.name, arguments, env.tool_timeout)  # the SDK enforces the timeout
         except Exception as exc:
             if isinstance(exc, MCPError) and not _connection_lost(exc) and connection.alive:
-                # An error answer (an unknown tool, an oversized reply): the server keeps its state.
+                # An error answer (an unknown tool, an oversized or unreadable reply): the server keeps its state.
                 raise ToolError(f"the MCP server {server.name!r} answered {name!r} with an error: "
-                                f"{exc.message}") from None
+                                f"{_one_line(exc.message)}") from None
             if isinstance(exc, ValidationError) and connection.alive:
                 # An answer that is not MCP's (an unknown content type): the connection is fine.
                 raise ToolError(f"the MCP server {server.name!r} answered {name!r} with a result that is "
@@ -416,11 +600,13 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             raise ToolError(text or f"tool {name!r} reported an error")
         return text
 
+    description = truncate(remote.description or name, MAX_DESCRIPTION_CHARS)
     try:
-        tool = Tool.from_schema(name, remote.description or name, remote.input_schema, call, wants_episode=False,
+        tool = Tool.from_schema(name, description, remote.input_schema, call, wants_episode=False,
                                 wants_state=False, lenient=getattr(env, "lenient_schemas", False))
     except ToolSchemaError as exc:  # which server's, when there are several
         raise ToolSchemaError(f"{exc} (a tool of the MCP server {server.name!r})") from None
+    tool.parameters = shown_schema(tool.parameters)  # (its validation keeps the whole schema)
     tool.self_timed = True  # the call times itself out and stops the server before answering
     return tool
 

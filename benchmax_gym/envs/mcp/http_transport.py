@@ -1,0 +1,171 @@
+"""Streamable HTTP for the SDK's ``Client``: its own transport, over an HTTP client that checks
+every JSON reply to a request before the SDK reads it, and that keeps credentials out of sight.
+
+Why: the SDK parks a call whose POST came back with a JSON body that does not answer it (another
+request's id, a notification) until the call's timeout, which stops the server and loses its
+state; other unreadable replies (not JSON, a content type that is neither JSON nor an event
+stream) fail with a pydantic dump. Here each such reply becomes a JSON-RPC error for its own
+request at once, in one line naming the problem (``the server's reply could not be read: ...``,
+as a stdio server's unreadable reply does), and a reply over the size limit is dropped as it
+arrives. Event streams are the SDK's (a cut or garbled one already fails its call at once).
+
+Credentials: a URL's user and password go in a basic-auth header, not in the URL the SDK sees
+(and logs); :func:`shown_url` and :func:`secrets_of` are what error messages use instead of the
+URL and to blank out what a message quotes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+from urllib.parse import unquote
+
+import httpx2
+from mcp.client.streamable_http import streamable_http_client
+
+HIDDEN = "***"
+# Query keys whose values are credentials (api_key, access_token, sig, X-Amz-Signature, ...).
+_SECRET_KEY = re.compile(r"token|key|secret|pass|pwd|auth|sig|credential|session|jwt|bearer|code", re.I)
+_SNIPPET = 80  # characters of an unreadable reply quoted in its error
+
+
+def _split(url: str) -> tuple[str, str, str, str]:
+    """``(scheme://, userinfo, host[:port]/path, ?query#fragment)`` of ``url`` as text (no parser: a
+    URL too malformed to parse, which a configuration error quotes, is redacted all the same)."""
+    start = url.find("//") + 2 if "//" in url else 0
+    end = min([i for i in (url.find(c, start) for c in "/?#") if i != -1], default=len(url))
+    userinfo, at, host = url[start:end].rpartition("@")
+    path_end = min([i for i in (url.find(c, end) for c in "?#") if i != -1], default=len(url))
+    return url[:start], userinfo if at else "", host + url[end:path_end], url[path_end:]
+
+
+def _query_secrets(query: str) -> list[tuple[str, str]]:
+    """``(key, value)`` of each credential in a ``?query#fragment``."""
+    pairs = (p.partition("=") for p in re.split(r"[?&;#]", query) if p)
+    return [(k, v) for k, eq, v in pairs if eq and v and _SECRET_KEY.search(k)]
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password (or a user-only userinfo, often a token), and the values of its
+    credential-like query keys, replaced by ``***``: what failed stays visible."""
+    scheme, userinfo, rest, query = _split(url)
+    if userinfo:
+        user, colon, _ = userinfo.partition(":")
+        rest = f"{user}:{HIDDEN}@{rest}" if colon else f"{HIDDEN}@{rest}"
+    for key, value in _query_secrets(query):
+        query = query.replace(f"{key}={value}", f"{key}={HIDDEN}")
+    return scheme + rest + query
+
+
+def secrets_of(url: str | None, headers: Mapping[str, str]) -> tuple[str, ...]:
+    """The credentials in a server's URL and headers (a header's value, and its last word, as
+    ``Bearer <token>``'s token), each also percent-decoded: what no message may quote."""
+    found: list[str] = []
+    if url:
+        _, userinfo, _, query = _split(url)
+        found += [userinfo.partition(":")[2] or userinfo] if userinfo else []
+        found += [value for _, value in _query_secrets(query)]
+    for value in headers.values():
+        found += [value, value.split()[-1] if value.split() else value]
+    found += [unquote(s) for s in found]
+    return tuple(sorted({s for s in found if len(s) >= 4}, key=len, reverse=True))  # (longest first)
+
+
+def redact(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, HIDDEN)
+    return text
+
+
+def _error(request_id: Any, why: str) -> httpx2.Response:
+    body = {"jsonrpc": "2.0", "id": request_id,
+            "error": {"code": -32603, "message": f"the server's reply could not be read: {why}"}}
+    return httpx2.Response(200, json=body)
+
+
+def _problem(raw: bytes, request_id: Any) -> str | None:
+    """What is wrong with ``raw`` as the answer to ``request_id``, or None when it answers it."""
+    try:
+        reply = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return f"it is not JSON ({exc}): {raw[:_SNIPPET]!r}"
+    if not isinstance(reply, dict):
+        return f"it is a JSON {type(reply).__name__}, not a JSON-RPC message: {raw[:_SNIPPET]!r}"
+    if "method" in reply:
+        return f"it is the server's {str(reply['method'])[:_SNIPPET]!r} message, not an answer to the call"
+    if reply.get("id") != request_id or not ("result" in reply or "error" in reply):
+        return f"it does not answer this request (id {request_id!r}): {raw[:_SNIPPET]!r}"
+    return None
+
+
+class _CheckedReplies(httpx2.AsyncBaseTransport):
+    """Passes every exchange through, except that a 2xx reply to a JSON-RPC request that is
+    not an event stream must be one JSON-RPC answer to that request, within ``max_bytes``:
+    anything else comes back as a JSON-RPC error for it, saying what was wrong."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int):
+        self.inner, self.max_bytes = inner, max_bytes
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self.inner.handle_async_request(request)
+        request_id = _request_id(request)
+        kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if request_id is None or not 200 <= response.status_code < 300 or response.status_code == 202 \
+                or kind == "text/event-stream":
+            return response
+        try:
+            body, size = bytearray(), 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_bytes:
+                    return _error(request_id, f"it is over the {self.max_bytes / 1e6:g} MB limit for one message; "
+                                              "it was dropped")
+                body += chunk
+        except httpx2.HTTPError as exc:  # cut off mid-body, or undecodable
+            return _error(request_id, f"it broke off ({type(exc).__name__}: {exc})")
+        finally:
+            with suppress(Exception):
+                await response.aclose()
+        if kind != "application/json":
+            kind = repr(kind) if kind else "missing"
+            why = f"its content type is {kind}, not JSON or an event stream: {bytes(body[:_SNIPPET])!r}"
+            return _error(request_id, why)
+        problem = _problem(bytes(body), request_id)
+        if problem is not None:
+            return _error(request_id, problem)
+        headers = [(k, v) for k, v in response.headers.multi_items()
+                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+        return httpx2.Response(response.status_code, headers=headers, content=bytes(body),
+                               extensions=response.extensions)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def _request_id(request: httpx2.Request) -> Any:
+    """The id of the JSON-RPC request a POST carries (None for anything else)."""
+    if request.method != "POST":
+        return None
+    try:
+        message = json.loads(request.content)
+    except (ValueError, RecursionError):
+        return None
+    return message.get("id") if isinstance(message, dict) and "method" in message else None
+
+
+@asynccontextmanager
+async def http_transport(url: str, headers: Mapping[str, str], max_message_bytes: int) -> AsyncIterator[Any]:
+    """The SDK's streamable-HTTP transport over a checked HTTP client (see the module's doc)."""
+    scheme, userinfo, rest, query = _split(url)
+    user, _, password = userinfo.partition(":")
+    auth = httpx2.BasicAuth(unquote(user), unquote(password)) if userinfo else None
+    client = httpx2.AsyncClient(
+        headers=dict(headers), auth=auth, timeout=httpx2.Timeout(30.0, read=300.0),  # the SDK's defaults
+        transport=_CheckedReplies(httpx2.AsyncHTTPTransport(), max_message_bytes),
+    )
+    async with client, streamable_http_client(scheme + rest + query, http_client=client,
+                                              max_sse_event_size=max_message_bytes) as streams:
+        yield streams
