@@ -25,7 +25,9 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   code running as the same uid (non-root hosts, where no second uid can be had without a setuid
   helper) cannot read their memory or open their file descriptors, the code's process never holds
   a channel, and the server cannot be seen at all. On root hosts the code also runs as the
-  episode's own unprivileged uid; elsewhere it drops every capability;
+  episode's own unprivileged uid (no other open sandbox on the host has it: each holds a lock on
+  its uid in ``/run``, released when the episode ends; containers with a /run of their own each
+  pick from the same range); elsewhere it drops every capability;
 * system calls: a seccomp filter refuses what normal code never needs (io_uring, keyctl, bpf,
   perf_event_open, ptrace, mount, new namespaces, kernel modules, sockets of families other than
   unix, inet, inet6 and netlink, ...);
@@ -36,8 +38,13 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
 * limits per call: wall-clock timeout that kills the whole process tree (anything the code
   leaves running is swept away after every call), CPU seconds, memory and number of processes of
   the call as a whole (a cgroup per call where one can be made; elsewhere ``memory_mb /
-  max_processes`` of address space each, no ``memfd_create`` or SysV shared memory, and a
-  ``/dev/shm`` of one such share), size of any file written,
+  max_processes`` of address space each, no ``memfd_create`` or SysV shared memory, a
+  ``/dev/shm`` of one such share, and socket buffers, which no per-process limit counts, bounded
+  through their descriptors: 128 a process, each socket's buffers at the host's defaults
+  (``setsockopt`` cannot raise them; ``net.core.wmem_default``, 208 KiB on most hosts) or, for
+  TCP, 128 KiB a direction: about ``memory_mb`` in all at the default limits, but it grows with
+  ``max_processes`` and the host's defaults, and pipes' pages are bounded the same way),
+  size of any file written,
   workspace quota (workspace and ``/tmp`` together: a tmpfs per episode on root hosts, so writes
   stop during the call; elsewhere checked after it), and stdout/stderr capped with a visible marker;
 * environment: scrubbed - no inherited variables, so no API keys or tokens.
@@ -52,6 +59,7 @@ no file-system or network isolation, used only when asked for explicitly with
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import json
 import logging
@@ -246,18 +254,24 @@ _CLONE_NEW_NAMESPACES = 0x7E020080  # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSE
 _UNCOUNTED_MEMORY = {"memfd_create": (319, 279), "shmget": (29, 194), "shmat": (30, 196), "shmctl": (31, 195)}
 _SOCKET_CALLS = ((41, 198), (53, 199))  # socket, socketpair
 _SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK: all normal code uses
+# setsockopt, and its SOL_SOCKET options that raise a socket's buffers past the host's defaults
+# (SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE): a no-op where no cgroup counts them
+_SETSOCKOPT, _SOL_SOCKET, _BUFFER_OPTIONS = (54, 208), 1, (7, 8, 32, 33)
 
 
 @functools.lru_cache(maxsize=2)
-def seccomp_filter(memfd: bool = True) -> bytes | None:
+def seccomp_filter(cgroup: bool = True) -> bytes | None:
     """The classic-BPF program bubblewrap loads with ``--seccomp`` (None on other architectures):
     the calls above fail with EPERM, ``clone`` with a new-namespace flag too, ``clone3`` with
     ENOSYS (its flags are behind a pointer; libc then falls back to ``clone``), and so does any
     call through a foreign ABI (x32, i386). Sockets of any family but those in
-    ``_SOCKET_FAMILIES`` fail with EAFNOSUPPORT (AF_VSOCK reaches the VM's host). Without
-    ``memfd`` (no cgroup caps the call's memory) ``memfd_create`` and SysV shared memory
-    (``shmget``, ``shmat``, ``shmctl``) fail too: their pages are not address space, so no
-    per-process limit counts them (i386's ``ipc`` multiplexer is a foreign ABI, refused above)."""
+    ``_SOCKET_FAMILIES`` fail with EAFNOSUPPORT (AF_VSOCK reaches the VM's host). Without a
+    ``cgroup`` capping the call's memory, ``memfd_create`` and SysV shared memory (``shmget``,
+    ``shmat``, ``shmctl``) fail too: their pages are not address space, so no per-process limit
+    counts them (i386's ``ipc`` multiplexer is a foreign ABI, refused above); nor are socket
+    buffers, so setting their size succeeds without effect: a socket keeps the host's default
+    (``net.core.wmem_default``, 208 KiB on most hosts), as the kernel itself silently caps the
+    size at ``net.core.wmem_max`` (4 MiB and more on some hosts, for each of a call's sockets)."""
     import platform
     import struct
 
@@ -266,8 +280,9 @@ def seccomp_filter(memfd: bool = True) -> bytes | None:
         return None
     column, audit_arch, clone = arch
     eperm, enosys, eafnosupport, allow = 0x00050000 | 1, 0x00050000 | 38, 0x00050000 | 97, 0x7FFF0000
+    no_op = 0x00050000  # SECCOMP_RET_ERRNO with errno 0: the call returns 0 and does nothing
     blocked = [numbers[column] for numbers in _BLOCKED_SYSCALLS.values()]
-    if not memfd:
+    if not cgroup:
         blocked += [numbers[column] for numbers in _UNCOUNTED_MEMORY.values()]
     prog: list = [(0x20, 0, 0, 4), (0x15, 1, 0, audit_arch), (0x06, 0, 0, eperm),
                   (0x20, 0, 0, 0)]  # arch check, then load the number
@@ -276,11 +291,17 @@ def seccomp_filter(memfd: bool = True) -> bytes | None:
     prog += [(0x15, "deny", 0, number) for number in blocked]
     prog += [(0x15, "enosys", 0, _CLONE3)]
     prog += [(0x15, "family", 0, numbers[column]) for numbers in _SOCKET_CALLS]
+    if not cgroup:
+        prog += [(0x15, "sockopt", 0, _SETSOCKOPT[column])]
     prog += [(0x15, 0, "allow", clone), (0x20, 0, 0, 16), (0x45, "deny", "allow", _CLONE_NEW_NAMESPACES),
              "family", (0x20, 0, 0, 16)]  # clone: args[0], low 32 bits; socket: args[0], the family
     prog += [(0x15, "allow", 0, family) for family in _SOCKET_FAMILIES]
-    prog += [(0x06, 0, 0, eafnosupport), "allow", (0x06, 0, 0, allow), "deny", (0x06, 0, 0, eperm),
-             "enosys", (0x06, 0, 0, enosys)]
+    prog += [(0x06, 0, 0, eafnosupport)]
+    if not cgroup:  # setsockopt: args[1], the level, then args[2], the option
+        prog += ["sockopt", (0x20, 0, 0, 24), (0x15, 0, "allow", _SOL_SOCKET), (0x20, 0, 0, 32)]
+        prog += [(0x15, "no_op", 0, option) for option in _BUFFER_OPTIONS]
+    prog += ["allow", (0x06, 0, 0, allow), "deny", (0x06, 0, 0, eperm),
+             "enosys", (0x06, 0, 0, enosys), "no_op", (0x06, 0, 0, no_op)]
     labels, code = {}, []
     for item in prog:
         if isinstance(item, str):
@@ -413,7 +434,8 @@ def memory_mechanism() -> tuple[bool, str]:
                       "max_processes; memfd and tmpfs pages included)")
     return False, (f"per process only ({how}): each process's new address space is capped at "
                    "memory_mb / max_processes, memfd_create and SysV shared memory are refused, "
-                   "and /dev/shm holds one such share")
+                   "/dev/shm holds one such share, and socket buffers (uncounted) are bounded through "
+                   "128 descriptors a process, each socket at the host's default buffer size (TCP: 128 KiB)")
 
 
 def resolve_level(mode: str) -> str:
@@ -546,16 +568,100 @@ def isolation_report() -> list[tuple[str, str]]:
     ]
 
 
-def _own_workspace(workspace: Path) -> int | None:
-    """Give a fresh workspace to the uid its code will run as: on root hosts a fresh unprivileged
-    uid per sandbox (its process limit then counts only its own processes); None elsewhere."""
-    if os.geteuid() != 0:
+#: the unprivileged uids episodes' code runs as on root hosts, one per open sandbox on the host
+EPISODE_UIDS = range(200_000, 1_000_000)
+
+
+class _UidReservations:
+    """The episode uids this process holds, each a write lock on one byte (at the uid's offset)
+    of a root-only file that every process on the host locks: while an episode is open no other
+    sandbox, in this process or another, runs code as its uid (random picks collided: two
+    episodes then shared their process limit and their files' owner). Open file description
+    locks (F_OFD_SETLK): one descriptor per process however many episodes it holds, and the
+    kernel drops them when the process dies, a killed one too. A forked child reopens the file
+    (see ``_forget_pools_after_fork``): through the parent's description its locks would be the
+    parent's own, and never conflict with them."""
+
+    def __init__(self):
+        self.fd: int | None = None
+        self.held: set[int] = set()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _open() -> int:
+        """The host's lock file: /run's (the same for every process, whatever its TMPDIR), else
+        the temp directory's; refused unless it is root's own regular file."""
+        why = []
+        for directory in ("/run", tempfile.gettempdir()):
+            try:
+                fd = os.open(os.path.join(directory, "benchmax-gym-uids.lock"),
+                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                why.append(f"{directory}: {exc.strerror}")
+                continue
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o077:
+                return fd
+            os.close(fd)
+            why.append(f"{directory}/benchmax-gym-uids.lock: not root's own file")
+        raise OSError(f"no file to reserve sandbox uids in ({'; '.join(why)})")
+
+    def _lock(self, uid: int, kind: int) -> bool:
+        import fcntl
+        import struct
+
+        try:  # struct flock: type, whence, start, length, pid (0: the description's own lock)
+            fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, struct.pack("@hhqqi4x", kind, os.SEEK_SET, uid, 1, 0))
+            return True
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                return False
+            raise
+
+    def reserve(self) -> int:
+        """A uid no open sandbox on this host holds, from a random start (processes seldom meet)."""
+        import fcntl
+
+        with self.lock:
+            if self.fd is None:
+                self.fd = self._open()
+            start = secrets.randbelow(len(EPISODE_UIDS))
+            for i in range(len(EPISODE_UIDS)):
+                uid = EPISODE_UIDS[(start + i) % len(EPISODE_UIDS)]
+                if uid not in self.held and self._lock(uid, fcntl.F_WRLCK):
+                    self.held.add(uid)
+                    return uid
+        raise OSError(f"every sandbox uid ({EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1}) is in use")
+
+    def release(self, uid: int) -> None:
+        """Give ``uid`` back: its episode's processes and files are gone."""
+        import fcntl
+
+        with self.lock:
+            if uid in self.held:
+                self._lock(uid, fcntl.F_UNLCK)
+                self.held.discard(uid)
+
+    def after_fork(self) -> None:
+        """In a forked child: the parent's locks stay the parent's (its description, shared until
+        this copy closes); the child holds none and reopens the file when it needs one."""
+        if self.fd is not None:
+            _quietly(os.close, self.fd)
+        self.fd, self.held, self.lock = None, set(), threading.Lock()
+
+
+_UIDS = _UidReservations()
+
+
+def _own_workspace(workspace: Path, uid: int | None) -> None:
+    """Give a fresh workspace to the uid its code will run as (root hosts), else to this user."""
+    if uid is None:
         os.chmod(workspace, 0o700)
-        return None
-    uid = 200_000 + secrets.randbelow(800_000)
+        return
     os.chown(workspace, uid, 0)  # group root, so the capability-less server can enter it too
     os.chmod(workspace, 0o770)
-    return uid
 
 
 @functools.lru_cache(maxsize=1)
@@ -611,7 +717,7 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...],
         "episodes": "/sandbox/episodes" if inside else str(episodes),
         "preload": list(preload),
         "nproc_base": 0 if root else user_process_count(os.getuid()),
-        "seccomp": (seccomp_filter(memfd=cgroups is not None) or b"").hex() if inside else "",
+        "seccomp": (seccomp_filter(cgroup=cgroups is not None) or b"").hex() if inside else "",
         "max_calls": MAX_CONCURRENT_CALLS,
         "cgroups": ({key: f"/sandbox/cgroup/{key}" for key in cgroups} if inside else cgroups) if cgroups else None,
     }
@@ -750,8 +856,9 @@ class _Server:
             slot[0].set()
         self.pending.clear()
 
-    def call(self, request: dict[str, Any], wait: float) -> dict[str, Any]:
-        """Send ``request`` (its ``id`` is set here) and wait up to ``wait`` seconds for the reply."""
+    def call(self, request: dict[str, Any], wait: float, sent=None) -> dict[str, Any]:
+        """Send ``request`` (its ``id`` is set here), call ``sent()`` once it is written, and wait
+        up to ``wait`` seconds for the reply."""
         request_id = secrets.randbits(62)
         slot = [threading.Event(), None, time.monotonic()]  # done, reply, when it started ("queued")
         with self.write_lock:
@@ -764,6 +871,8 @@ class _Server:
             except (OSError, ValueError):
                 self.pending.pop(request_id, None)
                 return {"lost": True}
+        if sent is not None:
+            sent()
         while not slot[0].wait(1.0):
             if slot[2] != "queued" and time.monotonic() > slot[2] + wait:
                 self.pending.pop(request_id, None)
@@ -889,8 +998,9 @@ class SandboxLease:
 
 
 def _forget_pools_after_fork() -> None:
-    """A forked child starts with no server of its own; the parent's stay the parent's."""
+    """A forked child starts with no server of its own, nor uid; the parent's stay the parent's."""
     _POOLS.clear()
+    _UIDS.after_fork()
 
 
 os.register_at_fork(after_in_child=_forget_pools_after_fork)
@@ -1024,6 +1134,9 @@ class Sandbox:
                 f"cannot run model code: {bubblewrap_status()[1]}. Install bubblewrap, or pass "
                 "sandbox='rlimits' to run it with resource limits only (no file-system or network isolation)."
             )
+        # root hosts: the episode's code runs as an unprivileged uid of its own (its process limit
+        # then counts only its own processes), held until it closes; taken first: it may be refused
+        self.uid = _UIDS.reserve() if os.geteuid() == 0 else None
         self.limits = limits or SandboxLimits()
         self.preload = tuple(preload)
         self._owned_pool = pool is None  # a lease on the shared pool, released at close
@@ -1038,7 +1151,7 @@ class Sandbox:
         self.tmp = self._dir / "tmp"
         self.workspace.mkdir(mode=0o700)
         self.tmp.mkdir(mode=0o700)
-        self.uid = _own_workspace(self.workspace)
+        _own_workspace(self.workspace, self.uid)
         if self.uid is not None:
             os.chown(self.tmp, self.uid, self.uid)
         self._lock = threading.Lock()
@@ -1076,15 +1189,17 @@ class Sandbox:
             return
         self._closed = True
         running = self._running
-        if running is not None:  # another thread is in run(): end its call before the files go
+        if running is not None:  # another thread's call is out: end it before the files go
             server, request_id = running
             server.cancel({"cancel": self.name})
-            with self._lock:  # run() returns as soon as the server says the call ended
-                pass
+        with self._lock:  # run() returns as soon as the server says the call ended (or, not yet
+            pass  # sent, it ends it itself, or sends none: see sent() in run())
         self._pool.forget(self.name)
         if self.tmpfs:
             _detach(str(self._dir))  # its pages go with the last mount of it (a call's copy)
         remove_tree(self._dir)
+        if self.uid is not None:  # its processes and files are gone: another episode may have it
+            _UIDS.release(self.uid)
         if self._owned_pool:
             _release(self._pool)
 
@@ -1120,13 +1235,20 @@ class Sandbox:
                 self._pool.restart(server)
                 return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
                                   error_override="tool_error", outcome=TOOL_UNAVAILABLE)
+            if self._closed:  # close() came while the server started: nothing is sent
+                return ExecResult(error_override="tool_error", notes=["the episode ended"])
             started = time.monotonic()
             before = os.statvfs(self._dir) if self.tmpfs else None
             request = {"code": code, "timeout": timeout, "episode": self.name, "uid": self.uid,
                        "limits": asdict(self.limits)}
-            self._running = (server, 0)
+
+            def sent():  # running once the request is out: a cancel sent before it would find no call
+                self._running = (server, 0)
+                if self._closed:  # close() came first and found nothing running to cancel
+                    server.cancel({"cancel": self.name})
+
             try:
-                reply = server.call(request, timeout + 10.0)  # the server enforces timeout; then grace
+                reply = server.call(request, timeout + 10.0, sent)  # the server enforces timeout; then grace
             finally:
                 self._running = None
             seconds = time.monotonic() - started

@@ -51,6 +51,13 @@ EXIT_MEMORY, EXIT_FILE_SIZE, EXIT_PROCESSES = 120, 121, 122
 
 
 EPISODE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Where no cgroup counts a call's memory, nothing counts its socket buffers (nor pipes'): they
+# are bounded through the descriptors that hold them, at most this many per process, each
+# socket's buffers at the host's defaults (setsockopt cannot raise them, see the seccomp filter)
+# or, for TCP, at TCP_BUFFERS a direction (its own sysctls in the episode's network namespace):
+# 128 x 256 KiB = 32 MiB a process, memory_mb / max_processes at the default limits.
+MAX_FILES_WITHOUT_CGROUP = 128
+TCP_BUFFERS = "4096 65536 131072"  # net.ipv4.tcp_rmem and tcp_wmem: min, initial, max bytes
 GRACE = 5.0  # seconds past a call's timeout before the server kills a monitor that did not answer
 # Set by configure() when it runs as the server (the host imports this module for its helpers).
 CONFIG: dict = {}
@@ -225,6 +232,10 @@ def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=Fals
             (resource.RLIMIT_CORE, 1),
         ):
             resource.setrlimit(which, (value, value))
+        if not in_cgroup:  # nothing counts socket buffers: each descriptor may hold a socket's
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            files = MAX_FILES_WITHOUT_CGROUP if hard == resource.RLIM_INFINITY else min(MAX_FILES_WITHOUT_CGROUP, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
         uid = request.get("uid")
         if uid is not None:  # root hosts: the episode's own unprivileged uid
             os.setgroups([])
@@ -379,11 +390,17 @@ def prepare_namespace():
 def enter_episode(episode, limits=None):
     """Then only this episode's files: its workspace at /workspace and its own /tmp, every other
     episode hidden, the rest read-only; then the seccomp filter. With ``limits`` (no cgroup: no
-    limit counts tmpfs pages) ``/dev/shm`` shrinks to one process's share of ``memory_mb``."""
+    limit counts tmpfs pages or socket buffers) ``/dev/shm`` shrinks to one process's share of
+    ``memory_mb``, and TCP's buffers to ``TCP_BUFFERS``."""
     if limits is not None:
         share = limits["memory_mb"] * 1024 * 1024 // limits["max_processes"]
         mount("tmpfs", "/dev/shm", None, MS_REMOUNT | MS_NOSUID | MS_NODEV,
               f"size={max(min(share, 64 << 20), 1 << 20)}")  # size=0 would be no limit at all
+        # nor socket buffers: TCP's, sysctls of the episode's network namespace (this one, since
+        # setns; net.core's are the host's), top out at TCP_BUFFERS (the code cannot change them)
+        for name in ("tcp_rmem", "tcp_wmem"):
+            with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
+                f.write(TCP_BUFFERS)
     mount(f"{EPISODES}/ep-{episode}/workspace", "/workspace", None, MS_BIND | MS_REC)
     mount(f"{EPISODES}/ep-{episode}/tmp", "/tmp", None, MS_BIND | MS_REC)
     mount("tmpfs", EPISODES, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=000")
@@ -1011,6 +1028,8 @@ def main():
                     call.monitor = int(call.data.split(b"\n", 1)[0])
                 except ValueError:
                     call.monitor = -1
+                if call.cancelled:  # its episode ended before this pid was read (the same read as its request)
+                    kill(call.monitor)
         while True:  # reap the forks, the monitors (reparented to this init) and any orphan
             try:
                 if os.waitpid(-1, os.WNOHANG)[0] == 0:
