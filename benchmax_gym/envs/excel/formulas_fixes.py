@@ -34,7 +34,9 @@ way for a model's workbook to reach outside itself at grading:
   correct ``=1E3+1`` had no value).
 * **deadline**: a recalculation given a time limit (:func:`deadline`) stops at the next cell
   ``formulas`` loads, range it assembles or formula it evaluates past it (:class:`Overrun`):
-  20,000 chained formulas took 44 s.
+  20,000 chained formulas took 44 s. Between checks one C call can run on (a wildcard
+  ``COUNTIF`` backtracks in ``re``, holding the interpreter lock): the recalculation's process
+  is killed at the same deadline (:func:`.recalc._formulas_values_in_child`).
 * **text cap**: Excel's text results stop at 32,767 characters (``#VALUE!`` past that);
   ``formulas`` builds any string, so ``REPT(REPT("x",30000),30000)`` took ~1 GB. ``REPT`` and
   ``SUBSTITUTE``, ``REGEXREPLACE``, and ``CONCAT``, ``CONCATENATE``, ``TEXTJOIN`` and

@@ -3,28 +3,41 @@
 openpyxl does not compute formulas, and a model may answer with formulas: :func:`recalculate`
 computes them with the ``formulas`` package (made to scale: whole-column and huge ranges are
 bounded to the used area, references to other workbooks become errors) or with headless
-LibreOffice, falling back to the values cached in the file, within a time limit
-(:func:`run_with_deadline`). :func:`check_workbook` refuses workbooks whose parsing alone would
-cost the host unbounded time or memory.
+LibreOffice, falling back to the values cached in the file. Given a time limit (the model's
+workbooks), the ``formulas`` recalculation runs in a process of its own, killed at the deadline
+and bounded in memory (:func:`_formulas_values_in_child`). :func:`check_workbook` refuses
+workbooks whose parsing alone would cost the host unbounded time or memory.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
+import contextlib
 import datetime as dt
 import functools
+import gc
 import io
 import itertools
+import json
 import logging
+import math
+import os
 import re
+import select
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import threading
+import time
 import types
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +50,8 @@ from openpyxl.utils.datetime import from_excel
 from benchmax_gym.envs.excel import formulas_fixes
 
 __all__ = [
-    "RECALC_MODES", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate", "run_with_deadline",
+    "RECALC_MODES", "RecalcOutOfMemory", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate",
+    "run_with_deadline", "stop_recalc_worker",
 ]
 
 RECALC_MODES = ("auto", "formulas", "libreoffice", "none")
@@ -183,11 +197,11 @@ class TimeLimitExceeded(TimeoutError):
 def run_with_deadline(fn: Callable[[], Any], seconds: float | None, what: str = "the work") -> Any:
     """``fn()``, given up after ``seconds`` (None: no limit) with :class:`TimeLimitExceeded`.
 
-    It runs in a daemon thread of its own (~0.1 ms): the inline tools and the grader have no other
-    deadline. One that overruns finishes unwatched (no pool outlives a fork or delays the
-    interpreter's exit), so ``fn`` must bound its own work: the recalculation stops itself at
-    the same deadline (:func:`.formulas_fixes.deadline`); openpyxl's parsing is bounded by
-    :func:`check_workbook`.
+    It runs in a daemon thread of its own (~0.1 ms): the inline tools have no other deadline.
+    One that overruns finishes unwatched (no pool outlives a fork or delays the interpreter's
+    exit), so ``fn`` must bound its own work, as openpyxl's parsing is by :func:`check_workbook`.
+    Work that a model's input can make unbounded (its formulas) runs in a process instead
+    (:func:`_formulas_values_in_child`): a thread cannot be stopped.
     """
     if seconds is None:
         return fn()
@@ -493,7 +507,7 @@ def _parses(formulas: Any, formula: Any) -> bool:
 
 
 def _formulas_values(
-    data: bytes, keys: set[CellKey], time_limit: float | None = None
+    data: bytes, keys: set[CellKey], time_limit: float | None = None, workdir: str | None = None
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """Compute the formula cells ``keys`` with the ``formulas`` package; also its warnings.
 
@@ -501,7 +515,9 @@ def _formulas_values(
     an unsupported formula elsewhere in the workbook does not matter, and one that it does
     depend on spoils that cell alone (as ``#REF!``) rather than its whole range. Past
     ``time_limit`` seconds ``formulas`` stops at its next cell or formula
-    (:class:`TimeLimitExceeded`).
+    (:class:`TimeLimitExceeded`); a formula that holds one C call that long is stopped only by
+    running this in a process (:func:`_formulas_values_in_child`). The workbook is copied into
+    ``workdir`` (a temporary directory of its own if None) for ``formulas`` to read.
     """
     formulas = _formulas_module()
     _formulas_log.messages = messages = []
@@ -509,7 +525,8 @@ def _formulas_values(
         with formulas_fixes.deadline(time_limit):  # from the start, as the caller's
             wb = _open(data, data_only=False, read_only=False)
             _bound_whole_references(wb)
-            with tempfile.TemporaryDirectory(prefix="benchmax-excel-") as tmp:
+            own = tempfile.TemporaryDirectory(prefix="benchmax-excel-") if workdir is None else None
+            with own or contextlib.nullcontext(workdir) as tmp:
                 path = Path(tmp) / "book.xlsx"
                 wb.save(path)
                 with formulas_fixes.only_book(path):  # formulas naming other files load none
@@ -594,6 +611,359 @@ def _solution_values(
             else:
                 values[key] = _plain(array)
     return values
+
+
+# --------------------------------------------------------------------------- the recalculation process
+#
+# A recalculation with a time limit runs the model's formulas: one C call (a backtracking regular
+# expression in COUNTIF's wildcards, a numpy operation on objects) can hold the interpreter lock
+# for minutes, where no check of the deadline runs and no thread can be given up. So it runs in a
+# process of its own, killed at the deadline and bounded in memory.
+#
+# The processes are forked from a *worker*: a clean interpreter started once per process (lazily,
+# ~2 s: Python, benchmax_gym and ``formulas``), single-threaded, so forking it is safe and each call
+# pays a fork, not an import. Forking the caller instead would copy a process with threads (the
+# engine's, a vector env's), whose locks a child can inherit held. multiprocessing's fork server
+# or spawn would run the caller's ``__main__`` again in the worker. Each call's process starts from
+# the same warm state, holds no other call's data, and is killed before the call returns.
+
+RECALC_MEMORY_BYTES = 2**30
+"""The memory a recalculation may add to the worker's (address space, ``RLIMIT_AS``): the bounds of
+:mod:`.formulas_fixes` keep the largest legitimate ones near 0.65 GB; SpreadsheetBench's take a
+few MB."""
+RECALC_IDLE_S = 60.0
+"""The worker stops after this long without a call (the next call starts it again); it also stops
+when the process that started it exits or dies."""
+_WORKER_START_S = 120.0  # the most a worker's start (an interpreter and its imports) may take
+_WORKER_REPLY_S = 30.0  # the most a worker may take to fork a call's process or reap one
+_PR_SET_PDEATHSIG = 1
+
+
+class RecalcOutOfMemory(WorkbookTooLarge):
+    """A recalculation past :data:`RECALC_MEMORY_BYTES`, or whose process was killed before it
+    finished (the kernel's out-of-memory killer, an allocation that crashed C code)."""
+
+
+class _RemoteError(RuntimeError):
+    """An unexpected error of a call's process, raised under its original name (notes name it)."""
+
+
+def _remote_error(name: str, message: str) -> _RemoteError:
+    return type(name, (_RemoteError,), {"__module__": __name__})(message)
+
+
+class _WorkerGone(RuntimeError):
+    """The worker stopped (idle, or died) before it answered: a fresh one takes the call."""
+
+
+_BOOT = (
+    "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+    "from benchmax_gym.envs.excel.recalc import _serve; _serve(int(sys.argv[2]), float(sys.argv[3]))"
+)
+
+
+class _Worker:
+    """The caller's side of the worker: its process and its control socket (a fork per call)."""
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        threads = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # none: it forks
+        env = {**os.environ, **dict.fromkeys(threads, "1")}
+        with theirs:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, json.dumps(sys.path), str(theirs.fileno()),
+                 repr(RECALC_IDLE_S)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                env=env, start_new_session=True,  # no Ctrl-C of its own: it stops when we do
+            )
+        self.control, self.lock, self.owner = ours, threading.Lock(), os.getpid()
+        try:
+            ours.settimeout(_WORKER_START_S)
+            ready = ours.recv(16)
+        except OSError as exc:
+            ready = f"{type(exc).__name__}: {exc}".encode()
+        if ready != b"ready":
+            self.close()
+            why = ready.decode(errors="replace") or "it exited"
+            raise RuntimeError(f"the recalculation worker did not start ({why})")
+        ours.settimeout(_WORKER_REPLY_S)
+
+    def _ask(self, message: bytes, fds: tuple[int, ...] = ()) -> bytes:
+        with self.lock:
+            try:
+                socket.send_fds(self.control, [message], list(fds))
+                reply = self.control.recv(64)
+            except OSError:
+                reply = b""
+        if not reply:
+            raise _WorkerGone("the recalculation worker stopped")
+        return reply
+
+    def start(self) -> tuple[int, Connection]:
+        """A fresh process for one call: its pid and a connection to it."""
+        ours, theirs = socket.socketpair()
+        with theirs:
+            try:
+                pid = int(self._ask(b"fork", (theirs.fileno(),)))
+            except BaseException:
+                ours.close()
+                raise
+        return pid, Connection(ours.detach())
+
+    def end(self, pid: int, status: bool = False) -> int | None:
+        """Kill the call's process (it may run still); with ``status``, wait for its end and
+        return its wait status (None: unknown)."""
+        if not status:  # unanswered: the worker reaps it soon after
+            with self.lock, contextlib.suppress(OSError):
+                self.control.send(b"kill %d" % pid)
+            return None
+        try:
+            reply = self._ask(b"end %d" % pid)
+        except _WorkerGone:
+            return None
+        return int(reply) if reply.isdigit() else None
+
+    def close(self) -> None:
+        self.control.close()  # the worker reads the end of its input and stops, with its calls
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_worker: _Worker | None = None
+_worker_lock = threading.Lock()
+
+
+def _the_worker(replace: _Worker | None = None) -> _Worker:
+    """The process's worker, started on first use; ``replace``: one that stopped, started anew."""
+    global _worker
+    with _worker_lock:
+        if _worker is not None and (_worker is replace or _worker.proc.poll() is not None):
+            _worker.close()
+            _worker = None
+        if _worker is None:
+            _worker = _Worker()
+        return _worker
+
+
+def stop_recalc_worker() -> None:
+    """Stop this process's recalculation worker, if it runs (the next recalculation starts one)."""
+    global _worker
+    with _worker_lock:
+        worker, _worker = _worker, None
+    if worker is not None and worker.owner == os.getpid():
+        worker.close()
+
+
+def _forget_worker_after_fork() -> None:
+    """A forked child starts its own worker; it closes its copy of the parent's channel, so the
+    parent's worker still sees the end of its input when the parent goes."""
+    global _worker, _worker_lock
+    worker, _worker, _worker_lock = _worker, None, threading.Lock()
+    if worker is not None:
+        worker.control.close()
+
+
+os.register_at_fork(after_in_child=_forget_worker_after_fork)
+atexit.register(stop_recalc_worker)
+
+
+def _formulas_values_in_child(
+    data: bytes, keys: set[CellKey], time_limit: float
+) -> tuple[dict[CellKey, Any], list[str]]:
+    """:func:`_formulas_values` in a process of its own, killed at ``time_limit`` and bounded by
+    :data:`RECALC_MEMORY_BYTES`: nothing of it runs once this returns."""
+    worker = _the_worker()  # started (once) outside the deadline
+    try:
+        pid, conn = worker.start()
+    except _WorkerGone:  # it stopped idle as the call came, or died: once more, with a fresh one
+        worker = _the_worker(replace=worker)
+        pid, conn = worker.start()
+    deadline = time.monotonic() + time_limit
+    reply = None
+    try:
+        try:
+            conn.send((data, keys, time_limit, _limits()))
+            finished = conn.poll(max(deadline - time.monotonic(), 0))
+            reply = conn.recv() if finished else None
+        except (EOFError, OSError):
+            finished = True  # it died: its wait status says how
+    finally:
+        conn.close()
+        # reaped before a failure returns; a result's process is killed and reaped soon after
+        status = worker.end(pid, status=reply is None or reply[0] != "values")
+    if not finished:
+        raise TimeLimitExceeded(f"the recalculation took over {time_limit:g} s")
+    if reply is None:
+        raise _lost(status, time_limit)
+    kind, payload = reply
+    if kind == "values":
+        return payload
+    if kind == "memory":
+        raise _out_of_memory()
+    if kind == "raise":
+        raise payload
+    raise _remote_error(*payload)
+
+
+def _limits() -> dict[tuple[str, str], int | float]:
+    """The caller's limits (this module's and :mod:`.formulas_fixes`' numeric constants, which
+    a user may have changed), for the call's process to apply: the worker has the defaults."""
+    return {
+        (module.__name__, name): value
+        for module in (sys.modules[__name__], formulas_fixes)
+        for name, value in vars(module).items()
+        if name.isupper() and not name.startswith("_") and type(value) in (int, float)
+    }
+
+
+def _out_of_memory() -> RecalcOutOfMemory:
+    limit = RECALC_MEMORY_BYTES // 2**20
+    return RecalcOutOfMemory(f"the workbook's formulas need more than {limit} MB of memory to compute")
+
+
+def _lost(status: int | None, time_limit: float) -> Exception:
+    """The error for a call's process that ended without a result."""
+    if status is not None and os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU:  # its CPU limit, the deadline's backstop
+            return TimeLimitExceeded(f"the recalculation took over {time_limit:g} s")
+        return RecalcOutOfMemory(
+            f"the recalculation was killed ({signal.Signals(sig).name}) before it finished, most likely "
+            f"out of memory (its limit is {RECALC_MEMORY_BYTES // 2**20} MB)"
+        )
+    if status is not None and os.WIFEXITED(status):
+        code = os.WEXITSTATUS(status)
+        return RuntimeError(f"the recalculation process exited with status {code} without a result")
+    return RuntimeError("the recalculation worker stopped during the recalculation")
+
+
+def _serve(fd: int, idle_s: float) -> None:
+    """The worker's main loop. ``fork`` (with a connection's socket): a process for one call, its
+    pid the answer. ``kill PID``: kill it, unanswered (it is reaped soon after); ``end PID``: kill
+    it and reap it, its wait status the answer. The worker stops when the caller closes the
+    control socket (it exited or died), or after ``idle_s`` without a call, killing what is left."""
+    import ctypes
+    import tqdm
+
+    control = socket.socket(fileno=fd)
+    tqdm.tqdm.monitor_interval = 0  # no monitor thread: this process forks
+    _formulas_module()
+    _warm_up()
+    libc = ctypes.CDLL(None, use_errno=True)
+    gc.freeze()  # the collector leaves the worker's objects alone: a call copies fewer pages
+    worker = os.getpid()
+    calls: dict[int, str] = {}  # a call's process, until reaped (its pid is its own) -> its directory
+    killed: set[int] = set()
+
+    def reap(pid: int, block: bool) -> int | None:
+        done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+        if not done:
+            return None
+        shutil.rmtree(calls.pop(pid), ignore_errors=True)
+        killed.discard(pid)
+        return status
+
+    control.send(b"ready")
+    try:
+        while True:
+            for pid in list(killed):
+                reap(pid, block=False)
+            if not select.select([control], [], [], 0.1 if killed else idle_s)[0]:
+                if calls:
+                    continue
+                return  # idle
+            try:
+                message, fds, _, _ = socket.recv_fds(control, 64, 1)
+            except OSError:
+                return
+            if not message:
+                return  # the caller is gone
+            command, _, arg = message.partition(b" ")
+            if command == b"fork" and len(fds) == 1:
+                tmp = tempfile.mkdtemp(prefix="benchmax-excel-")
+                pid = os.fork()
+                if pid == 0:
+                    status = 1
+                    try:
+                        control.close()
+                        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the worker gone: so is the call
+                        if os.getppid() == worker:
+                            _run_call(fds[0], tmp)
+                            status = 0
+                    finally:
+                        os._exit(status)
+                os.close(fds[0])
+                calls[pid] = tmp
+                control.send(b"%d" % pid)
+            elif command in (b"kill", b"end") and arg.isdigit() and int(arg) in calls and not fds:
+                pid = int(arg)
+                os.kill(pid, signal.SIGKILL)
+                if command == b"kill":
+                    killed.add(pid)
+                else:
+                    control.send(b"%d" % reap(pid, block=True))
+            else:
+                for extra in fds:
+                    os.close(extra)
+                if command != b"kill":  # (a kill is never answered)
+                    control.send(b"?")
+    finally:
+        for pid in list(calls):
+            os.kill(pid, signal.SIGKILL)
+            reap(pid, block=True)
+
+
+def _warm_up() -> None:
+    """One small recalculation in the worker, so each call starts with ``formulas`` warm."""
+    wb = openpyxl.Workbook()
+    wb.active["A1"], wb.active["A2"] = 1, '=IF(A1>0,SUM(A1:A1)&"x",VLOOKUP(A1,A1:A1,1,FALSE))'
+    buffer = io.BytesIO()
+    wb.save(buffer)
+    _formulas_values(buffer.getvalue(), {(wb.active.title, "A2")}, 60.0)
+
+
+def _memory_size(field: str) -> int:
+    """``VmSize`` or ``VmPeak`` of this process, in bytes (/proc/self/status)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _run_call(fd: int, tmp: str) -> None:
+    """A call's process: read the request, recalculate within its limits (in ``tmp``, which the
+    worker removes even if this is killed), send the reply."""
+    import resource
+
+    conn = Connection(fd)
+    data, keys, time_limit, limits = conn.recv()
+    for (module, name), value in limits.items():
+        setattr(sys.modules[module], name, value)
+    memory = RECALC_MEMORY_BYTES
+    limit = _memory_size("VmSize") + memory
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    cpu = math.ceil(time_limit) + 1  # a backstop: the caller kills it at the deadline
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    try:
+        reply: tuple[str, Any] = ("values", _formulas_values(data, keys, time_limit, tmp))
+        # formulas makes an exception in a function, a MemoryError too, the cell's #VALUE!: a
+        # recalculation that came this close to its limit ran out, wherever that was caught
+        if _memory_size("VmPeak") > limit - memory // 16:
+            reply = ("memory", None)
+    except MemoryError:
+        reply = ("memory", None)
+    except (TimeLimitExceeded, WorkbookTooLarge) as exc:
+        reply = ("raise", exc)
+    except Exception as exc:  # noqa: BLE001 - the caller's note names it
+        reply = ("error", (type(exc).__name__, str(exc)))
+    try:
+        conn.send(reply)
+    except MemoryError:
+        conn.send(("memory", None))
 
 
 _SHEET_PREFIX_EXTERNAL = re.compile(r"[\[\]/\\]")  # never in a sheet name; always in a file's
@@ -687,9 +1057,10 @@ def _compute(
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """Values for the formula cells ``formats`` (cell -> number format), and notes.
 
-    A recalculation past ``time_limit`` seconds (:class:`TimeLimitExceeded`) or with a range too
-    large (:class:`WorkbookTooLarge`) raises: the workbook's own doing, never replaced by the
-    values cached in it.
+    A recalculation past ``time_limit`` seconds (:class:`TimeLimitExceeded`), with a range too
+    large or past its memory (:class:`WorkbookTooLarge`, :class:`RecalcOutOfMemory`) raises: the
+    workbook's own doing, never replaced by the values cached in it. With a ``time_limit`` it
+    runs in a process killed at the deadline; without one (the task's own answer), here.
 
     Falls back to the values cached in the file when the recalculation fails as a whole, and
     cell by cell where ``formulas`` answers ``#NAME?`` (a function it lacks) or ``#REF!`` (a
@@ -704,9 +1075,13 @@ def _compute(
     try:
         if method == "libreoffice":
             return _libreoffice_values(data, keys), notes  # bounded by LIBREOFFICE_TIMEOUT_S
-        _formulas_module()  # imported (once) outside the deadline
-        work = functools.partial(_formulas_values, data, keys, time_limit)
-        values, warnings = run_with_deadline(work, time_limit, "the recalculation")
+        if time_limit is None:  # the task's own answer workbook: trusted, computed here
+            values, warnings = _formulas_values(data, keys)
+        elif sys.platform == "linux":  # the model's formulas: in a process killed at the deadline
+            values, warnings = _formulas_values_in_child(data, keys, time_limit)
+        else:  # no prctl, no /proc: a thread given up at the deadline (one C call runs on)
+            work = functools.partial(_formulas_values, data, keys, time_limit)
+            values, warnings = run_with_deadline(work, time_limit, "the recalculation")
     except (TimeLimitExceeded, WorkbookTooLarge):
         raise
     except Exception as exc:

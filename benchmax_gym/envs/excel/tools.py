@@ -28,6 +28,7 @@ from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, unc
 from benchmax_gym.core.tools import ToolError, tool
 from benchmax_gym.envs.excel.recalc import (
     MAX_WORKBOOK_BYTES,
+    RecalcOutOfMemory,
     TimeLimitExceeded,
     WorkbookTooLarge,
     check_workbook,
@@ -147,6 +148,8 @@ class WorkbookFile:
                 cache[key] = recalculate(buffer.getvalue(), ranges=[(sheet, rng)], time_limit=self.timeout)
             except TimeLimitExceeded as exc:  # kept: the same read would only overrun again
                 cache[key] = (f"computing the formulas: {exc} (the tool time limit); simplify them", "tool_timeout")
+            except RecalcOutOfMemory as exc:
+                cache[key] = (f"{exc}; simplify them", "workbook_too_large")
             except WorkbookTooLarge as exc:
                 cache[key] = (f"the formulas cannot be computed: {exc}", "workbook_too_large")
         if isinstance(cache[key], tuple):
