@@ -410,7 +410,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Score a model endpoint (or a baseline) on an environment; see :mod:`benchmax_gym.eval`."""
+    """Score a model endpoint (or a baseline) on an environment; see :mod:`benchmax_gym.eval`.
+    Ctrl-C: :func:`eval_interrupted`."""
     from benchmax_gym.eval import ChatPolicy, EvalError, PolicyError, aevaluate
     from benchmax_gym.eval.stats import format_summary
 
@@ -445,17 +446,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         policy = args.policy
 
-    held = _lock_run_dir(args.out)
-    try:
+    try:  # (aevaluate holds the run directory while it writes it: a second eval into it is refused)
         from benchmax_gym.core.aio import run_sync
 
         result = run_sync(aevaluate(
             args.env_id, policy, env_kwargs=_parse_env_args(args.env_arg), k=args.k, tasks=args.tasks,
             concurrency=args.concurrency, workers=args.workers, seed=args.seed, out=args.out, progress=not args.quiet,
             plots=not args.no_plots, extra_run_info=extra, retry_failed=args.retry_failed))
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: {_eval_progress(args.out)}; rerun the same command to resume", file=sys.stderr)
-        return 130
     except gym.error.Error as exc:
         env_id_error(exc, args.env_id)
     except (EvalError, PolicyError) as exc:
@@ -466,8 +463,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         usage_error(f"cannot make {args.env_id}: {exc}")
     except (TypeError, ValueError) as exc:
         usage_error(f"cannot make {args.env_id}: {exc}")
-    finally:
-        _release_run_dir(args.out, held)
     if args.json:
         print(json.dumps(result.summary))
     else:
@@ -476,51 +471,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lock_run_dir(out: str) -> tuple[int, str | None] | None:
-    """Hold the run directory (an exclusive flock) while this eval writes it: a second eval into
-    it (a resume started twice) wrote every episode again, and the run could no longer be read.
-    Returns ``(fd, the first folder made)``; None where ``out`` is not a folder (the runner says why)."""
-    import fcntl
-
-    created = None
-    if not os.path.lexists(out):
-        created = os.path.abspath(out)
-        while not os.path.lexists(os.path.dirname(created)):
-            created = os.path.dirname(created)
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as exc:
-        if os.path.lexists(out):
-            return None
-        usage_error(f"--out {out}: cannot make the run directory ({os_error_text(exc)})")
-    try:
-        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        usage_error(f"--out {out}: another eval is writing this run now; let it finish (or stop it) and run again "
-                    "to resume, or choose another directory")
-    return fd, created
-
-
-def _release_run_dir(out: str, held: tuple[int, str | None] | None) -> None:
-    """Let the run directory go; the folders this eval made and left empty (it failed first) are removed."""
-    if held is None:
-        return
-    fd, created = held
-    folder = os.path.abspath(out)
-    while created:
-        try:
-            os.rmdir(folder)  # only if empty
-        except OSError:
-            break
-        if folder == created:
-            break
-        folder = os.path.dirname(folder)
-    os.close(fd)
+def eval_interrupted(args: argparse.Namespace) -> int:
+    """Ctrl-C in ``eval``, whenever it comes (``--import``, the imports, the workers starting,
+    episodes in flight): one line saying how far the run got and how to resume, exit status 130."""
+    print(f"\ninterrupted: {_eval_progress(args.out)}; rerun the same command to resume", file=sys.stderr)
+    return 130
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -530,6 +485,8 @@ def _inside(path: str, folder: str) -> bool:
 
 def _eval_progress(out: str) -> str:
     """``N/M done`` of the run directory ``out`` (what an interrupted eval leaves there)."""
+    if not os.path.isfile(os.path.join(out, "run.json")):  # (before the eval's imports: they may be what was cut)
+        return "no episode done"
     from benchmax_gym.eval import EvalError, load_run
 
     try:
@@ -641,7 +598,7 @@ _MCP_HTTP_DEFAULTS = {"host": "127.0.0.1", "port": 8000, "idle_timeout": 600.0, 
 
 
 def cmd_mcp_serve(args: argparse.Namespace) -> int:
-    from benchmax_gym.serve import serve
+    from benchmax_gym.serve import ListenError, serve
 
     given = [name for name in _MCP_HTTP_DEFAULTS if getattr(args, name) is not None]
     if args.transport == "stdio" and given:  # else ignored: the server waits on stdin, nothing listens
@@ -659,6 +616,8 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
         serve(args.env_id, args.transport, host=args.host, port=args.port,
               env_kwargs=_parse_env_args(args.env_arg), seed=args.seed, idle_timeout=args.idle_timeout,
               max_sessions=args.max_sessions, auth_token=args.auth_token)
+    except ListenError as exc:  # the port in use, named with --port
+        usage_error(exc)
     except gym.error.Error as exc:
         env_id_error(exc, args.env_id)
     except (TypeError, ValueError, ImportError, OSError) as exc:  # a bad --env-arg (a missing file, say), found
@@ -676,11 +635,17 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
         usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
     if not 0 < args.idle_timeout < float("inf"):
         usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
+    from benchmax_gym.serve import ListenError, listen
+
     try:
+        for sock in listen(args.host, args.port):  # a port in use: said before OpenEnv is imported, the env made
+            sock.close()
         from benchmax_gym.openenv import serve
 
         serve(args.env_id, host=args.host, port=args.port, env_kwargs=_parse_env_args(args.env_arg),
               max_sessions=args.max_sessions, idle_timeout=args.idle_timeout, auth_token=args.auth_token)
+    except ListenError as exc:  # the port in use, named with --port
+        usage_error(exc)
     except ImportError as exc:
         usage_error(exc)
     except gym.error.Error as exc:
@@ -939,9 +904,13 @@ def main(argv: list[str] | None = None) -> int:
     for command in sub.choices.values():
         command.formatter_class = PlainHelpFormatter
     args = parser.parse_args(argv)
-    _import_modules(args.imports)
     try:
+        _import_modules(args.imports)
         return args.func(args)
+    except KeyboardInterrupt:
+        if args.func is cmd_eval:
+            return eval_interrupted(args)
+        raise
     except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other commands do
         if not _stdout_gone():  # another pipe (an MCP server's, say): a real failure
             raise

@@ -191,12 +191,18 @@ def serve(env_id: str, transport: str = "stdio", *, host: str = "127.0.0.1", por
     if not isinstance(idle_timeout, (int, float)) or not 0 < idle_timeout < float("inf"):
         raise ValueError(f"idle_timeout must be a positive number of seconds, got {idle_timeout!r}")
     auth_token = auth_token if auth_token is not None else os.environ.get(TOKEN_ENV) or None
-    server = build_server(env_id, env_kwargs, seed)
+    sockets = listen(host, port) if transport == "http" else None  # a port in use: before the env is made
+    try:
+        server = build_server(env_id, env_kwargs, seed)
+    except BaseException:
+        for sock in sockets or ():
+            sock.close()
+        raise
     try:
         if transport == "stdio":
             _run_stdio(server)
         else:
-            _run_http(server, host, port, idle_timeout, max_sessions, auth_token)
+            _run_http(server, host, port, idle_timeout, max_sessions, auth_token, sockets)
     finally:
         server.sessions.close()
 
@@ -212,9 +218,46 @@ def _run_stdio(server: Server) -> None:
 
 
 def _run_http(server: Server, host: str, port: int, idle_timeout: float, max_sessions: int,
-              auth_token: str | None) -> None:
+              auth_token: str | None, sockets: list | None = None) -> None:
     app = server.streamable_http_app(host=host, session_idle_timeout=idle_timeout, max_sessions=max_sessions)
-    run_http_app(app, host, port, auth_token, "mcp-serve", "/mcp")
+    run_http_app(app, host, port, auth_token, "mcp-serve", "/mcp", sockets=sockets)
+
+
+class ListenError(OSError):
+    """The server cannot listen where it was told (the port in use, a host not of this machine):
+    its message names the option to change (``--port``, ``--host``)."""
+
+
+def listen(host: str, port: int) -> list[Any]:
+    """Sockets bound to ``host:port``, one per address the host resolves to, as uvicorn (asyncio's
+    ``create_server``) binds them: bound here so that a port in use is a :class:`ListenError`
+    naming ``--port`` (uvicorn logs a message of its own that names no option, and exits 3)."""
+    import errno
+    import socket
+
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(f"--host {host}: cannot listen there ({exc.strerror})") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ListenError(f"--port {port}: the port is in use on {host} (another server listens there); choose "
+                              "another with --port, or --port 0 for any free one") from None
+        if exc.errno == errno.EACCES:
+            raise ListenError(f"--port {port}: not allowed here ({exc.strerror}); choose another with --port") from None
+        raise ListenError(f"--host {host}: cannot listen there ({exc.strerror})") from None
+    return sockets
 
 
 HEADER_TIMEOUT = 10.0  # seconds a new connection has to send its first request's headers
@@ -282,11 +325,13 @@ def headers_first(protocol_class: type[asyncio.Protocol], timeout: float = HEADE
     return Guarded
 
 
-def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command: str, path: str = "") -> None:
+def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command: str, path: str = "",
+                 sockets: list | None = None) -> None:
     """Serve an ASGI app with uvicorn until interrupted (``mcp-serve``, ``openenv-serve``): behind
     :class:`BearerToken` when there is a token (a warning when there is none off loopback),
     :class:`LocalOnly` on loopback, and :func:`headers_first`, and saying where it listens on
-    stderr once the socket is open, so scripts can wait for it."""
+    stderr once the socket is open, so scripts can wait for it. ``sockets``: bound by
+    :func:`listen` (by default here: a port in use is a :class:`ListenError`)."""
     import uvicorn
     from uvicorn.config import HTTP_PROTOCOLS
     from uvicorn.importer import import_from_string
@@ -308,7 +353,13 @@ def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command
                 print(f"benchmax-gym {command}: listening on http://{shown}:{bound}{path}", file=sys.stderr, flush=True)
 
     http = headers_first(import_from_string(HTTP_PROTOCOLS["auto"]))
-    Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)).run()
+    if sockets is None:
+        sockets = listen(host, port)
+    try:
+        Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)).run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _is_loopback(host: str) -> bool:

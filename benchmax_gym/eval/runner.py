@@ -6,7 +6,9 @@ model call. A run directory holds ``run.json`` (what was run, by whom, with whic
 ``rollouts.jsonl`` (one full transcript per episode, written as each ends) and ``summary.json``;
 running again with the same ``out`` resumes: only the pairs not yet in ``rollouts.jsonl`` run.
 Every record has an ``outcome`` (:mod:`benchmax_gym.core.outcomes`); ``retry_failed`` re-runs
-the failed pairs of a run directory. An episode in flight when the run is interrupted (Ctrl-C,
+the failed pairs of a run directory. A run directory is held while an eval writes it: a second
+eval into it at once is refused. A task source read from a file or a split builds only the tasks
+``tasks`` reaches (:func:`only_needed`). An episode in flight when the run is interrupted (Ctrl-C,
 the task cancelled) is written as ``cancelled`` (no reward, what it did so far; with
 ``workers > 1`` each worker is told to stop and sends its own); resuming runs its pair again, as
 ``retry_failed`` does.
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +72,10 @@ def task_indices(tasks: Any, available: int | None) -> list[int]:
     """``"all"``, ``N`` (the first N), ``"i:j"`` or ``(i, j)`` (a slice) -> task indices.
     ``available`` is None for an unbounded source, which needs a count. Errors name the CLI's flags
     (``--tasks``: the ``tasks`` argument)."""
+    return list(_task_range(tasks, available))
+
+
+def _task_range(tasks: Any, available: int | None) -> range:
     if isinstance(tasks, str) and tasks != "all" and ":" not in tasks:
         try:
             tasks = int(tasks)
@@ -78,7 +85,7 @@ def task_indices(tasks: Any, available: int | None) -> list[int]:
         if available is None:
             raise EvalError("this environment's task list is unbounded: say how many with --tasks N (the first N) "
                             "or --tasks i:j")
-        return list(range(available))
+        return range(available)
     if isinstance(tasks, int) and not isinstance(tasks, bool):
         start, stop = 0, tasks
     elif isinstance(tasks, str):
@@ -96,13 +103,72 @@ def task_indices(tasks: Any, available: int | None) -> list[int]:
     if not 0 <= start < stop or (available is not None and stop > available):
         within = f"within the {available} tasks" if available is not None else "of task indices from 0"
         raise EvalError(f"--tasks {tasks}: not a non-empty range {within}")
-    return list(range(start, stop))
+    return range(start, stop)
+
+
+def tasks_needed(tasks: Any) -> int | None:
+    """How many of a source's first tasks ``tasks`` (``N``, ``i:j``) reads: None for ``"all"`` and
+    ``"i:"`` (to the source's end), or a request :func:`task_indices` refuses (it says why, later)."""
+    try:
+        return _task_range(tasks, None).stop
+    except EvalError:
+        return None
+
+
+def only_needed(env_id: str, kwargs: dict[str, Any], needed: int | None) -> dict[str, Any]:
+    """``kwargs`` with the env's named task source (a file, a dataset split) cut to its first
+    ``needed`` tasks through its ``limit`` (every source that takes one keeps its first tasks in
+    order, so tasks 0 to ``needed - 1`` are those of the whole source): ``--tasks 5`` builds 5
+    tasks in each env, not every task of a large file. ``kwargs`` itself where there is nothing
+    to cut: every task wanted, a source without ``limit``, tasks handed over, a generated source
+    (built lazily already)."""
+    from benchmax_gym.core.sources import SourceConfig
+
+    if needed is None:
+        return kwargs
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:  # (gym.make says why)
+        return kwargs
+    chosen = kwargs.get("tasks", spec.kwargs.get("tasks"))
+    if isinstance(chosen, SourceConfig):
+        if "limit" in chosen.arg_names() and (chosen.limit is None or chosen.limit > needed):
+            return {**kwargs, "tasks": dataclasses.replace(chosen, limit=needed)}
+        return kwargs
+    entry = spec.entry_point
+    if isinstance(entry, str):
+        from gymnasium.envs.registration import load_env_creator
+
+        try:
+            entry = load_env_creator(entry)
+        except (ImportError, AttributeError, ValueError):  # (gym.make says why)
+            return kwargs
+    choices = getattr(entry, "choices", None)
+    options = choices.get("task_args", ()) if isinstance(choices, dict) else ()
+    named = next((o for o in options if isinstance(chosen, str) and o.name == chosen), None)
+    args = kwargs["task_args"] if "task_args" in kwargs else spec.kwargs.get("task_args")
+    if named is None or "limit" not in named.arg_names() or not isinstance(args, (Mapping, type(None))):
+        return kwargs
+    limit = (args or {}).get("limit", kwargs.get("limit"))  # (the flat form of 0.1: limit=...)
+    if limit is not None and not (type(limit) is int and limit > needed):  # (a bad one: the source says why)
+        return kwargs
+    return {**kwargs, "task_args": {**(args or {}), "limit": needed}}
 
 
 def task_set_of(source: Any) -> str | None:
     """The content hash of an env's task source (``TaskSource.content_hash``), None without one."""
     digest = getattr(source, "content_hash", None)
     return digest() if callable(digest) else None
+
+
+def _whole_task_set(env_id: str, kwargs: Mapping[str, Any]) -> str | None:
+    """The task set of ``env_id``'s whole task source (every task built: only to resume a run
+    written before eval cut sources to the tasks it needs)."""
+    env = gym.make(env_id, **kwargs)
+    try:
+        return task_set_of(getattr(env.unwrapped, "tasks", None))
+    finally:
+        env.close()
 
 
 def episode_seed(seed: int, task_index: int, sample: int) -> int:
@@ -165,15 +231,65 @@ def _replace_file(folder: Path, name: str, data: bytes) -> None:
         raise
 
 
+@contextlib.contextmanager
+def run_dir_held(out: str | os.PathLike | None):
+    """Hold the run directory ``out`` (an exclusive ``flock`` on it, made if absent) while an eval
+    writes it: two evals into it at once (a resume started twice, two callers of :func:`evaluate`)
+    each ran every episode, and the run could no longer be read. The second is refused at once
+    with an :class:`EvalError` naming the directory. On the way out the folders made here and
+    left empty (the eval failed before writing) are removed. Nothing is held where ``out`` is
+    None or not a folder (:class:`RunDir` says why)."""
+    import fcntl
+
+    fd, created = None, None
+    if out is not None:
+        out = os.fspath(out)
+        if not os.path.lexists(out):
+            created = os.path.abspath(out)
+            while not os.path.lexists(os.path.dirname(created)):
+                created = os.path.dirname(created)
+        try:
+            os.makedirs(out, exist_ok=True)
+            fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            if not os.path.lexists(out):
+                where = f"{exc.filename}: {exc.strerror}" if exc.filename is not None and exc.strerror else exc
+                raise EvalError(f"--out {out}: cannot make the run directory ({where})") from None
+            created = None  # a file or a link there
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                created = None  # (the other eval's)
+                raise EvalError(f"--out {out}: another eval is writing this run now; let it finish (or stop it) "
+                                "and run again to resume, or choose another directory") from None
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+        folder = os.path.abspath(out) if created else None
+        while folder:
+            try:
+                os.rmdir(folder)  # only if empty
+            except OSError:
+                break
+            folder = os.path.dirname(folder) if folder != created else None
+
+
 class RunDir:
     """``run.json`` + ``rollouts.jsonl`` + ``summary.json`` in ``path``; refuses a directory that holds
     something else, a corrupt, foreign or repeated record, or a run of another configuration.
-    ``pairs``: the run's ``(task_index, sample)`` pairs (a record of any other is refused)."""
+    ``pairs``: the run's ``(task_index, sample)`` pairs (a record of any other is refused).
+    ``whole_task_set``: the task set of the whole source, where this run's is of its first tasks
+    only (:func:`only_needed`): a run written before eval cut sources has that one."""
 
-    def __init__(self, path: str | os.PathLike, config: dict[str, Any], pairs: set[tuple[int, int]] | None = None):
+    def __init__(self, path: str | os.PathLike, config: dict[str, Any], pairs: set[tuple[int, int]] | None = None,
+                 whole_task_set: Any = None):
         self.path = Path(path)
         self.config = config
         self.pairs = pairs
+        self.whole_task_set = whole_task_set
         self.records: list[dict[str, Any]] = []
         self.run: dict[str, Any] = {}
         self._fd: int | None = None
@@ -199,7 +315,7 @@ class RunDir:
             raise EvalError(f"--out {self.path} holds a run with other settings ({', '.join(differs)}); "
                             "resume it with the same ones or choose a new directory")
         then, now = run.get("task_set"), self.config.get("task_set")
-        if then and now and then != now:
+        if then and now and then != now and not (self.whole_task_set and then == self.whole_task_set()):
             raise EvalError(f"--out {self.path} holds a run over other tasks (task set {then}, the env's is now "
                             f"{now}): the task source changed; choose a new directory")
         self.run = run
@@ -415,84 +531,88 @@ async def aevaluate(
     for name, value in (("-k", k), ("--concurrency", concurrency), ("--workers", workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise EvalError(f"{name} must be a positive integer, got {value!r}")
-    kwargs = {**(env_kwargs or {}), **policy.env_kwargs}
-    first = gym.make(env_id, **kwargs)
-    closing: list[Any] = [first]
-    try:
-        source = getattr(first.unwrapped, "tasks", None)
-        from benchmax_gym.core.tasks import INFINITE
-
-        available = len(source) if source is not None and len(source) < INFINITE else None
-        indices = task_indices(tasks, available)
-        config = {"format": RUN_FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
-                  "policy": policy.describe(), "k": k, "tasks": tasks if isinstance(tasks, (str, int)) else list(tasks),
-                  "seed": seed, "task_set": task_set_of(source), **dict(extra_run_info or {})}
-        pairs = [(i, s) for i in indices for s in range(k)]
-        run_dir = RunDir(out, config, set(pairs)) if out is not None else None
-        cancelled = {(r["task_index"], r["sample"]) for r in run_dir.records if r["outcome"] == CANCELLED} \
-            if run_dir else set()
-        done = {(r["task_index"], r["sample"]) for r in run_dir.records} - cancelled if run_dir else set()
-        pending = [pair for pair in pairs if pair not in done]  # a cancelled pair runs again
-        if retry_failed:
-            if run_dir is None or not run_dir.run:
-                raise EvalError(f"--retry-failed: {out} holds no eval run to retry")
-            failed = {(r["task_index"], r["sample"]) for r in run_dir.records if is_failure(r["outcome"])}
-            pending = [pair for pair in pairs if pair in failed]  # exactly those, nothing else
-            if progress:
-                print(f"retrying {len(pending)} failed episodes of {len(pairs)}", file=sys.stderr, flush=True)
-        elif done and progress:
-            again = f", {len(cancelled)} cancelled to run again" if cancelled else ""
-            print(f"resuming: {len(done)} of {len(pairs)} done{again}", file=sys.stderr, flush=True)
-        if pending and preflight and hasattr(policy, "preflight"):
-            await policy.preflight()
-        run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
-               **_provenance()}
-        if run_dir:
-            if retry_failed:
-                run_dir.drop(set(pending))
-                run = {**run, "retried": [*run_dir.run.get("retried", []), {"started": run["started"],
-                                                                             "episodes": len(pending)}]}
-            elif cancelled:
-                run_dir.drop(cancelled)
-            run_dir.start(run)
-            closing.append(run_dir)
-        sink = _Sink(run_dir, len(pending), env_id, progress, policy.scrub)
+    with run_dir_held(out):  # before anything reads or writes it
+        given = {**(env_kwargs or {}), **policy.env_kwargs}
+        kwargs = only_needed(env_id, given, tasks_needed(tasks))  # (each env builds only the tasks it may run)
+        first = gym.make(env_id, **kwargs)
+        closing: list[Any] = [first]
         try:
-            if min(workers, concurrency, len(pending)) > 1:
-                first.close()
-                closing.remove(first)
-                await _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, workers, sink)
-            else:
-                await _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, sink, closing)
-        finally:
-            sink.bar.close()
-        records = (list(run_dir.records) if run_dir else []) + sink.records
-        if group_rubric is not None or group_rubric_of(first) is not None:
-            records, group_rubric = await _group_scored(records, group_rubric, first, env_id, kwargs, closing,
-                                                        run_dir)
-    finally:
-        for item in closing:
-            item.close()
-        if hasattr(policy, "aclose"):
-            await policy.aclose()
-    from benchmax_gym.eval.stats import summarize
+            source = getattr(first.unwrapped, "tasks", None)
+            from benchmax_gym.core.tasks import INFINITE
 
-    records.sort(key=lambda r: (r["task_index"], r["sample"]))
-    summary = summarize(records, seed=seed)
-    judged = total_usage(records)
-    if judged is not None:
-        summary["judge"] = judged
-    if group_rubric is not None:
-        summary["group_rubric"] = repr(group_rubric)
-    run = {**(run_dir.run if run_dir else run), "ended": _now(),
-           "usage": {"prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
-                     "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records),
-                     **_user_usage(records)}}
-    if run_dir:
-        run_dir.finish(run, summary)
-        if plots:
-            _plot(records, summary, run_dir.path, run)
-    return EvalResult(run=run, records=records, summary=summary, out=run_dir.path if run_dir else None)
+            available = len(source) if source is not None and len(source) < INFINITE else None
+            indices = task_indices(tasks, available)
+            config = {"format": RUN_FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
+                      "policy": policy.describe(), "k": k,
+                      "tasks": tasks if isinstance(tasks, (str, int)) else list(tasks), "seed": seed,
+                      "task_set": task_set_of(source), **dict(extra_run_info or {})}
+            pairs = [(i, s) for i in indices for s in range(k)]
+            whole = (lambda: _whole_task_set(env_id, given)) if kwargs is not given else None
+            run_dir = RunDir(out, config, set(pairs), whole) if out is not None else None
+            cancelled = {(r["task_index"], r["sample"]) for r in run_dir.records if r["outcome"] == CANCELLED} \
+                if run_dir else set()
+            done = {(r["task_index"], r["sample"]) for r in run_dir.records} - cancelled if run_dir else set()
+            pending = [pair for pair in pairs if pair not in done]  # a cancelled pair runs again
+            if retry_failed:
+                if run_dir is None or not run_dir.run:
+                    raise EvalError(f"--retry-failed: {out} holds no eval run to retry")
+                failed = {(r["task_index"], r["sample"]) for r in run_dir.records if is_failure(r["outcome"])}
+                pending = [pair for pair in pairs if pair in failed]  # exactly those, nothing else
+                if progress:
+                    print(f"retrying {len(pending)} failed episodes of {len(pairs)}", file=sys.stderr, flush=True)
+            elif done and progress:
+                again = f", {len(cancelled)} cancelled to run again" if cancelled else ""
+                print(f"resuming: {len(done)} of {len(pairs)} done{again}", file=sys.stderr, flush=True)
+            if pending and preflight and hasattr(policy, "preflight"):
+                await policy.preflight()
+            run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
+                   **_provenance()}
+            if run_dir:
+                if retry_failed:
+                    run_dir.drop(set(pending))
+                    run = {**run, "retried": [*run_dir.run.get("retried", []), {"started": run["started"],
+                                                                                 "episodes": len(pending)}]}
+                elif cancelled:
+                    run_dir.drop(cancelled)
+                run_dir.start(run)
+                closing.append(run_dir)
+            sink = _Sink(run_dir, len(pending), env_id, progress, policy.scrub)
+            try:
+                if min(workers, concurrency, len(pending)) > 1:
+                    first.close()
+                    closing.remove(first)
+                    await _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, workers, sink)
+                else:
+                    await _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, sink, closing)
+            finally:
+                sink.bar.close()
+            records = (list(run_dir.records) if run_dir else []) + sink.records
+            if group_rubric is not None or group_rubric_of(first) is not None:
+                records, group_rubric = await _group_scored(records, group_rubric, first, env_id, kwargs, closing,
+                                                            run_dir)
+        finally:
+            for item in closing:
+                item.close()
+            if hasattr(policy, "aclose"):
+                await policy.aclose()
+        from benchmax_gym.eval.stats import summarize
+
+        records.sort(key=lambda r: (r["task_index"], r["sample"]))
+        summary = summarize(records, seed=seed)
+        judged = total_usage(records)
+        if judged is not None:
+            summary["judge"] = judged
+        if group_rubric is not None:
+            summary["group_rubric"] = repr(group_rubric)
+        run = {**(run_dir.run if run_dir else run), "ended": _now(),
+               "usage": {"prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
+                         "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records),
+                         **_user_usage(records)}}
+        if run_dir:
+            run_dir.finish(run, summary)
+            if plots:
+                _plot(records, summary, run_dir.path, run)
+        return EvalResult(run=run, records=records, summary=summary, out=run_dir.path if run_dir else None)
 
 
 async def _group_scored(records, group_rubric, first, env_id, kwargs, closing, run_dir) -> tuple[list, Any]:
@@ -600,6 +720,7 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (started blocked: _ctrl_c_blocked)
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
@@ -677,11 +798,19 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
     split = [concurrency // workers + (w < concurrency % workers) for w in range(workers)]
     running[0] = workers
     try:
+        from multiprocess import forkserver, resource_tracker
+
+        resource_tracker.ensure_running()  # (first: it unblocks SIGINT once it has started)
+        forked = ctx.get_start_method() == "forkserver"
+        if forked:  # once a process: the workers are its children
+            with _ctrl_c_blocked():
+                forkserver.ensure_running()
         for w in range(workers):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, daemon=True, args=(
                 child, env_id, kwargs, policy, pending[w::workers], seed, split[w], dict(os.environ)))
-            proc.start()
+            with contextlib.nullcontext() if forked else _ctrl_c_blocked():
+                proc.start()
             child.close()
             procs.append((parent, proc))
             loop.add_reader(parent.fileno(), on_message, parent, proc)
@@ -702,6 +831,23 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
             conn.close()
     if errors:
         raise RuntimeError(f"an eval worker failed: {errors[0]}")
+
+
+@contextlib.contextmanager
+def _ctrl_c_blocked():
+    """SIGINT blocked in this thread: the processes it starts (the fork server, a spawned worker)
+    start with it blocked (the mask is kept through fork and exec), and a fork server keeps it so
+    for its life, and its workers from birth. A terminal sends Ctrl-C to the whole process group;
+    it is the parent's to handle: a fork server hit while it imported its preload (it ignores
+    SIGINT only after) died, and the parent's next start failed with a bare EOFError traceback.
+    Nothing is lost here: a blocked signal stays pending (or another thread takes it)."""
+    import signal
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _cancel_workers(procs: list, sink: Any, wait: float = 10.0) -> None:
@@ -750,10 +896,12 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
             (the reference solver: the ceiling), ``"random"`` or ``"empty"`` (floors), or your
             function ``(obs, info) -> action`` (sync or async).
         env_kwargs: ``gym.make`` arguments.
-        k: samples per task; tasks: ``"all"``, ``N`` (the first N) or ``"i:j"``.
+        k: samples per task; tasks: ``"all"``, ``N`` (the first N) or ``"i:j"`` (a source read
+            from a file or a split, with a ``limit``, builds only the tasks up to the last one).
         concurrency: episodes in flight; seed: the run's seed (each pair's reset and sampling seed
             derives from it, so a run is the same whatever order its episodes finish in).
-        out: a run directory (resumed when it holds this run already); progress: a progress bar;
+        out: a run directory (resumed when it holds this run already; held while written: a
+            second eval into it at once is an :class:`EvalError`); progress: a progress bar;
         plots: PNGs in ``out`` (needs matplotlib).
         retry_failed: run again exactly the failed (task, sample) pairs of the run in ``out`` (same
             seeds), replacing their records, then summarise the whole run anew.
