@@ -516,13 +516,15 @@ def _check_failure_gap(runs: dict[str, list], gap: float, allow: bool) -> None:
           "their means are over different episodes", file=sys.stderr)
 
 
-def _check_task_sets(infos: dict[str, dict], allow: bool) -> None:
+def _check_task_sets(infos: dict[str, dict], runs: dict[str, list], allow: bool) -> None:
     """Refuse (or, with ``allow``, warn about) runs over different task sets: each run.json holds its
     task source's content hash (``task_set``), and the same task ids over other tasks pair nothing
-    real. A run without one (written before hashes) is named in a warning, not refused."""
+    real. Runs whose hashes differ but whose records show the same task under every shared id
+    (``task_digest``: runs of one file cut to different ``--tasks N``) are compared. A run without
+    a hash (written before hashes) is named in a warning, not refused."""
     hashes = {name: info.get("task_set") for name, info in infos.items()}
     known = {h for h in hashes.values() if h}
-    if len(known) > 1:
+    if len(known) > 1 and not _same_shared_tasks(runs):
         said = ", ".join(f"{name} {h}" for name, h in hashes.items() if h)
         if not allow:
             usage_error(f"the runs are over different task sets ({said}): their tasks differ under the same ids; "
@@ -532,6 +534,18 @@ def _check_task_sets(infos: dict[str, dict], allow: bool) -> None:
     if unknown and len(infos) > 1:
         print(f"benchmax-gym: warning: {', '.join(unknown)} records no task set (an older run): its tasks are not "
               "checked against the others'", file=sys.stderr)
+
+
+def _same_shared_tasks(runs: dict[str, list]) -> bool:
+    """Every task id the runs share names the same task in each (its records' ``task_digest``),
+    and there is one at least; False where a record of a shared id has no digest (an older run)."""
+    digests: dict[str, dict[Any, set]] = {}
+    for name, records in runs.items():
+        for r in records:
+            digests.setdefault(name, {}).setdefault(r.get("task_id"), set()).add(r.get("task_digest"))
+    shared = set.intersection(*(set(d) for d in digests.values())) - {None} if len(digests) == len(runs) else set()
+    return bool(shared) and all(len(set().union(*(d[t] for d in digests.values())) - {None}) == 1
+                                and all(None not in d[t] for d in digests.values()) for t in shared)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -556,7 +570,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not 0 <= args.max_failure_gap <= 1:
             usage_error(f"--max-failure-gap must be within [0, 1], got {args.max_failure_gap}")
         _check_failure_gap(runs, args.max_failure_gap, args.allow_failure_gap)
-        _check_task_sets(infos, args.allow_different_tasks)
+        _check_task_sets(infos, runs, args.allow_different_tasks)
         result = compare(runs, baseline=baseline, seed=args.seed)
     except EvalError as exc:
         usage_error(exc)

@@ -30,8 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
 from benchmax_gym.core.judge import judge_usage, total_usage
 from benchmax_gym.core.outcomes import (CANCELLED, ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, SIGNAL,
                                         TRUNCATED, is_failure)
+from benchmax_gym.core.tasks import task_digest
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
 from benchmax_gym.wrappers.worker import async_api
 
@@ -488,6 +489,8 @@ async def play_episode(env: gym.Env, policy: Any, task_index: int, sample: int, 
     return {
         "task_index": task_index, "sample": sample, "seed": seed,
         "task_id": episode.task.id if episode is not None else None,
+        # what the task was, so compare can check that runs cut to different task sets agree where they meet
+        "task_digest": task_digest(episode.task).hex()[:32] if episode is not None else None,
         "metadata": dict(episode.task.metadata) if episode is not None else {},
         **so_far,
         **({"judge": judge} if (judge := judge_usage(episode)) else {}),

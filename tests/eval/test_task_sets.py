@@ -50,3 +50,27 @@ def test_resuming_over_changed_tasks_is_refused(tmp_path):
     saved.write_text(json.dumps(record))
     with pytest.raises(EvalError, match="over other tasks"):
         run(tmp_path, "a", ("1", "2", "3"), tasks=2)
+
+
+def test_runs_of_one_file_cut_to_different_task_counts_compare_where_their_tasks_meet(tmp_path, capsys):
+    """eval builds only the first N tasks of a file (--tasks N), so its task_set hashes those: runs
+    of 3 and of 5 tasks of one file differ in hash but not in any task they share, and compare
+    pairs them; a task changed under a shared id is still refused."""
+    lines = [json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) for i in range(8)]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    changed = lines[:1] + [json.dumps({"question": "What is 1 + 1?", "answer": "#### 3"})] + lines[2:]
+    (tmp_path / "changed.jsonl").write_text("\n".join(changed) + "\n")
+
+    def of(name, file, n):
+        kwargs = {"tasks": "gsm8k", "task_args": {"dataset": str(tmp_path / file)}}
+        return evaluate(ENV, "solver", env_kwargs=kwargs, tasks=n, out=tmp_path / name)
+
+    three, five, other = of("three", "tasks.jsonl", 3), of("five", "tasks.jsonl", 5), of("other", "changed.jsonl", 5)
+    assert three.run["task_set"] != five.run["task_set"]
+    assert main(["compare", str(tmp_path / "three"), str(tmp_path / "five"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["shared_tasks"] == 3
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(tmp_path / "three"), str(tmp_path / "other")])
+    assert exit_.value.code == 2 and "different task sets" in capsys.readouterr().err
+    assert other.run["task_set"] != five.run["task_set"]
