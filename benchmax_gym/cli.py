@@ -1,4 +1,4 @@
-"""The ``benchmax-gym`` command: list environments and play episodes with a built-in policy.
+"""The ``benchmax-gym`` command: list and play environments, evaluate models on them, compare runs, serve them over MCP or OpenEnv, make tasks, launch remote workers.
 
     benchmax-gym list
     benchmax-gym doctor
@@ -168,6 +168,14 @@ def usage_error(message: Any) -> NoReturn:
     """A bad command line or configuration: one line on stderr, exit status 2 (argparse's)."""
     print(f"benchmax-gym: error: {' '.join(str(message).split())}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def cannot_make(env_id: str, exc: BaseException) -> str:
+    """Why ``gym.make(env_id)`` failed, as the env said it: without the suffix Gymnasium adds to a
+    TypeError (``... was raised from the environment creator for ID with kwargs (...)``), which
+    repeats the arguments, secrets among them."""
+    said = re.sub(r" was raised from the environment creator for .* with kwargs \(.*\)\Z", "", str(exc), flags=re.S)
+    return f"cannot make {env_id}: {said}"
 
 
 def runtime_error(message: Any) -> NoReturn:
@@ -358,7 +366,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except gym.error.Error as exc:
         env_id_error(exc, args.env_id)
     except (TypeError, ValueError, OSError, ImportError) as exc:  # ImportError: a missing extra, named
-        usage_error(f"cannot make {args.env_id}: {exc}")
+        usage_error(cannot_make(args.env_id, exc))
     tasks = getattr(env.unwrapped, "tasks", None)
     num_tasks = len(tasks) if tasks is not None else INFINITE
     mode, plan = episode_plan(args, num_tasks if num_tasks < INFINITE else None)
@@ -460,9 +468,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except OSError as exc:
         if exc.filename is not None and _inside(os.fspath(exc.filename), args.out):  # the run directory's
             usage_error(f"--out {args.out}: cannot write the run there ({os_error_text(exc)})")
-        usage_error(f"cannot make {args.env_id}: {exc}")
+        usage_error(cannot_make(args.env_id, exc))
     except (TypeError, ValueError) as exc:
-        usage_error(f"cannot make {args.env_id}: {exc}")
+        usage_error(cannot_make(args.env_id, exc))
     if args.json:
         print(json.dumps(result.summary))
     else:
@@ -635,7 +643,7 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
     except gym.error.Error as exc:
         env_id_error(exc, args.env_id)
     except (TypeError, ValueError, ImportError, OSError) as exc:  # a bad --env-arg (a missing file, say), found
-        usage_error(f"cannot make {args.env_id}: {exc}")  # when the first environment is made
+        usage_error(cannot_make(args.env_id, exc))  # when the first environment is made
     except RuntimeError as exc:  # its first environment failed to start (an MCP server)
         runtime_error(f"cannot start {args.env_id}: {exc}")
     except KeyboardInterrupt:
@@ -665,7 +673,7 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
     except gym.error.Error as exc:
         env_id_error(exc, args.env_id)
     except (TypeError, ValueError, OSError) as exc:
-        usage_error(f"cannot make {args.env_id}: {exc}")
+        usage_error(cannot_make(args.env_id, exc))
     except KeyboardInterrupt:
         pass
     return 0
@@ -796,7 +804,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="play episodes with a built-in policy and print a summary")
     run.add_argument("env_id", help="an id from `benchmax-gym list`, e.g. benchmax/Math-v0")
     run.add_argument("--policy", choices=("solver", "random"), default="solver",
-                     help="solver: the reference solver (reads the solution); random: random text actions")
+                     help="solver (default): the reference solver (reads the solution); random: random text actions")
     run.add_argument("--episodes", type=int, help="play N episodes on tasks drawn at random, with replacement "
                      "(default: each task once when the task list is finite, else 10 such episodes)")
     run.add_argument("-k", "--rollouts-per-task", type=int, metavar="K",
@@ -812,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
                      "task_args.FIELD=VALUE sets one argument of the task source")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true", help="no progress bars (nor those of `datasets` loading one)")
     run.set_defaults(func=cmd_run)
     ev = sub.add_parser("eval", help="score a model endpoint (OpenAI-compatible) or a baseline on an environment")
     ev.add_argument("env_id", help="an id from `benchmax-gym list`")
@@ -850,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
                     "else runs")
     ev.add_argument("--no-plots", action="store_true", help="no PNGs in the run directory")
     ev.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    ev.add_argument("--quiet", action="store_true", help="no progress bar")
+    ev.add_argument("--quiet", action="store_true", help="no progress bars (nor those of `datasets` loading one)")
     ev.set_defaults(func=cmd_eval)
     cmp = sub.add_parser("compare", help="compare eval runs on the tasks they share (paired)")
     cmp.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
@@ -903,11 +911,11 @@ def main(argv: list[str] | None = None) -> int:
                         "environment per WebSocket session at /ws (needs the openenv extra)")
     oe.add_argument("env_id", help="an id from `benchmax-gym list` (or yours, with --import MODULE)")
     oe.add_argument("--host", default="127.0.0.1", help="the address to listen on (loopback by default)")
-    oe.add_argument("--port", type=port_number, default=8000, help="the port (0: any free one; the URL is printed)")
+    oe.add_argument("--port", type=port_number, default=8000, help="the port, 8000 by default (0: any free one; the URL is printed)")
     oe.add_argument("--max-sessions", type=int, default=64,
-                    help="WebSocket sessions open at once; one more gets CAPACITY_REACHED until one ends")
+                    help="WebSocket sessions open at once (64); one more gets CAPACITY_REACHED until one ends")
     oe.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
-                    help="a session with no message this long is closed with its environment")
+                    help="a session with no message this long (600 s) is closed with its environment")
     oe.add_argument("--auth-token", default=None,
                     help="require 'Authorization: Bearer TOKEN' on every request and WebSocket handshake (401 "
                          "without it); prefer the BENCHMAX_GYM_OPENENV_TOKEN variable, which `ps` does not show")
@@ -918,6 +926,10 @@ def main(argv: list[str] | None = None) -> int:
     for command in sub.choices.values():
         command.formatter_class = PlainHelpFormatter
     args = parser.parse_args(argv)
+    if getattr(args, "quiet", False):  # nor the bars `datasets` draws as it loads a dataset
+        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # (read when it is imported; workers inherit it)
+        if "datasets" in sys.modules:
+            sys.modules["datasets"].disable_progress_bars()
     try:
         _import_modules(args.imports)
         return args.func(args)

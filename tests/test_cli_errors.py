@@ -231,3 +231,29 @@ def test_new_prints_a_cd_command_that_a_shell_runs(tmp_path):
     done = cli("new", "acme-x", "--dir", str(where))
     assert done.returncode == 0, done.stderr
     assert f"cd {shlex.quote(str(where / 'acme-x'))} && pip install" in done.stdout
+
+
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_a_mistyped_env_argument_is_the_envs_own_line_without_gymnasiums_suffix(command, tmp_path):
+    """Gymnasium re-raises a creator's TypeError with "was raised from the environment creator for
+    ID with kwargs (...)" added, which repeated every argument (an API key among them) after the
+    env's own message and suggestion."""
+    extra = ["--policy", "solver", "--tasks", "1", "--out", str(tmp_path / "run")] if command == "eval" else []
+    out = cli(command, "benchmax/Math-v0", *extra, "--env-arg", "max_turn=3", "--env-arg", 'api_key="sk-secret"')
+    line = one_line_error(out, "cannot make benchmax/Math-v0: MathEnv got an unexpected keyword argument",
+                          "(did you mean 'max_turns'?)")
+    assert "was raised from" not in line and "sk-secret" not in line
+
+
+def test_quiet_silences_the_progress_bars_of_datasets_loading_a_file(tmp_path):
+    rows = [json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) for i in range(3)]
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    args = ["run", "benchmax/Math-GSM8K-v0", "--env-arg", f"task_args.dataset={tmp_path / 'train.jsonl'}"]
+    loud = cli(*args, "--json")
+    assert loud.returncode == 0, loud.stderr[-2000:]
+    assert "Generating train split" in loud.stderr  # (datasets draws it as it converts the file)
+    (tmp_path / "train.jsonl").write_text("\n".join(rows[:2]) + "\n")  # (a new file: converted again)
+    quiet = cli(*args, "--json", "--quiet")
+    assert quiet.returncode == 0 and json.loads(quiet.stdout)["episodes"] == 2, quiet.stderr[-2000:]
+    assert "Generating train split" not in quiet.stderr
+    assert quiet.stderr.strip() == "", quiet.stderr[-2000:]
