@@ -65,6 +65,14 @@ With ``environment_factory`` TRL owns the loop and the mask: ``Env.reward`` give
 episode ``None`` (out of the baseline, advantage 0). TRL calls ``Env.reward`` on each process's
 own samples; its group rubric gathers a split group's members the same way (its groups: runs of
 ``num_generations``, read from the trainer TRL's ``log_metric`` keyword is bound to).
+
+On several processes an exception on one process outside generation (its env's ``reset`` or
+``step`` raising, a tokenizer error, ``Env.reward`` grading with a group rubric) would leave the
+others waiting at their next gather until the backend's timeout. Instead the failing process
+makes that gather carrying its error, and every process raises :class:`ProcessFailed` there,
+naming the process and its exception (on the failing process, raised from it). A failure the env
+reports as an episode's outcome stays a failed episode, as above. (Your own reward functions run
+in TRL's code, after the rollout: one raising on one process is TRL's to handle.)
 """
 
 from __future__ import annotations
@@ -160,6 +168,11 @@ class TRLRollout:
         return [None if r is None else float(r) for r in env_reward]  # None: failed, TRL's "unscorable"
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        groups = _Groups.of(trainer, prompts)  # (raises, if it does, on every process alike)
+        with groups.together("TRLRollout"):
+            return self._rollout(prompts, trainer, groups)
+
+    def _rollout(self, prompts: list[Any], trainer: Any, groups: _Groups) -> dict[str, Any]:
         tasks = [_task_of(p) for p in prompts]
         budget = getattr(trainer, "max_completion_length", None) or getattr(trainer.args, "max_completion_length", None)
         sessions, used = [], {}
@@ -173,7 +186,6 @@ class TRLRollout:
         for session in sessions:
             session.max_tokens = budget
         tasks = [index for _, index in tasks]
-        groups = _Groups.of(trainer, prompts)
         list(self._pool.map(lambda st: st[0].reset(options={"task_index": st[1]}), zip(sessions, tasks)))
         if groups.world > 1 and self._own_backend:
             self._lockstep(trainer, sessions, groups)
@@ -293,6 +305,8 @@ class _Groups:
 
     def __init__(self, keys: list[int], start: int, rank: int, world: int, size: int, n: int | None):
         self.keys, self.start, self.rank, self.world, self.size, self.n = keys, start, rank, world, size, n
+        self.who = "TRLRollout"  # (named by together)
+        self.finished = False  # no gather left: every process is past its last, or raised at it
 
     @classmethod
     def of(cls, trainer: Any, prompts: list[Any]) -> _Groups:
@@ -342,14 +356,46 @@ class _Groups:
         """The process holding the group's first sample: it scores the group's rubric."""
         return (key * self.n) // self.size  # (asked only when n is known)
 
-    def gather(self, obj: Any) -> list[Any]:
+    def gather(self, obj: Any, failure: str | None = None) -> list[Any]:
         """``obj`` from every process, in process order (``gather_object``: a collective call
-        every process makes); ``[obj]`` on one process, with no call."""
+        every process makes); ``[obj]`` on one process, with no call. Each process's
+        ``failure`` (see :meth:`together`) travels with it: if any process sent one, every
+        process raises :class:`ProcessFailed` here."""
         if self.world == 1:
             return [obj]
         from accelerate.utils import gather_object
 
-        return gather_object([obj])
+        try:
+            everyone = gather_object([(failure, obj)])
+        except Exception:
+            self.finished = True  # the call itself failed (a timeout, a process gone): another would too
+            raise
+        failures = {rank: f for rank, (f, _) in enumerate(everyone) if f is not None}
+        if failures:
+            self.finished = True
+            raise ProcessFailed(self.who, failures, self.world)
+        return [o for _, o in everyone]
+
+    @contextlib.contextmanager
+    def together(self, who: str):
+        """Where an exception on one process (its env's reset or step, a tokenizer, a reward
+        function) would leave the others waiting forever at their next gather: on several
+        processes the failing process makes that gather instead, carrying its error, and every
+        process raises :class:`ProcessFailed` there (on the failing one, from its own exception).
+        The gathers and the trainer's generation alternate with work on each process alone, so
+        the next collective call of the others is always a gather. Nothing is added on one
+        process, nor to a gather without a failure."""
+        self.who = who
+        try:
+            yield
+        except Exception as exc:
+            if self.world == 1 or self.finished:  # raised on every process alike, or no gather left
+                raise
+            try:
+                self.gather(None, failure=f"{type(exc).__name__}: {exc}")
+            except ProcessFailed as failed:
+                raise failed from exc
+            raise  # (unreachable: a gather carrying a failure raises)
 
     def score(self, who: str, labels: list[Any], failed: list[bool], rubrics: list[GroupRubric | None],
               record: Callable[[int], dict[str, Any]], task: Callable[[int], Any],
@@ -381,6 +427,7 @@ class _Groups:
                         record(i) if rubrics[i] is not None and elsewhere(i) else None) for i in range(size)]
         everyone = self.gather({"size": size, "samples": mine})
         if len({p["size"] for p in everyone}) > 1:  # the same on every process: all raise
+            self.finished = True
             raise ValueError(f"{who}: the processes got batches of different sizes "
                              f"({[p['size'] for p in everyone]}); GRPOTrainer gives each the same")
         flat = [sample for payload in everyone for sample in payload["samples"]]  # global order
@@ -411,6 +458,7 @@ class _Groups:
         if any(m[0].scored and m[0].pos // size != m[-1].pos // size for m in groups.values()):
             for shared in self.gather(scores):  # a scored group is split: its scores to every process
                 scores.update(shared)
+        self.finished = True
 
         def gone(s: _Sample) -> bool:  # it failed, or its group's rubric failed it or gave it no reward
             reward, bad = scores.get(s.pos, (0.0, False))
@@ -420,6 +468,18 @@ class _Groups:
         for members in groups.values():
             lost.update(dict.fromkeys((s.pos for s in members), any(map(gone, members))))
         return [(scores.get(pos), lost[pos]) for pos in here]
+
+
+class ProcessFailed(RuntimeError):
+    """What every process raises when one raised during a rollout or a group's scoring on several
+    processes (see ``_Groups.together``): ``failures`` maps each failing process's index to its
+    exception (``"Type: message"``); on a failing process its own exception is the cause."""
+
+    def __init__(self, who: str, failures: dict[int, str], world: int):
+        self.failures = failures
+        said = "; ".join(f"process {rank} raised {error}" for rank, error in sorted(failures.items()))
+        super().__init__(f"{who}: {said} (every one of the {world} processes stops here, rather than "
+                         "waiting for it at the next gather)")
 
 
 class _Sample(NamedTuple):
@@ -646,18 +706,25 @@ class _EnvReward:
                  **kwargs: Any) -> list[float | None]:
         if environments is None:
             raise ValueError(f"environments is missing: pass environment_factory={self.cls.__name__} to GRPOTrainer")
-        rewards = [e._grade(_last_reply(c)) if type(e) is self.cls else None for c, e in zip(completions, environments)]
+
+        def grade() -> list[float | None]:
+            return [e._grade(_last_reply(c)) if type(e) is self.cls else None
+                    for c, e in zip(completions, environments)]
+
         rubric = self.cls.group_rubric
         if rubric is None:
-            return rewards
+            return grade()
         # each sample's task: its group's label (None: another class's environment, not scored here)
         tasks = [e.env.unwrapped.episode.index if type(e) is self.cls else None for e in environments]
         trainer = getattr(kwargs.get("log_metric"), "__self__", None)  # TRL passes its trainer's bound method
-        verdicts = _Groups.for_reward(trainer, tasks).score(
-            f"{self.__name__}.reward", labels=tasks, failed=[r is None for r in rewards],
-            rubrics=[None if task is None else rubric for task in tasks],
-            record=lambda i: {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]},
-            task=lambda i: environments[i].env.unwrapped.episode.task)
+        groups = _Groups.for_reward(trainer, tasks)
+        with groups.together(f"{self.__name__}.reward"):  # a grade raising here: on every process
+            rewards = grade()
+            verdicts = groups.score(
+                f"{self.__name__}.reward", labels=tasks, failed=[r is None for r in rewards],
+                rubrics=[None if task is None else rubric for task in tasks],
+                record=lambda i: {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]},
+                task=lambda i: environments[i].env.unwrapped.episode.task)
         return [r if score is None else None if score[1] else score[0] for r, (score, _) in zip(rewards, verdicts)]
 
 

@@ -16,16 +16,27 @@ gathers every process's prompts (a collective call) and hands each process the s
 process 1's answer at once. Each process writes its generation calls' prompt counts and its
 episodes to ``OUT_DIR/lockstep<k>.json``.
 
+``python trl_two_processes.py OUT_DIR failures``: three GRPO runs in which process 1 alone raises
+outside generation (:data:`BREAKS`, an env whose ``reset`` or ``step`` raises there): the
+trainer's own generation with process 1's env raising in ``reset`` (process 0 is on to the first
+round's gather), a generate of its own with process 1's env raising in ``step`` (process 0 is on
+to the group gather), and ``environment_factory`` with process 1's env raising when
+``Env.reward`` grades it (a group rubric: process 0 is on to its gather). The gloo timeout is 60 s.
+Each process writes what each run raised (its type, message and cause, or null) to
+``OUT_DIR/failures<k>.json``; the next run starts when both processes have ended this one.
+
 ``python trl_two_processes.py OUT_DIR environment_factory``: one GRPO step through
 :func:`trl_environment` (Math-v0, a group rubric that scores each member with its group's size
 and notes the tasks it saw), the same batch layout (group ``b`` split). Each process writes what
 ``Env.reward`` got and returned, and the groups its rubric scored, to ``OUT_DIR/env<k>.json``;
 then the same for ``Env.reward`` called directly on the trainer's environments (no trainer)."""
 
+import datetime
 import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -38,8 +49,11 @@ def main(out_dir: str, mode: str = "rollout") -> None:
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world)
-    if mode == "environment_factory":
+    timeout = {"timeout": datetime.timedelta(seconds=60)} if mode == "failures" else {}  # a hang: an error
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=world, **timeout)
+    if mode == "failures":
+        failures(out_dir, rank)
+    elif mode == "environment_factory":
         environment_factory(out_dir, rank)
     elif mode == "lockstep":
         lockstep(out_dir, rank)
@@ -134,6 +148,93 @@ def lockstep(out_dir: str, rank: int) -> None:
     trainer.train()
     rollout.close()
     Path(out_dir, f"lockstep{rank}.json").write_text(json.dumps({"counts": counts, "episodes": turns}))
+
+
+BREAKS = "benchmax-test/BreaksOnOneProcess-v0"
+STORE_DOWN = {"down": False}  # the harness sets it once the datasets are built (they reset envs)
+
+
+def _register_breaks() -> None:
+    """:data:`BREAKS`: Math-v0 whose ``reset`` (``at="reset"``) or ``step`` raises on process
+    ``rank`` only, once :data:`STORE_DOWN` (its task store unreachable from that host)."""
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401
+
+    class Breaks(gym.Wrapper):
+        def __init__(self, env, rank=1, at="reset"):
+            super().__init__(env)
+            self.broken, self.at = int(os.environ["RANK"]) == rank, at
+
+        def reset(self, **kwargs):
+            self._break("reset")
+            return self.env.reset(**kwargs)
+
+        def step(self, action):
+            self._break("step")
+            return self.env.step(action)
+
+        def _break(self, call):
+            if self.broken and self.at == call and STORE_DOWN["down"]:
+                raise ConnectionError(f"{call}: the task store at 10.0.0.7 is unreachable")
+
+    if BREAKS not in gym.registry:
+        gym.register(BREAKS, entry_point=lambda rank=1, at="reset", **kwargs: Breaks(
+            gym.make("benchmax/Math-v0", **kwargs), rank, at), disable_env_checker=True)
+
+
+def failures(out_dir: str, rank: int) -> None:
+    from accelerate.utils import gather_object
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmax_gym.adapters.trl import TRLRollout, trl_environment
+    from benchmax_gym.core.group import GroupRubric
+    from benchmax_gym.testing.tokenizers import model_ids, tiny_model, tiny_tokenizer
+
+    _register_breaks()
+    tokenizer = tiny_tokenizer("qwen")
+    raised = {}
+
+    def server_mode(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        gather_object([len(prompt_ids)])  # collective, as vLLM's server mode is
+        return [model_ids(rollout.chat, "<answer>4</answer>")] * len(prompt_ids), None
+
+    def scripted(trainer, sessions):
+        return [model_ids(s.chat, "<answer>4</answer>") for s in sessions], [None] * len(sessions)
+
+    def size(records):
+        return [float(len(records))] * len(records)
+
+    def train(name, **kwargs):
+        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix=f"benchmax-trl-{name}{rank}-", dir=out_dir),
+                          per_device_train_batch_size=3, num_generations=2, max_completion_length=64, max_steps=1,
+                          report_to=[], use_cpu=True, logging_steps=1, save_strategy="no", dataloader_num_workers=0)
+        processing = tiny_tokenizer("qwen2.5") if "environment_factory" in kwargs else tokenizer  # (TRL parses calls)
+        trainer = GRPOTrainer(model=tiny_model(processing), args=args, processing_class=processing, **kwargs)
+        if "rollout_func" in kwargs:
+            trainer._generate_single_turn = server_mode
+        STORE_DOWN["down"] = True
+        try:
+            trainer.train()
+            raised[name] = None
+        except Exception as exc:  # noqa: BLE001  (what the test reads)
+            raised[name] = {"type": type(exc).__name__, "message": str(exc),
+                            "cause": None if exc.__cause__ is None else str(exc.__cause__)}
+        STORE_DOWN["down"] = False
+        Path(out_dir, f"{name}.{rank}").touch()  # both processes start the next run together (no collective:
+        deadline = time.monotonic() + 100      # on the previous code process 0 is still at a gather)
+        while not all(Path(out_dir, f"{name}.{r}").exists() for r in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    rollout = TRLRollout(BREAKS, tokenizer, env_kwargs={"at": "reset"}, max_workers=2)
+    train("reset", reward_funcs=rollout.reward, train_dataset=rollout.dataset(6), rollout_func=rollout)
+    rollout.close()
+    rollout = TRLRollout(BREAKS, tokenizer, env_kwargs={"at": "step"}, generate=scripted, max_workers=2)
+    train("step", reward_funcs=rollout.reward, train_dataset=rollout.dataset(6), rollout_func=rollout)
+    rollout.close()
+    Env = trl_environment(BREAKS, group_rubric=GroupRubric([("size", size)], combine="replace"), at="step")
+    train("reward", reward_funcs=Env.reward, train_dataset=Env.dataset(6), environment_factory=Env)
+    Path(out_dir, f"failures{rank}.json").write_text(json.dumps(raised))
 
 
 def rollout_func(out_dir: str, rank: int) -> None:
