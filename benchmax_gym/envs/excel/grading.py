@@ -43,6 +43,7 @@ from benchmax_gym.envs.excel.recalc import (
     _open,
     _read_bytes,
     check_workbook,
+    run_in_process,
 )
 
 __all__ = ["GradeResult", "grade", "normalize", "parse_answer_position"]
@@ -278,21 +279,22 @@ def _expected_cells(data: bytes, position: str, method: str) -> _ExpectedCells:
     return result
 
 
-def _output_values(
-    data: bytes, ranges: Iterable[tuple[str, str]], method: str, time_limit: float | None = GRADE_TIMEOUT_S
-) -> tuple[dict[CellKey, Any], list[str]]:
-    """Output values keyed by the answer's sheet names; ``_MISSING_SHEET`` for absent sheets."""
-    notes: list[str] = []
+def _output_cells(
+    data: bytes, ranges: Iterable[tuple[str, str]]
+) -> tuple[dict[CellKey, Any], dict[CellKey, str], dict[str, str], list[tuple[str, str]], dt.datetime]:
+    """The output's cells at ``ranges``: plain values keyed by the answer's sheet names, formula
+    cells' number formats keyed by the output's, the output's sheet names -> the answer's, the
+    ranges whose sheet is missing, and the epoch. Plain data: it may come from a call's process."""
     values: dict[CellKey, Any] = {}
-    formats: dict[CellKey, str] = {}  # formula cells, keyed by the output's sheet names
-    renamed: dict[str, str] = {}  # output sheet name -> answer sheet name
+    formats: dict[CellKey, str] = {}
+    renamed: dict[str, str] = {}
+    missing: list[tuple[str, str]] = []
     wb = _open(data, data_only=False)
     try:
         for sheet, rng in ranges:
             real = _find_sheet(sheet, wb.sheetnames)
             if real is None:
-                notes.append(f"sheet {sheet!r} is missing from the output workbook")
-                values.update({(sheet, c): _MISSING_SHEET for c in _cells(rng)})
+                missing.append((sheet, rng))
                 continue
             renamed[real] = sheet
             for coordinate, cell in _iter_range(wb[real], rng):
@@ -300,9 +302,30 @@ def _output_values(
                     formats[real, coordinate] = cell.number_format
                 else:
                     values[sheet, coordinate] = None if cell is None else cell.value
-        epoch = wb.epoch
+        return values, formats, renamed, missing, wb.epoch
     finally:
         wb.close()
+
+
+def _output_values(
+    data: bytes, ranges: Iterable[tuple[str, str]], method: str, time_limit: float | None = GRADE_TIMEOUT_S
+) -> tuple[dict[CellKey, Any], list[str]]:
+    """Output values keyed by the answer's sheet names; ``_MISSING_SHEET`` for absent sheets.
+
+    With a ``time_limit`` the workbook is read in a process killed at the deadline and bounded
+    in memory (:func:`.recalc.run_in_process`): within :func:`check_workbook`'s limits a file
+    can still take a parse 30 s and 2 GB (a million fonts, names or shared strings)."""
+    ranges = list(ranges)
+    if time_limit is None:
+        values, formats, renamed, missing, epoch = _output_cells(data, ranges)
+    else:
+        values, formats, renamed, missing, epoch = run_in_process(
+            _output_cells, (data, ranges), time_limit, "reading the workbook"
+        )
+    notes: list[str] = []
+    for sheet, rng in missing:
+        notes.append(f"sheet {sheet!r} is missing from the output workbook")
+        values.update({(sheet, c): _MISSING_SHEET for c in _cells(rng)})
     if formats:
         computed, compute_notes = _compute(data, method, formats, epoch, time_limit=time_limit)
         notes.extend(compute_notes)

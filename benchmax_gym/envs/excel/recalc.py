@@ -5,8 +5,9 @@ computes them with the ``formulas`` package (made to scale: whole-column and hug
 bounded to the used area, references to other workbooks become errors) or with headless
 LibreOffice, falling back to the values cached in the file. Given a time limit (the model's
 workbooks), the ``formulas`` recalculation runs in a process of its own, killed at the deadline
-and bounded in memory (:func:`_formulas_values_in_child`). :func:`check_workbook` refuses
-workbooks whose parsing alone would cost the host unbounded time or memory.
+and bounded in memory (:func:`run_in_process`), as is the parse of the model's files
+(:func:`open_within`). :func:`check_workbook` refuses workbooks whose parsing alone would cost
+the host unbounded time or memory.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from benchmax_gym.envs.excel import formulas_fixes
 
 __all__ = [
     "RECALC_MODES", "RecalcOutOfMemory", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate",
-    "run_with_deadline", "stop_recalc_worker",
+    "open_within", "run_in_process", "run_with_deadline", "stop_recalc_worker",
 ]
 
 RECALC_MODES = ("auto", "formulas", "libreoffice", "none")
@@ -199,9 +200,9 @@ def run_with_deadline(fn: Callable[[], Any], seconds: float | None, what: str = 
 
     It runs in a daemon thread of its own (~0.1 ms): the inline tools have no other deadline.
     One that overruns finishes unwatched (no pool outlives a fork or delays the interpreter's
-    exit), so ``fn`` must bound its own work, as openpyxl's parsing is by :func:`check_workbook`.
-    Work that a model's input can make unbounded (its formulas) runs in a process instead
-    (:func:`_formulas_values_in_child`): a thread cannot be stopped.
+    exit), so ``fn`` must bound its own work. Work that a model's input can make long (its
+    formulas, parsing its files) runs in a process instead (:func:`run_in_process`): a thread
+    cannot be stopped.
     """
     if seconds is None:
         return fn()
@@ -773,8 +774,24 @@ atexit.register(stop_recalc_worker)
 def _formulas_values_in_child(
     data: bytes, keys: set[CellKey], time_limit: float
 ) -> tuple[dict[CellKey, Any], list[str]]:
-    """:func:`_formulas_values` in a process of its own, killed at ``time_limit`` and bounded by
-    :data:`RECALC_MEMORY_BYTES`: nothing of it runs once this returns."""
+    """:func:`_formulas_values` in a process of its own (:func:`run_in_process`)."""
+    return run_in_process(
+        _formulas_values, (data, keys, time_limit), time_limit, "the recalculation",
+        memory="the workbook's formulas need more than {} MB of memory to compute",
+    )
+
+
+def run_in_process(
+    fn: Callable[..., Any], args: tuple, time_limit: float, what: str, memory: str | None = None
+) -> Any:
+    """``fn(*args)`` (a module-level function; picklable arguments and result) in a process of its
+    own, forked from the worker, killed at ``time_limit`` seconds (:class:`TimeLimitExceeded`
+    naming ``what``) and bounded by :data:`RECALC_MEMORY_BYTES` (:class:`RecalcOutOfMemory`, with
+    ``memory``'s message): nothing of it runs once this returns. For work on the model's files,
+    which its input can make run long or large. Without Linux (no prctl, no /proc), a thread
+    given up at the deadline (:func:`run_with_deadline`)."""
+    if sys.platform != "linux":
+        return run_with_deadline(functools.partial(fn, *args), time_limit, what)
     worker = _the_worker()  # started (once) outside the deadline
     try:
         pid, conn = worker.start()
@@ -785,7 +802,7 @@ def _formulas_values_in_child(
     reply = None
     try:
         try:
-            conn.send((data, keys, time_limit, _limits()))
+            conn.send((fn, args, time_limit, _limits()))
             finished = conn.poll(max(deadline - time.monotonic(), 0))
             reply = conn.recv() if finished else None
         except (EOFError, OSError):
@@ -795,17 +812,57 @@ def _formulas_values_in_child(
         # reaped before a failure returns; a result's process is killed and reaped soon after
         status = worker.end(pid, status=reply is None or reply[0] != "values")
     if not finished:
-        raise TimeLimitExceeded(f"the recalculation took over {time_limit:g} s")
+        raise TimeLimitExceeded(f"{what} took over {time_limit:g} s")
     if reply is None:
-        raise _lost(status, time_limit)
+        raise _lost(status, time_limit, what)
     kind, payload = reply
     if kind == "values":
         return payload
     if kind == "memory":
-        raise _out_of_memory()
+        message = memory or f"{what} needs more than {{}} MB of memory"
+        raise RecalcOutOfMemory(message.format(RECALC_MEMORY_BYTES // 2**20))
     if kind == "raise":
         raise payload
     raise _remote_error(*payload)
+
+
+def _parse_only(data: bytes, data_only: bool) -> None:
+    """Parse the workbook as :func:`open_within` will, for its time and memory (in a call's process)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the caller's own parse shows them
+        _open(data, data_only=data_only, read_only=False).close()
+
+
+PARSE_IN_PLACE_BYTES = 1 << 20
+"""A model's workbook expanding to at most this is parsed in place (under the thread deadline):
+the slowest files measured parse at ~0.5 s per expanded MB (a million fonts: 62 MB, 30 s), so
+it is done in about half a second and ~30 MB; every SpreadsheetBench sample is under 0.1 MB."""
+
+
+def _expanded_size(data: bytes) -> int:
+    """The sum of the zip's entries' sizes (what :func:`check_workbook` bounds); 0 if unreadable
+    (openpyxl then says why, at once)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return sum(entry.file_size for entry in archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return 0
+
+
+def open_within(data: bytes, time_limit: float | None, what: str, *, data_only: bool) -> openpyxl.Workbook:
+    """openpyxl's (editable) workbook from the model's ``data``, with :func:`check_workbook`'s
+    limits passed: the limits still let a file take a parse 30 s and 2 GB (a million fonts,
+    rows, names, shared strings), so it is parsed first in a process killed at ``time_limit``
+    and bounded in memory (:func:`run_in_process`), then here, in the time and memory it took
+    there; one that expands to at most :data:`PARSE_IN_PLACE_BYTES` is parsed here at once. Its
+    errors are openpyxl's (under their names), :class:`TimeLimitExceeded` and
+    :class:`RecalcOutOfMemory`."""
+    if time_limit is not None and sys.platform == "linux" and _expanded_size(data) > PARSE_IN_PLACE_BYTES:
+        run_in_process(_parse_only, (data, data_only), time_limit, what)
+        return _open(data, data_only=data_only, read_only=False)
+    return run_with_deadline(functools.partial(_open, data, data_only=data_only, read_only=False), time_limit, what)
 
 
 def _limits() -> dict[tuple[str, str], int | float]:
@@ -819,25 +876,20 @@ def _limits() -> dict[tuple[str, str], int | float]:
     }
 
 
-def _out_of_memory() -> RecalcOutOfMemory:
-    limit = RECALC_MEMORY_BYTES // 2**20
-    return RecalcOutOfMemory(f"the workbook's formulas need more than {limit} MB of memory to compute")
-
-
-def _lost(status: int | None, time_limit: float) -> Exception:
+def _lost(status: int | None, time_limit: float, what: str) -> Exception:
     """The error for a call's process that ended without a result."""
     if status is not None and os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig == signal.SIGXCPU:  # its CPU limit, the deadline's backstop
-            return TimeLimitExceeded(f"the recalculation took over {time_limit:g} s")
+            return TimeLimitExceeded(f"{what} took over {time_limit:g} s")
         return RecalcOutOfMemory(
-            f"the recalculation was killed ({signal.Signals(sig).name}) before it finished, most likely "
+            f"{what} was killed ({signal.Signals(sig).name}) before it finished, most likely "
             f"out of memory (its limit is {RECALC_MEMORY_BYTES // 2**20} MB)"
         )
     if status is not None and os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
-        return RuntimeError(f"the recalculation process exited with status {code} without a result")
-    return RuntimeError("the recalculation worker stopped during the recalculation")
+        return RuntimeError(f"the process of {what} exited with status {code} without a result")
+    return RuntimeError(f"the recalculation worker stopped during {what}")
 
 
 def _serve(fd: int, idle_s: float) -> None:
@@ -935,12 +987,13 @@ def _memory_size(field: str) -> int:
 
 
 def _run_call(fd: int, tmp: str) -> None:
-    """A call's process: read the request, recalculate within its limits (in ``tmp``, which the
-    worker removes even if this is killed), send the reply."""
+    """A call's process: read the request (a function and its arguments), run it within its limits
+    (its temporary files in ``tmp``, which the worker removes even if this is killed), send the reply."""
     import resource
 
     conn = Connection(fd)
-    data, keys, time_limit, limits = conn.recv()
+    fn, args, time_limit, limits = conn.recv()
+    tempfile.tempdir = tmp
     for (module, name), value in limits.items():
         setattr(sys.modules[module], name, value)
     memory = RECALC_MEMORY_BYTES
@@ -949,9 +1002,9 @@ def _run_call(fd: int, tmp: str) -> None:
     cpu = math.ceil(time_limit) + 1  # a backstop: the caller kills it at the deadline
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     try:
-        reply: tuple[str, Any] = ("values", _formulas_values(data, keys, time_limit, tmp))
+        reply: tuple[str, Any] = ("values", fn(*args))
         # formulas makes an exception in a function, a MemoryError too, the cell's #VALUE!: a
-        # recalculation that came this close to its limit ran out, wherever that was caught
+        # call that came this close to its limit ran out, wherever that was caught
         if _memory_size("VmPeak") > limit - memory // 16:
             reply = ("memory", None)
     except MemoryError:

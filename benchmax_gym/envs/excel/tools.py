@@ -33,8 +33,8 @@ from benchmax_gym.envs.excel.recalc import (
     WorkbookTooLarge,
     check_workbook,
     external_reference,
+    open_within,
     recalculate,
-    run_with_deadline,
 )
 
 WORKBOOK = "workbook.xlsx"
@@ -100,21 +100,21 @@ class WorkbookFile:
             try:
                 self._values = self._parse(self._data, data_only=True, bounded=True)
             except ToolError as exc:
-                if exc.code == "tool_timeout":
+                if exc.code in ("tool_timeout", "workbook_too_large"):
                     raise
                 return None
         return self._values
 
     def _parse(self, data: bytes, data_only: bool, bounded: bool) -> openpyxl.Workbook:
-        """openpyxl's workbook from ``data``; ``bounded``: in a thread, given up after ``timeout``
-        (inline tools have no other deadline; :func:`check_workbook` bounds the work it leaves)."""
-        def load():
-            return openpyxl.load_workbook(io.BytesIO(data), data_only=data_only)
-
+        """openpyxl's workbook from ``data``; ``bounded`` (the model's file): parsed first in a
+        process killed after ``timeout`` and bounded in memory (:func:`open_within`): within
+        :func:`check_workbook`'s limits a file can still take a parse 30 s and 2 GB."""
         try:
-            return run_with_deadline(load, self.timeout if bounded else None, f"opening {WORKBOOK}")
+            return open_within(data, self.timeout if bounded else None, f"opening {WORKBOOK}", data_only=data_only)
         except TimeLimitExceeded as exc:
             raise ToolError(f"{exc}; make it smaller", code="tool_timeout") from None
+        except RecalcOutOfMemory as exc:
+            raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
         except Exception as exc:
             raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
 
