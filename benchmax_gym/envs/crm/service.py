@@ -14,7 +14,7 @@ components until the rubric has ``all_of``; both are reported, weight 0):
   the expected refund (amount) and no other row changed (the CRM-v0 collateral check);
 * ``statements``: every required statement was made to the customer (in an assistant reply
   without tool calls): the refunded amount; the 30-day rule and the replacement; or the case number
-  and its status.
+  and its status (the number only when no other case's number is named: a list is a guess).
 
 Task types: ``refund_request`` (within 30 days of the order: a refund of the item's price, else a
 replacement; a fifth of the customers give an email that is not the order's: say you cannot verify
@@ -25,6 +25,7 @@ people and products are generated, and the answers follow from its rows.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -205,6 +206,20 @@ def made(statement: str, text: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(statement.lower())}(?![\w]|\.\d)", text.lower()) is not None
 
 
+_NUMBER = re.compile(r"(?<![\w.])\d+(?![\w]|\.\d)")  # a whole number, as :func:`made` reads one
+
+
+def other_cases_named(con: sqlite3.Connection, text: str, allowed: set[str]) -> set[str]:
+    """The CaseNumbers of the org that ``text`` names, besides ``allowed``: an agent that lists
+    every open case's number (73 of them, without asking the customer anything) "made" the
+    statement of the right one."""
+    numbers = sorted(set(_NUMBER.findall(text)) - allowed)
+    if not numbers:
+        return set()
+    return {n for (n,) in con.execute('SELECT CaseNumber FROM "Case" WHERE CaseNumber IN (SELECT value FROM '
+                                      "json_each(?))", (json.dumps(numbers),))}
+
+
 def service_grade(episode: Any, messages: list[dict[str, Any]]) -> dict[str, float]:
     """``{"state", "statements"}``, computed once per episode (the components share it)."""
     state = episode.state
@@ -221,11 +236,22 @@ def service_grade(episode: Any, messages: list[dict[str, Any]]) -> dict[str, flo
     refunds_hold = all(_refunds(db.con, case_id) == ([answer["refunds"][case_id]] if case_id in answer["refunds"] else [])
                        for case_id in set(db.touched) | set(answer["refunds"]))
     text = said_to_customer(messages)
+    said = all(made(s, text) for s in answer["statements"])
+    pristine = state["org"].pristine
+    if said and other_cases_named(pristine, "\n".join(answer["statements"]), set()):
+        # the case's number is one to state: naming others besides it is a guess, not a statement
+        said = not other_cases_named(pristine, text, {*answer["statements"], *_customer_numbers(episode.task)})
     state["service_grade"] = {
         "state": float(collateral == 0 and values_hold and refunds_hold),
-        "statements": float(all(made(s, text) for s in answer["statements"])),
+        "statements": float(said),
     }
     return state["service_grade"]
+
+
+def _customer_numbers(task: Task) -> set[str]:
+    """The numbers the customer gave (their order number may look like a CaseNumber)."""
+    facts = (task.private or {}).get("user", {}).get("facts", {})
+    return set(_NUMBER.findall(" ".join(map(str, facts.values()))))
 
 
 def state(episode, messages) -> float:

@@ -1,9 +1,9 @@
 """Grading math answers: find the final answer in a completion, compare it with the gold answer.
 
 :func:`is_equivalent` uses math-verify, which understands LaTeX (``\\frac{14}{3}`` equals
-``14/3``, ``\\left( 3, \\frac{\\pi}{2} \\right)`` equals ``(3, \\pi/2)``). Its built-in timeout
-uses ``signal.alarm``, which only works in the main thread, while reward functions also run in
-worker threads (vectorised and async environments); so outside the main thread the check runs
+``14/3``, ``\\left( 3, \\frac{\\pi}{2} \\right)`` equals ``(3, \\pi/2)``). In the main thread the
+whole check runs under one ``SIGALRM`` timer; signals only reach the main thread, while reward
+functions also run in worker threads (vectorised and async environments), so there the check runs
 in a daemon thread that is abandoned after the timeout.
 
 Before the check both sides go through :func:`normalize_answer`, which removes what math-verify
@@ -31,6 +31,7 @@ import functools
 import logging
 import math
 import re
+import signal
 import threading
 from decimal import Decimal
 from fractions import Fraction
@@ -230,21 +231,40 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_FILTER)
 
 
-def _verify(gold: str, predicted: str, timeout: int | None) -> bool:
+def _verify(gold: str, predicted: str) -> bool:
+    """math-verify's check, without its own timeouts (the caller bounds the whole of it)."""
     from math_verify import parse, verify  # imported here: sympy costs ~0.5 s to import
 
     # Wrapping in \boxed{} makes math-verify read the whole string as one LaTeX answer; a bare
     # "pi" would otherwise be read as the product p*i.
     gold_text, pred_text = _clean(gold), _BARE_PI.sub(r"\\pi", _clean(predicted))
-    if _too_big(gold_text) or _too_big(pred_text):
+    if _too_deep(gold_text) or _too_deep(pred_text) or _too_big(gold_text) or _too_big(pred_text):
         return False
-    gold_parsed = parse(f"\\boxed{{{gold_text}}}", parsing_timeout=timeout)
-    pred_parsed = parse(f"\\boxed{{{pred_text}}}", parsing_timeout=timeout)
+    gold_parsed = parse(f"\\boxed{{{gold_text}}}", parsing_timeout=None)
+    pred_parsed = parse(f"\\boxed{{{pred_text}}}", parsing_timeout=None)
     if not gold_parsed or not pred_parsed:
         return False
     if any(_digits(e) > MAX_DIGITS for e in (*gold_parsed[:1], *pred_parsed[:1])):
         return False
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=timeout))
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+#: brackets an answer may nest: math-verify's parser (antlr, pure Python) takes seconds on a few
+#: hundred unclosed ones ("(" * 990 + "1": 8-10 s), time no answer needs
+MAX_NESTING = 100
+_OPEN, _CLOSE = frozenset("([{"), frozenset(")]}")
+
+
+def _too_deep(latex: str) -> bool:
+    depth = 0
+    for ch in latex:
+        if ch in _OPEN:
+            depth += 1
+            if depth > MAX_NESTING:
+                return True
+        elif ch in _CLOSE:
+            depth = max(0, depth - 1)
+    return False
 
 
 #: an answer whose numbers may reach more digits than this is refused before sympy evaluates it
@@ -270,7 +290,7 @@ _FACTORIAL_LIKE = frozenset({"factorial", "factorial2", "subfactorial", "gamma",
                              "FallingFactorial", "fibonacci", "lucas", "primorial", "catalan"})
 
 
-def _digits(expr, depth: int = 0) -> float:
+def _digits(expr, depth: int = 0, sizes: dict | None = None) -> float:
     """An upper bound on the decimal digits of the numbers in a parsed answer.
 
     sympy computes ``3^{10^{10}}`` exactly in one C call that holds the GIL: no timeout can stop
@@ -280,8 +300,12 @@ def _digits(expr, depth: int = 0) -> float:
 
     if depth > 200:
         return math.inf
+    if sizes and expr in sizes:  # a Sum's or Product's index: as big as its bounds
+        return sizes[expr]
     if isinstance(expr, sympy.MatrixBase):
-        return max((_digits(e, depth + 1) for e in expr), default=0.0)
+        return max((_digits(e, depth + 1, sizes) for e in expr), default=0.0)
+    if isinstance(expr, (sympy.Sum, sympy.Product)):
+        return _iterated_digits(expr, depth, sizes)
     if isinstance(expr, sympy.Integer):
         return max(1.0, abs(int(expr)).bit_length() * 0.30103)
     if isinstance(expr, sympy.Rational):
@@ -292,7 +316,7 @@ def _digits(expr, depth: int = 0) -> float:
     args = getattr(expr, "args", ())
     if not isinstance(expr, sympy.Basic) or not args:
         return 1.0
-    parts = [_digits(a, depth + 1) for a in args]
+    parts = [_digits(a, depth + 1, sizes) for a in args]
     name = type(expr).__name__
     if isinstance(expr, sympy.Pow) or name == "exp":
         base, power = (parts[0], parts[1]) if len(parts) == 2 else (1.0, parts[0])
@@ -303,6 +327,24 @@ def _digits(expr, depth: int = 0) -> float:
     if isinstance(expr, sympy.Mul):
         return sum(parts)
     return max(parts) + (1.0 if isinstance(expr, sympy.Add) else 0.0)
+
+
+def _iterated_digits(expr, depth: int, sizes: dict | None) -> float:
+    """A finite ``\\sum`` or ``\\prod``: up to 10**(its bounds' digits) terms, each as big as its
+    index's bounds allow. sympy computes ``\\prod_{k=1}^{10^{6}} k`` (10^6!) or the harmonic
+    ``\\sum_{i=1}^{10^{7}} \\frac{1}{i}`` in C calls holding the GIL for seconds; an infinite or
+    symbolic bound is summed symbolically, in Python, which the timeout stops."""
+    import sympy
+
+    sizes, terms = dict(sizes or {}), 1.0
+    for index, *bounds in expr.limits:
+        ends = [_digits(b, depth + 1, sizes) for b in bounds]
+        sizes[index] = max(ends, default=1.0)
+        if len(bounds) == 2 and not any(b.free_symbols or b.has(sympy.oo, -sympy.oo, sympy.zoo) for b in bounds):
+            if sizes[index] > 300:
+                return math.inf
+            terms *= 10.0 ** sizes[index]
+    return terms * _digits(expr.function, depth + 1, sizes)
 
 
 def is_equivalent(gold: str, predicted: str, timeout: float = 5.0) -> bool:
@@ -345,9 +387,42 @@ def _same(gold: str, predicted: str, timeout: float) -> bool:
     if a is not None and b is not None:
         return a == b
     if threading.current_thread() is threading.main_thread():
-        # signal.alarm works here; it takes whole seconds
-        return _verify(gold, predicted, max(1, math.ceil(timeout)))
+        return _verify_with_alarm(gold, predicted, timeout)
     return _verify_in_thread(gold, predicted, timeout)
+
+
+class _OutOfTime(BaseException):
+    """The alarm's exception: a BaseException, so no ``except Exception`` in math-verify or sympy
+    swallows it (math-verify's own alarm, one per stage, let a parse that caught it go on, and
+    ran before the parse's ``_too_big`` check unbounded: 8-10 s at a 2 s timeout)."""
+
+
+def _verify_with_alarm(gold: str, predicted: str, timeout: float) -> bool:
+    """In the main thread: the whole check under one ``SIGALRM`` deadline (a real timer: fractions
+    of a second work), which stops Python code between bytecodes. Never inside an import: sympy
+    half imported stays broken for the process (every later answer scored 0), so the first
+    import is done first and an alarm during a lazy one waits for it."""
+    import math_verify  # noqa: F401 - sympy and the parser, imported before the timer starts
+
+    def out_of_time(signum, frame):
+        while frame is not None:
+            if frame.f_code.co_filename.startswith("<frozen importlib"):
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+                return
+            frame = frame.f_back
+        raise _OutOfTime
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            return _verify(gold, predicted)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _OutOfTime:
+        return False
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _verify_in_thread(gold: str, predicted: str, timeout: float) -> bool:
@@ -360,7 +435,7 @@ def _verify_in_thread(gold: str, predicted: str, timeout: float) -> bool:
 
     def run() -> None:
         try:
-            result.append(_verify(gold, predicted, None))
+            result.append(_verify(gold, predicted))
         except BaseException:  # noqa: BLE001 - anything inside math-verify means "not verified"
             result.append(False)
 
