@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import gymnasium as gym
@@ -926,10 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     for command in sub.choices.values():
         command.formatter_class = PlainHelpFormatter
     args = parser.parse_args(argv)
-    if getattr(args, "quiet", False):  # nor the bars `datasets` draws as it loads a dataset
-        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # (read when it is imported; workers inherit it)
-        if "datasets" in sys.modules:
-            sys.modules["datasets"].disable_progress_bars()
+    undo = _datasets_bars_off() if getattr(args, "quiet", False) else None  # (--quiet: nor datasets' bars)
     try:
         _import_modules(args.imports)
         return args.func(args)
@@ -942,6 +940,32 @@ def main(argv: list[str] | None = None) -> int:
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
         return 141  # 128 + SIGPIPE, what a shell shows for such a command
+    finally:
+        if undo is not None:
+            undo()
+
+
+def _datasets_bars_off() -> Callable[[], None]:
+    """Silence the progress bars ``datasets`` draws as it loads a file (its variable, read when
+    it is imported and inherited by workers; its switch, if already imported), for this command
+    only: a caller of :func:`main` in-process gets the variable and an imported ``datasets``'
+    switch back."""
+    before = os.environ.get("HF_DATASETS_DISABLE_PROGRESS_BARS")
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    imported = sys.modules.get("datasets")
+    was_off = imported is not None and not imported.is_progress_bar_enabled()
+    if imported is not None:
+        imported.disable_progress_bars()
+
+    def undo() -> None:
+        if before is None:
+            os.environ.pop("HF_DATASETS_DISABLE_PROGRESS_BARS", None)
+        else:
+            os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = before
+        if imported is not None and not was_off:  # (one the command imported read the variable: off)
+            imported.enable_progress_bars()
+
+    return undo
 
 
 if __name__ == "__main__":

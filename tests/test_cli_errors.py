@@ -257,3 +257,23 @@ def test_quiet_silences_the_progress_bars_of_datasets_loading_a_file(tmp_path):
     assert quiet.returncode == 0 and json.loads(quiet.stdout)["episodes"] == 2, quiet.stderr[-2000:]
     assert "Generating train split" not in quiet.stderr
     assert quiet.stderr.strip() == "", quiet.stderr[-2000:]
+
+
+def test_quiet_in_process_leaves_the_callers_progress_bar_settings_as_they_were(monkeypatch, capsys):
+    """--quiet turns datasets' bars off for its command only: main() called in-process (a notebook,
+    a test) gave every later subprocess and load of that process no bars (the CI's own run of the
+    test above failed so)."""
+    import datasets
+
+    from benchmax_gym.cli import main
+
+    monkeypatch.delenv("HF_DATASETS_DISABLE_PROGRESS_BARS", raising=False)
+    datasets.enable_progress_bars()
+    assert main(["run", "benchmax/Math-v0", "--episodes", "1", "--quiet", "--json"]) == 0
+    assert "HF_DATASETS_DISABLE_PROGRESS_BARS" not in os.environ and datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        assert main(["run", "benchmax/Math-v0", "--episodes", "1", "--quiet", "--json"]) == 0
+        assert not datasets.is_progress_bar_enabled()  # (off before: off after)
+    finally:
+        datasets.enable_progress_bars()
