@@ -133,7 +133,7 @@ class WorkspaceEnv(PackageBaseEnv):
                 ToolDefinition("backend", "Its backend is gone.", {"type": "object", "properties": {}})]
 
     async def init_rollout(self, rollout_id, **rollout_args):
-        self.workspaces[rollout_id] = Path(tempfile.mkdtemp(prefix="benchmax-round5-"))
+        self.workspaces[rollout_id] = Path(tempfile.mkdtemp(prefix="benchmax-rollout-"))
 
     async def run_tool(self, rollout_id, tool_name, **tool_args):
         if tool_name == "wait":
