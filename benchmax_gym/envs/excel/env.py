@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv
+from benchmax_gym.core.outcomes import ENV_ERROR, RewardFailure
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.sandbox import sandboxed_python
 from benchmax_gym.core.checks import one_of
@@ -17,7 +19,7 @@ from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.generator import GeneratedSheets
 from benchmax_gym.envs.excel.grading import correct_cells, grade
-from benchmax_gym.envs.excel.recalc import RECALC_MODES
+from benchmax_gym.envs.excel.recalc import RECALC_MODES, RecalcUnavailable, hold_worker
 from benchmax_gym.envs.excel.solver import ExcelSolver
 from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
 from benchmax_gym.envs.excel.tools import WORKBOOK, WorkbookFile, describe_workbook, list_sheets, read_range, write_cells
@@ -86,6 +88,14 @@ class ExcelEnv(ToolEnv):
             max_turns=max_turns, sandbox=sandbox_config, **engine_kwargs,
         )
         self.case_results: dict[str, dict[int, bool]] = {}  # SpreadsheetBench id -> case -> solved
+        # the recalculation worker stops when the last Excel env of the process closes (or is collected)
+        self._worker_claim = weakref.finalize(self, hold_worker())
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._worker_claim()
 
     # -- episode state ------------------------------------------------------------------------
 
@@ -137,7 +147,11 @@ class ExcelEnv(ToolEnv):
         if result is None:
             # The output is read only through the workbook's safe reader (never a path the model
             # could point elsewhere); the answer comes from the task, never from the workspace.
-            result = grade(episode.state["workbook"].data, answer["workbook"], answer["position"], recalc=self.recalc)
+            try:
+                result = grade(episode.state["workbook"].data, answer["workbook"], answer["position"],
+                               recalc=self.recalc)
+            except RecalcUnavailable as exc:  # the grader's machinery failed: no grade, not a 0
+                raise RewardFailure(f"the workbook could not be graded: {exc}", ENV_ERROR) from exc
             episode.state["grade"] = result
             meta = episode.task.metadata
             if meta.get("source") == "spreadsheetbench":

@@ -41,6 +41,7 @@ from benchmax_gym.envs.excel.recalc import (
     _is_formula,
     _iter_range,
     _open,
+    RecalcUnavailable,
     _read_bytes,
     check_workbook,
     run_in_process,
@@ -366,6 +367,8 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
         data = _read_bytes(output)
         check_workbook(data)
         got, output_notes = _output_values(data, ranges, method, time_limit)
+    except RecalcUnavailable:
+        raise  # the machinery's failure, not the workbook's: no grade (the env fails the episode)
     except Exception as exc:  # the model's workbook: deleted, truncated, not a zip, ...
         notes.append(f"output workbook could not be read ({type(exc).__name__}: {str(exc)[:200]})")
         return GradeResult(cells=0.0, solved=False, total=total, correct=0, notes=notes)

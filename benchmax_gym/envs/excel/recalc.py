@@ -51,7 +51,7 @@ from openpyxl.utils.datetime import from_excel
 from benchmax_gym.envs.excel import formulas_fixes
 
 __all__ = [
-    "RECALC_MODES", "RecalcOutOfMemory", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate",
+    "RECALC_MODES", "RecalcOutOfMemory", "RecalcUnavailable", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate",
     "open_within", "run_in_process", "run_with_deadline", "stop_recalc_worker",
 ]
 
@@ -653,6 +653,12 @@ def _remote_error(name: str, message: str) -> _RemoteError:
     return type(name, (_RemoteError,), {"__module__": __name__})(message)
 
 
+class RecalcUnavailable(RuntimeError):
+    """The recalculation's own machinery failed (its worker did not start, or a call's process
+    ended with no result and no sign of the model's work killing it): not the workbook's doing,
+    so a grade must not read it as a 0 (:func:`.grading.grade` raises it)."""
+
+
 class _WorkerGone(RuntimeError):
     """The worker stopped (idle, or died) before it answered: a fresh one takes the call."""
 
@@ -686,7 +692,7 @@ class _Worker:
         if ready != b"ready":
             self.close()
             why = ready.decode(errors="replace") or "it exited"
-            raise RuntimeError(f"the recalculation worker did not start ({why})")
+            raise RecalcUnavailable(f"the recalculation worker did not start ({why})")
         ours.settimeout(_WORKER_REPLY_S)
 
     def _ask(self, message: bytes, fds: tuple[int, ...] = ()) -> bytes:
@@ -749,6 +755,32 @@ def _the_worker(replace: _Worker | None = None) -> _Worker:
         return _worker
 
 
+_holders = 0  # environments holding the worker (hold_worker): the last to let go stops it
+
+
+def hold_worker() -> Callable[[], None]:
+    """An environment's claim on this process's worker, from its making to its ``close()`` (the
+    release returned, idempotent): when the last claim goes, the worker stops at once, so closing
+    the environments leaves no process behind (unclaimed, it stops after ``RECALC_IDLE_S``)."""
+    global _holders
+    with _worker_lock:
+        _holders += 1
+    pid, released = os.getpid(), []
+
+    def release() -> None:
+        global _holders
+        if released or pid != os.getpid():  # (a forked child's copy holds nothing of the parent's)
+            return
+        released.append(True)
+        with _worker_lock:
+            _holders = max(0, _holders - 1)
+            last = _holders == 0
+        if last:
+            stop_recalc_worker()
+
+    return release
+
+
 def stop_recalc_worker() -> None:
     """Stop this process's recalculation worker, if it runs (the next recalculation starts one)."""
     global _worker
@@ -761,8 +793,8 @@ def stop_recalc_worker() -> None:
 def _forget_worker_after_fork() -> None:
     """A forked child starts its own worker; it closes its copy of the parent's channel, so the
     parent's worker still sees the end of its input when the parent goes."""
-    global _worker, _worker_lock
-    worker, _worker, _worker_lock = _worker, None, threading.Lock()
+    global _worker, _worker_lock, _holders
+    worker, _worker, _worker_lock, _holders = _worker, None, threading.Lock(), 0
     if worker is not None:
         worker.control.close()
 
@@ -888,8 +920,8 @@ def _lost(status: int | None, time_limit: float, what: str) -> Exception:
         )
     if status is not None and os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
-        return RuntimeError(f"the process of {what} exited with status {code} without a result")
-    return RuntimeError(f"the recalculation worker stopped during {what}")
+        return RecalcUnavailable(f"the process of {what} exited with status {code} without a result")
+    return RecalcUnavailable(f"the recalculation worker stopped during {what}")
 
 
 def _serve(fd: int, idle_s: float) -> None:
@@ -919,11 +951,13 @@ def _serve(fd: int, idle_s: float) -> None:
         return status
 
     control.send(b"ready")
+    waiting = select.poll()  # (not select.select: the channel's descriptor may be past FD_SETSIZE, 1024)
+    waiting.register(control, select.POLLIN)
     try:
         while True:
             for pid in list(killed):
                 reap(pid, block=False)
-            if not select.select([control], [], [], 0.1 if killed else idle_s)[0]:
+            if not waiting.poll(1000 * (0.1 if killed else idle_s)):
                 if calls:
                     continue
                 return  # idle
@@ -1135,7 +1169,7 @@ def _compute(
         else:  # no prctl, no /proc: a thread given up at the deadline (one C call runs on)
             work = functools.partial(_formulas_values, data, keys, time_limit)
             values, warnings = run_with_deadline(work, time_limit, "the recalculation")
-    except (TimeLimitExceeded, WorkbookTooLarge):
+    except (TimeLimitExceeded, WorkbookTooLarge, RecalcUnavailable):
         raise
     except Exception as exc:
         notes.append(

@@ -230,22 +230,68 @@ def test_the_worker_stops_when_its_process_dies(tmp_path):
     assert wait_for(lambda: not alive(worker) and not alive(call_process)), "the worker outlived its process"
 
 
-def test_the_worker_stops_after_the_env_closes(tmp_path, monkeypatch):
+def test_the_worker_stops_when_the_last_env_closes(tmp_path):
+    """Closing the envs leaves no process behind (the contract): the last Excel env of the
+    process to close stops the worker at once, not after its idle time (60 s). (In a process of
+    its own: this one's other tests may hold Excel envs.)"""
+    script = tmp_path / "envs.py"
+    script.write_text(
+        "import time, gymnasium as gym, benchmax_gym\n"
+        "from benchmax_gym.envs.excel import recalc\n"
+        "first, second = gym.make('benchmax/Excel-v0'), gym.make('benchmax/Excel-v0')\n"
+        "import io, openpyxl\n"
+        "wb = openpyxl.Workbook(); wb.active['A1'] = 2; wb.active['A2'] = '=A1*21'\n"
+        "buffer = io.BytesIO(); wb.save(buffer)\n"
+        "assert recalc.recalculate(buffer.getvalue(), time_limit=30) == {('Sheet', 'A2'): 42}\n"
+        "worker = recalc._worker.proc\n"
+        "first.close(); time.sleep(0.5)\n"
+        "print(worker.poll() is None)\n"
+        "second.close()\n"
+        "print(worker.poll() is not None, flush=True)\n"
+    )
+    root = Path(benchmax_gym.__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    held, stopped = out.stdout.split()
+    assert held == "True", "the worker stopped while an env still held it"
+    assert stopped == "True", "the worker outlived the last env"
+
+
+def test_the_worker_works_for_a_process_with_many_open_files(tmp_path):
+    """A vector worker or a test runner may hold over 1,024 descriptors: the worker's channel
+    then has a number past select()'s FD_SETSIZE, and the worker died at its first wait."""
+    script = tmp_path / "busy.py"
+    script.write_text(
+        "import io, os, openpyxl, resource\n"
+        "from benchmax_gym.envs.excel import recalc\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))\n"
+        "held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]\n"
+        "wb = openpyxl.Workbook(); wb.active['A1'] = 2; wb.active['A2'] = '=A1*21'\n"
+        "buffer = io.BytesIO(); wb.save(buffer)\n"
+        "print(recalc.recalculate(buffer.getvalue(), time_limit=60))\n"
+    )
+    root = Path(benchmax_gym.__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=root,
+                         env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0 and out.stdout.strip() == "{('Sheet', 'A2'): 42.0}", out.stderr[-3000:]
+
+
+def test_a_grader_whose_worker_cannot_start_fails_the_episode_never_scores_0(tmp_path, monkeypatch):
+    """The recalculation's machinery failing is not the model's doing: the episode ends
+    env_error with no reward (it graded 0, 'output workbook could not be read')."""
     recalc.stop_recalc_worker()
-    monkeypatch.setattr(recalc, "RECALC_IDLE_S", 0.5)
     env = small_env(tmp_path, tool_timeout=30)
-    env.step(call("write_cells", sheet="Sheet", cells={"E1": "=SUM(A1:A3)"}))
-    obs, _, _, _, info = env.step(call("read_range", sheet="Sheet", range="E1"))
-    assert "E1: =SUM(A1:A3) -> 6" in obs, obs
-    worker = recalc._worker.proc
-    env.close()
-    assert wait_for(lambda: worker.poll() is not None), "the worker outlived the env"
-    monkeypatch.undo()
-    # the next recalculation starts a new one
-    wb = openpyxl.Workbook()
-    wb.active["A1"], wb.active["A2"] = 2, "=A1*3"
-    assert recalculate(to_bytes(wb), time_limit=30) == {("Sheet", "A2"): 6}
-    assert recalc._worker.proc is not worker
+    try:
+        env.step(call("write_cells", sheet="Sheet", cells={"E1": "=SUM(A1:A3)"}))
+        monkeypatch.setattr(recalc, "_BOOT", "import sys; sys.exit(3)")
+        _, reward, terminated, truncated, info = env.step("<answer>done</answer>")
+        assert info["outcome"] == "env_error" and reward != reward, (reward, info.get("outcome_detail"))
+        assert "the recalculation worker did not start" in info["outcome_detail"]
+    finally:
+        monkeypatch.undo()
+        env.close()
 
 
 # --------------------------------------------------------------------------- the ordinary path
