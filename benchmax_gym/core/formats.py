@@ -445,6 +445,8 @@ class OpenAIFormat(ToolCallFormat):
         if args is None:
             return None
         content, given = msg.get("content"), call.get("id")
+        if (content is not None and type(content) is not str) or msg.get("role", "assistant") != "assistant":
+            return None  # (a malformed message: the general path says what is wrong)
         return (name, args, content.strip() if type(content) is str else "",
                 given if type(given) is str and given else None)
 

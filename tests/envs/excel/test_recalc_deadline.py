@@ -230,6 +230,13 @@ def test_the_worker_stops_when_its_process_dies(tmp_path):
     assert wait_for(lambda: not alive(worker) and not alive(call_process)), "the worker outlived its process"
 
 
+def run_script(script: Path) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter of its own, importing this checkout's package."""
+    root = Path(benchmax_gym.__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+
+
 def test_the_worker_stops_when_the_last_env_closes(tmp_path):
     """Closing the envs leaves no process behind (the contract): the last Excel env of the
     process to close stops the worker at once, not after its idle time (60 s). (In a process of
@@ -249,9 +256,7 @@ def test_the_worker_stops_when_the_last_env_closes(tmp_path):
         "second.close()\n"
         "print(worker.poll() is not None, flush=True)\n"
     )
-    root = Path(benchmax_gym.__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=root,
-                         env={**os.environ, "PYTHONPATH": str(root)})
+    out = run_script(script)
     assert out.returncode == 0, out.stderr[-3000:]
     held, stopped = out.stdout.split()
     assert held == "True", "the worker stopped while an env still held it"
@@ -272,9 +277,7 @@ def test_the_worker_works_for_a_process_with_many_open_files(tmp_path):
         "buffer = io.BytesIO(); wb.save(buffer)\n"
         "print(recalc.recalculate(buffer.getvalue(), time_limit=60))\n"
     )
-    root = Path(benchmax_gym.__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=root,
-                         env={**os.environ, "PYTHONPATH": str(root)})
+    out = run_script(script)
     assert out.returncode == 0 and out.stdout.strip() == "{('Sheet', 'A2'): 42.0}", out.stderr[-3000:]
 
 
