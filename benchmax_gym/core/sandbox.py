@@ -25,12 +25,16 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   code running as the same uid (non-root hosts, where no second uid can be had without a setuid
   helper) cannot read their memory or open their file descriptors, the code's process never holds
   a channel, and the server cannot be seen at all. On root hosts the code also runs as the
-  episode's own unprivileged uid (no other open sandbox on the host has it: each holds a lock on
-  its uid in ``/run``, released when the episode ends; containers with a /run of their own each
-  pick from the same range); elsewhere it drops every capability;
+  episode's own unprivileged uid, also its gid (no other open sandbox on the host has it: each
+  holds a lock on its uid in ``/run/benchmax-gym-uids.lock``, released when the episode ends;
+  none that ``/etc/passwd``, ``/etc/group``, ``/etc/subuid`` or ``/etc/subgid`` gives to a user, a
+  group or a user's own namespaces, such as rootless containers'). Containers that share the
+  host's uids but each have a ``/run`` of their own coordinate only through a lock file they all
+  see: set ``BENCHMAX_GYM_UID_LOCK`` to its path (a root-owned file on a directory mounted into
+  each of them); elsewhere it drops every capability;
 * system calls: a seccomp filter refuses what normal code never needs (io_uring, keyctl, bpf,
   perf_event_open, ptrace, mount, new namespaces, kernel modules, sockets of families other than
-  unix, inet, inet6 and netlink, ...);
+  unix, inet, inet6 and netlink, setting another process's resource limits, ...);
 * host layout: the interpreter and its packages appear at neutral paths (``/sandbox/python``,
   ``/sandbox/venv``), not at their host paths (``/proc/self/mountinfo`` still names these two bind
   sources: the kernel shows a bind mount's source directory; the server's source, episodes and
@@ -257,14 +261,19 @@ _SOCKET_FAMILIES = (1, 2, 10, 16)  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK: all
 # setsockopt, and its SOL_SOCKET options that raise a socket's buffers past the host's defaults
 # (SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE): a no-op where no cgroup counts them
 _SETSOCKOPT, _SOL_SOCKET, _BUFFER_OPTIONS = (54, 208), 1, (7, 8, 32, 33)
+# prlimit64 may set only the caller's own limits (pid 0) or read anyone's (no new limit): where
+# the code runs as its monitor's uid (non-root hosts) it lowered the monitor's memory limit, the
+# monitor failed, and the call became the sandbox's failure (no reward) instead of the code's
+_PRLIMIT64 = (302, 261)
 
 
 @functools.lru_cache(maxsize=2)
 def seccomp_filter(cgroup: bool = True) -> bytes | None:
     """The classic-BPF program bubblewrap loads with ``--seccomp`` (None on other architectures):
     the calls above fail with EPERM, ``clone`` with a new-namespace flag too, ``clone3`` with
-    ENOSYS (its flags are behind a pointer; libc then falls back to ``clone``), and so does any
-    call through a foreign ABI (x32, i386). Sockets of any family but those in
+    ENOSYS (its flags are behind a pointer; libc then falls back to ``clone``), ``prlimit64``
+    setting another process's limits with EPERM, and so does any call through a foreign ABI
+    (x32, i386). Sockets of any family but those in
     ``_SOCKET_FAMILIES`` fail with EAFNOSUPPORT (AF_VSOCK reaches the VM's host). Without a
     ``cgroup`` capping the call's memory, ``memfd_create`` and SysV shared memory (``shmget``,
     ``shmat``, ``shmctl``) fail too: their pages are not address space, so no per-process limit
@@ -291,12 +300,15 @@ def seccomp_filter(cgroup: bool = True) -> bytes | None:
     prog += [(0x15, "deny", 0, number) for number in blocked]
     prog += [(0x15, "enosys", 0, _CLONE3)]
     prog += [(0x15, "family", 0, numbers[column]) for numbers in _SOCKET_CALLS]
+    prog += [(0x15, "prlimit", 0, _PRLIMIT64[column])]
     if not cgroup:
         prog += [(0x15, "sockopt", 0, _SETSOCKOPT[column])]
     prog += [(0x15, 0, "allow", clone), (0x20, 0, 0, 16), (0x45, "deny", "allow", _CLONE_NEW_NAMESPACES),
              "family", (0x20, 0, 0, 16)]  # clone: args[0], low 32 bits; socket: args[0], the family
     prog += [(0x15, "allow", 0, family) for family in _SOCKET_FAMILIES]
     prog += [(0x06, 0, 0, eafnosupport)]
+    prog += ["prlimit", (0x20, 0, 0, 16), (0x15, "allow", 0, 0),  # args[0], the pid: 0, itself
+             (0x20, 0, 0, 32), (0x15, 0, "deny", 0), (0x20, 0, 0, 36), (0x15, "allow", "deny", 0)]  # args[2]: NULL
     if not cgroup:  # setsockopt: args[1], the level, then args[2], the option
         prog += ["sockopt", (0x20, 0, 0, 24), (0x15, 0, "allow", _SOL_SOCKET), (0x20, 0, 0, 32)]
         prog += [(0x15, "no_op", 0, option) for option in _BUFFER_OPTIONS]
@@ -570,6 +582,64 @@ def isolation_report() -> list[tuple[str, str]]:
 
 #: the unprivileged uids episodes' code runs as on root hosts, one per open sandbox on the host
 EPISODE_UIDS = range(200_000, 1_000_000)
+#: where the host gives ids away; an episode's uid (also its gid) is none of them: sharing a uid
+#: with a user or a user's namespaces (a rootless container's) shares their process limit and files
+#: (tests point it at files of their own)
+ID_FILES = {"passwd": "/etc/passwd", "group": "/etc/group", "subuid": "/etc/subuid", "subgid": "/etc/subgid"}
+#: names the host-wide lock file (default ``/run/benchmax-gym-uids.lock``): containers sharing the
+#: host's uids but not its /run set it to a file on a directory they all mount
+UID_LOCK_ENV = "BENCHMAX_GYM_UID_LOCK"
+
+
+def _given_ids(files: dict[str, str]) -> list[range]:
+    """The ids ``files`` (``ID_FILES``' kinds) give to users, groups and users' subordinate ranges.
+    A missing file gives none; one that cannot be read is an error (its ranges would be used)."""
+    given = []
+    for kind, path in files.items():
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise OSError(f"cannot read {path} to keep sandbox uids off its ids: {exc.strerror or exc}") from None
+        for line in lines:
+            fields = line.split(":")
+            try:
+                if kind in ("subuid", "subgid"):  # name-or-uid:first:count
+                    given.append(range(int(fields[1]), int(fields[1]) + int(fields[2])))
+                else:  # passwd: name:x:uid:gid:...; group: name:x:gid:members
+                    given += [range(int(i), int(i) + 1) for i in fields[2:4 if kind == "passwd" else 3]]
+            except (IndexError, ValueError):
+                continue  # a comment or a malformed line names no id
+    return given
+
+
+def _free_uids(given: list[range]) -> list[range]:
+    """``EPISODE_UIDS`` less every id in ``given``, as ordered ranges."""
+    free, next_uid = [], EPISODE_UIDS.start
+    for taken in sorted((r for r in given if r), key=lambda r: r.start):
+        if taken.start > next_uid:
+            free.append(range(next_uid, min(taken.start, EPISODE_UIDS.stop)))
+        next_uid = max(next_uid, taken.stop)
+        if next_uid >= EPISODE_UIDS.stop:
+            break
+    if next_uid < EPISODE_UIDS.stop:
+        free.append(range(next_uid, EPISODE_UIDS.stop))
+    return [r for r in free if r]
+
+
+def _rotated(free: list[range], start: int):
+    """Every uid of ``free`` once, from its ``start``-th on, wrapping around."""
+    first, last = [], []
+    for r in free:
+        if 0 <= start < len(r):
+            first.append(r[start:])
+            last.append(r[:start])
+        else:
+            (last if start >= len(r) else first).append(r)
+        start -= len(r)
+    return (uid for r in first + last for uid in r)
 
 
 class _UidReservations:
@@ -589,22 +659,25 @@ class _UidReservations:
 
     @staticmethod
     def _open() -> int:
-        """The host's lock file: /run's (the same for every process, whatever its TMPDIR), else
-        the temp directory's; refused unless it is root's own regular file."""
+        """The host's lock file: ``$BENCHMAX_GYM_UID_LOCK`` if set, else /run's (the same for every
+        process, whatever its TMPDIR), else the temp directory's; refused unless it is root's own
+        regular file."""
+        chosen = os.environ.get(UID_LOCK_ENV)
+        paths = [chosen] if chosen else [os.path.join(d, "benchmax-gym-uids.lock") for d in ("/run", tempfile.gettempdir())]
         why = []
-        for directory in ("/run", tempfile.gettempdir()):
+        for path in paths:
             try:
-                fd = os.open(os.path.join(directory, "benchmax-gym-uids.lock"),
-                             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except OSError as exc:
-                why.append(f"{directory}: {exc.strerror}")
+                why.append(f"{path}: {exc.strerror}")
                 continue
             st = os.fstat(fd)
             if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o077:
                 return fd
             os.close(fd)
-            why.append(f"{directory}/benchmax-gym-uids.lock: not root's own file")
-        raise OSError(f"no file to reserve sandbox uids in ({'; '.join(why)})")
+            why.append(f"{path}: not root's own file (mode 600)")
+        raise OSError(f"no file to reserve sandbox uids in ({'; '.join(why)})"
+                      + (f"; {UID_LOCK_ENV} names it" if chosen else ""))
 
     def _lock(self, uid: int, kind: int) -> bool:
         import fcntl
@@ -621,19 +694,24 @@ class _UidReservations:
             raise
 
     def reserve(self) -> int:
-        """A uid no open sandbox on this host holds, from a random start (processes seldom meet)."""
+        """A uid no open sandbox on this host holds and the host gives no user, group or
+        subordinate range, from a random start (processes seldom meet)."""
         import fcntl
 
         with self.lock:
             if self.fd is None:
                 self.fd = self._open()
-            start = secrets.randbelow(len(EPISODE_UIDS))
-            for i in range(len(EPISODE_UIDS)):
-                uid = EPISODE_UIDS[(start + i) % len(EPISODE_UIDS)]
+            free = _free_uids(_given_ids(ID_FILES))
+            count = sum(len(r) for r in free)
+            if not count:
+                raise OSError(f"no sandbox uid is free: {', '.join(ID_FILES.values())} give every id of "
+                              f"{EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1} to users, groups or their namespaces")
+            for uid in _rotated(free, secrets.randbelow(count)):
                 if uid not in self.held and self._lock(uid, fcntl.F_WRLCK):
                     self.held.add(uid)
                     return uid
-        raise OSError(f"every sandbox uid ({EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1}) is in use")
+        raise OSError(f"every sandbox uid ({EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1}, {count} not given to "
+                      "users, groups or their namespaces) is in use")
 
     def release(self, uid: int) -> None:
         """Give ``uid`` back: its episode's processes and files are gone."""

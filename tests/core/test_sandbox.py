@@ -463,6 +463,41 @@ def test_non_root_host_code_cannot_reach_its_server(bubblewrap):
     assert "Traceback" not in out.stderr
 
 
+LOWER_THE_MONITORS_LIMITS = r'''
+import json
+from benchmax_gym.core.sandbox import Sandbox, SandboxLimits
+CODE = """
+import resource, sys
+print('monitor', resource.prlimit(1, resource.RLIMIT_AS))  # reading another's limits: allowed
+try:
+    resource.prlimit(1, resource.RLIMIT_AS, (1 << 20, 1 << 20))
+    print('lowered')
+except OSError as exc:
+    print('refused', exc.errno)
+resource.prlimit(0, resource.RLIMIT_NOFILE, (64, 64))
+print('own', resource.getrlimit(resource.RLIMIT_NOFILE))
+for i in range(100):
+    print('x' * 1000)
+    print('y' * 1000, file=sys.stderr)
+"""
+with Sandbox(limits=SandboxLimits(timeout=20)) as box:
+    r = box.run(CODE)
+    print(json.dumps([r.stdout[:300], r.text[:300], r.error, r.outcome]))
+'''
+
+
+def test_non_root_host_code_cannot_lower_its_monitors_limits(bubblewrap):
+    """Non-root: the code runs as its monitor's uid, and prlimit needs no more than that: code
+    lowered the monitor's memory limit, the monitor failed collecting its output, and the call
+    ended as the sandbox's failure (env_error, no reward) rather than the code's. prlimit now
+    sets only the caller's own limits; reading any is still allowed."""
+    out = _drop_privileges_and_run(LOWER_THE_MONITORS_LIMITS)
+    assert out.returncode == 0, out.stderr
+    stdout, text, error, outcome = json.loads(out.stdout.splitlines()[-1])
+    assert outcome is None and error is None, (text, out.stderr[-2000:])
+    assert "refused 1\n" in stdout and "own (64, 64)\n" in stdout and "monitor (" in stdout, text
+
+
 def test_host_detects_a_desynchronised_channel():
     """At the ``rlimits`` level (no isolation, opted into) non-root code can write into the host
     channel; the request ids catch the forged replies and the sandbox starts afresh."""
