@@ -75,7 +75,8 @@ class MCPEnv(ToolEnv):
     A server whose tool list changes (MCP's ``listChanged``: it sends
     ``notifications/tools/list_changed``) keeps the episode's tools as its prompt showed them; a
     call of one it no longer lists is a tool error saying so, and the next reset lists the tools
-    anew (``info["tools"]`` and the prompt show the new list).
+    anew (``info["tools"]`` and the prompt show the new list), as it does for a server that
+    started again (a new process may list other tools).
     """
 
     def __init__(
@@ -121,7 +122,7 @@ class MCPEnv(ToolEnv):
         weakref.finalize(self, _remove_in, os.getpid(), self._root)  # close() does it; so does dropping the env
         self.workspace = self._root / "workspace"
         self._started = False
-        self._listed_at: dict[str, int] = {}  # each server's Connection.changes when its tools were listed
+        self._listed_at: dict[str, tuple[int, int]] = {}  # each server's (changes, starts) when its tools were listed
 
     # -- servers ---------------------------------------------------------------------------------
 
@@ -133,7 +134,7 @@ class MCPEnv(ToolEnv):
 
     async def _list_tools(self) -> None:
         """Ask every server for its tools and make them the env's, the prompt's list bounded."""
-        self._listed_at = {name: c.changes for name, c in self.connections.items()}
+        self._listed_at = {name: (c.changes, c.starts) for name, c in self.connections.items()}
         listed = {name: await c.list_tools() for name, c in self.connections.items()}
         exposed = exposed_names({name: [t.name for t in tools] for name, tools in listed.items()})
         tools = [mcp_tool(self, self.connections[name].spec, t, exposed[name, t.name])
@@ -183,8 +184,8 @@ class MCPEnv(ToolEnv):
             for connection in self.connections.values():
                 if self.isolation == "restart" or not connection.alive:
                     await connection.start(self.workspace)
-            if any(c.changes != self._listed_at.get(name) for name, c in self.connections.items()):
-                await self._list_tools()  # a server said its tools changed
+            if any((c.changes, c.starts) != self._listed_at.get(name) for name, c in self.connections.items()):
+                await self._list_tools()  # a server said its tools changed, or is a new process (restarted)
         episode.state["workspace"] = self.workspace
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:

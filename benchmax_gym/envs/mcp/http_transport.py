@@ -9,9 +9,15 @@ request at once, in one line naming the problem (``the server's reply could not 
 as a stdio server's unreadable reply does), and a reply over the size limit is dropped as it
 arrives. Event streams are the SDK's (a cut or garbled one already fails its call at once).
 
-Credentials: a URL's user and password go in a basic-auth header, not in the URL the SDK sees
-(and logs); :func:`shown_url` and :func:`secrets_of` are what error messages use instead of the
-URL and to blank out what a message quotes.
+Credentials: a URL's user and password go in a basic-auth header, and its query (``?api_key=...``)
+is added by our HTTP transport to each request for the endpoint: the URL the SDK and httpx2 see,
+and log (httpx2 logs every request's URL at INFO, the SDK its endpoint at DEBUG), carries neither.
+:func:`shown_url` and :func:`secrets_of` are what error messages use instead of the URL and to
+blank out what a message quotes (:func:`redact` says which quotes).
+
+A server's ``retry:`` in an event stream (how long to wait before reconnecting to it) is capped at
+:data:`MAX_RETRY_MS`: the SDK sleeps the whole of it, so a huge one could only run the call out to
+its timeout, which stops the server and loses its state.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ HIDDEN = "***"
 # Query keys whose values are credentials (api_key, access_token, sig, X-Amz-Signature, ...).
 _SECRET_KEY = re.compile(r"token|key|secret|pass|pwd|auth|sig|credential|session|jwt|bearer|code", re.I)
 _SNIPPET = 80  # characters of an unreadable reply quoted in its error
+MAX_RETRY_MS = 2_000  # the longest wait before an event stream reconnects (a server's ``retry:``)
+# A credential this long is blanked wherever a message quotes it; a shorter one only where it
+# follows its name (``X-Api-Key: ab``, ``token=ab``, ``Bearer ab``): blanking every ``2`` or ``a``
+# of a message would garble it (``X-Api-Version: 2`` is a header too), and a credential of 1 to 3
+# characters is guessable whether or not it is shown.
+MIN_FREE_TEXT_SECRET = 4
 
 
 def _split(url: str) -> tuple[str, str, str, str]:
@@ -60,23 +72,41 @@ def shown_url(url: str) -> str:
     return scheme + rest + query
 
 
-def secrets_of(url: str | None, headers: Mapping[str, str]) -> tuple[str, ...]:
-    """The credentials in a server's URL and headers (a header's value, and its last word, as
-    ``Bearer <token>``'s token), each also percent-decoded: what no message may quote."""
-    found: list[str] = []
+def secrets_of(url: str | None, headers: Mapping[str, str],
+               env: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """The credentials in a server's URL, headers and environment as ``(name, value)``: a header's
+    value (and its last word, named by the words before it, as ``Bearer <token>``'s token), a
+    credential-like query key's or environment variable's value (``API_KEY``, ``GITHUB_TOKEN``),
+    a URL's password (named by its user), each also percent-decoded: what no message may quote
+    (see :func:`redact`)."""
+    found: list[tuple[str, str]] = []
     if url:
         _, userinfo, _, query = _split(url)
-        found += [userinfo.partition(":")[2] or userinfo] if userinfo else []
-        found += [value for _, value in _query_secrets(query)]
-    for value in headers.values():
-        found += [value, value.split()[-1] if value.split() else value]
-    found += [unquote(s) for s in found]
-    return tuple(sorted({s for s in found if len(s) >= 4}, key=len, reverse=True))  # (longest first)
+        if userinfo:
+            user, colon, password = userinfo.partition(":")
+            found.append((user, password) if colon else ("", userinfo))
+        found += _query_secrets(query)
+    found += [(name, value) for name, value in (env or {}).items() if _SECRET_KEY.search(name)]
+    for name, value in headers.items():
+        words = value.split()
+        found += [(name, value)] + ([(" ".join(words[:-1]), words[-1])] if len(words) > 1 else [])
+    found += [(name, unquote(value)) for name, value in found]
+    return tuple(sorted({(n, v) for n, v in found if v}, key=lambda s: len(s[1]), reverse=True))  # (longest first)
 
 
-def redact(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, HIDDEN)
+# between a credential's name and its value: ``: ``, ``=``, ``', '``, ``": "``, or spaces (``Bearer ab``)
+_SEPARATOR = r"""['"]?(?:\s*[:=,]\s*|\s+)\(?b?['"]?"""
+
+
+def redact(text: str, secrets: tuple[tuple[str, str], ...]) -> str:
+    """``text`` with each credential of :func:`secrets_of` as ``***``: everywhere when it has at
+    least :data:`MIN_FREE_TEXT_SECRET` characters, else where it follows its name."""
+    for name, secret in secrets:
+        if len(secret) >= MIN_FREE_TEXT_SECRET:
+            text = text.replace(secret, HIDDEN)
+        elif name and secret in text:
+            pattern = rf"(?<![\w-])((?i:{re.escape(name)}){_SEPARATOR}){re.escape(secret)}(?![\w.~+/=-])"
+            text = re.sub(pattern, lambda m: m.group(1) + HIDDEN, text)
     return text
 
 
@@ -104,17 +134,31 @@ def _problem(raw: bytes, request_id: Any) -> str | None:
 class _CheckedReplies(httpx2.AsyncBaseTransport):
     """Passes every exchange through, except that a 2xx reply to a JSON-RPC request that is
     not an event stream must be one JSON-RPC answer to that request, within ``max_bytes``:
-    anything else comes back as a JSON-RPC error for it, saying what was wrong."""
+    anything else comes back as a JSON-RPC error for it, saying what was wrong. A request for
+    ``endpoint`` goes out with ``query`` (the configured URL's, which nothing above sees), and
+    an event stream's ``retry:`` over :data:`MAX_RETRY_MS` arrives as that."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int):
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int, endpoint: str = "", query: str = ""):
         self.inner, self.max_bytes = inner, max_bytes
+        self.endpoint, self.query = endpoint, query
+
+    def _sent(self, request: httpx2.Request) -> httpx2.Request:
+        """``request`` as it goes out: with the configured query, when it is for the endpoint."""
+        if not self.query or str(request.url) != self.endpoint:
+            return request
+        return httpx2.Request(request.method, self.endpoint + self.query, headers=request.headers,
+                              stream=request.stream, extensions=request.extensions)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self.inner.handle_async_request(request)
+        response = await self.inner.handle_async_request(self._sent(request))
         request_id = _request_id(request)
         kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if request_id is None or not 200 <= response.status_code < 300 or response.status_code == 202 \
-                or kind == "text/event-stream":
+        if not 200 <= response.status_code < 300:
+            return response
+        if kind == "text/event-stream":
+            return httpx2.Response(response.status_code, headers=_decoded(response),
+                                   stream=_RetryCapped(response), extensions=response.extensions)
+        if request_id is None or response.status_code == 202:
             return response
         try:
             body, size = bytearray(), 0
@@ -136,13 +180,65 @@ class _CheckedReplies(httpx2.AsyncBaseTransport):
         problem = _problem(bytes(body), request_id)
         if problem is not None:
             return _error(request_id, problem)
-        headers = [(k, v) for k, v in response.headers.multi_items()
-                   if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-        return httpx2.Response(response.status_code, headers=headers, content=bytes(body),
+        return httpx2.Response(response.status_code, headers=_decoded(response), content=bytes(body),
                                extensions=response.extensions)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def _decoded(response: httpx2.Response) -> list[tuple[str, str]]:
+    """``response``'s headers for a copy of it whose body is already decoded."""
+    return [(k, v) for k, v in response.headers.multi_items()
+            if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+
+
+_LINE_END = re.compile(rb"[\r\n]")
+_RETRY_FIELD = re.compile(rb"retry: ?([0-9]+)")
+
+
+class _RetryCapped(httpx2.AsyncByteStream):
+    """An event stream's (decoded) bytes, each ``retry:`` field over :data:`MAX_RETRY_MS` set to it.
+    Only a line that may be a ``retry:`` field is held back until it ends (at most 64 bytes of it:
+    a longer one is over the cap, or not a number, which SSE ignores); the rest flows as it comes."""
+
+    def __init__(self, response: httpx2.Response):
+        self.response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        held, passing = b"", False  # the start of the current line, if it may be a retry field
+        async for chunk in self.response.aiter_bytes():
+            out, pos = bytearray(), 0
+            while pos < len(chunk):
+                end = _LINE_END.search(chunk, pos)
+                stop = end.start() if end else len(chunk)
+                if passing:
+                    out += chunk[pos:stop]
+                else:
+                    line = held + chunk[pos:stop]
+                    if line.startswith(b"retry:") or b"retry:".startswith(line):
+                        held = line[:64]
+                    else:
+                        out += line
+                        held, passing = b"", True
+                if end:
+                    out += _capped(held) + chunk[stop:stop + 1]
+                    held, passing = b"", False
+                pos = stop + 1
+            if out:
+                yield bytes(out)
+        if held:
+            yield _capped(held)
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+def _capped(line: bytes) -> bytes:
+    field = _RETRY_FIELD.fullmatch(line)
+    if field and (len(field[1]) > 12 or int(field[1]) > MAX_RETRY_MS):
+        return b"retry: %d" % MAX_RETRY_MS
+    return line
 
 
 def _request_id(request: httpx2.Request) -> Any:
@@ -162,10 +258,13 @@ async def http_transport(url: str, headers: Mapping[str, str], max_message_bytes
     scheme, userinfo, rest, query = _split(url)
     user, _, password = userinfo.partition(":")
     auth = httpx2.BasicAuth(unquote(user), unquote(password)) if userinfo else None
+    endpoint = str(httpx2.URL(scheme + rest))  # (as httpx2 writes it, to know a request for it)
+    query = query.partition("#")[0]
     client = httpx2.AsyncClient(
         headers=dict(headers), auth=auth, timeout=httpx2.Timeout(30.0, read=300.0),  # the SDK's defaults
-        transport=_CheckedReplies(httpx2.AsyncHTTPTransport(), max_message_bytes),
+        transport=_CheckedReplies(httpx2.AsyncHTTPTransport(), max_message_bytes, endpoint,
+                                  query if len(query) > 1 else ""),
     )
-    async with client, streamable_http_client(scheme + rest + query, http_client=client,
+    async with client, streamable_http_client(endpoint, http_client=client,
                                               max_sse_event_size=max_message_bytes) as streams:
         yield streams

@@ -95,10 +95,12 @@ def kill_processes(found: dict[int, int]) -> None:
 
 
 class StderrTail:
-    """The last ``limit`` bytes a server wrote to stderr (memory stays bounded however much it writes)."""
+    """The last ``limit`` bytes a server wrote to stderr (memory stays bounded however much it writes);
+    ``redact`` blanks its credentials out of what is shown or logged."""
 
-    def __init__(self, limit: int = 4096):
+    def __init__(self, limit: int = 4096, redact: Callable[[str], str] = lambda text: text):
         self.limit = limit
+        self.redact = redact
         self.size = 0
         self._tail = bytearray()
 
@@ -110,7 +112,7 @@ class StderrTail:
 
     def text(self) -> str:
         """The tail as text (``...`` in front when earlier output was dropped), or ``""``."""
-        text = bytes(self._tail[-self.limit:]).decode("utf-8", "replace").strip()
+        text = self.redact(bytes(self._tail[-self.limit:]).decode("utf-8", "replace").strip())
         return f"...{text}" if text and self.size > self.limit else text
 
     def describe(self) -> str:
@@ -248,7 +250,8 @@ async def stdio_transport(
                 async for chunk in process.stderr:
                     stderr.add(chunk)
                     if log.isEnabledFor(logging.DEBUG):
-                        log.debug("MCP server %s stderr: %s", server.command, chunk.decode("utf-8", "replace")[:2000])
+                        log.debug("MCP server %s stderr: %s", server.command,
+                                  stderr.redact(chunk.decode("utf-8", "replace")[:2000]))
         finally:
             stderr_done.set()
 

@@ -72,9 +72,10 @@ class ServerSpec:
         return f"ServerSpec(name={self.name!r}, {where})"
 
     @functools.cached_property
-    def secrets(self) -> tuple[str, ...]:
-        """The credentials in the URL and headers, which :meth:`redact` blanks out of a message."""
-        return secrets_of(self.url, self.headers)
+    def secrets(self) -> tuple[tuple[str, str], ...]:
+        """The credentials in the URL, headers and environment, which :meth:`redact` blanks out of a
+        message (a stdio server's stderr, quoted when it fails, may print its API key)."""
+        return secrets_of(self.url, self.headers, self.env)
 
     def redact(self, text: str) -> str:
         return redact(text, self.secrets)
@@ -285,7 +286,7 @@ class Connection:
         self._stop: asyncio.Event | None = None
         self.starts = 0
         self.pids: dict[int, int | None] = {}  # the stdio server's pid -> its start time
-        self.stderr = StderrTail()
+        self.stderr = StderrTail(redact=spec.redact)
         self.changes = 0  # the server's announcements that its tool list changed
         self._listed: tuple[int, set[str]] | None = None  # (changes, the names it listed then)
         _LIVE.add(self)
@@ -342,7 +343,7 @@ class Connection:
     async def _start(self, workspace: Path) -> None:
         await self._close()
         self.starts += 1
-        self.stderr = StderrTail()
+        self.stderr = StderrTail(redact=self.spec.redact)
         self._stop = asyncio.Event()
         ready = asyncio.get_running_loop().create_future()
         ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even if nobody waits
@@ -399,7 +400,8 @@ class Connection:
             try:
                 await self.list_tools()
             except Exception as exc:
-                log.debug("MCP server %s: listing its tools again failed: %s", self.spec.name, exc)
+                log.debug("MCP server %s: listing its tools again failed: %s", self.spec.name,
+                          self.spec.redact(str(exc)))
                 return True
         return name in self._listed[1]
 
@@ -481,6 +483,9 @@ def _one_line(message: str) -> str:
 
 MAX_DESCRIPTION_CHARS = 4_000  # of one tool's description, in the prompt
 MAX_SCHEMA_CHARS = 8_000  # of one tool's input schema as JSON, in the prompt
+# of one tool's input schema as JSON, checked against its metaschema (which takes about 4 s a
+# megabyte: a 1.5 MB schema held a reset for 6 s); a larger one fails the reset, naming the tool
+MAX_CHECKED_SCHEMA_CHARS = 256_000
 MAX_TOOL_LIST_CHARS = 200_000  # of the whole tool list in the prompt (at most half the observation)
 _SCHEMA_TEXT_CHARS = 200  # of each text in a schema too long to show whole
 
@@ -601,6 +606,15 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
         return text
 
     description = truncate(remote.description or name, MAX_DESCRIPTION_CHARS)
+    try:
+        size = _size(remote.input_schema)
+    except (TypeError, ValueError, RecursionError):  # (nested too deep to check in any case)
+        size = None
+    if size is None or size > MAX_CHECKED_SCHEMA_CHARS:
+        said = "nested too deeply to read" if size is None else f"{size:,} characters of JSON"
+        raise ToolSchemaError(f"tool {name!r} of the MCP server {server.name!r}: its input schema is {said}, over "
+                              f"the {MAX_CHECKED_SCHEMA_CHARS:,} that are checked (schemas of that size are not "
+                              "meant for a model's prompt)")
     try:
         tool = Tool.from_schema(name, description, remote.input_schema, call, wants_episode=False,
                                 wants_state=False, lenient=getattr(env, "lenient_schemas", False))
