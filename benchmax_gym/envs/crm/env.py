@@ -107,7 +107,8 @@ class CRMEnv(ToolEnv):
         episode.resources.callback(db.con.close)
 
     def dense_signal(self):
-        """``dense_rewards=True``: a read (query or look-up) returning the values the answer needs, in at most 10 rows (:func:`~benchmax_gym.envs.crm.rubric.rows_found`)."""
+        """``dense_rewards=True``: a read (query or look-up) returning the values the answer needs, in at most 10 rows,
+        while the episode's reads showed at most 10 values of their kind (:func:`~benchmax_gym.envs.crm.rubric.rows_found`)."""
         return rows_found
 
     def reference_solver(self) -> CRMSolver:

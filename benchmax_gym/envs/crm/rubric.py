@@ -144,7 +144,9 @@ def crm_rubric() -> Rubric:
 # -- the dense signal (dense_rewards=True) ---------------------------------------------------
 
 DENSE_MAX_ROWS = 10  # a read returning more rows than this (a table dumped whole) reaches nothing
+DENSE_MAX_CANDIDATES = 10  # a value pays only while the episode's reads showed at most this many of its kind
 _READS = ("query", "get_case", "search_knowledge", "get_order_history", "get_live_chat_transcript")
+_SALESFORCE_ID = re.compile(r"[a-z0-9]{15}(?:[a-z0-9]{3})?")  # (normalised: lower case)
 
 
 def _gold_values(answer: Any) -> list[str]:
@@ -168,27 +170,48 @@ def _cells(value: Any, out: list[str]) -> None:
         out.append(normalize(value))
 
 
-def rows_found(answer: Any, tool_calls: list, tool_results: list) -> tuple[list[int], int]:
+def kind(value: str) -> str:
+    """What the alternatives of a (normalised) value look like: for a Salesforce Id, the Ids of
+    the same object (its key prefix); else values of the same shape (each run of digits a 9, of
+    letters an a: a state code, a status and a month name are all ``a``, ``12 months`` is ``9 a``)."""
+    if _SALESFORCE_ID.fullmatch(value) and any(ch.isdigit() for ch in value):
+        return f"id {value[:3]} {len(value)}"
+    return re.sub(r"[a-z]+", "a", re.sub(r"\d+", "9", value))
+
+
+def rows_found(answer: Any, episode, tool_calls: list, tool_results: list) -> tuple[list[int], int]:
     """CRM's dense signal: the values the answer needs (see :func:`_gold_values`) that a read of
-    this step returned, in a result of at most :data:`DENSE_MAX_ROWS` rows (a dumped table reaches
-    nothing). A value counts when a returned cell equals it or, for a value of two words or more,
-    holds it; update_case's own messages never count. Each value pays once."""
+    this step returned, precision-aware. A value counts when a returned cell equals it or, for a
+    value of two words or more in a typed tool's result (a knowledge article's text), holds it: a
+    ``query`` can build any cell, such as every resolution joined in one. It counts only from a
+    result of at most :data:`DENSE_MAX_ROWS` rows (a table dumped whole reaches nothing), and only
+    while such results of the episode (this step's included) have shown at most
+    :data:`DENSE_MAX_CANDIDATES` distinct values of its :func:`kind`: a read that narrows the
+    answer down pays, listing every agent does not, in wide rows, in many calls or chunk by chunk
+    over several turns. update_case's own messages never count. Each value pays once."""
     gold = [normalize(g) for g in _gold_values(answer)]
     gold = [g for g in dict.fromkeys(gold) if g]
-    reached: list[int] = []
+    kinds = {kind(g) for g in gold}
+    state = episode.state if episode is not None else {}
+    shown: dict[str, set[str]] = state.setdefault("dense_shown", {})  # kind -> the values the reads showed
+    found: set[int] = set()
     for call, text in zip(tool_calls, tool_results):
         if call["name"] not in _READS or not isinstance(text, str):
             continue
         try:
-            found = json.loads(text)
+            result = json.loads(text)
         except ValueError:
             continue
-        rows = found.get("rows") if isinstance(found, dict) and "rows" in found else found
+        rows = result.get("rows") if isinstance(result, dict) and "rows" in result else result
         if isinstance(rows, list) and len(rows) > DENSE_MAX_ROWS:
             continue
         cells: list[str] = []
         _cells(rows, cells)
-        for i, g in enumerate(gold):
-            if any(c == g or (" " in g and f" {g} " in f" {c} ") for c in cells):
-                reached.append(i)
+        for c in cells:
+            if (k := kind(c)) in kinds:
+                shown.setdefault(k, set()).add(c)
+        phrases = call["name"] != "query"
+        found.update(i for i, g in enumerate(gold)
+                     if any(c == g or (phrases and " " in g and f" {g} " in f" {c} ") for c in cells))
+    reached = [i for i in sorted(found) if len(shown.get(kind(gold[i]), ())) <= DENSE_MAX_CANDIDATES]
     return reached, len(gold)

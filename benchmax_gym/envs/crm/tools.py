@@ -13,12 +13,17 @@ and LIKE/GLOB patterns are limited to 100 characters (a match costs up to the va
 times the pattern's: a 1 MB value took 51 s against a 40,000-character pattern, 0.7 s against a
 256-character GLOB class, 0.27 s at 100). Strings and blobs are limited to 1 MB. Rows are read
 one at a time and reading stops at the row cap or once the output would pass the tool-output cap,
-so 200 rows of 1 MB never sit in memory together. Typed tools run parameterized SQL. Every failure
-is a :class:`ToolError` and leaves the database as it was.
+so 200 rows of 1 MB never sit in memory together. A query's temporary storage (the sorter of an
+ORDER BY, GROUP BY, DISTINCT, materialised subqueries) stays in memory (``PRAGMA temp_store =
+MEMORY``; on disk an ORDER BY over a recursive CTE wrote 500 MB of temp files within a 2 s timeout),
+and SQLite's heap may grow by at most :data:`QUERY_MEMORY_BYTES` while a query runs (its hard heap
+limit), past which the query fails with a clear error. Typed tools run parameterized SQL. Every
+failure is a :class:`ToolError` and leaves the database as it was.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import json
 import os
@@ -36,6 +41,8 @@ _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNC
 _FORBIDDEN_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts5"}
 MAX_VALUE_BYTES = 1_000_000
 MAX_PATTERN_CHARS = 100
+QUERY_MEMORY_BYTES = 256 * 2**20
+"""What SQLite's heap may grow by while one ``query`` runs (its temporary storage is in memory)."""
 _as_text = sqlite3.connect(":memory:", check_same_thread=False)  # SQLite's own number-to-text and printf
 _as_text.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
 
@@ -179,6 +186,8 @@ class EpisodeDB:
         con.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_PATTERN_CHARS)
         for name, n_args, function in _LINEAR_FUNCTIONS:
             con.create_function(name, n_args, function, deterministic=True)
+        if _HEAP is not None:  # else (no heap bound in this build) temp data goes to files, as by default
+            con.execute("PRAGMA temp_store = MEMORY")
 
     def read(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple], bool]:
         """Run ``sql`` read-only within the limits: ``(columns, rows, truncated)``.
@@ -188,6 +197,8 @@ class EpisodeDB:
         """
         self.con.execute("PRAGMA query_only = ON")
         self.con.set_authorizer(_read_only)
+        if _HEAP is not None:
+            _HEAP.enter()
         _WATCHDOG.arm(self.con, time.monotonic() + self.timeout)
         try:
             cur = self.con.execute(sql, params)
@@ -210,8 +221,14 @@ class EpisodeDB:
         except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as exc:
             _broken(exc)
             raise ToolError(_sql_message(exc)) from None
+        except MemoryError:  # (SQLite's out-of-memory: the heap bound)
+            raise ToolError(f"the query needed more than {QUERY_MEMORY_BYTES >> 20} MB of working memory (sorting, "
+                            "grouping or DISTINCT over too many rows) and was stopped; narrow it with WHERE, "
+                            "aggregate, or add LIMIT") from None
         finally:
             _WATCHDOG.disarm(self.con)
+            if _HEAP is not None:
+                _HEAP.exit()
             self.con.set_authorizer(None)
             self.con.execute("PRAGMA query_only = OFF")
         return columns, rows, truncated
@@ -272,6 +289,76 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+
+
+class _HeapBound:
+    """SQLite's process-wide hard heap limit, held at the heap in use plus
+    :data:`QUERY_MEMORY_BYTES` for each ``query`` running (queries may run in several threads),
+    and put back as it was (with the soft limit, which setting the hard one lowers) when the last
+    one ends. SQLite has no per-connection bound: this is the one that holds a sort in memory."""
+
+    def __init__(self, used, hard, soft) -> None:
+        self._used, self._hard, self._soft = used, hard, soft
+        self._reset()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._before = (0, 0)
+
+    def enter(self) -> None:
+        with self._lock:
+            if not self._running:
+                self._before = (self._hard(-1), self._soft(-1))
+            self._running += 1
+            bound = self._used() + QUERY_MEMORY_BYTES
+            if self._running > 1:
+                bound = max(bound, self._hard(-1))
+            if self._before[0]:
+                bound = min(bound, self._before[0])  # a lower limit set by the user stays
+            self._hard(bound)
+
+    def exit(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if not self._running:
+                self._restore()
+
+    def _restore(self) -> None:
+        self._hard(self._before[0])
+        self._soft(self._before[1])
+
+    def _after_fork(self) -> None:  # a query of another thread was running: its bound stays no more
+        running, before = self._running, self._before
+        self._reset()
+        if running:
+            self._before = before
+            self._restore()
+
+
+def _heap_bound() -> _HeapBound | None:
+    """The heap bound over the SQLite library Python's ``sqlite3`` runs on, or None where that
+    library does not export its memory functions (a static build)."""
+    try:
+        import _sqlite3
+
+        lib = ctypes.CDLL(_sqlite3.__file__)  # (the loaded module: its SQLite is the one found)
+        functions = lib.sqlite3_memory_used, lib.sqlite3_hard_heap_limit64, lib.sqlite3_soft_heap_limit64
+        version = lib.sqlite3_libversion_number
+    except (ImportError, OSError, AttributeError):
+        return None
+    version.restype = ctypes.c_int
+    major, minor, patch = sqlite3.sqlite_version_info
+    if version() != major * 1_000_000 + minor * 1000 + patch:
+        return None
+    used, hard, soft = functions
+    used.argtypes, hard.argtypes, soft.argtypes = [], [ctypes.c_int64], [ctypes.c_int64]
+    used.restype = hard.restype = soft.restype = ctypes.c_int64
+    return _HeapBound(used, hard, soft)
+
+
+_HEAP = _heap_bound()
 
 
 def _sql_message(exc: Exception) -> str:

@@ -13,7 +13,10 @@ signs, and the space of an implicit product (``4 i``). It removes nothing that c
 answer into a right one: a trailing phrase that hedges or negates (``18 is wrong``, ``18 or
 more``) stays, and the whole answer then fails to parse as mathematics.
 
-math-verify itself drops ``\\text{...}`` and reads ``\\neq 18`` or ``\\ge 18`` as the number 18, so
+math-verify reads an equation as its right side (``x = 5`` as 5), also when its sides are
+constants that differ (``6 = 5``, ``x = 6 = 5``), and reads ``6 \\vee 5``, ``6 \\to 5`` or ``6 := 5`` as 5:
+such an answer is refused (:func:`_false_equation`, :func:`_constant_dropped`); ``x = 5``, ``x \\to 5`` stand.
+It drops ``\\text{...}`` and reads ``\\neq 18`` or ``\\ge 18`` as the number 18, so
 :func:`hedges` refuses an answer that relates or qualifies its value (``\\neq``, ``\\ge``, ``\\approx``,
 ``\\pm``, or a word such as "not", "or", "than", "least", "wrong", in ``\\text{}`` or bare) where the
 gold does not.
@@ -246,7 +249,65 @@ def _verify(gold: str, predicted: str) -> bool:
         return False
     if any(_digits(e) > MAX_DIGITS for e in (*gold_parsed[:1], *pred_parsed[:1])):
         return False
+    if any(_false_equation(e) for e in pred_parsed[:1]) or _constant_dropped(pred_text):
+        return False
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+#: connectives math-verify reads as their right side alone (``6 \vee 5``, ``6 \to 5``, ``6 := 5``: 5)
+_RIGHT_SIDE_READ = re.compile(
+    r"\\(?:to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies|mapsto|iff|Leftrightarrow|therefore|"
+    r"because|colon|coloneqq|vee|wedge|lor|land|in|ni|subset|subseteq|cap|setminus|backslash)(?![A-Za-z])|:="
+)
+
+
+def _constant_dropped(latex: str) -> bool:
+    """Whether a connective math-verify reads as its right side follows a constant that differs
+    from that side (``6 \\vee 5``, ``6 \\to 5``: one candidate listed before another); a name
+    before it (``x \\in [3, 5]``, ``x \\to 5``) stands, and so does a part that does not parse."""
+    from math_verify import parse, verify
+
+    parts = _RIGHT_SIDE_READ.split(latex)
+    if len(parts) < 2:
+        return False
+    last = parse(f"\\boxed{{{parts[-1]}}}", parsing_timeout=None)
+    for part in parts[:-1]:
+        parsed = parse(f"\\boxed{{{part}}}", parsing_timeout=None) if part.strip() else []
+        if parsed and last and _is_constant(parsed[0]) and not verify(parsed, last, timeout_seconds=None):
+            return True
+    return False
+
+
+def _is_constant(expr) -> bool:
+    import sympy
+    from sympy.core.function import AppliedUndef
+
+    return isinstance(expr, sympy.Expr) and not expr.free_symbols and not expr.atoms(AppliedUndef)
+
+
+def _false_equation(expr) -> bool:
+    """Whether a parsed answer equates constants that differ: math-verify reads an equation as its
+    right side, ``x = 5`` as 5 (as it should) but ``6 = 5`` as 5 too. The sides one chain of ``=``
+    joins (``6 = x = 5``: 6, x and 5) are one value, so its constant sides must agree as the grader
+    compares answers (``2 + 3 = 5`` stands); a side with a variable (``x``, ``f(2)``) can be anything."""
+    import sympy
+    from math_verify import verify
+
+    if not isinstance(expr, sympy.Basic):
+        return False
+    chains = [node for node in sympy.preorder_traversal(expr) if isinstance(node, sympy.And)]
+    chained = {eq for chain in chains for eq in chain.args}
+    for equations in [chain.args for chain in chains] + [(eq,) for eq in expr.atoms(sympy.Eq) if eq not in chained]:
+        values: list[set] = []  # the sides joined by "="
+        for eq in equations:
+            if isinstance(eq, sympy.Eq):
+                joined = [v for v in values if eq.lhs in v or eq.rhs in v]
+                values = [v for v in values if v not in joined] + [set().union({eq.lhs, eq.rhs}, *joined)]
+        for sides in values:
+            constants = [side for side in sides if _is_constant(side)]  # (f(2) is a name)
+            if any(not verify(constants[0], other, timeout_seconds=None) for other in constants[1:]):
+                return True
+    return False
 
 
 #: brackets an answer may nest: math-verify's parser (antlr, pure Python) takes seconds on a few

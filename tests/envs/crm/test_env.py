@@ -421,3 +421,57 @@ def test_a_database_made_unusable_ends_the_episode_with_env_error(cache):
     assert info["outcome"] == info["error"] == "env_error" and math.isnan(reward) and truncated and not terminated
     assert env.unwrapped.episode_record()["reward"] is None
     env.close()
+
+
+# -- the dense signal (dense_rewards=True): reads that narrow the answer down pay, dumps do not --
+
+ISSUES = 12  # Issue__c rows in every generated org: a top_issue answer is one of them
+
+
+def dense_env(cache, task_type):
+    env = make(cache, org_size=200, dense_rewards=True, task_args={"task_types": [task_type]})
+    env.reset(seed=0)
+    return env, env.unwrapped.episode.task.answer
+
+
+def dense_of(env, *sqls):
+    _, _, _, _, info = env.step(env.unwrapped.format.render_calls([("query", {"sql": sql}) for sql in sqls]))
+    assert info["error"] is None, info
+    return info["reward_components"]["dense"]
+
+
+def test_dense_signal_pays_a_read_that_singles_the_answer_out(cache):
+    env, gold = dense_env(cache, "top_issue_identification")
+    assert dense_of(env, "SELECT * FROM Issue__c") == 0  # all 12 rows: a dump
+    assert dense_of(env, f"SELECT Id, Name FROM Issue__c WHERE Id = '{gold}'") > 0
+    env.close()
+
+
+@pytest.mark.parametrize("dump", [
+    # one action, two calls of 6 rows each
+    ["SELECT Id FROM Issue__c ORDER BY Id LIMIT 6", "SELECT Id FROM Issue__c ORDER BY Id LIMIT 6 OFFSET 6"],
+    # one row, every issue in a column of its own
+    ["SELECT " + ", ".join(f"(SELECT Id FROM Issue__c ORDER BY Id LIMIT 1 OFFSET {k})" for k in range(ISSUES))],
+], ids=["two_calls", "wide_row"])
+def test_dense_signal_does_not_pay_every_issue_listed_at_once(cache, dump):
+    env, _ = dense_env(cache, "top_issue_identification")
+    assert dense_of(env, *dump) == 0  # was 0.2: the answer was among the cells
+    env.close()
+
+
+def test_dense_signal_does_not_pay_every_issue_listed_chunk_by_chunk(cache):
+    env, gold = dense_env(cache, "top_issue_identification")
+    chunk = f"SELECT Id FROM Issue__c ORDER BY Id = '{gold}', Id LIMIT 6"  # the answer in the last chunk
+    assert dense_of(env, chunk) == 0
+    assert dense_of(env, chunk + " OFFSET 6") == 0  # was 0.2
+    env.close()
+
+
+def test_dense_signal_does_not_pay_a_phrase_inside_a_cell_the_query_built(cache):
+    env, gold = dense_env(cache, "close_case")
+    resolution = next(iter(gold["Case"].values()))["Resolution__c"]
+    every = "SELECT group_concat(r, ' | ') FROM (SELECT DISTINCT Resolution__c AS r FROM Knowledge__kav)"
+    obs, _, _, _, info = env.step(env.unwrapped.format.render_calls([("query", {"sql": every})]))
+    assert resolution in obs and info["reward_components"]["dense"] == 0  # was: the resolution paid
+    assert dense_of(env, f"SELECT Resolution__c FROM Knowledge__kav WHERE Resolution__c = '{resolution}' LIMIT 1") > 0
+    env.close()
