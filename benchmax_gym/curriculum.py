@@ -93,9 +93,9 @@ class MemberLevels:
         self.name = name
         self.levels = tuple(dict(level) for level in levels) or ({},)
         self.band = _band(f"curriculum[{name!r}]['band']", band)
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        if not _is_int(window, 1):
             raise ValueError(f"curriculum[{name!r}]['window'] must be a positive int, got {window!r}")
-        self.window = window
+        self.window = int(window)
         # (the window holds at most `window` episodes: a larger min_episodes would never move the level)
         if min_episodes is not None and not _is_int(min_episodes, 1, window):
             raise ValueError(f"curriculum[{name!r}]['min_episodes'] must be an int from 1 to the window "
@@ -107,9 +107,9 @@ class MemberLevels:
         if schedule is not None and not callable(schedule):
             schedule = self._checked_schedule(schedule)
         self.schedule = schedule
-        self.level = start
+        self.level = int(start)
         self.episodes = 0  # graded episodes seen (failures never count)
-        self.recent: collections.deque[bool] = collections.deque(maxlen=window)
+        self.recent: collections.deque[bool] = collections.deque(maxlen=self.window)
 
     def _checked_schedule(self, schedule: Any) -> tuple[tuple[int, int], ...]:
         """``[(episodes, level), ...]`` as sorted int pairs; anything else is an error naming the key."""
@@ -183,10 +183,10 @@ class Curriculum:
     MAX_OPEN_GROUPS = 10_000  # groups still filling; the oldest are dropped past this
 
     def __init__(self, members: Mapping[str, MemberLevels], group_size: int = 8):
-        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
+        if not _is_int(group_size, 2):
             raise ValueError(f"group_size must be an int of at least 2 (rollouts per task), got {group_size!r}")
         self.members = dict(members)
-        self.group_size = group_size
+        self.group_size = int(group_size)
         self.open: dict[tuple[str, int, str], list[float]] = {}
         self.groups: dict[tuple[str, int], list[int]] = {}  # (member, level) -> [complete, zero-variance]
         self.follower = False  # set in a vector env's workers: the parent moves the levels

@@ -34,7 +34,8 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   Forced resets do not advance the sampler. ``options={"difficulty": level}`` plays that level
   (a GRPO group's k rollouts at one level, even if the controller moves meanwhile).
 * **Lazily built**: a member (at a difficulty level) is made the first time it is drawn, so a
-  worker never builds an env it never samples.
+  worker never builds an env it never samples. Each member's and level's task arguments are
+  still checked at make (a bad knob value is an error there, not when a level is first reached).
 * **What the model sees is the member's**: its system prompt, tools (``info["tools"]``) and
   spaces' bounds; the mixture's spaces are Text spaces as wide as the widest member.
   ``info["member"]`` names it on every step, ``info["task_id"]`` is ``"<member>/<task id>"``
@@ -61,8 +62,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import inspect
 import math
 import numbers
+import warnings
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -127,7 +130,11 @@ def parse_members(members: Any) -> list[MemberSpec]:
             if "id" not in m or extra:
                 raise ValueError("members: each entry needs 'id' (and may have 'weight', 'kwargs', 'name'), "
                                  f"got {dict(m)!r}")
-            rows.append((m.get("name"), m["id"], m.get("kwargs") or {}, m.get("weight", 1.0)))
+            kwargs = m.get("kwargs") or {}
+            if not isinstance(kwargs, Mapping):
+                raise ValueError(f"members: the kwargs of {m['id']!r} must be a dict of its gym.make arguments, "
+                                 f"got {kwargs!r}")
+            rows.append((m.get("name"), m["id"], kwargs, m.get("weight", 1.0)))
     else:
         raise ValueError("members must be {id or (name, id, kwargs): weight}, a list of (id or (id, kwargs) or "
                          "(name, id, kwargs), weight) pairs or of (id, kwargs, weight), or a list of "
@@ -321,6 +328,7 @@ class MixEnv(gym.Env[str, str]):
             if wrong:
                 raise ValueError(f"curriculum[{s.name!r}]: a knob's path starts with {wrong}, not an argument of "
                                  f"{s.env_id} (e.g. 'task_args.difficulty.digits')")
+            self._check_task_args(s, classes[s.env_id])
         widest = lambda key, default: max(int(kw.get(key, default)) for kw in self._kwargs.values())  # noqa: E731
         self.observation_space = UnicodeText(widest("max_observation_chars", 1_000_000))
         self.action_space = UnicodeText(widest("max_action_chars", 32_000))
@@ -333,6 +341,28 @@ class MixEnv(gym.Env[str, str]):
         self._pending_rng: dict[str, Any] = {}  # restored RNG states of members not built yet
         self.counts = dict.fromkeys(self._names, 0)
         self.tasks = MixTasks(self)
+
+    def _check_task_args(self, spec: MemberSpec, cls: Any) -> None:
+        """Each level's task source configured now (a checked dataclass: nothing is built or read),
+        so a bad knob value fails at make, not in the worker whose controller first reaches it."""
+        options = getattr(cls, "choices", {}).get("task_args") if isinstance(cls, type) else None
+        param = inspect.signature(cls).parameters.get("tasks") if options else None
+        if param is None:
+            return
+        from benchmax_gym.core.sources import choose
+
+        for level, overlay in enumerate(self.curriculum.members[spec.name].levels):
+            kwargs = apply_level(self._kwargs[spec.name], overlay)
+            tasks = kwargs.pop("tasks", param.default)
+            if tasks is inspect.Parameter.empty:
+                return
+            try:
+                with warnings.catch_warnings():  # (the flat arguments' DeprecationWarning: make gives it)
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    choose(tasks, kwargs.pop("task_args", None), options, kwargs)
+            except ValueError as exc:
+                where = f"curriculum[{spec.name!r}] level {level} {overlay}" if overlay else f"members: {spec.name}"
+                raise ValueError(f"{where}: {exc}") from None
 
     def _curriculum(self, curriculum: Any, band, window, group_size) -> Curriculum:
         defaults = {"band": band, "window": window}

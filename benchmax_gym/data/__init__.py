@@ -19,18 +19,29 @@ from benchmax_gym.core.tasks import ListTasks, task_from_dict
 
 
 def _numbered_jsonl(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
-    """``(line number, value)`` for each non-blank line of a JSON Lines file."""
+    """``(line number, value)`` for each non-blank line of a JSON Lines file; a line that is not
+    UTF-8 JSON is an error naming the file and line (a byte-order mark is read as the mark)."""
+    name = os.fspath(path)
     if os.path.isdir(path):
-        raise ValueError(f"{what} {os.fspath(path)!r} is a folder, not a JSON Lines file")
+        raise ValueError(f"{what} {name!r} is a folder, not a JSON Lines file")
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO or a device: opening it blocked, or never ended
+        raise ValueError(f"{what} {name!r} is not a regular file")
     records = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
+            if number == 1:
+                line = line.removeprefix(b"\xef\xbb\xbf")  # (Windows editors write one)
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{what} {name!r} line {number}: not UTF-8 text (byte {exc.start} of the line); "
+                                 "save the file as UTF-8") from None
             except ValueError as exc:
-                raise ValueError(f"{what} {os.fspath(path)!r} line {number}: not JSON ({exc})") from None
+                raise ValueError(f"{what} {name!r} line {number}: not JSON ({exc})") from None
+            except RecursionError:
+                raise ValueError(f"{what} {name!r} line {number}: JSON nested too deeply to read") from None
             records.append((number, record))
     return records
 
@@ -53,7 +64,10 @@ def load_tasks(path: str | os.PathLike) -> ListTasks:
             tasks.append(task_from_dict(record, i))
         except ValueError as exc:
             raise ValueError(f"tasks {os.fspath(path)!r} line {number}: {exc}") from None
-    return ListTasks(tasks)
+    try:
+        return ListTasks(tasks)
+    except ValueError as exc:  # two tasks with one id
+        raise ValueError(f"tasks {os.fspath(path)!r}: {exc}") from None
 
 
 def write_jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:

@@ -7,7 +7,9 @@ and JSON Lines or JSON arrays of ``{title, text}`` (a HotpotQA file too); PDF wh
 extra (``pypdf``) is installed. Text is UTF-8 (or UTF-16 with its byte-order mark); a file in
 another encoding is refused naming it. Sub-headings become ``== Heading ==`` lines, the section
 convention of the Wikipedia family's backend, so ``get_article`` can read a section at a time.
-A title seen twice gets `` (2)``, `` (3)``...: the index keeps one article per title.
+A title seen twice gets `` (2)``, `` (3)``...: the index keeps one article per title. A
+file of a folder that links outside it is refused (a folder from elsewhere could otherwise put
+any file of this machine into the index and the questions).
 
 ``benchmax/Wikipedia-v0`` with ``backend="local", backend_args={"corpus": path}`` indexes the
 same documents (SQLite FTS5, cached under a hash of their content).
@@ -60,6 +62,12 @@ def document_files(path: str | os.PathLike) -> list[Path]:
                    and not any(part.startswith(".") for part in p.relative_to(root).parts))
     if not files:
         raise ValueError(f"DOCS {str(path)!r}: no documents ({', '.join(SUFFIXES)}) in the folder")
+    inside = root.resolve()
+    for file in files:  # (a folder from elsewhere may link "notes.txt" to ~/.ssh/id_rsa)
+        target = file.resolve()
+        if not target.is_relative_to(inside):
+            raise ValueError(f"DOCS {str(path)!r}: {file} links outside the folder (to {target}); copy that "
+                             "document into the folder, or pass it as DOCS itself")
     return files
 
 
@@ -101,6 +109,8 @@ def _read(file: Path) -> list[Document]:
             records, _ = load_corpus(file)
         except RecursionError:  # json.loads of a hostile or broken file
             raise ValueError(f"{file}: JSON nested too deeply to read") from None
+        except UnicodeDecodeError as exc:  # (its message alone did not say which file)
+            raise ValueError(f"{file}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
         return [Document(r["title"], r["text"], str(file)) for r in records]
     if suffix == ".pdf":
         return [Document(_stem_title(file), _pdf_text(file), str(file))]
@@ -210,8 +220,11 @@ def _pdf_text(file: Path) -> str:
         import pypdf
     except ImportError:
         raise ValueError(f"{file}: reading PDF needs pypdf: pip install 'benchmax-gym[pdf]'") from None
-    reader = pypdf.PdfReader(str(file))
-    return "\n\n".join((page.extract_text() or "").strip() for page in reader.pages)
+    try:
+        reader = pypdf.PdfReader(str(file))
+        return "\n\n".join((page.extract_text() or "").strip() for page in reader.pages)
+    except Exception as exc:  # a broken or encrypted file: pypdf's own errors, or any from its parsing
+        raise ValueError(f"{file}: not a PDF this can read ({type(exc).__name__}: {exc})") from None
 
 
 # -- chunks ---------------------------------------------------------------------------------------

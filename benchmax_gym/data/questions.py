@@ -483,6 +483,8 @@ def generate_from_corpus(docs: str | os.PathLike, out: str | os.PathLike, *, mod
 
     if max_questions is not None and max_questions <= 0:
         raise ValueError(f"--max-questions must be a positive number, got {max_questions}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # (numpy's error did not name it)
+        raise ValueError(f"--seed must be a non-negative int, got {seed!r}")
     start = time.perf_counter()
     documents = load_documents(docs)
     chunks = {d.title: chunk_document(d, chunk_chars) for d in documents}

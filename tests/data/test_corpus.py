@@ -152,6 +152,7 @@ def test_the_model_path_filters_bad_candidates_and_never_writes_the_key(tmp_path
     (["--verify-model", "m"], "give --model too"),
     (["--chunk-chars", "50"], "chunk_chars must be at least 200"),
     (["--max-questions", "0"], "--max-questions must be a positive number"),
+    (["--seed", "-1"], "--seed must be a non-negative int"),  # (numpy's "expected non-negative integer" alone)
 ])
 def test_bad_options_fail_in_one_line(tmp_path, capsys, args, says):
     with pytest.raises(SystemExit) as exit_:
