@@ -435,8 +435,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         usage_error(f"--max-retries must be 0 or more, got {args.max_retries}")
     if args.max_tokens is not None and args.max_tokens < 1:
         usage_error(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    # (nan and inf cannot be sent as JSON, and servers refuse the others: every episode failed)
+    if args.temperature is not None and not 0 <= args.temperature < float("inf"):
+        usage_error(f"--temperature must be a number, 0 or more, got {args.temperature:g}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        usage_error(f"--top-p must be within (0, 1], got {args.top_p:g}")
     extra = {}
     if args.model is not None:
+        if args.base_url is not None:
+            _check_base_url(args.base_url, "--base-url")
+        elif os.environ.get("OPENAI_BASE_URL"):
+            _check_base_url(os.environ["OPENAI_BASE_URL"], "$OPENAI_BASE_URL")
         # the key's variable: --api-key-env, else OPENAI_API_KEY as the SDK reads it (and it reads
         # OPENAI_BASE_URL when --base-url is not given)
         variable = args.api_key_env or "OPENAI_API_KEY"
@@ -478,6 +487,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(format_summary(result.summary))
         print(f"run directory: {result.out}")
     return 0
+
+
+def _check_base_url(url: str, where: str) -> None:
+    """Refuse an endpoint that is not an http(s) URL the client can connect to: a malformed one
+    (``http://[::1/v1``, a port past 65535) failed deep in the HTTP client with a traceback."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (it checks the port)
+    except ValueError as exc:
+        usage_error(f"{where} {url}: not a valid URL ({exc})")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        usage_error(f"{where} {url}: expected http(s)://HOST[:PORT]/v1, e.g. http://localhost:8000/v1")
 
 
 def eval_interrupted(args: argparse.Namespace) -> int:
@@ -562,6 +585,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from benchmax_gym.eval import EvalError, load_run
     from benchmax_gym.eval.stats import compare, format_compare
 
+    _check_seed(args.seed)
     if args.plots_dir and os.path.exists(args.plots_dir) and not os.path.isdir(args.plots_dir):
         usage_error(f"--plots-dir {args.plots_dir}: not a folder; name a new or existing folder for the PNGs")
     runs, infos = {}, {}
@@ -660,13 +684,14 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
         usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
     from benchmax_gym.serve import ListenError, listen
 
-    try:
-        for sock in listen(args.host, args.port):  # a port in use: said before OpenEnv is imported, the env made
-            sock.close()
+    sockets = []
+    try:  # the port held from here on (a port in use: said before OpenEnv is imported, the env made)
+        sockets = listen(args.host, args.port)
         from benchmax_gym.openenv import serve
 
         serve(args.env_id, host=args.host, port=args.port, env_kwargs=_parse_env_args(args.env_arg),
-              max_sessions=args.max_sessions, idle_timeout=args.idle_timeout, auth_token=args.auth_token)
+              max_sessions=args.max_sessions, idle_timeout=args.idle_timeout, auth_token=args.auth_token,
+              sockets=sockets)
     except ListenError as exc:  # the port in use, named with --port
         usage_error(exc)
     except ImportError as exc:
@@ -677,6 +702,9 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
         usage_error(cannot_make(args.env_id, exc))
     except KeyboardInterrupt:
         pass
+    finally:
+        for sock in sockets:
+            sock.close()
     return 0
 
 

@@ -383,13 +383,23 @@ def _not_a_message(text: str | None) -> str | None:
 
 
 def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: dict[str, Any] | None = None,
-          max_sessions: int = 64, idle_timeout: float = 600.0, auth_token: str | None = None) -> None:
-    """Run :func:`build_app` until interrupted; ``auth_token`` defaults to ``BENCHMAX_GYM_OPENENV_TOKEN``."""
-    from benchmax_gym.serve import run_http_app
+          max_sessions: int = 64, idle_timeout: float = 600.0, auth_token: str | None = None,
+          sockets: list | None = None) -> None:
+    """Run :func:`build_app` until interrupted; ``auth_token`` defaults to ``BENCHMAX_GYM_OPENENV_TOKEN``.
+    ``sockets``: from :func:`benchmax_gym.serve.listen` (default: listen here, before the app is
+    built: a port in use is a ListenError first); closed when the server ends."""
+    from benchmax_gym.serve import listen, run_http_app
 
-    app = build_app(env_id, env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout)
+    if sockets is None:
+        sockets = listen(host, port)
+    try:
+        app = build_app(env_id, env_kwargs, max_sessions=max_sessions, idle_timeout=idle_timeout)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     token = auth_token if auth_token is not None else os.environ.get(TOKEN_ENV) or None
-    run_http_app(app, host, port, token, "openenv-serve")
+    run_http_app(app, host, port, token, "openenv-serve", sockets=sockets)
 
 
 # -- consume --------------------------------------------------------------------------------------

@@ -229,9 +229,11 @@ class ListenError(OSError):
 
 
 def listen(host: str, port: int) -> list[Any]:
-    """Sockets bound to ``host:port``, one per address the host resolves to, as uvicorn (asyncio's
+    """Sockets listening on ``host:port``, one per address the host resolves to, as uvicorn (asyncio's
     ``create_server``) binds them: bound here so that a port in use is a :class:`ListenError`
-    naming ``--port`` (uvicorn logs a message of its own that names no option, and exits 3)."""
+    naming ``--port`` (uvicorn logs a message of its own that names no option, and exits 3), and
+    listening at once: a socket only bound (SO_REUSEADDR) let another server take the port while
+    the environment was made, and uvicorn's own listen then failed with a traceback."""
     import errno
     import socket
 
@@ -248,6 +250,7 @@ def listen(host: str, port: int) -> list[Any]:
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
+            sock.listen()  # (connections wait in the backlog until uvicorn serves them)
     except OSError as exc:
         for sock in sockets:
             sock.close()
