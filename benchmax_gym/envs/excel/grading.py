@@ -285,7 +285,10 @@ def _output_cells(
 ) -> tuple[dict[CellKey, Any], dict[CellKey, str], dict[str, str], list[tuple[str, str]], dt.datetime]:
     """The output's cells at ``ranges``: plain values keyed by the answer's sheet names, formula
     cells' number formats keyed by the output's, the output's sheet names -> the answer's, the
-    ranges whose sheet is missing, and the epoch. Plain data: it may come from a call's process."""
+    ranges whose sheet is missing, and the epoch. Plain data: it may come from a call's process.
+    The output is checked first (:func:`check_workbook`: the model's file), within that process's
+    deadline: its scan of a file that expands to 64 MB takes seconds."""
+    check_workbook(data)
     values: dict[CellKey, Any] = {}
     formats: dict[CellKey, str] = {}
     renamed: dict[str, str] = {}
@@ -365,7 +368,6 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
     total = len(expected)
     try:
         data = _read_bytes(output)
-        check_workbook(data)
         got, output_notes = _output_values(data, ranges, method, time_limit)
     except RecalcUnavailable:
         raise  # the machinery's failure, not the workbook's: no grade (the env fails the episode)
@@ -401,7 +403,6 @@ def correct_cells(output: Workbook, answer: Workbook, position: str, recalc: str
     ranges, expected, _ = _expected_cells(_read_bytes(answer), position, method)
     try:
         data = _read_bytes(output)
-        check_workbook(data)
         got, _ = _output_values(data, ranges, method, time_limit)
     except Exception:  # noqa: BLE001 - the model's workbook: deleted, truncated, not a zip
         return set(), len(expected)

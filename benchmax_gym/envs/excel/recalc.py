@@ -7,7 +7,7 @@ LibreOffice, falling back to the values cached in the file. Given a time limit (
 workbooks), the ``formulas`` recalculation runs in a process of its own, killed at the deadline
 and bounded in memory (:func:`run_in_process`), as is the parse of the model's files
 (:func:`open_within`). :func:`check_workbook` refuses workbooks whose parsing alone would cost
-the host unbounded time or memory.
+the host unbounded time or memory; for the model's files it runs within the same deadline.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from openpyxl.utils.datetime import from_excel
 from benchmax_gym.envs.excel import formulas_fixes
 
 __all__ = [
-    "RECALC_MODES", "RecalcOutOfMemory", "RecalcUnavailable", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate",
+    "RECALC_MODES", "MemoryLimitExceeded", "RecalcOutOfMemory", "RecalcUnavailable", "TimeLimitExceeded", "WorkbookTooLarge", "check_workbook", "recalculate",
     "open_within", "run_in_process", "run_with_deadline", "stop_recalc_worker",
 ]
 
@@ -86,35 +86,62 @@ hyperlinks and comments cover (openpyxl creates those one by one); openpyxl spen
 ~1 KB per cell."""
 MAX_ROW, MAX_COL = 1_048_576, 16_384  # Excel's grid
 
-_CELL_TAG = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?c[\s/>]")
+# Every scan is linear in the part's size, whatever the bytes: a tag's attributes never hold "<"
+# (XML forbids it), so a scan from one "<" stops at the next, and the atomic groups commit to the
+# first match inside a tag ([^>]*? and .*? scanned on to the end from every unclosed tag: a 5 KB
+# part of "<c <c <c ..." took minutes). Names are alternatives (``c|x:c``): re tries them at each
+# "<" faster than an optional prefix.
+
+
+def _name(name: bytes) -> bytes:
+    """An element's name in a pattern, with or without a namespace prefix (``c``, ``x:c``)."""
+    return rb"(?:" + name + rb"|[A-Za-z_][\w.-]*+:" + name + rb")"
+
+
+_CELL_TAG = re.compile(rb"<" + _name(rb"c") + rb"[\s/>]")
 _RANGE_TAG = re.compile(  # elements whose ref openpyxl fills with a cell per position
-    rb"<(?:[A-Za-z_][\w.-]*:)?(?:mergeCell|hyperlink|comment)\s[^>]*?(?<=\s)ref\s*=\s*[\"']([^\"']*)[\"']"
+    rb"<" + _name(rb"(?:mergeCell|hyperlink|comment)") + rb"\s(?>[^<>]*?(?<=\s)ref\s*=\s*)[\"']([^\"'<]*)[\"']"
 )
-_SHARED_STRING = re.compile(rb"<(?:[A-Za-z_][\w.-]*:)?si[\s>].*?</(?:[A-Za-z_][\w.-]*:)?si\s*>", re.S)
+_SHARED_STRING = re.compile(  # one <si>...</si>, never across another <si>
+    rb"<" + _name(rb"si") + rb"[\s>](?:[^<]++|<(?!/?" + _name(rb"si") + rb"[\s>/]))*+</" + _name(rb"si") + rb"\s*>"
+)
 _SHARED_STRING_CELL = re.compile(  # a cell's <v>: an index into the shared strings
-    rb"<(?:[A-Za-z_][\w.-]*:)?c\s[^>]*?(?<=\s)t\s*=\s*[\"']s[\"'][^>]*>\s*<(?:[A-Za-z_][\w.-]*:)?v\s*>\s*([0-9]{1,9})\s*<"
+    rb"<" + _name(rb"c") + rb"\s(?>[^<>]*?(?<=\s)t\s*=\s*[\"']s[\"'])[^<>]*+>\s*+<" + _name(rb"v")
+    + rb"\s*>\s*([0-9]{1,9})\s*<"
 )
+_TOKEN = re.compile(rb"\S+")
 _DECLARED_ENCODING = re.compile(rb"(?:\xef\xbb\xbf)?\s*<\?xml[^>]*?encoding\s*=\s*[\"']([\w.:-]{1,40})[\"']")
 
 
 class WorkbookTooLarge(ValueError):
     """A workbook over the host's limits (:data:`MAX_WORKBOOK_BYTES`, :data:`MAX_XML_BYTES`,
-    :data:`MAX_RATIO`, :data:`MAX_PARTS`, :data:`MAX_CELLS`), refused before openpyxl parses it,
+    :data:`MAX_RATIO`, :data:`MAX_PARTS`, :data:`MAX_CELLS`; XML entities, which could expand
+    past them), refused before openpyxl parses it,
     or with a range too large to recalculate (:data:`.formulas_fixes.MAX_LOADED_RANGE_CELLS`)."""
 
 
-def _covered_cells(ref: bytes) -> int:
-    """The cells a ``ref`` attribute covers (``A1:C3``; whole columns or rows span the grid)."""
+def _covered_cells(ref: bytes, limit: int) -> int:
+    """The cells a ``ref`` attribute covers (``A1:C3``; whole columns or rows span the grid),
+    counted until past ``limit``; a token that is not a range counts one, so a ref of millions of
+    tokens is refused as soon as a range of as many cells would be."""
     total = 0
-    for part in ref.decode("ascii", "replace").replace("$", "").upper().split():
+    for token in _TOKEN.finditer(ref):
+        if total > limit:
+            break
         try:
-            min_col, min_row, max_col, max_row = range_boundaries(part)
+            min_col, min_row, max_col, max_row = range_boundaries(token[0].decode("ascii", "replace").replace("$", "").upper())
         except (TypeError, ValueError):
+            total += 1
             continue
         cols = MAX_COL if min_col is None or max_col is None else abs(max_col - min_col) + 1
         rows = MAX_ROW if min_row is None or max_row is None else abs(max_row - min_row) + 1
         total += cols * rows
     return total
+
+
+def _count(pattern: re.Pattern, data: bytes, limit: int) -> int:
+    """The matches of ``pattern`` in ``data``, counted until past ``limit`` (no list of millions)."""
+    return sum(1 for _ in itertools.islice(pattern.finditer(data), max(limit, 0) + 1))
 
 
 def _as_parsed(xml: bytes) -> bytes:
@@ -139,9 +166,10 @@ def _as_parsed(xml: bytes) -> bytes:
 def check_workbook(data: bytes) -> None:
     """Refuse, with :class:`WorkbookTooLarge`, a workbook whose parsing would cost the host
     unbounded time or memory: a zip bomb, or a small file that expands to millions of cells.
-    Cheap: the zip directory, then one scan of every part (openpyxl finds worksheets through
-    relationships, under any name). Files that are not a zip pass through (openpyxl's own error
-    then says what is wrong)."""
+    The zip directory, then one linear scan of every part (openpyxl finds worksheets through
+    relationships, under any name): up to seconds for 64 MiB, so the model's files are checked
+    within their deadline (:func:`open_within`'s ``check``, the grader's reading process). Files
+    that are not a zip pass through (openpyxl's own error then says what is wrong)."""
     if len(data) > MAX_WORKBOOK_BYTES:
         raise WorkbookTooLarge(f"the workbook is {len(data)} bytes; the limit is {MAX_WORKBOOK_BYTES}")
     try:
@@ -159,23 +187,30 @@ def check_workbook(data: bytes) -> None:
             if p.file_size > 2**20 and p.file_size > MAX_RATIO * max(p.compress_size, 1):
                 raise WorkbookTooLarge(f"{p.filename} expands {p.file_size // max(p.compress_size, 1)}-fold; the limit is {MAX_RATIO}")
         cells = 0
-        shared: list[int] = []  # the bytes of each shared string (the longest where parts disagree)
         uses: collections.Counter = collections.Counter()  # shared string index -> cells that show it
+        string_parts: list[bytes] = []  # the parts that may hold shared strings
         for p in parts:
             try:
                 xml = _as_parsed(archive.read(p))
             except Exception:
                 continue  # a broken part: openpyxl reports it if it reads it
+            if b"<!ENTITY" in xml:  # the XML parser would expand them: a few KB into millions of cells
+                raise WorkbookTooLarge(
+                    f"{p.filename} declares XML entities (<!ENTITY>), whose expansion no limit here can "
+                    "see; xlsx parts never declare any"
+                )
             if b"sheetData" in xml:
-                cells += len(_CELL_TAG.findall(xml))
-                uses.update(map(int, _SHARED_STRING_CELL.findall(xml)))
+                found = _count(_CELL_TAG, xml, MAX_CELLS - cells)
+                cells += found
+                if found and cells <= MAX_CELLS:  # (each match is a cell: at most MAX_CELLS)
+                    uses.update(map(int, _SHARED_STRING_CELL.findall(xml)))
             if b"sst" in xml:
-                sizes = [len(m) for m in _SHARED_STRING.findall(xml)]
-                shared = [max(a, b) for a, b in itertools.zip_longest(shared, sizes, fillvalue=0)]
-            for ref in _RANGE_TAG.findall(xml):
-                cells += _covered_cells(ref)
+                string_parts.append(xml)
+            ranges = any(name in xml for name in (b"mergeCell", b"hyperlink", b"comment"))  # (a fast search)
+            for ref in _RANGE_TAG.finditer(xml) if ranges else ():
                 if cells > MAX_CELLS:
                     break
+                cells += _covered_cells(ref[1], MAX_CELLS - cells)
             if cells > MAX_CELLS:
                 raise WorkbookTooLarge(
                     f"the workbook has more cells than the limit of {MAX_CELLS} "
@@ -183,7 +218,12 @@ def check_workbook(data: bytes) -> None:
                 )
         # openpyxl gives each cell that shows a shared string its own copy when it saves, and
         # formulas' ranges copy it again: one 32,767-character string in 300,000 cells is 10 GB.
-        inlined = sum(shared[i] * n for i, n in uses.items() if i < len(shared))
+        longest: dict[int, int] = {}  # a shown string's bytes (the longest where parts disagree)
+        for xml in string_parts if uses else ():
+            for i, string in zip(range(max(uses) + 1), _SHARED_STRING.finditer(xml)):
+                if i in uses:
+                    longest[i] = max(longest.get(i, 0), string.end() - string.start())
+        inlined = sum(longest.get(i, 0) * n for i, n in uses.items())
         if total + inlined > MAX_XML_BYTES:
             raise WorkbookTooLarge(
                 f"the workbook's shared strings, written out in every cell that shows them, come to "
@@ -640,9 +680,14 @@ _WORKER_REPLY_S = 30.0  # the most a worker may take to fork a call's process or
 _PR_SET_PDEATHSIG = 1
 
 
-class RecalcOutOfMemory(WorkbookTooLarge):
-    """A recalculation past :data:`RECALC_MEMORY_BYTES`, or whose process was killed before it
-    finished (the kernel's out-of-memory killer, an allocation that crashed C code)."""
+class MemoryLimitExceeded(WorkbookTooLarge):
+    """Work on the model's workbook in a call's process (:func:`run_in_process`: parsing it,
+    reading it, recalculating it) past :data:`RECALC_MEMORY_BYTES`, or whose process was killed
+    before it finished (the kernel's out-of-memory killer, an allocation that crashed C code)."""
+
+
+RecalcOutOfMemory = MemoryLimitExceeded
+"""The former name of :class:`MemoryLimitExceeded` (from when only recalculations ran in a process)."""
 
 
 class _RemoteError(RuntimeError):
@@ -808,9 +853,27 @@ def _formulas_values_in_child(
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """:func:`_formulas_values` in a process of its own (:func:`run_in_process`)."""
     return run_in_process(
-        _formulas_values, (data, keys, time_limit), time_limit, "the recalculation",
+        _formulas_values_within_memory, (data, keys, time_limit), time_limit, "the recalculation",
         memory="the workbook's formulas need more than {} MB of memory to compute",
     )
+
+
+def _formulas_values_within_memory(
+    data: bytes, keys: set[CellKey], time_limit: float
+) -> tuple[dict[CellKey, Any], list[str]]:
+    """:func:`_formulas_values` in a call's process, its memory limit made visible: ``formulas``
+    makes an exception in a function, a MemoryError too, the cell's ``#VALUE!`` (or leaves the cell
+    out), so a result with an error or a missing cell from a call whose peak came within 1/16 of its
+    limit ran out (:class:`MemoryError`), wherever that was caught. A result without one is what
+    the workbook computes, however close to the limit it came."""
+    import resource
+
+    values, messages = _formulas_values(data, keys, time_limit)
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    near = limit != resource.RLIM_INFINITY and _memory_size("VmPeak") > limit - RECALC_MEMORY_BYTES // 16
+    if near and (keys - values.keys() or any(isinstance(v, str) and v.startswith("#") for v in values.values())):
+        raise MemoryError
+    return values, messages
 
 
 def run_in_process(
@@ -818,7 +881,7 @@ def run_in_process(
 ) -> Any:
     """``fn(*args)`` (a module-level function; picklable arguments and result) in a process of its
     own, forked from the worker, killed at ``time_limit`` seconds (:class:`TimeLimitExceeded`
-    naming ``what``) and bounded by :data:`RECALC_MEMORY_BYTES` (:class:`RecalcOutOfMemory`, with
+    naming ``what``) and bounded by :data:`RECALC_MEMORY_BYTES` (:class:`MemoryLimitExceeded`, with
     ``memory``'s message): nothing of it runs once this returns. For work on the model's files,
     which its input can make run long or large. Without Linux (no prctl, no /proc), a thread
     given up at the deadline (:func:`run_with_deadline`)."""
@@ -852,19 +915,26 @@ def run_in_process(
         return payload
     if kind == "memory":
         message = memory or f"{what} needs more than {{}} MB of memory"
-        raise RecalcOutOfMemory(message.format(RECALC_MEMORY_BYTES // 2**20))
+        raise MemoryLimitExceeded(message.format(RECALC_MEMORY_BYTES // 2**20))
     if kind == "raise":
         raise payload
     raise _remote_error(*payload)
 
 
-def _parse_only(data: bytes, data_only: bool) -> None:
-    """Parse the workbook as :func:`open_within` will, for its time and memory (in a call's process)."""
+def _parse_only(data: bytes, data_only: bool, check: bool = False) -> None:
+    """Parse the workbook as :func:`open_within` will, for its time and memory (in a call's
+    process), with ``check`` first checked (:func:`check_workbook`)."""
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the caller's own parse shows them
-        _open(data, data_only=data_only, read_only=False).close()
+        _checked_open(data, data_only, check).close()
+
+
+def _checked_open(data: bytes, data_only: bool, check: bool) -> openpyxl.Workbook:
+    if check:
+        check_workbook(data)
+    return _open(data, data_only=data_only, read_only=False)
 
 
 PARSE_IN_PLACE_BYTES = 1 << 20
@@ -875,7 +945,12 @@ it is done in about half a second and ~30 MB; every SpreadsheetBench sample is u
 
 def _expanded_size(data: bytes) -> int:
     """The sum of the zip's entries' sizes (what :func:`check_workbook` bounds); 0 if unreadable
-    (openpyxl then says why, at once)."""
+    (openpyxl then says why, at once). A zip directory over 1 MiB (~20,000 entries; 10,000 is the
+    limit) counts as :data:`MAX_XML_BYTES`, unread: reading 16 MB of it takes seconds, so it is
+    read in the call's process, within its deadline."""
+    end = data.rfind(b"PK\x05\x06", max(0, len(data) - 65_557))  # where zipfile finds its end record
+    if end >= 0 and int.from_bytes(data[end + 12:end + 16], "little") > 1 << 20:  # the directory's size
+        return MAX_XML_BYTES
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             return sum(entry.file_size for entry in archive.infolist())
@@ -883,18 +958,22 @@ def _expanded_size(data: bytes) -> int:
         return 0
 
 
-def open_within(data: bytes, time_limit: float | None, what: str, *, data_only: bool) -> openpyxl.Workbook:
-    """openpyxl's (editable) workbook from the model's ``data``, with :func:`check_workbook`'s
-    limits passed: the limits still let a file take a parse 30 s and 2 GB (a million fonts,
-    rows, names, shared strings), so it is parsed first in a process killed at ``time_limit``
-    and bounded in memory (:func:`run_in_process`), then here, in the time and memory it took
-    there; one that expands to at most :data:`PARSE_IN_PLACE_BYTES` is parsed here at once. Its
-    errors are openpyxl's (under their names), :class:`TimeLimitExceeded` and
-    :class:`RecalcOutOfMemory`."""
+def open_within(
+    data: bytes, time_limit: float | None, what: str, *, data_only: bool, check: bool = False
+) -> openpyxl.Workbook:
+    """openpyxl's (editable) workbook from the model's ``data``, with ``check`` first checked
+    against :func:`check_workbook`'s limits within the same ``time_limit`` (its scan of a file
+    that expands to 64 MB takes seconds). The limits still let a file take a parse 30 s and 2 GB
+    (a million fonts, rows, names, shared strings), so it is checked and parsed first in a
+    process killed at ``time_limit`` and bounded in memory (:func:`run_in_process`), then parsed
+    here, in the time and memory it took there; one that expands to at most
+    :data:`PARSE_IN_PLACE_BYTES` is checked and parsed here at once. Its errors are openpyxl's
+    (under their names), :class:`WorkbookTooLarge`, :class:`TimeLimitExceeded` and
+    :class:`MemoryLimitExceeded`."""
     if time_limit is not None and sys.platform == "linux" and _expanded_size(data) > PARSE_IN_PLACE_BYTES:
-        run_in_process(_parse_only, (data, data_only), time_limit, what)
+        run_in_process(_parse_only, (data, data_only, check), time_limit, what)
         return _open(data, data_only=data_only, read_only=False)
-    return run_with_deadline(functools.partial(_open, data, data_only=data_only, read_only=False), time_limit, what)
+    return run_with_deadline(functools.partial(_checked_open, data, data_only, check), time_limit, what)
 
 
 def _limits() -> dict[tuple[str, str], int | float]:
@@ -914,7 +993,7 @@ def _lost(status: int | None, time_limit: float, what: str) -> Exception:
         sig = os.WTERMSIG(status)
         if sig == signal.SIGXCPU:  # its CPU limit, the deadline's backstop
             return TimeLimitExceeded(f"{what} took over {time_limit:g} s")
-        return RecalcOutOfMemory(
+        return MemoryLimitExceeded(
             f"{what} was killed ({signal.Signals(sig).name}) before it finished, most likely "
             f"out of memory (its limit is {RECALC_MEMORY_BYTES // 2**20} MB)"
         )
@@ -1030,17 +1109,12 @@ def _run_call(fd: int, tmp: str) -> None:
     tempfile.tempdir = tmp
     for (module, name), value in limits.items():
         setattr(sys.modules[module], name, value)
-    memory = RECALC_MEMORY_BYTES
-    limit = _memory_size("VmSize") + memory
+    limit = _memory_size("VmSize") + RECALC_MEMORY_BYTES
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     cpu = math.ceil(time_limit) + 1  # a backstop: the caller kills it at the deadline
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     try:
         reply: tuple[str, Any] = ("values", fn(*args))
-        # formulas makes an exception in a function, a MemoryError too, the cell's #VALUE!: a
-        # call that came this close to its limit ran out, wherever that was caught
-        if _memory_size("VmPeak") > limit - memory // 16:
-            reply = ("memory", None)
     except MemoryError:
         reply = ("memory", None)
     except (TimeLimitExceeded, WorkbookTooLarge) as exc:
@@ -1145,7 +1219,7 @@ def _compute(
     """Values for the formula cells ``formats`` (cell -> number format), and notes.
 
     A recalculation past ``time_limit`` seconds (:class:`TimeLimitExceeded`), with a range too
-    large or past its memory (:class:`WorkbookTooLarge`, :class:`RecalcOutOfMemory`) raises: the
+    large or past its memory (:class:`WorkbookTooLarge`, :class:`MemoryLimitExceeded`) raises: the
     workbook's own doing, never replaced by the values cached in it. With a ``time_limit`` it
     runs in a process killed at the deadline; without one (the task's own answer), here.
 

@@ -28,10 +28,9 @@ from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, unc
 from benchmax_gym.core.tools import ToolError, tool
 from benchmax_gym.envs.excel.recalc import (
     MAX_WORKBOOK_BYTES,
-    RecalcOutOfMemory,
+    MemoryLimitExceeded,
     TimeLimitExceeded,
     WorkbookTooLarge,
-    check_workbook,
     external_reference,
     open_within,
     recalculate,
@@ -54,7 +53,7 @@ class WorkbookFile:
 
     The model's code can replace the file with anything, so it is only ever opened through
     :mod:`benchmax_gym.core.files` (a regular file in the workspace, no symlink, one link, size
-    capped) and checked by :func:`check_workbook` before openpyxl parses it."""
+    capped) and checked by :func:`.recalc.check_workbook` before openpyxl parses it."""
 
     def __init__(self, path: Path, timeout: float | None = None):
         self.path = Path(path)
@@ -82,14 +81,9 @@ class WorkbookFile:
         if self._book is None or version != self._version:
             data, version = read_workspace_file(self.path.parent, self.path.name, MAX_WORKBOOK_BYTES)
             # The first load is the task's own file (reset stays fast); later ones may be the
-            # model's: checked against the limits, then parsed with a deadline.
+            # model's: checked against the limits and parsed, both within the deadline.
             model_written = self._loaded
-            if model_written:
-                try:
-                    check_workbook(data)
-                except WorkbookTooLarge as exc:
-                    raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
-            self._book = self._parse(data, data_only=False, bounded=model_written)
+            self._book = self._parse(data, data_only=False, bounded=model_written, check=model_written)
             self._values, self._version, self._data, self._loaded = None, version, data, True
         return self._book
 
@@ -105,15 +99,16 @@ class WorkbookFile:
                 return None
         return self._values
 
-    def _parse(self, data: bytes, data_only: bool, bounded: bool) -> openpyxl.Workbook:
+    def _parse(self, data: bytes, data_only: bool, bounded: bool, check: bool = False) -> openpyxl.Workbook:
         """openpyxl's workbook from ``data``; ``bounded`` (the model's file): parsed first in a
         process killed after ``timeout`` and bounded in memory (:func:`open_within`): within
-        :func:`check_workbook`'s limits a file can still take a parse 30 s and 2 GB."""
+        :func:`.recalc.check_workbook`'s limits a file can still take a parse 30 s and 2 GB;
+        ``check``: those limits checked first, within the same deadline."""
         try:
-            return open_within(data, self.timeout if bounded else None, f"opening {WORKBOOK}", data_only=data_only)
+            return open_within(data, self.timeout if bounded else None, f"opening {WORKBOOK}", data_only=data_only, check=check)
         except TimeLimitExceeded as exc:
             raise ToolError(f"{exc}; make it smaller", code="tool_timeout") from None
-        except RecalcOutOfMemory as exc:
+        except WorkbookTooLarge as exc:  # over check_workbook's limits, or MemoryLimitExceeded
             raise ToolError(f"{WORKBOOK} is too large to open: {exc}", code="workbook_too_large") from None
         except Exception as exc:
             raise ToolError(f"{WORKBOOK} cannot be opened: {type(exc).__name__}: {exc}") from None
@@ -148,7 +143,7 @@ class WorkbookFile:
                 cache[key] = recalculate(buffer.getvalue(), ranges=[(sheet, rng)], time_limit=self.timeout)
             except TimeLimitExceeded as exc:  # kept: the same read would only overrun again
                 cache[key] = (f"computing the formulas: {exc} (the tool time limit); simplify them", "tool_timeout")
-            except RecalcOutOfMemory as exc:
+            except MemoryLimitExceeded as exc:
                 cache[key] = (f"{exc}; simplify them", "workbook_too_large")
             except WorkbookTooLarge as exc:
                 cache[key] = (f"the formulas cannot be computed: {exc}", "workbook_too_large")

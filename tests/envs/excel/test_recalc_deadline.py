@@ -165,7 +165,7 @@ def test_the_memory_error_is_the_callers_limit_not_a_silent_error_value(monkeypa
         wb.active[key] = value
     assert recalculate(to_bytes(wb), ranges=[("Sheet", "B1")], time_limit=60) == {("Sheet", "B1"): 50_000_000}
     monkeypatch.setattr(recalc, "RECALC_MEMORY_BYTES", 30 * 2**20)
-    with pytest.raises(recalc.RecalcOutOfMemory, match="need more than 30 MB of memory"):
+    with pytest.raises(recalc.MemoryLimitExceeded, match="need more than 30 MB of memory"):
         recalculate(to_bytes(wb), ranges=[("Sheet", "B1")], time_limit=60)
     answer = openpyxl.Workbook()
     answer.active["B1"] = 50_000_000
@@ -195,7 +195,7 @@ def test_a_call_killed_from_outside_is_a_clear_error_not_an_eof():
     assert wait_for(lambda: children(recalc._worker.proc.pid))
     os.kill(children(recalc._worker.proc.pid)[0], signal.SIGKILL)
     caller.join(60)
-    assert len(outcome) == 1 and isinstance(outcome[0], recalc.RecalcOutOfMemory), outcome
+    assert len(outcome) == 1 and isinstance(outcome[0], recalc.MemoryLimitExceeded), outcome
     assert "killed (SIGKILL)" in str(outcome[0]) and "out of memory" in str(outcome[0])
     nothing_runs_on(threads)
     wb.active["B1"] = "=LEN(A1)"
