@@ -71,8 +71,12 @@ On several processes an exception on one process outside generation (its env's `
 others waiting at their next gather until the backend's timeout. Instead the failing process
 makes that gather carrying its error, and every process raises :class:`ProcessFailed` there,
 naming the process and its exception (on the failing process, raised from it). A failure the env
-reports as an episode's outcome stays a failed episode, as above. (Your own reward functions run
-in TRL's code, after the rollout: one raising on one process is TRL's to handle.)
+reports as an episode's outcome stays a failed episode, as above. A reward function (yours, passed
+with the env's, or the env's own) raising on one process does the same: its exception rides the
+gather of rewards TRL makes after them (:func:`_rewards_together`; with ``environment_factory``
+from the trainer's second batch on, once ``Env.reward`` has seen the trainer). A value that
+cannot be pickled for a gather (in a record of your env, a score of your rubric) is its process's
+failure too, named in the error (its path in what was sent).
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ import inspect
 import itertools
 import json
 import logging
+import pickle
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
@@ -169,6 +175,7 @@ class TRLRollout:
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, Any]:
         groups = _Groups.of(trainer, prompts)  # (raises, if it does, on every process alike)
+        _rewards_together(trainer)
         with groups.together("TRLRollout"):
             return self._rollout(prompts, trainer, groups)
 
@@ -360,20 +367,29 @@ class _Groups:
         """``obj`` from every process, in process order (``gather_object``: a collective call
         every process makes); ``[obj]`` on one process, with no call. Each process's
         ``failure`` (see :meth:`together`) travels with it: if any process sent one, every
-        process raises :class:`ProcessFailed` here."""
+        process raises :class:`ProcessFailed` here. ``obj`` is pickled here, before the call: one
+        that cannot be (a value of a user's env or rubric) is this process's failure, naming it,
+        where ``gather_object`` would raise here alone and leave the others waiting."""
         if self.world == 1:
             return [obj]
         from accelerate.utils import gather_object
 
+        unsendable = None
         try:
-            everyone = gather_object([(failure, obj)])
+            data = pickle.dumps((failure, obj))
+        except Exception as exc:
+            unsendable = exc
+            data = pickle.dumps((f"{type(exc).__name__}: could not send {_unpicklable(obj)} to the other "
+                                 f"processes: {exc}", None))
+        try:
+            everyone = [pickle.loads(d) for d in gather_object([data])]
         except Exception:
             self.finished = True  # the call itself failed (a timeout, a process gone): another would too
             raise
         failures = {rank: f for rank, (f, _) in enumerate(everyone) if f is not None}
         if failures:
             self.finished = True
-            raise ProcessFailed(self.who, failures, self.world)
+            raise ProcessFailed(self.who, failures, self.world) from unsendable
         return [o for _, o in everyone]
 
     @contextlib.contextmanager
@@ -482,6 +498,80 @@ class ProcessFailed(RuntimeError):
                          "waiting for it at the next gather)")
 
 
+# What a reward function that raised returns on several processes (see _rewards_together): a NaN
+# whose payload no reward function gives (None is TRL's plain NaN), which TRL's gather carries bit
+# for bit.
+_RAISED_BITS = 0x7FC0FA11
+_RAISED = struct.unpack("<f", struct.pack("<I", _RAISED_BITS))[0]
+
+
+def _rewards_together(trainer: Any) -> None:
+    """On several processes, a reward function of ``trainer`` (yours, or ``Env.reward``) raising
+    on one process stops every process with :class:`ProcessFailed`, rather than leaving the others
+    waiting at the gather of rewards TRL makes after them. Installed once per trainer (its
+    ``_calculate_rewards``, which calls every reward function, then gathers their rewards from
+    every process): while it runs each plain reward function is wrapped so that an exception is
+    kept and its rewards are :data:`_RAISED`; the failing process still makes TRL's gather, which
+    so carries the failure to every process; there every process sees it and a gather of
+    :class:`_Groups` (made only then) tells each which process raised what. Nothing changes on one
+    process, nor when no function raises (the same rewards, no collective added)."""
+    accelerator = getattr(trainer, "accelerator", None)
+    world = int(getattr(accelerator, "num_processes", 1) or 1)
+    calculate = getattr(trainer, "_calculate_rewards", None)
+    if world == 1 or calculate is None or getattr(calculate, "together", False) \
+            or not hasattr(trainer, "reward_func_names"):
+        return
+    import torch
+    from trl.trainer.utils import is_async_callable
+
+    rank = int(accelerator.process_index)
+
+    def kept(func: Any, name: str, raised: dict[str, Exception]) -> Any:
+        def failed(exc: Exception, kwargs: dict[str, Any]) -> list[float]:
+            if isinstance(exc, ProcessFailed):  # (Env.reward's gathers: raised on every process already)
+                raise exc
+            raised.setdefault(name, exc)
+            return [_RAISED] * len(kwargs["prompts"])
+
+        if is_async_callable(func):
+            async def call_async(**kwargs: Any) -> list[float | None]:
+                try:
+                    return await func(**kwargs)
+                except Exception as exc:
+                    return failed(exc, kwargs)
+            return call_async
+
+        def call(**kwargs: Any) -> list[float | None]:
+            try:
+                return func(**kwargs)
+            except Exception as exc:
+                return failed(exc, kwargs)
+        return call
+
+    def calculate_together(*args: Any, **kwargs: Any) -> Any:
+        raised: dict[str, Exception] = {}
+        funcs = trainer.reward_funcs
+        trainer.reward_funcs = [f if isinstance(f, torch.nn.Module) else kept(f, name, raised)
+                                for f, name in zip(funcs, trainer.reward_func_names)]
+        try:
+            rewards = calculate(*args, **kwargs)  # every process's, gathered
+        finally:
+            trainer.reward_funcs = funcs
+        if not bool((rewards.float().view(torch.int32) == _RAISED_BITS).any()):
+            return rewards
+        groups = _Groups([], 0, rank, world, 0, None)
+        groups.who = "GRPOTrainer's reward functions"
+        said = "; ".join(f"{type(exc).__name__}: {exc} (reward function {name!r})" for name, exc in raised.items())
+        try:
+            groups.gather(None, failure=said or None)
+        except ProcessFailed as failed:
+            raise failed from next(iter(raised.values()), None)
+        return rewards  # (no process raised: a function's own NaN, TRL's "unscorable")
+
+    calculate_together.together = True
+    trainer._calculate_rewards = calculate_together
+
+
 class _Sample(NamedTuple):
     """One sample, as :meth:`_Groups.score` gathers it from every process."""
 
@@ -490,6 +580,25 @@ class _Sample(NamedTuple):
     failed: bool
     scored: bool  # it has a group rubric
     record: dict[str, Any] | None  # where its group may be scored on another process
+
+
+def _unpicklable(obj: Any, path: str = "the payload", depth: int = 0) -> str:
+    """Where in ``obj`` (a payload that cannot be pickled) the value that cannot be is, as a path
+    (``the payload['samples'][2].record['trace']``): the deepest part that still fails alone."""
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        parts = [(f".{name}", value) for name, value in zip(obj._fields, obj)]
+    elif isinstance(obj, dict):
+        parts = [(f"[{key!r}]", value) for key, value in obj.items()]
+    elif isinstance(obj, (list, tuple)):
+        parts = [(f"[{i}]", value) for i, value in enumerate(obj)]
+    else:
+        parts = []
+    for step, value in parts if depth < 20 else []:
+        try:
+            pickle.dumps(value)
+        except Exception:
+            return _unpicklable(value, path + step, depth + 1)
+    return f"{path} ({type(obj).__name__})"
 
 
 def _task_of(prompt: Any) -> tuple[str, int]:
@@ -711,12 +820,13 @@ class _EnvReward:
             return [e._grade(_last_reply(c)) if type(e) is self.cls else None
                     for c, e in zip(completions, environments)]
 
+        trainer = getattr(kwargs.get("log_metric"), "__self__", None)  # TRL passes its trainer's bound method
+        _rewards_together(trainer)  # (from the trainer's next batch: this one's rewards are under way)
         rubric = self.cls.group_rubric
         if rubric is None:
             return grade()
         # each sample's task: its group's label (None: another class's environment, not scored here)
         tasks = [e.env.unwrapped.episode.index if type(e) is self.cls else None for e in environments]
-        trainer = getattr(kwargs.get("log_metric"), "__self__", None)  # TRL passes its trainer's bound method
         groups = _Groups.for_reward(trainer, tasks)
         with groups.together(f"{self.__name__}.reward"):  # a grade raising here: on every process
             rewards = grade()

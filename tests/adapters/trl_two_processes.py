@@ -1,7 +1,7 @@
 """One process of a real two-process GRPOTrainer run on CPU (gloo), launched by
-``test_trl_group.py``: ``python trl_two_processes.py OUT_DIR`` with ``RANK``, ``WORLD_SIZE``
-and ``LOCAL_RANK`` set. The process group meets through a file (no TCP store), gloo's own
-sockets on the loopback interface only.
+``test_trl_group.py`` and ``test_trl_failures.py``: ``python trl_two_processes.py OUT_DIR`` with
+``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` set. The process group meets through a file (no TCP
+store), gloo's own sockets on the loopback interface only.
 
 Two GRPO steps through :class:`TRLRollout` (``failed_group="drop"``, a group rubric scoring each
 member with its group's size), ``num_generations=2``, ``per_device_train_batch_size=3``: TRL's
@@ -16,14 +16,17 @@ gathers every process's prompts (a collective call) and hands each process the s
 process 1's answer at once. Each process writes its generation calls' prompt counts and its
 episodes to ``OUT_DIR/lockstep<k>.json``.
 
-``python trl_two_processes.py OUT_DIR failures``: three GRPO runs in which process 1 alone raises
-outside generation (:data:`BREAKS`, an env whose ``reset`` or ``step`` raises there): the
-trainer's own generation with process 1's env raising in ``reset`` (process 0 is on to the first
-round's gather), a generate of its own with process 1's env raising in ``step`` (process 0 is on
-to the group gather), and ``environment_factory`` with process 1's env raising when
-``Env.reward`` grades it (a group rubric: process 0 is on to its gather). The gloo timeout is 60 s.
-Each process writes what each run raised (its type, message and cause, or null) to
-``OUT_DIR/failures<k>.json``; the next run starts when both processes have ended this one.
+``python trl_two_processes.py OUT_DIR failures``: six GRPO runs in which process 1 alone raises
+where process 0 is on to a gather (the gloo timeout is 60 s). Outside generation
+(:data:`BREAKS`, an env whose ``reset`` or ``step`` raises there): the trainer's own generation
+with process 1's env raising in ``reset`` (process 0 is on to the first round's gather), a
+generate of its own with process 1's env raising in ``step`` (the group gather), and
+``environment_factory`` with process 1's env raising when ``Env.reward`` grades it (a group
+rubric: its gather). Then a reward function of the user's, passed with the env's, raising (TRL's
+gather of the rewards): with :class:`TRLRollout`, and with ``environment_factory`` at the second
+step; and a record that cannot be pickled (:data:`UNSENDABLE`) sent to the group gather. After
+each run each process writes what every run so far raised (its type, message and cause, or null)
+to ``OUT_DIR/failures<k>.json``; the next run starts when both processes have ended this one.
 
 ``python trl_two_processes.py OUT_DIR environment_factory``: one GRPO step through
 :func:`trl_environment` (Math-v0, a group rubric that scores each member with its group's size
@@ -36,6 +39,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -183,17 +187,67 @@ def _register_breaks() -> None:
             gym.make("benchmax/Math-v0", **kwargs), rank, at), disable_env_checker=True)
 
 
+def _train(out_dir, rank, raised, name, generation=None, max_steps=1, **kwargs):
+    """One GRPO run with :data:`STORE_DOWN` set, what it raised (type, message, cause; or None)
+    in ``raised[name]`` and ``failures<rank>.json``; returns once both processes have ended it."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from benchmax_gym.testing.tokenizers import tiny_model, tiny_tokenizer
+
+    args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix=f"benchmax-trl-{name}{rank}-", dir=out_dir),
+                      per_device_train_batch_size=3, num_generations=2, max_completion_length=64, max_steps=max_steps,
+                      report_to=[], use_cpu=True, logging_steps=1, save_strategy="no", dataloader_num_workers=0)
+    processing = tiny_tokenizer("qwen2.5" if "environment_factory" in kwargs else "qwen")  # (TRL parses calls)
+    trainer = GRPOTrainer(model=tiny_model(processing), args=args, processing_class=processing, **kwargs)
+    if generation is not None:
+        trainer._generate_single_turn = generation
+    STORE_DOWN["down"] = True
+    try:
+        trainer.train()
+        raised[name] = None
+    except Exception as exc:  # noqa: BLE001  (what the test reads)
+        raised[name] = {"type": type(exc).__name__, "message": str(exc),
+                        "cause": None if exc.__cause__ is None else str(exc.__cause__)}
+    STORE_DOWN["down"] = False
+    Path(out_dir, f"failures{rank}.json").write_text(json.dumps(raised))  # (a later run may hang)
+    Path(out_dir, f"{name}.{rank}").touch()  # both processes start the next run together (no collective:
+    deadline = time.monotonic() + 100      # on the previous code process 0 is still at a gather)
+    while not all(Path(out_dir, f"{name}.{r}").exists() for r in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+UNSENDABLE = "benchmax-test/UnsendableRecord-v0"
+
+
+def _register_unsendable(rank: int) -> None:
+    """:data:`UNSENDABLE`: Math-v0 whose ``episode_record`` holds a lock on process 1 (a user's env
+    keeping a handle in its record), once :data:`STORE_DOWN`."""
+    import gymnasium as gym
+
+    def unsendable(**kwargs):
+        env = gym.make("benchmax/Math-v0", **kwargs)
+        record = env.unwrapped.episode_record
+        if rank == 1:
+            def with_trace():
+                return {**record(), "trace": threading.Lock()} if STORE_DOWN["down"] else record()
+            env.unwrapped.episode_record = with_trace
+        return env
+
+    if UNSENDABLE not in gym.registry:
+        gym.register(UNSENDABLE, entry_point=unsendable, disable_env_checker=True)
+
+
 def failures(out_dir: str, rank: int) -> None:
     from accelerate.utils import gather_object
-    from trl import GRPOConfig, GRPOTrainer
 
     from benchmax_gym.adapters.trl import TRLRollout, trl_environment
     from benchmax_gym.core.group import GroupRubric
-    from benchmax_gym.testing.tokenizers import model_ids, tiny_model, tiny_tokenizer
+    from benchmax_gym.testing.tokenizers import model_ids, tiny_tokenizer
 
     _register_breaks()
+    _register_unsendable(rank)
     tokenizer = tiny_tokenizer("qwen")
-    raised = {}
+    raised = {"judge_calls": []}
 
     def server_mode(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         gather_object([len(prompt_ids)])  # collective, as vLLM's server mode is
@@ -205,26 +259,15 @@ def failures(out_dir: str, rank: int) -> None:
     def size(records):
         return [float(len(records))] * len(records)
 
+    def judge(completions, trainer_state, **kwargs):  # environment_factory: it breaks at the second step
+        step = trainer_state.global_step
+        raised["judge_calls"].append({"environments": "environments" in kwargs, "step": step})
+        if rank == 1 and STORE_DOWN["down"] and ("environments" not in kwargs or step >= 1):
+            raise ConnectionError("the judge at 10.0.0.7 is unreachable")
+        return [0.5] * len(completions)
+
     def train(name, **kwargs):
-        args = GRPOConfig(output_dir=tempfile.mkdtemp(prefix=f"benchmax-trl-{name}{rank}-", dir=out_dir),
-                          per_device_train_batch_size=3, num_generations=2, max_completion_length=64, max_steps=1,
-                          report_to=[], use_cpu=True, logging_steps=1, save_strategy="no", dataloader_num_workers=0)
-        processing = tiny_tokenizer("qwen2.5") if "environment_factory" in kwargs else tokenizer  # (TRL parses calls)
-        trainer = GRPOTrainer(model=tiny_model(processing), args=args, processing_class=processing, **kwargs)
-        if "rollout_func" in kwargs:
-            trainer._generate_single_turn = server_mode
-        STORE_DOWN["down"] = True
-        try:
-            trainer.train()
-            raised[name] = None
-        except Exception as exc:  # noqa: BLE001  (what the test reads)
-            raised[name] = {"type": type(exc).__name__, "message": str(exc),
-                            "cause": None if exc.__cause__ is None else str(exc.__cause__)}
-        STORE_DOWN["down"] = False
-        Path(out_dir, f"{name}.{rank}").touch()  # both processes start the next run together (no collective:
-        deadline = time.monotonic() + 100      # on the previous code process 0 is still at a gather)
-        while not all(Path(out_dir, f"{name}.{r}").exists() for r in range(2)) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _train(out_dir, rank, raised, name, generation=server_mode if "rollout_func" in kwargs else None, **kwargs)
 
     rollout = TRLRollout(BREAKS, tokenizer, env_kwargs={"at": "reset"}, max_workers=2)
     train("reset", reward_funcs=rollout.reward, train_dataset=rollout.dataset(6), rollout_func=rollout)
@@ -234,7 +277,16 @@ def failures(out_dir: str, rank: int) -> None:
     rollout.close()
     Env = trl_environment(BREAKS, group_rubric=GroupRubric([("size", size)], combine="replace"), at="step")
     train("reward", reward_funcs=Env.reward, train_dataset=Env.dataset(6), environment_factory=Env)
-    Path(out_dir, f"failures{rank}.json").write_text(json.dumps(raised))
+    rollout = TRLRollout("benchmax/Math-v0", tokenizer, generate=scripted, max_workers=2)
+    train("judge", reward_funcs=[rollout.reward, judge], train_dataset=rollout.dataset(6), rollout_func=rollout)
+    rollout.close()
+    Env = trl_environment("benchmax/Math-v0")
+    train("env_judge", max_steps=2, reward_funcs=[Env.reward, judge], train_dataset=Env.dataset(12),
+          environment_factory=Env)
+    rollout = TRLRollout(UNSENDABLE, tokenizer, generate=scripted, max_workers=2,
+                         group_rubric=GroupRubric([("size", size)], combine="replace"))
+    train("unsendable", reward_funcs=rollout.reward, train_dataset=rollout.dataset(6), rollout_func=rollout)
+    rollout.close()
 
 
 def rollout_func(out_dir: str, rank: int) -> None:
