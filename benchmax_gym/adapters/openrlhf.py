@@ -17,7 +17,8 @@ the model's ids as generated, env turns rendered by the chat template (special-t
 tool output stay text), and the budget rule: ``max_length`` (``--data.max_len``) bounds prompt
 and response, each request asks for what is left (at least 1), env ids that would overflow end
 the episode truncated and graded as it stands (OpenRLHF's own loop stops there ungraded);
-``--rollout.max_new_tokens`` caps each turn.
+``--rollout.max_new_tokens`` caps each turn. The env is built, reset and stepped in a thread; a
+sample that raises or is cancelled closes its env (after the env call running there returns).
 ``extra_logs`` holds the keys every env has (OpenRLHF merges a batch's logs by the first
 sample's keys): ``reward``, ``turns``, ``tool_errors``, ``truncated`` and ``env/outcome/<name>``
 (1.0 for the episode's outcome: a batch's sums are its outcome counts).
@@ -56,7 +57,7 @@ import os
 from copy import deepcopy
 from typing import Any
 
-from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
+from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, amake_env, make_env, task_dataset
 from benchmax_gym.core import outcomes
 from benchmax_gym.core.group import GroupRubric, group_rubric_of
 
@@ -136,6 +137,8 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                          "--rollout.n_samples_per_prompt")
     if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1):
         raise ValueError(f"group_size must be a positive integer (--rollout.n_samples_per_prompt), got {group_size!r}")
+    if isinstance(group_timeout, bool) or not isinstance(group_timeout, (int, float)) or not group_timeout > 0:
+        raise ValueError(f"group_timeout must be a positive number of seconds, got {group_timeout!r}")
     if env_id is not None:
         make_env(env_id, env_kwargs).close()  # a wrong id or argument fails when OpenRLHF loads the file
 
@@ -152,7 +155,7 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
             name, index, kwargs = _task(label, env_id, env_kwargs)
             if not name:
                 raise ValueError("env_id is missing: pass it to make_executor(), or give it in the row's label")
-            session = TokenSession(await asyncio.to_thread(make_env, name, kwargs), self._chat)
+            session = TokenSession(await amake_env(name, kwargs), self._chat)
             arrived = False
             key = json.dumps([prompt, label], sort_keys=True, default=str)
             try:
@@ -191,8 +194,8 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     await self._groups.arrive(key, {"reward": None, "outcome": outcomes.ENV_ERROR}, None, None,
                                               wait=False)
                 raise
-            finally:
-                await asyncio.to_thread(session.close)
+            finally:  # (shielded: a second cancel must not drop the close)
+                await asyncio.shield(asyncio.to_thread(session.close))
             start = len(episode.prompt_ids)
             logprobs = None
             if sampling_params.logprobs is not None:

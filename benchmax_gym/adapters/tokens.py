@@ -59,6 +59,8 @@ import logging
 import math
 import operator
 import re
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,14 +115,13 @@ class ChatTemplate:
         self.tool_role = tool_role
         self.template_kwargs = template_kwargs
         self._compiled = _compiled(tokenizer, self.chat_template)
-        # the Rust tokenizer itself: the same ids as tokenizer.encode, without its Python layers
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._backend = backend if getattr(tokenizer, "is_fast", False) else None
+        # the Rust tokenizer: the same ids as tokenizer.encode, without its Python layers (copies of
+        # our own: the tokenizer's keeps the settings of its last call, see _private_backends)
+        self._backend, self._literal = _private_backends(tokenizer)
         self._plain_decode = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._bytes = _byte_table(tokenizer, self._backend) if self._plain_decode else None
         self._specials = _special_tokens(tokenizer)
         self._special_re = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
-        self._literal = _literal_backend(self._backend)
         self._vocab: int | None = None  # len(tokenizer), on first use
         self._skeletons: dict[tuple, Any] = {}
         self._checks: dict[tuple, int] = {}
@@ -361,15 +362,41 @@ def _special_tokens(tokenizer: Any) -> list[str]:
     return sorted((t for t in special if t), key=len, reverse=True)
 
 
-def _literal_backend(backend: Any) -> Any:
-    """A copy of the Rust tokenizer that reads special tokens' texts as plain text."""
-    if backend is None:
-        return None
+_PRIVATE_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _private_backends(tokenizer: Any) -> tuple[Any, Any]:
+    """Copies of a fast tokenizer's Rust tokenizer for templates alone, without truncation or
+    padding: one that parses special tokens, one that reads their texts as plain text (``None``
+    for a slow tokenizer). transformers leaves each call's settings on the tokenizer's own
+    (``truncation=True, max_length=...``, ``padding``, ``split_special_tokens``) until its next
+    call: encoding with that after a trainer's ``tokenizer(..., truncation=True, max_length=5)``
+    cut a prompt to 5 ids, and after ``split_special_tokens=True`` made the template's own special
+    tokens text. Made once per tokenizer (verl builds a template per trajectory); never changed."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not getattr(tokenizer, "is_fast", False):
+        return None, None
+    key = (id(backend), backend.get_vocab_size(with_added_tokens=True))  # a token added since: copy again
+    try:
+        cached = _PRIVATE_BACKENDS.get(tokenizer)
+    except TypeError:  # not weak-referenceable
+        cached = None
+    if cached is not None and cached[0] == key:
+        return cached[1], cached[2]
     from tokenizers import Tokenizer
 
-    literal = Tokenizer.from_str(backend.to_str())
-    literal.encode_special_tokens = True
-    return literal
+    copies = []
+    for literal in (False, True):
+        own = Tokenizer.from_str(backend.to_str())
+        own.no_truncation()
+        own.no_padding()
+        own.encode_special_tokens = literal
+        copies.append(own)
+    try:
+        _PRIVATE_BACKENDS[tokenizer] = (key, *copies)
+    except TypeError:
+        pass
+    return copies[0], copies[1]
 
 
 def _byte_levels() -> dict[str, int]:
@@ -518,7 +545,9 @@ class TokenSession:
     The async methods run the env's ``reset``/``step`` in a worker thread: a trainer's event
     loop (verl's agent-loop worker) keeps serving other trajectories while a tool or a
     database copy works, and the env sees the same calls, through the same wrappers, as
-    the sync methods make.
+    the sync methods make. A trainer that cancels a rollout cannot stop that thread, so a
+    :meth:`close` that comes while it runs is done when it returns: an env is never closed
+    under a running reset or step (which would open a workspace or a server after close).
     """
 
     def __init__(self, env: gym.Env | str, chat: ChatTemplate | Any, *, max_tokens: int | None = None,
@@ -536,6 +565,9 @@ class TokenSession:
         self.max_tokens = max_tokens
         self.episode: TokenEpisode | None = None
         self.obs, self.info = "", {}  # the env's last observation and info, for text policies
+        self._calls = threading.Lock()  # guards the two flags below
+        self._running = False  # an async method's env call runs in a worker thread
+        self._closing = False  # close() was called: no call starts; a running one closes the env when done
 
     @property
     def done(self) -> bool:
@@ -556,7 +588,7 @@ class TokenSession:
         return self._start(*self.env.reset(seed=seed, options=options))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> list[int]:
-        return self._start(*await asyncio.to_thread(self.env.reset, seed=seed, options=options))
+        return self._start(*await self._in_thread(self.env.reset, seed=seed, options=options))
 
     def step(self, model_ids: list[int], logprobs: list[float] | None = None) -> list[int]:
         """Append the model's ids, step the env with their text; returns the env's ids (empty once
@@ -571,8 +603,8 @@ class TokenSession:
         action = self._add_model_turn(model_ids, logprobs)
         if action is None:
             return []
-        ids = self._add_env_turn(*await asyncio.to_thread(self._env_step, action))
-        return self._cut(await asyncio.to_thread(self._graded_as_it_stands)) if ids is None else ids
+        ids = self._add_env_turn(*await self._in_thread(self._env_step, action))
+        return self._cut(await self._in_thread(self._graded_as_it_stands)) if ids is None else ids
 
     def fail(self, outcome: str = outcomes.MODEL_ERROR, error: str = "") -> None:
         """End the running episode as a failure that is not the model's (issue 29): the generation
@@ -593,9 +625,36 @@ class TokenSession:
         episode.record = {**self.env.unwrapped.episode_record(), "outcome": outcome, "reward": None, "error": error}
 
     def close(self) -> None:
+        """Close the env, once; while an async method's env call runs (its rollout was
+        cancelled), that call closes it when it returns."""
+        with self._calls:
+            if self._closing:
+                return
+            self._closing = True
+            if self._running:
+                return
         self.env.close()
 
     # -- internals ------------------------------------------------------------------------------
+
+    async def _in_thread(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(self._call, fn, *args, **kwargs)
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """One env call, in a worker thread: never after :meth:`close`, and a close that came
+        while it ran is done when it returns."""
+        with self._calls:
+            if self._closing:
+                raise gym.error.ClosedEnvironmentError("the session's env was closed")
+            self._running = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with self._calls:
+                self._running = False
+                close = self._closing
+            if close:
+                self.env.close()
 
     def _start(self, obs: str, info: dict[str, Any]) -> list[int]:
         self.obs, self.info = obs, info
@@ -701,6 +760,32 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
         raise gym.error.Error(f"{exc} Registered benchmax ids: {', '.join(env_ids())}") from None
 
 
+async def amake_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """:func:`make_env` in a worker thread, off the trainer's event loop (building an env may copy
+    a database or start a server). If the awaiting rollout is cancelled meanwhile, the env is
+    closed once built: it is no one else's to close."""
+    lock, handed = threading.Lock(), {}
+
+    def build() -> gym.Env | None:
+        env = make_env(env_id, env_kwargs)
+        with lock:
+            if "abandoned" not in handed:
+                handed["env"] = env
+                return env
+        env.close()
+        return None
+
+    try:
+        return await asyncio.to_thread(build)
+    except asyncio.CancelledError:
+        with lock:
+            handed["abandoned"] = True
+            env = handed.get("env")
+        if env is not None:  # built just as the rollout was cancelled
+            env.close()
+        raise
+
+
 def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any] | None = None,
                  mark_task: bool = False) -> Any:
     """A ``datasets.Dataset`` with one row per task: ``prompt`` (the env's opening messages) and
@@ -724,5 +809,5 @@ def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any
     return datasets.Dataset.from_list(rows)
 
 
-__all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "make_env", "outcome_counts",
-           "task_dataset"]
+__all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "amake_env", "make_env",
+           "outcome_counts", "task_dataset"]

@@ -25,7 +25,8 @@ that would overflow end the episode truncated, graded as it stands). The prompt 
 ``rollout.prompt_length`` (``data.max_prompt_length``): a longer one raises naming it (verl's
 own loops cut such a prompt from the left, which would cut the env's instructions, and a
 wider one fails verl's batch). The env is built, reset and stepped in a thread, off the
-worker's event loop that serves the other trajectories.
+worker's event loop that serves the other trajectories; a trajectory that raises or is
+cancelled closes its env (after the env call running in that thread returns).
 
 The env's reward is the trajectory's ``reward_score``. verl's post-processing reads the keys of
 ``reward_extra_info`` from a batch's first sample and indexes every sample with them, so that
@@ -38,7 +39,9 @@ batch's sums are its outcome counts.
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline; a ``generate`` call that
 raised or returned garbage is ``model_error``) never enter the loss. verl
 needs every trajectory back, so a failed one is kept with an all-zero ``response_mask`` (no token
-in the loss) and ``reward_score`` NaN (``None`` would turn off the batch's ``rm_scores``). verl's
+in the loss), ``reward_score`` NaN (``None`` would turn off the batch's ``rm_scores``) and, when
+``rollout.calculate_log_probs`` asks for them, ``response_logprobs`` even if no reply came (zeros:
+verl stacks them with the other trajectories'). verl's
 own GRPO would average that NaN into the group, so train with the estimators registered here
 (``algorithm.adv_estimator=...``), verl's GRPO over each group's scored trajectories:
 
@@ -82,7 +85,7 @@ from uuid import uuid4
 
 import torch
 
-from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, make_env, task_dataset
+from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, amake_env, make_env, task_dataset
 from benchmax_gym.core import outcomes
 
 try:
@@ -105,6 +108,10 @@ class BenchmaxAgentLoop(AgentLoopBase):
             make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails when verl builds the loop
         self.chat = ChatTemplate(self.tokenizer, **self.apply_chat_template_kwargs)
         self.response_length = self.rollout_config.response_length
+        if isinstance(self.response_length, bool) or not isinstance(self.response_length, int) \
+                or self.response_length < 1:
+            raise ValueError(f"rollout.response_length (data.max_response_length) must be a positive int, "
+                             f"got {self.response_length!r}")
         self.prompt_length = getattr(self.rollout_config, "prompt_length", None)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
@@ -112,7 +119,7 @@ class BenchmaxAgentLoop(AgentLoopBase):
         env_id = extra.get("env_id") or self.env_id
         if not env_id:
             raise ValueError("env_id is missing: give it in the row's extra_info or the agent loop config")
-        env = await asyncio.to_thread(make_env, env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})})
+        env = await amake_env(env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})})
         session = TokenSession(env, self.chat, max_tokens=self.response_length)
         task = extra.get("task_index")
         request_id = uuid4().hex  # one per trajectory: every turn extends the same prefix
@@ -135,14 +142,19 @@ class BenchmaxAgentLoop(AgentLoopBase):
                     session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
                     break
                 await session.astep(output.token_ids, output.log_probs or None)
-        finally:
-            await asyncio.to_thread(session.close)
+        finally:  # (shielded: a second cancel must not drop the close)
+            await asyncio.shield(asyncio.to_thread(session.close))
         episode = session.episode
+        logprobs = episode.logprobs
+        if logprobs is None and sampling_params.get("logprobs"):
+            # no reply brought any (a generate that failed first, an empty reply): verl stacks every
+            # trajectory's logprobs with the first's, so one None among lists failed the whole batch
+            logprobs = [0.0] * len(episode.completion_ids)
         return AgentLoopOutput(
             prompt_ids=episode.prompt_ids,
             response_ids=episode.completion_ids,
             response_mask=episode.loss_mask,
-            response_logprobs=episode.logprobs,
+            response_logprobs=logprobs,
             reward_score=math.nan if episode.failed else episode.reward,  # NaN: failed (benchmax_grpo)
             num_turns=1 + 2 * len(episode.turns),
             metrics={},

@@ -239,12 +239,12 @@ def test_envs_are_built_reset_and_stepped_off_the_workers_event_loop(qwen_tokeni
     run on it would stall the others. Each env call here runs in another thread."""
     import threading
 
-    import benchmax_gym.adapters.verl as adapter
+    import benchmax_gym.adapters.tokens as tokens
     from benchmax_gym.envs.crm.env import CRMEnv
 
     threads = []
-    make_env = adapter.make_env
-    monkeypatch.setattr(adapter, "make_env", lambda *a: threads.append(("make", threading.get_ident())) or make_env(*a))
+    make_env = tokens.make_env  # (what the agent loop's amake_env calls, in its thread)
+    monkeypatch.setattr(tokens, "make_env", lambda *a: threads.append(("make", threading.get_ident())) or make_env(*a))
     for name in ("reset", "step"):
         original = getattr(CRMEnv, name)
 
