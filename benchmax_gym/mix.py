@@ -267,10 +267,14 @@ def _naming(name: str, env_id: str | None = None, level: int | None = None):
     try:
         yield
     except Exception as exc:
-        where = f"mixture member {name!r}"
-        if not any(str(note).startswith(where) for note in getattr(exc, "__notes__", ())):
-            exc.add_note(where + (f" ({env_id} at level {level})" if env_id else ""))
+        _name_member(exc, name, env_id, level)
         raise
+
+
+def _name_member(exc: BaseException, name: str, env_id: str | None = None, level: int | None = None) -> None:
+    where = f"mixture member {name!r}"
+    if not any(str(note).startswith(where) for note in getattr(exc, "__notes__", ())):
+        exc.add_note(where + (f" ({env_id} at level {level})" if env_id else ""))
 
 
 def _stable(text: str) -> int:
@@ -496,7 +500,11 @@ class MixEnv(gym.Env[str, str]):
         member_step, name, ended = member.step, member.name, self._ended
 
         def step(action: str):
-            result = member_step(action)
+            try:
+                result = member_step(action)
+            except Exception as exc:  # (a try costs nothing until it catches)
+                _name_member(exc, name)
+                raise
             info = result[4]
             info["member"] = name
             info["task_id"] = task_id
@@ -543,10 +551,11 @@ class MixEnv(gym.Env[str, str]):
         member = self._current
         if member is None:
             raise gym.error.ResetNeeded("call reset() before step()")
-        if member.direct:
-            obs, reward, terminated, truncated, info = await member.core.astep(action)
-        else:
-            obs, reward, terminated, truncated, info = member.step(action)
+        with _naming(member.name):
+            if member.direct:
+                obs, reward, terminated, truncated, info = await member.core.astep(action)
+            else:
+                obs, reward, terminated, truncated, info = member.step(action)
         info["member"], info["task_id"] = member.name, self._task_id
         if terminated or truncated:
             self._ended(member, reward, info)

@@ -1,6 +1,7 @@
 """benchmax/Mix-v0: weighted members in one env (the contract suite covers it as a registered id;
 the curriculum controller alone is in tests/test_curriculum.py)."""
 
+import asyncio
 import json
 import math
 
@@ -359,6 +360,37 @@ def test_a_member_that_fails_to_build_raises_its_own_error_named_and_leaves_no_e
             mix.step("<tool_call>{not json")  # a live episode of the good member, left playing
     assert 0 < failed < 12
     mix.close()
+
+
+class _StepRaises(gym.Env):
+    """A member whose step raises (its own bug), as a user's env might."""
+
+    observation_space = action_space = benchmax_gym.UnicodeText(100)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "go", {"task_id": "0"}
+
+    def step(self, action):
+        raise RuntimeError("the member's own bug")
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_members_step_that_raises_names_the_member(asynchronous):
+    """A reset that raised said which member failed; a step that raised did not."""
+    gym.register("testing/StepRaises-v0", entry_point=_StepRaises, disable_env_checker=True)
+    try:
+        mix = gym.make("benchmax/Mix-v0", members={"testing/StepRaises-v0": 1.0}, disable_env_checker=True)
+        mix.reset(seed=0)
+        with pytest.raises(RuntimeError, match="the member's own bug") as raised:
+            if asynchronous:
+                asyncio.run(mix.unwrapped.astep("hi"))
+            else:
+                mix.step("hi")
+        assert raised.value.__notes__ == ["mixture member 'StepRaises-v0'"]
+        mix.close()
+    finally:
+        gym.registry.pop("testing/StepRaises-v0", None)
 
 
 def test_weights_may_be_numpy_numbers_and_huge_ones_keep_their_ratio():
