@@ -129,7 +129,7 @@ def test_preflight_fails_in_seconds_with_one_clear_line(answers):
     start = time.monotonic()
     with pytest.raises(PolicyError, match="cannot reach http://127.0.0.1"):
         evaluate(ENV, ChatPolicy("test-model", base_url=url), env_kwargs=ENV_KWARGS, tasks=2)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 60  # a hang guard
 
 
 def test_python_functions_and_baselines_are_policies():

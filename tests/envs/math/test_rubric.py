@@ -3,7 +3,6 @@
 import json
 import logging
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -125,15 +124,13 @@ def test_worker_thread_timeout_returns_false_on_time():
     # sympy needs ~3 s to tell these apart; the caller must get its answer after the timeout
     gold, predicted = "(x+y+z+1)^{20}", "(x+y+z+2)^{20}"
     with ThreadPoolExecutor(max_workers=1) as pool:
-        start = time.perf_counter()
-        result = pool.submit(is_equivalent, gold, predicted, 0.3).result()
-        elapsed = time.perf_counter() - start
+        result = pool.submit(is_equivalent, gold, predicted, 0.3).result(timeout=60)  # (a hang guard)
+        checking = [t for t in threading.enumerate() if t.name == "math-verify" and t.is_alive()]
     assert result is False
-    assert elapsed < 2.0
+    assert checking  # answered while the check still runs: it did not wait for sympy
     # the abandoned check cannot be killed; let it finish so it does not slow the next tests
-    for thread in threading.enumerate():
-        if thread.name == "math-verify":
-            thread.join(60)
+    for thread in checking:
+        thread.join(60)
 
 
 def test_no_timeout_warning_in_threads(monkeypatch, caplog):
