@@ -106,7 +106,10 @@ def optional(inner: Check) -> Check:
 
 
 def existing_file(name: str, value: Any) -> str:
-    """A path to a file that exists now (so a typo fails at make, not at the first reset)."""
+    """A path to a regular file that exists now (so a typo fails at make, not at the first
+    reset); a FIFO, device or folder is said to be one (reading a FIFO blocks)."""
+    if isinstance(value, (str, os.PathLike)) and os.path.exists(value) and not os.path.isfile(value):
+        raise ValueError(f"{name}: {os.fspath(value)!r} is not a regular file")
     if not isinstance(value, (str, os.PathLike)) or not os.path.isfile(value):
         raise ValueError(f"{name}: no such file {os.fspath(value) if isinstance(value, os.PathLike) else value!r}")
     return os.fspath(value)

@@ -335,9 +335,11 @@ class DatasetTasks(TaskSource):
     ):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
             raise ValueError(f"limit must be a positive int or None, got {limit!r}")
-        records = load_records(path, split=split, name=name, **load_kwargs)
+        records = None if limit is None else _first_parquet_rows(path, split, load_kwargs)
+        if records is None:
+            records = load_records(path, split=split, name=name, **load_kwargs)
         tasks = []
-        for i, record in enumerate(records):
+        for i, record in enumerate(_decoded(records, path)):
             if limit is not None and len(tasks) >= limit:
                 break
             task = to_task(record, i)
@@ -391,6 +393,48 @@ class DatasetTasks(TaskSource):
         return value
 
 
+def _decoded(records: Any, path: Any):
+    """``records`` one by one; a record whose text is not UTF-8 is an error naming the file and
+    line (pyarrow's JSON reader keeps such text: it failed as a bare UnicodeDecodeError here)."""
+    count = 0
+    try:
+        for record in records:
+            yield record
+            count += 1
+    except UnicodeDecodeError as exc:
+        files = _local_files(path)
+        why = _unreadable(files, exc) if files else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"path {path!r}: record {count}: {why}") from None
+
+
+def numbered_jsonl(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
+    """``(line number, value)`` for each non-blank line of a JSON Lines file; a line that is not
+    UTF-8 JSON is an error naming the file and line (a byte-order mark is read as the mark)."""
+    name = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"{what} {name!r} is a folder, not a JSON Lines file")
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO or a device: opening it blocked, or never ended
+        raise ValueError(f"{what} {name!r} is not a regular file")
+    records = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            if number == 1:
+                line = line.removeprefix(b"\xef\xbb\xbf")  # (Windows editors write one)
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{what} {name!r} line {number}: not UTF-8 text (byte {exc.start} of the line); "
+                                 "save the file as UTF-8") from None
+            except ValueError as exc:
+                raise ValueError(f"{what} {name!r} line {number}: not JSON ({exc})") from None
+            except RecursionError:
+                raise ValueError(f"{what} {name!r} line {number}: JSON nested too deeply to read") from None
+            records.append((number, record))
+    return records
+
+
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -409,6 +453,59 @@ def load_records(
     """
     import datasets  # imported here: it costs ~1 s and generated tasks never need it
 
+    expanded = _local_files(path)
+    if expanded is None:
+        files = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else [os.fspath(path)]
+        return _load_from_hub(datasets, files[0], name, split or "train", load_kwargs)
+    builder = _FILE_BUILDERS[os.path.splitext(expanded[0])[1]]
+    if builder == "csv":
+        load_kwargs = {**_csv_as_text(expanded[0], load_kwargs), **load_kwargs}
+    too_deep = next(filter(None, map(_too_deep, expanded)), None) if builder == "json" else None
+    if too_deep:
+        raise ValueError(f"path {path!r}: cannot read it as JSON: {too_deep}")
+    try:
+        return datasets.load_dataset(builder, data_files=expanded, split=split or "train", **load_kwargs)
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # datasets' DatasetGenerationError, pyarrow's, a bare StopIteration...
+        raise ValueError(f"path {path!r}: cannot read it as {builder.upper()}: {_unreadable(expanded, exc)}") from exc
+
+
+# Brackets a JSON Lines line may hold before it is parsed here to see how deep it nests (Python's
+# parser refuses ~1000 levels, as load_tasks does; pyarrow's, which datasets uses, crashed the
+# process with a segmentation fault at ~15000).
+_DEEP = 1000
+
+
+def _too_deep(file: str) -> str | None:
+    """Which line of a JSON Lines file nests too deeply to read (file and line), checked before
+    ``datasets`` hands it to pyarrow. Only a line longer than ``2 * _DEEP`` bytes can, so the
+    scan finds those with numpy (~1 ns a byte) and counts their brackets; a JSON array
+    (``datasets`` parses it with ujson, which has a depth limit) is not scanned."""
+    with open(file, "rb") as f:
+        number = 1
+        while chunk := f.read(1 << 22):
+            if number == 1 and chunk.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"[":
+                return None
+            chunk += f.readline()
+            ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == ord("\n"))
+            bounds = np.concatenate(([-1], ends, [len(chunk)]))
+            for k in np.flatnonzero(np.diff(bounds) > 2 * _DEEP):
+                line = chunk[bounds[k] + 1:bounds[k + 1]]
+                if line.count(b"[") + line.count(b"{") > _DEEP:
+                    try:
+                        json.loads(line)
+                    except RecursionError:
+                        return f"{file} line {number + k}: JSON nested too deeply to read"
+                    except ValueError:
+                        pass  # not JSON: datasets fails on it, and _unreadable names it
+            number += len(ends)
+    return None
+
+
+def _local_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str] | None:
+    """The local data files ``path`` names (a folder's in name order), all of one kind and each a
+    regular file (a FIFO blocked the reader, or read as empty); None for a hub id."""
     files = [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else [os.fspath(path)]
     local = all(os.path.exists(f) for f in files)
     looks_local = any(
@@ -417,33 +514,76 @@ def load_records(
     if not local and (looks_local or len(files) != 1):
         missing = [f for f in files if not os.path.exists(f)]
         raise FileNotFoundError(f"path {path!r}: no such file(s): {missing}")
-    if local:
-        expanded: list[str] = []
-        for f in files:
-            if os.path.isdir(f):
-                expanded += sorted(
-                    os.path.join(f, n) for n in os.listdir(f) if os.path.splitext(n)[1] in _FILE_BUILDERS
-                )
-            else:
-                expanded.append(f)
-        kinds = {_FILE_BUILDERS.get(os.path.splitext(f)[1]) for f in expanded}
-        if not expanded or None in kinds or len(kinds) != 1:
-            raise ValueError(
-                f"path {path!r}: expected JSON, JSON Lines, Parquet or CSV files of one kind, "
-                f"got {expanded or 'no data files'}"
+    if not local:
+        return None
+    expanded: list[str] = []
+    for f in files:
+        if os.path.isdir(f):
+            expanded += sorted(
+                os.path.join(f, n) for n in os.listdir(f) if os.path.splitext(n)[1] in _FILE_BUILDERS
             )
-        builder = kinds.pop()
-        if builder == "csv":
-            load_kwargs = {**_csv_as_text(expanded[0], load_kwargs), **load_kwargs}
+        else:
+            expanded.append(f)
+    kinds = {_FILE_BUILDERS.get(os.path.splitext(f)[1]) for f in expanded}
+    if not expanded or None in kinds or len(kinds) != 1:
+        raise ValueError(
+            f"path {path!r}: expected JSON, JSON Lines, Parquet or CSV files of one kind, "
+            f"got {expanded or 'no data files'}"
+        )
+    odd = next((f for f in expanded if not os.path.isfile(f)), None)
+    if odd is not None:
+        raise ValueError(f"path {path!r}: {odd} is not a regular file")
+    return expanded
+
+
+def _first_parquet_rows(path: Any, split: str | None, load_kwargs: Mapping[str, Any]):
+    """The records of one local Parquet file, read a batch at a time with pyarrow, for a source that
+    keeps only its first tasks: ``datasets`` converts the whole file to Arrow first (seconds and
+    hundreds of MiB for eval's ``--tasks 5`` of a large file). Parquet stores each column's type, so these are the
+    records ``datasets`` gives, as long as every column is plain (numbers, text, lists and structs of
+    them) and the file holds no ``datasets`` features (images, class labels: decoded by it).
+    None where that does not hold: the full load then reads it (and says what is wrong)."""
+    if split not in (None, "train") or load_kwargs:
+        return None
+    try:
+        files = _local_files(path)
+    except (OSError, ValueError):
+        return None
+    if not files or len(files) != 1 or not files[0].endswith(".parquet"):
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(files[0])
+        schema = parquet.schema_arrow
+    except Exception:  # not Parquet: the full load says why
+        return None
+    if b"huggingface" in (schema.metadata or {}) or not all(_plain_arrow(f.type) for f in schema):
+        return None
+
+    def rows():
         try:
-            ds = datasets.load_dataset(builder, data_files=expanded, split=split or "train", **load_kwargs)
-        except (KeyboardInterrupt, MemoryError):
-            raise
-        except Exception as exc:  # datasets' DatasetGenerationError, pyarrow's, a bare StopIteration...
-            raise ValueError(f"path {path!r}: cannot read it as {builder.upper()}: {_unreadable(expanded, exc)}") from exc
-    else:
-        ds = _load_from_hub(datasets, files[0], name, split or "train", load_kwargs)
-    return ds
+            for batch in parquet.iter_batches(batch_size=256):
+                yield from batch.to_pylist()
+        except (OSError, ValueError) as exc:  # (pyarrow's errors are both)
+            raise ValueError(f"path {path!r}: cannot read it as PARQUET: {type(exc).__name__}: {exc}") from None
+        finally:
+            parquet.close()
+
+    return rows()
+
+
+def _plain_arrow(kind: Any) -> bool:
+    """An Arrow type whose Python values ``datasets`` gives as pyarrow does (no decoding, casting)."""
+    import pyarrow as pa
+    import pyarrow.types as t
+
+    if t.is_list(kind) or t.is_large_list(kind) or t.is_fixed_size_list(kind):
+        return _plain_arrow(kind.value_type)
+    if t.is_struct(kind):
+        return all(_plain_arrow(kind.field(i).type) for i in range(kind.num_fields))
+    return (t.is_integer(kind) or kind in (pa.float32(), pa.float64(), pa.bool_(), pa.null())
+            or t.is_string(kind) or t.is_large_string(kind))
 
 
 def _csv_as_text(file: str, load_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -470,30 +610,25 @@ def _csv_as_text(file: str, load_kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def _unreadable(files: list[str], exc: BaseException) -> str:
     """Why ``datasets`` could not read local ``files``, in one line: the first empty file, or
-    the first JSON Lines line that is not a JSON object (file and line), else the innermost
-    cause's message (pandas names a CSV's line, pyarrow a Parquet's footer). Only on failure:
-    a good file is never read twice."""
+    the first JSON Lines line that is not a UTF-8 JSON object (file and line, as
+    :func:`benchmax_gym.data.load_tasks` names them), else the innermost cause's message (pandas
+    names a CSV's line, pyarrow a Parquet's footer). Only on failure: a good file is never read twice."""
     for f in files:
         try:
             if os.path.getsize(f) == 0:
                 return f"{f} is empty"
             if os.path.splitext(f)[1] not in (".json", ".jsonl"):
                 continue
-            with open(f, encoding="utf-8-sig") as lines:  # (datasets skips a byte-order mark too)
-                first = True
-                for number, line in enumerate(lines, 1):
-                    if not line.strip():
-                        continue
-                    if first and os.path.splitext(f)[1] == ".json" and line.lstrip()[:1] == "[":
-                        break  # a JSON array: pyarrow's message below
-                    first = False
-                    try:
-                        record = json.loads(line)
-                    except ValueError as bad:
-                        return f"{f} line {number}: not JSON ({bad})"
-                    if not isinstance(record, dict):
-                        return f"{f} line {number}: expected a JSON object, got {type(record).__name__}"
-        except (OSError, UnicodeDecodeError) as bad:
+            if os.path.splitext(f)[1] == ".json":
+                with open(f, "rb") as head:
+                    if head.read(4096).removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"[":
+                        continue  # a JSON array: pyarrow's message below
+            for number, record in numbered_jsonl(f, "file"):
+                if not isinstance(record, dict):
+                    return f"{f} line {number}: expected a JSON object, got {type(record).__name__}"
+        except ValueError as bad:  # "file 'F' line N: why", said as "F line N: why"
+            return f"{f}{str(bad).removeprefix(f'file {f!r}')}"
+        except OSError as bad:
             return f"{f}: {bad}"
     cause = exc
     while cause.__cause__ is not None or cause.__context__ is not None:

@@ -15,47 +15,19 @@ import json
 import os
 from typing import Any
 
-from benchmax_gym.core.tasks import ListTasks, task_from_dict
-
-
-def _numbered_jsonl(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
-    """``(line number, value)`` for each non-blank line of a JSON Lines file; a line that is not
-    UTF-8 JSON is an error naming the file and line (a byte-order mark is read as the mark)."""
-    name = os.fspath(path)
-    if os.path.isdir(path):
-        raise ValueError(f"{what} {name!r} is a folder, not a JSON Lines file")
-    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO or a device: opening it blocked, or never ended
-        raise ValueError(f"{what} {name!r} is not a regular file")
-    records = []
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, 1):
-            if number == 1:
-                line = line.removeprefix(b"\xef\xbb\xbf")  # (Windows editors write one)
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{what} {name!r} line {number}: not UTF-8 text (byte {exc.start} of the line); "
-                                 "save the file as UTF-8") from None
-            except ValueError as exc:
-                raise ValueError(f"{what} {name!r} line {number}: not JSON ({exc})") from None
-            except RecursionError:
-                raise ValueError(f"{what} {name!r} line {number}: JSON nested too deeply to read") from None
-            records.append((number, record))
-    return records
+from benchmax_gym.core.tasks import ListTasks, numbered_jsonl, task_from_dict
 
 
 def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, Any]]:
     """The JSON objects of a JSON Lines file; a bad line is an error naming the file and line."""
-    return [record for _, record in _numbered_jsonl(path, what)]
+    return [record for _, record in numbered_jsonl(path, what)]
 
 
 def load_tasks(path: str | os.PathLike) -> ListTasks:
     """The tasks of a JSON Lines file written by ``benchmax-gym tasks ...`` (or by hand), checked
     as ``gym.make`` checks tasks handed over; a bad record is an error naming the file and its
     line (not its index among the records: blank lines are skipped)."""
-    records = _numbered_jsonl(path, "tasks")
+    records = numbered_jsonl(path, "tasks")
     if not records:
         raise ValueError(f"tasks {os.fspath(path)!r} holds no tasks")
     tasks = []

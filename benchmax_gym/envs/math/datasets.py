@@ -46,7 +46,7 @@ def gsm8k_tasks(
             return None
         return Task(
             id=f"gsm8k-{index}",
-            prompt=str(record["question"]),
+            prompt=_question(record["question"], "question", index, path),
             answer=gold,
             solution=gsm8k_steps(record["answer"]),
             metadata={"source": "gsm8k"},
@@ -109,7 +109,7 @@ def math500_tasks(
             return None
         return Task(
             id=str(record.get("unique_id") or f"math500-{index}"),
-            prompt=str(record["problem"]),
+            prompt=_question(record["problem"], "problem", index, path),
             answer=answer,
             solution=[expression] if expression is not None else None,
             metadata={
@@ -149,7 +149,7 @@ def hf_tasks(
             return None
         return Task(
             id=f"{label}-{index}",
-            prompt=str(record[question_field]),
+            prompt=_question(record[question_field], question_field, index, path),
             answer=gold,
             metadata={"source": label},
         )
@@ -172,6 +172,16 @@ def _answered(value: Any, field: str, index: int, path: Any) -> None:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise ValueError(f"dataset {_label(path)!r} record {index}: the answer field {field!r} is "
                          f"{'null' if value is None else 'blank'}; every task needs an answer")
+
+
+def _question(value: Any, field: str, index: int, path: Any) -> str:
+    """A record's question as the prompt's text: text or a number; a list, a mapping, null or
+    blank would become a prompt such as ``"['a']"`` or ``"None"``."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
+        got = "null" if value is None else "blank" if isinstance(value, str) else type(value).__name__
+        raise ValueError(f"dataset {_label(path)!r} record {index}: the question field {field!r} must be "
+                         f"text, got {got}")
+    return str(value)
 
 
 def _is_local(path: Any) -> bool:

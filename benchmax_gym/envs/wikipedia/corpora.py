@@ -36,11 +36,14 @@ def generated_index(seed: int, entities: int) -> CorpusIndex:
 
 
 def existing_path(name: str, value: Any) -> str:
-    """A file or folder that exists now (a folder of documents is a corpus too)."""
+    """A file or folder that exists now (a folder of documents is a corpus too); not a FIFO or a
+    device (reading one blocked, or never ended)."""
     import os
 
     if not isinstance(value, (str, os.PathLike)) or not os.path.exists(value):
         raise ValueError(f"{name}: no such file or folder {os.fspath(value) if isinstance(value, os.PathLike) else value!r}")
+    if not (os.path.isfile(value) or os.path.isdir(value)):
+        raise ValueError(f"{name}: {os.fspath(value)!r} is not a regular file or a folder")
     return os.fspath(value)
 
 

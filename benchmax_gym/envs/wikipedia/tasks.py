@@ -28,7 +28,7 @@ from benchmax_gym.core.checks import (
     Checked, arg, config_of, existing_file, int_between, number_between, optional, positive_int,
 )
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig
-from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task
+from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task, numbered_jsonl
 from benchmax_gym.envs.wikipedia.backends import corpus_key
 from benchmax_gym.envs.wikipedia.encyclopedia import Encyclopedia
 from benchmax_gym.envs.wikipedia.rubric import normalize_answer
@@ -126,20 +126,28 @@ class TaskFile(QuestionFile):
         return ListTasks(tasks[:self.limit] if self.limit else tasks)
 
 
-def _read_json_records(path: str | os.PathLike) -> list[Any]:
-    """A JSON array, or JSON Lines."""
+def _read_json_records(path: str | os.PathLike, what: str = "dataset") -> list[Any]:
+    """A JSON array (or one JSON value), or JSON Lines; a line that is not UTF-8 JSON is an error
+    naming the file and that line (as :func:`benchmax_gym.data.load_tasks` names them)."""
     file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"dataset {str(path)!r}: no such file")
-    text = file.read_text(encoding="utf-8")
+    if file.exists() and not file.is_file():  # a FIFO or a device: reading it blocked, or never ended
+        raise ValueError(f"{what} {str(path)!r} is not a regular file")
+    if not file.exists():
+        raise FileNotFoundError(f"{what} {str(path)!r}: no such file")
+    raw = file.read_bytes()
     try:
-        data = json.loads(text)
+        data = json.loads(raw)  # (bytes: a byte-order mark is read as one)
         return data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        try:
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"dataset {str(path)!r} is neither a JSON array nor JSON Lines: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{what} {path}: JSON nested too deeply to read") from None  # (as data.corpus says it)
+    except UnicodeDecodeError as exc:  # (as data.corpus says it, with the line)
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{what} {path}: not UTF-8 text (line {line}, byte {exc.start}); save it as UTF-8") from None
+    except ValueError as exc:
+        if raw.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] == b"[":  # an array: its error names the line
+            raise ValueError(f"{what} {str(path)!r} is not a JSON array: {exc}") from None
+    del raw
+    return [record for _, record in numbered_jsonl(file, what)]
 
 
 def _limited(records: list[Any], limit: int | None) -> list[Any]:
@@ -153,10 +161,17 @@ def hotpotqa_tasks(path: str | os.PathLike, *, limit: int | None = None) -> List
     lists, which Arrow-based loaders cannot hold)."""
     tasks = []
     for i, r in enumerate(_limited(_read_json_records(path), limit)):
+        if not isinstance(r, Mapping):
+            raise ValueError(f"dataset {str(path)!r}: record {i} is not a HotpotQA question (a JSON object), "
+                             f"got {type(r).__name__}")
         missing = [k for k in ("question", "answer", "supporting_facts") if k not in r]
         if missing:
             raise ValueError(f"dataset {str(path)!r}: record {i} lacks HotpotQA field(s) {missing}")
-        supporting = list(dict.fromkeys(str(title) for title, _ in r["supporting_facts"]))
+        try:
+            supporting = list(dict.fromkeys(str(title) for title, _ in r["supporting_facts"]))
+        except (TypeError, ValueError):
+            raise ValueError(f"dataset {str(path)!r}: record {i}'s supporting_facts must be [title, sentence] "
+                             f"pairs, got {r['supporting_facts']!r:.200}") from None
         tasks.append(Task(
             id=str(r.get("_id") or f"hotpotqa-{i}"), prompt=str(r["question"]), answer=_gold(r["answer"], path, i),
             solution={"supporting": supporting},
@@ -208,15 +223,29 @@ def load_corpus(path: str | os.PathLike) -> tuple[list[dict[str, str]], str]:
 
         records = corpus_records(load_documents(file))
         return records, records_digest(records)
-    records = _read_json_records(file)
+    records = _read_json_records(file, "corpus")
     corpus: list[dict[str, str]] = []
     for i, r in enumerate(records):
         if isinstance(r, Mapping) and "context" in r:
-            corpus += [{"title": str(t), "text": "".join(map(str, sentences)).strip()} for t, sentences in r["context"]]
+            try:
+                corpus += [{"title": str(t), "text": "".join(map(str, sentences)).strip()}
+                           for t, sentences in r["context"]]
+            except (TypeError, ValueError):
+                raise ValueError(f"corpus {str(path)!r}: record {i}'s context must be [title, [sentences]] pairs, "
+                                 f"got {r['context']!r:.200}") from None
         elif isinstance(r, Mapping) and "title" in r and "text" in r:
-            corpus.append({"title": str(r["title"]), "text": str(r["text"])})
+            title, text = r["title"], r["text"]  # (null or a list was indexed as the text "None", "['a']")
+            if not isinstance(text, str):
+                raise ValueError(f"corpus {str(path)!r}: record {i}'s 'text' must be text, got {_kind(text)}")
+            if not isinstance(title, (str, int, float)) or isinstance(title, bool):
+                raise ValueError(f"corpus {str(path)!r}: record {i}'s 'title' must be text, got {_kind(title)}")
+            corpus.append({"title": str(title), "text": text})
         else:
             raise ValueError(f"corpus {str(path)!r}: record {i} is neither {{title, text}} nor a HotpotQA question")
     if not corpus:
         raise ValueError(f"corpus {str(path)!r} has no articles")
     return corpus, corpus_key(file.read_bytes())
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {json.dumps(value, default=str)[:60]}"
