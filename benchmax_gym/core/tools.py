@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import functools
 import inspect
 import json
 import math
@@ -245,6 +246,9 @@ class Tool:
                 raise ArgumentError("; ".join(_jsonschema_message(e) for e in errors[:5]))
             return args
 
+        if _has_patterns(params):
+            validate = _patterns_bounded(validate)
+
         return cls(
             name=name, description=description, parameters=params, fn=fn, validate=validate,
             inline=inline, wants_episode=wants_episode, wants_state=wants_state, terminal=terminal,
@@ -279,6 +283,115 @@ def jsonschema_validator(schema: dict[str, Any]):
 
 #: each draft's validator class with finite numbers (made once: a class per tool would cost milliseconds)
 _FINITE_DRAFTS: dict[type, type] = {}
+
+PATTERN_TIME_LIMIT_S = 0.5
+"""The time a call's arguments may take, in all, to match its schema's ``pattern`` and
+``patternProperties`` regular expressions; past it the argument is refused (legitimate ones take
+microseconds). Python's ``re`` backtracks without bound (``^(a|a)*$`` on 40 a's and a "!": a day),
+holding the GIL, where no timeout can stop it; so within a call's validation jsonschema's searches
+run on the ``regex`` engine, which gives up at a time limit (:func:`_patterns_bounded`)."""
+
+_pattern_deadline = threading.local()  # .at: the monotonic time this thread's validation gives up matching
+
+
+class _PatternTimeout(Exception):
+    def __init__(self, pattern: str, text: str):
+        super().__init__(pattern)
+        self.pattern, self.text = pattern, text
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounded_pattern(pattern: str) -> Any:
+    """``pattern`` compiled by ``regex`` in its ``re``-compatible syntax; None if it cannot be."""
+    import regex
+
+    try:
+        return regex.compile(pattern, regex.VERSION0)
+    except Exception:
+        return None
+
+
+class _BoundedRe(types.ModuleType):
+    """What jsonschema's keyword modules see as ``re``: they call ``re.search(pattern, text)``
+    for ``pattern``, ``patternProperties``, ``additionalProperties`` and ``unevaluatedProperties``,
+    and take no other engine. During a tool call's validation a search runs on ``regex`` until the
+    call's deadline; anywhere else (another use of jsonschema in the process) it is ``re``'s."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(re, name)
+
+    @staticmethod
+    def search(pattern: Any, string: Any, flags: int = 0) -> Any:
+        deadline = getattr(_pattern_deadline, "at", None)
+        compiled = None
+        if deadline is not None and not flags and type(pattern) is str and isinstance(string, str):
+            compiled = _bounded_pattern(pattern)
+        if compiled is None:  # (a pattern only ``re`` reads keeps its search, unbounded, as before)
+            return re.search(pattern, string, flags)
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise TimeoutError
+            return compiled.search(string, timeout=left)
+        except TimeoutError:
+            raise _PatternTimeout(pattern, string) from None
+
+
+def _has_patterns(schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` may hold a regular expression keyword (a cheap, generous look)."""
+    try:
+        return '"pattern' in json.dumps(schema)
+    except (TypeError, ValueError):
+        return True
+
+
+def _patterns_bounded(validate: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """``validate`` with its regular expressions bounded by :data:`PATTERN_TIME_LIMIT_S` in all: an
+    argument that takes longer is refused (:class:`ArgumentError`, naming it)."""
+    import jsonschema._keywords
+    import jsonschema._legacy_keywords
+    import jsonschema._utils
+
+    for module in (jsonschema._keywords, jsonschema._legacy_keywords, jsonschema._utils):
+        if getattr(module, "re", None) is re:
+            module.re = _BOUNDED_RE
+
+    def bounded(args: dict[str, Any]) -> dict[str, Any]:
+        outer = getattr(_pattern_deadline, "at", None)
+        _pattern_deadline.at = time.monotonic() + PATTERN_TIME_LIMIT_S
+        try:
+            return validate(args)
+        except _PatternTimeout as exc:
+            raise ArgumentError(f"{_argument_holding(args, exc.text)} against the pattern {_short(exc.pattern)!r} "
+                                f"took over {PATTERN_TIME_LIMIT_S:g} s") from None
+        finally:
+            _pattern_deadline.at = outer
+
+    return bounded
+
+
+_BOUNDED_RE = _BoundedRe("re")
+
+
+def _argument_holding(args: Any, text: str) -> str:
+    """``where: refused: matching the value`` (or ``the property name '...'``): the start of the
+    refusal of ``text``, named where it is in the arguments (``a.b.0``, as jsonschema's errors)."""
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), args)]
+    while stack:
+        path, node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, value in items:
+            if key == text and isinstance(key, str):
+                where = ".".join(map(str, path)) or "the arguments"
+                return f"{where}: refused: matching the property name {_short(key)!r}"
+            if value == text and isinstance(value, str):
+                return f"{'.'.join(map(str, (*path, key)))}: refused: matching the value"
+            stack.append(((*path, key), value))
+    return f"refused: matching the text {_short(text)!r}"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_schema(name: str, parameters: Any, *, lenient: bool = False) -> dict[str, Any]:

@@ -1215,13 +1215,15 @@ def _compute(
     *,
     trust_empty_cache: bool = False,
     time_limit: float | None = None,
+    in_call: bool = False,
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """Values for the formula cells ``formats`` (cell -> number format), and notes.
 
     A recalculation past ``time_limit`` seconds (:class:`TimeLimitExceeded`), with a range too
     large or past its memory (:class:`WorkbookTooLarge`, :class:`MemoryLimitExceeded`) raises: the
     workbook's own doing, never replaced by the values cached in it. With a ``time_limit`` it
-    runs in a process killed at the deadline; without one (the task's own answer), here.
+    runs in a process killed at the deadline (``in_call``: this is that process, already); without
+    one (the task's own answer), here.
 
     Falls back to the values cached in the file when the recalculation fails as a whole, and
     cell by cell where ``formulas`` answers ``#NAME?`` (a function it lacks) or ``#REF!`` (a
@@ -1238,6 +1240,8 @@ def _compute(
             return _libreoffice_values(data, keys), notes  # bounded by LIBREOFFICE_TIMEOUT_S
         if time_limit is None:  # the task's own answer workbook: trusted, computed here
             values, warnings = _formulas_values(data, keys)
+        elif in_call:
+            values, warnings = _formulas_values_within_memory(data, keys, time_limit)
         elif sys.platform == "linux":  # the model's formulas: in a process killed at the deadline
             values, warnings = _formulas_values_in_child(data, keys, time_limit)
         else:  # no prctl, no /proc: a thread given up at the deadline (one C call runs on)
@@ -1246,6 +1250,8 @@ def _compute(
     except (TimeLimitExceeded, WorkbookTooLarge, RecalcUnavailable):
         raise
     except Exception as exc:
+        if in_call and isinstance(exc, MemoryError):  # the call's process's limit: its caller says so
+            raise
         notes.append(
             f"recalculation with {method!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
             "used the values cached in the file"
@@ -1285,10 +1291,26 @@ def recalculate(
     datetimes for date-formatted cells, error strings such as ``"#DIV/0!"``, None for empty.
     When recalculation fails the values cached in the file are returned (None where absent);
     past ``time_limit`` seconds it raises :class:`TimeLimitExceeded`, and for a range too large
-    even cut to the used area :class:`WorkbookTooLarge`.
+    even cut to the used area :class:`WorkbookTooLarge`. With a ``time_limit`` (the model's
+    workbook) all of it, reading the workbook too, runs in a process killed at the deadline
+    (:func:`run_in_process`): a file near :func:`check_workbook`'s limits takes seconds to parse.
     """
     method = _check_recalc(recalc)
     data = _read_bytes(workbook)
+    if time_limit is not None and method in ("auto", "formulas") and sys.platform == "linux":
+        ranges = None if ranges is None else list(ranges)  # (sent to the call's process)
+        return run_in_process(
+            _recalculate, (data, method, ranges, time_limit, True), time_limit, "the recalculation",
+            memory="the workbook's formulas need more than {} MB of memory to compute",
+        )
+    return _recalculate(data, method, ranges, time_limit)
+
+
+def _recalculate(
+    data: bytes, method: str, ranges: Iterable[tuple[str, str]] | None, time_limit: float | None,
+    in_call: bool = False,
+) -> dict[CellKey, Any]:
+    """:func:`recalculate` of the workbook's bytes (``in_call``: in the call's process)."""
     wb = _open(data, data_only=False)
     try:
         if ranges is None:
@@ -1299,7 +1321,7 @@ def recalculate(
         wb.close()
     if not formats:
         return {}
-    return _compute(data, method, formats, epoch, time_limit=time_limit)[0]
+    return _compute(data, method, formats, epoch, time_limit=time_limit, in_call=in_call)[0]
 
 
 def _formula_formats(

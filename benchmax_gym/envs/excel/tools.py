@@ -130,17 +130,16 @@ class WorkbookFile:
 
     def recalculated(self, sheet: str, rng: str) -> dict[tuple[str, str], Any]:
         """Values of the formula cells of ``sheet!rng`` computed as the grader computes them, from
-        the loaded workbook (not the file again), within ``timeout`` (a read is an inline tool:
-        nothing else bounds it); cached, refusals too, until the workbook changes."""
-        book = self.book()
+        the bytes of the loaded workbook (as loaded or saved), all within ``timeout`` (a read is an
+        inline tool: nothing else bounds it; saving the loaded workbook again here took as long as
+        its parse, outside any deadline); cached, refusals too, until the workbook changes."""
+        self.book()
         key = (self._version, sheet, rng)
         cache = self.__dict__.setdefault("_recalculated", {})  # made on first use: reads rarely need it
         if key not in cache:
-            buffer = io.BytesIO()
-            book.save(buffer)
             cache.clear()  # only the current version's results are worth keeping
             try:
-                cache[key] = recalculate(buffer.getvalue(), ranges=[(sheet, rng)], time_limit=self.timeout)
+                cache[key] = recalculate(self._data, ranges=[(sheet, rng)], time_limit=self.timeout)
             except TimeLimitExceeded as exc:  # kept: the same read would only overrun again
                 cache[key] = (f"computing the formulas: {exc} (the tool time limit); simplify them", "tool_timeout")
             except MemoryLimitExceeded as exc:
