@@ -44,16 +44,13 @@ def test_a_reply_without_answer_tags_scores_0_in_every_family(env_id, kwargs, co
     assert _final_score(env_id, kwargs, component, lambda answer: f"<answer>{answer}") == 0.0  # unclosed
 
 
+@pytest.mark.timeout(60)  # a hang guard: linear grading takes well under a second
 @pytest.mark.parametrize("junk", ["<answer>", "\\boxed{", "<ANSWER>x</answer"])
 def test_grading_a_hostile_reply_is_linear(junk):
-    """256k characters of unclosed answer tags or boxes grade at once (a lazy regex or a brace
-    walk per opening took minutes) and score 0."""
-    import time
-
-    env = gym.make("benchmax/Math-v0", max_action_chars=300_000, python_tool=False)
+    """2M characters of unclosed answer tags or boxes grade at once (a lazy regex or a brace
+    walk per opening took minutes for 256k, so hours for these) and score 0."""
+    env = gym.make("benchmax/Math-v0", max_action_chars=2_100_000, python_tool=False)
     env.reset(seed=0)
-    started = time.perf_counter()
-    _, reward, terminated, _, _ = env.step(junk * (256_000 // len(junk)))
-    assert time.perf_counter() - started < 5
+    _, reward, terminated, _, _ = env.step(junk * (2_048_000 // len(junk)))
     assert terminated and reward == 0
     env.close()

@@ -402,9 +402,8 @@ import gymnasium as gym, benchmax_gym
 
 def call(env, code):
     action = '<tool_call>' + json.dumps({"name": "python", "arguments": {"code": code}}) + '</tool_call>'
-    t = time.monotonic()
     obs, reward, terminated, truncated, info = env.step(action)
-    return obs, info["error"], time.monotonic() - t
+    return obs, info["error"]
 
 FORGE = """
 import json, os
@@ -432,7 +431,7 @@ STOP = "import os, signal\nfor pid in sorted({1, os.getppid()}):\n    os.kill(pi
 
 SANDBOX = "auto"
 out = {"uid": os.getuid()}
-env = gym.make("benchmax/Math-v0", sandbox=SANDBOX, tool_timeout=5)
+env = gym.make("benchmax/Math-v0", sandbox=SANDBOX, tool_timeout=60)  # (a stopped server: a call's timeout)
 obs, info = env.reset(seed=0)
 out["level"] = info["sandbox"]
 out["forge"] = call(env, FORGE)
@@ -454,12 +453,14 @@ def test_non_root_host_code_cannot_reach_its_server(bubblewrap):
     assert result["uid"] != 0 and result["level"] == BUBBLEWRAP
     forge_obs = result["forge"][0]
     assert "forged through" not in forge_obs and "read memory" not in forge_obs
-    for i, (obs, error, _) in zip(range(2, 5), result["after_forge"]):
+    for i, (obs, error) in zip(range(2, 5), result["after_forge"]):
         assert error is None and f"stdout:\n{i * 7}\n" in obs and "FORGED" not in obs
-    obs, error, seconds = result["stop"]
-    assert "sent" in obs and seconds < 4  # the kernel drops SIGSTOP sent to the namespace's init
-    obs, error, seconds = result["after_stop"]
-    assert error is None and "stdout:\n42\n" in obs and seconds < 4
+    # the kernel drops SIGSTOP sent to the namespace's init: the call returns (a stopped server
+    # would time it out, an error) and so does the next one
+    obs, error = result["stop"]
+    assert error is None and "sent" in obs, (error, obs)
+    obs, error = result["after_stop"]
+    assert error is None and "stdout:\n42\n" in obs, (error, obs)
     assert "Traceback" not in out.stderr
 
 
@@ -505,9 +506,9 @@ def test_host_detects_a_desynchronised_channel():
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["level"] == "rlimits"
-    obs, error, _ = result["forge"]
+    obs, error = result["forge"]
     assert error == "tool_error" and "out of step" in obs and "FORGED" not in obs  # the forgery got in ...
-    for i, (obs, error, _) in zip(range(2, 5), result["after_forge"]):
+    for i, (obs, error) in zip(range(2, 5), result["after_forge"]):
         assert error is None and f"stdout:\n{i * 7}\n" in obs and "FORGED" not in obs  # ... and was caught
 
 
@@ -619,7 +620,7 @@ def test_the_server_starts_at_the_first_call_and_is_shared_by_every_episode(bubb
 
         # A loaded machine (parallel test workers) is slow to settle, and a process may start or end
         # between two looks (a spare's short-lived fork): the assertion reads the look that ended the wait.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while len(found := alive()) > 4 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(found) <= 4, [(p.pid, p.ppid(), p.status()) for p in found if p.is_running()]
@@ -675,19 +676,23 @@ def test_an_episode_that_ends_during_its_call_leaves_nothing(bubblewrap):
     env.reset(seed=0)
     box = env.unwrapped.episode.state["sandbox"]
     run_python(env, "print(1)")
-    thread = threading.Thread(target=lambda: box.run("import time\nopen('x', 'w').write('1')\ntime.sleep(60)"))
-    start = time.monotonic()
+    results = []
+    thread = threading.Thread(target=lambda: results.append(
+        box.run("import time\nopen('started', 'w').write('1')\ntime.sleep(60)")))
     thread.start()
-    time.sleep(1.0)
+    for _ in range(600):  # (a hang guard of a minute)
+        if (box.workspace / "started").exists():
+            break
+        time.sleep(0.1)
     env.reset(seed=1)  # ends the episode whose call still runs
-    thread.join(timeout=20)
-    assert not thread.is_alive() and time.monotonic() - start < 20
+    thread.join(timeout=90)  # a hang guard (the call's own timeout is 30 s)
+    assert not thread.is_alive() and "the episode ended" in results[0].notes, results  # not its timeout
     assert not box.workspace.exists() and not box.tmp.exists()
     server = sandbox_processes()[0]
-    deadline = time.monotonic() + 5  # the call's processes are gone (a spare monitor may be starting)
-    while len(server.children(recursive=True)) > 4 and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # the call's processes are gone (a spare monitor may be starting)
+    while len(found := server.children(recursive=True)) > 4 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert len(server.children(recursive=True)) <= 4, [p.cmdline() for p in server.children(recursive=True)]
+    assert len(found) <= 4, [p.cmdline() for p in found]  # (the look that ended the wait: a spare may fork next)
     env.close()
 
 
@@ -1013,7 +1018,7 @@ def test_a_killed_hosts_tmpfs_are_swept_by_the_next_pool(bubblewrap, tmp_path):
                 if name.startswith("benchmax-gym-") and name.split("-")[2].isdigit()
                 and not os.path.exists(f"/proc/{name.split('-')[2]}")]
 
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while True:  # its cgroups go once its server's processes are gone (they die with it, in ms)
         pool = _Pool(BUBBLEWRAP, ())
         pool.shut_down()
@@ -1162,7 +1167,7 @@ def test_a_request_the_server_cannot_start_fails_alone(bubblewrap, monkeypatch):
         assert good.run("print(2)").stdout == "2\n" and pool.restarts == 0
         # settled: its init, the zygote and two spare monitors, for half a second on end (while the
         # spares are made, a moment's count passes through lower and higher numbers)
-        deadline, settled_since = time.monotonic() + 20, None
+        deadline, settled_since = time.monotonic() + 60, None
         while time.monotonic() < deadline:
             if len(server.children(recursive=True)) > 4:
                 settled_since = None
@@ -1204,7 +1209,7 @@ def test_a_setsid_process_does_not_outlive_its_call_at_the_rlimits_level():
             if box._pool.cgroups is None:
                 pytest.skip("no cgroup here: at level rlimits a process that leaves the call's session survives it")
             assert box.run(code).stdout == "done\n"
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 60
             while survivors() and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert survivors() == []
