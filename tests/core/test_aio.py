@@ -249,7 +249,18 @@ def test_ctrl_c_delivered_to_another_thread_still_interrupts_at_once(ctrl_c_rais
     cancelled, stop, woken_by_guard = threading.Event(), threading.Event(), threading.Event()
     bystander = threading.Thread(target=stop.wait)
     bystander.start()
-    threading.Timer(0.2, lambda: signal.pthread_kill(bystander.ident, signal.SIGINT)).start()
+    started = threading.Event()
+
+    def interrupt_once_asleep():  # (a fixed delay could fire before the loop runs, on a loaded machine)
+        if started.wait(60):
+            time.sleep(0.2)  # (the loop is then asleep in its selector)
+            signal.pthread_kill(bystander.ident, signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_asleep, daemon=True).start()
+
+    async def sleeping():
+        started.set()
+        await sleep_until_cancelled(cancelled)
 
     def hang_guard():  # a main thread that never woke: interrupt it directly, and say so
         woken_by_guard.set()
@@ -259,7 +270,7 @@ def test_ctrl_c_delivered_to_another_thread_still_interrupts_at_once(ctrl_c_rais
     guard.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            own.run(sleep_until_cancelled(cancelled))  # (an hour)
+            own.run(sleeping())  # (an hour)
     finally:
         guard.cancel()
         stop.set()
