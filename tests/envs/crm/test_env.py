@@ -300,6 +300,21 @@ def test_crmarena_none_answers_are_the_gold_none_and_missing_answers_are_refused
             gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org))
 
 
+
+@pytest.mark.parametrize("line, says", [
+    (b'{"idx": 2, "query": "caf\xe9?"}', "line 2: not UTF-8 text"),
+    (b"{not json", "line 2: not JSON"),
+    (b"[" * 5000 + b"]" * 5000, "line 2: JSON nested too deeply to read"),
+], ids=["latin1", "not-json", "too-deep"])
+def test_a_crmarena_file_with_a_bad_line_is_refused_naming_it(cache, tmp_path, line, says):
+    """(A bare UnicodeDecodeError, or json's "line 1 column 2" for the whole file, or a RecursionError.)"""
+    org = cached_org(0, SMALL, cache)
+    good = {"idx": 1, "type": "knowledge_qa", "query": "q", "answer": "a", "reward_metric": "exact_match"}
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(json.dumps(good).encode() + b"\n" + line + b"\n")
+    with pytest.raises(ValueError, match=f"tasks.jsonl' {says}"):
+        gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org))
+
 def test_metrics():
     assert final_answer("Thinking... <answer> The May </answer>") == "The May"
     assert exact_match("the May.", "may") == 1.0 and exact_match("June", "May") == 0.0
