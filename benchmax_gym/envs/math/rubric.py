@@ -257,7 +257,7 @@ def _verify(gold: str, predicted: str) -> bool:
 #: connectives math-verify reads as their right side alone (``6 \vee 5``, ``6 \to 5``, ``6 := 5``: 5)
 _RIGHT_SIDE_READ = re.compile(
     r"\\(?:to|rightarrow|Rightarrow|longrightarrow|Longrightarrow|implies|mapsto|iff|Leftrightarrow|therefore|"
-    r"because|colon|coloneqq|vee|wedge|lor|land|in|ni|subset|subseteq|cap|setminus|backslash)(?![A-Za-z])|:="
+    r"because|colon|coloneqq|vee|wedge|lor|land|in|ni|subset|subseteq|cap|setminus|backslash|mid|bmod)(?![A-Za-z])|:="
 )
 
 
