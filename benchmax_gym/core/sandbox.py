@@ -577,7 +577,22 @@ def isolation_report() -> list[tuple[str, str]]:
                               "packages into each server would cost seconds and hundreds of MiB; workspaces, "
                               "episodes and the server's source appear at neutral paths, cgroups by their owner's pid"
                               + ("" if disk_mechanism()[0] else " (episodes not: they are not tmpfs here)")),
+        ("sandbox uid", _uid_report()),
     ]
+
+
+def _uid_report() -> str:
+    """Which uid the code runs as, and on root hosts where the reservations are kept."""
+    if os.geteuid() != 0:
+        return "the user's own (a second uid needs a setuid helper); the monitor and server are shielded instead"
+    lock = os.environ.get(UID_LOCK_ENV) or "/run/benchmax-gym-uids.lock"
+    try:
+        free = sum(map(len, _free_uids(_given_ids(ID_FILES))))
+    except OSError as exc:
+        return f"none can be picked: {exc}"
+    return (f"an unprivileged uid per open sandbox, {free} of {EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1} free of "
+            f"the ids /etc/passwd, group, subuid and subgid give away; reserved host-wide in {lock} "
+            f"(containers with their own /run: set {UID_LOCK_ENV})")
 
 
 #: the unprivileged uids episodes' code runs as on root hosts, one per open sandbox on the host

@@ -970,8 +970,10 @@ def test_mountinfo_names_no_host_path_but_the_pythons_and_doctor_says_why(bubble
         assert str(_workspace_root()) not in result.stdout and pool not in result.stdout
         assert " /workspace /workspace " in result.stdout
     report = dict(isolation_report())
-    assert {"sandbox memory", "sandbox disk", "sandbox network", "sandbox mountinfo"} <= set(report)
+    assert {"sandbox memory", "sandbox disk", "sandbox network", "sandbox mountinfo", "sandbox uid"} <= set(report)
     assert os.path.realpath(sys.base_prefix) in report["sandbox mountinfo"]
+    if os.geteuid() == 0:  # where the reservations are, and how containers share them
+        assert "/run/benchmax-gym-uids.lock" in report["sandbox uid"] and "BENCHMAX_GYM_UID_LOCK" in report["sandbox uid"]
 
 
 def test_each_call_runs_exactly_once(bubblewrap):
