@@ -20,6 +20,7 @@ import hashlib
 import math
 import numbers
 import re
+import sys
 import threading
 import unicodedata
 from collections import OrderedDict
@@ -316,26 +317,42 @@ def _output_values(
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """Output values keyed by the answer's sheet names; ``_MISSING_SHEET`` for absent sheets.
 
-    With a ``time_limit`` the workbook is read in a process killed at the deadline and bounded
-    in memory (:func:`.recalc.run_in_process`): within :func:`check_workbook`'s limits a file
-    can still take a parse 30 s and 2 GB (a million fonts, names or shared strings)."""
+    With a ``time_limit`` the workbook is read, and its formulas computed (with the values cached
+    in it where they cannot be), in a process killed at the deadline and bounded in memory
+    (:func:`.recalc.run_in_process`): within :func:`check_workbook`'s limits a file can still
+    take a parse 30 s and 2 GB (a million fonts, names or shared strings), and so can reading its
+    cached values again. LibreOffice (bounded by its own timeout) runs here, and its fallback
+    to the cached values in a process of its own (:func:`.recalc._compute`)."""
     ranges = list(ranges)
     if time_limit is None:
-        values, formats, renamed, missing, epoch = _output_cells(data, ranges)
-    else:
-        values, formats, renamed, missing, epoch = run_in_process(
-            _output_cells, (data, ranges), time_limit, "reading the workbook"
+        values, notes, missing = _read_output(data, ranges, method, None)
+    elif method != "libreoffice" and sys.platform == "linux":
+        values, notes, missing = run_in_process(
+            _read_output, (data, ranges, method, time_limit, True), time_limit, "reading the workbook",
+            memory="reading the workbook and computing its formulas need more than {} MB of memory",
         )
-    notes: list[str] = []
+    else:
+        cells = run_in_process(_output_cells, (data, ranges), time_limit, "reading the workbook")
+        values, notes, missing = _read_output(data, ranges, method, time_limit, cells=cells)
     for sheet, rng in missing:
-        notes.append(f"sheet {sheet!r} is missing from the output workbook")
         values.update({(sheet, c): _MISSING_SHEET for c in _cells(rng)})
+    return values, [f"sheet {sheet!r} is missing from the output workbook" for sheet, _ in missing] + notes
+
+
+def _read_output(
+    data: bytes, ranges: list[tuple[str, str]], method: str, time_limit: float | None, in_call: bool = False,
+    cells: tuple | None = None,
+) -> tuple[dict[CellKey, Any], list[str], list[tuple[str, str]]]:
+    """The output's values at ``ranges`` (its formulas computed), notes, and the ranges whose sheet
+    is missing; from ``cells`` when read already (:func:`_output_cells`); ``in_call``: in a call's
+    process (plain data)."""
+    values, formats, renamed, missing, epoch = cells or _output_cells(data, ranges)
+    notes: list[str] = []
     if formats:
-        computed, compute_notes = _compute(data, method, formats, epoch, time_limit=time_limit)
-        notes.extend(compute_notes)
+        computed, notes = _compute(data, method, formats, epoch, time_limit=time_limit, in_call=in_call)
         for (real, coordinate) in formats:
             values[renamed[real], coordinate] = computed.get((real, coordinate))
-    return values, notes
+    return values, notes, missing
 
 
 def expected_values(answer: Workbook, position: str, recalc: str = "auto") -> list[tuple[str, str, Any]]:

@@ -270,8 +270,24 @@ def _read_bytes(workbook: Workbook) -> bytes:
 
 
 def _open(data: bytes, *, data_only: bool, read_only: bool = True) -> openpyxl.Workbook:
-    """openpyxl workbook from bytes; read-only (streamed, fast) unless it will be edited."""
-    return openpyxl.load_workbook(io.BytesIO(data), read_only=read_only, data_only=data_only)
+    """openpyxl workbook from bytes; read-only (streamed, fast) unless it will be edited, and then
+    with its pictures saved as they were read (:func:`_keep_pictures`)."""
+    wb = openpyxl.load_workbook(io.BytesIO(data), read_only=read_only, data_only=data_only)
+    if not read_only:
+        _keep_pictures(wb)
+    return wb
+
+
+def _keep_pictures(wb: openpyxl.Workbook) -> None:
+    """Make every picture of ``wb`` save the bytes it was read from. openpyxl decodes each picture
+    that is not PNG, JPEG or GIF and writes it again as PNG at every save (a 114 KB compressed
+    9000 x 9000 TIFF: ~2 s a copy, unbounded by any deadline once the parse is done), and closes
+    a picture's file as it saves it, so a second save of the workbook failed (ValueError: I/O
+    operation on closed file). Kept as read, a save copies them: as fast as the file's size."""
+    for ws in wb.worksheets:
+        for picture in getattr(ws, "_images", ()):
+            if isinstance(picture.ref, io.BytesIO):  # (as openpyxl's reader makes them)
+                picture._data = picture.ref.getvalue
 
 
 def _iter_range(ws: Any, rng: str) -> Iterator[tuple[str, Any]]:
@@ -1204,6 +1220,12 @@ def _cached_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
         wb.close()
 
 
+def _cached_values_within(data: bytes, keys: set[CellKey], time_limit: float) -> dict[CellKey, Any]:
+    """:func:`_cached_values` of the model's workbook, in a process killed after ``time_limit``
+    (:func:`run_in_process`): parsing it again takes as long as its first parse."""
+    return run_in_process(_cached_values, (data, keys), time_limit, "reading the values cached in the workbook")
+
+
 _UNCOMPUTABLE = ("#NAME?", "#REF!")  # what ``formulas`` answers for what it cannot evaluate
 
 
@@ -1233,8 +1255,12 @@ def _compute(
     """
     keys = set(formats)
     notes: list[str] = []
+    if time_limit is not None and not in_call:  # the model's file: parsed again within the deadline
+        cached_values = functools.partial(_cached_values_within, time_limit=time_limit)
+    else:
+        cached_values = _cached_values
     if method == "none":
-        return _cached_values(data, keys), notes
+        return cached_values(data, keys), notes
     try:
         if method == "libreoffice":
             return _libreoffice_values(data, keys), notes  # bounded by LIBREOFFICE_TIMEOUT_S
@@ -1256,7 +1282,7 @@ def _compute(
             f"recalculation with {method!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
             "used the values cached in the file"
         )
-        return _cached_values(data, keys), notes
+        return cached_values(data, keys), notes
     if warnings:
         more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
         notes.append(f"formulas package: {warnings[0][:200]}{more}")
@@ -1271,7 +1297,7 @@ def _compute(
 
     failed = [key for key in keys if key not in values or values[key] in _UNCOMPUTABLE]
     if failed:
-        cached = _cached_values(data, set(failed))
+        cached = cached_values(data, set(failed))
         used = [key for key in failed if trust_empty_cache or cached.get(key) is not None]
         for key in used:
             values[key] = cached.get(key)
