@@ -23,6 +23,7 @@ import openpyxl
 from openpyxl.cell.cell import MergedCell
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.exceptions import IllegalCharacterError
+from openpyxl.worksheet.formula import ArrayFormula, DataTableFormula
 
 from benchmax_gym.core.files import WorkspaceFileError, read_workspace_file, unchanged, workspace_file_version, write_workspace_file
 from benchmax_gym.core.tools import ToolError, tool
@@ -192,6 +193,10 @@ def _show(value: Any) -> str:
         return f"{'-' if total < 0 else ''}{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
     if isinstance(value, str):
         return repr(value) if value != value.strip() or not value else value
+    if isinstance(value, ArrayFormula):  # (shown as Excel shows an array formula, with its range)
+        return f"{{{value.text}}} over {value.ref}"
+    if isinstance(value, DataTableFormula):
+        return f"=TABLE({', '.join(filter(None, (value.r1, value.r2)))}) over {value.ref}"
     return str(value)
 
 
@@ -245,7 +250,7 @@ def read_range(sheet: str, range: str, episode) -> str:  # noqa: A002 - the name
             if c.value is None:
                 continue
             text = _show(c.value)
-            if isinstance(c.value, str) and c.value.startswith("="):
+            if c.data_type == "f" or isinstance(c.value, str) and c.value.startswith("="):
                 values = values or workbook.cached_values()
                 saved = values[sheet][c.coordinate].value if values is not None else None
                 if saved is None:  # written since Excel saved the file: compute it as the grader will
@@ -254,7 +259,7 @@ def read_range(sheet: str, range: str, episode) -> str:  # noqa: A002 - the name
                         computed = workbook.recalculated(sheet, rng)
                     saved = computed.get((sheet, c.coordinate))
                     saved = "" if saved is None else saved
-                text = f"{c.value} -> {_show(saved)}"
+                text = f"{c.value if isinstance(c.value, str) else text} -> {_show(saved)}"
             cells.append(f"{c.coordinate}: {text}")
         if cells:
             lines.append(" | ".join(cells))

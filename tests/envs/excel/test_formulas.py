@@ -263,6 +263,27 @@ def test_read_range_shows_the_values_of_formulas_written_in_the_episode(tmp_path
     assert "-> 1010" in obs
 
 
+
+@pytest.mark.parametrize("case, sheet, cell, shown", [
+    ("39490/1_39490_input.xlsx", "Sheet1", "E1", "E1: {=INDEX($F$4:$F$6,MATCH($B$1,$E$4:$E$6,0),0)} over E1 -> #N/A"),
+    ("48799/1_48799_input.xlsx", "Sheet2", "B1", "B1: {=TRANSPOSE(Sheet1!A2:A25)} over B1:Y1 -> A"),
+])
+def test_read_range_shows_spreadsheetbench_array_formulas_and_their_values(shared_data, case, sheet, cell, shown):
+    """(read_range showed them as "<openpyxl.worksheet.formula.ArrayFormula object at 0x...>", no value.)"""
+    import shutil
+    import types
+    from pathlib import Path
+
+    from benchmax_gym.core.tools import Toolset
+    from benchmax_gym.envs.excel.tools import WorkbookFile, read_range
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(shared_data / "spreadsheetbench" / "spreadsheet" / case, Path(tmp) / "workbook.xlsx")
+        episode = types.SimpleNamespace(state={"workbook": WorkbookFile(Path(tmp) / "workbook.xlsx", timeout=30)})
+        result = Toolset([read_range]).run("read_range", {"sheet": sheet, "range": cell}, episode=episode, timeout=30,
+                                           max_chars=4000)
+    assert result.error is None and result.content == shown
+
 def test_read_range_shows_external_references_as_errors(tmp_path, host_secret):
     env = one_cell_env(tmp_path, SECRET)
     path = env.unwrapped.episode.state["workbook"].path
