@@ -440,6 +440,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         usage_error(f"--temperature must be a number, 0 or more, got {args.temperature:g}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         usage_error(f"--top-p must be within (0, 1], got {args.top_p:g}")
+    if args.policy is not None:  # (they were silently ignored: a baseline run that looked like a sampled one)
+        given = [flag for flag, value in (("--base-url", args.base_url), ("--api-key-env", args.api_key_env),
+                                          ("--temperature", args.temperature), ("--top-p", args.top_p),
+                                          ("--max-tokens", args.max_tokens)) if value is not None]
+        if given:
+            usage_error(f"{', '.join(given)}: for --model only (--policy {args.policy} calls no model)")
     extra = {}
     if args.model is not None:
         if args.base_url is not None:

@@ -128,6 +128,13 @@ def test_sampling_settings_a_server_cannot_take_are_refused_naming_the_flag(tmp_
     assert not (tmp_path / "run").exists()
 
 
+def test_sampling_flags_with_a_policy_are_refused_not_ignored(tmp_path):
+    """(They were silently ignored: a solver baseline that looked like a sampled run.)"""
+    out = run_cli(*EVAL, "--policy", "solver", "--temperature", "0.7", "--max-tokens", "64",
+                  "--out", str(tmp_path / "run"))
+    assert_one_line(out, "--temperature, --max-tokens: for --model only (--policy solver calls no model)")
+    assert not (tmp_path / "run").exists()
+
 @pytest.mark.parametrize("url, says", [
     ("http://[::1/v1", "--base-url http://[::1/v1: not a valid URL"),
     ("http://127.0.0.1:99999/v1", "--base-url http://127.0.0.1:99999/v1: not a valid URL (Port out of range"),
