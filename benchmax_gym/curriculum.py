@@ -154,7 +154,11 @@ class MemberLevels:
 
     def _scheduled(self, episodes: int) -> int:
         if callable(self.schedule):
-            return max(0, min(len(self.levels) - 1, int(self.schedule(episodes))))
+            level = self.schedule(episodes)
+            if isinstance(level, bool) or not isinstance(level, numbers.Real) or not math.isfinite(level):
+                raise TypeError(f"curriculum[{self.name!r}]['schedule']({episodes}) must return a level (a number), "
+                                f"got {level!r}")  # (int(None) failed deep in the step that ended an episode)
+            return max(0, min(len(self.levels) - 1, int(level)))
         level = 0
         for start, value in self.schedule:
             if episodes >= start:

@@ -54,6 +54,14 @@ def test_a_fixed_schedule_sets_the_level_from_episodes_seen():
     assert by_function.level("m") == 2  # clipped to the last level
 
 
+
+@pytest.mark.parametrize("returned", [None, "2", float("nan")])
+def test_a_schedule_function_that_returns_no_level_says_so(returned):
+    """(int(None) raised a bare TypeError in the step that ended the episode.)"""
+    c = controller(schedule=lambda episodes: returned)
+    with pytest.raises(TypeError, match=r"curriculum\['m'\]\['schedule'\]\(1\) must return a level \(a number\)"):
+        c.record("m", 0, "t", 1.0, True, "scored")
+
 def test_zero_variance_groups_are_counted_per_member_and_level():
     c = controller(window=100)
     for task, rewards in {"a": (1.0, 1.0), "b": (0.0, 1.0), "c": (0.0, 0.0), "d": (1.0,)}.items():
