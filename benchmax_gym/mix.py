@@ -171,6 +171,8 @@ class MixSampler:
         scaled = np.asarray(weights, dtype=float) / max(weights)  # (huge finite weights: their sum stays finite)
         self.mode = mode
         self.cumulative = list(np.cumsum(scaled / scaled.sum())[:-1])
+        last = max(i for i, w in enumerate(scaled) if w > 0)  # (rounding left trailing weight-0 members a
+        self.cumulative[last:] = [1.0] * len(self.cumulative[last:])  # sliver below 1: drawn, 1 in 2**53)
         # (None: no phase yet. The first draw takes one from the env's RNG, which Gymnasium seeds
         # from entropy when reset gets no seed: a phase of 0 for all had every env of a vector
         # env play the same member at each reset)

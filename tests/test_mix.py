@@ -449,3 +449,18 @@ def test_a_weight_that_is_no_non_negative_number_fails_at_make_naming_it(weight)
 def test_weights_all_zero_fail_at_make():
     with pytest.raises(ValueError, match=r"members: at least one member needs a positive weight"):
         gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 0.0, "benchmax/Wikipedia-v0": 0})
+
+
+@pytest.mark.parametrize("weights", [[0.7, 0.2, 0.1, 0.0], [1.0, 0.0, 0.0]])
+def test_a_member_of_weight_zero_is_never_drawn_even_at_the_top_of_the_unit_interval(weights):
+    """(Rounding left a trailing weight-0 member the sliver [0.9999999999999999, 1): drawn once in 2**53.)"""
+    from benchmax_gym.mix import MixSampler
+
+    for mode in ("stratified", "random"):
+        sampler = MixSampler(weights, mode)
+        sampler.offset = float(np.nextafter(1.0, 0.0))  # the stratified sequence's first point
+        class Top:  # the random mode's draw, at its highest
+            def random(self):
+                return float(np.nextafter(1.0, 0.0))
+
+        assert weights[sampler.draw(Top())] > 0
