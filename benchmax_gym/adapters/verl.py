@@ -25,7 +25,7 @@ that would overflow end the episode truncated, graded as it stands). The prompt 
 ``rollout.prompt_length`` (``data.max_prompt_length``): a longer one raises naming it (verl's
 own loops cut such a prompt from the left, which would cut the env's instructions, and a
 wider one fails verl's batch). The env is built, reset and stepped in a thread, off the
-worker's event loop that serves the other trajectories; a trajectory that raises or is
+worker's event loop that serves the other trajectories; a trajectory that ends, fails or is
 cancelled closes its env (after the env call running in that thread returns).
 
 The env's reward is the trajectory's ``reward_score``. verl's post-processing reads the keys of
@@ -37,11 +37,19 @@ env's own components (they differ between envs) are in ``extra_fields["reward_co
 batch's sums are its outcome counts.
 
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline; a ``generate`` call that
-raised or returned garbage is ``model_error``) never enter the loss. verl
-needs every trajectory back, so a failed one is kept with an all-zero ``response_mask`` (no token
+raised or returned garbage is ``model_error``; building, resetting or stepping the env raising
+is ``env_error``) never enter the loss. verl gathers a batch's trajectories without
+``return_exceptions``, so one that raised would fail the whole batch: every failure comes back as
+a trajectory, with an all-zero ``response_mask`` (no token
 in the loss), ``reward_score`` NaN (``None`` would turn off the batch's ``rm_scores``) and, when
 ``rollout.calculate_log_probs`` asks for them, ``response_logprobs`` even if no reply came (zeros:
-verl stacks them with the other trajectories'). verl's
+verl stacks them with the other trajectories'); ``extra_fields["outcome_detail"]`` says why, in a
+line ("" for the others). An env that failed before its prompt existed gets the row's
+``raw_prompt`` through the template (one token if that does not fit ``prompt_length``; never
+empty, a row of the actor's batch that would attend to no token at all). What a row's env id
+or arguments get wrong (an unknown id, a ``TypeError`` or ``ValueError`` building it) still
+raises, as a prompt over ``prompt_length`` does: the dataset's error, the same for every such
+row. verl's
 own GRPO would average that NaN into the group, so train with the estimators registered here
 (``algorithm.adv_estimator=...``), verl's GRPO over each group's scored trajectories:
 
@@ -78,14 +86,16 @@ turns before the last paid.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections import defaultdict
 from typing import Any
 from uuid import uuid4
 
+import gymnasium as gym
 import torch
 
-from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, amake_env, make_env, task_dataset
+from benchmax_gym.adapters.tokens import ChatTemplate, TokenEpisode, TokenSession, amake_env, make_env, task_dataset
 from benchmax_gym.core import outcomes
 
 try:
@@ -93,6 +103,11 @@ try:
     from verl.trainer.ppo.core_algos import register_adv_est
 except ImportError:  # pragma: no cover - exercised by the missing-extra test in a bare venv
     raise ImportError("the verl adapter needs verl: pip install 'benchmax-gym[verl]'") from None
+
+log = logging.getLogger(__name__)
+# what building a row's env raises for the row itself (an unknown id, a wrong or bad argument):
+# verl sees it, as it sees the agent loop config's at loop construction
+_CONFIGURATION_ERRORS = (gym.error.Error, TypeError, ValueError)
 
 
 @register("benchmax")
@@ -119,12 +134,22 @@ class BenchmaxAgentLoop(AgentLoopBase):
         env_id = extra.get("env_id") or self.env_id
         if not env_id:
             raise ValueError("env_id is missing: give it in the row's extra_info or the agent loop config")
-        env = await amake_env(env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})})
-        session = TokenSession(env, self.chat, max_tokens=self.response_length)
         task = extra.get("task_index")
+        options = {"task_index": int(task)} if task is not None else None
+        try:
+            env = await amake_env(env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})})
+        except _CONFIGURATION_ERRORS:  # the row's env id or arguments: every such row fails alike
+            raise
+        except Exception as exc:  # (a server that would not start, a database copy that failed)
+            return self._output(self._env_failed(kwargs, f"{env_id} task {task}: building the env", exc),
+                                sampling_params)
+        session = TokenSession(env, self.chat, max_tokens=self.response_length)
         request_id = uuid4().hex  # one per trajectory: every turn extends the same prefix
         try:
-            await session.areset(options={"task_index": int(task)} if task is not None else None)
+            try:
+                await session.areset(options=options)
+            except Exception as exc:
+                return self._output(self._env_failed(kwargs, f"{env_id} task {task}: reset", exc), sampling_params)
             if self.prompt_length is not None and len(session.episode.prompt_ids) > self.prompt_length:
                 # verl pads prompts to this width and would fail its batch (a torch.cat of prompts of
                 # different widths) after every trajectory played; cutting it would lose the env's prompt
@@ -141,15 +166,43 @@ class BenchmaxAgentLoop(AgentLoopBase):
                 except Exception as exc:  # the server failed this trajectory: model_error, out of the loss
                     session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
                     break
-                await session.astep(output.token_ids, output.log_probs or None)
+                try:
+                    await session.astep(output.token_ids, output.log_probs or None)
+                except Exception as exc:  # the env failed this trajectory: env_error, out of the loss
+                    session.fail(outcomes.ENV_ERROR, f"{env_id} task {task}: step raised {type(exc).__name__}: {exc}")
+                    break
         finally:  # (shielded: a second cancel must not drop the close)
             await asyncio.shield(asyncio.to_thread(session.close))
-        episode = session.episode
+        return self._output(session.episode, sampling_params)
+
+    def _env_failed(self, kwargs: dict[str, Any], what: str, exc: Exception) -> TokenEpisode:
+        """The trajectory of an env that failed before its prompt existed: ``env_error``, no
+        response. Its prompt is the row's (``raw_prompt``, the env's opening messages as
+        :func:`task_rows` wrote them) through the template, or one token where that cannot be
+        rendered within ``prompt_length``: never empty (a row of the batch attending to nothing)."""
+        error = f"{what} raised {type(exc).__name__}: {exc}"
+        log.warning("episode failed (%s): %s", outcomes.ENV_ERROR, error)
+        prompt_ids: list[int] = []
+        messages = kwargs.get("raw_prompt")
+        if messages is not None and len(messages):
+            try:
+                prompt_ids = self.chat.prompt_ids([dict(m) for m in messages])
+            except Exception:  # noqa: BLE001  (a row the template cannot render: the one-token prompt)
+                prompt_ids = []
+        if not prompt_ids or (self.prompt_length is not None and len(prompt_ids) > self.prompt_length):
+            token = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+            prompt_ids = [token]
+        return TokenEpisode(prompt_ids=prompt_ids, reward=None, truncated=True, outcome=outcomes.ENV_ERROR,
+                            info={"outcome": outcomes.ENV_ERROR, "error": error})
+
+    def _output(self, episode: TokenEpisode, sampling_params: dict[str, Any]) -> AgentLoopOutput:
         logprobs = episode.logprobs
         if logprobs is None and sampling_params.get("logprobs"):
             # no reply brought any (a generate that failed first, an empty reply): verl stacks every
             # trajectory's logprobs with the first's, so one None among lists failed the whole batch
             logprobs = [0.0] * len(episode.completion_ids)
+        # why it failed, in a line: the env's own (a tool gone) or the adapter's (an exception)
+        detail = (episode.info.get("outcome_detail") or episode.info.get("error") or "") if episode.failed else ""
         return AgentLoopOutput(
             prompt_ids=episode.prompt_ids,
             response_ids=episode.completion_ids,
@@ -160,7 +213,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
             metrics={},
             extra_fields={"reward_extra_info": episode.metrics(components=False),
                           "reward_components": dict(episode.reward_components),
-                          "turn_scores": list(episode.turn_rewards), "tool_rewards": []},
+                          "turn_scores": list(episode.turn_rewards), "tool_rewards": [],
+                          "outcome_detail": outcomes.outcome_detail(detail)},
         )
 
 
