@@ -13,7 +13,8 @@ Credentials: a URL's user and password go in a basic-auth header, and its query 
 is added by our HTTP transport to each request for the endpoint: the URL the SDK and httpx2 see,
 and log (httpx2 logs every request's URL at INFO, the SDK its endpoint at DEBUG), carries neither.
 :func:`shown_url` and :func:`secrets_of` are what error messages use instead of the URL and to
-blank out what a message quotes (:func:`redact` says which quotes).
+blank out what a message quotes (:func:`redact` says which quotes); a successful tool result is
+redacted of :func:`credentials_of` only (credential-named headers, not ``X-Region``).
 
 A server's ``retry:`` in an event stream (how long to wait before reconnecting to it) is capped at
 :data:`MAX_RETRY_MS`: the SDK sleeps the whole of it, so a huge one could only run the call out to
@@ -22,6 +23,7 @@ its timeout, which stops the server and loses its state.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import AsyncIterator, Mapping
@@ -77,21 +79,36 @@ def secrets_of(url: str | None, headers: Mapping[str, str],
     """The credentials in a server's URL, headers and environment as ``(name, value)``: a header's
     value (and its last word, named by the words before it, as ``Bearer <token>``'s token), a
     credential-like query key's or environment variable's value (``API_KEY``, ``GITHUB_TOKEN``),
-    a URL's password (named by its user), each also percent-decoded: what no message may quote
-    (see :func:`redact`)."""
+    a URL's password (named by its user) and the basic-auth token it is sent as, each also
+    percent-decoded and as a JSON string writes it: what no message may quote (see :func:`redact`)."""
     found: list[tuple[str, str]] = []
     if url:
         _, userinfo, _, query = _split(url)
         if userinfo:
             user, colon, password = userinfo.partition(":")
             found.append((user, password) if colon else ("", userinfo))
+            basic = f"{unquote(user)}:{unquote(password)}".encode()  # (as http_transport sends it)
+            found.append(("Basic", base64.b64encode(basic).decode()))
         found += _query_secrets(query)
     found += [(name, value) for name, value in (env or {}).items() if _SECRET_KEY.search(name)]
     for name, value in headers.items():
         words = value.split()
         found += [(name, value)] + ([(" ".join(words[:-1]), words[-1])] if len(words) > 1 else [])
     found += [(name, unquote(value)) for name, value in found]
+    found += [(name, json.dumps(value, ensure_ascii=False)[1:-1]) for name, value in found]  # (a result's JSON)
     return tuple(sorted({(n, v) for n, v in found if v}, key=lambda s: len(s[1]), reverse=True))  # (longest first)
+
+
+# Headers whose values are credentials: Authorization, Proxy-Authorization, Cookie, X-Api-Key, ...
+_SECRET_HEADER = re.compile(rf"{_SECRET_KEY.pattern}|cookie", re.I)
+
+
+def credentials_of(url: str | None, headers: Mapping[str, str],
+                   env: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+    """:func:`secrets_of` with only the credential-named headers: what a successful result may not
+    show. Every header value is hidden from errors, but a result that quotes ``X-Region: us-east-1``
+    is the server's answer, which blanking it would garble."""
+    return secrets_of(url, {name: value for name, value in headers.items() if _SECRET_HEADER.search(name)}, env)
 
 
 # between a credential's name and its value: ``: ``, ``=``, ``', '``, ``": "``, or spaces (``Bearer ab``)
@@ -101,10 +118,14 @@ _SEPARATOR = r"""['"]?(?:\s*[:=,]\s*|\s+)\(?b?['"]?"""
 def redact(text: str, secrets: tuple[tuple[str, str], ...]) -> str:
     """``text`` with each credential of :func:`secrets_of` as ``***``: everywhere when it has at
     least :data:`MIN_FREE_TEXT_SECRET` characters, else where it follows its name."""
+    folded = None  # (the text casefolded, to look for a short secret's name: its regex is 40 ns a character)
     for name, secret in secrets:
         if len(secret) >= MIN_FREE_TEXT_SECRET:
             text = text.replace(secret, HIDDEN)
         elif name and secret in text:
+            folded = text.casefold() if folded is None else folded
+            if name.casefold() not in folded:
+                continue
             pattern = rf"(?<![\w-])((?i:{re.escape(name)}){_SEPARATOR}){re.escape(secret)}(?![\w.~+/=-])"
             text = re.sub(pattern, lambda m: m.group(1) + HIDDEN, text)
     return text

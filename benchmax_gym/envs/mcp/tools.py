@@ -13,7 +13,9 @@ What a server lists reaches the model's prompt bounded: a description over
 visible marker (:func:`shown_schema`; calls are still checked against the whole schema), and
 the environment lists tools only up to a total (:func:`listed_tools`), so the task is never
 pushed out of the first observation. A server's credentials (a URL's password or token, its
-headers' values) never appear in an error message (see http_transport.py).
+headers' values) never appear in an error message, nor those named as credentials (a URL's, the
+``Authorization`` or ``X-Api-Key`` header's, an ``API_KEY`` env variable's) in a successful
+result (see http_transport.py).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pydantic import ValidationError
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, ToolSchemaError, truncate
-from benchmax_gym.envs.mcp.http_transport import http_transport, redact, secrets_of, shown_url
+from benchmax_gym.envs.mcp.http_transport import credentials_of, http_transport, redact, secrets_of, shown_url
 from benchmax_gym.envs.mcp.stdio import StderrTail, kill_processes, start_time, stdio_transport, tree
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,17 @@ class ServerSpec:
 
     def redact(self, text: str) -> str:
         return redact(text, self.secrets)
+
+    @functools.cached_property
+    def credentials(self) -> tuple[tuple[str, str], ...]:
+        """The credentials :meth:`redact_result` blanks out of a successful result: the URL's, the
+        environment's and the credential-named headers' (``Authorization``, ``Cookie``, ``X-Api-Key``)."""
+        return credentials_of(self.url, self.headers, self.env)
+
+    def redact_result(self, text: str) -> str:
+        """A successful result's text, without the credentials a server may echo (``Authorization: ***``):
+        the model may write what it sees anywhere. Other header values stay (``X-Region: us-east-1``)."""
+        return redact(text, self.credentials) if self.credentials else text
 
     @property
     def called(self) -> str:
@@ -603,7 +616,7 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             if outcome in FAILURES:
                 raise ToolFailure(text or f"tool {name!r} failed", outcome)
             raise ToolError(text or f"tool {name!r} reported an error")
-        return text
+        return server.redact_result(text)
 
     description = truncate(remote.description or name, MAX_DESCRIPTION_CHARS)
     try:
