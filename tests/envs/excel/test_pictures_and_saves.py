@@ -108,7 +108,7 @@ SCRIPT = """
 import sys, types
 from pathlib import Path
 from benchmax_gym.core.tools import Toolset
-from benchmax_gym.envs.excel.tools import WorkbookFile, write_cells
+from benchmax_gym.envs.excel.tools import WorkbookFile, read_range, write_cells
 
 tmp = Path(sys.argv[1])
 (tmp / "workbook.xlsx").write_bytes((tmp / "task.xlsx").read_bytes())
@@ -116,17 +116,20 @@ workbook = WorkbookFile(tmp / "workbook.xlsx", timeout=1.0)
 workbook.book()  # the task's file; then the model's, checked and parsed within the deadline
 (tmp / "workbook.xlsx").write_bytes((tmp / "model.xlsx").read_bytes())
 episode = types.SimpleNamespace(state={"workbook": workbook})
+tools = Toolset([write_cells, read_range])
 for value in (5, 6):
-    result = Toolset([write_cells]).run("write_cells", {"sheet": "Sheet", "cells": {"A1": value}}, episode=episode,
-                                        timeout=1.0, max_chars=4000)
+    result = tools.run("write_cells", {"sheet": "Sheet", "cells": {"A1": value}}, episode=episode, timeout=1.0,
+                       max_chars=4000)
     print(result.error, result.content)
+result = tools.run("read_range", {"sheet": "Sheet", "range": "A1:A2"}, episode=episode, timeout=1.0, max_chars=4000)
+print(result.error, result.content)  # (recalculated: formulas has no saved value to show)
 """
 
 
-def test_a_write_to_a_workbook_with_many_slow_pictures_finishes(tmp_path):
+def test_writes_and_a_read_of_a_workbook_with_many_slow_pictures_finish(tmp_path):
     """80 copies of a compressed 9000 x 9000 TIFF (114 KB) pass check_workbook and parse in an
-    instant; HEAD decoded each copy at every save (~2 s each, minutes for one write, with
-    tool_timeout=1 that nothing enforced after the parse)."""
+    instant; HEAD decoded each copy at every save (~2 s each, minutes for one write or one read
+    that recalculates, with tool_timeout=1 that nothing enforced after the parse)."""
     tiff = picture("TIFF", (9000, 9000), compression="tiff_adobe_deflate")
     data = with_pictures(80, tiff)
     check_workbook(data)  # within the limits
@@ -139,7 +142,7 @@ def test_a_write_to_a_workbook_with_many_slow_pictures_finishes(tmp_path):
     except subprocess.TimeoutExpired:
         raise AssertionError("write_cells ran on for a minute on a workbook with a 1 s tool timeout") from None
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == "None wrote 1 cell(s) on 'Sheet'\n" * 2, done.stdout
+    assert done.stdout == "None wrote 1 cell(s) on 'Sheet'\n" * 2 + "None A1: 6\nA2: =A1+1 -> 7.0\n", done.stdout
     assert media((tmp_path / "workbook.xlsx").read_bytes()) == [tiff] * 80
 
 
@@ -157,6 +160,16 @@ def test_a_workbook_with_many_slow_pictures_is_computed_and_graded(tmp_path):
     assert result.solved, result
     call = episode_tools(tmp_path, data, timeout=30)
     assert call("read_range", sheet="Sheet", range="A1:A2").content == "A1: 1\nA2: =A1+1 -> 2.0"
+
+
+def test_reads_of_a_workbook_with_pictures_compute_every_time(tmp_path):
+    """A second read that recalculates saved the loaded workbook again and failed (ValueError:
+    I/O operation on closed file), until f11add0 recalculated from the file's bytes."""
+    call = episode_tools(tmp_path, with_pictures(1, picture("PNG", (8, 8))), timeout=30)
+    assert call("read_range", sheet="Sheet", range="A1:A2").content == "A1: 1\nA2: =A1+1 -> 2.0"
+    assert call("read_range", sheet="Sheet", range="A2").content == "A2: =A1+1 -> 2.0"
+    assert call("write_cells", sheet="Sheet", cells={"A1": 5}).error is None
+    assert call("read_range", sheet="Sheet", range="A1:A2").content == "A1: 5\nA2: =A1+1 -> 6.0"
 
 
 def with_cached_formula(formula: str, cached: str) -> bytes:
