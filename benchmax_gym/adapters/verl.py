@@ -172,7 +172,10 @@ class BenchmaxAgentLoop(AgentLoopBase):
                     session.fail(outcomes.ENV_ERROR, f"{env_id} task {task}: step raised {type(exc).__name__}: {exc}")
                     break
         finally:  # (shielded: a second cancel must not drop the close)
-            await asyncio.shield(asyncio.to_thread(session.close))
+            try:
+                await asyncio.shield(asyncio.to_thread(session.close))
+            except Exception as exc:  # the episode is played and graded: a close that fails leaks, said
+                log.warning("closing the env of %s task %s raised %s: %s", env_id, task, type(exc).__name__, exc)
         return self._output(session.episode, sampling_params)
 
     def _env_failed(self, kwargs: dict[str, Any], what: str, exc: Exception) -> TokenEpisode:

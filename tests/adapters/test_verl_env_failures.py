@@ -44,11 +44,19 @@ class StepFails(gym.Wrapper):
         raise ConnectionResetError("the env's sandbox host reset the connection")
 
 
+class CloseFails(gym.Wrapper):
+    """An env whose teardown fails (a server that will not stop) after its episode was graded."""
+
+    def close(self):
+        super().close()
+        raise OSError("the env's server would not stop")
+
+
 def _make(broken=None, **kwargs):
     if broken == "make":
         raise ConnectionRefusedError("the env's server refused the connection")
     env = gym.make(TOOL_ENV, **kwargs)
-    return StepFails(env) if broken == "step" else env
+    return {"step": StepFails, "close": CloseFails}.get(broken, lambda e: e)(env)
 
 
 if TOOL_ENV not in gym.registry:
@@ -132,6 +140,15 @@ def test_an_env_that_raises_fails_its_trajectory_as_env_error_and_the_batch_comp
     prompt = ChatTemplate(qwen_tokenizer).prompt_ids(rows[1]["prompt"])
     assert failed.prompt_ids == prompt
     assert (tensors["attention_mask"].sum(-1) > 0).all()
+
+
+def test_an_env_whose_close_raises_keeps_its_graded_trajectory_and_the_batch(qwen_tokenizer, rows, caplog):
+    """(The close in the rollout's finally raised out of the gather: the whole batch failed.)"""
+    rows[1] = {**rows[1], "extra_info": {**rows[1]["extra_info"], "env_kwargs": {"broken": "close"}}}
+    outputs, batch = _verl_batch(qwen_tokenizer, rows)
+    assert [o.reward_score for o in outputs] == [1.0, 1.0, 1.0]
+    assert batch.non_tensor_batch["env/outcome/scored"].tolist() == [1.0, 1.0, 1.0]
+    assert "OSError: the env's server would not stop" in caplog.text
 
 
 def test_a_row_naming_no_registered_env_still_fails_the_batch_naming_it(qwen_tokenizer, rows):
