@@ -36,6 +36,18 @@ def picture(fmt: str, size: tuple[int, int], **options) -> bytes:
     return buffer.getvalue()
 
 
+def saved_with_parts(wb: openpyxl.Workbook, rewrite) -> bytes:
+    """``wb`` as xlsx bytes, each part's bytes passed through ``rewrite(name, data)``."""
+    buffer = io.BytesIO()
+    wb.save(buffer)
+    source = zipfile.ZipFile(buffer)
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for part in source.infolist():
+            archive.writestr(part.filename, rewrite(part.filename, source.read(part)))
+    return out.getvalue()
+
+
 def with_pictures(copies: int, media: bytes) -> bytes:
     """A workbook (Sheet!A1 = 1, A2 = =A1+1) showing one picture ``copies`` times, its file ``media``."""
     wb = openpyxl.Workbook()
@@ -43,21 +55,17 @@ def with_pictures(copies: int, media: bytes) -> bytes:
     ws.title = "Sheet"
     ws["A1"], ws["A2"] = 1, "=A1+1"
     ws.add_image(Image(io.BytesIO(picture("PNG", (8, 8)))), "C3")
-    buffer = io.BytesIO()
-    wb.save(buffer)
-    source = zipfile.ZipFile(buffer)
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-        for part in source.infolist():
-            data = source.read(part)
-            if part.filename.startswith("xl/media/"):
-                data = media
-            elif part.filename == "xl/drawings/drawing1.xml":  # the picture's anchor, ``copies`` times
-                text = data.decode()
-                anchor = re.search(r"<(xdr:)?oneCellAnchor>.*</(xdr:)?oneCellAnchor>", text, re.S)[0]
-                data = text.replace(anchor, anchor * copies).encode()
-            archive.writestr(part.filename, data)
-    return out.getvalue()
+
+    def rewrite(name: str, data: bytes) -> bytes:
+        if name.startswith("xl/media/"):
+            return media
+        if name == "xl/drawings/drawing1.xml":  # the picture's anchor, ``copies`` times
+            text = data.decode()
+            anchor = re.search(r"<(xdr:)?oneCellAnchor>.*</(xdr:)?oneCellAnchor>", text, re.S)[0]
+            return text.replace(anchor, anchor * copies).encode()
+        return data
+
+    return saved_with_parts(wb, rewrite)
 
 
 def media(data: bytes) -> list[bytes]:
@@ -177,19 +185,15 @@ def with_cached_formula(formula: str, cached: str) -> bytes:
     wb = openpyxl.Workbook()
     wb.active.title = "Sheet"
     wb.active["A1"] = formula
-    buffer = io.BytesIO()
-    wb.save(buffer)
-    source = zipfile.ZipFile(buffer)
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-        for part in source.infolist():
-            data = source.read(part)
-            if part.filename == "xl/worksheets/sheet1.xml":
-                data, found = re.subn(rb"(<f>[^<]*</f>)<v\s*/>|(<f>[^<]*</f>)<v></v>|(<f>[^<]*</f>)(?!<v)",
-                                      lambda m: (m[1] or m[2] or m[3]) + f"<v>{cached}</v>".encode(), data)
-                assert found == 1, data
-            archive.writestr(part.filename, data)
-    return out.getvalue()
+
+    def rewrite(name: str, data: bytes) -> bytes:
+        if name == "xl/worksheets/sheet1.xml":
+            data, found = re.subn(rb"(<f>[^<]*</f>)<v\s*/>|(<f>[^<]*</f>)<v></v>|(<f>[^<]*</f>)(?!<v)",
+                                  lambda m: (m[1] or m[2] or m[3]) + f"<v>{cached}</v>".encode(), data)
+            assert found == 1, data
+        return data
+
+    return saved_with_parts(wb, rewrite)
 
 
 def test_the_grader_reads_cached_values_of_the_models_file_within_its_deadline(monkeypatch):
