@@ -9,7 +9,9 @@ Same environment, same actions, one run:
    ``AsyncVectorEnv`` and ``SyncVectorEnv`` on the same env, and GEM's own ``SyncVectorEnv`` over
    its ``ToolEnvWrapper`` with the same calculator (``step_overhead.py``'s peer, run in the
    interpreter ``--gem-python`` names; left out when it has no GEM). The episodes never end
-   (``max_turns=10**9``): transcripts grow as in a long episode;
+   (``max_turns=10**9``): transcripts grow as in a long episode (``--max-turns N``: episodes of
+   N turns, each env resetting, with a new generated task, every N + 1 steps; the peers' episodes
+   never end);
 2. scaling: the lighter-info ``SubprocVectorEnv`` at 64 and at ``--scale-envs`` (4,096) envs,
    interleaved rounds (``--scale-envs 0`` leaves it out);
 3. heavy-tailed tool latency (an async sleep: 90% 5 ms, 10% 200 ms), 64 envs: steps per second,
@@ -38,7 +40,7 @@ AsyncVectorEnv's figure swings widely from run to run on a 2-core machine (its 6
 compete for two cores): compare medians over rounds.
 
     python benchmarks/vector_throughput.py [--envs 64] [--seconds 3] [--rounds 3] [--scale-envs 4096]
-        [--parent-envs 64,1024] [--sweep 1,2,4,8,16] [--sections parent,cheap,scale,tail,memory] [--quick]
+        [--parent-envs 64,1024] [--sweep 1,2,4,8,16] [--sections parent,cheap,scale,tail,memory] [--quick] [--max-turns N]
         [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON, else this interpreter when gem-llm imports
          here; without one GEM is skipped)]
 """
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -86,8 +89,11 @@ SLOW_ID = benchmax_gym.register_tool_env(
 )
 
 
-def math_env():
-    return gym.make("benchmax/Math-v0", python_tool=False, max_turns=10**9)
+def make_math(max_turns: int = 10**9):
+    return gym.make("benchmax/Math-v0", python_tool=False, max_turns=max_turns)
+
+
+math_env = make_math  # (main: a partial with --max-turns)
 
 
 def slow_env():
@@ -281,14 +287,18 @@ def main() -> None:
     parser.add_argument("--sections", default=None, help="parent,cheap,scale,tail,memory (default all)")
     parser.add_argument("--quick", action="store_true", help="one round of 1 s; sections parent,cheap unless named")
     parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")
+    parser.add_argument("--max-turns", type=int, default=10**9,
+                        help="the calculator episodes' length (default 10**9: they never end, transcripts grow)")
     args = parser.parse_args()
+    global math_env
+    math_env = functools.partial(make_math, max_turns=args.max_turns)
     if args.quick:
         args.rounds, args.seconds = 1, 1.0
     sections = set((args.sections or ("parent,cheap" if args.quick else "parent,cheap,scale,tail,memory")).split(","))
     n, secs = args.envs, args.seconds
     workers = os.cpu_count() or 1
     result = {"benchmark": "vector_throughput", "envs": n, "cpus": workers, "cpu_count": os.cpu_count(),
-              "rounds": args.rounds, "seconds": secs}
+              "rounds": args.rounds, "seconds": secs, "max_turns": args.max_turns}
     keys = ["error", "reward_components"]
     gem = gem_peer(args, result) if sections & {"parent", "cheap"} else None
 

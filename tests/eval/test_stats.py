@@ -257,3 +257,40 @@ def test_a_comparison_whose_resamples_are_all_the_same_shows_its_uncertainty_or_
     assert half["mean_difference"]["ci_low"] is None and half["mean_difference"]["value"] == -0.5
     assert all(r["probability_of_improvement"]["ci_low"] is None for r in (same, none, half))
     assert "[0.000, 0.000]" not in format_compare(result) and "[-1.000, -1.000]" not in format_compare(result)
+
+
+@pytest.mark.parametrize("samples", [1, "mixed"])
+def test_a_large_runs_intervals_from_counts_of_distinct_tasks_match_scipys_bootstrap(samples, monkeypatch):
+    """From TYPED_UNITS tasks on, a summary draws how many times each distinct task row is
+    resampled (multinomial) instead of the tasks' indices: the same bootstrap, other random
+    numbers. Its intervals must agree with scipy's index bootstrap to within the resampling's own
+    noise, for the means, the IQM and the failure rate, and hold their estimates."""
+    import random
+
+    import benchmax_gym.eval.stats as stats
+
+    rnd = random.Random(11)
+    records = []
+    for t in range(1500):
+        for s in range(rnd.randint(1, 3) if samples == "mixed" else 1):
+            record = rec(f"t{t}", s, rnd.choice([0.0, 0.0, 0.5, 1.0]))
+            records.append({**record, "task_index": t, "outcome": "env_error" if rnd.random() < 0.05 else "scored"})
+    typed_calls = []
+    real = stats._typed_intervals
+    monkeypatch.setattr(stats, "_typed_intervals", lambda *a, **k: typed_calls.append(1) or real(*a, **k))
+    typed = summarize(records, seed=3)
+    assert len(typed_calls) == 2  # the scores' and the failure rate's
+    monkeypatch.setattr(stats, "TYPED_UNITS", 10**9)
+    indexed = summarize(records, seed=3)
+    assert len(typed_calls) == 2
+    for key in ("mean_reward", "success_rate", "iqm", "failure_rate"):
+        a, b = typed[key], indexed[key]
+        assert a["value"] == b["value"], key
+        assert a["ci_low"] <= a["value"] <= a["ci_high"], key
+        width = b["ci_high"] - b["ci_low"]
+        assert width > 0, key
+        assert abs(a["ci_low"] - b["ci_low"]) < 0.12 * width and abs(a["ci_high"] - b["ci_high"]) < 0.12 * width, (
+            key, a, b)
+    assert summarize(records, seed=3) == indexed and summarize(records, seed=4) != indexed
+    monkeypatch.setattr(stats, "TYPED_UNITS", 1000)
+    assert summarize(records, seed=3) == typed  # deterministic given the seed
