@@ -2,7 +2,9 @@
 
 Tasks are the unit of resampling: a benchmark is a sample of tasks, and samples of one task are
 not independent of each other. So CIs are percentile bootstrap intervals over tasks
-(``scipy.stats.bootstrap``): a cluster bootstrap that draws tasks with all their episodes. The
+(``scipy.stats.bootstrap``): a cluster bootstrap that draws tasks with all their episodes (from
+``TYPED_UNITS`` tasks on, :func:`summarize` draws how many times each distinct task is drawn
+instead: the same bootstrap, its cost in distinct tasks; :func:`_typed_intervals`). The
 mean reward and success rate weigh each episode once (tasks with more scored samples weigh
 more), and so does each resample, so an estimate lies in its CI; ``compare``'s difference is the
 difference of those means on the shared tasks, resampled paired (the same tasks for both runs).
