@@ -10,7 +10,7 @@ Same environment, same actions, one run:
    its ``ToolEnvWrapper`` with the same calculator (``step_overhead.py``'s peer, run in the
    interpreter ``--gem-python`` names; left out when it has no GEM). The episodes never end
    (``max_turns=10**9``): transcripts grow as in a long episode (``--max-turns N``: episodes of
-   N turns, each env resetting, with a new generated task, every N + 1 steps; the peers' episodes
+   N turns, each env resetting, with a new generated task, every N + 1 steps; GEM's episodes
    never end);
 2. scaling: the lighter-info ``SubprocVectorEnv`` at 64 and at ``--scale-envs`` (4,096) envs,
    interleaved rounds (``--scale-envs 0`` leaves it out);
