@@ -1233,20 +1233,35 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self.preload = tuple(preload)
         self._owned_pool = pool is None  # a lease on the shared pool, released at close
-        self._pool = pool if pool is not None else _acquire(self.level, self.preload)
-        self._pid = os.getpid()
-        self.name = secrets.token_hex(8)
-        self._dir = self._pool.dir / f"ep-{self.name}"  # the episode's tmpfs (root hosts), or a directory
-        self._dir.mkdir(mode=0o700)
-        os.chmod(self._dir, 0o711 if os.geteuid() == 0 else 0o700)  # root: the episode's uid passes through
-        self.tmpfs = self._pool.tmpfs and _episode_tmpfs(self._dir, self.limits)
-        self.workspace = self._dir / "workspace"
-        self.tmp = self._dir / "tmp"
-        self.workspace.mkdir(mode=0o700)
-        self.tmp.mkdir(mode=0o700)
-        _own_workspace(self.workspace, self.uid)
-        if self.uid is not None:
-            os.chown(self.tmp, self.uid, self.uid)
+        self._pool, self.tmpfs, made = pool, False, False
+        try:
+            if self._pool is None:
+                self._pool = _acquire(self.level, self.preload)
+            self._pid = os.getpid()
+            self.name = secrets.token_hex(8)
+            self._dir = self._pool.dir / f"ep-{self.name}"  # the episode's tmpfs (root hosts), or a directory
+            self._dir.mkdir(mode=0o700)
+            made = True
+            os.chmod(self._dir, 0o711 if os.geteuid() == 0 else 0o700)  # root: the episode's uid passes through
+            self.tmpfs = self._pool.tmpfs and _episode_tmpfs(self._dir, self.limits)
+            self.workspace = self._dir / "workspace"
+            self.tmp = self._dir / "tmp"
+            self.workspace.mkdir(mode=0o700)
+            self.tmp.mkdir(mode=0o700)
+            _own_workspace(self.workspace, self.uid)
+            if self.uid is not None:
+                os.chown(self.tmp, self.uid, self.uid)
+        except BaseException:  # what the start took goes back: a failed start held its uid for the
+            self._closed = True  # process's life (and the shared server's lease, and its directory)
+            if made:
+                if self.tmpfs:
+                    _detach(str(self._dir))
+                remove_tree(self._dir)
+            if self.uid is not None:
+                _UIDS.release(self.uid)
+            if self._owned_pool and self._pool is not None:
+                _release(self._pool)
+            raise
         self._lock = threading.Lock()
         self._closed = False
         self._running: tuple[_Server, int] | None = None

@@ -12,7 +12,7 @@ import pytest
 
 import benchmax_gym
 from benchmax_gym.core import sandbox as sandbox_module
-from benchmax_gym.core.sandbox import BUBBLEWRAP, Sandbox, _Pool
+from benchmax_gym.core.sandbox import BUBBLEWRAP, RLIMITS, Sandbox, _Pool
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="episodes get uids of their own only on root hosts")
 CODE_PATH = os.path.dirname(os.path.dirname(benchmax_gym.__file__))  # the code under test
@@ -88,7 +88,7 @@ def test_an_unreadable_id_file_is_an_error_not_a_free_range(tmp_path, monkeypatc
 TAKE_ONE = r"""
 import sys
 from benchmax_gym.core import sandbox
-from benchmax_gym.core.sandbox import BUBBLEWRAP, Sandbox, _Pool
+from benchmax_gym.core.sandbox import BUBBLEWRAP, RLIMITS, Sandbox, _Pool
 sandbox.EPISODE_UIDS = range(int(sys.argv[1]), int(sys.argv[2]))
 sandbox.ID_FILES = {}
 pool = _Pool(BUBBLEWRAP, (), cgroups=False, tmpfs=False)
@@ -147,3 +147,32 @@ def test_a_named_lock_file_others_could_write_is_refused(tmp_path, monkeypatch):
             reservations.reserve()
     finally:
         reservations.after_fork()
+
+
+@ROOT_ONLY
+def test_a_sandbox_that_fails_to_start_gives_back_its_uid_its_directory_and_its_server_lease(tmp_path, monkeypatch):
+    """Before, a start that failed after its uid was reserved (a workspace it could not chown, a
+    full disk) kept the uid locked for the process's life, and the shared server's lease and the
+    episode's directory with it: a long run's failed starts used up the free uids. Now the start
+    gives them back before its error goes up."""
+    band = _band(1)
+    monkeypatch.setattr(sandbox_module, "EPISODE_UIDS", band)
+    monkeypatch.setattr(sandbox_module, "ID_FILES", {}, raising=False)
+    pool = sandbox_module._acquire(RLIMITS, ("failed_start_probe",))  # the shared pool the box will lease
+    users, before = pool.users, set(os.listdir(pool.dir))
+
+    def refuse(workspace, uid):
+        raise PermissionError(13, "Permission denied", str(workspace))
+
+    monkeypatch.setattr(sandbox_module, "_own_workspace", refuse)
+    try:
+        with pytest.raises(PermissionError):
+            Sandbox(mode="rlimits", preload=("failed_start_probe",))
+        assert pool.users == users and set(os.listdir(pool.dir)) == before
+        monkeypatch.undo()
+        monkeypatch.setattr(sandbox_module, "EPISODE_UIDS", band)
+        monkeypatch.setattr(sandbox_module, "ID_FILES", {}, raising=False)
+        with Sandbox(mode="rlimits", preload=("failed_start_probe",)) as box:  # the band's one uid is free again
+            assert box.uid == band[0]
+    finally:
+        sandbox_module._release(pool)
