@@ -19,6 +19,7 @@ and response, each request asks for what is left (at least 1), env ids that woul
 the episode truncated and graded as it stands (OpenRLHF's own loop stops there ungraded);
 ``--rollout.max_new_tokens`` caps each turn. The env is built, reset and stepped in a thread; a
 sample that raises or is cancelled closes its env (after the env call running there returns).
+A close that raises is logged as a leak: the sample keeps its result (or its own error).
 ``extra_logs`` holds the keys every env has (OpenRLHF merges a batch's logs by the first
 sample's keys): ``reward``, ``turns``, ``tool_errors``, ``truncated`` and ``env/outcome/<name>``
 (1.0 for the episode's outcome: a batch's sums are its outcome counts).
@@ -195,7 +196,10 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                                               wait=False)
                 raise
             finally:  # (shielded: a second cancel must not drop the close)
-                await asyncio.shield(asyncio.to_thread(session.close))
+                try:
+                    await asyncio.shield(asyncio.to_thread(session.close))
+                except Exception as exc:  # the episode is played (and graded): a close that fails leaks, said
+                    log.warning("closing the env of %s task %s raised %s: %s", name, index, type(exc).__name__, exc)
             start = len(episode.prompt_ids)
             logprobs = None
             if sampling_params.logprobs is not None:
