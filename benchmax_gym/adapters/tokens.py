@@ -653,8 +653,12 @@ class TokenSession:
             with self._calls:
                 self._running = False
                 close = self._closing
-            if close:
-                self.env.close()
+            if close:  # (its caller was cancelled: nobody would see the close's error)
+                try:
+                    self.env.close()
+                except Exception as exc:
+                    log.warning("closing an env after its cancelled call returned raised %s: %s (its "
+                                "resources may leak)", type(exc).__name__, exc)
 
     def _start(self, obs: str, info: dict[str, Any]) -> list[int]:
         self.obs, self.info = obs, info
