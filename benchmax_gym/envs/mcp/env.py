@@ -40,7 +40,9 @@ class MCPEnv(ToolEnv):
             streamable-HTTP URL, an ``{"mcpServers": {...}}`` dict or the path of such a JSON
             file (tools are prefixed ``server__`` when two servers share a name; see
             :func:`~benchmax_gym.envs.mcp.tools.exposed_names`). Default: the
-            bundled notes/calculator example server.
+            bundled notes/calculator example server. Its credentials (a URL's password, token-like
+            query values and path segments, credential-named headers and env variables) are sent
+            but shown as ``***``: in errors, logged URLs, results and the tool listing.
         tasks: a list of task dicts (``prompt``, ``answer``, ``solution``...), a JSON/JSONL
             file, or a TaskSource. Default: the bundled example tasks.
         reward: a reward function, a list of them, or a Rubric. Functions may ask for
@@ -136,9 +138,12 @@ class MCPEnv(ToolEnv):
         """Ask every server for its tools and make them the env's, the prompt's list bounded."""
         self._listed_at = {name: (c.changes, c.starts) for name, c in self.connections.items()}
         listed = {name: await c.list_tools() for name, c in self.connections.items()}
-        exposed = exposed_names({name: [t.name for t in tools] for name, tools in listed.items()})
-        tools = [mcp_tool(self, self.connections[name].spec, t, exposed[name, t.name])
-                 for name, remote in listed.items() for t in remote]
+        # (a name is shown, and is what the model calls: without the server's credentials, as all it lists)
+        named = {name: [self.connections[name].spec.redact_result(t.name) for t in tools]
+                 for name, tools in listed.items()}
+        exposed = exposed_names(named)
+        tools = [mcp_tool(self, self.connections[name].spec, t, exposed[name, shown])
+                 for name, remote in listed.items() for t, shown in zip(remote, named[name])]
         limit = min(MAX_TOOL_LIST_CHARS, self.max_observation_chars // 2)
         shown, self._unlisted = listed_tools(tools, limit)
         if self._unlisted:

@@ -10,8 +10,10 @@ as a stdio server's unreadable reply does), and a reply over the size limit is d
 arrives. Event streams are the SDK's (a cut or garbled one already fails its call at once).
 
 Credentials: a URL's user and password go in a basic-auth header, and its query (``?api_key=...``)
-is added by our HTTP transport to each request for the endpoint: the URL the SDK and httpx2 see,
-and log (httpx2 logs every request's URL at INFO, the SDK its endpoint at DEBUG), carries neither.
+and the credential segments of its path (``/mcp/<token>/``, see :func:`_secret_segment`) are put
+back by our HTTP transport into each request for the endpoint: the URL the SDK and httpx2 see, and
+log (httpx2 logs every request's URL at INFO, the SDK its endpoint at DEBUG), carries none of them
+(its path segments are ``***``).
 :func:`shown_url` and :func:`secrets_of` are what error messages use instead of the URL and to
 blank out what a message quotes (:func:`redact` says which quotes); a successful tool result is
 redacted of :func:`credentials_of` only (credential-named headers, not ``X-Region``).
@@ -56,6 +58,27 @@ def _split(url: str) -> tuple[str, str, str, str]:
     return url[:start], userinfo if at else "", host + url[end:path_end], url[path_end:]
 
 
+# A URL path segment that is a credential (hosted servers hand out ``https://host/mcp/<token>/``): a
+# UUID, or one with a run of 16 or more letters and digits, both mixed in (``sk-ak-9fQ2...``, a hex
+# or base64url key). Ordinary segments (``mcp``, ``v1``, ``sse``, ``streamable-http``,
+# ``acme-2024-production``) have no such run: words are shorter, and a long one has no digits. An
+# all-letter or all-digit token is missed; a segment taken for one wrongly is only shown as ``***``.
+_UUID = re.compile(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}", re.I)
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9]{16,}")
+
+
+def _secret_segment(segment: str) -> bool:
+    plain = unquote(segment)
+    return bool(_UUID.fullmatch(plain)) or any(
+        not run.isdigit() and not run.isalpha() for run in _TOKEN_RUN.findall(plain))
+
+
+def _hidden_path(rest: str) -> str:
+    """``host[:port]/path`` with each credential segment of the path as ``***``."""
+    host, *segments = rest.split("/")
+    return "/".join([host] + [HIDDEN if _secret_segment(s) else s for s in segments])
+
+
 def _query_secrets(query: str) -> list[tuple[str, str]]:
     """``(key, value)`` of each credential in a ``?query#fragment``."""
     pairs = (p.partition("=") for p in re.split(r"[?&;#]", query) if p)
@@ -63,9 +86,11 @@ def _query_secrets(query: str) -> list[tuple[str, str]]:
 
 
 def shown_url(url: str) -> str:
-    """``url`` with its password (or a user-only userinfo, often a token), and the values of its
-    credential-like query keys, replaced by ``***``: what failed stays visible."""
+    """``url`` with its password (or a user-only userinfo, often a token), its path's credential
+    segments and the values of its credential-like query keys replaced by ``***``: what failed
+    stays visible."""
     scheme, userinfo, rest, query = _split(url)
+    rest = _hidden_path(rest)
     if userinfo:
         user, colon, _ = userinfo.partition(":")
         rest = f"{user}:{HIDDEN}@{rest}" if colon else f"{HIDDEN}@{rest}"
@@ -79,11 +104,13 @@ def secrets_of(url: str | None, headers: Mapping[str, str],
     """The credentials in a server's URL, headers and environment as ``(name, value)``: a header's
     value (and its last word, named by the words before it, as ``Bearer <token>``'s token), a
     credential-like query key's or environment variable's value (``API_KEY``, ``GITHUB_TOKEN``),
-    a URL's password (named by its user) and the basic-auth token it is sent as, each also
-    percent-decoded and as a JSON string writes it: what no message may quote (see :func:`redact`)."""
+    a URL's password (named by its user) and the basic-auth token it is sent as, a credential
+    segment of its path, each also percent-decoded and as a JSON string writes it: what no message
+    may quote (see :func:`redact`)."""
     found: list[tuple[str, str]] = []
     if url:
-        _, userinfo, _, query = _split(url)
+        _, userinfo, rest, query = _split(url)
+        found += [("", segment) for segment in rest.split("/")[1:] if _secret_segment(segment)]
         if userinfo:
             user, colon, password = userinfo.partition(":")
             found.append((user, password) if colon else ("", userinfo))
@@ -156,18 +183,19 @@ class _CheckedReplies(httpx2.AsyncBaseTransport):
     """Passes every exchange through, except that a 2xx reply to a JSON-RPC request that is
     not an event stream must be one JSON-RPC answer to that request, within ``max_bytes``:
     anything else comes back as a JSON-RPC error for it, saying what was wrong. A request for
-    ``endpoint`` goes out with ``query`` (the configured URL's, which nothing above sees), and
-    an event stream's ``retry:`` over :data:`MAX_RETRY_MS` arrives as that."""
+    ``endpoint`` (the URL shown, credentials as ``***``) goes out to ``real`` (the configured URL,
+    which nothing above sees), and an event stream's ``retry:`` over :data:`MAX_RETRY_MS` arrives
+    as that."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int, endpoint: str = "", query: str = ""):
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int, endpoint: str = "", real: str = ""):
         self.inner, self.max_bytes = inner, max_bytes
-        self.endpoint, self.query = endpoint, query
+        self.endpoint, self.real = endpoint, real
 
     def _sent(self, request: httpx2.Request) -> httpx2.Request:
-        """``request`` as it goes out: with the configured query, when it is for the endpoint."""
-        if not self.query or str(request.url) != self.endpoint:
+        """``request`` as it goes out: to the configured URL, when it is for the endpoint."""
+        if self.real == self.endpoint or str(request.url) != self.endpoint:
             return request
-        return httpx2.Request(request.method, self.endpoint + self.query, headers=request.headers,
+        return httpx2.Request(request.method, self.real, headers=request.headers,
                               stream=request.stream, extensions=request.extensions)
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -279,12 +307,12 @@ async def http_transport(url: str, headers: Mapping[str, str], max_message_bytes
     scheme, userinfo, rest, query = _split(url)
     user, _, password = userinfo.partition(":")
     auth = httpx2.BasicAuth(unquote(user), unquote(password)) if userinfo else None
-    endpoint = str(httpx2.URL(scheme + rest))  # (as httpx2 writes it, to know a request for it)
+    endpoint = str(httpx2.URL(scheme + _hidden_path(rest)))  # (as httpx2 writes it, to know a request for it)
     query = query.partition("#")[0]
+    real = str(httpx2.URL(scheme + rest)) + (query if len(query) > 1 else "")
     client = httpx2.AsyncClient(
         headers=dict(headers), auth=auth, timeout=httpx2.Timeout(30.0, read=300.0),  # the SDK's defaults
-        transport=_CheckedReplies(httpx2.AsyncHTTPTransport(), max_message_bytes, endpoint,
-                                  query if len(query) > 1 else ""),
+        transport=_CheckedReplies(httpx2.AsyncHTTPTransport(), max_message_bytes, endpoint, real),
     )
     async with client, streamable_http_client(endpoint, http_client=client,
                                               max_sse_event_size=max_message_bytes) as streams:

@@ -15,7 +15,8 @@ the environment lists tools only up to a total (:func:`listed_tools`), so the ta
 pushed out of the first observation. A server's credentials (a URL's password or token, its
 headers' values) never appear in an error message, nor those named as credentials (a URL's, the
 ``Authorization`` or ``X-Api-Key`` header's, an ``API_KEY`` env variable's) in a successful
-result (see http_transport.py).
+result or in the tool listing the model is shown (names, descriptions, schemas; see
+http_transport.py).
 """
 
 from __future__ import annotations
@@ -547,6 +548,18 @@ def shown_schema(schema: dict[str, Any], limit: int = MAX_SCHEMA_CHARS) -> dict[
     return shown
 
 
+def _redacted(value: Any, redact: Callable[[str], str]) -> Any:
+    """A listed schema with ``redact`` applied to every string in it, keys included (a default, an
+    example or a description may quote a credential the server was given)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(k) if isinstance(k, str) else k: _redacted(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v, redact) for v in value]
+    return value
+
+
 def listed_tools(tools: list[Tool], limit: int) -> tuple[list[Tool], int]:
     """The tools, in order, whose schemas fit in ``limit`` characters together, and how many
     more there are: a prompt that lists thousands of tools would push the task out."""
@@ -618,7 +631,8 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
             raise ToolError(text or f"tool {name!r} reported an error")
         return server.redact_result(text)
 
-    description = truncate(remote.description or name, MAX_DESCRIPTION_CHARS)
+    # The listing reaches the model's prompt: no credential the server was given may show in it.
+    description = truncate(server.redact_result(remote.description or name), MAX_DESCRIPTION_CHARS)
     try:
         size = _size(remote.input_schema)
     except (TypeError, ValueError, RecursionError):  # (nested too deep to check in any case)
@@ -631,9 +645,10 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
     try:
         tool = Tool.from_schema(name, description, remote.input_schema, call, wants_episode=False,
                                 wants_state=False, lenient=getattr(env, "lenient_schemas", False))
-    except ToolSchemaError as exc:  # which server's, when there are several
-        raise ToolSchemaError(f"{exc} (a tool of the MCP server {server.name!r})") from None
-    tool.parameters = shown_schema(tool.parameters)  # (its validation keeps the whole schema)
+    except ToolSchemaError as exc:  # which server's, when there are several (its error may quote the schema)
+        raise ToolSchemaError(server.redact(f"{exc} (a tool of the MCP server {server.name!r})")) from None
+    shown = _redacted(tool.parameters, server.redact_result) if server.credentials else tool.parameters
+    tool.parameters = shown_schema(shown)  # (its validation keeps the whole schema, as the server listed it)
     tool.self_timed = True  # the call times itself out and stops the server before answering
     return tool
 
