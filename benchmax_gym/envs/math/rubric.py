@@ -16,6 +16,11 @@ more``) stays, and the whole answer then fails to parse as mathematics.
 math-verify reads an equation as its right side (``x = 5`` as 5), also when its sides are
 constants that differ (``6 = 5``, ``x = 6 = 5``), and reads ``6 \\vee 5``, ``6 \\to 5`` or ``6 := 5`` as 5:
 such an answer is refused (:func:`_false_equation`, :func:`_constant_dropped`); ``x = 5``, ``x \\to 5`` stand.
+An answer it cannot read as LaTeX at all (``6 | 5``, ``6 \\stackrel{?}{=} 5``, ``(6=5)+0``) it reads as
+one number of its text: a constant elsewhere in it that differs is refused too (:func:`_other_candidate`).
+A trailing modulus (``5 \\pmod{7}``, ``x \\equiv 5 \\ (\\text{mod } 7)``) is set aside before the check
+(:func:`_split_modulus`): the rest is graded, and the sides of a congruence agree modulo it
+(``12 \\equiv 5 \\pmod{7}`` stands, ``6 \\equiv 5 \\pmod{7}`` and ``6 \\text{ (mod } 5)`` do not).
 It drops ``\\text{...}`` and reads ``\\neq 18`` or ``\\ge 18`` as the number 18, so
 :func:`hedges` refuses an answer that relates or qualifies its value (``\\neq``, ``\\ge``, ``\\approx``,
 ``\\pm``, or a word such as "not", "or", "than", "least", "wrong", in ``\\text{}`` or bare) where the
@@ -241,6 +246,9 @@ def _verify(gold: str, predicted: str) -> bool:
     # Wrapping in \boxed{} makes math-verify read the whole string as one LaTeX answer; a bare
     # "pi" would otherwise be read as the product p*i.
     gold_text, pred_text = _clean(gold), _BARE_PI.sub(r"\\pi", _clean(predicted))
+    (gold_text, gold_modulus), (pred_text, modulus) = _split_modulus(gold_text), _split_modulus(pred_text)
+    if not gold_text or not pred_text or (gold_modulus and modulus and gold_modulus != modulus):
+        return False
     if _too_deep(gold_text) or _too_deep(pred_text) or _too_big(gold_text) or _too_big(pred_text):
         return False
     gold_parsed = parse(f"\\boxed{{{gold_text}}}", parsing_timeout=None)
@@ -249,7 +257,9 @@ def _verify(gold: str, predicted: str) -> bool:
         return False
     if any(_digits(e) > MAX_DIGITS for e in (*gold_parsed[:1], *pred_parsed[:1])):
         return False
-    if any(_false_equation(e) for e in pred_parsed[:1]) or _constant_dropped(pred_text):
+    if any(_false_equation(e, modulus) for e in pred_parsed[:1]) or _constant_dropped(pred_text):
+        return False
+    if pred_text != gold_text and _other_candidate(pred_text, pred_parsed[0], modulus):
         return False
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
@@ -285,11 +295,12 @@ def _is_constant(expr) -> bool:
     return isinstance(expr, sympy.Expr) and not expr.free_symbols and not expr.atoms(AppliedUndef)
 
 
-def _false_equation(expr) -> bool:
+def _false_equation(expr, modulus: int | None = None) -> bool:
     """Whether a parsed answer equates constants that differ: math-verify reads an equation as its
     right side, ``x = 5`` as 5 (as it should) but ``6 = 5`` as 5 too. The sides one chain of ``=``
     joins (``6 = x = 5``: 6, x and 5) are one value, so its constant sides must agree as the grader
-    compares answers (``2 + 3 = 5`` stands); a side with a variable (``x``, ``f(2)``) can be anything."""
+    compares answers (``2 + 3 = 5`` stands), or as integers modulo the answer's ``modulus``
+    (``12 \\equiv 5``, mod 7); a side with a variable (``x``, ``f(2)``) can be anything."""
     import sympy
     from math_verify import verify
 
@@ -305,9 +316,108 @@ def _false_equation(expr) -> bool:
                 values = [v for v in values if v not in joined] + [set().union({eq.lhs, eq.rhs}, *joined)]
         for sides in values:
             constants = [side for side in sides if _is_constant(side)]  # (f(2) is a name)
-            if any(not verify(constants[0], other, timeout_seconds=None) for other in constants[1:]):
+            if any(not _congruent(constants[0], other, modulus) for other in constants[1:]):
                 return True
     return False
+
+
+def _congruent(a, b, modulus: int | None) -> bool:
+    from math_verify import verify
+
+    if modulus and getattr(a, "is_integer", False) and getattr(b, "is_integer", False):  # (within MAX_DIGITS)
+        return (int(a) - int(b)) % modulus == 0
+    return verify(a, b, timeout_seconds=None)
+
+
+# -- an answer math-verify reads as one number of its text ------------------------------------
+
+#: where one candidate may end and another begin, in an answer that is not LaTeX math-verify reads:
+#: equals, ``\\stackrel{?}{=}`` and the connectives read as their right side; then, in a part that
+#: is still not LaTeX, a bar (``6 | 5``; ``|-5|`` alone is an absolute value)
+_CANDIDATE_SPLIT = re.compile(
+    r"=|≡|\\equiv(?![A-Za-z])|\\(?:stackrel|overset|underset)(?![A-Za-z])|" + _RIGHT_SIDE_READ.pattern
+)
+_BAR = re.compile(r"\\?\||\\[lr]?vert(?![A-Za-z])")
+#: what a candidate's edges may carry that is no part of it: space, brackets, \\left / \\right
+_EDGES = ("\\left", "\\right", "\\{", "\\}", "(", ")", "[", "]", "{", "}", "\\,", "\\;", "\\:", "\\!", "\\ ", "\\quad")
+
+
+def _other_candidate(latex: str, value, modulus: int | None = None) -> bool:
+    """Whether ``latex``, which math-verify cannot read as LaTeX (``6 | 5``, ``(6=5)+0``,
+    ``6 \\stackrel{?}{=} 5``), holds a constant that differs from the ``value`` it read instead
+    (one number of the text: 5), or is not congruent to it modulo ``modulus``. Each part between
+    relations and connectives, its brackets trimmed, is compared; a part with a name (``n | 5``)
+    or that is not LaTeX stands. Each character is parsed at most twice: linear in the answer."""
+    from math_verify import parse
+    from math_verify.parser import LatexExtractionConfig
+
+    def read(part: str):
+        parsed = parse(f"\\boxed{{{part}}}", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
+        return parsed[0] if parsed and not isinstance(parsed[0], str) else None
+
+    if read(latex) is not None:
+        return False  # read as LaTeX: the equation checks above judged it
+    for segment in {_strip_edges(part, _EDGES, both=True) for part in _CANDIDATE_SPLIT.split(latex)}:
+        parts = [segment] if not segment or read(segment) is not None else _BAR.split(segment)
+        for part in {_strip_edges(part, _EDGES, both=True) for part in parts}:
+            expr = read(part) if part else None
+            if expr is not None and _is_constant(expr) and not _congruent(expr, value, modulus):
+                return True
+    return False
+
+
+def _strip_edges(text: str, tokens: tuple[str, ...], both: bool = False) -> str:
+    """``text`` without any run of ``tokens`` (or white space) at its end, and at its start if
+    ``both``. Each step removes a token: linear in the text."""
+    end, start = len(text), 0
+    while True:
+        while end > start and text[end - 1].isspace():
+            end -= 1
+        token = next((t for t in tokens if text.endswith(t, start, end)), None)
+        if token is None:
+            break
+        end -= len(token)
+    while both:
+        while start < end and text[start].isspace():
+            start += 1
+        token = next((t for t in tokens if text.startswith(t, start, end)), None)
+        if token is None:
+            break
+        start += len(token)
+    return text[start:end]
+
+
+# -- a modulus after the answer ---------------------------------------------------------------
+
+#: ``mod`` as a command (``\\pmod``, ``\\bmod``, ``\\mod``) or a word (``\\text{(mod}``, ``(\\mathrm{mod}``)
+_MOD_WORD = re.compile(r"(?<![A-Za-z])(?:\\(?P<command>[bp]?mod)|mod)(?![A-Za-z])")
+#: what may surround a modulus: space, spacing commands, the groups of \\text{...}, brackets
+_MOD_FILLER = re.compile(
+    r"\s|\\[,;:! ]|\\q?quad(?![A-Za-z])|~|\\(?:text|textrm|mathrm|operatorname|mbox)\s*\{|"
+    r"\\(?:left|right)(?![A-Za-z])|[{}()]"
+)
+_MODULUS = re.compile(r"[0-9]{1,18}")
+_BEFORE_MOD = ("(", "{", "\\text", "\\textrm", "\\mathrm", "\\operatorname", "\\mbox", "\\left",
+               "\\,", "\\;", "\\:", "\\!", "\\", "\\quad", "\\qquad", "~")
+
+
+def _split_modulus(latex: str) -> tuple[str, int | None]:
+    """``"5 \\pmod{7}"`` -> ``("5", 7)``: an answer and the integer modulus written after it, as
+    ``\\pmod{7}``, ``(\\bmod 7)``, ``\\text{ (mod } 7)`` or, after a congruence, ``\\mod 7``
+    (``x \\equiv 5 \\mod 7``; alone, ``12 \\mod 7`` is the operation: 5). math-verify reads
+    ``\\pmod{7}`` as letters and ``6 \\text{ (mod } 5)`` as 5; ``\\text{(mod} 5)`` leaves no answer
+    (``""``). Anything else is returned as it is, with None."""
+    mod = None
+    for mod in _MOD_WORD.finditer(latex):
+        pass
+    if mod is None or not _MODULUS.fullmatch(_MOD_FILLER.sub("", latex[mod.end():])):
+        return latex, None
+    before = latex[:mod.start()]
+    value = _strip_edges(before, _BEFORE_MOD)
+    opened = before[len(value):].count("(")  # one bracket opens "(mod 7)"
+    if opened > 1 or not (opened or mod["command"] == "pmod" or "\\equiv" in value or "≡" in value):
+        return latex, None
+    return value, int(_MODULUS.search(latex, mod.end())[0])
 
 
 #: brackets an answer may nest: math-verify's parser (antlr, pure Python) takes seconds on a few
