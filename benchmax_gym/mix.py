@@ -33,9 +33,16 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   sequence, the k-th task of its member), the same whatever the seed (GRPO groups, eval).
   Forced resets do not advance the sampler. ``options={"difficulty": level}`` plays that level
   (a GRPO group's k rollouts at one level, even if the controller moves meanwhile).
-* **Lazily built**: a member (at a difficulty level) is made the first time it is drawn, so a
-  worker never builds an env it never samples. Each member's and level's task arguments are
-  still checked at make (a bad knob value is an error there, not when a level is first reached).
+* **Built at make**: each member with a weight is made by ``gym.make`` itself, at its starting
+  level, and kept for its first draw: its own constructor checks its arguments there (``max_turns=-1``,
+  ``tasks=[]``, a wrong type: ``"members: <name>: ..."``), not hours later in the worker that first
+  draws it. No built-in family starts anything at construction (MCP servers and sandboxes start
+  at a reset, workbooks are made per episode); what one reads (a dataset, a corpus, an OpenEnv
+  server's schema) that process would read at the member's first draw anyway. A member that fails
+  at make for another reason than its arguments (a file, a server, the network) is made again at
+  its first draw, which raises its error, named, if it still fails. A member of weight 0 (played
+  only when forced) and the other levels are made when first needed; every level's task
+  arguments are still checked at make (a bad knob value is an error there).
 * **What the model sees is the member's**: its system prompt, tools (``info["tools"]``) and
   spaces' bounds; the mixture's spaces are Text spaces as wide as the widest member.
   ``info["member"]`` names it on every step, ``info["task_id"]`` is ``"<member>/<task id>"``
@@ -347,6 +354,32 @@ class MixEnv(gym.Env[str, str]):
         self._pending_rng: dict[str, Any] = {}  # restored RNG states of members not built yet
         self.counts = dict.fromkeys(self._names, 0)
         self.tasks = MixTasks(self)
+        self._build_drawn()
+
+    def _build_drawn(self) -> None:
+        """Make every member that draws can reach, at its starting level, now: an argument its
+        constructor refuses (a ValueError or TypeError) fails at ``gym.make`` naming it and the
+        member. Any other failure (a file, a server, the network: it may be there by the member's
+        first draw) leaves the member to be made then, and to raise its own error, named, if it
+        still fails (see the module docstring)."""
+        for s in self.specs:
+            if s.weight > 0:
+                level = self._level_for(s.name)
+                try:
+                    self._member(s.name, level)
+                except (TypeError, ValueError) as exc:
+                    self.close()  # (the members built so far)
+                    # the member named in the message: gym.make re-raises a TypeError as a new one,
+                    # without its notes, after the text that the member's own gym.make added
+                    says = str(exc).partition(" was raised from the environment creator for ")[0]
+                    overlay = self.curriculum.members[s.name].levels[level]
+                    where = f"curriculum[{s.name!r}] level {level} {overlay}" if overlay else f"members: {s.name}"
+                    raise (TypeError if isinstance(exc, TypeError) else ValueError)(f"{where}: {says}") from exc
+                except Exception:
+                    pass  # (not its arguments: made again, and raising, at its first draw)
+                except BaseException:
+                    self.close()
+                    raise
 
     def _check_task_args(self, spec: MemberSpec, cls: Any) -> None:
         """Each level's task source configured now (a checked dataclass: nothing is built or read),
@@ -417,7 +450,7 @@ class MixEnv(gym.Env[str, str]):
 
     @property
     def built_members(self) -> list[str]:
-        """The members built so far, as ``"name@level"`` (a member is built when first drawn)."""
+        """The members built so far, as ``"name@level"`` (those with a weight at make, others when needed)."""
         return [m.key for m in self._built.values()]
 
     @property
@@ -565,7 +598,8 @@ class MixEnv(gym.Env[str, str]):
 
     @property
     def needs_event_loop(self) -> bool:
-        """Members are built lazily: a vector worker cannot know beforehand whether one waits on I/O."""
+        """Some members are made only when first needed (weight 0, another level): a vector worker
+        cannot know beforehand whether one waits on I/O."""
         return True
 
     def _ended(self, member: _Member, reward: float, info: dict[str, Any]) -> None:
@@ -666,7 +700,8 @@ class MixEnv(gym.Env[str, str]):
 
 def register_mix(env_id: str, members: Any, description: str = "", **kwargs: Any) -> str:
     """Register a named mixture, ``gym.make(env_id)`` being ``benchmax/Mix-v0`` with these
-    ``members`` and options (checked now, by building nothing: a bad one fails here). For the CLI
+    ``members`` and options (checked now as make checks them, its members made and closed: a bad
+    one fails here). For the CLI
     and eval by id, or to keep a training mixture under one name. Returns the id. Example::
 
         register_mix("me/Train-v0", [("benchmax/Math-v0", 0.7), ("benchmax/Wikipedia-v0", 0.3)], curriculum=True)

@@ -84,7 +84,7 @@ ENVS: dict[str, EnvEntry] = {
             "benchmax/Mix-v0",
             "benchmax_gym.mix:MixEnv",
             "A weighted mixture of env ids (members={id or (id, kwargs): weight}), each reset one member, "
-            "built lazily; optional curricula over the families' difficulty knobs (default: Math and Wikipedia).",
+            "each built at make (its arguments checked there); optional curricula over the families' difficulty knobs (default: Math and Wikipedia).",
         ),
         # One line per named dataset (GEM-style ids): the family's env with that task source.
         EnvEntry("benchmax/Math-GSM8K-v0", "benchmax_gym.envs.math.env:MathEnv",

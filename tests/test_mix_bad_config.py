@@ -1,5 +1,5 @@
 """A mixture's bad configuration fails at ``gym.make`` naming the argument, even where the member it
-concerns is built only later (members are built when first drawn, a level when first reached)."""
+concerns is built only later (a member of weight 0 when first drawn, a level when first reached)."""
 
 import json
 
