@@ -74,7 +74,9 @@ naming the process and its exception (on the failing process, raised from it). A
 reports as an episode's outcome stays a failed episode, as above. A reward function (yours, passed
 with the env's, or the env's own) raising on one process does the same: its exception rides the
 gather of rewards TRL makes after them (:func:`_rewards_together`; with ``environment_factory``
-from the trainer's second batch on, once ``Env.reward`` has seen the trainer). A value that
+from the trainer's first batch on: the env's ``reset`` finds the trainer resetting it); so do
+rewards that TRL's own checks after a reward function would refuse on one process (a wrong count,
+a value torch cannot convert to a float). A value that
 cannot be pickled for a gather (in a record of your env, a score of your rubric) is its process's
 failure too, named in the error (its path in what was sent).
 """
@@ -87,6 +89,7 @@ import inspect
 import itertools
 import json
 import logging
+import math
 import pickle
 import struct
 import threading
@@ -513,8 +516,10 @@ def _rewards_together(trainer: Any) -> None:
     every process): while it runs each plain reward function is wrapped so that an exception is
     kept and its rewards are :data:`_RAISED`; the failing process still makes TRL's gather, which
     so carries the failure to every process; there every process sees it and a gather of
-    :class:`_Groups` (made only then) tells each which process raised what. Nothing changes on one
-    process, nor when no function raises (the same rewards, no collective added)."""
+    :class:`_Groups` (made only then) tells each which process raised what. Rewards that TRL's
+    checks after the function would refuse (a count other than the completions', a value torch
+    cannot convert) are checked in the wrapper and fail the same way. Nothing changes on one
+    process, nor when no function fails (the same rewards, no collective added)."""
     accelerator = getattr(trainer, "accelerator", None)
     world = int(getattr(accelerator, "num_processes", 1) or 1)
     calculate = getattr(trainer, "_calculate_rewards", None)
@@ -526,6 +531,18 @@ def _rewards_together(trainer: Any) -> None:
 
     rank = int(accelerator.process_index)
 
+    def checked(rewards: Any, n: int) -> list[Any]:
+        """``rewards`` as TRL takes them after the function returns (None: NaN), refused where TRL
+        would raise (here: on this process alone, after the others went on to its gather)."""
+        rewards = [math.nan if r is None else r for r in rewards]
+        if len(rewards) != n:
+            raise ValueError(f"{len(rewards)} rewards returned for {n} completions (one each)")
+        try:
+            torch.zeros(n)[:] = torch.tensor(rewards, dtype=torch.float32)  # (TRL stores them in a column)
+        except Exception as exc:
+            raise ValueError(f"rewards torch cannot convert to float32 ({exc})") from exc
+        return rewards
+
     def kept(func: Any, name: str, raised: dict[str, Exception]) -> Any:
         def failed(exc: Exception, kwargs: dict[str, Any]) -> list[float]:
             if isinstance(exc, ProcessFailed):  # (Env.reward's gathers: raised on every process already)
@@ -536,14 +553,14 @@ def _rewards_together(trainer: Any) -> None:
         if is_async_callable(func):
             async def call_async(**kwargs: Any) -> list[float | None]:
                 try:
-                    return await func(**kwargs)
+                    return checked(await func(**kwargs), len(kwargs["prompts"]))
                 except Exception as exc:
                     return failed(exc, kwargs)
             return call_async
 
         def call(**kwargs: Any) -> list[float | None]:
             try:
-                return func(**kwargs)
+                return checked(func(**kwargs), len(kwargs["prompts"]))
             except Exception as exc:
                 return failed(exc, kwargs)
         return call
@@ -677,7 +694,10 @@ class TRLEnvironment:
         return task_dataset(cls.env_id, n, env_kwargs={**cls.env_kwargs, "tools_in_prompt": False})
 
     def reset(self, task_index: int | None = None, **row: Any) -> None:
-        """Start the row's task; the prompt is already the env's (from :meth:`dataset`)."""
+        """Start the row's task; the prompt is already the env's (from :meth:`dataset`). The
+        trainer resetting it is the first place this class sees it: its reward functions are made
+        to fail together from this batch on (:func:`_rewards_together`)."""
+        _rewards_together(_trainer_resetting(self))
         options = {"task_index": int(task_index)} if task_index is not None else None
         self.env.reset(options=options)
         self.reward, self.reward_components, self.done, self._calls = 0.0, {}, False, 0
@@ -821,7 +841,7 @@ class _EnvReward:
                     for c, e in zip(completions, environments)]
 
         trainer = getattr(kwargs.get("log_metric"), "__self__", None)  # TRL passes its trainer's bound method
-        _rewards_together(trainer)  # (from the trainer's next batch: this one's rewards are under way)
+        _rewards_together(trainer)  # (done at reset already, unless a subclass's reset skipped it)
         rubric = self.cls.group_rubric
         if rubric is None:
             return grade()
@@ -836,6 +856,23 @@ class _EnvReward:
                 record=lambda i: {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]},
                 task=lambda i: environments[i].env.unwrapped.episode.task)
         return [r if score is None else None if score[1] else score[0] for r, (score, _) in zip(rewards, verdicts)]
+
+
+def _trainer_resetting(env: TRLEnvironment) -> Any:
+    """The trainer whose batch is resetting ``env``, or None: TRL hands an environment's ``reset``
+    only the dataset row, so it is read from the calling frames (GRPOTrainer's
+    ``_generate_and_score_completions`` puts the batch's environments in ``self.environments``,
+    then resets each): the first ``self`` whose ``environments`` hold ``env``."""
+    frame = inspect.currentframe()
+    for _ in range(10):  # reset's caller, a subclass's reset or two, a wrapper of the trainer's
+        frame = frame.f_back if frame is not None else None
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        environments = getattr(owner, "environments", None) if owner is not env else None
+        if isinstance(environments, list) and any(e is env for e in environments):
+            return owner
+    return None
 
 
 def _last_reply(completion: Any) -> str:
