@@ -76,9 +76,14 @@ with the env's, or the env's own) raising on one process does the same: its exce
 gather of rewards TRL makes after them (:func:`_rewards_together`; with ``environment_factory``
 from the trainer's first batch on: the env's ``reset`` finds the trainer resetting it); so do
 rewards that TRL's own checks after a reward function would refuse on one process (a wrong count,
-a value torch cannot convert to a float). A value that
-cannot be pickled for a gather (in a record of your env, a score of your rubric) is its process's
-failure too, named in the error (its path in what was sent).
+a value torch cannot convert to a float). With ``environment_factory`` TRL itself resets each env
+and calls its tools; an env raising there on one process (its ``reset``; a tool call's ``step``,
+whose exception TRL would show the model as the tool's result) ends its episode failed and keeps
+the error, that process's reward functions are not called, and the error rides the same gather,
+naming the env's class and call (``CalcTRLEnvironment.reset``). On one process they are raised
+where they happen, as before (TRL shows a tool's exception to the model). A value that cannot be
+pickled for a gather (in a record of your env, a score of your rubric) is its process's failure
+too, named in the error (its path in what was sent).
 """
 
 from __future__ import annotations
@@ -508,7 +513,7 @@ _RAISED_BITS = 0x7FC0FA11
 _RAISED = struct.unpack("<f", struct.pack("<I", _RAISED_BITS))[0]
 
 
-def _rewards_together(trainer: Any) -> None:
+def _rewards_together(trainer: Any) -> bool:
     """On several processes, a reward function of ``trainer`` (yours, or ``Env.reward``) raising
     on one process stops every process with :class:`ProcessFailed`, rather than leaving the others
     waiting at the gather of rewards TRL makes after them. Installed once per trainer (its
@@ -518,14 +523,17 @@ def _rewards_together(trainer: Any) -> None:
     so carries the failure to every process; there every process sees it and a gather of
     :class:`_Groups` (made only then) tells each which process raised what. Rewards that TRL's
     checks after the function would refuse (a count other than the completions', a value torch
-    cannot convert) are checked in the wrapper and fail the same way. Nothing changes on one
-    process, nor when no function fails (the same rewards, no collective added)."""
+    cannot convert) are checked in the wrapper and fail the same way; so does a batch in which an
+    environment of this process kept its failure (:meth:`TRLEnvironment._keep`): its reward
+    functions are not called, their rewards are :data:`_RAISED`. Nothing changes on one process,
+    nor when nothing fails (the same rewards, no collective added). True where it is in place."""
     accelerator = getattr(trainer, "accelerator", None)
     world = int(getattr(accelerator, "num_processes", 1) or 1)
     calculate = getattr(trainer, "_calculate_rewards", None)
-    if world == 1 or calculate is None or getattr(calculate, "together", False) \
-            or not hasattr(trainer, "reward_func_names"):
-        return
+    if getattr(calculate, "together", False):
+        return True
+    if world == 1 or calculate is None or not hasattr(trainer, "reward_func_names"):
+        return False
     import torch
     from trl.trainer.utils import is_async_callable
 
@@ -547,7 +555,7 @@ def _rewards_together(trainer: Any) -> None:
         def failed(exc: Exception, kwargs: dict[str, Any]) -> list[float]:
             if isinstance(exc, ProcessFailed):  # (Env.reward's gathers: raised on every process already)
                 raise exc
-            raised.setdefault(name, exc)
+            raised.setdefault(f"reward function {name!r}", exc)
             return [_RAISED] * len(kwargs["prompts"])
 
         if is_async_callable(func):
@@ -565,11 +573,20 @@ def _rewards_together(trainer: Any) -> None:
                 return failed(exc, kwargs)
         return call
 
+    def unscored(**kwargs: Any) -> list[float]:  # each plain function, where an environment failed
+        return [_RAISED] * len(kwargs["prompts"])
+
     def calculate_together(*args: Any, **kwargs: Any) -> Any:
-        raised: dict[str, Exception] = {}
+        raised: dict[str, Exception] = {}  # where (a reward function, an env's call) -> what
+        envs = getattr(trainer, "environments", None) or []
+        lost = [e for e in envs if getattr(e, "_failure", None) is not None]
+        if lost:
+            where, exc = lost[0]._failure
+            more = f"; {len(lost)} of its {len(envs)} environments failed" if len(lost) > 1 else ""
+            raised[f"{type(lost[0]).__name__}.{where}{more}"] = exc
         funcs = trainer.reward_funcs
-        trainer.reward_funcs = [f if isinstance(f, torch.nn.Module) else kept(f, name, raised)
-                                for f, name in zip(funcs, trainer.reward_func_names)]
+        trainer.reward_funcs = [f if isinstance(f, torch.nn.Module) else unscored if raised
+                                else kept(f, name, raised) for f, name in zip(funcs, trainer.reward_func_names)]
         try:
             rewards = calculate(*args, **kwargs)  # every process's, gathered
         finally:
@@ -578,7 +595,7 @@ def _rewards_together(trainer: Any) -> None:
             return rewards
         groups = _Groups([], 0, rank, world, 0, None)
         groups.who = "GRPOTrainer's reward functions"
-        said = "; ".join(f"{type(exc).__name__}: {exc} (reward function {name!r})" for name, exc in raised.items())
+        said = "; ".join(f"{type(exc).__name__}: {exc} ({where})" for where, exc in raised.items())
         try:
             groups.gather(None, failure=said or None)
         except ProcessFailed as failed:
@@ -587,6 +604,7 @@ def _rewards_together(trainer: Any) -> None:
 
     calculate_together.together = True
     trainer._calculate_rewards = calculate_together
+    return True
 
 
 class _Sample(NamedTuple):
@@ -668,6 +686,7 @@ def _max_new_tokens(trainer: Any, n: int | None):
 
 # -- environment_factory --------------------------------------------------------------------------
 
+_FAILED = "Error: the environment failed; this episode will not be scored."  # (what the model sees)
 _JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
 
 
@@ -686,6 +705,8 @@ class TRLEnvironment:
         self.done = False
         self._calls = 0
         self._lock = threading.Lock()
+        self._keep_failures = False  # on several processes, under a trainer (see reset)
+        self._failure: tuple[str, Exception] | None = None  # where the env raised, and what
 
     @classmethod
     def dataset(cls, n: int | None = None) -> Any:
@@ -696,12 +717,36 @@ class TRLEnvironment:
     def reset(self, task_index: int | None = None, **row: Any) -> None:
         """Start the row's task; the prompt is already the env's (from :meth:`dataset`). The
         trainer resetting it is the first place this class sees it: its reward functions are made
-        to fail together from this batch on (:func:`_rewards_together`)."""
-        _rewards_together(_trainer_resetting(self))
-        options = {"task_index": int(task_index)} if task_index is not None else None
-        self.env.reset(options=options)
+        to fail together from this batch on (:func:`_rewards_together`), and where they are, the
+        env raising here or in a tool call fails the batch there (:meth:`_keep`)."""
+        self._keep_failures = _rewards_together(_trainer_resetting(self))
         self.reward, self.reward_components, self.done, self._calls = 0.0, {}, False, 0
-        self.turn_rewards = []
+        self.turn_rewards, self._failure = [], None
+        options = {"task_index": int(task_index)} if task_index is not None else None
+        try:
+            self.env.reset(options=options)
+        except Exception as exc:
+            self._keep("reset", exc)
+
+    def _keep(self, where: str, exc: Exception) -> None:
+        """The env raised (its own failure: the model's mistakes are observations) in ``where``.
+        On one process, or outside a trainer, it is raised (TRL shows a tool's exception to the
+        model as its result). On several processes the process goes on to the collective calls
+        the others make (TRL raising here would leave them waiting): the episode ends failed and
+        the error is kept; every process raises it at TRL's gather of the rewards
+        (:func:`_rewards_together`)."""
+        if not self._keep_failures:
+            raise exc
+        self._failure = self._failure or (where, exc)
+        self.done, self.reward = True, None
+
+    def _step(self, where: str, action: dict[str, Any]) -> tuple[Any, ...] | None:
+        """The env's step, or None where it raised and its failure is kept (:meth:`_keep`)."""
+        try:
+            return self.env.step(action)
+        except Exception as exc:
+            self._keep(where, exc)
+            return None
 
     def final_answer(self, answer: str) -> str:
         """Give your final answer. This ends the episode; call no tool after it.
@@ -715,7 +760,9 @@ class TRLEnvironment:
         if not self.done:
             # every family's rubric reads the answer from <answer> tags (Math also from \boxed{})
             text = answer if "<answer>" in str(answer).lower() else f"<answer>{answer}</answer>"
-            self._end(*self.env.step({"role": "assistant", "content": text}))
+            if (out := self._step("final_answer", {"role": "assistant", "content": text})) is None:
+                return _FAILED
+            self._end(*out)
         return "Answer recorded."
 
     def _grade(self, reply: str = "") -> float | None:
@@ -723,6 +770,8 @@ class TRLEnvironment:
         (its last reply without a tool call: its answer), graded as it stands. In an env with a
         simulated user, ``reply`` goes to the user; if they talk on, the model has nothing more to
         say (TRL ended its turn): empty replies follow until the user ends it or the turn limit."""
+        if self._failure is not None:
+            raise self._failure[1]
         while not self.done:
             obs, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": reply})
             if terminated or truncated:
@@ -734,7 +783,10 @@ class TRLEnvironment:
         if self.done:
             return "Error: the episode is over."
         with self._lock:
-            obs, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": message})
+            out = self._step("message_user", {"role": "assistant", "content": message})
+        if out is None:
+            return _FAILED
+        obs, reward, terminated, truncated, info = out
         if terminated or truncated:
             self._end(obs, reward, terminated, truncated, info)
             return "The user ended the conversation."
@@ -747,8 +799,10 @@ class TRLEnvironment:
             self._calls += 1
             call = {"id": f"call_{self._calls}", "type": "function",
                     "function": {"name": name, "arguments": json.dumps(arguments)}}
-            obs, reward, terminated, truncated, info = self.env.step(
-                {"role": "assistant", "content": None, "tool_calls": [call]})
+            out = self._step(name, {"role": "assistant", "content": None, "tool_calls": [call]})
+        if out is None:
+            return _FAILED
+        obs, reward, terminated, truncated, info = out
         text = "\n".join(m["content"] for m in info["messages"])
         if terminated or truncated:
             self._end(obs, reward, terminated, truncated, info)

@@ -1,0 +1,143 @@
+"""TRL on two processes with ``environment_factory`` when process 1's env raises where TRL calls
+it, not in a reward function: in its ``reset`` (TRL resets each env in
+``_generate_and_score_completions``; process 0 goes on to generation and TRL's gathers) or in a
+tool call (TRL catches the exception and shows it to the model as the tool's result). Every
+process stops with process 1's error, raised at TRL's gather of the rewards; none waits at a
+gather until the backend's timeout, none trains on. A real two-process GRPOTrainer on CPU (gloo,
+loopback only), one launch for both tests: this file run as a script
+(``python test_trl_reset_fails.py OUT_DIR``), each run through ``trl_two_processes._train``."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_trl_first_batch import _errors
+
+STORE = "the task store at 10.0.0.7 is unreachable"
+CALCULATOR = "the calculator's backend at 10.0.0.7 is unreachable"
+TOOL_DOWN = "benchmax-test/ToolDownOnOneProcess-v0"
+
+
+@pytest.fixture(scope="module")
+def raised(tmp_path_factory):
+    """What each process's runs raised (``failures<k>.json``, rewritten after each run). A launch
+    in which nothing new appears in its folder (a run starting or ending) for 120 s is stopped:
+    the runs that never ended fail their tests."""
+    out = tmp_path_factory.mktemp("trl-reset-fails")
+    root = Path(__file__).resolve().parents[2]
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": lo,
+            "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    logs = [out / f"log{r}" for r in range(2)]
+    procs = []
+    for r, log in enumerate(logs):
+        with log.open("w") as stdout:
+            procs.append(subprocess.Popen([sys.executable, __file__, str(out)], cwd=root, stdout=stdout,
+                                          stderr=subprocess.STDOUT,
+                                          env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}))
+    try:
+        seen, last = set(), time.monotonic()
+        while any(p.poll() is None for p in procs):
+            now = {path.name for path in out.iterdir()}
+            if now - seen:
+                seen, last = seen | now, time.monotonic()
+            elif time.monotonic() - last > 120:
+                break
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    missing = [r for r in range(2) if not (out / f"failures{r}.json").exists()]
+    assert not missing, "\n".join(log.read_text()[-3000:] for log in logs)
+    return [json.loads((out / f"failures{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("run, error, where", [
+    ("reset", f"ConnectionError: reset: {STORE}", "benchmaxtestBreaksOnOneProcessv0TRLEnvironment.reset"),
+    ("tool", f"ConnectionError: {CALCULATOR}", "benchmaxtestToolDownOnOneProcessv0TRLEnvironment.calculator"),
+], ids=["reset", "tool"])
+def test_an_env_raising_on_one_process_stops_every_process(raised, run, error, where):
+    """reset: process 1's env raises in every reset of the first batch (process 0 would wait at
+    TRL's gather after generation); tool: process 1's env raises in the model's calculator call,
+    then grades as usual (TRL would have shown the error to the model and trained on). Both
+    processes raise an error naming process 1, its exception and where it was raised; on process 1
+    the original exception is its cause."""
+    zero, one = _errors(raised, run)
+    for said in (zero, one):
+        assert f"process 1 raised {error} ({where}" in said["message"]
+    assert one["cause"] == error.split(": ", 1)[1] and zero["cause"] is None
+
+
+def _register_tool_down() -> None:
+    """:data:`TOOL_DOWN`: Math-v0 whose tool calls raise on process 1 (its calculator's backend
+    unreachable from that host) once ``STORE_DOWN``; a reply without a call steps as usual."""
+    import gymnasium as gym
+    from trl_two_processes import STORE_DOWN
+
+    import benchmax_gym  # noqa: F401
+
+    class ToolDown(gym.Wrapper):
+        def step(self, action):
+            if os.environ["RANK"] == "1" and STORE_DOWN["down"] and action.get("tool_calls"):
+                raise ConnectionError(CALCULATOR)
+            return self.env.step(action)
+
+    if TOOL_DOWN not in gym.registry:
+        gym.register(TOOL_DOWN, entry_point=lambda **kwargs: ToolDown(gym.make("benchmax/Math-v0", **kwargs)),
+                     disable_env_checker=True)
+
+
+def _two_processes(out_dir: str) -> None:
+    """The launch: each process runs :func:`_runs` in a gloo group that times out after 60 s (a
+    hang becomes an error on the process left waiting)."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=int(os.environ["RANK"]),
+                            world_size=2, timeout=datetime.timedelta(seconds=60))
+    _runs(out_dir, int(os.environ["RANK"]))
+    dist.destroy_process_group()
+
+
+def _runs(out_dir: str, rank: int) -> None:
+    from trl_two_processes import BREAKS, _register_breaks, _train
+
+    from benchmax_gym.adapters.trl import trl_environment
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    _register_breaks()
+    _register_tool_down()
+    tokenizer = tiny_tokenizer("qwen2.5")  # (the one _train gives the trainer)
+    turns = []
+
+    def calculator_then_answer(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """The model: a calculator call first in each run, then an answer."""
+        text = ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
+                if not turns else "\\boxed{4}")
+        turns.append(text)
+        return [tokenizer.encode(text) + [tokenizer.eos_token_id] for _ in prompt_ids], None
+
+    def train(name, **kwargs):
+        turns.clear()
+        _train(out_dir, rank, raised, name, generation=calculator_then_answer, **kwargs)
+
+    raised = {}
+    Env = trl_environment(TOOL_DOWN)  # (first: on the previous code the reset run hangs)
+    train("tool", reward_funcs=Env.reward, train_dataset=Env.dataset(6), environment_factory=Env)
+    Env = trl_environment(BREAKS, at="reset")
+    train("reset", reward_funcs=Env.reward, train_dataset=Env.dataset(6), environment_factory=Env)
+
+
+if __name__ == "__main__":
+    _two_processes(sys.argv[1])
