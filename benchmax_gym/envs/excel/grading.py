@@ -321,8 +321,9 @@ def _output_values(
     in it where they cannot be), in a process killed at the deadline and bounded in memory
     (:func:`.recalc.run_in_process`): within :func:`check_workbook`'s limits a file can still
     take a parse 30 s and 2 GB (a million fonts, names or shared strings), and so can reading its
-    cached values again. LibreOffice (bounded by its own timeout) runs here, and its fallback
-    to the cached values in a process of its own (:func:`.recalc._compute`)."""
+    cached values again. LibreOffice (bounded by its own timeout) runs here; the copy it gets, its
+    output and the fallback to the cached values are made and read in processes of their own
+    (:func:`.recalc._compute`)."""
     ranges = list(ranges)
     if time_limit is None:
         values, notes, missing = _read_output(data, ranges, method, None)

@@ -5,9 +5,10 @@ computes them with the ``formulas`` package (made to scale: whole-column and hug
 bounded to the used area, references to other workbooks become errors) or with headless
 LibreOffice, falling back to the values cached in the file. Given a time limit (the model's
 workbooks), the ``formulas`` recalculation runs in a process of its own, killed at the deadline
-and bounded in memory (:func:`run_in_process`), as is the parse of the model's files
-(:func:`open_within`). :func:`check_workbook` refuses workbooks whose parsing alone would cost
-the host unbounded time or memory; for the model's files it runs within the same deadline.
+and bounded in memory (:func:`run_in_process`), as does every parse of the model's files
+(:func:`open_within`), whatever the recalculation (LibreOffice's input and output too).
+:func:`check_workbook` refuses workbooks whose parsing alone would cost the host unbounded time
+or memory; for the model's files it runs first, within the same deadline.
 """
 
 from __future__ import annotations
@@ -1186,16 +1187,25 @@ def _without_external_references(data: bytes) -> bytes:
     return buffer.getvalue()
 
 
-def _libreoffice_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
-    """Let headless LibreOffice load (and so recalculate) the workbook, then read ``keys``."""
+def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | None = None) -> dict[CellKey, Any]:
+    """Let headless LibreOffice load (and so recalculate) the workbook, then read ``keys``.
+
+    With a ``time_limit`` (the model's workbook, checked already) nothing of it is parsed here:
+    the copy LibreOffice gets and LibreOffice's output (the model's work, as hostile) are made
+    and read in a call's process each (:func:`run_in_process`), the output checked first
+    (:func:`check_workbook`). LibreOffice itself runs here, bounded by :data:`LIBREOFFICE_TIMEOUT_S`."""
     exe = _soffice()
     if exe is None:
         raise RuntimeError("LibreOffice (soffice) is not installed")
+
+    def bounded(fn: Callable[..., Any], *args: Any, what: str) -> Any:
+        return fn(*args) if time_limit is None else run_in_process(fn, args, time_limit, what)
+
     with tempfile.TemporaryDirectory(prefix="benchmax-excel-lo-") as tmp:
         source, outdir = Path(tmp) / "in" / "book.xlsx", Path(tmp) / "out"
         source.parent.mkdir()
         outdir.mkdir()
-        source.write_bytes(_without_external_references(data))
+        source.write_bytes(bounded(_without_external_references, data, what="preparing the workbook for LibreOffice"))
         profile = (Path(tmp) / "profile").as_uri()  # own profile: parallel runs do not collide
         subprocess.run(
             [exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",
@@ -1205,14 +1215,16 @@ def _libreoffice_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
         converted = outdir / "book.xlsx"
         if not converted.is_file():
             raise RuntimeError("LibreOffice produced no converted workbook")
-        wb = _open(converted.read_bytes(), data_only=True)
-        try:
-            return _read_values(wb, keys)
-        finally:
-            wb.close()
+        if time_limit is not None and (size := converted.stat().st_size) > MAX_WORKBOOK_BYTES:
+            raise WorkbookTooLarge(f"LibreOffice's recalculated workbook is {size} bytes; the limit is {MAX_WORKBOOK_BYTES}")
+        return bounded(_cached_values, converted.read_bytes(), keys, time_limit is not None,
+                       what="reading the workbook LibreOffice recalculated")
 
 
-def _cached_values(data: bytes, keys: set[CellKey]) -> dict[CellKey, Any]:
+def _cached_values(data: bytes, keys: set[CellKey], check: bool = False) -> dict[CellKey, Any]:
+    """The values saved in the workbook for ``keys``; ``check``: :func:`check_workbook` first."""
+    if check:
+        check_workbook(data)
     wb = _open(data, data_only=True)
     try:
         return _read_values(wb, keys)
@@ -1263,7 +1275,7 @@ def _compute(
         return cached_values(data, keys), notes
     try:
         if method == "libreoffice":
-            return _libreoffice_values(data, keys), notes  # bounded by LIBREOFFICE_TIMEOUT_S
+            return _libreoffice_values(data, keys, None if in_call else time_limit), notes
         if time_limit is None:  # the task's own answer workbook: trusted, computed here
             values, warnings = _formulas_values(data, keys)
         elif in_call:
@@ -1318,36 +1330,54 @@ def recalculate(
     When recalculation fails the values cached in the file are returned (None where absent);
     past ``time_limit`` seconds it raises :class:`TimeLimitExceeded`, and for a range too large
     even cut to the used area :class:`WorkbookTooLarge`. With a ``time_limit`` (the model's
-    workbook) all of it, reading the workbook too, runs in a process killed at the deadline
-    (:func:`run_in_process`): a file near :func:`check_workbook`'s limits takes seconds to parse.
+    workbook) it is refused over :func:`check_workbook`'s limits (:class:`WorkbookTooLarge`), and
+    all of it, checking and reading the workbook too, runs in a process killed at the deadline
+    (:func:`run_in_process`): a file near those limits takes seconds to parse, whatever ``recalc``.
+    LibreOffice runs here, under its own timeout, every parse of its input and output in such a
+    process (:func:`_libreoffice_values`).
     """
     method = _check_recalc(recalc)
     data = _read_bytes(workbook)
-    if time_limit is not None and method in ("auto", "formulas") and sys.platform == "linux":
-        ranges = None if ranges is None else list(ranges)  # (sent to the call's process)
+    ranges = None if ranges is None else list(ranges)  # (sent to a call's process)
+    if time_limit is None:  # the task's own workbook: trusted, read here
+        return _recalculate(data, method, ranges, None)
+    if method != "libreoffice" and sys.platform == "linux":
+        reading = method == "none"
         return run_in_process(
-            _recalculate, (data, method, ranges, time_limit, True), time_limit, "the recalculation",
-            memory="the workbook's formulas need more than {} MB of memory to compute",
+            _recalculate, (data, method, ranges, time_limit, True), time_limit,
+            "reading the workbook" if reading else "the recalculation",
+            memory=None if reading else "the workbook's formulas need more than {} MB of memory to compute",
         )
-    return _recalculate(data, method, ranges, time_limit)
+    formats, epoch = run_in_process(_formula_cells, (data, ranges, True), time_limit, "reading the workbook")
+    return _compute(data, method, formats, epoch, time_limit=time_limit)[0] if formats else {}
 
 
 def _recalculate(
-    data: bytes, method: str, ranges: Iterable[tuple[str, str]] | None, time_limit: float | None,
+    data: bytes, method: str, ranges: list[tuple[str, str]] | None, time_limit: float | None,
     in_call: bool = False,
 ) -> dict[CellKey, Any]:
-    """:func:`recalculate` of the workbook's bytes (``in_call``: in the call's process)."""
+    """:func:`recalculate` of the workbook's bytes (``in_call``: the model's, in the call's process)."""
+    formats, epoch = _formula_cells(data, ranges, check=in_call)
+    if not formats:
+        return {}
+    return _compute(data, method, formats, epoch, time_limit=time_limit, in_call=in_call)[0]
+
+
+def _formula_cells(
+    data: bytes, ranges: list[tuple[str, str]] | None, check: bool = False
+) -> tuple[dict[CellKey, str], dt.datetime]:
+    """The number formats of the formula cells in ``ranges`` (None: every sheet's used area) and
+    the workbook's epoch; ``check`` (the model's file): :func:`check_workbook` first. Plain data:
+    it may come from a call's process."""
+    if check:
+        check_workbook(data)
     wb = _open(data, data_only=False)
     try:
         if ranges is None:
             ranges = [(ws.title, ws.calculate_dimension(force=True)) for ws in wb.worksheets]
-        formats = _formula_formats(wb, ranges)
-        epoch = wb.epoch
+        return _formula_formats(wb, ranges), wb.epoch
     finally:
         wb.close()
-    if not formats:
-        return {}
-    return _compute(data, method, formats, epoch, time_limit=time_limit, in_call=in_call)[0]
 
 
 def _formula_formats(
