@@ -7,8 +7,11 @@ shared strings shown in every cell) costs what no limit sees."""
 from __future__ import annotations
 
 import io
-import shutil
+import os
+import stat
+import sys
 import zipfile
+from pathlib import Path
 
 import openpyxl
 import pytest
@@ -103,14 +106,42 @@ def test_recalc_none_gives_up_reading_a_slow_workbook_at_its_deadline(fixture, r
         recalculate(data, recalc="none", time_limit=0.2)
 
 
-@pytest.mark.skipif(shutil.which("soffice") is None and shutil.which("libreoffice") is None,
-                    reason="LibreOffice is not installed")
-def test_recalc_libreoffice_refuses_the_models_file_before_anything_parses_it(opened_here):
-    """With real LibreOffice: the model's file over the limits is refused before the host, or
-    LibreOffice, reads it (HEAD parsed it on the host twice, then gave it to LibreOffice)."""
+def _fake_soffice(tmp_path, monkeypatch, converted) -> Path:
+    """A stand-in ``soffice`` on PATH (real LibreOffice is not installed here; see
+    test_rubric.py's plumbing test): it 'converts' by copying ``converted`` and leaves a mark."""
+    mark = tmp_path / "soffice-ran"
+    fake = tmp_path / "bin" / "soffice"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'while [ $# -gt 1 ]; do [ "$1" = --outdir ] && out=$2; shift; done\n'
+        f'touch "{mark}"\n'
+        f'cp "{converted}" "$out/$(basename "$1")"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    return mark
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the fake soffice is a shell script")
+def test_recalc_libreoffice_checks_the_models_file_and_its_output_in_the_call_process(tmp_path, monkeypatch,
+                                                                                      opened_here):
+    """The model's file over the limits is refused before LibreOffice (or the host) reads it, and
+    LibreOffice's output, the model's work as much, is checked and read only in a call's process
+    (HEAD parsed the input on the host twice, gave it to LibreOffice, and parsed its output here)."""
+    converted = tmp_path / "converted.xlsx"
+    converted.write_bytes(one_cell())
+    mark = _fake_soffice(tmp_path, monkeypatch, converted)
     data = with_entities(10)
     with pytest.raises(WorkbookTooLarge, match="declares XML entities"):
         recalculate(data, recalc="libreoffice", time_limit=60)
     result = grade(data, one_cell(), "A1", recalc="libreoffice")  # its A1 is right
     assert not result.solved and any("declares XML entities" in note for note in result.notes), result.notes
-    assert opened_here.count(data) == 0
+    assert opened_here.count(data) == 0 and not mark.exists()
+
+    output = with_cached_formula("=6*7", "42")  # a fine file; what LibreOffice makes of it declares entities
+    hostile = with_entities(10)
+    converted.write_bytes(hostile)
+    with pytest.raises(WorkbookTooLarge, match="declares XML entities"):
+        recalculate(output, recalc="libreoffice", time_limit=60)
+    assert mark.exists() and opened_here.count(hostile) == 0 and opened_here.count(output) == 0
