@@ -80,8 +80,9 @@ a value torch cannot convert to a float). With ``environment_factory`` TRL itsel
 and calls its tools; an env raising there on one process (its ``reset``; a tool call's ``step``,
 whose exception TRL would show the model as the tool's result) ends its episode failed and keeps
 the error, that process's reward functions are not called, and the error rides the same gather,
-naming the env's class and call (``CalcTRLEnvironment.reset``). On one process they are raised
-where they happen, as before (TRL shows a tool's exception to the model). A value that cannot be
+naming the env's class and call (``CalcTRLEnvironment.reset``). On one process a reset's is
+raised where it happens, and a tool call's when ``Env.reward`` grades the episode (TRL would show
+it to the model as the tool's answer, and train on the episode). A value that cannot be
 pickled for a gather (in a record of your env, a score of your rubric) is its process's failure
 too, named in the error (its path in what was sent).
 """
@@ -730,13 +731,16 @@ class TRLEnvironment:
 
     def _keep(self, where: str, exc: Exception) -> None:
         """The env raised (its own failure: the model's mistakes are observations) in ``where``.
-        On one process, or outside a trainer, it is raised (TRL shows a tool's exception to the
-        model as its result). On several processes the process goes on to the collective calls
-        the others make (TRL raising here would leave them waiting): the episode ends failed and
-        the error is kept; every process raises it at TRL's gather of the rewards
-        (:func:`_rewards_together`)."""
-        if not self._keep_failures:
+        On one process, or outside a trainer, a reset's is raised; a tool call's is kept, the
+        model told the env failed, and :meth:`_grade` raises it (TRL would show it to the model as
+        the tool's answer, and the episode would be graded and trained on). On several processes
+        the process goes on to the collective calls the others make (TRL raising here would leave
+        them waiting): the episode ends failed and the error is kept; every process raises it at
+        TRL's gather of the rewards (:func:`_rewards_together`)."""
+        if not self._keep_failures and where == "reset":
             raise exc
+        # (a tool call's: TRL would show the exception to the model as the tool's answer, and the
+        # episode would be graded; kept, it is raised when the episode is graded, on one process too)
         self._failure = self._failure or (where, exc)
         self.done, self.reward = True, None
 
