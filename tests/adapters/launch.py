@@ -72,3 +72,47 @@ def stub_vllm():
     finally:
         for name in stubs:
             sys.modules.pop(name, None)
+
+
+def two_processes_raised(script, out, *args, port=False):
+    """Run ``python script OUT ARGS...`` as ranks 0 and 1 of a two-process CPU group (gloo, loopback
+    only; ``port``: a free MASTER_PORT, else the script's own store) and return what each wrote to
+    ``OUT/failures<rank>.json`` (what its runs raised, rewritten after each run). A launch in which
+    nothing new appears in ``out`` (a run starting or ending) for 120 s is stopped: the runs that
+    never ended fail their tests. Each process's exit status is not what is tested (gloo's
+    teardown after a failed collective aborted once in ~50 launches, results written)."""
+    import socket
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
+    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": lo,
+            "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    if port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base["MASTER_PORT"] = str(s.getsockname()[1])
+    logs = [out / f"log{r}" for r in range(2)]
+    procs = []
+    for r, log in enumerate(logs):
+        with log.open("w") as stdout:
+            procs.append(subprocess.Popen([sys.executable, str(script), str(out), *args], cwd=root, stdout=stdout,
+                                          stderr=subprocess.STDOUT, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}))
+    try:
+        seen, last = set(), time.monotonic()
+        while any(p.poll() is None for p in procs):
+            now = {path.name for path in out.iterdir()}
+            if now - seen:
+                seen, last = seen | now, time.monotonic()
+            elif time.monotonic() - last > 120:
+                break  # a hang
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    missing = [r for r in range(2) if not (out / f"failures{r}.json").exists()]
+    assert not missing, "\n".join(log.read_text()[-3000:] for log in logs)
+    return [json.loads((out / f"failures{r}.json").read_text()) for r in range(2)]

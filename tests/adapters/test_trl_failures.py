@@ -4,58 +4,18 @@ stops with that process's error, none waits forever at the gather the failing pr
 reached. A real two-process GRPOTrainer on CPU (gloo, loopback only), one launch for every test
 here: ``trl_two_processes.py OUT_DIR failures``."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from launch import two_processes_raised
 
 
 @pytest.fixture(scope="module")
 def raised(tmp_path_factory):
     """What each of the two processes' runs raised (``failures<k>.json``, written after each run:
-    a run that hangs leaves the earlier ones'). The launch may take minutes on a loaded machine; it
-    is stopped once nothing new appears in its folder (a run starting or ending) for 120 s."""
+    a run that hangs leaves the earlier ones'); see :func:`launch.two_processes_raised`."""
     out = tmp_path_factory.mktemp("trl-failures")
-    root = Path(__file__).resolve().parents[2]
-    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": lo, "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
-    script = Path(__file__).with_name("trl_two_processes.py")
-    logs = [out / f"log{r}" for r in range(2)]
-    procs = []
-    for r, log in enumerate(logs):
-        with log.open("w") as stdout:
-            procs.append(subprocess.Popen([sys.executable, str(script), str(out), "failures"], cwd=root,
-                                          stdout=stdout, stderr=subprocess.STDOUT,
-                                          env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}))
-    try:
-        seen, last = set(), time.monotonic()
-        while any(p.poll() is None for p in procs):
-            now = {path.name for path in out.iterdir()}
-            if now - seen:
-                seen, last = seen | now, time.monotonic()
-            elif time.monotonic() - last > 120:
-                break  # a hang: the tests of the runs that never ended fail
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    # Each process writes what it raised before it exits; its exit status is not what is tested
-    # (gloo's teardown after a failed collective aborted once in ~50 launches, results written).
-    missing = [r for r in range(2) if not (out / f"failures{r}.json").exists()]
-    assert not missing, "\n".join(log.read_text()[-3000:] for log in logs)
-    return [json.loads((out / f"failures{r}.json").read_text()) for r in range(2)]
+    return two_processes_raised(Path(__file__).with_name("trl_two_processes.py"), out, "failures", port=True)
 
 
 def _both(raised, run):

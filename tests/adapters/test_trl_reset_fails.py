@@ -7,15 +7,11 @@ gather until the backend's timeout, none trains on. A real two-process GRPOTrain
 loopback only), one launch for both tests: this file run as a script
 (``python test_trl_reset_fails.py OUT_DIR``), each run through ``trl_two_processes._train``."""
 
-import json
 import os
-import socket
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
+from launch import two_processes_raised
 from test_trl_first_batch import _errors
 
 STORE = "the task store at 10.0.0.7 is unreachable"
@@ -25,39 +21,9 @@ TOOL_DOWN = "benchmax-test/ToolDownOnOneProcess-v0"
 
 @pytest.fixture(scope="module")
 def raised(tmp_path_factory):
-    """What each process's runs raised (``failures<k>.json``, rewritten after each run). A launch
-    in which nothing new appears in its folder (a run starting or ending) for 120 s is stopped:
-    the runs that never ended fail their tests."""
-    out = tmp_path_factory.mktemp("trl-reset-fails")
-    root = Path(__file__).resolve().parents[2]
-    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": lo,
-            "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
-    logs = [out / f"log{r}" for r in range(2)]
-    procs = []
-    for r, log in enumerate(logs):
-        with log.open("w") as stdout:
-            procs.append(subprocess.Popen([sys.executable, __file__, str(out)], cwd=root, stdout=stdout,
-                                          stderr=subprocess.STDOUT,
-                                          env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}))
-    try:
-        seen, last = set(), time.monotonic()
-        while any(p.poll() is None for p in procs):
-            now = {path.name for path in out.iterdir()}
-            if now - seen:
-                seen, last = seen | now, time.monotonic()
-            elif time.monotonic() - last > 120:
-                break
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    missing = [r for r in range(2) if not (out / f"failures{r}.json").exists()]
-    assert not missing, "\n".join(log.read_text()[-3000:] for log in logs)
-    return [json.loads((out / f"failures{r}.json").read_text()) for r in range(2)]
+    """What each process's runs raised (``failures<k>.json``, rewritten after each run); see
+    :func:`launch.two_processes_raised`."""
+    return two_processes_raised(__file__, tmp_path_factory.mktemp("trl-reset-fails"))
 
 
 @pytest.mark.parametrize("run, error, where", [
