@@ -116,3 +116,20 @@ def two_processes_raised(script, out, *args, port=False):
     missing = [r for r in range(2) if not (out / f"failures{r}.json").exists()]
     assert not missing, "\n".join(log.read_text()[-3000:] for log in logs)
     return [json.loads((out / f"failures{r}.json").read_text()) for r in range(2)]
+
+
+def in_gloo_group(out_dir, runs):
+    """A launched process's side (see :func:`two_processes_raised`): ``runs(out_dir, rank)`` in a
+    gloo group whose collectives time out after 60 s (a hang becomes an error on the process left
+    waiting), its store a file in ``out_dir``."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    runs(out_dir, rank)
+    dist.destroy_process_group()

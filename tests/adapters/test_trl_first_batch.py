@@ -6,11 +6,10 @@ timeout. A real two-process GRPOTrainer on CPU (gloo, loopback only), one launch
 here: this file run as a script (``python test_trl_first_batch.py OUT_DIR``), each run through
 ``trl_two_processes._train``."""
 
-import os
 import sys
 
 import pytest
-from launch import two_processes_raised
+from launch import in_gloo_group, two_processes_raised
 
 JUDGE = "the judge at 10.0.0.7 is unreachable"
 
@@ -63,21 +62,6 @@ def test_rewards_trl_refuses_on_one_process_stop_every_process(raised, run, erro
     assert one["cause"].startswith(error.split(": ", 1)[1]) and zero["cause"] is None
 
 
-def _two_processes(out_dir: str) -> None:
-    """The launch: each process runs :func:`_runs` in a gloo group that times out after 60 s (a
-    hang becomes an error on the process left waiting)."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=int(os.environ["RANK"]),
-                            world_size=2, timeout=datetime.timedelta(seconds=60))
-    _runs(out_dir, int(os.environ["RANK"]))
-    dist.destroy_process_group()
-
-
 def _runs(out_dir: str, rank: int) -> None:
     from trl_two_processes import BREAKS, _register_breaks, _train
 
@@ -116,4 +100,4 @@ def _runs(out_dir: str, rank: int) -> None:
 
 
 if __name__ == "__main__":
-    _two_processes(sys.argv[1])
+    in_gloo_group(sys.argv[1], _runs)

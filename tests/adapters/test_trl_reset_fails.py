@@ -11,7 +11,7 @@ import os
 import sys
 
 import pytest
-from launch import two_processes_raised
+from launch import in_gloo_group, two_processes_raised
 from test_trl_first_batch import _errors
 
 STORE = "the task store at 10.0.0.7 is unreachable"
@@ -61,21 +61,6 @@ def _register_tool_down() -> None:
                      disable_env_checker=True)
 
 
-def _two_processes(out_dir: str) -> None:
-    """The launch: each process runs :func:`_runs` in a gloo group that times out after 60 s (a
-    hang becomes an error on the process left waiting)."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/store", rank=int(os.environ["RANK"]),
-                            world_size=2, timeout=datetime.timedelta(seconds=60))
-    _runs(out_dir, int(os.environ["RANK"]))
-    dist.destroy_process_group()
-
-
 def _runs(out_dir: str, rank: int) -> None:
     from trl_two_processes import BREAKS, _register_breaks, _train
 
@@ -106,4 +91,4 @@ def _runs(out_dir: str, rank: int) -> None:
 
 
 if __name__ == "__main__":
-    _two_processes(sys.argv[1])
+    in_gloo_group(sys.argv[1], _runs)
