@@ -41,8 +41,9 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   server's schema) that process would read at the member's first draw anyway. A member that fails
   at make for another reason than its arguments (a file, a server, the network) is made again at
   its first draw, which raises its error, named, if it still fails. A member of weight 0 (played
-  only when forced) and the other levels are made when first needed; every level's task
-  arguments are still checked at make (a bad knob value is an error there).
+  only when forced) and the other levels are made when first needed; each other level that sets
+  more than task arguments (``max_turns`` as the knob, say) is made once at make and closed, and
+  every level's task arguments are checked at make too (a bad knob value is an error there).
 * **What the model sees is the member's**: its system prompt, tools (``info["tools"]``) and
   spaces' bounds; the mixture's spaces are Text spaces as wide as the widest member.
   ``info["member"]`` names it on every step, ``info["task_id"]`` is ``"<member>/<task id>"``
@@ -357,26 +358,34 @@ class MixEnv(gym.Env[str, str]):
         self._build_drawn()
 
     def _build_drawn(self) -> None:
-        """Make every member that draws can reach, at its starting level, now: an argument its
-        constructor refuses (a ValueError or TypeError) fails at ``gym.make`` naming it and the
-        member. Any other failure (a file, a server, the network: it may be there by the member's
-        first draw) leaves the member to be made then, and to raise its own error, named, if it
-        still fails (see the module docstring)."""
+        """Make every member that draws can reach, at its starting level, now (and kept), and each
+        of its other levels that sets more than task arguments (made and closed): an argument a
+        constructor refuses (a ValueError or TypeError) fails at ``gym.make`` naming it, the member
+        and the level. Any other failure (a file, a server, the network: it may be there by the
+        member's first draw) leaves the member to be made then, and to raise its own error, named,
+        if it still fails (see the module docstring)."""
         for s in self.specs:
-            if s.weight > 0:
-                level = self._level_for(s.name)
+            if s.weight <= 0:
+                continue
+            start, levels = self._level_for(s.name), self.curriculum.members[s.name].levels
+            others = [level for level, overlay in enumerate(levels) if level != start and set(overlay) - {"task_args"}]
+            for level in (start, *others):
                 try:
-                    self._member(s.name, level)
+                    if level == start:
+                        self._member(s.name, level)
+                    else:
+                        self._make(s.name, level).close()
                 except (TypeError, ValueError) as exc:
                     self.close()  # (the members built so far)
                     # the member named in the message: gym.make re-raises a TypeError as a new one,
                     # without its notes, after the text that the member's own gym.make added
                     says = str(exc).partition(" was raised from the environment creator for ")[0]
-                    overlay = self.curriculum.members[s.name].levels[level]
+                    overlay = levels[level]
                     where = f"curriculum[{s.name!r}] level {level} {overlay}" if overlay else f"members: {s.name}"
                     raise (TypeError if isinstance(exc, TypeError) else ValueError)(f"{where}: {says}") from exc
                 except Exception:
-                    pass  # (not its arguments: made again, and raising, at its first draw)
+                    if level == start:
+                        break  # (not its arguments: made again, and raising, at its first draw)
                 except BaseException:
                     self.close()
                     raise
@@ -434,19 +443,22 @@ class MixEnv(gym.Env[str, str]):
     def _member(self, name: str, level: int) -> _Member:
         member = self._built.get((name, level))
         if member is None:
-            spec = self.specs[self._names.index(name)]
-            overlay = self.curriculum.members[name].levels[level]
-            kwargs = apply_level(self._kwargs[name], overlay)
-            with _naming(name, spec.env_id, level):
-                env = gym.make(spec.env_id, render_mode=self.render_mode, disable_env_checker=True, **kwargs) \
-                    if self.render_mode else gym.make(spec.env_id, disable_env_checker=True, **kwargs)
-            member = self._built[(name, level)] = _Member(name, level, env)
+            member = self._built[(name, level)] = _Member(name, level, self._make(name, level))
             rng_state = self._pending_rng.pop(member.key, None)
             if rng_state is not None:
                 member.core.np_random = np.random.Generator(np.random.PCG64())
                 member.core.np_random.bit_generator.state = rng_state
                 self._seeded.add(member.key)
         return member
+
+    def _make(self, name: str, level: int) -> gym.Env:
+        """The member ``name`` at ``level``, made now."""
+        spec = self.specs[self._names.index(name)]
+        kwargs = apply_level(self._kwargs[name], self.curriculum.members[name].levels[level])
+        with _naming(name, spec.env_id, level):
+            if self.render_mode:
+                return gym.make(spec.env_id, render_mode=self.render_mode, disable_env_checker=True, **kwargs)
+            return gym.make(spec.env_id, disable_env_checker=True, **kwargs)
 
     @property
     def built_members(self) -> list[str]:

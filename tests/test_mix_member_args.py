@@ -101,3 +101,19 @@ def test_a_bad_value_at_a_members_starting_level_fails_at_make_naming_the_level(
     with pytest.raises(ValueError, match=r"curriculum\['Math-v0'\] level 0 \{'max_turns': 0\}: max_turns must be a "
                                          r"positive int, got 0"):
         gym.make(MIX, members={"benchmax/Math-v0": 1.0}, curriculum=curriculum)
+
+
+def test_a_bad_value_at_a_later_level_outside_task_args_fails_at_make_naming_the_level():
+    """A level that sets more than task arguments (its knob ``max_turns``) was checked only when
+    the curriculum first reached it, maybe hours into training. Each such level is made once at
+    make and closed; the members kept are the starting levels'."""
+    curriculum = {"Math-v0": {"knob": "max_turns", "values": [4, 8, -1], "start": 0}}
+    with pytest.raises(ValueError, match=r"curriculum\['Math-v0'\] level 2 \{'max_turns': -1\}: max_turns must be a "
+                                         r"positive int, got -1"):
+        gym.make(MIX, members={"benchmax/Math-v0": 1.0}, curriculum=curriculum)
+    good = gym.make(MIX, members={"benchmax/Math-v0": 1.0},
+                    curriculum={"Math-v0": {"knob": "max_turns", "values": [4, 8, 16], "start": 0}})
+    try:
+        assert good.unwrapped.built_members == ["Math-v0@0"]
+    finally:
+        good.close()
