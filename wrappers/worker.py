@@ -190,16 +190,21 @@ class _Worker:
             self._deliver(i, result)
 
     def _in_one_loop(self, ids: range) -> bool:
-        """Whether a lock-step slice can take ``_step_slice``: every env plain, none due a reset."""
-        return all(map(self.plain.__getitem__, ids)) and not any(map(self.needs_reset.__getitem__, ids))
+        """Whether a lock-step slice can take ``_step_slice``: every env plain."""
+        return all(map(self.plain.__getitem__, ids))
 
     def _step_slice(self, start: int, actions: list) -> None:
-        """A lock-step slice whose envs are all plain and mid-episode (the common batch): one
-        loop steps them and their results go back as one column message, without the per-env
-        delivery of ``_step_plain`` (a third of a worker's own cost per calculator step). Same
-        message, value for value, as the general path's."""
-        stepper, rows, ended, settled = self.stepper, [], [], True  # settled: every row mid-episode
+        """A lock-step slice whose envs are all plain (the common batch): one loop steps them and
+        their results go back as one column message, without the per-env delivery of
+        ``_step_plain`` (a third of a worker's own cost per calculator step). An env due a reset
+        (NEXT_STEP, after its episode ended: every env at once in lock-step) takes ``_step``,
+        as in the general path. Same message, value for value, as the general path's."""
+        stepper, due, rows, ended, settled = self.stepper, self.needs_reset, [], [], True  # settled: every row mid-episode
         for i, action in enumerate(actions, start):
+            if due[i]:  # (its result is final: reset, or the failed reset's)
+                rows.append(self._finish_now(self._step(i, action)))
+                settled = False
+                continue
             try:
                 result = stepper[i](action)
                 _, _, terminated, truncated, _ = result  # (not five values: the env failed, as in _step_plain)

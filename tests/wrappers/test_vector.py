@@ -863,8 +863,18 @@ class Odd(Varied):
     """Varied, whose actions can also make it raise, end, or return odd rewards (a numpy float,
     a numeric string, an object that is no number)."""
 
+    poisoned = False  # (its next reset raises: "poison{k}" ends the episode and sets it)
+
+    def reset(self, *, seed=None, options=None):
+        if self.poisoned:
+            self.poisoned = False
+            raise RuntimeError(f"env {self.k} cannot reset")
+        return super().reset(seed=seed, options=options)
+
     def step(self, action):
         obs, reward, terminated, truncated, info = super().step(action)
+        if action == f"poison{self.k}":
+            self.poisoned = terminated = True
         if action == f"raise{self.k}":
             raise RuntimeError(f"env {self.k} exploded")
         if action == f"end{self.k}":
@@ -877,9 +887,10 @@ class Odd(Varied):
 @pytest.mark.parametrize("mode", list(AutoresetMode))
 @pytest.mark.parametrize("keep", [None, ("count", "score", "error"), ("late", "nested", "late")])
 def test_a_lockstep_slice_in_one_loop_sends_what_the_per_env_path_sends(mode, keep):
-    """A worker steps a lock-step slice of plain mid-episode envs in one loop (``_step_slice``);
-    its column messages equal, value for value, those of the per-env path it skips, also when an
-    env raises, ends, returns a numpy or non-float reward, or lacks kept keys others have."""
+    """A worker steps a lock-step slice of plain envs in one loop (``_step_slice``); its column
+    messages equal, value for value, those of the per-env path it skips, also when an env raises,
+    ends, resets (NEXT_STEP: the step after an end), fails to reset, returns a numpy or non-float
+    reward, or lacks kept keys others have."""
     import functools
     import marshal
     import pickle
@@ -910,8 +921,10 @@ def test_a_lockstep_slice_in_one_loop_sends_what_the_per_env_path_sends(mode, ke
     slow, slow_sent, slow_loop = make()
     slow._in_one_loop = lambda ids: False
     plans = [["a"] * n, ["np", "str", "a", "end3", "a", "a"], ["a", "raise1", "bad", "a", "a", "end5"],
-             ["a"] * n, ["str", "bad", "end2", "a", "raise4", "np"], ["a"] * n, ["a"] * n]
-    loops = 0
+             ["a"] * n, ["str", "bad", "end2", "a", "raise4", "np"], ["a"] * n, ["a"] * n,
+             [f"end{k}" for k in range(n)], ["a"] * n, ["a"] * n,  # every env ends, then every env resets
+             ["poison0", "a", "poison2", "end3", "a", "a"], ["a"] * n, ["a"] * n, ["a"] * n]
+    loops, reset_failed = 0, False
     for actions in plans:
         loops += fast._in_one_loop(range(n))
         for wk, loop in ((fast, fast_loop), (slow, slow_loop)):
@@ -920,10 +933,12 @@ def test_a_lockstep_slice_in_one_loop_sends_what_the_per_env_path_sends(mode, ke
         assert len(fast_sent) == len(slow_sent) == 1
         got, want = (normal(marshal.loads(m[1]) if type(m[1]) is bytes else m[1]) for m in (fast_sent[0], slow_sent[0]))
         assert got == want, actions
+        reset_failed = reset_failed or "cannot reset" in repr(want)
         failed = [j for j, a in enumerate(actions) if a in (f"raise{j}", "bad")]
         assert [want[4][j] for j in failed] == [1] * len(failed)  # (truncated: the env failed)
         fast_sent.clear(), slow_sent.clear()
-    assert loops >= 3  # (after a failure or a NEXT_STEP end, the next slice takes the per-env path)
+    assert loops == len(plans)  # (envs due a reset too: a NEXT_STEP end, a failure)
+    assert reset_failed or mode == AutoresetMode.DISABLED or keep is not None and "error" not in keep
     fast.close(), slow.close()
 
 
