@@ -4,7 +4,9 @@ Prints one JSON object.
 One process builds a ``_Worker`` (the loop ``SubprocVectorEnv``'s workers run) over ``--envs``
 Math-v0 calculator envs and steps them lock-step (``step_all``) for ``--seconds``, its messages
 pickled as a worker's are, but sent nowhere: CPU microseconds per env step (user and kernel),
-and new memory pages per step. ``--copies 1,16`` runs that many such processes at once (capped
+new memory pages per step, and the garbage collector's share (``gc_us_per_step``; its full
+passes, ``full_gc_us_per_step``: with never-ending episodes every transcript stays alive, so
+these passes walk a heap that grows all run). ``--copies 1,16`` runs that many such processes at once (capped
 at ``os.cpu_count()``), each timing itself: how the machine's cores slow each other when all are
 busy (median and slowest copy). Beside it, a plain Python loop timed the same way (``spin``),
 the machine's own slowdown under full load with no memory to speak of.
@@ -72,14 +74,27 @@ def one(kind: str, envs: int, seconds: float, max_turns: int, info: str) -> dict
 
     for _ in range(5):
         batch()
+    collector = [0.0, 0.0, 0.0]  # CPU s in the garbage collector's passes, by generation
+    started = [0.0]
+
+    def timed_collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.process_time()
+        else:
+            collector[info["generation"]] += time.process_time() - started[0]
+
+    gc.callbacks.append(timed_collection)
     before = resource.getrusage(resource.RUSAGE_SELF)
     start, steps = time.perf_counter(), 0
     while time.perf_counter() - start < seconds:
         batch()
         steps += envs
     after = resource.getrusage(resource.RUSAGE_SELF)
+    gc.callbacks.remove(timed_collection)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {"us_per_step": round(cpu / steps * 1e6, 3),
+            "gc_us_per_step": round(sum(collector) / steps * 1e6, 3),
+            "full_gc_us_per_step": round(collector[2] / steps * 1e6, 3),
             "kernel_us_per_step": round((after.ru_stime - before.ru_stime) / steps * 1e6, 3),
             "page_faults_per_step": round((after.ru_minflt - before.ru_minflt) / steps, 3)}
 
