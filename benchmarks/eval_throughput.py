@@ -4,6 +4,10 @@ The scripted model (``benchmax_gym.testing.openai_server``, in processes of its 
 share this process's CPU; ``--server-processes`` of them on one port) answers every request after
 ``--latency`` seconds: a calculator call, then an answer, so each Math-v0 episode makes two model
 calls and one tool call. With ``--concurrency C`` the ideal rate is C / latency calls per second.
+``--latency-jitter J`` spreads each reply's wait uniformly over ``[1 - J, 1 + J]`` times the
+latency (the mean, and so the ideal rate, stay the same): with every reply taking exactly the
+latency, slots that start together keep coming back together, so each worker meets its replies
+in bursts; a real server's spread breaks such bursts up.
 Each (transport, concurrency, workers) runs twice (``--episodes-per-slot SHORT LONG`` episodes per
 concurrent slot): ``fraction_of_ideal`` is the longer run's, whole (starting workers, making the
 envs and the summary's statistics included; the workers' fork server starts once a process, in
@@ -157,9 +161,9 @@ def raise_open_files() -> None:
             pass
 
 
-def start_server(latency: float, processes: int) -> tuple[subprocess.Popen, str]:
+def start_server(latency: float, processes: int, jitter: float = 0.0) -> tuple[subprocess.Popen, str]:
     server = subprocess.Popen([sys.executable, "-m", "benchmax_gym.testing.openai_server", "--latency", str(latency),
-                               "--processes", str(processes)], stdout=subprocess.PIPE, text=True)
+                               "--latency-jitter", str(jitter), "--processes", str(processes)], stdout=subprocess.PIPE, text=True)
     url = server.stdout.readline().strip()
     if not url:
         raise SystemExit(f"the loopback server did not start (status {server.wait()})")
@@ -170,6 +174,9 @@ def main() -> None:
     cores = os.cpu_count() or 1
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--latency-jitter", type=float, default=0.0, metavar="J",
+                        help="each reply waits latency times a uniform draw in [1 - J, 1 + J] (mean: latency; "
+                             "default 0: every reply takes exactly --latency)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 4, 8, 16],
                         help="eval --workers counts (those above os.cpu_count() are left out)")
@@ -188,7 +195,7 @@ def main() -> None:
     short_n, long_n = (3, 12) if args.quick else args.episodes_per_slot
     raise_open_files()
     workers_sweep = [w for w in args.workers if w <= cores] or [1]
-    server, url = start_server(args.latency, args.server_processes)
+    server, url = start_server(args.latency, args.server_processes, args.latency_jitter)
     runs, alone, fork_server = [], {}, None
     try:
         warm = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native")
@@ -229,6 +236,7 @@ def main() -> None:
         server.terminate()
         server.wait()
     print(json.dumps({"benchmark": "eval_throughput", "mode": args.mode, "latency_s": args.latency,
+                      "latency_jitter": args.latency_jitter,
                       "cpu_count": cores, "server_processes": args.server_processes,
                       "env_cpu_ms_per_call": env_alone(200 if args.quick else 1000),
                       "client_alone": alone, "fork_server_start": fork_server, "runs": runs}))

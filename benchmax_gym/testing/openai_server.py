@@ -27,7 +27,8 @@ Example::
 :func:`judge_model` is a scripted judge (pointwise, group and pairwise) for judged rewards.
 
 ``python -m benchmax_gym.testing.openai_server --latency 0.1`` serves the scripted ``calculator``
-model (a tool call, then an answer) in its own process and prints the URL; ``--processes N`` runs
+model (a tool call, then an answer) in its own process and prints the URL (``--latency-jitter J``:
+each reply waits the latency times a uniform draw in ``[1 - J, 1 + J]``); ``--processes N`` runs
 N server processes on that one port (``SO_REUSEPORT``), so the server is never what caps a
 many-worker benchmark.
 """
@@ -38,6 +39,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -89,6 +91,9 @@ class FakeChatServer:
     Args:
         reply: ``body -> {"content", "tool_calls": [{"name", "arguments"}], "finish_reason"}``.
         latency: seconds every reply waits (model time; requests overlap freely).
+        latency_jitter: each wait is ``latency`` times a uniform draw in ``[1 - j, 1 + j]`` (the
+            mean stays ``latency``): a real server's replies do not all take the same time, so
+            requests sent together do not all come back together.
         models: the model names it knows; another name gets a 404 as OpenAI sends it.
         api_key: when set, a request without ``Authorization: Bearer <api_key>`` gets a 401.
         faults: one fault per request, in order, before normal replies resume (``None``: none).
@@ -98,13 +103,15 @@ class FakeChatServer:
             ``--processes N`` does: one process's CPU must not cap a many-worker benchmark).
     """
 
-    def __init__(self, reply: Reply = calculator_model, *, latency: float = 0.0,
+    def __init__(self, reply: Reply = calculator_model, *, latency: float = 0.0, latency_jitter: float = 0.0,
                  models: Iterable[str] = ("test-model",), api_key: str | None = None,
                  faults: Iterable[dict[str, Any] | None] = (),
                  fault_for: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
                  port: int = 0, reuse_port: bool = False):
         self.reply = reply
-        self.latency = latency
+        if not 0.0 <= latency_jitter <= 1.0:
+            raise ValueError(f"latency_jitter must be between 0 and 1, got {latency_jitter!r}")
+        self.latency, self.latency_jitter = latency, latency_jitter
         self.models = list(models)
         self.api_key = api_key
         self.faults: list[dict[str, Any] | None] = list(faults)
@@ -244,7 +251,8 @@ class FakeChatServer:
             if fault.get("echo_headers"):
                 return JSONResponse(self._completion(body, {"content": json.dumps(dict(request.headers))}, None))
             if self.latency:
-                await asyncio.sleep(self.latency)
+                jitter = self.latency_jitter
+                await asyncio.sleep(self.latency * (random.uniform(1 - jitter, 1 + jitter) if jitter else 1.0))
             turn = self.reply(body)
             return JSONResponse(self._completion(body, turn, fault.get("finish_reason")))
 
@@ -290,6 +298,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description="serve the scripted calculator model over the OpenAI API")
     parser.add_argument("--latency", type=float, default=0.1)
+    parser.add_argument("--latency-jitter", type=float, default=0.0,
+                        help="each reply waits latency times a uniform draw in [1 - J, 1 + J]")
     parser.add_argument("--judge", action="store_true", help="serve the scripted judge (judge_model) instead")
     parser.add_argument("--processes", type=int, default=1,
                         help="server processes sharing one port (SO_REUSEPORT; Linux): one process's CPU "
@@ -304,12 +314,13 @@ def main() -> None:
     children = []
     try:
         command = [sys.executable, "-m", "benchmax_gym.testing.openai_server", "--latency", str(args.latency),
-                   "--port", str(port), *(["--judge"] if args.judge else [])]
+                   "--latency-jitter", str(args.latency_jitter), "--port", str(port), *(["--judge"] if args.judge else [])]
         children = [subprocess.Popen(command, stdout=subprocess.PIPE, text=True) for _ in range(args.processes - 1)]
         for child in children:
             if not child.stdout.readline():
                 raise SystemExit(f"a server process exited (status {child.wait()}) before it served")
-        with FakeChatServer(judge_model if args.judge else calculator_model, latency=args.latency, port=port,
+        with FakeChatServer(judge_model if args.judge else calculator_model, latency=args.latency,
+                            latency_jitter=args.latency_jitter, port=port,
                             reuse_port=bool(port)) as server:
             if hold:
                 hold.close()
