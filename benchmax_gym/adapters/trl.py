@@ -79,11 +79,13 @@ rewards that TRL's own checks after a reward function would refuse on one proces
 a value torch cannot convert to a float). With ``environment_factory`` TRL itself resets each env
 and calls its tools; an env raising there on one process (its ``reset``; a tool call's ``step``,
 whose exception TRL would show the model as the tool's result) ends its episode failed and keeps
-the error, that process's reward functions are not called, and the error rides the same gather,
-naming the env's class and call (``CalcTRLEnvironment.reset``). On one process a reset's is
-raised where it happens, and a tool call's when ``Env.reward`` grades the episode (TRL would show
-it to the model as the tool's answer, and train on the episode). A value that cannot be
-pickled for a gather (in a record of your env, a score of your rubric) is its process's failure
+the error, that process's reward functions are not called (its reward models, ``nn.Module``
+reward functions, run, their forward may be collective, and their scores are dropped), and the
+error rides the same gather, naming the env's class and call (``CalcTRLEnvironment.reset``), the
+error starting "GRPOTrainer's environments". On one process a reset's is raised where it
+happens, and a tool call's when TRL scores the batch, before any reward function (TRL would show
+it to the model as the tool's answer, and train on the episode; a reward model would score it).
+A value that cannot be pickled for a gather (in a record of your env, a score of your rubric) is its process's failure
 too, named in the error (its path in what was sent).
 """
 
@@ -99,6 +101,7 @@ import math
 import pickle
 import struct
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
@@ -525,15 +528,33 @@ def _rewards_together(trainer: Any) -> bool:
     :class:`_Groups` (made only then) tells each which process raised what. Rewards that TRL's
     checks after the function would refuse (a count other than the completions', a value torch
     cannot convert) are checked in the wrapper and fail the same way; so does a batch in which an
-    environment of this process kept its failure (:meth:`TRLEnvironment._keep`): its reward
-    functions are not called, their rewards are :data:`_RAISED`. Nothing changes on one process,
-    nor when nothing fails (the same rewards, no collective added). True where it is in place."""
+    environment of this process kept its failure (:meth:`TRLEnvironment._keep`): its plain reward
+    functions are not called, and its reward models (``nn.Module``: TRL calls them, not us) still
+    run, their forward may be collective (ZeRO-3, FSDP), but their rewards are :data:`_RAISED`.
+    The error says whether environments or reward functions failed. Nothing changes when nothing
+    fails (the same rewards, no collective added). On one process an environment's kept failure
+    is raised before the reward functions run (reward models alone would score the episode).
+    True where failures are kept and raised together (several processes)."""
     accelerator = getattr(trainer, "accelerator", None)
     world = int(getattr(accelerator, "num_processes", 1) or 1)
     calculate = getattr(trainer, "_calculate_rewards", None)
     if getattr(calculate, "together", False):
-        return True
-    if world == 1 or calculate is None or not hasattr(trainer, "reward_func_names"):
+        return world > 1
+    if calculate is None or not hasattr(trainer, "reward_func_names"):
+        return False
+
+    def failed_environments() -> list[Any]:
+        """This process's environments whose env raised (a failure kept, see TRLEnvironment._keep)."""
+        return [e for e in getattr(trainer, "environments", None) or [] if getattr(e, "_failure", None) is not None]
+
+    if world == 1:
+        def calculate_alone(*args: Any, **kwargs: Any) -> Any:
+            if lost := failed_environments():
+                raise lost[0]._failure[1]
+            return calculate(*args, **kwargs)
+
+        calculate_alone.together = True
+        trainer._calculate_rewards = calculate_alone
         return False
     import torch
     from trl.trainer.utils import is_async_callable
@@ -577,31 +598,48 @@ def _rewards_together(trainer: Any) -> bool:
     def unscored(**kwargs: Any) -> list[float]:  # each plain function, where an environment failed
         return [_RAISED] * len(kwargs["prompts"])
 
+    class UnscoredModel(torch.nn.Module):
+        """A reward model, where an environment failed: it runs (its forward may be collective),
+        its rewards are :data:`_RAISED` (float32, as TRL's column, so the NaN keeps its bits)."""
+
+        def __init__(self, model: Any):
+            super().__init__()
+            self.model = model
+
+        def forward(self, **inputs: Any) -> Any:
+            logits = self.model(**inputs).logits
+            return types.SimpleNamespace(logits=torch.full(logits.shape, _RAISED, dtype=torch.float32,
+                                                           device=logits.device))
+
     def calculate_together(*args: Any, **kwargs: Any) -> Any:
         raised: dict[str, Exception] = {}  # where (a reward function, an env's call) -> what
         envs = getattr(trainer, "environments", None) or []
-        lost = [e for e in envs if getattr(e, "_failure", None) is not None]
-        if lost:
+        if lost := failed_environments():
             where, exc = lost[0]._failure
             more = f"; {len(lost)} of its {len(envs)} environments failed" if len(lost) > 1 else ""
             raised[f"{type(lost[0]).__name__}.{where}{more}"] = exc
         funcs = trainer.reward_funcs
-        trainer.reward_funcs = [f if isinstance(f, torch.nn.Module) else unscored if raised
-                                else kept(f, name, raised) for f, name in zip(funcs, trainer.reward_func_names)]
+        trainer.reward_funcs = [(UnscoredModel(f) if raised else f) if isinstance(f, torch.nn.Module)
+                                else unscored if raised else kept(f, name, raised)
+                                for f, name in zip(funcs, trainer.reward_func_names)]
         try:
             rewards = calculate(*args, **kwargs)  # every process's, gathered
         finally:
             trainer.reward_funcs = funcs
         if not bool((rewards.float().view(torch.int32) == _RAISED_BITS).any()):
             return rewards
-        groups = _Groups([], 0, rank, world, 0, None)
-        groups.who = "GRPOTrainer's reward functions"
         said = "; ".join(f"{type(exc).__name__}: {exc} ({where})" for where, exc in raised.items())
-        try:
-            groups.gather(None, failure=said or None)
-        except ProcessFailed as failed:
-            raise failed from next(iter(raised.values()), None)
-        return rewards  # (no process raised: a function's own NaN, TRL's "unscorable")
+        # an env's (kept, or raised grading it in Env.reward): the first failure here is one
+        kept_errors = [e._failure[1] for e in failed_environments()]
+        by_env = any(exc is kept_error for exc in raised.values() for kept_error in kept_errors)
+        everyone = _Groups([], 0, rank, world, 0, None).gather((said or None, by_env))
+        failures = {r: failure for r, (failure, _) in enumerate(everyone) if failure is not None}
+        if not failures:
+            return rewards  # (no process raised: a function's own NaN, TRL's "unscorable")
+        envs_failed = {env for failure, env in everyone if failure is not None}  # {True}: only envs failed
+        who = {frozenset({True}): "GRPOTrainer's environments", frozenset({False}): "GRPOTrainer's reward functions"
+               }.get(frozenset(envs_failed), "GRPOTrainer's environments and reward functions")
+        raise ProcessFailed(who, failures, world) from next(iter(raised.values()), None)
 
     calculate_together.together = True
     trainer._calculate_rewards = calculate_together
@@ -777,7 +815,9 @@ class TRLEnvironment:
         if self._failure is not None:
             raise self._failure[1]
         while not self.done:
-            obs, reward, terminated, truncated, info = self.env.step({"role": "assistant", "content": reply})
+            if (out := self._step("reward", {"role": "assistant", "content": reply})) is None:
+                raise self._failure[1]  # (kept too: the error names the env as what failed)
+            obs, reward, terminated, truncated, info = out
             if terminated or truncated:
                 self._end(obs, reward, terminated, truncated, info)
             reply = ""
