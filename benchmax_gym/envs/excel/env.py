@@ -114,7 +114,7 @@ class ExcelEnv(ToolEnv):
                     target.write_bytes(source)
                 else:
                     shutil.copyfile(source, target)
-        episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK, timeout=self.tool_timeout)
+        episode.state["workbook"] = WorkbookFile(workspace / WORKBOOK, timeout=self.tool_timeout, recalc=self.recalc)
         if "dense" in self.rubric.names:  # answer cells right from the start are no one's progress
             answer = episode.task.answer
             episode.state["dense_baseline"] = correct_cells(

@@ -44,10 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import openpyxl
+from openpyxl.cell.read_only import ReadOnlyCell
 from openpyxl.formula.tokenizer import Token, Tokenizer
 from openpyxl.styles.numbers import is_date_format, is_timedelta_format
 from openpyxl.utils import get_column_letter, range_boundaries
 from openpyxl.utils.datetime import from_excel
+from openpyxl.worksheet._read_only import ReadOnlyWorksheet
+from openpyxl.worksheet._reader import WorkSheetParser
 
 from benchmax_gym.envs.excel import formulas_fixes
 
@@ -62,6 +65,10 @@ RECALC_MODES = ("auto", "formulas", "libreoffice", "none")
 which recalculates on load; ``none`` trusts the values cached in the file, as upstream does."""
 
 LIBREOFFICE_TIMEOUT_S = 120
+"""The most a LibreOffice recalculation may take: then it is killed, with every process it started."""
+LIBREOFFICE_MEMORY_BYTES = 4 * 2**30
+"""The address space LibreOffice may use (``RLIMIT_AS``), so a hostile workbook cannot take the
+host's memory; a headless conversion maps about 1 GB."""
 GRADE_TIMEOUT_S = 30.0
 """The time the grader gives the recalculation of a model's workbook (the tools give theirs
 ``tool_timeout``); SpreadsheetBench's take well under a second."""
@@ -312,6 +319,32 @@ def _iter_range(ws: Any, rng: str) -> Iterator[tuple[str, Any]]:
             yield f"{letter}{row_number}", None
 
 
+def _stored_cells(ws: Any, rng: str | None = None) -> Iterator[tuple[str, Any]]:
+    """``(coordinate, cell)`` for the cells of ``rng`` (None: the whole sheet) that the file holds,
+    in one pass over the sheet's XML, as openpyxl's read-only ``iter_rows`` reads it but without the
+    empty cells it fills every gap with: work proportional to the file, never to the range's area
+    (cells at A1 and XFD1048576 make a used area of 17 billion cells)."""
+    min_col, min_row, max_col, max_row = range_boundaries(rng) if rng else (None,) * 4
+    min_col, min_row, max_col, max_row = min_col or 1, min_row or 1, max_col or MAX_COL, max_row or MAX_ROW
+    if not isinstance(ws, ReadOnlyWorksheet):  # an editable sheet: its cells are in memory
+        for (row, col), cell in sorted(ws._cells.items()):
+            if min_row <= row <= max_row and min_col <= col <= max_col:
+                yield cell.coordinate, cell
+        return
+    book = ws.parent
+    with ws._get_source() as source:
+        parser = WorkSheetParser(source, ws._shared_strings, data_only=book.data_only, epoch=book.epoch,
+                                 date_formats=book._date_formats, timedelta_formats=book._timedelta_formats)
+        for row, cells in parser.parse():
+            if row > max_row:
+                break
+            if row < min_row:
+                continue
+            for cell in cells:
+                if min_col <= cell["column"] <= max_col:
+                    yield f"{get_column_letter(cell['column'])}{row}", ReadOnlyCell(ws, **cell)
+
+
 def _is_formula(cell: Any) -> bool:
     return cell is not None and getattr(cell, "data_type", None) == "f"
 
@@ -330,15 +363,16 @@ def _bounding_ranges(keys: Iterable[CellKey]) -> dict[str, str]:
 
 
 def _read_values(wb: Any, keys: Iterable[CellKey]) -> dict[CellKey, Any]:
-    """Values of the given cells (sheet names as in ``wb``), one streamed pass per sheet."""
+    """Values of the given cells (sheet names as in ``wb``; None where empty), one streamed pass
+    per sheet over the cells it holds (:func:`_stored_cells`)."""
     wanted = set(keys)
-    values: dict[CellKey, Any] = {}
+    values: dict[CellKey, Any] = {key: None for key in wanted if key[0] in wb.sheetnames}
     for sheet, rng in _bounding_ranges(wanted).items():
         if sheet not in wb.sheetnames:
             continue
-        for coordinate, cell in _iter_range(wb[sheet], rng):
+        for coordinate, cell in _stored_cells(wb[sheet], rng):
             if (sheet, coordinate) in wanted:
-                values[sheet, coordinate] = None if cell is None else cell.value
+                values[sheet, coordinate] = cell.value
     return values
 
 
@@ -1207,11 +1241,8 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
         outdir.mkdir()
         source.write_bytes(bounded(_without_external_references, data, what="preparing the workbook for LibreOffice"))
         profile = (Path(tmp) / "profile").as_uri()  # own profile: parallel runs do not collide
-        subprocess.run(
-            [exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",
-             "--convert-to", "xlsx", "--outdir", str(outdir), str(source)],
-            check=True, capture_output=True, timeout=LIBREOFFICE_TIMEOUT_S,
-        )
+        _run_soffice([exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",
+                      "--convert-to", "xlsx", "--outdir", str(outdir), str(source)])
         converted = outdir / "book.xlsx"
         if not converted.is_file():
             raise RuntimeError("LibreOffice produced no converted workbook")
@@ -1219,6 +1250,36 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
             raise WorkbookTooLarge(f"LibreOffice's recalculated workbook is {size} bytes; the limit is {MAX_WORKBOOK_BYTES}")
         return bounded(_cached_values, converted.read_bytes(), keys, time_limit is not None,
                        what="reading the workbook LibreOffice recalculated")
+
+
+_EXEC_WITHIN_MEMORY = (  # run as `python -c THIS LIMIT COMMAND...`: a limit set here, then exec
+    "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (n, n)); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def _run_soffice(command: list[str]) -> None:
+    """Run LibreOffice as ``subprocess.run(command, check=True, timeout=...)`` would, but in a
+    session of its own within :data:`LIBREOFFICE_MEMORY_BYTES` of address space, and kill the
+    whole session after :data:`LIBREOFFICE_TIMEOUT_S` and when it ends: ``soffice`` starts
+    ``soffice.bin``, which outlived the launcher when only the launcher was killed. The limit is
+    set by a small Python that then becomes LibreOffice (``preexec_fn`` is unsafe with threads)."""
+    posix = sys.platform != "win32"
+    launch = [sys.executable, "-I", "-S", "-c", _EXEC_WITHIN_MEMORY, str(LIBREOFFICE_MEMORY_BYTES), *command]
+    with subprocess.Popen(launch if posix else command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=posix) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=LIBREOFFICE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise subprocess.TimeoutExpired(command, LIBREOFFICE_TIMEOUT_S) from None
+        finally:  # (a launcher reaped already leaves its id to its group while any of it lives)
+            if posix:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command, stdout, stderr)
 
 
 def _cached_values(data: bytes, keys: set[CellKey], check: bool = False) -> dict[CellKey, Any]:
@@ -1373,20 +1434,21 @@ def _formula_cells(
         check_workbook(data)
     wb = _open(data, data_only=False)
     try:
-        if ranges is None:
-            ranges = [(ws.title, ws.calculate_dimension(force=True)) for ws in wb.worksheets]
+        if ranges is None:  # every sheet, whole (not its dimension: finding it walks the grid)
+            ranges = [(ws.title, None) for ws in wb.worksheets]
         return _formula_formats(wb, ranges), wb.epoch
     finally:
         wb.close()
 
 
 def _formula_formats(
-    wb: Any, ranges: Iterable[tuple[str, str]], only: set[CellKey] | None = None
+    wb: Any, ranges: Iterable[tuple[str, str | None]], only: set[CellKey] | None = None
 ) -> dict[CellKey, str]:
-    """``{(sheet, cell): number format}`` for the formula cells in ``ranges`` (and ``only``)."""
+    """``{(sheet, cell): number format}`` for the formula cells in ``ranges`` (a range None: the
+    whole sheet; and in ``only``), from the cells the sheets hold (:func:`_stored_cells`)."""
     formats = {}
     for sheet, rng in ranges:
-        for coordinate, cell in _iter_range(wb[sheet], rng):
+        for coordinate, cell in _stored_cells(wb[sheet], rng):
             if _is_formula(cell) and (only is None or (sheet, coordinate) in only):
                 formats[sheet, coordinate] = cell.number_format
     return formats

@@ -16,6 +16,7 @@ import io
 import math
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,10 @@ class WorkbookFile:
     :mod:`benchmax_gym.core.files` (a regular file in the workspace, no symlink, one link, size
     capped) and checked by :func:`.recalc.check_workbook` before openpyxl parses it."""
 
-    def __init__(self, path: Path, timeout: float | None = None):
+    def __init__(self, path: Path, timeout: float | None = None, recalc: str = "auto"):
         self.path = Path(path)
         self.timeout = timeout  # the wall-clock bound on parsing a file the model's code changed
+        self.recalc = recalc  # the env's mode (:data:`.recalc.RECALC_MODES`): reads show what the grader computes
         self._book: openpyxl.Workbook | None = None
         self._values: openpyxl.Workbook | None = None
         self._version: tuple | None = None
@@ -130,17 +132,19 @@ class WorkbookFile:
         self._book = self._values = self._version = self._data = None
 
     def recalculated(self, sheet: str, rng: str) -> dict[tuple[str, str], Any]:
-        """Values of the formula cells of ``sheet!rng`` computed as the grader computes them, from
-        the bytes of the loaded workbook (as loaded or saved), all within ``timeout`` (a read is an
-        inline tool: nothing else bounds it; saving the loaded workbook again here took as long as
-        its parse, outside any deadline); cached, refusals too, until the workbook changes."""
+        """Values of the formula cells of ``sheet!rng`` computed as the grader computes them, with
+        the env's ``recalc`` (``"none"``: the values saved in the file; ``"libreoffice"`` without
+        LibreOffice raises the grader's error), from the bytes of the loaded workbook (as loaded or
+        saved), all within ``timeout`` (a read is an inline tool: nothing else bounds it; saving the
+        loaded workbook again here took as long as its parse, outside any deadline); cached,
+        refusals too, until the workbook changes."""
         self.book()
         key = (self._version, sheet, rng)
         cache = self.__dict__.setdefault("_recalculated", {})  # made on first use: reads rarely need it
         if key not in cache:
             cache.clear()  # only the current version's results are worth keeping
             try:
-                cache[key] = recalculate(self._data, ranges=[(sheet, rng)], time_limit=self.timeout)
+                cache[key] = recalculate(self._data, self.recalc, ranges=[(sheet, rng)], time_limit=self.timeout)
             except TimeLimitExceeded as exc:  # kept: the same read would only overrun again
                 cache[key] = (f"computing the formulas: {exc} (the tool time limit); simplify them", "tool_timeout")
             except MemoryLimitExceeded as exc:
@@ -200,6 +204,16 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+def _stored_rows(ws, min_col: int, min_row: int, max_col: int, max_row: int) -> Iterator[list[Any]]:
+    """The cells the sheet holds in the range, row by row (a bounded range: the callers cap it).
+    Not ``iter_rows``: on an editable sheet it creates a cell at every position it passes, and each
+    empty one stretched the used range ``list_sheets`` shows (reading T90:Z99 of a one-cell sheet
+    made it A1:Z99)."""
+    cells = ws._cells  # {(row, column): cell}
+    for r in range(min_row, max_row + 1):
+        yield [cells[r, c] for c in range(min_col, max_col + 1) if (r, c) in cells]
+
+
 def describe_workbook(workbook: WorkbookFile, preview_rows: int = 8, preview_cols: int = 10, max_sheets: int = 5) -> str:
     """The reset observation's picture of the workbook: sheets, used ranges, a bounded preview."""
     book = workbook.book()
@@ -208,8 +222,7 @@ def describe_workbook(workbook: WorkbookFile, preview_rows: int = 8, preview_col
         lines.append(f"- {ws.title!r}: used range {ws.dimensions}, {ws.max_row} rows x {ws.max_column} columns")
         if i >= max_sheets:
             continue
-        rows = ws.iter_rows(min_row=1, max_row=min(ws.max_row, preview_rows), max_col=min(ws.max_column, preview_cols))
-        for row in rows:
+        for row in _stored_rows(ws, 1, 1, min(ws.max_column, preview_cols), min(ws.max_row, preview_rows)):
             cells = [f"{c.coordinate}={_show(c.value)}" for c in row if c.value is not None]
             if cells:
                 lines.append("    " + " | ".join(cells))
@@ -244,7 +257,7 @@ def read_range(sheet: str, range: str, episode) -> str:  # noqa: A002 - the name
         raise ToolError(f"{range!r} has {count} cells; read at most {MAX_READ_CELLS} at a time")
     values = computed = None
     lines = []
-    for row in ws.iter_rows(min_row=min_row, max_row=max_row, min_col=min_col, max_col=max_col):
+    for row in _stored_rows(ws, min_col, min_row, max_col, max_row):
         cells = []
         for c in row:
             if c.value is None:
