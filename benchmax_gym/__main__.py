@@ -2,6 +2,10 @@
 
 import sys
 
-from benchmax_gym.cli import main
+try:  # Ctrl-C while the command's module imports: the same one line and status 130 as main's
+    from benchmax_gym.cli import main
+except KeyboardInterrupt:
+    print("\ninterrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

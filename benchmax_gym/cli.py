@@ -827,7 +827,8 @@ def _stdout_gone() -> bool:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``benchmax-gym`` command line: every subcommand, each with its ``func``."""
     parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0],
                                      formatter_class=PlainHelpFormatter)
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -960,23 +961,34 @@ def main(argv: list[str] | None = None) -> int:
     oe.set_defaults(func=cmd_openenv_serve)
     for command in sub.choices.values():
         command.formatter_class = PlainHelpFormatter
-    args = parser.parse_args(argv)
-    undo = _datasets_bars_off() if getattr(args, "quiet", False) else None  # (--quiet: nor datasets' bars)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command. Ctrl-C whenever it comes (the parser being built, ``--import``, the
+    command's imports, gym.make, its work) is one line on stderr and exit status 130, as a shell
+    shows for an interrupted command: only eval caught it, and ``run`` cut short while making its
+    environment printed a KeyboardInterrupt traceback."""
+    args = None
     try:
-        _import_modules(args.imports)
-        return args.func(args)
+        args = build_parser().parse_args(argv)
+        undo = _datasets_bars_off() if getattr(args, "quiet", False) else None  # (--quiet: nor datasets' bars)
+        try:
+            _import_modules(args.imports)
+            return args.func(args)
+        except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other commands do
+            if not _stdout_gone():  # another pipe (an MCP server's, say): a real failure
+                raise
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
+            return 141  # 128 + SIGPIPE, what a shell shows for such a command
+        finally:
+            if undo is not None:
+                undo()
     except KeyboardInterrupt:
-        if args.func is cmd_eval:
+        if args is not None and args.func is cmd_eval:
             return eval_interrupted(args)
-        raise
-    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other commands do
-        if not _stdout_gone():  # another pipe (an MCP server's, say): a real failure
-            raise
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit's flush)
-        return 141  # 128 + SIGPIPE, what a shell shows for such a command
-    finally:
-        if undo is not None:
-            undo()
+        print("\ninterrupted", file=sys.stderr)
+        return 130
 
 
 def _datasets_bars_off() -> Callable[[], None]:
