@@ -335,16 +335,17 @@ class DatasetTasks(TaskSource):
     ):
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
             raise ValueError(f"limit must be a positive int or None, got {limit!r}")
-        records = None if limit is None else _first_parquet_rows(path, split, load_kwargs)
+        records = None if limit is None else (_first_parquet_rows(path, split, load_kwargs)
+                                              or _first_jsonl_rows(path, split, load_kwargs, limit))
         if records is None:
             records = load_records(path, split=split, name=name, **load_kwargs)
         tasks = []
         for i, record in enumerate(_decoded(records, path)):
-            if limit is not None and len(tasks) >= limit:
-                break
             task = to_task(record, i)
             if task is not None:
                 tasks.append(task)
+                if len(tasks) == limit:  # (not a record more: past them a file may not even be read)
+                    break
         if not tasks:
             raise ValueError(f"no usable tasks in {path!r} (split={split!r})")
         check_unique_ids(tasks, f"dataset {path!r}: ")
@@ -571,6 +572,77 @@ def _first_parquet_rows(path: Any, split: str | None, load_kwargs: Mapping[str, 
             parquet.close()
 
     return rows()
+
+
+def _first_jsonl_rows(path: Any, split: str | None, load_kwargs: Mapping[str, Any], limit: int):
+    """The records of one local JSON Lines file, read from its start a batch of lines at a time
+    (``limit`` lines, then twice as many...) for a source that keeps only its first tasks: ``datasets``
+    converts the whole file first (eval's ``--tasks 5`` of a large file read all of it, and a bad
+    line anywhere failed it). Each batch goes through pyarrow's JSON reader, as ``datasets`` reads
+    the file, so these are the records it gives (dates as datetimes, a key missing as None) as long
+    as the rows are flat (numbers, text, lists of them) and no later row changes a column's type
+    (an int column that a float further down makes ``datasets`` read as floats). None where the
+    first batch is not such rows: the full load reads the file (and says what is wrong); a later
+    batch that is not is read from the full load too."""
+    if split not in (None, "train") or load_kwargs:
+        return None
+    try:
+        files = _local_files(path)
+    except (OSError, ValueError):
+        return None
+    if not files or len(files) != 1 or os.path.splitext(files[0])[1] not in (".jsonl", ".json"):
+        return None
+    f = open(files[0], "rb")
+    first = _flat_jsonl_batch(f, limit, start=True)
+    if first is None:
+        f.close()
+        return None
+
+    def rows():
+        with f:
+            batch, size, done = first, limit, 0
+            while batch:
+                yield from batch
+                done += len(batch)
+                size *= 2
+                batch = _flat_jsonl_batch(f, size)
+                if batch is None:  # the full load reads the rest (and says what is wrong)
+                    records = load_records(path, split=split)
+                    yield from records.select(range(done, len(records)))
+                    return
+
+    return rows()
+
+
+def _flat_jsonl_batch(f: Any, count: int, start: bool = False) -> list[dict[str, Any]] | None:
+    """The next ``count`` records of the JSON Lines file ``f`` (fewer at its end) as pyarrow's JSON
+    reader gives them; None when a line is not a flat JSON object (or the reader refuses them)."""
+    import pyarrow as pa
+    import pyarrow.json as paj
+
+    lines = []
+    while len(lines) < count and (line := f.readline()):
+        if start and not lines:
+            line = line.removeprefix(b"\xef\xbb\xbf")
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+        flat = isinstance(record, dict) and all(
+            not isinstance(v, (dict, list)) or (isinstance(v, list) and not any(isinstance(x, (dict, list)) for x in v))
+            for v in record.values())
+        if not flat:
+            return None
+        lines.append(line.rstrip(b"\r\n"))
+    if not lines:
+        return []
+    data = b"\n".join(lines)
+    try:
+        return paj.read_json(pa.BufferReader(data), read_options=paj.ReadOptions(block_size=len(data) + 1)).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # mixed types: datasets reads them its own way
+        return None
 
 
 def _plain_arrow(kind: Any) -> bool:
