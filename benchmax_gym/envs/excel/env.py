@@ -19,7 +19,7 @@ from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.generator import GeneratedSheets
 from benchmax_gym.envs.excel.grading import correct_cells, grade
-from benchmax_gym.envs.excel.recalc import RECALC_MODES, RecalcUnavailable, hold_worker
+from benchmax_gym.envs.excel.recalc import RECALC_MODES, RecalcUnavailable, hold_worker, soffice_executable
 from benchmax_gym.envs.excel.solver import ExcelSolver
 from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
 from benchmax_gym.envs.excel.tools import WORKBOOK, WorkbookFile, describe_workbook, list_sheets, read_range, write_cells
@@ -30,6 +30,10 @@ SYSTEM_PROMPT = (
     "tools. Values or formulas both count: formulas are recalculated before grading. When the workbook "
     "is done, reply without a tool call (a short summary is fine); the workbook is graded as it is then."
 )
+# recalc="none" grades the values saved in the file, and a formula written in the episode has none
+CACHED_ONLY = ("Values or formulas both count: formulas are recalculated before grading.",
+               "Write values: formulas are not recalculated before grading, so a formula you write counts as "
+               "empty (only the values saved in the file count).")
 
 RUN_PYTHON_DOC = (
     "Run Python 3 code in the workspace, where the workbook is ./workbook.xlsx, and return its exit "
@@ -55,8 +59,10 @@ class ExcelEnv(ToolEnv):
             ``dataset`` a local directory in the original layout, an archive or its URL,
             ``limit``, ``cache_dir``); or one of those instances, a TaskSource or a list of Tasks.
         task_args: the named source's arguments.
-        recalc: how formulas are computed before grading: ``"auto"`` (the ``formulas`` package)
-            or ``"libreoffice"`` (headless LibreOffice, when installed).
+        recalc: how formulas are computed before grading: ``"auto"`` (the ``formulas`` package),
+            ``"libreoffice"`` (headless LibreOffice: ``gym.make`` fails where it is not installed)
+            or ``"none"`` (the values saved in the file, as upstream grades; the prompt then asks
+            for values).
         python_tool, sandbox, sandbox_limits: the sandboxed ``run_python`` tool, as in Math-v0.
         **engine_kwargs: the engine's options; ``reward_weights`` defaults to ``solved`` only.
     """
@@ -76,6 +82,10 @@ class ExcelEnv(ToolEnv):
         **engine_kwargs: Any,
     ):
         self.recalc = one_of(*RECALC_MODES)("recalc", recalc)
+        if self.recalc == "libreoffice" and soffice_executable() is None:  # (else every episode's grade fails)
+            raise ValueError("recalc='libreoffice' needs LibreOffice, and neither soffice nor libreoffice is on "
+                             "PATH (Debian: apt-get install libreoffice-calc-nogui); recalc='auto' computes "
+                             "formulas with the formulas package")
         source = task_source(self, tasks, task_args, TASK_SOURCES, engine_kwargs)
         python, sandbox_config = sandboxed_python(
             "benchmax/Excel-v0", enabled=python_tool, mode=sandbox, limits=sandbox_limits,
@@ -84,7 +94,8 @@ class ExcelEnv(ToolEnv):
         )
         rubric = Rubric([RewardFn("solved", self._solved, 1.0), RewardFn("cells", self._cells, 0.0)])
         super().__init__(
-            tasks=source, toolset=Toolset([list_sheets, read_range, write_cells, *python]), rubric=rubric, system_prompt=SYSTEM_PROMPT,
+            tasks=source, toolset=Toolset([list_sheets, read_range, write_cells, *python]), rubric=rubric,
+            system_prompt=SYSTEM_PROMPT.replace(*CACHED_ONLY) if self.recalc == "none" else SYSTEM_PROMPT,
             max_turns=max_turns, sandbox=sandbox_config, **engine_kwargs,
         )
         self.case_results: dict[str, dict[int, bool]] = {}  # SpreadsheetBench id -> case -> solved

@@ -383,7 +383,7 @@ def _check_recalc(recalc: str) -> str:
     """Validate ``recalc`` up front: a misconfiguration must fail loudly, not grade 0."""
     if recalc not in RECALC_MODES:
         raise ValueError(f"recalc must be one of {RECALC_MODES}, got {recalc!r}")
-    if recalc == "libreoffice" and _soffice() is None:
+    if recalc == "libreoffice" and soffice_executable() is None:
         raise RuntimeError(
             "recalc='libreoffice' needs LibreOffice, but neither `soffice` nor `libreoffice` is "
             "on PATH; install LibreOffice or use recalc='auto' (the formulas package)"
@@ -391,7 +391,8 @@ def _check_recalc(recalc: str) -> str:
     return recalc
 
 
-def _soffice() -> str | None:
+def soffice_executable() -> str | None:
+    """LibreOffice's command on PATH (``soffice``, else ``libreoffice``), or None."""
     return shutil.which("soffice") or shutil.which("libreoffice")
 
 
@@ -1228,7 +1229,7 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
     the copy LibreOffice gets and LibreOffice's output (the model's work, as hostile) are made
     and read in a call's process each (:func:`run_in_process`), the output checked first
     (:func:`check_workbook`). LibreOffice itself runs here, bounded by :data:`LIBREOFFICE_TIMEOUT_S`."""
-    exe = _soffice()
+    exe = soffice_executable()
     if exe is None:
         raise RuntimeError("LibreOffice (soffice) is not installed")
 

@@ -71,15 +71,29 @@ def test_read_range_shows_formulas_as_recalc_libreoffice_grades_them(tmp_path, m
     assert mark.exists()
 
 
-@pytest.mark.skipif(recalc._soffice() is not None, reason="LibreOffice is installed here")
-def test_read_range_without_libreoffice_says_what_the_grader_says(tmp_path):
-    """``recalc="libreoffice"`` with no LibreOffice installed: the read fails with the grader's own
-    message (HEAD showed a value computed by ``formulas``, which the grader never uses)."""
-    env = small_env(tmp_path, recalc="libreoffice")
-    obs, info = _read_after_writing(env)
-    assert info["error"] == "tool_error" and "recalc='libreoffice' needs LibreOffice" in obs, obs
-    _, _, terminated, _, info = env.step("done")
-    assert terminated and "recalc='libreoffice' needs LibreOffice" in info["reward_errors"]["solved"]
+@needs_posix
+def test_recalc_libreoffice_without_libreoffice_fails_at_make(monkeypatch, tmp_path):
+    """``recalc="libreoffice"`` where LibreOffice is not installed fails at ``gym.make``, naming the
+    argument (it made an env whose every grade failed); installed, the same env is made."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # (no soffice there)
+    with pytest.raises(ValueError, match=r"recalc='libreoffice' needs LibreOffice.*soffice"):
+        gym.make("benchmax/Excel-v0", recalc="libreoffice", python_tool=False)
+    _fake_soffice(tmp_path, monkeypatch, tmp_path / "converted.xlsx")
+    gym.make("benchmax/Excel-v0", recalc="libreoffice", python_tool=False).close()
+
+
+def test_under_recalc_none_the_prompt_asks_for_values(tmp_path):
+    """``recalc="none"`` grades the values saved in the file (a formula written in the episode has
+    none): the prompt says so, where the other modes say formulas are recalculated."""
+    prompts = {}
+    for mode in ("none", "auto"):
+        env = gym.make("benchmax/Excel-v0", recalc=mode, python_tool=False)
+        obs, _ = env.reset(seed=0)
+        prompts[mode] = obs
+        env.close()
+    assert "formulas are not recalculated before grading" in prompts["none"]
+    assert "formulas are recalculated before grading" in prompts["auto"]
+    assert "formulas are recalculated before grading" not in prompts["none"]
 
 
 # --------------------------------------------------------------------------- far-apart cells
