@@ -86,8 +86,10 @@ turns before the last paid.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import weakref
 from collections import defaultdict
 from typing import Any
 from uuid import uuid4
@@ -110,6 +112,39 @@ log = logging.getLogger(__name__)
 _CONFIGURATION_ERRORS = (gym.error.Error, TypeError, ValueError)
 
 
+# verl builds an agent loop per trajectory (AgentLoopWorker._run_agent_loop): what does not change
+# between them is made once per process. A ChatTemplate took ~11 ms to build with a 1k-token vocabulary
+# (its byte table grows with the vocabulary), and the config check built and closed a whole env.
+_CHECKED: set[str] = set()  # the (env_id, env_kwargs) a loop was built with, once made and closed
+_TEMPLATES: "weakref.WeakKeyDictionary[Any, dict[str, ChatTemplate]]" = weakref.WeakKeyDictionary()
+
+
+def _check_once(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """Make and close the env once per configuration and process: a wrong id or argument fails
+    when verl builds the loop, as before, for every loop built with it (failures are not kept)."""
+    try:
+        key = json.dumps([env_id, env_kwargs], sort_keys=True)
+    except (TypeError, ValueError):  # (arguments JSON cannot hold: checked every time)
+        key = None
+    if key is None or key not in _CHECKED:
+        make_env(env_id, env_kwargs).close()
+        if key is not None:
+            _CHECKED.add(key)
+
+
+def _chat_template(tokenizer: Any, template_kwargs: dict[str, Any]) -> ChatTemplate:
+    """The process's :class:`ChatTemplate` for this tokenizer and these arguments, shared by every
+    trajectory's loop (its rendered skeletons with them)."""
+    key = json.dumps(template_kwargs, sort_keys=True, default=repr)
+    try:
+        made = _TEMPLATES.setdefault(tokenizer, {})
+    except TypeError:  # (a tokenizer with no weak reference or hash)
+        return ChatTemplate(tokenizer, **template_kwargs)
+    if key not in made:
+        made[key] = ChatTemplate(tokenizer, **template_kwargs)
+    return made[key]
+
+
 @register("benchmax")
 class BenchmaxAgentLoop(AgentLoopBase):
     """One benchmax-gym episode per trajectory, token-exact."""
@@ -120,8 +155,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})
         if env_id:
-            make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails when verl builds the loop
-        self.chat = ChatTemplate(self.tokenizer, **self.apply_chat_template_kwargs)
+            _check_once(env_id, self.env_kwargs)  # a wrong id or argument fails when verl builds the loop
+        self.chat = _chat_template(self.tokenizer, self.apply_chat_template_kwargs)
         self.response_length = self.rollout_config.response_length
         if isinstance(self.response_length, bool) or not isinstance(self.response_length, int) \
                 or self.response_length < 1:

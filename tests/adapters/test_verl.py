@@ -446,3 +446,47 @@ def test_per_turn_rewards_are_verls_turn_scores_and_the_score_is_the_return(qwen
         assert abs(out.extra_fields["turn_scores"][0] - 0.2) < 1e-9 and abs(out.reward_score - 1.2) < 1e-9
         assert abs(out.extra_fields["reward_extra_info"]["turn_reward"] - 0.2) < 1e-9
         assert out.num_turns == 1 + 2 * len(out.extra_fields["turn_scores"])
+
+
+def test_loops_built_per_trajectory_share_the_template_and_check_the_env_once(qwen_tokenizer, monkeypatch):
+    """verl builds an agent loop per trajectory: the chat template (its byte table, its rendered
+    skeletons) is made once per tokenizer and arguments, the env configuration made and closed
+    once; a wrong configuration still fails every loop built with it, and loops sharing a template
+    still play their own trajectories."""
+    import pytest
+
+    from benchmax_gym.adapters import verl as adapter
+
+    import weakref
+
+    monkeypatch.setattr(adapter, "_CHECKED", set(), raising=False)  # (as in a fresh worker: other tests built loops here)
+    monkeypatch.setattr(adapter, "_TEMPLATES", weakref.WeakKeyDictionary(), raising=False)
+    built = []
+    real = adapter.make_env
+    monkeypatch.setattr(adapter, "make_env", lambda env_id, kwargs: built.append(env_id) or real(env_id, kwargs))
+    config = OmegaConf.create({"actor_rollout_ref": {"rollout": {"prompt_length": 4096, "response_length": 2048}},
+                               "data": {}})
+    server = SolverServer(qwen_tokenizer, "benchmax/Math-v0")
+
+    def build(kwargs):
+        entry = {"_target_": "benchmax_gym.adapters.verl.BenchmaxAgentLoop", "env_id": "benchmax/Math-v0",
+                 "env_kwargs": kwargs}
+        return hydra.utils.instantiate(config=entry, trainer_config=DictConfigWrap(config), server_manager=server,
+                                       tokenizer=qwen_tokenizer, processor=None, hf_model_type=None, dataset_cls=None,
+                                       data_config=DictConfigWrap(config.data), tools=ToolListWrap([]))
+
+    loops = [build({"max_turns": 4}) for _ in range(3)]
+    assert built == ["benchmax/Math-v0"]
+    assert loops[0].chat is loops[1].chat is loops[2].chat
+    build({"max_turns": 5})  # another configuration: checked too
+    assert built == ["benchmax/Math-v0"] * 2
+    for _ in range(2):
+        with pytest.raises(Exception, match="max_turn"):
+            build({"max_turn": 2})
+    assert built == ["benchmax/Math-v0"] * 4
+
+    async def play():
+        return await asyncio.gather(*(loop.run({}, extra_info={"task_index": i}, raw_prompt=[])
+                                      for i, loop in enumerate(loops)))
+
+    assert [out.reward_score for out in asyncio.run(play())] == [1.0, 1.0, 1.0]
