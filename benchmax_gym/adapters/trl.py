@@ -66,6 +66,20 @@ episode ``None`` (out of the baseline, advantage 0). TRL calls ``Env.reward`` on
 own samples; its group rubric gathers a split group's members the same way (its groups: runs of
 ``num_generations``, read from the trainer TRL's ``log_metric`` keyword is bound to).
 
+Other reward functions beside the env's (your own functions, reward models) score a failed
+episode's row too, and TRL sums the columns: it leaves a row out only when every column is NaN.
+So before TRL gathers the rewards, every column of a failed episode's row is made NaN: your
+plain functions are still called on the whole batch (its rows come batched) and their values for
+those rows replaced by None; reward models (``nn.Module``) run on the whole batch (their forward
+may be collective) and their scores for those rows are NaN. The row is left out of its group's
+baseline and std, its advantage is 0, and the logged ``reward`` and ``rewards/<name>/mean`` are
+over the other rows. A failed row: with ``environment_factory``, an env whose episode ended with
+a failure outcome or that its class's ``Env.reward`` gave ``None`` (its group rubric failing its
+group too); ``Env.reward`` is called before the other reward functions where there are others,
+so an episode failing as it is graded is known (pass ``Env.reward`` itself: one called inside a
+function of yours is not). With :class:`TRLRollout`, a sample whose ``env_reward`` is ``None``
+(failed, or its group dropped); your functions get ``env_reward`` as a keyword too.
+
 On several processes an exception on one process outside generation (its env's ``reset`` or
 ``step`` raising, a tokenizer error, ``Env.reward`` grading with a group rubric) would leave the
 others waiting at their next gather until the backend's timeout. Instead the failing process
@@ -518,22 +532,31 @@ _RAISED = struct.unpack("<f", struct.pack("<I", _RAISED_BITS))[0]
 
 
 def _rewards_together(trainer: Any) -> bool:
-    """On several processes, a reward function of ``trainer`` (yours, or ``Env.reward``) raising
-    on one process stops every process with :class:`ProcessFailed`, rather than leaving the others
-    waiting at the gather of rewards TRL makes after them. Installed once per trainer (its
-    ``_calculate_rewards``, which calls every reward function, then gathers their rewards from
-    every process): while it runs each plain reward function is wrapped so that an exception is
-    kept and its rewards are :data:`_RAISED`; the failing process still makes TRL's gather, which
-    so carries the failure to every process; there every process sees it and a gather of
-    :class:`_Groups` (made only then) tells each which process raised what. Rewards that TRL's
-    checks after the function would refuse (a count other than the completions', a value torch
-    cannot convert) are checked in the wrapper and fail the same way; so does a batch in which an
-    environment of this process kept its failure (:meth:`TRLEnvironment._keep`): its plain reward
-    functions are not called, and its reward models (``nn.Module``: TRL calls them, not us) still
-    run, their forward may be collective (ZeRO-3, FSDP), but their rewards are :data:`_RAISED`.
-    The error says whether environments or reward functions failed. Nothing changes when nothing
-    fails (the same rewards, no collective added). On one process an environment's kept failure
-    is raised before the reward functions run (reward models alone would score the episode).
+    """Installed once per trainer around its ``_calculate_rewards`` (which calls every reward
+    function, then gathers their rewards from every process), on one process and on several:
+
+    * A failed episode's row has no reward in any column (:func:`_unscorable_rows`): the env's
+      own reward functions (``Env.reward``, :class:`_EnvReward`) are called first, where there
+      are others, so that an episode failing as it is graded is known; then every other plain
+      reward function is called on the whole batch as usual and its values for those rows are
+      replaced by None, and each reward model (``nn.Module``) runs on the whole batch (its forward
+      may be collective) and its logits for those rows are NaN. TRL takes a row whose every
+      column is NaN as unscorable: out of its group's baseline and std, advantage 0.
+    * On several processes, a reward function (yours, or ``Env.reward``) raising on one process
+      stops every process with :class:`ProcessFailed`, rather than leaving the others waiting at
+      TRL's gather of the rewards: each plain reward function is wrapped so that an exception is
+      kept and its rewards are :data:`_RAISED` (never a failed row's plain NaN); the failing
+      process still makes TRL's gather, which so carries the failure to every process; there
+      every process sees it and a gather of :class:`_Groups` (made only then) tells each which
+      process raised what. Rewards that TRL's checks after the function would refuse (a count
+      other than the completions', a value torch cannot convert) are checked in the wrapper and
+      fail the same way; so does a batch in which an environment of this process kept its
+      failure (:meth:`TRLEnvironment._keep`): its plain reward functions are not called, and its
+      reward models still run, but their rewards are :data:`_RAISED`. The error says whether
+      environments or reward functions failed. Nothing is gathered when nothing raises.
+    * On one process an environment's kept failure is raised before the reward functions run
+      (reward models alone would score the episode).
+
     True where failures are kept and raised together (several processes)."""
     accelerator = getattr(trainer, "accelerator", None)
     world = int(getattr(accelerator, "num_processes", 1) or 1)
@@ -542,24 +565,14 @@ def _rewards_together(trainer: Any) -> bool:
         return world > 1
     if calculate is None or not hasattr(trainer, "reward_func_names"):
         return False
+    import torch
+    from trl.trainer.utils import is_async_callable
+
+    rank = int(getattr(accelerator, "process_index", 0) or 0)
 
     def failed_environments() -> list[Any]:
         """This process's environments whose env raised (a failure kept, see TRLEnvironment._keep)."""
         return [e for e in getattr(trainer, "environments", None) or [] if getattr(e, "_failure", None) is not None]
-
-    if world == 1:
-        def calculate_alone(*args: Any, **kwargs: Any) -> Any:
-            if lost := failed_environments():
-                raise lost[0]._failure[1]
-            return calculate(*args, **kwargs)
-
-        calculate_alone.together = True
-        trainer._calculate_rewards = calculate_alone
-        return False
-    import torch
-    from trl.trainer.utils import is_async_callable
-
-    rank = int(accelerator.process_index)
 
     def checked(rewards: Any, n: int) -> list[Any]:
         """``rewards`` as TRL takes them after the function returns (None: NaN), refused where TRL
@@ -574,6 +587,9 @@ def _rewards_together(trainer: Any) -> bool:
         return rewards
 
     def kept(func: Any, name: str, raised: dict[str, Exception]) -> Any:
+        if world == 1:  # (an exception stops the one process where it is raised)
+            return func
+
         def failed(exc: Exception, kwargs: dict[str, Any]) -> list[float]:
             if isinstance(exc, ProcessFailed):  # (Env.reward's gathers: raised on every process already)
                 raise exc
@@ -595,6 +611,32 @@ def _rewards_together(trainer: Any) -> bool:
                 return failed(exc, kwargs)
         return call
 
+    def without(func: Any, rows: list[bool]) -> Any:
+        """A plain reward function whose values for ``rows`` (failed episodes') are None; called on
+        the whole batch as TRL calls it (a wrong count is left for TRL's own check)."""
+        def unscored_rows(rewards: Any) -> Any:
+            rewards = list(rewards)
+            return [None if gone else r for r, gone in zip(rewards, rows)] if len(rewards) == len(rows) else rewards
+
+        if is_async_callable(func):
+            async def call_async(**kwargs: Any) -> Any:
+                return unscored_rows(await func(**kwargs))
+            return call_async
+        return lambda **kwargs: unscored_rows(func(**kwargs))
+
+    class WithoutRows(torch.nn.Module):
+        """A reward model whose logits for ``rows`` (failed episodes') are NaN: it still runs on
+        the whole batch (its forward may be collective)."""
+
+        def __init__(self, model: Any, rows: list[bool]):
+            super().__init__()
+            self.model, self.rows = model, rows
+
+        def forward(self, **inputs: Any) -> Any:
+            logits = self.model(**inputs).logits
+            rows = torch.tensor(self.rows, dtype=torch.bool, device=logits.device)
+            return types.SimpleNamespace(logits=logits.masked_fill(rows.view(-1, *[1] * (logits.dim() - 1)), math.nan))
+
     def unscored(**kwargs: Any) -> list[float]:  # each plain function, where an environment failed
         return [_RAISED] * len(kwargs["prompts"])
 
@@ -611,22 +653,48 @@ def _rewards_together(trainer: Any) -> bool:
             return types.SimpleNamespace(logits=torch.full(logits.shape, _RAISED, dtype=torch.float32,
                                                            device=logits.device))
 
-    def calculate_together(*args: Any, **kwargs: Any) -> Any:
+    def reward_funcs(inputs: list[Any], prompts: list[Any], completions: list[Any], completion_ids: list[Any],
+                     raised: dict[str, Exception]) -> list[Any]:
+        """What TRL calls instead of each reward function: the env's own first (their rewards
+        kept for TRL's call), then every other one without the failed episodes' rows."""
+        funcs, names = trainer.reward_funcs, trainer.reward_func_names
+        if raised:  # an environment of this process failed: the batch raises on every process
+            return [UnscoredModel(f) if isinstance(f, torch.nn.Module) else unscored for f in funcs]
+        calls = [f if isinstance(f, torch.nn.Module) else kept(f, name, raised) for f, name in zip(funcs, names)]
+        environments = getattr(trainer, "environments", None)
+        env_rewards: dict[int, list[Any]] = {}
+        if environments is not None and any(not isinstance(f, _EnvReward) for f in funcs):
+            kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids,
+                      "environments": environments, "trainer_state": getattr(trainer, "state", None),
+                      "log_metric": getattr(trainer, "_log_metric", None)}  # (what Env.reward reads)
+            for i, f in enumerate(funcs):
+                if isinstance(f, _EnvReward):
+                    env_rewards[i] = list(calls[i](**kwargs))
+                    calls[i] = lambda _rewards=env_rewards[i], **_: _rewards
+        rows = [] if raised else _unscorable_rows(inputs, environments, {funcs[i]: r for i, r in env_rewards.items()})
+        if not any(rows):
+            return calls
+        return [c if i in env_rewards else WithoutRows(c, rows) if isinstance(c, torch.nn.Module)
+                else kept(without(funcs[i], rows), names[i], raised) for i, c in enumerate(calls)]
+
+    def calculate_rewards(*args: Any, **kwargs: Any) -> Any:
+        batch = inspect.signature(calculate).bind(*args, **kwargs).arguments  # (TRL's names, as of 1.16)
         raised: dict[str, Exception] = {}  # where (a reward function, an env's call) -> what
         envs = getattr(trainer, "environments", None) or []
         if lost := failed_environments():
             where, exc = lost[0]._failure
+            if world == 1:
+                raise exc
             more = f"; {len(lost)} of its {len(envs)} environments failed" if len(lost) > 1 else ""
             raised[f"{type(lost[0]).__name__}.{where}{more}"] = exc
         funcs = trainer.reward_funcs
-        trainer.reward_funcs = [(UnscoredModel(f) if raised else f) if isinstance(f, torch.nn.Module)
-                                else unscored if raised else kept(f, name, raised)
-                                for f, name in zip(funcs, trainer.reward_func_names)]
         try:
+            trainer.reward_funcs = reward_funcs(batch.get("inputs") or [], batch.get("prompts"),
+                                                batch.get("completions"), batch.get("completion_ids_list"), raised)
             rewards = calculate(*args, **kwargs)  # every process's, gathered
         finally:
             trainer.reward_funcs = funcs
-        if not bool((rewards.float().view(torch.int32) == _RAISED_BITS).any()):
+        if world == 1 or not bool((rewards.float().view(torch.int32) == _RAISED_BITS).any()):
             return rewards
         said = "; ".join(f"{type(exc).__name__}: {exc} ({where})" for where, exc in raised.items())
         # an env's (kept, or raised grading it in Env.reward): the first failure here is one
@@ -641,9 +709,25 @@ def _rewards_together(trainer: Any) -> bool:
                }.get(frozenset(envs_failed), "GRPOTrainer's environments and reward functions")
         raise ProcessFailed(who, failures, world) from next(iter(raised.values()), None)
 
-    calculate_together.together = True
-    trainer._calculate_rewards = calculate_together
-    return True
+    calculate_rewards.together = True
+    trainer._calculate_rewards = calculate_rewards
+    return world > 1
+
+
+def _unscorable_rows(inputs: list[Any], environments: list[Any] | None,
+                     env_rewards: dict[Any, list[Any]]) -> list[bool]:
+    """Which rows of this process's batch are failed episodes' (no reward): with
+    ``environment_factory`` (``environments``: TRL's, in row order) an env whose episode ended
+    with a failure outcome, or one its class's ``Env.reward`` (``env_rewards``: what each
+    returned) gave None or NaN (graded failed, or its group rubric failed it); with
+    :class:`TRLRollout` a sample whose ``env_reward`` (TRL hands it to reward functions from each
+    row) is None (failed, or its group dropped)."""
+    rows = [isinstance(row, dict) and "env_reward" in row and row["env_reward"] is None for row in inputs]
+    for i, env in enumerate(environments or []):
+        if i < len(rows) and isinstance(env, TRLEnvironment):
+            mine = [r[i] for f, r in env_rewards.items() if type(env) is f.cls and i < len(r)]
+            rows[i] = rows[i] or outcomes.is_failure(env.outcome) or any(r is None or r != r for r in mine)
+    return rows
 
 
 class _Sample(NamedTuple):
@@ -739,6 +823,7 @@ class TRLEnvironment:
     def __init__(self):
         self.env = make_env(self.env_id, {**self.env_kwargs, "tool_format": "openai", "tools_in_prompt": False})
         self.reward: float | None = 0.0
+        self.outcome: str | None = None  # how the episode ended (info["outcome"]); None while it runs
         self.reward_components: dict[str, float] = {}
         self.turn_rewards: list[float] = []  # each step's reward: per-turn rewards, then the final one
         self.done = False
@@ -760,7 +845,7 @@ class TRLEnvironment:
         env raising here or in a tool call fails the batch there (:meth:`_keep`)."""
         self._keep_failures = _rewards_together(_trainer_resetting(self))
         self.reward, self.reward_components, self.done, self._calls = 0.0, {}, False, 0
-        self.turn_rewards, self._failure = [], None
+        self.turn_rewards, self._failure, self.outcome = [], None, None
         options = {"task_index": int(task_index)} if task_index is not None else None
         try:
             self.env.reset(options=options)
@@ -855,11 +940,11 @@ class TRLEnvironment:
         return text
 
     def _end(self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
-        self.done = True
+        self.done, self.outcome = True, info.get("outcome")
         self.turn_rewards.append(float(reward))
         # the return (per-turn rewards included); a failed episode has no reward: TRL leaves None
         # out of the baseline (advantage 0)
-        self.reward = None if outcomes.is_failure(info.get("outcome")) else float(sum(self.turn_rewards))
+        self.reward = None if outcomes.is_failure(self.outcome) else float(sum(self.turn_rewards))
         self.reward_components = dict(info.get("reward_components", {}))
 
 
