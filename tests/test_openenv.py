@@ -349,7 +349,12 @@ def test_an_idle_session_is_freed_and_a_reset_opens_a_new_one(served):
 def _workspaces():
     from benchmax_gym.core.sandbox import _workspace_root
 
-    return set(_workspace_root().glob("sandbox-*/ep-*"))  # an episode: its workspace and /tmp
+    for _ in range(20):
+        try:
+            return set(_workspace_root().glob("sandbox-*/ep-*"))  # an episode: its workspace and /tmp
+        except FileNotFoundError:  # (a sandbox of another test's removed while it was listed)
+            time.sleep(0.05)
+    return set(_workspace_root().glob("sandbox-*/ep-*"))
 
 
 def test_stopping_the_server_closes_its_open_sessions():
