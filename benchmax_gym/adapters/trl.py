@@ -94,11 +94,13 @@ a value torch cannot convert to a float). With ``environment_factory`` TRL itsel
 and calls its tools; an env raising there on one process (its ``reset``; a tool call's ``step``,
 whose exception TRL would show the model as the tool's result) ends its episode failed and keeps
 the error, that process's reward functions are not called (its reward models, ``nn.Module``
-reward functions, run, their forward may be collective, and their scores are dropped), and the
-error rides the same gather, naming the env's class and call (``CalcTRLEnvironment.reset``), the
-error starting "GRPOTrainer's environments". On one process a reset's is raised where it
-happens, and a tool call's when TRL scores the batch, before any reward function (TRL would show
-it to the model as the tool's answer, and train on the episode; a reward model would score it).
+reward functions, run, their forward may be collective, and their scores are dropped; an
+``Env.reward`` with a group rubric makes the group gathers the other processes make, its samples
+all failed), and the error rides the same gather, naming the env's class and call
+(``CalcTRLEnvironment.reset``), the error starting "GRPOTrainer's environments". On one process
+a reset's is raised where it happens, and a tool call's when TRL scores the batch, before any
+reward function (TRL would show it to the model as the tool's answer, and train on the episode; a
+reward model would score it).
 A value that cannot be pickled for a gather (in a record of your env, a score of your rubric) is its process's failure
 too, named in the error (its path in what was sent).
 """
@@ -551,9 +553,11 @@ def _rewards_together(trainer: Any) -> bool:
       process raised what. Rewards that TRL's checks after the function would refuse (a count
       other than the completions', a value torch cannot convert) are checked in the wrapper and
       fail the same way; so does a batch in which an environment of this process kept its
-      failure (:meth:`TRLEnvironment._keep`): its plain reward functions are not called, and its
-      reward models still run, but their rewards are :data:`_RAISED`. The error says whether
-      environments or reward functions failed. Nothing is gathered when nothing raises.
+      failure (:meth:`TRLEnvironment._keep`): its plain reward functions are not called (an
+      ``Env.reward`` with a group rubric makes the others' group gathers, where they call it:
+      :meth:`_EnvReward.unscored`), and its reward models still run, but their rewards are
+      :data:`_RAISED`. The error says whether environments or reward functions failed. Nothing
+      is gathered when nothing raises.
     * On one process an environment's kept failure is raised before the reward functions run
       (reward models alone would score the episode).
 
@@ -658,10 +662,13 @@ def _rewards_together(trainer: Any) -> bool:
         """What TRL calls instead of each reward function: the env's own first (their rewards
         kept for TRL's call), then every other one without the failed episodes' rows."""
         funcs, names = trainer.reward_funcs, trainer.reward_func_names
+        environments = getattr(trainer, "environments", None)
         if raised:  # an environment of this process failed: the batch raises on every process
+            for f in funcs:  # (where the others call Env.reward: first, or its functions all Env.reward)
+                if isinstance(f, _EnvReward):
+                    f.unscored(trainer, environments or [])
             return [UnscoredModel(f) if isinstance(f, torch.nn.Module) else unscored for f in funcs]
         calls = [f if isinstance(f, torch.nn.Module) else kept(f, name, raised) for f, name in zip(funcs, names)]
-        environments = getattr(trainer, "environments", None)
         env_rewards: dict[int, list[Any]] = {}
         if environments is not None and any(not isinstance(f, _EnvReward) for f in funcs):
             kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids,
@@ -1039,6 +1046,18 @@ class _EnvReward:
                 record=lambda i: {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]},
                 task=lambda i: environments[i].env.unwrapped.episode.task)
         return [r if score is None else None if score[1] else score[0] for r, (score, _) in zip(rewards, verdicts)]
+
+    def unscored(self, trainer: Any, environments: list[Any]) -> None:
+        """In place of grading, on a process one of whose environments kept its failure (the batch
+        raises on every process at TRL's gather of the rewards, :func:`_rewards_together`): the
+        gathers its group rubric makes on the other processes (:meth:`_Groups.score`), every
+        sample here failed and unscored; else they would wait there for this process, gone on to
+        TRL's gather."""
+        if self.cls.group_rubric is None:
+            return
+        none = [None] * len(environments)
+        _Groups.for_reward(trainer, none).score(f"{self.__name__}.reward", labels=none, failed=[True] * len(none),
+                                                rubrics=none, record=lambda i: {}, task=lambda i: None)
 
 
 def _trainer_resetting(env: TRLEnvironment) -> Any:
