@@ -537,6 +537,18 @@ def _local_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[
     return expanded
 
 
+def _one_local_file(path: Any, split: str | None, load_kwargs: Mapping[str, Any], suffixes: tuple[str, ...]) -> str | None:
+    """The one local file ``path`` names, when it ends with one of ``suffixes`` and nothing else
+    (a split, loader arguments) asks for ``datasets``' own reading; else None."""
+    if split not in (None, "train") or load_kwargs:
+        return None
+    try:
+        files = _local_files(path)
+    except (OSError, ValueError):
+        return None
+    return files[0] if files and len(files) == 1 and os.path.splitext(files[0])[1] in suffixes else None
+
+
 def _first_parquet_rows(path: Any, split: str | None, load_kwargs: Mapping[str, Any]):
     """The records of one local Parquet file, read a batch at a time with pyarrow, for a source that
     keeps only its first tasks: ``datasets`` converts the whole file to Arrow first (seconds and
@@ -544,18 +556,13 @@ def _first_parquet_rows(path: Any, split: str | None, load_kwargs: Mapping[str, 
     records ``datasets`` gives, as long as every column is plain (numbers, text, lists and structs of
     them) and the file holds no ``datasets`` features (images, class labels: decoded by it).
     None where that does not hold: the full load then reads it (and says what is wrong)."""
-    if split not in (None, "train") or load_kwargs:
-        return None
-    try:
-        files = _local_files(path)
-    except (OSError, ValueError):
-        return None
-    if not files or len(files) != 1 or not files[0].endswith(".parquet"):
+    file = _one_local_file(path, split, load_kwargs, (".parquet",))
+    if file is None:
         return None
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(files[0])
+        parquet = pq.ParquetFile(file)
         schema = parquet.schema_arrow
     except Exception:  # not Parquet: the full load says why
         return None
@@ -584,15 +591,10 @@ def _first_jsonl_rows(path: Any, split: str | None, load_kwargs: Mapping[str, An
     (an int column that a float further down makes ``datasets`` read as floats). None where the
     first batch is not such rows: the full load reads the file (and says what is wrong); a later
     batch that is not is read from the full load too."""
-    if split not in (None, "train") or load_kwargs:
+    file = _one_local_file(path, split, load_kwargs, (".jsonl", ".json"))
+    if file is None:
         return None
-    try:
-        files = _local_files(path)
-    except (OSError, ValueError):
-        return None
-    if not files or len(files) != 1 or os.path.splitext(files[0])[1] not in (".jsonl", ".json"):
-        return None
-    f = open(files[0], "rb")
+    f = open(file, "rb")
     first = _flat_jsonl_batch(f, limit, start=True)
     if first is None:
         f.close()
