@@ -31,6 +31,32 @@ class FailTasks(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+def scripted_by_kind(fault: int, wrong: int, marker: str = "FAULT"):
+    """A ``generate`` for :class:`TRLRollout` over FlakyMath with 3 samples a prompt: each sample
+    answers as the reference solver does, except the one of kind ``fault`` (the k-th seen, modulo
+    3), which writes ``marker`` (the env fails it), and the one of kind ``wrong``, whose answer is
+    wrong (-1)."""
+    from benchmax_gym.testing.tokenizers import model_ids
+
+    order = []
+
+    def scripted(trainer, sessions):
+        ids = []
+        for s in sessions:
+            if id(s) not in order:
+                order.append(id(s))
+            reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
+            kind = order.index(id(s)) % 3
+            if kind == fault:
+                reply = f"{marker} {reply}"
+            elif kind == wrong and s.info["turn"] > 0:
+                reply = "The answer is \\boxed{-1}"
+            ids.append(model_ids(s.chat, reply))
+        return ids, [None] * len(ids)
+
+    return scripted
+
+
 def _make(fail_tasks=(), fail_marker=None, **kwargs):
     import benchmax_gym  # noqa: F401
 

@@ -276,27 +276,12 @@ def test_a_grpo_step_on_a_batch_mixing_math_excel_and_crm_rows(qwen_tokenizer, o
 def _flaky_grpo_step(qwen_tokenizer, output_dir, failed_group):
     """One GRPO step on FlakyMath: each prompt's 3 samples answer right, wrong, and lose their
     tool backend (a failure, issue 29). Returns the scored batch GRPOTrainer built and its logs."""
-    from flaky import ENV_ID
+    from flaky import ENV_ID, scripted_by_kind
     from trl import GRPOTrainer
 
     from benchmax_gym.adapters.trl import TRLRollout
 
-    order = []
-
-    def scripted(trainer, sessions):
-        ids = []
-        for s in sessions:
-            if id(s) not in order:
-                order.append(id(s))
-            reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
-            kind = order.index(id(s)) % 3
-            if kind == 2:
-                reply = "FAULT " + reply
-            elif kind == 1 and s.info["turn"] > 0:
-                reply = "The answer is \\boxed{-1}"
-            ids.append(model_ids(s.chat, reply))
-        return ids, [None] * len(ids)
-
+    scripted = scripted_by_kind(fault=2, wrong=1)
     rollout = TRLRollout(ENV_ID, qwen_tokenizer, env_kwargs={"fail_marker": "FAULT"}, generate=scripted,
                          failed_group=failed_group)
     trainer = GRPOTrainer(model=tiny_model(qwen_tokenizer), reward_funcs=rollout.reward,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmax_gym.core.sandbox import remove_tree
-from benchmax_gym.testing.tokenizers import model_ids, tiny_model
+from benchmax_gym.testing.tokenizers import tiny_model
 
 #: the advantages GRPO gives two scored samples with different rewards: (x - mean) / (std + 1e-4)
 SCORED_PAIR = 1 / math.sqrt(2)
@@ -118,27 +118,12 @@ def test_rollout_func_a_failed_episode_is_unscorable_beside_a_reward_function_of
     """TRLRollout, 2 prompts of 3 samples (failed, right, wrong) with the user's function beside
     rollout.reward: each failed sample's advantage is 0 and its tokens are out of the loss; the
     scored two of each group are normalised over themselves."""
-    from flaky import ENV_ID
+    from flaky import ENV_ID, scripted_by_kind
     from trl import GRPOTrainer
 
     from benchmax_gym.adapters.trl import TRLRollout
 
-    order = []
-
-    def scripted(trainer, sessions):
-        ids = []
-        for s in sessions:
-            if id(s) not in order:
-                order.append(id(s))
-            reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
-            kind = order.index(id(s)) % 3
-            if kind == 0:
-                reply = "FAULT " + reply
-            elif kind == 2 and s.info["turn"] > 0:
-                reply = "The answer is \\boxed{-1}"
-            ids.append(model_ids(s.chat, reply))
-        return ids, [None] * len(ids)
-
+    scripted = scripted_by_kind(fault=0, wrong=2)
     rollout = TRLRollout(ENV_ID, qwen_tokenizer, env_kwargs={"fail_marker": "FAULT"}, generate=scripted)
     config = _config(output_dir)
     config.per_device_train_batch_size = 6

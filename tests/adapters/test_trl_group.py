@@ -20,26 +20,13 @@ def output_dir():
 def test_rollout_func_scores_each_group_together_and_leaves_failures_out(qwen_tokenizer, output_dir):
     """FlakyMath, 3 samples a prompt: right, wrong, failed. The group rank is over the two scored
     ones; the failed sample stays out of the group and the loss."""
-    from flaky import ENV_ID
+    from flaky import ENV_ID, scripted_by_kind
     from trl import GRPOConfig, GRPOTrainer
 
     from benchmax_gym.adapters.trl import TRLRollout
 
-    order, seen = [], []
-
-    def scripted(trainer, sessions):
-        ids = []
-        for s in sessions:
-            if id(s) not in order:
-                order.append(id(s))
-            reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
-            kind = order.index(id(s)) % 3
-            if kind == 2:
-                reply = "FAULT " + reply
-            elif kind == 1 and s.info["turn"] > 0:
-                reply = "The answer is \\boxed{-1}"
-            ids.append(model_ids(s.chat, reply))
-        return ids, [None] * len(ids)
+    seen = []
+    scripted = scripted_by_kind(fault=2, wrong=1)
 
     rank = GroupRubric([("rank", relative_rank)], combine="replace")
     rollout = TRLRollout(ENV_ID, qwen_tokenizer, env_kwargs={"fail_marker": "FAULT"}, generate=scripted,
