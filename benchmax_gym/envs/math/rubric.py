@@ -240,10 +240,73 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_FILTER)
 
 
+_sll_first_installed = False
+_sll_first_lock = threading.Lock()
+
+
+def _parse_sll_first() -> None:
+    """Makes math-verify's LaTeX parser (latex2sympy2_extended's ANTLR grammar, on the pure-Python
+    runtime) parse with ANTLR's SLL prediction first and with its default, full LL, only where SLL
+    fails: ANTLR's two-stage parsing. Results are LL's; grading a MATH-500 LaTeX answer costs about
+    half the CPU (a tuple such as ``\\left( 3, \\frac{\\pi}{2} \\right)``: 218 -> 5 ms; see
+    ``benchmarks/math_grading.py``, whose check finds no parse of MATH-500's golds and solution
+    formulas that differs).
+
+    Why the result is the same: ANTLR's ``PredictionMode.SLL`` documentation (``antlr4/atn/
+    PredictionMode.py`` in the runtime; https://www.antlr.org/api/Java/org/antlr/v4/runtime/atn/
+    PredictionMode.html) says "the parser will either return a correct parse tree (i.e. the same
+    parse tree that would be returned with the LL prediction mode), or it will report a syntax
+    error", and ``ParserATNSimulator``'s "Two-Stage Parsing" note gives the recipe followed here:
+    SLL with ``BailErrorStrategy`` (no error listeners: it reports nothing, it stops), and only on
+    an error a parse with LL and the default error strategy. The grammar's start rule ends at EOF
+    and its only predicates are precedence ones. The second stage uses a parser built anew rather
+    than a reset one: latex2sympy2_extended's lexer raises at a bad character, in either stage,
+    and would be left part-way; so whatever SLL cannot parse (a syntax error, or ``x^2``, which
+    needs LL) meets exactly the parse this hook replaces, its errors and their messages included.
+    An alarm's :class:`_OutOfTime` (a BaseException) is not caught. Installed once, when the rubric
+    first grades; where latex2sympy2_extended has no ``_Latex2Sympy.create_parser`` (another
+    version) nothing changes."""
+    global _sll_first_installed
+    if _sll_first_installed:
+        return
+    with _sll_first_lock:
+        try:
+            from antlr4.atn.PredictionMode import PredictionMode
+            from antlr4.error.ErrorStrategy import BailErrorStrategy
+            from latex2sympy2_extended.latex2sympy2 import _Latex2Sympy
+        except ImportError:
+            _sll_first_installed = True
+            return
+        create_parser = getattr(_Latex2Sympy, "create_parser", None)
+        if create_parser is not None and not getattr(create_parser, "sll_first", False):
+
+            @functools.wraps(create_parser)
+            def create_sll_first_parser(self, latex_str):
+                parser = create_parser(self, latex_str)
+                rule = type(parser).math  # the grammar's start rule, which latex2sympy2_extended's parse calls
+
+                def math():
+                    parser.removeErrorListeners()  # (ANTLR's recipe: stage 1 reports nothing; it bails)
+                    parser._errHandler = BailErrorStrategy()
+                    parser._interp.predictionMode = PredictionMode.SLL
+                    try:
+                        return rule(parser)
+                    except Exception:  # a syntax error, or input only LL resolves: LL decides, from the start
+                        return create_parser(self, latex_str).math()
+
+                parser.math = math
+                return parser
+
+            create_sll_first_parser.sll_first = True
+            _Latex2Sympy.create_parser = create_sll_first_parser
+        _sll_first_installed = True
+
+
 def _verify(gold: str, predicted: str) -> bool:
     """math-verify's check, without its own timeouts (the caller bounds the whole of it)."""
     from math_verify import parse, verify  # imported here: sympy costs ~0.5 s to import
 
+    _parse_sll_first()
     # Wrapping in \boxed{} makes math-verify read the whole string as one LaTeX answer; a bare
     # "pi" would otherwise be read as the product p*i.
     gold_text, pred_text = _clean(gold), _BARE_PI.sub(r"\\pi", _clean(predicted))
