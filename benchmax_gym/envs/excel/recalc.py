@@ -1228,7 +1228,10 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
     With a ``time_limit`` (the model's workbook, checked already) nothing of it is parsed here:
     the copy LibreOffice gets and LibreOffice's output (the model's work, as hostile) are made
     and read in a call's process each (:func:`run_in_process`), the output checked first
-    (:func:`check_workbook`). LibreOffice itself runs here, bounded by :data:`LIBREOFFICE_TIMEOUT_S`."""
+    (:func:`check_workbook`). LibreOffice itself runs here, bounded by :data:`LIBREOFFICE_TIMEOUT_S`
+    and by ``time_limit``: past it, :class:`TimeLimitExceeded`, as a ``formulas`` recalculation
+    past it (a read's tool time ran to 120 s, and a grade's fell back to the values cached in the
+    file, which the model may have written itself, after 120 s)."""
     exe = soffice_executable()
     if exe is None:
         raise RuntimeError("LibreOffice (soffice) is not installed")
@@ -1242,8 +1245,14 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
         outdir.mkdir()
         source.write_bytes(bounded(_without_external_references, data, what="preparing the workbook for LibreOffice"))
         profile = (Path(tmp) / "profile").as_uri()  # own profile: parallel runs do not collide
-        _run_soffice([exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",
-                      "--convert-to", "xlsx", "--outdir", str(outdir), str(source)])
+        timeout = LIBREOFFICE_TIMEOUT_S if time_limit is None else min(LIBREOFFICE_TIMEOUT_S, time_limit)
+        try:
+            _run_soffice([exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",
+                          "--convert-to", "xlsx", "--outdir", str(outdir), str(source)], timeout)
+        except subprocess.TimeoutExpired:
+            if time_limit is None:  # (a trusted workbook: the caller falls back to its cached values)
+                raise
+            raise TimeLimitExceeded(f"LibreOffice's recalculation took over {timeout:g} s") from None
         converted = outdir / "book.xlsx"
         if not converted.is_file():
             raise RuntimeError("LibreOffice produced no converted workbook")
@@ -1253,26 +1262,32 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
                        what="reading the workbook LibreOffice recalculated")
 
 
-_EXEC_WITHIN_MEMORY = (  # run as `python -c THIS LIMIT COMMAND...`: a limit set here, then exec
-    "import os, resource, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_AS, (n, n)); "
-    "os.execv(sys.argv[2], sys.argv[2:])"
+_EXEC_WITHIN_LIMITS = (  # run as `python -c THIS BYTES SECONDS COMMAND...`: limits set here, then exec
+    "import os, resource, sys; n, t = int(sys.argv[1]), int(sys.argv[2]); "
+    "resource.setrlimit(resource.RLIMIT_AS, (n, n)); resource.setrlimit(resource.RLIMIT_CPU, (t, t)); "
+    "os.execv(sys.argv[3], sys.argv[3:])"
 )
 
 
-def _run_soffice(command: list[str]) -> None:
+def _run_soffice(command: list[str], timeout: float | None = None) -> None:
     """Run LibreOffice as ``subprocess.run(command, check=True, timeout=...)`` would, but in a
     session of its own within :data:`LIBREOFFICE_MEMORY_BYTES` of address space, and kill the
-    whole session after :data:`LIBREOFFICE_TIMEOUT_S` and when it ends: ``soffice`` starts
-    ``soffice.bin``, which outlived the launcher when only the launcher was killed. The limit is
-    set by a small Python that then becomes LibreOffice (``preexec_fn`` is unsafe with threads)."""
+    whole session after ``timeout`` (default :data:`LIBREOFFICE_TIMEOUT_S`) and when it ends:
+    ``soffice`` starts ``soffice.bin``, which outlived the launcher when only the launcher was
+    killed. Each of its processes also gets that many seconds of CPU (``RLIMIT_CPU``, inherited):
+    where the process that started it is killed first (a call's, at its deadline), nothing else
+    would stop a LibreOffice busy on a hostile workbook. The limits are set by a small Python that
+    then becomes LibreOffice (``preexec_fn`` is unsafe with threads)."""
+    timeout = LIBREOFFICE_TIMEOUT_S if timeout is None else timeout
     posix = sys.platform != "win32"
-    launch = [sys.executable, "-I", "-S", "-c", _EXEC_WITHIN_MEMORY, str(LIBREOFFICE_MEMORY_BYTES), *command]
+    launch = [sys.executable, "-I", "-S", "-c", _EXEC_WITHIN_LIMITS, str(LIBREOFFICE_MEMORY_BYTES),
+              str(math.ceil(timeout) + 1), *command]
     with subprocess.Popen(launch if posix else command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           start_new_session=posix) as process:
         try:
-            stdout, stderr = process.communicate(timeout=LIBREOFFICE_TIMEOUT_S)
+            stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise subprocess.TimeoutExpired(command, LIBREOFFICE_TIMEOUT_S) from None
+            raise subprocess.TimeoutExpired(command, timeout) from None
         finally:  # (a launcher reaped already leaves its id to its group while any of it lives)
             if posix:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
