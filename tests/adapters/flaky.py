@@ -31,11 +31,11 @@ class FailTasks(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def scripted_by_kind(fault: int, wrong: int, marker: str = "FAULT"):
-    """A ``generate`` for :class:`TRLRollout` over FlakyMath with 3 samples a prompt: each sample
-    answers as the reference solver does, except the one of kind ``fault`` (the k-th seen, modulo
-    3), which writes ``marker`` (the env fails it), and the one of kind ``wrong``, whose answer is
-    wrong (-1)."""
+def scripted_by_kind(fault: int | None, wrong: int, marker: str = "FAULT", kinds: int = 3):
+    """A ``generate`` for :class:`TRLRollout` with ``kinds`` samples a prompt: each sample answers
+    as the reference solver does, except the one of kind ``fault`` (the k-th seen, modulo
+    ``kinds``), which writes ``marker`` (FlakyMath fails it), and the one of kind ``wrong``, whose
+    answer is wrong (-1)."""
     from benchmax_gym.testing.tokenizers import model_ids
 
     order = []
@@ -46,7 +46,7 @@ def scripted_by_kind(fault: int, wrong: int, marker: str = "FAULT"):
             if id(s) not in order:
                 order.append(id(s))
             reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
-            kind = order.index(id(s)) % 3
+            kind = order.index(id(s)) % kinds
             if kind == fault:
                 reply = f"{marker} {reply}"
             elif kind == wrong and s.info["turn"] > 0:

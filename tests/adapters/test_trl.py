@@ -52,19 +52,9 @@ def test_a_grpo_step_on_multi_turn_episodes_that_earn_reward(qwen_tokenizer, out
 
     from benchmax_gym.adapters.trl import TRLRollout
 
-    order = []
+    from flaky import scripted_by_kind
 
-    def scripted(trainer, sessions):
-        ids = []
-        for s in sessions:
-            if id(s) not in order:
-                order.append(id(s))
-            reply = s.env.unwrapped.reference_solver()(s.obs, s.info)
-            if s.info["turn"] > 0 and order.index(id(s)) % 2:  # one of each prompt's two answers is wrong
-                reply = "The answer is \\boxed{-1}"
-            ids.append(model_ids(s.chat, reply))
-        return ids, [None] * len(ids)
-
+    scripted = scripted_by_kind(fault=None, wrong=1, kinds=2)  # one of each prompt's two answers is wrong
     rollout = TRLRollout("benchmax/Math-v0", qwen_tokenizer, generate=scripted)
     seen = []
     original = rollout.__call__
