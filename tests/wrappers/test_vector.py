@@ -1117,3 +1117,59 @@ def test_big_actions_sent_while_big_results_wait_unread_never_deadlock(size):
     assert sorted(ids) == [0, 1, 2, 3] and envs.faults == 0
     assert all(len(t) == size for t in info["transcript"])
     envs.close()
+
+
+class Collected(gym.Env):
+    """Records, in its worker, each cyclic garbage collection that starts and whether one of its
+    steps was running: ``keep N`` keeps N new lists (as transcripts grow), ``cycles N`` drops N
+    self-referencing ones (garbage only a collection frees)."""
+
+    observation_space = UnicodeText(100)
+    action_space = UnicodeText(100)
+
+    def __init__(self):
+        self.events, self.kept, self.stepping = [], [], False
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase, info):
+        if phase == "start":
+            self.events.append(self.stepping)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "start", {}
+
+    def step(self, action):
+        what, count = action.split()
+        self.stepping = True
+        try:
+            for _ in range(int(count)):
+                item = []
+                if what == "keep":
+                    self.kept.append(item)
+                else:
+                    item.append(item)
+        finally:
+            self.stepping = False
+        return "ok", 0.0, False, False, {}
+
+    def forget(self):
+        self.events.clear()
+
+
+def test_a_workers_collections_run_after_its_results_are_sent_yet_within_a_long_step():
+    """A lock-step batch that every worker waits on is not stalled by one worker's collection:
+    the one due while its envs step runs once their results are out; garbage one long step
+    piles up is still collected during it."""
+    envs = SubprocVectorEnv([Collected], num_workers=1)
+    try:
+        envs.reset(seed=0)
+        envs.call("forget")
+        envs.step(["keep 30000"])  # past the young threshold (20,000) within the step
+        events = envs.get_attr("events")[0]
+        assert events and not any(events), f"collections during the step: {events}"
+        envs.call("forget")
+        envs.step(["cycles 400000"])  # past the cap while the step runs
+        assert any(envs.get_attr("events")[0])
+    finally:
+        envs.close()
