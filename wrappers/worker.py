@@ -12,8 +12,6 @@ import os
 from operator import itemgetter
 import pickle
 import signal
-import socket
-import struct
 import tempfile
 import threading
 import traceback
@@ -25,7 +23,7 @@ from gymnasium.vector import AutoresetMode
 
 import numpy as np
 
-from benchmax_gym.core.aio import OwnLoop
+from benchmax_gym.core.aio import Outbox, OwnLoop
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.outcomes import outcome_detail
 
@@ -499,7 +497,7 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
     if own_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     loop = asyncio.new_event_loop()
-    outbox = _Outbox(conn, loop)
+    outbox = Outbox(conn, loop)
     emit = outbox.send
 
     try:
@@ -552,70 +550,6 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
     outbox.flush()  # (a crash report, or results a closing parent may still read)
     worker.close()
     loop.close()
-
-
-class _Outbox:
-    """A worker's messages to its parent, written without ever blocking the worker's loop: what
-    the connection cannot take now waits here and goes out as it drains, while the loop still
-    reads commands. A worker blocked writing results its parent has not read yet, while the
-    parent blocks writing it a command, would wait for ever (a ready-first caller sending big
-    actions while big results wait). Frames are the connection's own (``multiprocessing``'s
-    length prefix; a Ray host's sealed frames)."""
-
-    def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop):
-        self.conn, self.loop = conn, loop
-        self.seal = getattr(conn, "seal", None)
-        self.left = bytearray()
-        try:
-            self.sock = socket.socket(fileno=os.dup(conn.fileno()))  # (its own handle: MSG_DONTWAIT per send)
-        except OSError:  # not a socket (a plain pipe): blocking writes, as the connection makes them
-            self.sock = None
-
-    def send(self, message: Any) -> None:
-        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        if self.sock is None:
-            self.conn.send_bytes(body)
-            return
-        if self.seal is not None:
-            body = self.seal(body)
-        n = len(body)
-        frame = (struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)) + body
-        if self.left:
-            self.left += frame
-            return
-        try:
-            sent = self.sock.send(frame, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            sent = 0
-        if sent < len(frame):
-            self.left += memoryview(frame)[sent:]
-            self.loop.add_writer(self.sock.fileno(), self._drain)
-
-    def _drain(self) -> None:
-        try:
-            sent = self.sock.send(self.left, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return
-        except OSError:  # the parent is gone (the loop hears it on the read side and stops)
-            sent = len(self.left)
-        del self.left[:sent]
-        if not self.left:
-            self.loop.remove_writer(self.sock.fileno())
-
-    def flush(self, timeout: float = 10.0) -> None:
-        """Write what still waits, blocking up to ``timeout`` (the loop has stopped)."""
-        if self.sock is None:
-            return
-        if self.left:
-            if not self.loop.is_closed():
-                self.loop.remove_writer(self.sock.fileno())
-            try:
-                self.sock.settimeout(timeout)
-                self.sock.sendall(self.left)
-            except OSError:
-                pass
-            self.left.clear()
-        self.sock.close()
 
 
 async def _guarded(job) -> Any:

@@ -39,7 +39,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from benchmax_gym.core.aio import run_sync
+from benchmax_gym.core.aio import Outbox, run_sync
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
@@ -662,18 +662,21 @@ class _Sink:
                                  refresh=False)
 
 
-def _send(conn: Any, message: Any) -> None:
+def _dumps(message: Any) -> bytes:
     """A worker's message to the parent, pickled by the C pickler: the connection's own ``send``
     (multiprocess's dill, pure Python) took ~0.3 ms a record, 40x the C pickler's, in every
     worker and for every episode. dill only for what the C pickler refuses; ``pickle.loads``
     reads either."""
     try:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     except (pickle.PicklingError, TypeError, AttributeError):
         from multiprocess.reduction import ForkingPickler
 
-        data = bytes(ForkingPickler.dumps(message))
-    conn.send_bytes(data)
+        return bytes(ForkingPickler.dumps(message))
+
+
+def _send(conn: Any, message: Any) -> None:
+    conn.send_bytes(_dumps(message))
 
 
 def _receive(conn: Any) -> Any:
@@ -681,13 +684,26 @@ def _receive(conn: Any) -> Any:
 
 
 class _PipeSink:
-    """A worker process's sink: each record goes to the parent as it finishes."""
+    """A worker process's sink: the records that finish in one turn of its event loop go to the
+    parent as one message, written without blocking the loop (``Outbox``). A worker that blocked
+    on a full pipe while the parent read the other workers' records stalled every episode it
+    held: at 1,024 episodes in flight over 16 workers, replies came back in 105 ms of a 100 ms
+    latency while each call took a slot 125-131 ms."""
 
     def __init__(self, conn: Any):
-        self.conn = conn
+        self.outbox = Outbox(conn, asyncio.get_running_loop())
+        self.batch: list[bytes] = []
 
     def add(self, record: dict[str, Any]) -> None:
-        _send(self.conn, ("record", record))
+        data = _dumps(record)  # (here: a record that cannot be sent fails its worker, as it always did)
+        if not self.batch:
+            self.outbox.loop.call_soon(self.send)
+        self.batch.append(data)
+
+    def send(self) -> None:
+        if self.batch:
+            batch, self.batch = self.batch, []
+            self.outbox.send(("records", batch))
 
 
 async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, sink, closing) -> None:
@@ -734,19 +750,25 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
 
         closing: list[Any] = [gym.make(env_id, **kwargs)]
+        sink.append(_PipeSink(conn))
         try:
-            await _play_all(env_id, kwargs, closing[0], policy, pairs, seed, concurrency, _PipeSink(conn), closing)
+            await _play_all(env_id, kwargs, closing[0], policy, pairs, seed, concurrency, sink[0], closing)
         finally:
+            sink[0].send()  # (the records of this last turn: cancelled episodes' too)
             for item in closing:
                 item.close()
             if hasattr(policy, "aclose"):
                 await policy.aclose()
 
+    sink: list[_PipeSink] = []
     try:
         asyncio.run(main())
-        _send(conn, ("done", None))
+        message = ("done", None)
     except BaseException as exc:  # the parent raises it, with the worker's own message
-        _send(conn, ("failed", policy.scrub(f"{type(exc).__name__}: {exc}")))
+        message = ("failed", policy.scrub(f"{type(exc).__name__}: {exc}"))
+    if sink:
+        sink[0].outbox.flush(timeout=60.0)  # the records still waiting, before the last word
+    _send(conn, message)
 
 
 # What a fork server imports once for all eval workers (those not installed are skipped).
@@ -785,8 +807,9 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
         except (EOFError, OSError):
             proc.join(timeout=1.0)  # (its exit status, when it had one; its traceback went to stderr)
             kind, value = "failed", f"an eval worker exited (status {proc.exitcode}) without a word"
-        if kind == "record":
-            sink.add(value)
+        if kind == "records":
+            for data in value:
+                sink.add(pickle.loads(data))
             return
         loop.remove_reader(conn.fileno())
         if kind == "failed":
@@ -874,8 +897,9 @@ def _cancel_workers(procs: list, sink: Any, wait: float = 10.0) -> None:
                 kind, value = _receive(conn)
             except (EOFError, OSError):
                 kind = "gone"
-            if kind == "record":
-                sink.add(value)
+            if kind == "records":
+                for data in value:
+                    sink.add(pickle.loads(data))
             else:
                 live.pop(conn)
 

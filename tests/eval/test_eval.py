@@ -372,3 +372,65 @@ def test_episode_record_has_the_reward_and_components_eval_writes():
     env.close()
     result = evaluate(ENV, "solver", env_kwargs=ENV_KWARGS, tasks=1)
     assert result.records[0]["reward"] == 1.0 and result.records[0]["reward_components"]
+
+
+BUSY_PARENT_SCRIPT = """
+import json, os, sys, time
+
+import benchmax_gym
+from benchmax_gym.eval import evaluate, runner
+
+
+def echo(text: str) -> str:
+    '''Echo the text.
+
+    Args:
+        text: what to echo
+    '''
+    return text
+
+
+benchmax_gym.register_tool_env(  # records of ~500 KB: more than a pipe holds
+    "testing/BigRecords-v0", tools=[echo], tasks=[{"prompt": f"{i} " + "p" * 500_000, "answer": "0"} for i in range(16)],
+    rubric=[lambda completion, answer: float(completion == answer)])
+
+
+def answer(obs, info):  # notes the moment of each call, in the worker it runs in; a model's time
+    with open(os.environ["BMX_TEST_CALLS"], "a") as calls:
+        calls.write(f"{time.monotonic()}\\n")
+    time.sleep(0.05)
+    return "0"
+
+
+if __name__ == "__main__":
+    busy, add = [], runner._Sink.add
+
+    def slow_add(self, record):  # the parent busy for 3 s with the first record
+        if not busy:
+            busy.append(time.monotonic())
+            time.sleep(3)
+            busy.append(time.monotonic())
+        add(self, record)
+
+    runner._Sink.add = slow_add
+    result = evaluate("testing/BigRecords-v0", answer, tasks=16, concurrency=2, workers=2)
+    print(json.dumps({"busy": busy, "records": [[r["task_index"], r["reward"], r["error"]] for r in result.records]}))
+"""
+
+
+def test_workers_play_on_while_the_parent_is_busy_reading(tmp_path):
+    """An eval worker never blocks on the parent: while the parent is busy (here 3 s with one
+    record; in a big run, reading the other workers' records), the worker's episodes go on and
+    their records wait in the worker, none lost. A worker that blocked writing to a full pipe
+    stalled every episode it held."""
+    script = tmp_path / "busy_parent.py"
+    script.write_text(BUSY_PARENT_SCRIPT)
+    calls = tmp_path / "calls"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env={**os.environ, "BMX_TEST_CALLS": str(calls)})
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.splitlines()[-1])
+    assert report["records"] == [[i, 1.0, None] for i in range(16)]
+    start, end = report["busy"]
+    during = [t for t in map(float, calls.read_text().split()) if start < t < end]
+    assert len(during) >= 10, f"{len(during)} of 16 calls while the parent was busy"
