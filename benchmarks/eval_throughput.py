@@ -18,7 +18,11 @@ CPU time of this process and its ``--workers`` processes over the longer run's m
 process alone; ``harness_kernel_cpu_ms_per_call``: the part spent in the kernel, where loopback
 TCP does part of the receiving end's work too); ``server_cpu_ms_per_call`` is every server
 process's, and ``server_busy_cores`` how many cores they kept busy (near ``--server-processes``:
-the server, not the harness, caps the run). ``env_cpu_ms_per_call`` is the environment's own share (reset, steps, reward: the same
+the server, not the harness, caps the run). Where the time beyond the latency goes, per model
+call: ``model_call_ms``, the call as the policy saw it (the server's latency, the HTTP round trip,
+the wait for the worker's event loop to read the reply); ``episode_ms_per_call``, the episodes'
+own time (that, plus the env's reset, steps and reward); ``slot_ms_per_call``, a slot's wall time
+(that, plus what happens between episodes: sending the record, starting, the summary). ``env_cpu_ms_per_call`` is the environment's own share (reset, steps, reward: the same
 episodes played in a loop with no model). ``client_alone`` is a client with no environment sending
 an episode's first request, C at a time, in one process: ``lean`` (ChatPolicy's default path) and
 ``sdk`` (the official SDK's ``post``, on aiohttp when installed): what any harness on that client
@@ -82,7 +86,7 @@ def _server_cpu(pid: int) -> float:
 
 def timed(policy, episodes, concurrency, workers=1, server=None):
     """(wall s, this process's CPU s, model calls, CPU s with the workers', the server's CPU s,
-    the kernel's part of the harness's CPU s)."""
+    the kernel's part of the harness's CPU s, (the model calls' seconds, the episodes' seconds))."""
     server_cpu = _server_cpu(server) if server else None
     before, wall = _cpu(), time.perf_counter()
     result = evaluate("benchmax/Math-v0", policy, env_kwargs=ENV_KWARGS, tasks=episodes, concurrency=concurrency,
@@ -93,7 +97,9 @@ def timed(policy, episodes, concurrency, workers=1, server=None):
         server_cpu = _server_cpu(server) - server_cpu
     calls = sum(r["turns"] for r in result.records)
     assert not any(r["error"] for r in result.records), "a model call failed"
-    return wall, cpu, calls, total, server_cpu, system
+    model = sum(t["model_seconds"] for r in result.records for t in r["turn_log"])
+    episodes = sum(r["seconds"] for r in result.records)
+    return wall, cpu, calls, total, server_cpu, system, (model, episodes)
 
 
 def env_alone(episodes: int) -> float:
@@ -215,7 +221,7 @@ def main() -> None:
                 policy = ChatPolicy("test-model", base_url=url, native_tools=args.mode == "native", transport=transport)
                 for workers in workers_sweep:
                     short = timed(policy, short_n * concurrency, concurrency, workers)
-                    wall, cpu, calls, total, server_cpu, system = timed(
+                    wall, cpu, calls, total, server_cpu, system, waited = timed(
                         policy, long_n * concurrency, concurrency, workers, server.pid)
                     steady = (calls - short[2]) / (wall - short[0])
                     runs.append({
@@ -230,6 +236,9 @@ def main() -> None:
                         "parent_cpu_ms_per_call": round(1000 * cpu / calls, 3),
                         "server_cpu_ms_per_call": round(1000 * server_cpu / calls, 3),
                         "server_busy_cores": round(server_cpu / wall, 3),
+                        "model_call_ms": round(1000 * waited[0] / calls, 2),
+                        "episode_ms_per_call": round(1000 * waited[1] / calls, 2),
+                        "slot_ms_per_call": round(1000 * wall * concurrency / calls, 2),
                     })
                     print(json.dumps(runs[-1]), file=sys.stderr, flush=True)
     finally:
