@@ -21,7 +21,9 @@ Same environment, same actions, one run:
    per environment step, lock-step calculator envs, for each size of ``--parent-envs`` (64 and
    1,024), with ``info_keys``, with full infos and with full infos all read by the caller
    (``full_infos_read``: the object columns are decoded when read), and the steps per second alongside, for each
-   worker count of ``--sweep`` (1, 2, 4, 8, 16, capped at ``os.cpu_count()``) and the default
+   worker count of ``--sweep`` (1, 2, 4, 8, 16, capped at ``os.cpu_count()`` unless
+   ``--past-cores``: the parent's CPU per step is still its own there, the steps per second are
+   the cores' limit) and the default
    ``num_workers``, and the workers' CPU per step (all of them, from /proc); beside them, at the
    same sizes, Gymnasium's ``SyncVectorEnv`` (steps per second and its CPU per step: all its work
    is this process's) and GEM's ``SyncVectorEnv``, and ``per_worker_parent_us``: what one more
@@ -40,7 +42,7 @@ AsyncVectorEnv's figure swings widely from run to run on a 2-core machine (its 6
 compete for two cores): compare medians over rounds.
 
     python benchmarks/vector_throughput.py [--envs 64] [--seconds 3] [--rounds 3] [--scale-envs 4096]
-        [--parent-envs 64,1024] [--sweep 1,2,4,8,16] [--sections parent,cheap,scale,tail,memory] [--quick] [--max-turns N]
+        [--parent-envs 64,1024] [--sweep 1,2,4,8,16] [--past-cores] [--sections parent,cheap,scale,tail,memory] [--quick] [--max-turns N]
         [--gem-python PYTHON (default $BENCHMAX_GEM_PYTHON, else this interpreter when gem-llm imports
          here; without one GEM is skipped)]
 """
@@ -234,7 +236,7 @@ def parent_section(args, sizes: list[int], cpus: int, keys: list[str], gem: Peer
     out: dict[str, dict] = {}
     for size in sizes:
         default = default_workers(size)
-        counts = [w for w in map(int, args.sweep.split(",")) if w <= cpus and w <= size] or [1]
+        counts = [w for w in map(int, args.sweep.split(",")) if (w <= cpus or args.past_cores) and w <= size] or [1]
         sweep: dict[str, dict] = {}
         for count in sorted({*counts, default}):
             for mode, info_keys, read in (("info_keys", keys, False), ("full_infos", None, False),
@@ -284,6 +286,8 @@ def main() -> None:
     parser.add_argument("--scale-envs", type=int, default=4096)
     parser.add_argument("--parent-envs", default="64,1024", help="env counts for the parent CPU figures")
     parser.add_argument("--sweep", default="1,2,4,8,16", help="worker counts for the parent CPU figures")
+    parser.add_argument("--past-cores", action="store_true",
+                        help="keep --sweep's worker counts above os.cpu_count() (what each worker costs the parent)")
     parser.add_argument("--sections", default=None, help="parent,cheap,scale,tail,memory (default all)")
     parser.add_argument("--quick", action="store_true", help="one round of 1 s; sections parent,cheap unless named")
     parser.add_argument("--gem-python", help="an interpreter with gem-llm (default: $BENCHMAX_GEM_PYTHON)")

@@ -195,8 +195,9 @@ def join_columns(parts: Sequence[tuple[int, int, list]], num_envs: int) -> dict[
         whole = whole and len(slices) == len(parts)
         if tag == "n":
             _, dtype, shape, _ = slices[0][3]
-            if whole and len(slices) == 1:
-                array = np.frombuffer(slices[0][3][3], dtype=dtype).reshape(num_envs, *shape).copy()
+            if whole:  # (every slice, in env order: their bytes make the batch's array)
+                raw = slices[0][3][3] if len(slices) == 1 else b"".join([data[3] for _, _, _, data, _ in slices])
+                array = np.frombuffer(raw, dtype=dtype).reshape(num_envs, *shape).copy()
             else:
                 arrays, at = [], 0
                 for start, count, _, data, _ in slices:

@@ -8,6 +8,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -65,9 +66,13 @@ class _Channel:
             raise TimeoutError
         return self._read()
 
+    def _frame(self) -> Any:
+        """The next message's bytes (``EOFError`` or ``OSError``: the worker's end of the stream)."""
+        return self.conn.recv_bytes()
+
     def _read(self) -> Any:
         try:
-            data = self.conn.recv_bytes()
+            data = self._frame()
         except (EOFError, OSError):
             raise WorkerLost(self.lost_reason()) from None
         try:
@@ -97,8 +102,17 @@ class _Channel:
             pass
 
 
+_LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # multiprocessing's frame header
+_KEPT_BUFFER = 1 << 20  # a read buffer up to this size is kept for the next message (a bigger one is not)
+
+
 class _Process(_Channel):
-    """The pipe transport: the parent's handle on one worker process."""
+    """The pipe transport: the parent's handle on one worker process.
+
+    Messages go straight through the pipe's file descriptor, framed as ``multiprocessing``'s
+    ``Connection`` frames them (what the worker's connection and ``Outbox`` read and write): its
+    pure-Python ``send_bytes``/``recv_bytes`` (a ``BytesIO`` and a copy per message) cost the
+    parent microseconds per worker per lock-step batch, serially."""
 
     def __init__(self, ctx, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool,
                  keep: tuple[str, ...] | None = None):
@@ -111,6 +125,47 @@ class _Process(_Channel):
         self.process.start()
         self.pid = self.process.pid
         child.close()
+
+    _buffer = bytearray()  # (each handle gets its own when it first reads)
+
+    def send(self, message: Any) -> None:
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        n = len(body)
+        header = _LENGTH.pack(n) if n <= 0x7FFFFFFF else _LENGTH.pack(-1) + _LONG_LENGTH.pack(n)
+        try:
+            fd = self.conn.fileno()  # (OSError once closed: never a descriptor number reused since)
+            sent = os.writev(fd, (header, body))
+            if sent < len(header) + n:  # (a signal cut the write short)
+                rest = memoryview(header + body)[sent:]
+                while rest:
+                    rest = rest[os.write(fd, rest):]
+        except OSError:
+            raise WorkerLost(self.lost_reason()) from None
+
+    def _frame(self) -> memoryview:
+        """The next message, read into a buffer this handle keeps (valid until its next read)."""
+        fd = self.conn.fileno()
+        head = os.read(fd, 4)
+        if len(head) < 4:
+            head = _read_exactly(fd, head, 4)
+        n = _LENGTH.unpack(head)[0]
+        if n < 0:
+            if n != -1:
+                raise OSError(f"a message of length {n}")
+            n = _LONG_LENGTH.unpack(_read_exactly(fd, b"", 8))[0]
+        buffer = self._buffer
+        if n > len(buffer):  # (doubled: messages that grow a little each step are not a new buffer each)
+            buffer = bytearray(max(n, min(2 * len(buffer), _KEPT_BUFFER)))
+            if n <= _KEPT_BUFFER:
+                self._buffer = buffer
+        view = memoryview(buffer)[:n]
+        got = os.readv(fd, (view,))
+        while got < n:
+            more = os.readv(fd, (view[got:],))
+            if not more:
+                raise OSError("got end of file during message")
+            got += more
+        return view
 
     def lost_reason(self) -> str:
         self.process.join(timeout=5)
@@ -129,3 +184,16 @@ class _Process(_Channel):
         self.process.join(timeout=10)
         self.conn.close()
         remove_tree(Path(self.tmp))  # model code may have left deep trees and closed modes
+
+
+def _read_exactly(fd: int, got: bytes, n: int) -> bytes:
+    """``got`` read on from ``fd`` to ``n`` bytes (``EOFError``: the stream ended before any;
+    ``OSError``: in the middle)."""
+    while len(got) < n:
+        more = os.read(fd, n - len(got))
+        if not more:
+            if got:
+                raise OSError("got end of file during message")
+            raise EOFError
+        got += more
+    return got

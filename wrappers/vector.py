@@ -74,7 +74,7 @@ from benchmax_gym.core.outcomes import outcome_detail
 
 from .batching import _collections_paused, _stack, batch_infos, join_columns, unpack_columns
 from .channel import WorkerLost, _Process, readable
-from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, unpack_results
+from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, result_arrays, unpack_results
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
@@ -627,10 +627,7 @@ class WorkerVectorEnv(VectorEnv):
             return None
         self._last_obs = obs
         infos = join_columns(parts, self.num_envs)
-        if len(chunks) == 1:  # (one worker: its arrays, copied to be the caller's own)
-            rewards, terminated, truncated = (chunks[0][k].copy() for k in (2, 3, 4))
-        else:
-            rewards, terminated, truncated = (np.concatenate([chunk[k] for chunk in chunks]) for k in (2, 3, 4))
+        rewards, terminated, truncated = result_arrays(chunks)
         # the rewards that are signal (a failed episode's is NaN, issue 29): rewards[info["scored"]]
         infos["scored"] = scored = rewards == rewards
         infos["_scored"] = np.ones_like(scored)
@@ -778,7 +775,8 @@ class SubprocVectorEnv(WorkerVectorEnv):
 
 def _rows(chunk: tuple):
     """``(env id, result)`` pairs of a column message (``pack_results``), as rows."""
-    ids, obs, rewards, terminated, truncated, packed = chunk
+    ids, obs, _, _, _, packed = chunk
+    rewards, terminated, truncated = result_arrays([chunk])
     results = zip(obs, rewards.tolist(), terminated.tolist(), truncated.tolist(), unpack_columns(packed, len(ids)))
     return zip(list(ids), results)
 

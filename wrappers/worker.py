@@ -454,13 +454,27 @@ def _marshal_exact(message: Any) -> bool:
 
 def unpack_results(message: tuple | bytes) -> tuple:
     """:func:`pack_results`'s message: ``(ids, observations, rewards, terminated, truncated,
-    infos)`` with ids a ``range`` or list and the numbers as read-only arrays over the message
-    (the batch concatenates them into its own)."""
+    infos)`` with ids a ``range`` or list and the numbers still as the bytes of their arrays
+    (float64, bool): the batch joins every worker's bytes into one array each (``result_arrays``),
+    not an array per worker to concatenate."""
     if type(message) is bytes:
         message = marshal.loads(message)
-    ids, obs, rewards, terminated, truncated, packed = message
-    return (range(*ids) if type(ids) is tuple else ids, obs, np.frombuffer(rewards, dtype=np.float64),
-            np.frombuffer(terminated, dtype=np.bool_), np.frombuffer(truncated, dtype=np.bool_), packed)
+    ids = message[0]
+    if type(ids) is tuple:
+        return (range(*ids), *message[1:])
+    return message
+
+
+def result_arrays(chunks: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rewards, terminated and truncated arrays (the caller's own) of :func:`unpack_results`'s
+    chunks, in their order."""
+    if len(chunks) == 1:
+        _, _, rewards, terminated, truncated, _ = chunks[0]
+    else:
+        _, _, rewards, terminated, truncated, _ = zip(*chunks)
+        rewards, terminated, truncated = b"".join(rewards), b"".join(terminated), b"".join(truncated)
+    return (np.frombuffer(rewards, dtype=np.float64).copy(), np.frombuffer(terminated, dtype=np.bool_).copy(),
+            np.frombuffer(truncated, dtype=np.bool_).copy())
 
 
 def failure_text(exc: BaseException) -> str:

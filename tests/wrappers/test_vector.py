@@ -1173,3 +1173,43 @@ def test_a_workers_collections_run_after_its_results_are_sent_yet_within_a_long_
         assert any(envs.get_attr("events")[0])
     finally:
         envs.close()
+
+
+class CutFrame(Flaky):
+    """Flaky, whose action ``cut N`` writes the first N bytes of a 1,000-byte message frame to
+    its parent, on its worker's own connection, then exits: a worker that dies mid-message."""
+
+    def step(self, action):
+        if action.startswith("cut "):
+            import struct
+
+            frame = sys._getframe()
+            while frame.f_code.co_name != "_worker_main":  # (the worker loop's connection to its parent)
+                frame = frame.f_back
+            message = struct.pack("!i", 1000) + b"x" * 1000
+            os.write(frame.f_locals["conn"].fileno(), message[:int(action.split()[1])])
+            os._exit(3)
+        return super().step(action)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cut", [2, 500])
+@pytest.mark.parametrize("step_timeout", [None, 30])
+def test_a_worker_that_dies_mid_message_is_lost_with_its_reason(cut, step_timeout):
+    """The parent reads a message's length, then its body: a worker that dies after writing part
+    of either (a cut header, a cut body) is lost with its exit code, its envs end truncated with
+    that reason, the other worker's results are theirs, and the next step runs on a fresh worker
+    (not a hang, not a bare EOFError).
+    Both lock-step reads: in turn (no ``step_timeout``) and as workers become readable."""
+    envs = SubprocVectorEnv([CutFrame] * 4, num_workers=2, step_timeout=step_timeout)
+    try:
+        envs.reset(seed=0)
+        obs, rewards, terminated, truncated, info = envs.step(["a", "b", f"cut {cut}", "d"])
+        assert truncated.tolist() == [False, False, True, True] and envs.faults == 1
+        assert list(obs[:2]) == ["echo a 1", "echo b 1"]
+        assert all("worker_restarted" in e and "exited (code 3)" in e for e in info["error"][2:])
+        assert info["scored"].tolist() == [True, True, False, False]
+        obs, *_ = envs.step(["e"] * 4)
+        assert obs[0] == "echo e 2" and obs[3].startswith("start")  # (its restarted envs reset: NEXT_STEP)
+    finally:
+        envs.close()
