@@ -19,9 +19,11 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import time
@@ -386,9 +388,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:  # the environment failed to start (an MCP server, a lost connection)
         runtime_error(f"{args.env_id}: {exc}")
     except KeyboardInterrupt:  # Ctrl-C: the episodes written so far stay (the one cut short as cancelled)
-        kept = f"; the finished episodes are in {args.jsonl} (--append adds to it)" if args.jsonl else ""
-        print(f"\ninterrupted{kept}", file=sys.stderr)
-        return 130
+        return interrupted(f"; the finished episodes are in {args.jsonl} (--append adds to it)" if args.jsonl else "")
     finally:
         env.close()
     summary = {"env_id": args.env_id, "policy": args.policy, "mode": mode, **summary}
@@ -512,8 +512,53 @@ def _check_base_url(url: str, where: str) -> None:
 def eval_interrupted(args: argparse.Namespace) -> int:
     """Ctrl-C in ``eval``, whenever it comes (``--import``, the imports, the workers starting,
     episodes in flight): one line saying how far the run got and how to resume, exit status 130."""
-    print(f"\ninterrupted: {_eval_progress(args.out)}; rerun the same command to resume", file=sys.stderr)
+    return interrupted(lambda: f": {_eval_progress(args.out)}; rerun the same command to resume")
+
+
+_said_interrupted = False  # this command's "interrupted" line is out (main() starts each command without)
+
+
+def interrupted(note: str | Callable[[], str] = "") -> int:
+    """Ctrl-C in any command: one line on stderr, ``interrupted`` and ``note`` (what was kept, how
+    to resume), and exit status 130, as a shell shows for an interrupted command. Said once: a
+    second Ctrl-C that cut the first one's cleanup short (envs closing, workers cancelled) says
+    nothing more, and from here on another one (this line's note being read, Python waiting at
+    exit for threads or worker processes) ends the process at once with status 130, where it
+    printed a traceback."""
+    global _said_interrupted
+    try:
+        signal.signal(signal.SIGINT, _interrupted_again)
+    except ValueError:  # (main() called from another thread: Ctrl-C is not delivered there)
+        pass
+    if not _said_interrupted:
+        line = f"\ninterrupted{note() if callable(note) else note}"
+        print(line, file=sys.stderr, flush=True)
+        _said_interrupted = True
     return 130
+
+
+def _no_ctrl_c_in_teardown() -> None:
+    """An interrupted command's last moments: Python puts SIGINT's default back as it tears down,
+    and a Ctrl-C then killed it (status -2 to a parent, not 130). Registered on import, so that it
+    runs after the exit callbacks a command registers (a worker pool's join): Ctrl-C still ends those."""
+    if _said_interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+atexit.register(_no_ctrl_c_in_teardown)
+
+
+def _interrupted_again(signum: int, frame: Any) -> NoReturn:
+    """A further Ctrl-C once the command is interrupted: end now, the line said (plain, if its note
+    was still being read)."""
+    if not _said_interrupted:
+        print("\ninterrupted", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(130)
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -677,8 +722,6 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
         usage_error(cannot_make(args.env_id, exc))  # when the first environment is made
     except RuntimeError as exc:  # its first environment failed to start (an MCP server)
         runtime_error(f"cannot start {args.env_id}: {exc}")
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
@@ -706,8 +749,6 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
         env_id_error(exc, args.env_id)
     except (TypeError, ValueError, OSError) as exc:
         usage_error(cannot_make(args.env_id, exc))
-    except KeyboardInterrupt:
-        pass
     finally:
         for sock in sockets:
             sock.close()
@@ -967,8 +1008,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command. Ctrl-C whenever it comes (the parser being built, ``--import``, the
     command's imports, gym.make, its work) is one line on stderr and exit status 130, as a shell
-    shows for an interrupted command: only eval caught it, and ``run`` cut short while making its
-    environment printed a KeyboardInterrupt traceback."""
+    shows for an interrupted command (:func:`interrupted`): only eval caught it, and ``run`` cut
+    short while making its environment printed a KeyboardInterrupt traceback; the servers
+    (``mcp-serve``, ``openenv-serve``) ended with status 0."""
+    global _said_interrupted
+    _said_interrupted = False
     args = None
     try:
         args = build_parser().parse_args(argv)
@@ -984,11 +1028,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if undo is not None:
                 undo()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:  # (a task group's: the MCP stdio server's wraps it)
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
+            raise
         if args is not None and args.func is cmd_eval:
             return eval_interrupted(args)
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+        return interrupted()
 
 
 def _datasets_bars_off() -> Callable[[], None]:

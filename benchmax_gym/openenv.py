@@ -327,7 +327,8 @@ class _QuietDisconnects:
 
     A client that vanished is not a server error: OpenEnv's ``/ws`` handler, having freed the
     session, answers the dead socket and lets starlette's ``WebSocketDisconnect`` (or, mid-step,
-    a ``RuntimeError``: send after close) escape, which uvicorn logs as a traceback.
+    a ``RuntimeError``: send after close) escape, which uvicorn logs as a traceback; so does a
+    session the server's end cut short (Ctrl-C twice: cancelled while its environment closed).
 
     A ``/ws`` message OpenEnv reads outside its error handling (binary, JSON that is not an object,
     nests past the parser's depth or holds an int past its digit limit) would end the session,
@@ -344,8 +345,8 @@ class _QuietDisconnects:
             receive = _objects_only(receive, send)
         try:
             await self.app(scope, receive, send)
-        except (WebSocketDisconnect, RuntimeError):
-            if scope["type"] != "websocket":
+        except (WebSocketDisconnect, RuntimeError, asyncio.CancelledError):  # (cancelled: a second Ctrl-C
+            if scope["type"] != "websocket":  # ended the server while the session's environment closed)
                 raise
 
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import itertools
+import logging
 import os
 import sys
 import threading
@@ -210,11 +212,49 @@ def serve(env_id: str, transport: str = "stdio", *, host: str = "127.0.0.1", por
 def _run_stdio(server: Server) -> None:
     from mcp.server.stdio import stdio_server
 
+    wire = os.dup(0)  # the client's lines; fd 0 reads nothing while serving (a child must not take them)
+    null = os.open(os.devnull, os.O_RDONLY)
+    saved = os.dup(0)
+    os.dup2(null, 0)
+    os.close(null)
+
     async def main() -> None:
-        async with stdio_server() as (read, write):
+        async with stdio_server(stdin=_StdinLines(wire)) as (read, write):
             await server.run(read, write, server.create_initialization_options())
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+class _StdinLines:
+    """The client's lines for the SDK's stdio transport, read by a daemon thread. The SDK reads
+    stdin in a worker thread it waits for: stopped (Ctrl-C) while the client kept stdin open, the
+    server hung until the client's next line, and exit waited on the thread too. ``fd`` is left
+    open: the thread may still be blocked on it."""
+
+    def __init__(self, fd: int):
+        self.loop, self.lines = asyncio.get_running_loop(), asyncio.Queue()
+        threading.Thread(target=self._read, args=(fd,), daemon=True, name="mcp-stdin").start()
+
+    def _read(self, fd: int) -> None:
+        stream = open(fd, encoding="utf-8", errors="replace", closefd=False)
+        for line in itertools.chain(stream, [None]):  # (None: the end of the client's stdin)
+            try:
+                self.loop.call_soon_threadsafe(self.lines.put_nowait, line)
+            except RuntimeError:  # the server is gone
+                return
+
+    def __aiter__(self) -> _StdinLines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self.lines.get()
+        if line is None:
+            raise StopAsyncIteration
+        return line
 
 
 def _run_http(server: Server, host: str, port: int, idle_timeout: float, max_sessions: int,
@@ -355,14 +395,35 @@ def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command
                 shown = f"[{host}]" if ":" in host else host
                 print(f"benchmax-gym {command}: listening on http://{shown}:{bound}{path}", file=sys.stderr, flush=True)
 
+        async def shutdown(self, sockets=None) -> None:
+            for name in _CUT_BY_SHUTDOWN:  # (removed below)
+                logging.getLogger(name).addFilter(_not_cut_by_shutdown)
+            await super().shutdown(sockets)
+            if self.force_exit:  # a second Ctrl-C: uvicorn stops waiting for open connections and skips the app's
+                await self.lifespan.shutdown()  # shutdown, which closes the sessions' environments (their
+                # sandboxes, workspaces); its task, cancelled at exit, was logged as a traceback
+
     http = headers_first(import_from_string(HTTP_PROTOCOLS["auto"]))
     if sockets is None:
         sockets = listen(host, port)
     try:
         Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)).run(sockets=sockets)
     finally:
+        for name in _CUT_BY_SHUTDOWN:
+            logging.getLogger(name).removeFilter(_not_cut_by_shutdown)
         for sock in sockets:
             sock.close()
+
+
+# what a logger says of a response the server's end cut short (an MCP session's event stream,
+# ended with its session; a call in flight when a second Ctrl-C stopped the wait for it)
+_CUT_BY_SHUTDOWN = {"uvicorn.error": "ASGI callable returned without completing response.",
+                    "mcp.shared.jsonrpc_dispatcher": "gave up: transport write blocked"}
+
+
+def _not_cut_by_shutdown(record: logging.LogRecord) -> bool:
+    """No error of the server's: Ctrl-C says one line."""
+    return not record.getMessage().endswith(_CUT_BY_SHUTDOWN.get(record.name, "\0"))
 
 
 def _is_loopback(host: str) -> bool:
