@@ -297,7 +297,10 @@ class Outbox:
             self.sock = None
 
     def send(self, message: Any) -> None:
-        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def send_bytes(self, body: bytes) -> None:
+        """A message already pickled. ``OSError``: the parent is gone (found when nothing waits)."""
         if self.sock is None:
             self.conn.send_bytes(body)
             return
@@ -307,6 +310,7 @@ class Outbox:
         frame = (struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)) + body
         if self.left:
             self.left += frame
+            self._drain()  # (what it takes now: a loop that seldom turns still moves its messages on)
             return
         try:
             sent = self.sock.send(frame, socket.MSG_DONTWAIT)

@@ -684,26 +684,17 @@ def _receive(conn: Any) -> Any:
 
 
 class _PipeSink:
-    """A worker process's sink: the records that finish in one turn of its event loop go to the
-    parent as one message, written without blocking the loop (``Outbox``). A worker that blocked
-    on a full pipe while the parent read the other workers' records stalled every episode it
-    held: at 1,024 episodes in flight over 16 workers, replies came back in 105 ms of a 100 ms
-    latency while each call took a slot 125-131 ms."""
+    """A worker process's sink: each record goes to the parent as it finishes, written without
+    blocking the worker's event loop (``Outbox``). A worker that blocked on a full pipe while the
+    parent read the other workers' records stalled every episode it held: at 1,024 episodes in
+    flight over 16 workers and a 100 ms model, an episode took 103-105 ms per model call while
+    each call took a slot 125-131 ms. A parent that is gone fails the worker's run (``OSError``)."""
 
     def __init__(self, conn: Any):
         self.outbox = Outbox(conn, asyncio.get_running_loop())
-        self.batch: list[bytes] = []
 
     def add(self, record: dict[str, Any]) -> None:
-        data = _dumps(record)  # (here: a record that cannot be sent fails its worker, as it always did)
-        if not self.batch:
-            self.outbox.loop.call_soon(self.send)
-        self.batch.append(data)
-
-    def send(self) -> None:
-        if self.batch:
-            batch, self.batch = self.batch, []
-            self.outbox.send(("records", batch))
+        self.outbox.send_bytes(_dumps(("record", record)))
 
 
 async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, sink, closing) -> None:
@@ -758,7 +749,6 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
         try:
             await _play_all(env_id, kwargs, closing[0], policy, pairs, seed, concurrency, sink[0], closing)
         finally:
-            sink[0].send()  # (the records of this last turn: cancelled episodes' too)
             for item in closing:
                 item.close()
             if hasattr(policy, "aclose"):
@@ -772,7 +762,10 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
         message = ("failed", policy.scrub(f"{type(exc).__name__}: {exc}"))
     if sink:
         sink[0].outbox.flush(timeout=60.0)  # the records still waiting, before the last word
-    _send(conn, message)
+    try:
+        _send(conn, message)
+    except OSError:  # (the parent is gone)
+        pass
 
 
 # What a fork server imports once for all eval workers (those not installed are skipped).
@@ -811,9 +804,8 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
         except (EOFError, OSError):
             proc.join(timeout=1.0)  # (its exit status, when it had one; its traceback went to stderr)
             kind, value = "failed", f"an eval worker exited (status {proc.exitcode}) without a word"
-        if kind == "records":
-            for data in value:
-                sink.add(pickle.loads(data))
+        if kind == "record":
+            sink.add(value)
             return
         loop.remove_reader(conn.fileno())
         if kind == "failed":
@@ -853,13 +845,15 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
             except (ValueError, OSError):
                 pass
         completed = finished.done() and not finished.cancelled()  # (a cancelled await cancels the future)
-        if not completed:  # interrupted: each worker cancels its run, sends its episodes in flight
-            _cancel_workers(procs, sink)
-        for conn, proc in procs:
-            proc.join(timeout=10 if completed else 0)
-            if proc.is_alive():
-                proc.kill()
-            conn.close()
+        try:
+            if not completed:  # interrupted: each worker cancels its run, sends its episodes in flight
+                _cancel_workers(procs, sink)
+        finally:  # (a second Ctrl-C cuts the wait for their episodes short, not this)
+            for conn, proc in procs:
+                proc.join(timeout=10 if completed else 0)
+                if proc.is_alive():
+                    proc.kill()
+                conn.close()
     if errors:
         raise RuntimeError(f"an eval worker failed: {errors[0]}")
 
@@ -902,9 +896,8 @@ def _cancel_workers(procs: list, sink: Any, wait: float = 10.0) -> None:
                 kind, value = _receive(conn)
             except (EOFError, OSError):
                 kind = "gone"
-            if kind == "records":
-                for data in value:
-                    sink.add(pickle.loads(data))
+            if kind == "record":
+                sink.add(value)
             else:
                 live.pop(conn)
 
