@@ -466,7 +466,8 @@ def test_user_registered_ids_serve_from_the_cli_with_import(serve_cli):
 def test_openenv_serve_bad_input_is_one_line():
     for args, says in ((["benchmax/Nope-v0"], "benchmax-gym list"), (["benchmax/Math-v0", "--max-sessions", "0"],
                        "--max-sessions"), (["benchmax/Math-v0", "--env-arg", "max_turns=0"], "max_turns")):
-        out = subprocess.run([*CLI, "openenv-serve", *args], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([*CLI, "openenv-serve", *args, "--port", "0"], capture_output=True, text=True,
+                             timeout=120)  # (any free port: the default, 8000, may be a parallel test's)
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
 
@@ -543,7 +544,7 @@ try:
 except ImportError as exc:
     print(exc)
 from benchmax_gym.cli import main
-main(["openenv-serve", "benchmax/Math-v0"])
+main(["openenv-serve", "benchmax/Math-v0", "--port", "0"])  # (any free port: not one a parallel test holds)
 """
 
 
