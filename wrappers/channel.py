@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
+from benchmax_gym.core.aio import frame_header
 from benchmax_gym.core.sandbox import remove_tree
 
 from .worker import _in_own_tmp
@@ -130,8 +131,7 @@ class _Process(_Channel):
 
     def send(self, message: Any) -> None:
         body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        n = len(body)
-        header = _LENGTH.pack(n) if n <= 0x7FFFFFFF else _LENGTH.pack(-1) + _LONG_LENGTH.pack(n)
+        n, header = len(body), frame_header(len(body))
         try:
             fd = self.conn.fileno()  # (OSError once closed: never a descriptor number reused since)
             sent = os.writev(fd, (header, body))

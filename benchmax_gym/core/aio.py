@@ -278,6 +278,11 @@ _DONE: concurrent.futures.Future = concurrent.futures.Future()
 _DONE.set_result(None)
 
 
+def frame_header(n: int) -> bytes:
+    """``multiprocessing``'s length prefix of an ``n``-byte message (its ``Connection`` frames)."""
+    return struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+
+
 class Outbox:
     """A worker's messages to its parent, written without ever blocking the worker's loop: what
     the connection cannot take now waits here and goes out as it drains, while the loop still
@@ -306,8 +311,7 @@ class Outbox:
             return
         if self.seal is not None:
             body = self.seal(body)
-        n = len(body)
-        frame = (struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)) + body
+        frame = frame_header(len(body)) + body
         if self.left:
             self.left += frame
             self._drain()  # (what it takes now: a loop that seldom turns still moves its messages on)
