@@ -138,41 +138,61 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-def _groups(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None) -> dict[str, dict[str, Any]]:
+def _codes(labels: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The distinct ``labels`` (sorted) and each label's index among them."""
+    distinct = sorted(set(labels))
+    index = {label: i for i, label in enumerate(distinct)}
+    return distinct, np.fromiter(map(index.__getitem__, labels), np.intp, len(labels))
+
+
+def _groups(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None, rewards: np.ndarray,
+            successes: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Episodes, mean reward and success rate per value of each metadata key of ``keys`` (None:
+    each key with 2 to ``MAX_GROUPS`` categorical values); ``rewards`` and ``successes``: the
+    records' own, in their order. One pass over the records per key, the means by ``bincount``."""
+    metadata = [r.get("metadata") or {} for r in records]
     if keys is None:
-        seen: dict[str, set] = defaultdict(set)
-        for r in records:
-            for key, value in (r.get("metadata") or {}).items():
-                if isinstance(value, (str, int, bool)) or value is None:
-                    seen[key].add(value)
-                else:
-                    seen[key].add(object())  # not a category: rules the key out
-        keys = [k for k, values in seen.items() if 1 < len(values) <= MAX_GROUPS
-                and all(isinstance(v, (str, int, bool)) or v is None for v in values)]
+        absent = object()
+        keys = []
+        for key in set().union(*metadata):
+            try:
+                seen = {m.get(key, absent) for m in metadata}
+            except TypeError:  # a list, a dict: not a category
+                continue
+            seen.discard(absent)
+            if 1 < len(seen) <= MAX_GROUPS and all(isinstance(v, (str, int, bool)) or v is None for v in seen):
+                keys.append(key)
     out: dict[str, dict[str, Any]] = {}
     for key in sorted(keys):
-        cells: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-        for r in records:
-            cells[str((r.get("metadata") or {}).get(key))].append(r)
-        out[key] = {value: {"episodes": len(rs), "mean_reward": float(np.mean([r["reward"] for r in rs])),
-                            "success_rate": float(np.mean([bool(r["success"]) for r in rs]))}
-                    for value, rs in sorted(cells.items())}
+        labels, codes = _codes([str(m.get(key)) for m in metadata])
+        counts = np.bincount(codes, minlength=len(labels))
+        reward_sums = np.bincount(codes, rewards, len(labels))
+        success_sums = np.bincount(codes, successes, len(labels))
+        out[key] = {label: {"episodes": int(counts[i]), "mean_reward": float(reward_sums[i] / counts[i]),
+                            "success_rate": float(success_sums[i] / counts[i])}
+                    for i, label in enumerate(labels)}
     return out
 
 
-def _signal(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The ``scored`` and ``truncated`` episodes: the only ones whose reward is a score (issue 29).
-    One without a finite reward is a ValueError naming it (it would be NaN in every statistic);
-    ``read_rollouts`` refuses such a record in a run directory."""
-    from benchmax_gym.core.outcomes import SIGNAL
+def _outcomes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each record's outcome (:func:`benchmax_gym.eval.runner.outcome_of`), in order."""
     from benchmax_gym.eval.runner import outcome_of
 
+    return [outcome_of(r) for r in records]
+
+
+def _signal(records: Sequence[Mapping[str, Any]], outcomes: Sequence[str] | None = None) -> list[Mapping[str, Any]]:
+    """The ``scored`` and ``truncated`` episodes: the only ones whose reward is a score (issue 29).
+    One without a finite reward is a ValueError naming it (it would be NaN in every statistic);
+    ``read_rollouts`` refuses such a record in a run directory. ``outcomes``: the records' own."""
+    from benchmax_gym.core.outcomes import SIGNAL
+
     out = []
-    for r in records:
-        outcome = outcome_of(r)
+    for r, outcome in zip(records, outcomes or _outcomes(records)):
         if outcome in SIGNAL:
             reward = r.get("reward")
-            if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            number = type(reward) is float or isinstance(reward, numbers.Real) and not isinstance(reward, bool)
+            if not number or not math.isfinite(reward):
                 raise ValueError(f"task {r.get('task_id')!r} (index {r.get('task_index')!r}) sample "
                                  f"{r.get('sample')!r}: a {outcome} episode with reward {reward!r}, not a number")
             out.append(r)
@@ -181,27 +201,25 @@ def _signal(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def outcome_counts(records: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """How many episodes ended with each outcome (only those that occur), by name."""
-    from benchmax_gym.eval.runner import outcome_of
-
-    return dict(sorted(Counter(outcome_of(r) for r in records).items()))
+    return dict(sorted(Counter(_outcomes(records)).items()))
 
 
 def failure_rate(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence: float = 0.95,
-                 resamples: int = 2000) -> dict[str, float | None]:
+                 resamples: int = 2000, outcomes: Sequence[str] | None = None) -> dict[str, float | None]:
     """The share of failed episodes, with a bootstrap CI over tasks (by ``task_index``: a failed
     episode may have no task id): a run's failures cluster by task as its scores do. With one
-    task the CI resamples its episodes; with one episode there is none (``ci_low`` None)."""
-    from benchmax_gym.core.outcomes import is_failure
-    from benchmax_gym.eval.runner import outcome_of
+    task the CI resamples its episodes; with one episode there is none (``ci_low`` None).
+    ``outcomes``: the records' own, when known."""
+    from benchmax_gym.core.outcomes import FAILURES
 
     if not records:
         return {"value": 0.0, "ci_low": None, "ci_high": None}
-    index = {t: i for i, t in enumerate(sorted({r["task_index"] for r in records}))}
-    order = sorted(range(len(records)), key=lambda i: index[records[i]["task_index"]])
-    unit, over = _units(np.array([index[records[i]["task_index"]] for i in order]), len(index))
-    units = int(unit[-1]) + 1
+    distinct, owner = _codes([r["task_index"] for r in records])
+    unit, over = _units(owner, len(distinct))  # (each task's episodes need not be together: sums by unit)
+    units = int(unit.max()) + 1
     sizes = np.bincount(unit, minlength=units).astype(float)
-    failed = np.bincount(unit, [float(is_failure(outcome_of(records[i]))) for i in order], units)
+    flags = np.fromiter((o in FAILURES for o in (outcomes or _outcomes(records))), float, len(records))
+    failed = np.bincount(unit, flags, units)
     value = failed.sum() / sizes.sum()
     if over is None:
         return _estimate(value, (None, None))
@@ -248,23 +266,26 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     so); with one episode, None (no CI: ``ci_low`` and ``ci_high`` are None, a note says why).
     """
     everything = records
-    records = _signal(records)  # a failed episode has no score
+    outcomes = _outcomes(everything)
+    records = _signal(everything, outcomes)  # a failed episode has no score
     failed = len(everything) - len(records)
-    accounting = {"failure_rate": failure_rate(everything, seed=seed, confidence=confidence, resamples=resamples),
-                  "outcomes": outcome_counts(everything)}
+    accounting = {"failure_rate": failure_rate(everything, seed=seed, confidence=confidence, resamples=resamples,
+                                               outcomes=outcomes),
+                  "outcomes": dict(sorted(Counter(outcomes).items()))}
     if not records:
         return {"episodes": len(everything), "scored_episodes": 0, "failed_episodes": failed, "tasks": 0,
                 **accounting, "confidence": confidence,
                 "notes": [f"all {failed} episodes failed (their errors are in rollouts.jsonl)" if failed
                           else "no episodes"]}
-    tasks = _by_task(records)
-    ids = sorted(tasks)
-    rows = [tasks[t] for t in ids]
-    sizes = np.array([len(rs) for rs in rows])
-    # every episode once, grouped by task in ``ids`` order; ``owner``: each one's task
-    rewards = np.array([r["reward"] for rs in rows for r in rs], dtype=float)
-    successes = np.array([bool(r["success"]) for rs in rows for r in rs], dtype=float)
-    owner = np.repeat(np.arange(len(ids)), sizes)
+    ids, task_of = _codes([str(r["task_id"]) for r in records])
+    # every episode once, grouped by task in ``ids`` order (each task's in the records' order);
+    # ``owner``: each one's task
+    grouped = np.argsort(task_of, kind="stable")
+    owner = task_of[grouped]
+    sizes = np.bincount(owner, minlength=len(ids))
+    record_rewards = np.array([r["reward"] for r in records], dtype=float)
+    record_successes = np.array([bool(r["success"]) for r in records], dtype=float)
+    rewards, successes = record_rewards[grouped], record_successes[grouped]
     # What a resample draws (``unit``: each episode's, in order): tasks, or with one task its
     # episodes. Each unit's sums: a resample of units weighs each episode once, as the point
     # estimates (the means over episodes) do, so an interval always holds its estimate.
@@ -349,6 +370,9 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
                      "certainty the sample does not give")
     solved = Counter(zip(sizes.tolist(), np.bincount(owner, successes, len(ids)).astype(int).tolist()))
 
+    starts = np.cumsum(sizes) - sizes
+    played_again = sizes > 1  # GRPO groups whose advantages are all 0: tasks played twice or more, one reward
+    same = (np.maximum.reduceat(rewards, starts) == np.minimum.reduceat(rewards, starts))[played_again]
     turns = sum(int(r.get("turns") or 0) for r in records)
     return {
         "episodes": len(everything),
@@ -363,7 +387,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         # tasks with the same (samples, successes) share their pass@k: computed once per pair
         "pass_at_k": {str(k): sum(pass_at_k(n, c, k) * m for (n, c), m in solved.items()) / len(ids)
                       for k in range(1, int(sizes.min()) + 1)},
-        "by": _groups(records, by),
+        "by": _groups(records, by, record_rewards, record_successes),
         "tool_error_rate": sum(int(r.get("tool_errors") or 0) for r in records) / turns if turns else 0.0,
         "parse_error_rate": sum(int(r.get("parse_errors") or 0) for r in records) / turns if turns else 0.0,
         "turns_mean": turns / len(records),
@@ -373,7 +397,7 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
         "confidence": confidence,
         "intervals_over": over,
         "notes": notes,
-        "zero_variance_groups": zero_variance_share(records, tasks),
+        "zero_variance_groups": float(same.mean()) if len(same) else None,
         **_by_member(everything, seed=seed, confidence=confidence, resamples=resamples),
     }
 
