@@ -3,9 +3,9 @@
 import sys
 
 try:  # Ctrl-C while the command's module imports: the same one line and status 130 as main's
-    from benchmax_gym.cli import main
+    from benchmax_gym.cli import console
 except KeyboardInterrupt:
     print("\ninterrupted", file=sys.stderr)
     sys.exit(130)
 
-sys.exit(main())
+console()

@@ -1005,12 +1005,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def console() -> NoReturn:
+    """The ``benchmax-gym`` command (and ``python -m benchmax_gym``): :func:`main`, then exit with
+    its status. An interrupted command keeps its Ctrl-C handling while Python exits (it waits for
+    threads and worker processes there): a further Ctrl-C ends it with status 130 at once."""
+    sys.exit(_run(None))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run one command. Ctrl-C whenever it comes (the parser being built, ``--import``, the
-    command's imports, gym.make, its work) is one line on stderr and exit status 130, as a shell
-    shows for an interrupted command (:func:`interrupted`): only eval caught it, and ``run`` cut
-    short while making its environment printed a KeyboardInterrupt traceback; the servers
-    (``mcp-serve``, ``openenv-serve``) ended with status 0."""
+    """Run one command in this process and return its exit status (``benchmax-gym ARGS`` is
+    ``main(ARGS)``). Ctrl-C whenever it comes (the parser being built, ``--import``, the command's
+    imports, gym.make, its work) is one line on stderr and status 130, as a shell shows for an
+    interrupted command (:func:`interrupted`). The caller's own Ctrl-C handling is back when it
+    returns: a notebook's next Ctrl-C interrupts its cell, where it ended the whole process."""
+    global _said_interrupted
+    try:
+        handler = signal.getsignal(signal.SIGINT)
+    except ValueError:  # (not the main thread)
+        handler = None
+    try:
+        return _run(argv)
+    finally:
+        if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
+            signal.signal(signal.SIGINT, handler)
+        _said_interrupted = False  # (nor does the process ignore Ctrl-C as it exits)
+
+
+def _run(argv: list[str] | None) -> int:
+    """:func:`main`'s work, the Ctrl-C handling an interrupted command installs left in place."""
     global _said_interrupted
     _said_interrupted = False
     args = None
@@ -1060,4 +1082,4 @@ def _datasets_bars_off() -> Callable[[], None]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

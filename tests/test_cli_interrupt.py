@@ -339,3 +339,30 @@ def test_a_second_ctrl_c_while_run_closes_its_env_is_still_one_line_and_status_1
     said = [x for x in "".join(said).splitlines() if x.strip() and not x.startswith("slow-close:")]
     assert proc.returncode == 130 and not any("Traceback" in x or "Error" in x for x in said), (proc.returncode, said)
     assert said == ["interrupted"], said
+
+
+def test_main_called_in_process_gives_the_callers_ctrl_c_back_after_an_interrupted_command(tmp_path):
+    """A notebook or script calling ``main()`` in its own process: after a command ends on
+    Ctrl-C (130), the caller's next Ctrl-C is its own KeyboardInterrupt again, not the end of
+    the whole process with status 130."""
+    (tmp_path / "stop_here.py").write_text("raise KeyboardInterrupt\n")
+    code = f"""if True:
+        import os, signal
+        from benchmax_gym.cli import main
+        before = signal.getsignal(signal.SIGINT)
+        status = main({["--import", "stop_here"] + COMMANDS["run"]!r})
+        print("status", status, "handler back", signal.getsignal(signal.SIGINT) is before, flush=True)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            import time; time.sleep(5)
+            print("no KeyboardInterrupt")
+        except KeyboardInterrupt:
+            print("the caller's KeyboardInterrupt")
+        """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=120)
+    assert done.stdout.splitlines() == ["status 130 handler back True", "the caller's KeyboardInterrupt"], \
+        (done.returncode, done.stdout, done.stderr[-2000:])
+    assert done.returncode == 0
+    assert done.stderr.strip().splitlines()[-1] == "interrupted"
