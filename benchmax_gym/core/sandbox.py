@@ -49,8 +49,10 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   TCP, 128 KiB a direction: about ``memory_mb`` in all at the default limits, but it grows with
   ``max_processes`` and the host's defaults, and pipes' pages are bounded the same way),
   size of any file written,
-  workspace quota (workspace and ``/tmp`` together: a tmpfs per episode on root hosts, so writes
-  stop during the call; elsewhere checked after it), and stdout/stderr capped with a visible marker;
+  workspace quota (workspace and ``/tmp`` together: a tmpfs per episode, so writes stop during the
+  call - on non-root hosts mounted in a user namespace of the sandbox's own, whose files the host
+  reaches through ``/proc/PID/root`` of the process holding it; where neither can be had,
+  checked after the call), and stdout/stderr capped with a visible marker;
 * environment: scrubbed - no inherited variables, so no API keys or tokens.
 
 Levels: ``bubblewrap`` (bubblewrap from Debian's ``bubblewrap`` package, detected at run time);
@@ -63,6 +65,7 @@ no file-system or network isolation, used only when asked for explicitly with
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
 import functools
 import json
@@ -494,23 +497,92 @@ def _detach(path: str) -> bool:
     return _libc().umount2(str(path).encode(), _MNT_DETACH) == 0
 
 
-def _share_pool_dir(path: Path) -> bool:
-    """Make a pool's directory a shared tmpfs (root hosts), so that the episodes' tmpfs mounted
-    under it later reach the server already running on it (bubblewrap's copy is its slave), and
-    the code's mountinfo shows no host path for it (a bind mount shows its source's)."""
-    if os.geteuid() != 0:
-        return False
+class _UserMounts:
+    """Where a non-root host mounts its pools' and episodes' tmpfs: a user and mount namespace of
+    the user's own, held by a helper process (``sandbox_server.hold_mounts``) that makes the
+    mounts asked of it. This process reaches their files through ``/proc/PID/root`` of the helper
+    (:meth:`view`), and the server runs in that namespace (``--enter``). The helper is this
+    process's child and is only reaped by :meth:`close`, so its pid names no other process."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [_interpreter(), "-I", "-S", "-B", str(SERVER), "--hold-mounts"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True, close_fds=True)
+        if self.proc.stdout.readline() != b"ready\n":
+            self.close()
+            why = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
+            raise OSError(f"no user and mount namespace for the tmpfs: {why[-1] if why else 'its helper died'}")
+        self.proc.stderr.close()  # it writes nothing more there (its stderr is /dev/null now)
+
+    def _ask(self, request: list) -> None:
+        with self.lock:
+            try:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+                answer = self.proc.stdout.readline().decode(errors="replace").strip()
+            except (OSError, ValueError):
+                answer = ""
+        if answer != "ok":
+            raise OSError(answer or "the helper holding the sandbox's mounts is gone")
+
+    def mount(self, source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+        self._ask([source, str(target), fstype, flags, data])
+
+    def detach(self, path) -> bool:
+        try:
+            self._ask(["detach", str(path)])
+            return True
+        except OSError:
+            return False
+
+    def view(self, path: Path) -> Path:
+        """``path`` of the helper's namespace (absolute), as this process reaches it."""
+        return Path(f"/proc/{self.proc.pid}/root{path}")
+
+    def close(self) -> None:
+        """End the helper; its tmpfs go with the last process in its namespace (the server's)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+def _user_mounts() -> _UserMounts | None:
+    """A namespace to mount tmpfs in (non-root hosts), or None where the kernel refuses one."""
     try:
-        _mount("tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=711")
+        return _UserMounts()
+    except OSError as exc:
+        log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
+        return None
+
+
+def _share_pool_dir(path: Path, mounts: _UserMounts | None = None) -> bool:
+    """Make a pool's directory a shared tmpfs (root hosts: in the host's mount namespace; elsewhere
+    in ``mounts``'), so that the episodes' tmpfs mounted under it later reach the server already
+    running on it (bubblewrap's copy is its slave), and the code's mountinfo shows no host path
+    for it (a bind mount shows its source's)."""
+    if mounts is None and os.geteuid() != 0:
+        return False
+    mount, detach = (mounts.mount, mounts.detach) if mounts else (_mount, _detach)
+    try:
+        mount("tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=711")
     except OSError as exc:
         log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
         return False
     try:
-        _mount("none", str(path), None, _MS_SHARED)
+        mount("none", str(path), None, _MS_SHARED)
         return True
     except OSError as exc:
         log.info("no tmpfs workspaces (%s): the quota is checked after each call", exc)
-        _detach(str(path))
+        detach(str(path))
         return False
 
 
@@ -536,12 +608,14 @@ def _sweep_stale_pools() -> None:
         remove_tree(Path(pool))
 
 
-def _episode_tmpfs(path: Path, limits: "SandboxLimits") -> bool:
-    """Mount the episode's tmpfs: ``workspace_mb`` for its workspace and ``/tmp`` together, and
-    one entry per 4 KiB of it (an empty file, a link or a FIFO costs at least a block)."""
+def _episode_tmpfs(path: Path, limits: "SandboxLimits", mounts: _UserMounts | None = None) -> bool:
+    """Mount the episode's tmpfs (in ``mounts``' namespace on non-root hosts): ``workspace_mb``
+    for its workspace and ``/tmp`` together, and one entry per 4 KiB of it (an empty file, a
+    link or a FIFO costs at least a block)."""
     try:
-        _mount("tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV,
-               f"size={limits.workspace_mb}m,nr_inodes={max(64, limits.workspace_mb * 256)},mode=711")
+        (mounts.mount if mounts else _mount)(
+            "tmpfs", str(path), "tmpfs", _MS_NOSUID | _MS_NODEV,
+            f"size={limits.workspace_mb}m,nr_inodes={max(64, limits.workspace_mb * 256)},mode=711")
         return True
     except OSError as exc:
         log.warning("no tmpfs for a sandbox workspace (%s): the quota is checked after each call", exc)
@@ -552,15 +626,21 @@ def _episode_tmpfs(path: Path, limits: "SandboxLimits") -> bool:
 def disk_mechanism() -> tuple[bool, str]:
     """Whether episodes get a tmpfs each here (the quota then holds during the call), and words."""
     probe = Path(tempfile.mkdtemp(prefix="probe-", dir=_workspace_root()))
+    mounts = _user_mounts() if os.geteuid() != 0 else None
     try:
-        if _share_pool_dir(probe):
-            _detach(str(probe))
-            return True, ("a tmpfs per episode (size=workspace_mb, one entry per 4 KiB of it, workspace and "
-                          "/tmp together) stops writes during the call")
-        why = "not root" if os.geteuid() != 0 else "mounting a tmpfs failed"
+        if _share_pool_dir(probe, mounts):
+            if mounts is None:
+                _detach(str(probe))
+            where = (" in a user namespace of the sandbox's own (not root: the host reaches its files through "
+                     "/proc/PID/root of the process holding it)") if mounts else ""
+            return True, (f"a tmpfs per episode{where} (size=workspace_mb, one entry per 4 KiB of it, workspace "
+                          "and /tmp together) stops writes during the call")
+        why = "mounting a tmpfs failed" if os.geteuid() == 0 or mounts else "not root, and no user namespace"
         return False, (f"checked after each call ({why}: no tmpfs per episode); files the call wrote past "
                        "workspace_mb are deleted, every entry counting at least 4 KiB")
     finally:
+        if mounts is not None:
+            mounts.close()
         remove_tree(probe)
 
 
@@ -800,9 +880,10 @@ def _inside(path: str, binds) -> str | None:
 
 
 def _spawn(level: str, episodes: Path, preload: tuple[str, ...],
-           cgroups: dict[str, str] | None = None) -> subprocess.Popen:
+           cgroups: dict[str, str] | None = None, mounts: _UserMounts | None = None) -> subprocess.Popen:
     """Start the server for the episodes under ``episodes`` (requests on stdin, JSON lines on
-    stdout, its own errors - bubblewrap's included - on a captured stderr, never the user's)."""
+    stdout, its own errors - bubblewrap's included - on a captured stderr, never the user's), in
+    ``mounts``' namespace if given (where the episodes' tmpfs are)."""
     inside = level == BUBBLEWRAP
     root = os.geteuid() == 0
     config = {
@@ -852,6 +933,8 @@ def _spawn(level: str, episodes: Path, preload: tuple[str, ...],
         config["path"] = [os.path.realpath(p) for p in sys.path if p]
         argv = [_interpreter(), "-I", "-S", "-B", str(SERVER)]
         pass_fds = ()
+    if mounts is not None:
+        argv = [_interpreter(), "-I", "-S", "-B", str(SERVER), "--enter", str(mounts.proc.pid), *argv]
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -1009,7 +1092,13 @@ class _Pool:
             _sweep_stale_pools()
         self.dir = Path(tempfile.mkdtemp(prefix=f"sandbox-{os.getpid()}-", dir=root))
         os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
-        self.tmpfs = tmpfs and _share_pool_dir(self.dir)  # episodes then get a tmpfs each
+        # non-root hosts mount in a user namespace of their own, and reach the files through it
+        self.mounts = _user_mounts() if tmpfs and os.geteuid() != 0 else None
+        self.tmpfs = tmpfs and _share_pool_dir(self.dir, self.mounts)  # episodes then get a tmpfs each
+        if self.mounts is not None and not self.tmpfs:
+            self.mounts.close()
+            self.mounts = None
+        self.files = self.mounts.view(self.dir) if self.mounts else self.dir  # self.dir as this process reaches it
         self.users = 0
         self.restarts = 0
         self._server: _Server | None = None
@@ -1027,7 +1116,7 @@ class _Pool:
                 if server is not None:
                     server.kill()
                     self.restarts += 1
-                server = self._server = _Server(_spawn(self.level, self.dir, self.preload, self.cgroups))
+                server = self._server = _Server(_spawn(self.level, self.dir, self.preload, self.cgroups, self.mounts))
             return server
 
     def forget(self, episode: str) -> None:
@@ -1035,6 +1124,10 @@ class _Pool:
         server = self._server
         if server is not None and not server.dead and self.pid == os.getpid():
             server.cancel({"forget": episode})
+
+    def detach(self, path: Path) -> bool:
+        """Detach the tmpfs at ``path`` (a path of the namespace it was mounted in)."""
+        return (self.mounts.detach if self.mounts else _detach)(str(path))
 
     def restart(self, server: _Server) -> None:
         """Kill ``server`` (hung, or its channel no longer trusted); the next call starts another."""
@@ -1047,7 +1140,9 @@ class _Pool:
             server.kill()
         if self.pid == os.getpid():
             _remove_cgroups(self.cgroups, wait=2.0)
-            if self.tmpfs:
+            if self.mounts is not None:  # its namespace, tmpfs and all, goes with its helper (the server is gone)
+                self.mounts.close()
+            elif self.tmpfs:
                 _detach(str(self.dir))
         remove_tree(self.dir)
 
@@ -1239,11 +1334,12 @@ class Sandbox:
                 self._pool = _acquire(self.level, self.preload)
             self._pid = os.getpid()
             self.name = secrets.token_hex(8)
-            self._dir = self._pool.dir / f"ep-{self.name}"  # the episode's tmpfs (root hosts), or a directory
+            self._mountpoint = self._pool.dir / f"ep-{self.name}"  # the episode's tmpfs, or a directory
+            self._dir = self._pool.files / f"ep-{self.name}"  # the same, as this process reaches it
             self._dir.mkdir(mode=0o700)
             made = True
             os.chmod(self._dir, 0o711 if os.geteuid() == 0 else 0o700)  # root: the episode's uid passes through
-            self.tmpfs = self._pool.tmpfs and _episode_tmpfs(self._dir, self.limits)
+            self.tmpfs = self._pool.tmpfs and _episode_tmpfs(self._mountpoint, self.limits, self._pool.mounts)
             self.workspace = self._dir / "workspace"
             self.tmp = self._dir / "tmp"
             self.workspace.mkdir(mode=0o700)
@@ -1255,7 +1351,7 @@ class Sandbox:
             self._closed = True  # process's life (and the shared server's lease, and its directory)
             if made:
                 if self.tmpfs:
-                    _detach(str(self._dir))
+                    self._pool.detach(self._mountpoint)
                 remove_tree(self._dir)
             if self.uid is not None:
                 _UIDS.release(self.uid)
@@ -1274,21 +1370,38 @@ class Sandbox:
 
     def put_file(self, name: str, source: str | os.PathLike | bytes) -> Path:
         """Place a file (copied from a path, or given as bytes) in the workspace, owned so that
-        the code may change it. ``name`` is relative to the workspace and may not escape it."""
-        target = (self.workspace / name).resolve()
-        if self.workspace.resolve() not in target.parents:
+        the code may change it. ``name`` is relative to the workspace and may not escape it: it
+        is opened one component at a time, following no link (the workspace may lie behind
+        ``/proc/PID/root``, out of which resolving a path would step)."""
+        parts = Path(os.path.normpath(name)).parts if name else ()
+        if not parts or os.path.isabs(name) or parts[0] in (".", ".."):
             raise ValueError(f"{name!r} is outside the workspace")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(source, bytes):
-            target.write_bytes(source)
-        else:
-            shutil.copyfile(source, target)
-        if self.uid is not None:
-            for path in [target, *target.parents]:
-                if path == self.workspace.resolve():
-                    break
-                os.chown(path, self.uid, self.uid)
-        return target
+        fds = [os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+        try:
+            try:
+                for part in parts[:-1]:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, dir_fd=fds[-1])
+                    fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fds[-1]))
+                fds.append(os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+                                   | os.O_CLOEXEC, 0o666, dir_fd=fds[-1]))
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+                    raise ValueError(f"{name!r} is outside the workspace (through a link) or not a file") from None
+                raise
+            with open(fds[-1], "wb", closefd=False) as target:
+                if isinstance(source, bytes):
+                    target.write(source)
+                else:
+                    with open(source, "rb") as f:
+                        shutil.copyfileobj(f, target)
+            if self.uid is not None:
+                for fd in fds[1:]:
+                    os.fchown(fd, self.uid, self.uid)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return self.workspace.joinpath(*parts)
 
     def close(self) -> None:
         """End the episode's call if one runs, delete its workspace and ``/tmp``, and let go of the
@@ -1304,7 +1417,7 @@ class Sandbox:
             pass  # sent, it ends it itself, or sends none: see sent() in run())
         self._pool.forget(self.name)
         if self.tmpfs:
-            _detach(str(self._dir))  # its pages go with the last mount of it (a call's copy)
+            self._pool.detach(self._mountpoint)  # its pages go with the last mount of it (a call's copy)
         remove_tree(self._dir)
         if self.uid is not None:  # its processes and files are gone: another episode may have it
             _UIDS.release(self.uid)

@@ -31,6 +31,9 @@ Configuration comes as the first line on stdin: the level, where episode directo
 preload, ``sys.path`` (inside bubblewrap the interpreter runs with ``-S`` at a neutral path), the
 seccomp program, how many processes this uid already runs outside (the base of the process
 limit), and the parent cgroups to make each call's cgroup under (or none).
+
+On non-root hosts the same script, run with ``--hold-mounts``, holds the user and mount namespace
+where the episodes' tmpfs are mounted, and with ``--enter`` starts the server inside it.
 """
 
 import collections
@@ -1045,5 +1048,52 @@ def main():
                 finish(fd, call, {"internal_error": "the call's monitor stopped answering and was killed"})
 
 
+# -- non-root hosts: a user and mount namespace of the user's own, for the episodes' tmpfs ----------
+
+CLONE_NEWUSER, MS_SHARED, MNT_DETACH = 0x10000000, 1 << 20, 2
+
+
+def hold_mounts():
+    """``--hold-mounts``: where the host user may not mount, hold a user and mount namespace of
+    its own in which it may, so that episodes get a tmpfs each (their size holds while the code
+    writes) as on root hosts. The host reaches their files through ``/proc/PID/root`` of this
+    process and starts the server in here (``--enter``). Mounts what the host asks, a JSON line
+    each on stdin (``mount``'s arguments, or ``["detach", target]``), answering ``ok`` or the
+    error; exits when stdin closes, and the tmpfs go once no server is in the namespace either."""
+    uid, gid = os.getuid(), os.getgid()
+    check(libc().unshare(CLONE_NEWUSER | CLONE_NEWNS), "unshare")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    mount("none", "/", None, MS_REC | MS_SLAVE)  # nothing mounted here reaches the host
+    print("ready", flush=True)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the host reads errors only until it is ready
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            if request[0] == "detach":
+                check(libc().umount2(request[1].encode(), MNT_DETACH), f"umount {request[1]}")
+            else:
+                mount(*request)
+            print("ok", flush=True)
+        except Exception as exc:  # a bad request is answered, never fatal: the tmpfs would go
+            print(str(exc).replace("\n", " ") or type(exc).__name__, flush=True)
+
+
+def enter_mounts(pid, argv):
+    """``--enter PID ARGV...``: run ARGV (the server) in the namespaces ``hold_mounts`` holds
+    (process ``PID``), where the episodes' tmpfs are."""
+    for name, flag in (("user", CLONE_NEWUSER), ("mnt", CLONE_NEWNS)):
+        fd = os.open(f"/proc/{int(pid)}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        check(libc().setns(fd, flag), f"entering the sandbox's {name} namespace (setns)")
+        os.close(fd)
+    os.execvp(argv[0], argv)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--hold-mounts"]:
+        hold_mounts()
+    elif sys.argv[1:2] == ["--enter"]:
+        enter_mounts(sys.argv[2], sys.argv[3:])
+    else:
+        main()

@@ -1,0 +1,83 @@
+"""The workspace quota on non-root hosts holds while the code writes, as on root hosts. Real
+sandboxes run by an unprivileged user (uid 65534 through setpriv when the tests run as root)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import benchmax_gym
+
+CODE_PATH = os.path.dirname(os.path.dirname(benchmax_gym.__file__))  # the code under test
+QUOTA_MB = 16
+
+# Writes 3x the quota, in files well under the per-file limit, into /tmp and into the workspace;
+# nothing is deleted during the write, so what it wrote before its first error was all held at once.
+FILL = r"""
+import os, sys
+where, size, wrote = sys.argv[0], 256 << 10, 0
+try:
+    for i in range(3 * QUOTA_MB * 4):
+        with open(os.path.join(where, f'fill{i}'), 'wb') as f:
+            f.write(b'x' * size)
+        wrote += size
+    print('NOT STOPPED', wrote)
+except OSError as e:
+    print('STOPPED', e.errno, wrote)
+"""
+
+AS_USER = r"""
+import json, os, sys
+from benchmax_gym.core.sandbox import Sandbox, SandboxLimits
+fill, quota = sys.argv[1], int(sys.argv[2])
+out = []
+with Sandbox(limits=SandboxLimits(timeout=60, max_file_mb=1, workspace_mb=quota)) as box:
+    box.put_file("input.txt", b"from the host")
+    for where in ("/tmp", "."):
+        out.append(box.run(f"import sys; sys.argv = [{where!r}]\n" + fill).stdout)
+        out.append(box._usage())  # what the host holds for the episode after the call
+        box.run("import glob, os\nfor p in glob.glob('/tmp/fill*') + glob.glob('fill*'):\n    os.unlink(p)")
+    # the host still reaches the workspace both ways, and the room is back once the code deleted
+    out.append(box.run("print(open('input.txt').read()); open('from_code.txt', 'w').write('written')").stdout)
+    out.append((box.workspace / "from_code.txt").read_text())
+print(json.dumps([os.geteuid()] + out))
+"""
+
+
+def _as_unprivileged() -> list[str]:
+    """The prefix that runs this interpreter as uid/gid 65534 (nothing when not root); skips,
+    saying why, where that user cannot run it."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv (util-linux) is not installed: cannot run the sandbox as a non-root user")
+    probe = subprocess.run([*prefix, sys.executable, "-c", f"import sys; sys.path.insert(0, {CODE_PATH!r}); "
+                            "import benchmax_gym"], capture_output=True, text=True, cwd="/")
+    if probe.returncode:
+        pytest.skip(f"uid 65534 cannot run this interpreter and the code under test: {probe.stderr.strip()[-300:]}")
+    return prefix
+
+
+def test_a_non_root_hosts_quota_stops_writes_during_the_call(bubblewrap):
+    """A non-root host had no tmpfs per episode: a call wrote files under the per-file limit
+    until its time ran out (here 48 MiB under a quota of 16, into /tmp or the workspace), all
+    on the host's disk and memory at once, and only then the excess was deleted. Now the
+    episode's tmpfs, mounted in a user namespace of the sandbox's own, refuses the write that
+    would pass the quota (ENOSPC) while the code runs; the host reaches the files as before."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": "/tmp", "PYTHONPATH": CODE_PATH}
+    proc = subprocess.run([*_as_unprivileged(), sys.executable, "-c", AS_USER, FILL.replace("QUOTA_MB", str(QUOTA_MB)),
+                           str(QUOTA_MB)], capture_output=True, text=True, timeout=300, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    uid, tmp_fill, tmp_usage, ws_fill, ws_usage, read_back, from_code = json.loads(proc.stdout.splitlines()[-1])
+    assert uid != 0
+    quota = QUOTA_MB << 20
+    for fill, usage in ((tmp_fill, tmp_usage), (ws_fill, ws_usage)):
+        words = fill.split()
+        assert words[0] == "STOPPED" and int(words[1]) in (28, 122), fill  # ENOSPC / EDQUOT, inside the call
+        assert int(words[2]) <= quota, fill  # held at once: never past the quota
+        assert usage <= quota + (1 << 20), usage
+    assert read_back == "from the host\n" and from_code == "written"
