@@ -180,6 +180,12 @@ _RELATIONS = {
     "at most": re.compile(r"\\(?:leq?|leqq|leqslant|lt|ll|prec|preceq)(?![A-Za-z])|[≤<]"),
     "about": re.compile(r"\\(?:approx|sim|simeq|cong|propto)(?![A-Za-z])|[≈∼]"),
     "plus or minus": re.compile(r"\\(?:pm|mp)(?![A-Za-z])|±|∓"),
+    # connectives math-verify cannot read, so it reads the answer as its last number: ``x \\vee 5`` as 5
+    "or / and": re.compile(r"\\(?:vee|lor|wedge|land|bigvee|bigwedge|veebar|barwedge|curlyvee|curlywedge|&)"
+                           r"(?![A-Za-z])|[∨∧]|(?<!\\)&(?!.*\\end)", re.DOTALL),
+    "set operation": re.compile(r"\\(?:cup|cap|setminus|smallsetminus|backslash|sqcup|sqcap|uplus|bigcup|bigcap|"
+                                r"amalg)(?![A-Za-z])|[∪∩∖]"),
+    "circled operation": re.compile(r"\\(?:oplus|ominus|otimes|oslash|odot|bigoplus|bigotimes|bigodot)(?![A-Za-z])|[⊕⊖⊗⊘⊙]"),
 }
 # "more", "less", "larger" alone state a difference ("5 more" answers "how many more"): their hedges
 # come with "or" or "than", which are listed
@@ -302,11 +308,69 @@ def _parse_sll_first() -> None:
         _sll_first_installed = True
 
 
+_values_first_installed = False
+
+
+def _simplify_values_first() -> None:
+    """Makes math-verify's last resort, ``simplify(gold - predicted)`` (``sympy_symbolic_eq``), first
+    compare the two sides' values at a point (:func:`_differ_at_a_point`) and answer "not equal" at
+    once where they differ. simplify takes time that grows fast with the terms of an answer
+    (``\\tan^5(8w) + \\sec^3(4p) + ...`` or 50 names added: 5 to 20 s, a 300-character answer), and
+    can only find a difference of two expressions that differ at a point to be zero where it errs:
+    every answer it finds equal is still checked by it. Installed once, like :func:`_parse_sll_first`."""
+    global _values_first_installed
+    if _values_first_installed:
+        return
+    with _sll_first_lock:
+        from math_verify import grader
+
+        symbolic_eq = grader.sympy_symbolic_eq
+        if not getattr(symbolic_eq, "values_first", False):
+
+            @functools.wraps(symbolic_eq)
+            def values_first(a, b):
+                return False if _differ_at_a_point(a, b) else symbolic_eq(a, b)
+
+            values_first.values_first = True
+            grader.sympy_symbolic_eq = values_first
+        _values_first_installed = True
+
+
+#: where :func:`_differ_at_a_point` reads both sides: each name gets its own value, none a simple number
+_POINTS = ((0.5377, 0.0731), (0.8183, 0.2239))
+
+
+def _differ_at_a_point(a, b) -> bool:
+    """Whether expressions ``a`` and ``b`` surely take different values: at one of two points (each
+    name a value of its own) both evaluate, to 30 digits, to numbers that differ by more than a
+    millionth of their size, or one to a finite number and the other not (``\\ln(e - e)`` added to
+    junk). Anything else (a side that stays symbolic there, both infinite, an integral, sum or limit,
+    whose evaluation is numerical analysis, not arithmetic) says nothing: False."""
+    import sympy
+
+    if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr)):
+        return False
+    if any(e.has(sympy.Integral, sympy.Sum, sympy.Product, sympy.Limit, sympy.Derivative) for e in (a, b)):
+        return False
+    names = sorted(a.free_symbols | b.free_symbols, key=str)
+    for start, step in _POINTS:
+        point = {name: sympy.Float(start + step * i, 30) for i, name in enumerate(names)}
+        try:
+            x, y = (complex(e.evalf(30, subs=point)) for e in (a, b))
+        except (TypeError, ValueError, ArithmeticError):
+            continue
+        finite = [math.isfinite(v.real) and math.isfinite(v.imag) for v in (x, y)]
+        if finite[0] != finite[1] or all(finite) and abs(x - y) > 1e-6 * max(1.0, abs(x), abs(y)):
+            return True
+    return False
+
+
 def _verify(gold: str, predicted: str) -> bool:
     """math-verify's check, without its own timeouts (the caller bounds the whole of it)."""
     from math_verify import parse, verify  # imported here: sympy costs ~0.5 s to import
 
     _parse_sll_first()
+    _simplify_values_first()
     # Wrapping in \boxed{} makes math-verify read the whole string as one LaTeX answer; a bare
     # "pi" would otherwise be read as the product p*i.
     gold_text, pred_text = _clean(gold), _BARE_PI.sub(r"\\pi", _clean(predicted))
@@ -496,18 +560,25 @@ def _split_modulus(latex: str) -> tuple[str, int | None]:
 MAX_NESTING = 6
 MAX_BRACKETS = 24
 MAX_BARS = 4
+#: integrals cost the parser time exponential in their count too (each about 4x: 3 take 0.2 s, 5 over
+#: 1 s, 8 over 10 s), and two with terms after them already seconds; no answer needs one (an unevaluated
+#: integral is no final value) but one, which costs about as much as the rest of the answer, is let be
+MAX_INTEGRALS = 1
 _OPEN, _CLOSE = frozenset("([{"), frozenset(")]}")
 _BARS = re.compile(r"\||\\[lr]?[vV]ert(?![A-Za-z])")
+_INTEGRALS = re.compile(r"\\(?:i{1,3}nt|oint|intop|smallint)(?![A-Za-z])|[∫∬∭∮]")
 #: three scripts in a row (``x^2_x^2``, ``x_1^x``, ``x^x^x``): TeX's "double superscript" error
 _SCRIPT_RUN = re.compile(r"(?:(?<!\\)[\^_]\s*(?:\\[A-Za-z]+(?:\s*\{[^{}]*\})*|\{[^{}]*\}|[^\s{}\\^_])\s*){3}")
 
 
 def _tangled(latex: str) -> bool:
     """Whether an answer nests brackets deeper than :data:`MAX_NESTING`, holds more than
-    :data:`MAX_BRACKETS` brackets or :data:`MAX_BARS` bars, or chains three scripts: structure no
+    :data:`MAX_BRACKETS` brackets, :data:`MAX_BARS` bars or :data:`MAX_INTEGRALS` integrals, or chains three scripts: structure no
     answer needs, on which the parser would spend up to the whole timeout. A linear scan, done
     before math-verify sees the answer."""
     if len(_BARS.findall(latex)) > MAX_BARS or _SCRIPT_RUN.search(latex):
+        return True
+    if len(_INTEGRALS.findall(latex)) > MAX_INTEGRALS:
         return True
     depth = opened = 0
     for ch in latex:
@@ -522,6 +593,15 @@ def _tangled(latex: str) -> bool:
 
 #: an answer whose numbers may reach more digits than this is refused before sympy evaluates it
 MAX_DIGITS = 10_000
+#: what can make a number longer than the text that writes it (a power, a factorial)...
+_GROWS = re.compile(r"[\^!]")
+_COMMAND = re.compile(r"\\([A-Za-z]+)")
+#: ...and the commands that cannot (no binomial, exponential, sum, product, or one unknown here)
+_FLAT_COMMANDS = frozenset(
+    "frac dfrac tfrac sqrt left right cdot times div pi infty text quad qquad sin cos tan cot sec csc "
+    "arcsin arccos arctan sinh cosh tanh log ln alpha beta gamma delta epsilon varepsilon theta vartheta lambda mu "
+    "nu rho sigma tau phi varphi omega".split()
+)
 
 
 @functools.lru_cache(maxsize=1024)  # a task's gold and common answers recur across samples
@@ -532,6 +612,8 @@ def _too_big(latex: str) -> bool:
     from math_verify.parser import parse_latex_cached
     from sympy import evaluate
 
+    if not _GROWS.search(latex) and set(_COMMAND.findall(latex)) <= _FLAT_COMMANDS:
+        return False  # (its numbers are written out: the parse, half the cost of grading, is not needed)
     try:
         with evaluate(False):  # (sympy's global parameters are per thread)
             # uncached: math-verify's own parse must never read this unevaluated result

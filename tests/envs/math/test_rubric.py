@@ -121,8 +121,9 @@ def test_is_equivalent_from_worker_threads():
 
 
 def test_worker_thread_timeout_returns_false_on_time():
-    # sympy needs ~3 s to tell these apart; the caller must get its answer after the timeout
-    gold, predicted = "(x+y+z+1)^{20}", "(x+y+z+2)^{20}"
+    # sympy needs ~3 s to tell these apart (a sum: no value check answers first); the caller must
+    # get its answer after the timeout
+    gold, predicted = "(x+y+z+1)^{12}", r"\sum_{k=0}^{12} \binom{12}{k} (x+y+z)^k"
     with ThreadPoolExecutor(max_workers=1) as pool:
         result = pool.submit(is_equivalent, gold, predicted, 0.3).result(timeout=60)  # (a hang guard)
         checking = [t for t in threading.enumerate() if t.name == "math-verify" and t.is_alive()]
