@@ -408,17 +408,21 @@ def _decoded(records: Any, path: Any):
         raise ValueError(f"path {path!r}: record {count}: {why}") from None
 
 
-def numbered_jsonl(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
-    """``(line number, value)`` for each non-blank line of a JSON Lines file; a line that is not
-    UTF-8 JSON is an error naming the file and line (a byte-order mark is read as the mark)."""
+def numbered_jsonl(path: str | os.PathLike, what: str, limit: int | None = None) -> list[tuple[int, Any]]:
+    """``(line number, value)`` for each non-blank line of a JSON Lines file, the first ``limit``
+    of them only when given (the lines after those are never read: a bad one cannot fail the
+    load); a line that is not UTF-8 JSON is an error naming the file and line (a byte-order mark
+    is read as the mark)."""
     name = os.fspath(path)
     if os.path.isdir(path):
         raise ValueError(f"{what} {name!r} is a folder, not a JSON Lines file")
     if os.path.exists(path) and not os.path.isfile(path):  # a FIFO or a device: opening it blocked, or never ended
         raise ValueError(f"{what} {name!r} is not a regular file")
-    records = []
+    records: list[tuple[int, Any]] = []
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
+            if limit is not None and len(records) >= limit:
+                break
             if number == 1:
                 line = line.removeprefix(b"\xef\xbb\xbf")  # (Windows editors write one)
             if not line.strip():
@@ -434,6 +438,16 @@ def numbered_jsonl(path: str | os.PathLike, what: str) -> list[tuple[int, Any]]:
                 raise ValueError(f"{what} {name!r} line {number}: JSON nested too deeply to read") from None
             records.append((number, record))
     return records
+
+
+def starts_json_array(path: str | os.PathLike) -> bool:
+    """Whether a file's first character past white space (and a byte-order mark) is ``[``: a JSON
+    array, which is parsed whole, where JSON Lines can be read a line at a time."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16).removeprefix(b"\xef\xbb\xbf").lstrip()
+        while not head and (chunk := f.read(1 << 16)):
+            head = chunk.lstrip()
+    return head[:1] == b"["
 
 
 _FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -537,88 +551,131 @@ def _local_files(path: str | os.PathLike | Sequence[str | os.PathLike]) -> list[
     return expanded
 
 
-def _one_local_file(path: Any, split: str | None, load_kwargs: Mapping[str, Any], suffixes: tuple[str, ...]) -> str | None:
-    """The one local file ``path`` names, when it ends with one of ``suffixes`` and nothing else
-    (a split, loader arguments) asks for ``datasets``' own reading; else None."""
+def _same_kind_local_files(path: Any, split: str | None, load_kwargs: Mapping[str, Any],
+                           suffixes: tuple[str, ...]) -> list[str] | None:
+    """The local files ``path`` names, in the order :func:`load_records` hands them to ``datasets``
+    (which reads them in that order: a folder's by name), when they all end with one of
+    ``suffixes`` (the same one) and nothing else (a split, loader arguments) asks for ``datasets``'
+    own reading; else None."""
     if split not in (None, "train") or load_kwargs:
         return None
     try:
         files = _local_files(path)
     except (OSError, ValueError):
         return None
-    return files[0] if files and len(files) == 1 and os.path.splitext(files[0])[1] in suffixes else None
+    kinds = {os.path.splitext(f)[1] for f in files or ()}
+    return files if len(kinds) == 1 and kinds <= set(suffixes) else None
+
+
+def _rest_of_full_load(path: Any, split: str | None, done: int):
+    """The records after the first ``done`` as ``datasets`` reads all of ``path``: where a fast
+    path cannot tell what it makes of the rest (and it says what is wrong, if anything)."""
+    records = load_records(path, split=split)
+    return records.select(range(done, len(records)))
 
 
 def _first_parquet_rows(path: Any, split: str | None, load_kwargs: Mapping[str, Any]):
-    """The records of one local Parquet file, read a batch at a time with pyarrow, for a source that
-    keeps only its first tasks: ``datasets`` converts the whole file to Arrow first (seconds and
-    hundreds of MiB for eval's ``--tasks 5`` of a large file). Parquet stores each column's type, so these are the
-    records ``datasets`` gives, as long as every column is plain (numbers, text, lists and structs of
-    them) and the file holds no ``datasets`` features (images, class labels: decoded by it).
-    None where that does not hold: the full load then reads it (and says what is wrong)."""
-    file = _one_local_file(path, split, load_kwargs, (".parquet",))
-    if file is None:
+    """The records of local Parquet files (one, a folder's or a list's), read a batch at a time with
+    pyarrow, a file after another, for a source that keeps only its first tasks: ``datasets``
+    converts every file to Arrow first (seconds and hundreds of MiB for eval's ``--tasks 5`` of a
+    large file). Parquet stores each column's type, so these are the records ``datasets`` gives, as
+    long as every column is plain (numbers, text, lists and structs of them) and the first file
+    holds no ``datasets`` features (images, class labels: decoded by it). None where that does not
+    hold: the full load then reads them (and says what is wrong). ``datasets`` casts every file to
+    the first's columns: a later file whose columns differ (or that is not Parquet) is read from
+    the full load."""
+    files = _same_kind_local_files(path, split, load_kwargs, (".parquet",))
+    if files is None:
         return None
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(file)
-        schema = parquet.schema_arrow
+        first = pq.ParquetFile(files[0])
+        schema = first.schema_arrow
     except Exception:  # not Parquet: the full load says why
         return None
     if b"huggingface" in (schema.metadata or {}) or not all(_plain_arrow(f.type) for f in schema):
+        first.close()
+        return None
+
+    def opened(file: str):
+        """``file`` as Parquet with the first file's columns; None where it is not."""
+        try:
+            parquet = pq.ParquetFile(file)
+        except Exception:
+            return None
+        if parquet.schema_arrow.equals(schema):
+            return parquet
+        parquet.close()
         return None
 
     def rows():
-        try:
-            for batch in parquet.iter_batches(batch_size=256):
-                yield from batch.to_pylist()
-        except (OSError, ValueError) as exc:  # (pyarrow's errors are both)
-            raise ValueError(f"path {path!r}: cannot read it as PARQUET: {type(exc).__name__}: {exc}") from None
-        finally:
-            parquet.close()
+        done = 0
+        for i, file in enumerate(files):
+            parquet = first if i == 0 else opened(file)
+            if parquet is None:
+                yield from _rest_of_full_load(path, split, done)
+                return
+            with parquet:
+                try:
+                    for batch in parquet.iter_batches(batch_size=256):
+                        records = batch.to_pylist()
+                        done += len(records)
+                        yield from records
+                except (OSError, ValueError) as exc:  # (pyarrow's errors are both)
+                    raise ValueError(f"path {path!r}: cannot read it as PARQUET: {type(exc).__name__}: {exc}") from None
 
     return rows()
 
 
 def _first_jsonl_rows(path: Any, split: str | None, load_kwargs: Mapping[str, Any], limit: int):
-    """The records of one local JSON Lines file, read from its start a batch of lines at a time
-    (``limit`` lines, then twice as many...) for a source that keeps only its first tasks: ``datasets``
-    converts the whole file first (eval's ``--tasks 5`` of a large file read all of it, and a bad
-    line anywhere failed it). Each batch goes through pyarrow's JSON reader, as ``datasets`` reads
-    the file, so these are the records it gives (dates as datetimes, a key missing as None) as long
-    as the rows are flat (numbers, text, lists of them) and no later row changes a column's type
-    (an int column that a float further down makes ``datasets`` read as floats). None where the
-    first batch is not such rows: the full load reads the file (and says what is wrong); a later
-    batch that is not is read from the full load too."""
-    file = _one_local_file(path, split, load_kwargs, (".jsonl", ".json"))
-    if file is None:
+    """The records of local JSON Lines files (one, a folder's or a list's), read from the start a
+    batch of lines at a time (``limit`` lines, then twice as many...), a file after another, for a
+    source that keeps only its first tasks: ``datasets`` converts every file first (eval's
+    ``--tasks 5`` of a large file read all of it, and a bad line anywhere failed it). Each batch goes
+    through pyarrow's JSON reader, as ``datasets`` reads a file, so these are the records it gives
+    (dates as datetimes, a key missing as None) as long as the rows are flat (numbers, text, lists
+    of them) and no later row changes a column's type (an int column that a float further down
+    makes ``datasets`` read as floats). None where the first batch is not such rows (or the first
+    file has none): the full load reads the files (and says what is wrong). ``datasets`` casts
+    every batch to the first's columns: a later batch that is not such rows, or whose columns
+    differ, is read from the full load too."""
+    files = _same_kind_local_files(path, split, load_kwargs, (".jsonl", ".json"))
+    if files is None:
         return None
-    f = open(file, "rb")
+    f = open(files[0], "rb")
     first = _flat_jsonl_batch(f, limit, start=True)
-    if first is None:
+    if first is None or not first.num_rows:
         f.close()
         return None
 
     def rows():
-        with f:
-            batch, size, done = first, limit, 0
-            while batch:
-                yield from batch
-                done += len(batch)
+        nonlocal f
+        batch, size, done, later = first, limit, 0, iter(files[1:])
+        try:
+            while batch is not None and batch.schema.equals(first.schema):
+                records = batch.to_pylist()
+                done += len(records)
+                yield from records
                 size *= 2
                 batch = _flat_jsonl_batch(f, size)
-                if batch is None:  # the full load reads the rest (and says what is wrong)
-                    records = load_records(path, split=split)
-                    yield from records.select(range(done, len(records)))
-                    return
+                while batch is not None and not batch.num_rows:  # this file is read: the next one
+                    f.close()
+                    if (file := next(later, None)) is None:
+                        return
+                    f = open(file, "rb")
+                    batch = _flat_jsonl_batch(f, size, start=True)
+        finally:
+            f.close()
+        yield from _rest_of_full_load(path, split, done)  # (the batch is not such rows)
 
     return rows()
 
 
-def _flat_jsonl_batch(f: Any, count: int, start: bool = False) -> list[dict[str, Any]] | None:
-    """The next ``count`` records of the JSON Lines file ``f`` (fewer at its end) as pyarrow's JSON
-    reader gives them; None when a line is not a flat JSON object (or the reader refuses them)."""
+def _flat_jsonl_batch(f: Any, count: int, start: bool = False) -> Any:
+    """The next ``count`` records of the JSON Lines file ``f`` (fewer at its end, none past it) as a
+    table of pyarrow's JSON reader; None when a line is not a flat JSON object (or the reader
+    refuses them)."""
     import pyarrow as pa
     import pyarrow.json as paj
 
@@ -639,10 +696,10 @@ def _flat_jsonl_batch(f: Any, count: int, start: bool = False) -> list[dict[str,
             return None
         lines.append(line.rstrip(b"\r\n"))
     if not lines:
-        return []
+        return pa.table({})
     data = b"\n".join(lines)
     try:
-        return paj.read_json(pa.BufferReader(data), read_options=paj.ReadOptions(block_size=len(data) + 1)).to_pylist()
+        return paj.read_json(pa.BufferReader(data), read_options=paj.ReadOptions(block_size=len(data) + 1))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # mixed types: datasets reads them its own way
         return None
 

@@ -27,7 +27,9 @@ import numpy as np
 
 from benchmax_gym.core.checks import boolean, optional, path_or_id, positive_int
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg
-from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task, load_records, numbered_jsonl, pick, rand_int
+from benchmax_gym.core.tasks import (
+    GeneratedTasks, ListTasks, Task, load_records, numbered_jsonl, pick, rand_int, starts_json_array,
+)
 from benchmax_gym.envs.crm.org import CATEGORIES, HIGH_PRIORITY_RESPONSE_HOURS, MAX_TRANSFERS, REFUND_WINDOW_DAYS
 from benchmax_gym.envs.crm.rubric import normalize
 
@@ -434,14 +436,13 @@ def crmarena_tasks(path: str | os.PathLike, *, limit: int | None = None) -> List
     as is ``metadata["optional"]`` (definitions of quarters and seasons, say)."""
     path = os.fspath(path)
     if Path(path).suffix in (".json", ".jsonl") and Path(path).is_file():
-        data = Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf")
-        if data.lstrip().startswith(b"["):
+        if starts_json_array(path):
             try:
-                records = json.loads(data.decode("utf-8"))
+                records = json.loads(Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
             except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
                 raise ValueError(f"tasks {path!r}: not a JSON array of tasks ({type(exc).__name__}: {exc})") from None
-        else:  # JSON Lines: a bad line is named by its number
-            records = [record for _, record in numbered_jsonl(path, "tasks")]
+        else:  # JSON Lines, read only as far as the limit: a bad line is named by its number
+            records = [record for _, record in numbered_jsonl(path, "tasks", limit=limit)]
     else:  # other local formats, or a hub id (Salesforce/CRMArena keeps its tasks in the "test" split)
         records = list(load_records(path, split=None if os.path.exists(path) else "test"))
     tasks = []

@@ -28,7 +28,7 @@ from benchmax_gym.core.checks import (
     Checked, arg, config_of, existing_file, int_between, number_between, optional, positive_int,
 )
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig
-from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task, numbered_jsonl
+from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task, numbered_jsonl, starts_json_array
 from benchmax_gym.envs.wikipedia.backends import corpus_key
 from benchmax_gym.envs.wikipedia.encyclopedia import Encyclopedia
 from benchmax_gym.envs.wikipedia.rubric import normalize_answer
@@ -126,14 +126,21 @@ class TaskFile(QuestionFile):
         return ListTasks(tasks[:self.limit] if self.limit else tasks)
 
 
-def _read_json_records(path: str | os.PathLike, what: str = "dataset") -> list[Any]:
+def _read_json_records(path: str | os.PathLike, what: str = "dataset", limit: int | None = None) -> list[Any]:
     """A JSON array (or one JSON value), or JSON Lines; a line that is not UTF-8 JSON is an error
-    naming the file and that line (as :func:`benchmax_gym.data.load_tasks` names them)."""
+    naming the file and that line (as :func:`benchmax_gym.data.load_tasks` names them). With a
+    ``limit``, JSON Lines are read only as far as its first ``limit`` records (a bad line past them
+    is never read); an array is still parsed whole."""
     file = Path(path)
     if file.exists() and not file.is_file():  # a FIFO or a device: reading it blocked, or never ended
         raise ValueError(f"{what} {str(path)!r} is not a regular file")
     if not file.exists():
         raise FileNotFoundError(f"{what} {str(path)!r}: no such file")
+    if limit is not None and not starts_json_array(file):
+        try:
+            return [record for _, record in numbered_jsonl(file, what, limit=limit)]
+        except ValueError:  # one JSON value over several lines, or a bad line: read whole, as without a limit
+            pass
     raw = file.read_bytes()
     try:
         data = json.loads(raw)  # (bytes: a byte-order mark is read as one)
@@ -150,9 +157,11 @@ def _read_json_records(path: str | os.PathLike, what: str = "dataset") -> list[A
     return [record for _, record in numbered_jsonl(file, what)]
 
 
-def _limited(records: list[Any], limit: int | None) -> list[Any]:
+def _first_records(path: str | os.PathLike, limit: int | None) -> list[Any]:
+    """The file's first ``limit`` records (all of them for None)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
         raise ValueError(f"limit must be a positive int or None, got {limit!r}")
+    records = _read_json_records(path, limit=limit)
     return records[:limit] if limit else records
 
 
@@ -160,7 +169,7 @@ def hotpotqa_tasks(path: str | os.PathLike, *, limit: int | None = None) -> List
     """HotpotQA questions in the original JSON layout (json.load: ``context`` mixes strings and
     lists, which Arrow-based loaders cannot hold)."""
     tasks = []
-    for i, r in enumerate(_limited(_read_json_records(path), limit)):
+    for i, r in enumerate(_first_records(path, limit)):
         if not isinstance(r, Mapping):
             raise ValueError(f"dataset {str(path)!r}: record {i} is not a HotpotQA question (a JSON object), "
                              f"got {type(r).__name__}")
@@ -183,7 +192,7 @@ def hotpotqa_tasks(path: str | os.PathLike, *, limit: int | None = None) -> List
 def bamboogle_tasks(path: str | os.PathLike, *, limit: int | None = None) -> ListTasks:
     """Bamboogle-style ``{Question, Answer}`` records (any capitalisation of the two keys)."""
     tasks = []
-    for i, r in enumerate(_limited(_read_json_records(path), limit)):
+    for i, r in enumerate(_first_records(path, limit)):
         fields = {str(k).lower(): v for k, v in r.items()} if isinstance(r, Mapping) else {}
         if "question" not in fields or "answer" not in fields:
             raise ValueError(f"dataset {str(path)!r}: record {i} needs Question and Answer fields")
