@@ -837,7 +837,8 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
             child.close()
             procs.append((parent, proc))
             loop.add_reader(parent.fileno(), on_message, parent, proc)
-        await finished
+        with fewer_collections():  # (each record read makes ~100 objects, and they all stay: the run's result)
+            await finished
     finally:
         for conn, proc in procs:
             try:
