@@ -3,15 +3,13 @@ sandboxes run by an unprivileged user (uid 65534 through setpriv when the tests 
 
 import json
 import os
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
-import pytest
+sys.path.insert(0, str(Path(__file__).parent))
+from test_sandbox_uids_and_sockets import CODE_PATH, _as_nobody  # noqa: E402
 
-import benchmax_gym
-
-CODE_PATH = os.path.dirname(os.path.dirname(benchmax_gym.__file__))  # the code under test
 QUOTA_MB = 16
 
 # Writes 3x the quota, in files well under the per-file limit, into /tmp and into the workspace;
@@ -47,21 +45,6 @@ print(json.dumps([os.geteuid()] + out))
 """
 
 
-def _as_unprivileged() -> list[str]:
-    """The prefix that runs this interpreter as uid/gid 65534 (nothing when not root); skips,
-    saying why, where that user cannot run it."""
-    if os.geteuid() != 0:
-        return []
-    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    if not shutil.which("setpriv"):
-        pytest.skip("setpriv (util-linux) is not installed: cannot run the sandbox as a non-root user")
-    probe = subprocess.run([*prefix, sys.executable, "-c", f"import sys; sys.path.insert(0, {CODE_PATH!r}); "
-                            "import benchmax_gym"], capture_output=True, text=True, cwd="/")
-    if probe.returncode:
-        pytest.skip(f"uid 65534 cannot run this interpreter and the code under test: {probe.stderr.strip()[-300:]}")
-    return prefix
-
-
 def test_a_non_root_hosts_quota_stops_writes_during_the_call(bubblewrap):
     """A non-root host had no tmpfs per episode: a call wrote files under the per-file limit
     until its time ran out (here 48 MiB under a quota of 16, into /tmp or the workspace), all
@@ -69,7 +52,7 @@ def test_a_non_root_hosts_quota_stops_writes_during_the_call(bubblewrap):
     episode's tmpfs, mounted in a user namespace of the sandbox's own, refuses the write that
     would pass the quota (ENOSPC) while the code runs; the host reaches the files as before."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": "/tmp", "PYTHONPATH": CODE_PATH}
-    proc = subprocess.run([*_as_unprivileged(), sys.executable, "-c", AS_USER, FILL.replace("QUOTA_MB", str(QUOTA_MB)),
+    proc = subprocess.run([*_as_nobody(), sys.executable, "-c", AS_USER, FILL.replace("QUOTA_MB", str(QUOTA_MB)),
                            str(QUOTA_MB)], capture_output=True, text=True, timeout=300, env=env, cwd="/")
     assert proc.returncode == 0, proc.stderr[-3000:]
     uid, tmp_fill, tmp_usage, ws_fill, ws_usage, read_back, from_code = json.loads(proc.stdout.splitlines()[-1])

@@ -59,42 +59,36 @@ def hotpotqa_row(i):
             "level": "easy", "supporting_facts": [[title, 0]], "context": [[title, [f"Author {i} wrote it."]]]}
 
 
-def test_wikipedia_reads_a_hotpotqa_jsonl_file_only_as_far_as_its_limit(tmp_path):
-    rows = [hotpotqa_row(i) for i in range(3000)]
-    broken = write_lines(tmp_path / "hotpotqa.jsonl", rows, broken_at=2000)
-
-    tasks = hotpotqa_tasks(broken, limit=5).tasks
-    whole = hotpotqa_tasks(write_lines(tmp_path / "whole.jsonl", rows)).tasks[:5]
-    assert [t.id for t in tasks] == [t.id for t in whole] == [f"q{i}" for i in range(5)]
-    assert [task_digest(t) for t in tasks] == [task_digest(t) for t in whole]
-
-    with pytest.raises(ValueError, match=r"hotpotqa\.jsonl' line 2001: not JSON"):  # (before the limit)
-        hotpotqa_tasks(broken, limit=2500)
-    # a JSON array, and one JSON object over several lines, are read whole as before
-    array = tmp_path / "array.json"
-    array.write_text(json.dumps(rows[:10], indent=1))
-    assert [t.id for t in hotpotqa_tasks(array, limit=3).tasks] == ["q0", "q1", "q2"]
-    single = tmp_path / "single.json"
-    single.write_text(json.dumps(rows[7], indent=2))
-    assert [t.id for t in hotpotqa_tasks(single, limit=3).tasks] == ["q7"]
-
-
 def crmarena_row(i):
     return {"idx": i, "task": "knowledge_qa", "query": f"What is policy {i}?", "answer": f"Policy {i}",
             "reward_metric": "fuzzy_match", "metadata": {"required": "Today's date: 2025-01-01"}}
 
 
-def test_crm_reads_a_crmarena_jsonl_file_only_as_far_as_its_limit(tmp_path):
-    rows = [crmarena_row(i) for i in range(3000)]
-    broken = write_lines(tmp_path / "crmarena.jsonl", rows, broken_at=10)
+@pytest.mark.parametrize("load, row, ids, broken_at", [
+    (hotpotqa_tasks, hotpotqa_row, "q{}", 2000),
+    (crmarena_tasks, crmarena_row, "crmarena-{}", 10),
+], ids=["wikipedia-hotpotqa", "crm-crmarena"])
+def test_a_jsonl_task_file_is_read_only_as_far_as_its_limit(tmp_path, load, row, ids, broken_at):
+    rows = [row(i) for i in range(3000)]
+    broken = write_lines(tmp_path / "tasks.jsonl", rows, broken_at=broken_at)
 
-    tasks = crmarena_tasks(broken, limit=5).tasks
-    whole = crmarena_tasks(write_lines(tmp_path / "whole.jsonl", rows)).tasks[:5]
-    assert [t.id for t in tasks] == [t.id for t in whole] == [f"crmarena-{i}" for i in range(5)]
+    tasks = load(broken, limit=5).tasks
+    whole = load(write_lines(tmp_path / "whole.jsonl", rows)).tasks[:5]
+    assert [t.id for t in tasks] == [t.id for t in whole] == [ids.format(i) for i in range(5)]
     assert [task_digest(t) for t in tasks] == [task_digest(t) for t in whole]
 
-    with pytest.raises(ValueError, match=r"crmarena\.jsonl' line 11: not JSON"):  # (before the limit)
-        crmarena_tasks(broken, limit=11)
+    with pytest.raises(ValueError, match=rf"tasks\.jsonl' line {broken_at + 1}: not JSON"):  # (before the limit)
+        load(broken, limit=broken_at + 1)
+
+
+def test_hotpotqa_arrays_and_one_object_over_several_lines_are_read_whole_as_before(tmp_path):
+    rows = [hotpotqa_row(i) for i in range(10)]
+    array = tmp_path / "array.json"
+    array.write_text(json.dumps(rows, indent=1))
+    assert [t.id for t in hotpotqa_tasks(array, limit=3).tasks] == ["q0", "q1", "q2"]
+    single = tmp_path / "single.json"
+    single.write_text(json.dumps(rows[7], indent=2))
+    assert [t.id for t in hotpotqa_tasks(single, limit=3).tasks] == ["q7"]
 
 
 def first(rows, n):
