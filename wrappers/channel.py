@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import marshal
 import math
 import os
 import pickle
@@ -25,15 +26,20 @@ from .worker import _in_own_tmp
 def readable(conns: list[Any], timeout: float | None) -> list[Any]:
     """The connections with something to read (a message, or the end of a dead peer's stream),
     waiting up to ``timeout`` seconds (``None``: until one has). ``multiprocessing``'s ``wait``
-    does this too, but builds a selector per call: tens of microseconds, several times a step."""
+    does this too, but builds a selector per call: tens of microseconds, several times a step.
+    A connection may be given as its file descriptor (an int: no ``fileno()`` call per wait)."""
     poller = select.poll()
     by_fd = {}
     for conn in conns:
-        by_fd[conn.fileno()] = conn
-        poller.register(conn.fileno(), select.POLLIN)
+        fd = conn if type(conn) is int else conn.fileno()
+        by_fd[fd] = conn
+        poller.register(fd, select.POLLIN)
     ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
     return [by_fd[fd] for fd, _ in poller.poll(ms)]
 
+
+
+_PICKLE = pickle.PROTO[0]  # the first byte of every message pickled (protocol 2 or later)
 
 
 class WorkerLost(RuntimeError):
@@ -63,9 +69,14 @@ class _Channel:
             raise WorkerLost(self.lost_reason()) from None
 
     def recv(self, timeout: float | None = None) -> Any:
-        if not readable([self.conn], timeout):
+        if not self.has_message() and not readable([self.conn], timeout):
             raise TimeoutError
         return self._read()
+
+    def has_message(self) -> bool:
+        """Whether a whole message is already read ahead here (its connection's readiness does
+        not show it)."""
+        return False
 
     def _frame(self) -> Any:
         """The next message's bytes (``EOFError`` or ``OSError``: the worker's end of the stream)."""
@@ -77,6 +88,8 @@ class _Channel:
         except (EOFError, OSError):
             raise WorkerLost(self.lost_reason()) from None
         try:
+            if data[0] != _PICKLE:  # a column batch in marshal's format, sent as its own bytes (worker.emit_to)
+                return "batch", marshal.loads(data)
             message = pickle.loads(data)
         except Exception as exc:  # a value that pickled in the worker but does not unpickle here (an
             # exception whose __init__ takes other arguments): its results are lost, the worker is
@@ -104,6 +117,7 @@ class _Channel:
 
 
 _LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # multiprocessing's frame header
+_READ_AHEAD = 1 << 16  # a handle's first read buffer: a message up to this size comes in one read with its header
 _KEPT_BUFFER = 1 << 20  # a read buffer up to this size is kept for the next message (a bigger one is not)
 
 
@@ -113,7 +127,9 @@ class _Process(_Channel):
     Messages go straight through the pipe's file descriptor, framed as ``multiprocessing``'s
     ``Connection`` frames them (what the worker's connection and ``Outbox`` read and write): its
     pure-Python ``send_bytes``/``recv_bytes`` (a ``BytesIO`` and a copy per message) cost the
-    parent microseconds per worker per lock-step batch, serially."""
+    parent microseconds per worker per lock-step batch, serially. A read takes whatever has
+    arrived, up to its buffer: a message with its header in one system call, not two (what came
+    after it waits in the buffer for the next read, ``has_message``)."""
 
     def __init__(self, ctx, env_fns: dict[int, Callable[[], gym.Env]], mode: AutoresetMode, fresh: bool,
                  keep: tuple[str, ...] | None = None):
@@ -126,14 +142,19 @@ class _Process(_Channel):
         self.process.start()
         self.pid = self.process.pid
         child.close()
+        self._reads(parent.fileno())
 
-    _buffer = bytearray()  # (each handle gets its own when it first reads)
+    def _reads(self, fd: int) -> None:
+        """Messages go through ``fd``, the connection's descriptor, read with a buffer of its own."""
+        self.fd = fd  # (-1 once killed: never a descriptor number reused since)
+        self._buffer = bytearray(_READ_AHEAD)
+        self._at = self._end = 0  # what was read past the last message: _buffer[_at:_end]
 
     def send(self, message: Any) -> None:
         body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         n, header = len(body), frame_header(len(body))
         try:
-            fd = self.conn.fileno()  # (OSError once closed: never a descriptor number reused since)
+            fd = self.fd
             sent = os.writev(fd, (header, body))
             if sent < len(header) + n:  # (a signal cut the write short)
                 rest = memoryview(header + body)[sent:]
@@ -143,29 +164,74 @@ class _Process(_Channel):
             raise WorkerLost(self.lost_reason()) from None
 
     def _frame(self) -> memoryview:
-        """The next message, read into a buffer this handle keeps (valid until its next read)."""
-        fd = self.conn.fileno()
-        head = os.read(fd, 4)
-        if len(head) < 4:
-            head = _read_exactly(fd, head, 4)
-        n = _LENGTH.unpack(head)[0]
+        """The next message, in a buffer this handle keeps (valid until its next read)."""
+        buffer, at, end = self._buffer, self._at, self._end
+        if at == end:  # (nothing read ahead: the common case)
+            at = 0
+            end = os.readv(self.fd, (buffer,))
+            if not end:
+                raise EOFError
+        if end - at < 4:
+            at, end = self._fill(at, end, 4)
+        head, n = 4, _LENGTH.unpack_from(buffer, at)[0]
         if n < 0:
             if n != -1:
                 raise OSError(f"a message of length {n}")
-            n = _LONG_LENGTH.unpack(_read_exactly(fd, b"", 8))[0]
-        buffer = self._buffer
-        if n > len(buffer):  # (doubled: messages that grow a little each step are not a new buffer each)
-            buffer = bytearray(max(n, min(2 * len(buffer), _KEPT_BUFFER)))
-            if n <= _KEPT_BUFFER:
+            if end - at < 12:
+                at, end = self._fill(at, end, 12)
+            head, n = 12, _LONG_LENGTH.unpack_from(buffer, at + 4)[0]
+        stop = at + head + n
+        if stop <= end:  # (all of it here)
+            self._at, self._end = (stop, end) if stop < end else (0, 0)
+            return memoryview(buffer)[at + head:stop]
+        old, size, got = buffer, head + n, end - at
+        if size > len(buffer):  # (doubled: messages that grow a little each step are not a new buffer each)
+            buffer = bytearray(max(size, min(2 * len(buffer), _KEPT_BUFFER)))
+            if len(buffer) <= _KEPT_BUFFER:
                 self._buffer = buffer
-        view = memoryview(buffer)[:n]
-        got = os.readv(fd, (view,))
-        while got < n:
-            more = os.readv(fd, (view[got:],))
+        if buffer is not old or at:
+            buffer[:got] = old[at:end]
+        self._at = self._end = 0
+        view = memoryview(buffer)
+        while got < size:  # (the rest only: nothing past this message)
+            more = os.readv(self.fd, (view[got:size],))
             if not more:
                 raise OSError("got end of file during message")
             got += more
-        return view
+        return view[head:size]
+
+    def _fill(self, at: int, end: int, need: int) -> tuple[int, int]:
+        """The buffer's unread bytes moved to its start and read on to at least ``need`` bytes
+        (a header cut short): their new bounds."""
+        buffer = self._buffer
+        buffer[:end - at] = buffer[at:end]
+        at, end = 0, end - at
+        view = memoryview(buffer)
+        while end < need:
+            more = os.readv(self.fd, (view[end:],))
+            if not more:
+                raise OSError("got end of file during message")
+            end += more
+        self._at, self._end = at, end
+        return at, end
+
+    def recv_ready(self) -> list[Any]:
+        """The messages waiting: the one the pipe showed and those read ahead with it. Any that
+        come later make the pipe readable again, for the caller's next wait (no poll per worker
+        per batch here)."""
+        out = [self._read()]
+        while self.has_message():
+            out.append(self._read())
+        return out
+
+    def has_message(self) -> bool:
+        at, end = self._at, self._end
+        if end - at < 4:
+            return False
+        n = _LENGTH.unpack_from(self._buffer, at)[0]
+        if n == -1:
+            return end - at >= 12 and end - at >= 12 + _LONG_LENGTH.unpack_from(self._buffer, at + 4)[0]
+        return end - at >= 4 + n  # (a bad length: read, and its error said)
 
     def lost_reason(self) -> str:
         self.process.join(timeout=5)
@@ -182,18 +248,6 @@ class _Process(_Channel):
         if self.process.is_alive():
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.join(timeout=10)
+        self.fd = -1
         self.conn.close()
         remove_tree(Path(self.tmp))  # model code may have left deep trees and closed modes
-
-
-def _read_exactly(fd: int, got: bytes, n: int) -> bytes:
-    """``got`` read on from ``fd`` to ``n`` bytes (``EOFError``: the stream ended before any;
-    ``OSError``: in the middle)."""
-    while len(got) < n:
-        more = os.read(fd, n - len(got))
-        if not more:
-            if got:
-                raise OSError("got end of file during message")
-            raise EOFError
-        got += more
-    return got

@@ -769,8 +769,11 @@ class SubprocVectorEnv(WorkerVectorEnv):
         return _Process(self._ctx, self._groups[w], self.autoreset_mode, fresh, self.info_keys)
 
     def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
-        conns = {self._workers[w].conn: w for w in ws}
-        return [conns[conn] for conn in readable(list(conns), timeout)]
+        ahead = [w for w in ws if self._workers[w].has_message()]  # (read already: the pipe does not show it)
+        if ahead:
+            return ahead
+        fds = {self._workers[w].fd: w for w in ws}
+        return [fds[fd] for fd in readable(list(fds), timeout)]
 
 
 def _rows(chunk: tuple):

@@ -1213,3 +1213,64 @@ def test_a_worker_that_dies_mid_message_is_lost_with_its_reason(cut, step_timeou
         assert obs[0] == "echo e 2" and obs[3].startswith("start")  # (its restarted envs reset: NEXT_STEP)
     finally:
         envs.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_parent_reads_a_message_with_its_header_at_once_and_keeps_what_came_after():
+    """The parent's reads take whatever a worker's connection holds, up to its buffer: a message
+    that fits comes with its header in one read, one a byte past the buffer comes whole too; what
+    arrived after a message (the next ones, part of one) waits in the buffer, where ``recv`` and
+    ``recv_ready`` find it though the connection no longer shows it; a 12-byte header and a batch
+    in marshal's bytes read as the worker wrote them."""
+    import marshal
+    import pickle
+    import socket
+    import struct
+    import threading
+
+    from benchmax_gym.core.aio import frame_header
+    from benchmax_gym.wrappers.channel import _READ_AHEAD, _Process
+
+    parent, worker = socket.socketpair()
+
+    def handle():
+        reader = _Process.__new__(_Process)  # (the parent's side of a real connection, no process behind it)
+        reader.conn = parent
+        reader._reads(parent.fileno())
+        return reader
+
+    def body(size: int, tag: str) -> bytes:  # a pickled ("results", (tag, b"xx...")) message of exactly ``size`` bytes
+        overhead = len(pickle.dumps(("results", (tag, b"x" * 256)), protocol=5)) - 256
+        out = pickle.dumps(("results", (tag, b"x" * (size - overhead))), protocol=5)
+        assert len(out) == size
+        return out
+
+    def send(data: bytes) -> None:  # (from a thread: a frame past the socket's buffer waits for the reads)
+        sender = threading.Thread(target=worker.sendall, args=(data,))
+        sender.start()
+        return sender
+
+    try:
+        for size in (_READ_AHEAD - 4, _READ_AHEAD - 3):  # the whole frame fills the first read; one byte past it
+            reader = handle()
+            sender = send(frame_header(size) + body(size, f"edge {size}"))
+            message = reader.recv(30)
+            sender.join()
+            assert pickle.dumps(message, protocol=5) == body(size, f"edge {size}") and not reader.has_message()
+
+        reader = handle()
+        first, second, third = body(300, "first"), body(400, "second"), body(500, "third")
+        batch = marshal.dumps(((0, 2), ["a", "b"], b"", b"", b"", []), 4)  # (pack_results' bytes, no pickle around them)
+        send(b"".join([frame_header(len(first)), first, frame_header(len(second)), second,
+                       frame_header(len(batch)), batch, frame_header(len(third))[:2]])).join()
+        assert reader.recv(30)[1][0] == "first"
+        assert reader.has_message()  # the second: read with it, no longer on the connection
+        assert reader.recv(0)[1][0] == "second"
+        assert reader.recv_ready() == [("batch", marshal.loads(batch))]
+        assert not reader.has_message()  # (half the third's header)
+        with pytest.raises(TimeoutError):
+            reader.recv(0)
+        send(frame_header(len(third))[2:] + third + struct.pack("!iQ", -1, len(first)) + first).join()
+        assert [m[1][0] for m in reader.recv_ready()] == ["third", "first"]
+    finally:
+        parent.close(), worker.close()
