@@ -541,6 +541,14 @@ class _UserMounts:
         """``path`` of the helper's namespace (absolute), as this process reaches it."""
         return Path(f"/proc/{self.proc.pid}/root{path}")
 
+    def gone(self) -> bool:
+        """Whether the helper has exited (killed: the host no longer reaches the files through it).
+        Not reaped here (``WNOWAIT``): its pid names no other process while a path uses it."""
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # (reaped already)
+            return True
+
     def close(self) -> None:
         """End the helper; its tmpfs go with the last process in its namespace (the server's)."""
         try:
@@ -1154,7 +1162,9 @@ _POOLS_LOCK = threading.Lock()
 def _acquire(level: str, preload: tuple[str, ...]) -> _Pool:
     with _POOLS_LOCK:
         pool = _POOLS.get((level, preload))
-        if pool is None or pool.pid != os.getpid():
+        # (a pool whose mounts' helper was killed cannot give new episodes files the host reaches:
+        # a new one does; the old one's users still let it go)
+        if pool is None or pool.pid != os.getpid() or (pool.mounts is not None and pool.mounts.gone()):
             pool = _POOLS[(level, preload)] = _Pool(level, preload)
         pool.users += 1
         return pool

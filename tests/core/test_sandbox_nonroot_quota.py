@@ -64,3 +64,30 @@ def test_a_non_root_hosts_quota_stops_writes_during_the_call(bubblewrap):
         assert int(words[2]) <= quota, fill  # held at once: never past the quota
         assert usage <= quota + (1 << 20), usage
     assert read_back == "from the host\n" and from_code == "written"
+
+
+AFTER_THE_HELPER_DIES = r"""
+import json, os, signal
+from benchmax_gym.core.sandbox import Sandbox, SandboxLimits
+limits = SandboxLimits(timeout=60, workspace_mb=16)
+with Sandbox(limits=limits) as first:
+    first.run("print(1)")
+    helper = first._pool.mounts.proc.pid
+    os.kill(helper, signal.SIGKILL)  # (as the OOM killer would)
+    os.waitid(os.P_PID, helper, os.WEXITED | os.WNOWAIT)  # (dead, not reaped: as the pool finds it)
+    with Sandbox(limits=limits) as second:
+        second.put_file("in.txt", b"from the host")
+        out = second.run("print(open('in.txt').read()); open('out.txt', 'w').write('from the code')").stdout
+        print(json.dumps([second._pool is not first._pool, out, (second.workspace / "out.txt").read_text()]))
+"""
+
+
+def test_a_pool_whose_mount_holder_died_is_replaced_for_new_episodes(bubblewrap):
+    """The process holding a non-root pool's namespace killed (its episodes' files are then out of
+    the host's reach): a new episode gets a new pool whose files the host reaches, where it failed
+    with a bare FileNotFoundError under /proc/PID/root."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": "/tmp", "PYTHONPATH": CODE_PATH}
+    proc = subprocess.run([*_as_nobody(), sys.executable, "-c", AFTER_THE_HELPER_DIES], capture_output=True,
+                          text=True, timeout=300, env=env, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == [True, "from the host\n", "from the code"]
