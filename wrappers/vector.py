@@ -711,9 +711,9 @@ def default_workers(num_envs: int) -> int:
     """The default ``num_workers``: ``min(cpu_count, num_envs, max(1, num_envs // 16))``.
 
     Each worker costs the parent, serially, a message to send and one to read and join per
-    batch (``b``: 20-45 us of parent CPU per batch measured on 2 cores), while it saves worker
-    time in parallel: the W-th worker pays while ``W * (W - 1) <= num_envs * t / b`` (``t``, a
-    calculator step in a worker: 16-20 us), about ``0.4-0.8 * num_envs``; at 16 envs per worker
+    batch (``b``: 8-22 us of parent CPU per batch in lock-step on 2 cores, 2026-11-27), while it
+    saves worker time in parallel: the W-th worker pays while ``W * (W - 1) <= num_envs * t / b``
+    (``t``, a calculator step in a worker: 16-20 us), about ``0.7-2.5 * num_envs``; at 16 envs per worker
     or more the default stays at or below that optimum, not past it where more workers are
     slower (16 cores, 64 envs: 4 workers 128k steps/s, 16 workers 115k).
     Envs slower to step (real tools, model code) gain from more: pass ``num_workers``."""
