@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import re
@@ -1019,15 +1020,13 @@ def main(argv: list[str] | None = None) -> int:
     interrupted command (:func:`interrupted`). The caller's own Ctrl-C handling is back when it
     returns: a notebook's next Ctrl-C interrupts its cell, where it ended the whole process."""
     global _said_interrupted
-    try:
-        handler = signal.getsignal(signal.SIGINT)
-    except ValueError:  # (not the main thread)
-        handler = None
+    handler = signal.getsignal(signal.SIGINT)  # (None: one not set from Python, which cannot be put back)
     try:
         return _run(argv)
     finally:
         if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
-            signal.signal(signal.SIGINT, handler)
+            with contextlib.suppress(ValueError):  # (not the main thread: it set none either)
+                signal.signal(signal.SIGINT, handler)
         _said_interrupted = False  # (nor does the process ignore Ctrl-C as it exits)
 
 
