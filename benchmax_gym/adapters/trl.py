@@ -391,34 +391,38 @@ class _Groups:
         """The process holding the group's first sample: it scores the group's rubric."""
         return (key * self.n) // self.size  # (asked only when n is known)
 
-    def gather(self, obj: Any, failure: str | None = None) -> list[Any]:
+    def gather(self, obj: Any, failure: str | None = None, kept: str | None = None) -> list[Any]:
         """``obj`` from every process, in process order (``gather_object``: a collective call
         every process makes); ``[obj]`` on one process, with no call. Each process's
         ``failure`` (see :meth:`together`) travels with it: if any process sent one, every
-        process raises :class:`ProcessFailed` here. ``obj`` is pickled here, before the call: one
-        that cannot be (a value of a user's env or rubric) is this process's failure, naming it,
-        where ``gather_object`` would raise here alone and leave the others waiting."""
+        process raises :class:`ProcessFailed` here. ``kept`` (a failure this process raises at a
+        later gather) travels too, and is named in that error beside the others' failures, which
+        would otherwise stop every process before it is raised. ``obj`` is pickled here, before
+        the call: one that cannot be (a value of a user's env or rubric) is this process's
+        failure, naming it, where ``gather_object`` would raise here alone and leave the others
+        waiting."""
         if self.world == 1:
             return [obj]
         from accelerate.utils import gather_object
 
         unsendable = None
         try:
-            data = pickle.dumps((failure, obj))
+            data = pickle.dumps((failure, obj, kept))
         except Exception as exc:
             unsendable = exc
             data = pickle.dumps((f"{type(exc).__name__}: could not send {_unpicklable(obj)} to the other "
-                                 f"processes: {exc}", None))
+                                 f"processes: {exc}", None, kept))
         try:
             everyone = [pickle.loads(d) for d in gather_object([data])]
         except Exception:
             self.finished = True  # the call itself failed (a timeout, a process gone): another would too
             raise
-        failures = {rank: f for rank, (f, _) in enumerate(everyone) if f is not None}
+        failures = {rank: f for rank, (f, _, _) in enumerate(everyone) if f is not None}
         if failures:
             self.finished = True
+            failures.update({rank: k for rank, (f, _, k) in enumerate(everyone) if f is None and k is not None})
             raise ProcessFailed(self.who, failures, self.world) from unsendable
-        return [o for _, o in everyone]
+        return [o for _, o, _ in everyone]
 
     @contextlib.contextmanager
     def together(self, who: str):
@@ -442,7 +446,7 @@ class _Groups:
             raise  # (unreachable: a gather carrying a failure raises)
 
     def score(self, who: str, labels: list[Any], failed: list[bool], rubrics: list[GroupRubric | None],
-              record: Callable[[int], dict[str, Any]], task: Callable[[int], Any],
+              record: Callable[[int], dict[str, Any]], task: Callable[[int], Any], kept: str | None = None,
               ) -> list[tuple[tuple[float | None, bool] | None, bool]]:
         """Each group scored whole by its rubric, however many processes GRPOTrainer's sampler
         spread it over. For each of this process's samples: ``(score, lost)``, what its group's
@@ -457,7 +461,9 @@ class _Groups:
         here); a second gather shares the scores when a scored group is split. The collective
         calls are the same on every process, in the same order, decided from gathered data only;
         none on one process. A rubric that raises fails its group rather than leaving the other
-        processes waiting at the second gather."""
+        processes waiting at the second gather. ``kept``: this process's failure, sent with the
+        first gather (:meth:`gather`)."""
+        self.who = who
         size, here = len(labels), range(self.start, self.start + len(labels))
 
         def elsewhere(i: int) -> bool:  # may sample i's group be scored on another process?
@@ -469,7 +475,7 @@ class _Groups:
 
         mine = [_Sample(self.start + i, labels[i], failed[i], rubrics[i] is not None,
                         record(i) if rubrics[i] is not None and elsewhere(i) else None) for i in range(size)]
-        everyone = self.gather({"size": size, "samples": mine})
+        everyone = self.gather({"size": size, "samples": mine}, kept=kept)
         if len({p["size"] for p in everyone}) > 1:  # the same on every process: all raise
             self.finished = True
             raise ValueError(f"{who}: the processes got batches of different sizes "
@@ -590,6 +596,10 @@ def _rewards_together(trainer: Any) -> bool:
             raise ValueError(f"rewards torch cannot convert to float32 ({exc})") from exc
         return rewards
 
+    def told(raised: dict[str, Exception]) -> str:
+        """What the error says of this process's failures (``raised``: where -> what)."""
+        return "; ".join(f"{type(exc).__name__}: {exc} ({where})" for where, exc in raised.items())
+
     def kept(func: Any, name: str, raised: dict[str, Exception]) -> Any:
         if world == 1:  # (an exception stops the one process where it is raised)
             return func
@@ -666,7 +676,10 @@ def _rewards_together(trainer: Any) -> bool:
         if raised:  # an environment of this process failed: the batch raises on every process
             for f in funcs:  # (where the others call Env.reward: first, or its functions all Env.reward)
                 if isinstance(f, _EnvReward):
-                    f.unscored(trainer, environments or [])
+                    try:
+                        f.unscored(trainer, environments or [], kept=told(raised))
+                    except ProcessFailed as failed:  # another process's grading raised at its gather
+                        raise failed from next(iter(raised.values()))
             return [UnscoredModel(f) if isinstance(f, torch.nn.Module) else unscored for f in funcs]
         calls = [f if isinstance(f, torch.nn.Module) else kept(f, name, raised) for f, name in zip(funcs, names)]
         env_rewards: dict[int, list[Any]] = {}
@@ -703,7 +716,7 @@ def _rewards_together(trainer: Any) -> bool:
             trainer.reward_funcs = funcs
         if world == 1 or not bool((rewards.float().view(torch.int32) == _RAISED_BITS).any()):
             return rewards
-        said = "; ".join(f"{type(exc).__name__}: {exc} ({where})" for where, exc in raised.items())
+        said = told(raised)
         # an env's (kept, or raised grading it in Env.reward): the first failure here is one
         kept_errors = [e._failure[1] for e in failed_environments()]
         by_env = any(exc is kept_error for exc in raised.values() for kept_error in kept_errors)
@@ -1047,17 +1060,18 @@ class _EnvReward:
                 task=lambda i: environments[i].env.unwrapped.episode.task)
         return [r if score is None else None if score[1] else score[0] for r, (score, _) in zip(rewards, verdicts)]
 
-    def unscored(self, trainer: Any, environments: list[Any]) -> None:
+    def unscored(self, trainer: Any, environments: list[Any], kept: str | None = None) -> None:
         """In place of grading, on a process one of whose environments kept its failure (the batch
         raises on every process at TRL's gather of the rewards, :func:`_rewards_together`): the
         gathers its group rubric makes on the other processes (:meth:`_Groups.score`), every
         sample here failed and unscored; else they would wait there for this process, gone on to
-        TRL's gather."""
+        TRL's gather. ``kept`` (that failure, as the error names it) goes with the first gather:
+        where another process's grading raises there, every process stops there, naming both."""
         if self.cls.group_rubric is None:
             return
         none = [None] * len(environments)
         _Groups.for_reward(trainer, none).score(f"{self.__name__}.reward", labels=none, failed=[True] * len(none),
-                                                rubrics=none, record=lambda i: {}, task=lambda i: None)
+                                                rubrics=none, record=lambda i: {}, task=lambda i: None, kept=kept)
 
 
 def _trainer_resetting(env: TRLEnvironment) -> Any:
