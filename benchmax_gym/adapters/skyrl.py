@@ -31,11 +31,17 @@ sums into a batch's counts. Keeping the sample out of the loss and the baseline 
 to do (skyrl-train's generator: not installed here, not done by this adapter). Policy: the
 failed trajectory goes back with its NaN, so skyrl-train's group advantages turn NaN (loud, never
 a fake 0); drop trajectories whose ``metadata["failed"]`` is set before the trainer's step.
+
+SkyRL 0.4's generator closes an env only when its episode ends without an exception (no
+``finally``): an env whose ``init`` or ``step`` raises would keep its MCP servers and sandboxes
+until garbage collection. So the adapter closes the env itself there, before the exception goes
+on, and when an episode ends failed; SkyRL's own ``close`` afterwards does nothing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from benchmax_gym.adapters.tokens import make_env, outcome_counts, task_dataset
@@ -47,6 +53,8 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test in
     raise ImportError("the SkyRL adapter needs skyrl-gym: pip install 'benchmax-gym[skyrl]'") from None
 
 ENV_CLASS = "benchmax"
+
+log = logging.getLogger(__name__)
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -86,15 +94,24 @@ class BenchmaxTextEnv(BaseTextEnv):
         self.outcome: str | None = None
         self.member: str | None = None  # a mixture's member (benchmax/Mix-v0), once the episode ended
         self.reward = 0.0
+        self._closed = False
 
     def init(self, prompt: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         options = {"task_index": int(self.task_index)} if self.task_index is not None else None
-        _, info = self.env.reset(seed=self.seed, options=options)
-        return self.env.unwrapped.chat_messages("hf"), {"tools": info["tools"], "task_id": info["task_id"]}
+        try:
+            _, info = self.env.reset(seed=self.seed, options=options)
+            return self.env.unwrapped.chat_messages("hf"), {"tools": info["tools"], "task_id": info["task_id"]}
+        except BaseException:
+            self._release()
+            raise
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
         self.turns += 1
-        _, reward, terminated, truncated, info = self.env.step(action)
+        try:
+            _, reward, terminated, truncated, info = self.env.step(action)
+        except BaseException:
+            self._release()
+            raise
         self.turn_rewards.append(float(reward))
         done = terminated or truncated
         metadata = {"error": info.get("error"), "task_id": info.get("task_id")}
@@ -105,6 +122,8 @@ class BenchmaxTextEnv(BaseTextEnv):
             self.member, self.reward = info.get("member"), float(reward)
             self.tool_errors = self.env.unwrapped.episode_record().get("tool_errors", 0)
             metadata["reward_components"] = self.reward_components
+            if metadata["failed"]:
+                self._release()
         observations = [] if done else [dict(m) for m in info["messages"]]
         return BaseTextEnvStepOutput(observations=observations, reward=float(reward), done=done, metadata=metadata)
 
@@ -129,7 +148,22 @@ class BenchmaxTextEnv(BaseTextEnv):
         return {**out, **outcome_counts(metrics)}
 
     def close(self) -> None:
-        self.env.close()
+        """Close the env, once (the adapter may have closed it already: see :meth:`_release`)."""
+        if not self._closed:
+            self._closed = True
+            self.env.close()
+
+    def _release(self) -> None:
+        """Close the env now: its ``init`` or ``step`` raised, or its episode ended failed. SkyRL
+        0.4's generator closes an env only after an episode that ends without an exception (no
+        ``finally``), so an env whose step raises would keep its servers and sandboxes until
+        garbage collection. A close that raises here is logged as a leak: the step's own error,
+        or its failed episode, is what the caller gets."""
+        try:
+            self.close()
+        except Exception as exc:
+            log.warning("closing the env after its episode failed raised %s: %s (its resources may leak)",
+                        type(exc).__name__, exc)
 
 
 def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:
