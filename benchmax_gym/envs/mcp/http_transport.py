@@ -16,7 +16,10 @@ log (httpx2 logs every request's URL at INFO, the SDK its endpoint at DEBUG), ca
 (its path segments are ``***``).
 :func:`shown_url` and :func:`secrets_of` are what error messages use instead of the URL and to
 blank out what a message quotes (:func:`redact` says which quotes); a successful tool result is
-redacted of :func:`credentials_of` only (credential-named headers, not ``X-Region``).
+redacted of :func:`credentials_of` only (credential-named headers, not ``X-Region``). Each
+credential is looked for in the forms a server may write it back in (:func:`_encodings`: escaped
+in JSON or a Python literal, percent-encoded, base64, also as ``base64(user:<key>)``), and a
+server's ``secrets`` (its config's) names those nothing finds by their name or shape.
 
 A server's ``retry:`` in an event stream (how long to wait before reconnecting to it) is capped at
 :data:`MAX_RETRY_MS`: the SDK sleeps the whole of it, so a huge one could only run the call out to
@@ -31,7 +34,7 @@ import re
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, quote_plus, unquote
 
 import httpx2
 from mcp.client.streamable_http import streamable_http_client
@@ -59,24 +62,28 @@ def _split(url: str) -> tuple[str, str, str, str]:
 
 
 # A URL path segment that is a credential (hosted servers hand out ``https://host/mcp/<token>/``): a
-# UUID, or one with a run of 16 or more letters and digits, both mixed in (``sk-ak-9fQ2...``, a hex
-# or base64url key). Ordinary segments (``mcp``, ``v1``, ``sse``, ``streamable-http``,
-# ``acme-2024-production``) have no such run: words are shorter, and a long one has no digits. An
-# all-letter or all-digit token is missed; a segment taken for one wrongly is only shown as ``***``.
+# UUID, one with a run of 16 or more letters and digits, both mixed in (``sk-ak-9fQ2...``, a hex
+# or base64url key), or one with a run of 32 or more of either (a 40-digit or all-letter key: no
+# word is that long). Ordinary segments (``mcp``, ``v1``, ``sse``, ``streamable-http``,
+# ``acme-2024-production``) have no such run. A token of shorter all-letter or all-digit pieces
+# (``AbCdEfGhIjKlMnOpQrSt``, ``sk-abc123-def456``) is missed: a server's ``secrets`` names it (see
+# :func:`secrets_of`). A segment taken for one wrongly is only shown as ``***``.
 _UUID = re.compile(r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}", re.I)
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9]{16,}")
 
 
-def _secret_segment(segment: str) -> bool:
+def _secret_segment(segment: str, declared: tuple[str, ...] = ()) -> bool:
+    """Whether a path segment is a credential: token-like, or holding a ``declared`` secret."""
     plain = unquote(segment)
     return bool(_UUID.fullmatch(plain)) or any(
-        not run.isdigit() and not run.isalpha() for run in _TOKEN_RUN.findall(plain))
+        len(run) >= 32 or not (run.isdigit() or run.isalpha()) for run in _TOKEN_RUN.findall(plain)) or any(
+        secret in plain or secret in segment for secret in declared)
 
 
-def _hidden_path(rest: str) -> str:
+def _hidden_path(rest: str, declared: tuple[str, ...] = ()) -> str:
     """``host[:port]/path`` with each credential segment of the path as ``***``."""
     host, *segments = rest.split("/")
-    return "/".join([host] + [HIDDEN if _secret_segment(s) else s for s in segments])
+    return "/".join([host] + [HIDDEN if _secret_segment(s, declared) else s for s in segments])
 
 
 def _query_secrets(query: str) -> list[tuple[str, str]]:
@@ -85,57 +92,95 @@ def _query_secrets(query: str) -> list[tuple[str, str]]:
     return [(k, v) for k, eq, v in pairs if eq and v and _SECRET_KEY.search(k)]
 
 
-def shown_url(url: str) -> str:
+def shown_url(url: str, declared: tuple[str, ...] = ()) -> str:
     """``url`` with its password (or a user-only userinfo, often a token), its path's credential
-    segments and the values of its credential-like query keys replaced by ``***``: what failed
-    stays visible."""
+    segments, the values of its credential-like query keys and any ``declared`` secret replaced by
+    ``***``: what failed stays visible."""
     scheme, userinfo, rest, query = _split(url)
-    rest = _hidden_path(rest)
+    rest = _hidden_path(rest, declared)
     if userinfo:
         user, colon, _ = userinfo.partition(":")
         rest = f"{user}:{HIDDEN}@{rest}" if colon else f"{HIDDEN}@{rest}"
     for key, value in _query_secrets(query):
         query = query.replace(f"{key}={value}", f"{key}={HIDDEN}")
-    return scheme + rest + query
+    shown = scheme + rest + query
+    return redact(shown, secrets_of(None, {}, declared=declared)) if declared else shown
+
+
+def _base64(data: bytes) -> set[str]:
+    """``data`` in base64, standard and URL-safe (unpadded: a padded one holds it), and, for each
+    of the 3 byte alignments it may have inside a longer base64 text (``base64(user:<secret>)``, a
+    token in an encoded JSON blob), the run of characters that encodes its bytes alone."""
+    forms = set()
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        forms.add(encode(data).decode().rstrip("="))
+        for skip in (0, 1, 2):  # bytes before it, mod 3; the characters from its own bits only
+            start, end = -(-8 * skip // 6), 8 * (skip + len(data)) // 6
+            forms.add(encode(bytes(skip) + data + bytes(2)).decode()[start:end])
+    return {form for form in forms if len(form) >= MIN_FREE_TEXT_SECRET}
+
+
+def _encodings(secret: str, encoded: bool = True) -> set[str]:
+    """The forms in which a server may write ``secret`` back: as it is; inside a JSON or Python
+    string literal (``\\"``, ``\\u00e9``, ``\\xc3\\xa9``); and, when ``encoded``, percent-encoded (as a
+    URL carries it) or decoded, and in base64 (see :func:`_base64`; only a secret of
+    :data:`MIN_FREE_TEXT_SECRET` characters or more). One level of each: a form of a form (JSON in
+    JSON) is not looked for. Each is a string to look for in every result: the set is kept small."""
+    forms = set()
+    for plain in {secret, unquote(secret)} if encoded else {secret}:
+        forms |= {plain, json.dumps(plain)[1:-1], json.dumps(plain, ensure_ascii=False)[1:-1],
+                  repr(plain)[1:-1], repr(plain.encode())[2:-1]}
+        if encoded:
+            forms |= {quote(plain, safe=""), quote(plain), quote_plus(plain, safe="")}
+            forms |= _base64(plain.encode()) if len(plain) >= MIN_FREE_TEXT_SECRET else set()
+    return forms
 
 
 def secrets_of(url: str | None, headers: Mapping[str, str],
-               env: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+               env: Mapping[str, str] | None = None, declared: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """The credentials in a server's URL, headers and environment as ``(name, value)``: a header's
     value (and its last word, named by the words before it, as ``Bearer <token>``'s token), a
     credential-like query key's or environment variable's value (``API_KEY``, ``GITHUB_TOKEN``),
     a URL's password (named by its user) and the basic-auth token it is sent as, a credential
-    segment of its path, each also percent-decoded and as a JSON string writes it: what no message
-    may quote (see :func:`redact`)."""
-    found: list[tuple[str, str]] = []
+    segment of its path, and the ``declared`` ones (a server's ``secrets``), each in every form
+    of :func:`_encodings` (a header's words together only as they are: its last word's forms
+    hide the token in them): what no message may quote (see :func:`redact`)."""
+    found: list[tuple[str, str]] = [("", secret) for secret in declared]
+    sent: list[tuple[str, str]] = []
     if url:
         _, userinfo, rest, query = _split(url)
         found += [("", segment) for segment in rest.split("/")[1:] if _secret_segment(segment)]
         if userinfo:
             user, colon, password = userinfo.partition(":")
             found.append((user, password) if colon else ("", userinfo))
-            basic = f"{unquote(user)}:{unquote(password)}".encode()  # (as http_transport sends it)
-            found.append(("Basic", base64.b64encode(basic).decode()))
+            basic = base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
+            sent.append(("Basic", basic))  # (as http_transport sends it; its parts are the password's forms)
         found += _query_secrets(query)
     found += [(name, value) for name, value in (env or {}).items() if _SECRET_KEY.search(name)]
     for name, value in headers.items():
         words = value.split()
-        found += [(name, value)] + ([(" ".join(words[:-1]), words[-1])] if len(words) > 1 else [])
-    found += [(name, unquote(value)) for name, value in found]
-    found += [(name, json.dumps(value, ensure_ascii=False)[1:-1]) for name, value in found]  # (a result's JSON)
-    return tuple(sorted({(n, v) for n, v in found if v}, key=lambda s: len(s[1]), reverse=True))  # (longest first)
+        if len(words) > 1:
+            sent += [(name, form) for form in _encodings(value, encoded=False)]
+            found.append((" ".join(words[:-1]), words[-1]))
+        else:
+            found.append((name, value))
+    found = [(name, form) for name, value in found for form in _encodings(value)] + sent
+    unique = {value if len(value) >= MIN_FREE_TEXT_SECRET else (name, value): (name, value)
+              for name, value in found if value}  # (a long one is blanked whatever its name)
+    return tuple(sorted(unique.values(), key=lambda s: len(s[1]), reverse=True))  # (longest first)
 
 
 # Headers whose values are credentials: Authorization, Proxy-Authorization, Cookie, X-Api-Key, ...
 _SECRET_HEADER = re.compile(rf"{_SECRET_KEY.pattern}|cookie", re.I)
 
 
-def credentials_of(url: str | None, headers: Mapping[str, str],
-                   env: Mapping[str, str] | None = None) -> tuple[tuple[str, str], ...]:
+def credentials_of(url: str | None, headers: Mapping[str, str], env: Mapping[str, str] | None = None,
+                   declared: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """:func:`secrets_of` with only the credential-named headers: what a successful result may not
     show. Every header value is hidden from errors, but a result that quotes ``X-Region: us-east-1``
     is the server's answer, which blanking it would garble."""
-    return secrets_of(url, {name: value for name, value in headers.items() if _SECRET_HEADER.search(name)}, env)
+    headers = {name: value for name, value in headers.items() if _SECRET_HEADER.search(name)}
+    return secrets_of(url, headers, env, declared)
 
 
 # between a credential's name and its value: ``: ``, ``=``, ``', '``, ``": "``, or spaces (``Bearer ab``)
@@ -302,12 +347,14 @@ def _request_id(request: httpx2.Request) -> Any:
 
 
 @asynccontextmanager
-async def http_transport(url: str, headers: Mapping[str, str], max_message_bytes: int) -> AsyncIterator[Any]:
-    """The SDK's streamable-HTTP transport over a checked HTTP client (see the module's doc)."""
+async def http_transport(url: str, headers: Mapping[str, str], max_message_bytes: int,
+                         declared: tuple[str, ...] = ()) -> AsyncIterator[Any]:
+    """The SDK's streamable-HTTP transport over a checked HTTP client (see the module's doc);
+    ``declared``: secrets of the server's that a path segment may hold (it is ``***`` in the log)."""
     scheme, userinfo, rest, query = _split(url)
     user, _, password = userinfo.partition(":")
     auth = httpx2.BasicAuth(unquote(user), unquote(password)) if userinfo else None
-    endpoint = str(httpx2.URL(scheme + _hidden_path(rest)))  # (as httpx2 writes it, to know a request for it)
+    endpoint = str(httpx2.URL(scheme + _hidden_path(rest, declared)))  # (as httpx2 writes it, to know a request for it)
     query = query.partition("#")[0]
     real = str(httpx2.URL(scheme + rest)) + (query if len(query) > 1 else "")
     client = httpx2.AsyncClient(

@@ -14,8 +14,9 @@ visible marker (:func:`shown_schema`; calls are still checked against the whole 
 the environment lists tools only up to a total (:func:`listed_tools`), so the task is never
 pushed out of the first observation. A server's credentials (a URL's password or token, its
 headers' values) never appear in an error message, nor those named as credentials (a URL's, the
-``Authorization`` or ``X-Api-Key`` header's, an ``API_KEY`` env variable's) in a successful
-result or in the tool listing the model is shown (names, descriptions, schemas; see
+``Authorization`` or ``X-Api-Key`` header's, an ``API_KEY`` env variable's, and those a server
+entry lists as ``secrets``) in a successful result or in the tool listing the model is shown
+(names, descriptions, schemas), written as they are or escaped, percent-encoded or in base64 (see
 http_transport.py).
 """
 
@@ -49,7 +50,9 @@ from pydantic import ValidationError
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, ToolSchemaError, truncate
-from benchmax_gym.envs.mcp.http_transport import credentials_of, http_transport, redact, secrets_of, shown_url
+from benchmax_gym.envs.mcp.http_transport import (
+    MIN_FREE_TEXT_SECRET, credentials_of, http_transport, redact, secrets_of, shown_url,
+)
 from benchmax_gym.envs.mcp.stdio import StderrTail, kill_processes, start_time, stdio_transport, tree
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,9 @@ WORKSPACE = "{workspace}"  # placeholder in args/env/cwd, replaced by the episod
 @dataclass(frozen=True)
 class ServerSpec:
     """How to reach one MCP server: ``command`` (+ ``args``, ``env``, ``cwd``) or ``url`` (+
-    ``headers``, sent with every request: ``{"Authorization": "Bearer ..."}``)."""
+    ``headers``, sent with every request: ``{"Authorization": "Bearer ..."}``); ``declared_secrets``
+    (its entry's ``secrets``): credentials no heuristic finds (in ``args``, a path segment),
+    hidden like the rest."""
 
     name: str
     command: str | None = None
@@ -69,16 +74,17 @@ class ServerSpec:
     cwd: str | None = None
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    declared_secrets: tuple[str, ...] = ()
 
     def __repr__(self) -> str:  # (the dataclass's would show the URL's and the headers' credentials)
-        where = f"url={shown_url(self.url)!r}" if self.url else f"command={self.command!r}"
+        where = f"url={shown_url(self.url, self.declared_secrets)!r}" if self.url else f"command={self.command!r}"
         return f"ServerSpec(name={self.name!r}, {where})"
 
     @functools.cached_property
     def secrets(self) -> tuple[tuple[str, str], ...]:
         """The credentials in the URL, headers and environment, which :meth:`redact` blanks out of a
         message (a stdio server's stderr, quoted when it fails, may print its API key)."""
-        return secrets_of(self.url, self.headers, self.env)
+        return secrets_of(self.url, self.headers, self.env, self.declared_secrets)
 
     def redact(self, text: str) -> str:
         return redact(text, self.secrets)
@@ -87,7 +93,7 @@ class ServerSpec:
     def credentials(self) -> tuple[tuple[str, str], ...]:
         """The credentials :meth:`redact_result` blanks out of a successful result: the URL's, the
         environment's and the credential-named headers' (``Authorization``, ``Cookie``, ``X-Api-Key``)."""
-        return credentials_of(self.url, self.headers, self.env)
+        return credentials_of(self.url, self.headers, self.env, self.declared_secrets)
 
     def redact_result(self, text: str) -> str:
         """A successful result's text, without the credentials a server may echo (``Authorization: ***``):
@@ -97,14 +103,14 @@ class ServerSpec:
     @property
     def called(self) -> str:
         """The server as error messages name it: ``'name'``, and its URL, credentials hidden."""
-        return f"{self.name!r} ({shown_url(self.url)})" if self.url else repr(self.name)
+        return f"{self.name!r} ({shown_url(self.url, self.declared_secrets)})" if self.url else repr(self.name)
 
     def target(self, workspace: Path, max_message_bytes: int, on_spawn: Callable[[int], None],
                stderr: StderrTail) -> Any:
         """What the SDK's ``Client`` connects to: our streamable-HTTP or stdio transport (see
         http_transport.py and stdio.py)."""
         if self.url:
-            return http_transport(self.url, self.headers, max_message_bytes)
+            return http_transport(self.url, self.headers, max_message_bytes, self.declared_secrets)
         fill = lambda text: text.replace(WORKSPACE, str(workspace))  # noqa: E731
         params = StdioServerParameters(
             command=self.command,
@@ -118,7 +124,7 @@ class ServerSpec:
 _HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
 
 
-def _url(name: str, url: Any) -> str:
+def _url(name: str, url: Any, declared: tuple[str, ...] = ()) -> str:
     """A streamable-HTTP URL, checked at make: anything else fails only when the server starts."""
     try:
         parsed = urlparse(url) if isinstance(url, str) else None
@@ -126,7 +132,7 @@ def _url(name: str, url: Any) -> str:
     except ValueError:  # (a malformed IPv6 host, a port that is not a number)
         parsed = host = None
     if parsed is None or parsed.scheme not in ("http", "https") or not host:
-        shown = repr(shown_url(url)) if isinstance(url, str) else type(url).__name__
+        shown = repr(shown_url(url, declared)) if isinstance(url, str) else type(url).__name__
         raise ValueError(f"server {name!r}: 'url' must be an http:// or https:// URL with a host, got {shown}")
     return url
 
@@ -143,6 +149,20 @@ def _command(name: str, command: str) -> str:
     raise ValueError(f"server {name!r}: command {command!r} was not found")
 
 
+def _declared_secrets(name: str, secrets: Any) -> tuple[str, ...]:
+    """A server entry's ``secrets``: the strings its messages, results and listing never show, for
+    a credential nothing else finds (in ``args``, a path segment like ``AbCdEfGhIjKlMnOpQrSt``). At
+    least :data:`MIN_FREE_TEXT_SECRET` characters: each is blanked wherever it appears."""
+    if not isinstance(secrets, list):
+        raise ValueError(f"server {name!r}: 'secrets' must be a list of strings, got {type(secrets).__name__}")
+    bad = [n for n, s in enumerate(secrets) if not isinstance(s, str) or len(s) < MIN_FREE_TEXT_SECRET]
+    if bad:  # (by position: the values are secrets)
+        raise ValueError(f"server {name!r}: 'secrets' must be strings of at least {MIN_FREE_TEXT_SECRET} characters "
+                         f"(a shorter one would be blanked out of ordinary text); entries {bad[:5]} are not "
+                         "(their values are not shown)")
+    return tuple(secrets)
+
+
 def _spec(name: str, entry: Any) -> ServerSpec:
     if isinstance(entry, str):
         if not entry.startswith(("http://", "https://")):
@@ -150,7 +170,7 @@ def _spec(name: str, entry: Any) -> ServerSpec:
         return ServerSpec(name=name, url=_url(name, entry))
     if not isinstance(entry, Mapping):
         raise ValueError(f"server {name!r} must be a dict with 'command' or 'url', got {type(entry).__name__}")
-    unknown = set(entry) - {"command", "args", "env", "cwd", "url", "headers", "type", "transport"}
+    unknown = set(entry) - {"command", "args", "env", "cwd", "url", "headers", "type", "transport", "secrets"}
     if unknown:
         raise ValueError(f"server {name!r}: unknown keys {sorted(unknown)}")
     for key in ("type", "transport"):  # mcpServers files may name the transport: two are spoken here
@@ -161,13 +181,15 @@ def _spec(name: str, entry: Any) -> ServerSpec:
         if kind is not None and (kind == "stdio") == bool(entry.get("url")):
             raise ValueError(f"server {name!r}: {key} {kind!r} does not fit its "
                              f"{'url' if entry.get('url') else 'command'}")
+    declared = _declared_secrets(name, entry.get("secrets", []))
     headers = entry.get("headers", {})
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
                                                    for k, v in headers.items()):
         raise ValueError(f"server {name!r}: 'headers' must be a dict of strings to strings "
                          "(their values are not shown)")
     if entry.get("url"):
-        return ServerSpec(name=name, url=_url(name, entry["url"]), headers=dict(headers))
+        return ServerSpec(name=name, url=_url(name, entry["url"], declared), headers=dict(headers),
+                          declared_secrets=declared)
     if headers:
         raise ValueError(f"server {name!r}: 'headers' are for a streamable-HTTP server's 'url'; "
                          "a stdio server takes 'env'")
@@ -189,7 +211,8 @@ def _spec(name: str, entry: Any) -> ServerSpec:
         raise ValueError(f"server {name!r}: 'cwd' must be a string, got {type(cwd).__name__}")
     if cwd and WORKSPACE not in cwd and not Path(cwd).is_dir():  # ("{workspace}" only exists at reset)
         raise ValueError(f"server {name!r}: 'cwd' {cwd!r} is not an existing directory")
-    return ServerSpec(name=name, command=_command(name, command), args=tuple(args), env=dict(env), cwd=cwd or None)
+    return ServerSpec(name=name, command=_command(name, command), args=tuple(args), env=dict(env), cwd=cwd or None,
+                      declared_secrets=declared)
 
 
 def parse_servers(server: Any) -> list[ServerSpec]:
