@@ -794,6 +794,9 @@ class ToolEnv(gym.Env[str, str]):
             text, error = utf8_safe(result.content), result.error
             if error:
                 episode.tool_errors += 1
+                lost = _files_lost(episode)  # (a read of a workspace gone with its sandbox: not the model's error)
+                if lost:
+                    result = FailedResult(lost[1], lost[0])
             if result.outcome:  # not the model's failure: the episode ends as the general path ends it
                 return self._finish_one_call(episode, ToolCall(call_id, name, arguments), result)
         tool_calls = [{"id": call_id, "name": name, "arguments": arguments}]
@@ -1024,6 +1027,10 @@ class ToolEnv(gym.Env[str, str]):
                 episode.tool_errors += 1
                 if r.outcome and not plan.failure:
                     plan.failure, plan.failure_detail = r.outcome, r.content
+        if not plan.failure:
+            lost = _files_lost(episode)
+            if lost:
+                plan.failure, plan.failure_detail = lost
         if plan.failure:  # the episode ends here, ungraded; calls not run get no result
             if plan.failure == DEADLINE:
                 if DEADLINE not in plan.errors:
@@ -1147,6 +1154,13 @@ class ToolEnv(gym.Env[str, str]):
                 "step_s": time.perf_counter() - plan.t0,
             }
         return obs, reward, plan.final, plan.truncated, info
+
+
+def _files_lost(episode: Episode) -> tuple[str, str] | None:
+    """``(outcome, why)`` when the episode's sandbox lost its files (:meth:`Sandbox.files_lost`):
+    then no tool's or grader's failure to read them is the model's doing."""
+    box = episode.state.get("sandbox")
+    return box.files_lost() if type(box) is Sandbox else None
 
 
 def _release_in(pid: int, release: contextlib.ExitStack | Any) -> None:

@@ -212,6 +212,12 @@ class SandboxUnavailable(RuntimeError):
     """No isolation is available and running without it was not asked for."""
 
 
+class SandboxFilesLost(OSError):
+    """The process holding a non-root pool's mounts died (killed: the OOM killer, say), and with it
+    the host's view of the pool's episodes' files: those episodes cannot go on (a call's result
+    says so as the environment's failure); new episodes get a new pool."""
+
+
 @functools.lru_cache(maxsize=1)
 def bubblewrap_status() -> tuple[bool, str]:
     """Whether the real sandbox works here - bubblewrap starts the server with this interpreter and
@@ -502,7 +508,11 @@ class _UserMounts:
     the user's own, held by a helper process (``sandbox_server.hold_mounts``) that makes the
     mounts asked of it. This process reaches their files through ``/proc/PID/root`` of the helper
     (:meth:`view`), and the server runs in that namespace (``--enter``). The helper is this
-    process's child and is only reaped by :meth:`close`, so its pid names no other process."""
+    process's child and is only reaped by :meth:`close`, so its pid names no other process.
+
+    It lives while its stdin is open: only this process may hold that pipe's write end, so a
+    forked child lets go of its copy at once (:meth:`after_fork`); else the helper, its tmpfs and
+    the episodes' files outlived this process for as long as a forked worker ran."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -510,6 +520,8 @@ class _UserMounts:
             [_interpreter(), "-I", "-S", "-B", str(SERVER), "--hold-mounts"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
             start_new_session=True, close_fds=True)
+        self._pipes = (self.proc.stdin.fileno(), self.proc.stdout.fileno())
+        _HELPERS.add(self)
         if self.proc.stdout.readline() != b"ready\n":
             self.close()
             why = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
@@ -549,8 +561,20 @@ class _UserMounts:
         except ChildProcessError:  # (reaped already)
             return True
 
+    def after_fork(self) -> None:
+        """In a forked child: point the copies of the helper's pipes at /dev/null. Their numbers
+        stay open (the copied file objects close them some day: a closed number could be another
+        file's by then), and no Python lock is taken (another thread of the parent may have held it)."""
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for fd in self._pipes:
+                os.dup2(null, fd, inheritable=False)
+        finally:
+            os.close(null)
+
     def close(self) -> None:
         """End the helper; its tmpfs go with the last process in its namespace (the server's)."""
+        _HELPERS.discard(self)  # (first: its pipes' numbers are not this helper's once closed)
         try:
             self.proc.stdin.close()
         except OSError:
@@ -561,6 +585,10 @@ class _UserMounts:
             self.proc.kill()
             self.proc.wait()
         self.proc.stdout.close()
+
+
+#: the helpers this process started and has not closed (a forked child lets go of their pipes)
+_HELPERS: "weakref.WeakSet[_UserMounts]" = weakref.WeakSet()
 
 
 def _user_mounts() -> _UserMounts | None:
@@ -1196,9 +1224,12 @@ class SandboxLease:
 
 
 def _forget_pools_after_fork() -> None:
-    """A forked child starts with no server of its own, nor uid; the parent's stay the parent's."""
+    """A forked child starts with no server of its own, nor uid; the parent's stay the parent's,
+    and the parent's mount helpers end with the parent (not with its last forked child)."""
     _POOLS.clear()
     _UIDS.after_fork()
+    for helper in list(_HELPERS):
+        helper.after_fork()
 
 
 os.register_at_fork(after_in_child=_forget_pools_after_fork)
@@ -1332,14 +1363,14 @@ class Sandbox:
                 f"cannot run model code: {bubblewrap_status()[1]}. Install bubblewrap, or pass "
                 "sandbox='rlimits' to run it with resource limits only (no file-system or network isolation)."
             )
-        # root hosts: the episode's code runs as an unprivileged uid of its own (its process limit
-        # then counts only its own processes), held until it closes; taken first: it may be refused
-        self.uid = _UIDS.reserve() if os.geteuid() == 0 else None
         self.limits = limits or SandboxLimits()
         self.preload = tuple(preload)
         self._owned_pool = pool is None  # a lease on the shared pool, released at close
-        self._pool, self.tmpfs, made = pool, False, False
+        self._pool, self.tmpfs, made, self.uid = pool, False, False, None
         try:
+            # root hosts: the episode's code runs as an unprivileged uid of its own (its process limit
+            # then counts only its own processes), held until it closes; taken first: it may be refused
+            self.uid = _UIDS.reserve() if os.geteuid() == 0 else None
             if self._pool is None:
                 self._pool = _acquire(self.level, self.preload)
             self._pid = os.getpid()
@@ -1386,9 +1417,10 @@ class Sandbox:
         parts = Path(os.path.normpath(name)).parts if name else ()
         if not parts or os.path.isabs(name) or parts[0] in (".", ".."):
             raise ValueError(f"{name!r} is outside the workspace")
-        fds = [os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+        fds: list[int] = []
         try:
             try:
+                fds.append(os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
                 for part in parts[:-1]:
                     with contextlib.suppress(FileExistsError):
                         os.mkdir(part, dir_fd=fds[-1])
@@ -1398,6 +1430,8 @@ class Sandbox:
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
                     raise ValueError(f"{name!r} is outside the workspace (through a link) or not a file") from None
+                if exc.errno == errno.ENOENT:
+                    self._check_files()
                 raise
             with open(fds[-1], "wb", closefd=False) as target:
                 if isinstance(source, bytes):
@@ -1458,65 +1492,74 @@ class Sandbox:
                 raise RuntimeError("the sandbox is closed")
             if self._pid != os.getpid():
                 raise RuntimeError("the sandbox belongs to the process that opened it")
-            server = self._pool.server()
-            if not server.ready.wait(60) or not server.ok:
-                server.finished.wait(2.0)  # its stdout closed first: bubblewrap's message may be unread
-                why = self._pool.errors
-                log.error("the sandbox failed to start: %s", why or "no message")
-                self._pool.restart(server)
-                return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
-                                  error_override="tool_error", outcome=TOOL_UNAVAILABLE)
-            if self._closed:  # close() came while the server started: nothing is sent
-                return ExecResult(error_override="tool_error", notes=["the episode ended"])
-            started = time.monotonic()
-            before = os.statvfs(self._dir) if self.tmpfs else None
-            request = {"code": code, "timeout": timeout, "episode": self.name, "uid": self.uid,
-                       "limits": asdict(self.limits)}
-
-            def sent():  # running once the request is out: a cancel sent before it would find no call
-                self._running = (server, 0)
-                if self._closed:  # close() came first and found nothing running to cancel
-                    server.cancel({"cancel": self.name})
-
             try:
-                reply = server.call(request, timeout + 10.0, sent)  # the server enforces timeout; then grace
-            finally:
-                self._running = None
-            seconds = time.monotonic() - started
-            if reply.get("lost"):
-                # The server itself hung or died: kill it all; the next call starts afresh.
-                self._pool.restart(server)
-                return ExecResult(timed_out=True, seconds=seconds, outcome=self._not_the_codes(TOOL_UNAVAILABLE),
-                                  notes=["the sandbox stopped responding and was restarted"])
-            if reply.get("out_of_step"):
-                log.error("sandbox reply channel out of step; its result was discarded (%s)", reply["out_of_step"])
-                # only code that escaped isolation writes the channel (rlimits level): the model's doing
-                return ExecResult(seconds=seconds, error_override="tool_error",
-                                  notes=["the sandbox's reply channel was out of step; the result was discarded"])
-            if reply.get("cancelled"):
-                return ExecResult(seconds=seconds, error_override="tool_error", notes=["the episode ended"])
-            if reply.get("oom"):  # the call's cgroup hit memory_mb: the kernel killed a process
-                reply["exit_code"], reply["signal"] = EXIT_MEMORY, None
-                reply.setdefault("notes", []).append(
-                    f"memory limit of {self.limits.memory_mb} MiB for the call's processes together "
-                    "exceeded: a process was killed")
-            if "internal_error" in reply:
-                log.error("sandbox server error: %s", reply["internal_error"])
-                return ExecResult(timed_out=True, seconds=seconds, outcome=self._not_the_codes(ENV_ERROR),
-                                  notes=["the sandbox failed to run the code"])
-            result = ExecResult(**{k: reply[k] for k in ExecResult.__dataclass_fields__ if k in reply})
-            if self.tmpfs:  # the kernel held the quota during the call: say so if this call spent it
-                st = os.statvfs(self._dir)
-                if (st.f_bavail == 0 and (st.f_bfree < before.f_bfree or result.exit_code == EXIT_FILE_SIZE)
-                        or st.f_favail == 0 and (st.f_ffree < before.f_ffree or result.exit_code == EXIT_FILE_SIZE)):
-                    result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB (files and "
-                                        f"{st.f_files} entries, /tmp included) is full: delete files to write more")
-                    result.error_override = "file_size_limit"
-            elif self._usage() > self.limits.workspace_mb * 1024 * 1024:
-                self._enforce_quota(started)
-                result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB exceeded: files written by this call were deleted")
+                return self._call(code, timeout)
+            except SandboxFilesLost as exc:  # not the code's doing (unless it could reach the helper)
+                log.error("%s", exc)
+                return ExecResult(error_override="tool_error", notes=[str(exc)], outcome=self._not_the_codes(ENV_ERROR))
+
+    def _call(self, code: str, timeout: float) -> ExecResult:
+        """``run``'s call, under its lock; raises :class:`SandboxFilesLost`."""
+        self._check_files()
+        server = self._pool.server()
+        if not server.ready.wait(60) or not server.ok:
+            server.finished.wait(2.0)  # its stdout closed first: bubblewrap's message may be unread
+            why = self._pool.errors
+            log.error("the sandbox failed to start: %s", why or "no message")
+            self._pool.restart(server)
+            return ExecResult(notes=["the sandbox failed to start" + (f": {why}" if why else "")],
+                              error_override="tool_error", outcome=TOOL_UNAVAILABLE)
+        if self._closed:  # close() came while the server started: nothing is sent
+            return ExecResult(error_override="tool_error", notes=["the episode ended"])
+        started = time.monotonic()
+        before = self._statvfs() if self.tmpfs else None
+        request = {"code": code, "timeout": timeout, "episode": self.name, "uid": self.uid,
+                   "limits": asdict(self.limits)}
+
+        def sent():  # running once the request is out: a cancel sent before it would find no call
+            self._running = (server, 0)
+            if self._closed:  # close() came first and found nothing running to cancel
+                server.cancel({"cancel": self.name})
+
+        try:
+            reply = server.call(request, timeout + 10.0, sent)  # the server enforces timeout; then grace
+        finally:
+            self._running = None
+        seconds = time.monotonic() - started
+        if reply.get("lost"):
+            # The server itself hung or died: kill it all; the next call starts afresh.
+            self._pool.restart(server)
+            return ExecResult(timed_out=True, seconds=seconds, outcome=self._not_the_codes(TOOL_UNAVAILABLE),
+                              notes=["the sandbox stopped responding and was restarted"])
+        if reply.get("out_of_step"):
+            log.error("sandbox reply channel out of step; its result was discarded (%s)", reply["out_of_step"])
+            # only code that escaped isolation writes the channel (rlimits level): the model's doing
+            return ExecResult(seconds=seconds, error_override="tool_error",
+                              notes=["the sandbox's reply channel was out of step; the result was discarded"])
+        if reply.get("cancelled"):
+            return ExecResult(seconds=seconds, error_override="tool_error", notes=["the episode ended"])
+        if reply.get("oom"):  # the call's cgroup hit memory_mb: the kernel killed a process
+            reply["exit_code"], reply["signal"] = EXIT_MEMORY, None
+            reply.setdefault("notes", []).append(
+                f"memory limit of {self.limits.memory_mb} MiB for the call's processes together "
+                "exceeded: a process was killed")
+        if "internal_error" in reply:
+            log.error("sandbox server error: %s", reply["internal_error"])
+            return ExecResult(timed_out=True, seconds=seconds, outcome=self._not_the_codes(ENV_ERROR),
+                              notes=["the sandbox failed to run the code"])
+        result = ExecResult(**{k: reply[k] for k in ExecResult.__dataclass_fields__ if k in reply})
+        if self.tmpfs:  # the kernel held the quota during the call: say so if this call spent it
+            st = self._statvfs()
+            if (st.f_bavail == 0 and (st.f_bfree < before.f_bfree or result.exit_code == EXIT_FILE_SIZE)
+                    or st.f_favail == 0 and (st.f_ffree < before.f_ffree or result.exit_code == EXIT_FILE_SIZE)):
+                result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB (files and "
+                                    f"{st.f_files} entries, /tmp included) is full: delete files to write more")
                 result.error_override = "file_size_limit"
-            return result
+        elif self._usage() > self.limits.workspace_mb * 1024 * 1024:
+            self._enforce_quota(started)
+            result.notes.append(f"workspace quota of {self.limits.workspace_mb} MiB exceeded: files written by this call were deleted")
+            result.error_override = "file_size_limit"
+        return result
 
     def _not_the_codes(self, outcome: str) -> str | None:
         """``outcome`` for a server that died or failed under isolated code, which cannot reach
@@ -1524,9 +1567,41 @@ class Sandbox:
         not escape a bad reward by breaking its sandbox (it is then the model's error, scored)."""
         return outcome if self._pool.level == BUBBLEWRAP else None
 
+    def files_lost(self) -> tuple[str, str] | None:
+        """``(outcome, why)`` when the host no longer reaches this episode's files (its pool's
+        mount helper died) and that is not the code's doing: the engine then ends the episode as
+        the environment's failure, whatever tool or grader would next read its files (an Excel
+        read, the grader's look at the workbook) and fail as the model's error. None otherwise (at
+        the ``rlimits`` level, where the code could kill the helper itself: its failure is scored)."""
+        if self._closed or self._pid != os.getpid():  # (no episode of this process's to fail)
+            return None
+        try:
+            self._check_files()
+        except SandboxFilesLost as exc:
+            outcome = self._not_the_codes(ENV_ERROR)
+            return (outcome, str(exc)) if outcome else None
+        return None
+
+    def _check_files(self) -> None:
+        """Raise :class:`SandboxFilesLost` if the host no longer reaches the episode's files (the
+        helper holding its pool's mounts died), where a file operation would fail with a bare
+        FileNotFoundError under ``/proc/PID/root``."""
+        mounts = self._pool.mounts
+        if mounts is not None and mounts.gone():
+            raise SandboxFilesLost(
+                f"the sandbox's mount helper (pid {mounts.proc.pid}) died, and with it the host's view of "
+                "this episode's files: the episode cannot go on (new episodes get a new sandbox)")
+
+    def _statvfs(self) -> os.statvfs_result:
+        try:
+            return os.statvfs(self._dir)
+        except FileNotFoundError:
+            self._check_files()
+            raise
+
     def _usage(self) -> int:
         if self.tmpfs:
-            st = os.statvfs(self._dir)
+            st = self._statvfs()
             return (st.f_blocks - st.f_bfree) * st.f_frsize
         return _workspace_usage(self.workspace) + _workspace_usage(self.tmp)
 

@@ -1,0 +1,165 @@
+"""What a sandbox leaves behind when things go wrong around it: a non-root pool's mount helper
+outliving its owner through a forked child, episodes of a pool whose helper was killed, and the
+uid of a sandbox that failed to start. Real sandboxes run by uid 65534 (setpriv when the tests run
+as root), real processes, real uid locks."""
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmax_gym.core import sandbox as sandbox_module
+from benchmax_gym.core.sandbox import RLIMITS, Sandbox
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_sandbox_uids_and_sockets import ROOT_ONLY, _as_nobody, _python  # noqa: E402
+
+# Two pools (the shared one and a private one), a forked child (a DataLoader worker, say) that
+# lives on, the private pool shut down while the child lives, then it waits to be killed.
+FORK_THEN_END = r"""
+import json, os, time
+from benchmax_gym.core.sandbox import BUBBLEWRAP, Sandbox, SandboxLimits, _Pool
+limits = SandboxLimits(timeout=60, workspace_mb=16)
+shared = Sandbox(limits=limits)
+private_pool = _Pool(BUBBLEWRAP, ())
+private = Sandbox(limits=limits, pool=private_pool)
+assert shared.run("print(1)").stdout == "1\n" and private.run("print(2)").stdout == "2\n"
+child = os.fork()
+if child == 0:
+    time.sleep(120)
+    os._exit(0)
+private.close()
+private_pool.shut_down()
+print(json.dumps([shared._pool.mounts.proc.pid, private_pool.mounts.proc.returncode, child]), flush=True)
+time.sleep(120)
+"""
+
+
+def _state(pid: int) -> str:
+    """A process's state letter ('' once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
+
+
+def test_a_forked_child_does_not_keep_its_parents_mount_helper_alive(bubblewrap):
+    """A forked child inherited the write end of the pipe whose closing ends a non-root pool's
+    mount helper: a pool shut down while the child lived waited 10 s for its helper and then
+    killed it, and a parent killed outright left its helper (its namespace, the episodes' tmpfs
+    and files) alive for as long as the child ran. Now the child lets go of its copy at once."""
+    owner = _python(FORK_THEN_END, user=_as_nobody(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    start_new_session=True)  # the owner and its forked child: one group to clean up
+    try:
+        line = owner.stdout.readline()
+        assert line, owner.communicate(timeout=60)[1][-3000:]
+        helper, private_helper_status, child = json.loads(line)
+        assert private_helper_status == 0  # ended by its stdin closing, not killed (-9) after a wait
+        owner.kill()
+        owner.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while _state(helper) not in ("", "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _state(helper) in ("", "Z"), "the mount helper outlived its owner"
+        assert _state(child) not in ("", "Z")  # while the forked child still runs
+    finally:
+        os.killpg(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=60)
+        owner.stdout.close()
+        owner.stderr.close()
+
+
+# An episode of Math-v0 whose pool's mount helper is killed after its first call (as the OOM
+# killer would): what the host then does with the episode's files, and what its next call becomes.
+HELPER_KILLED_MID_EPISODE = r"""
+import json, math, os, signal
+import gymnasium as gym
+import benchmax_gym
+env = gym.make("benchmax/Math-v0", tool_timeout=60)
+env.reset(seed=0)
+python = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
+first = env.step(python)[0]
+box = env.unwrapped.episode.state["sandbox"]
+helper = box._pool.mounts.proc.pid
+os.kill(helper, signal.SIGKILL)
+os.waitid(os.P_PID, helper, os.WEXITED | os.WNOWAIT)  # (dead, not reaped: as the pool finds it)
+try:
+    box.put_file("more.txt", b"from the host")
+    put = None
+except Exception as exc:
+    put = [type(exc).__name__, isinstance(exc, FileNotFoundError), str(exc)]
+obs, reward, terminated, truncated, info = env.step(python)
+recorded = env.unwrapped.episode_record()["reward"] if "outcome" in info else "episode goes on"
+print(json.dumps(["42" in first, put, info.get("outcome"), info.get("outcome_detail", obs), math.isnan(reward),
+                  truncated, recorded]))
+env.close()
+"""
+
+
+def test_an_episode_whose_mount_helper_died_fails_as_the_environments_failure(bubblewrap):
+    """Episodes already running in a pool whose mount helper was killed lost the host's view of
+    their files: their next call raised a bare FileNotFoundError under /proc/PID/root out of the
+    tool, which the engine scored as the model's tool error. Now the call ends the episode as the
+    environment's failure (env_error, no reward), saying the mount helper died, and the host's
+    own file operations raise SandboxFilesLost saying so."""
+    proc = _python(HELPER_KILLED_MID_EPISODE, user=_as_nobody(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    first_ok, put, outcome, detail, reward_nan, truncated, recorded = json.loads(out.splitlines()[-1])
+    assert first_ok
+    assert outcome == "env_error" and "mount helper" in detail, (outcome, detail)
+    assert reward_nan and truncated and recorded is None
+    assert put is not None and put[:2] == ["SandboxFilesLost", False] and "mount helper" in put[2], put
+
+
+@ROOT_ONLY
+def test_a_sandbox_refused_before_its_start_began_gives_back_its_uid(monkeypatch):
+    """The uid was reserved before the arguments were read: ``Sandbox(preload=None)`` raised a
+    TypeError with the uid still locked for the process's life (a band of one then had none
+    left). Now nothing is held when the start fails, wherever it fails."""
+    first = 4_000_000 + secrets.randbelow(1_000_000)  # a uid no other test uses (the lock file is shared)
+    monkeypatch.setattr(sandbox_module, "EPISODE_UIDS", range(first, first + 1))
+    monkeypatch.setattr(sandbox_module, "ID_FILES", {})
+    with pytest.raises(TypeError):
+        Sandbox(mode=RLIMITS, preload=None)
+    with Sandbox(mode=RLIMITS, preload=("leftovers_probe",)) as box:
+        assert box.uid == first
+
+
+# The same, in an Excel-v0 episode whose next step only reads the workbook (no code runs): the
+# host reads the sandbox's files itself, and a file it cannot find was the model's doing.
+HELPER_KILLED_BEFORE_A_READ = r"""
+import json, math, os, signal
+import gymnasium as gym
+import benchmax_gym
+env = gym.make("benchmax/Excel-v0", tool_timeout=60)
+env.reset(seed=0)
+box = env.unwrapped.episode.state["sandbox"]
+helper = box._pool.mounts.proc.pid
+os.kill(helper, signal.SIGKILL)
+os.waitid(os.P_PID, helper, os.WEXITED | os.WNOWAIT)
+read = '<tool_call>{"name": "list_sheets", "arguments": {}}</tool_call>'
+obs, reward, terminated, truncated, info = env.step(read)
+print(json.dumps([info.get("outcome"), info.get("outcome_detail", obs), math.isnan(reward), truncated]))
+env.close()
+"""
+
+
+def test_an_excel_episode_whose_mount_helper_died_fails_at_its_next_read(bubblewrap):
+    """Excel's tools and grader read the workbook from the host, not through the sandbox's server:
+    after the helper died, a read failed as the model's tool error (the workbook "no longer
+    exists") and the episode went on to be graded 0. Now the step ends it as the environment's
+    failure."""
+    proc = _python(HELPER_KILLED_BEFORE_A_READ, user=_as_nobody(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    outcome, detail, reward_nan, truncated = json.loads(out.splitlines()[-1])
+    assert outcome == "env_error" and "mount helper" in detail, (outcome, detail)
+    assert reward_nan and truncated
