@@ -41,8 +41,9 @@ class MCPEnv(ToolEnv):
             file (tools are prefixed ``server__`` when two servers share a name; see
             :func:`~benchmax_gym.envs.mcp.tools.exposed_names`). Default: the
             bundled notes/calculator example server. Its credentials (a URL's password, token-like
-            query values and path segments, credential-named headers and env variables) are sent
-            but shown as ``***``: in errors, logged URLs, results and the tool listing.
+            query values and path segments, credential-named headers and env variables, and the
+            strings an entry lists as ``"secrets"``) are sent but shown as ``***``, also escaped,
+            percent-encoded or in base64: in errors, logged URLs, results and the tool listing.
         tasks: a list of task dicts (``prompt``, ``answer``, ``solution``...), a JSON/JSONL
             file, or a TaskSource. Default: the bundled example tasks.
         reward: a reward function, a list of them, or a Rubric. Functions may ask for
