@@ -16,8 +16,9 @@ more``) stays, and the whole answer then fails to parse as mathematics.
 math-verify reads an equation as its right side (``x = 5`` as 5), also when its sides are
 constants that differ (``6 = 5``, ``x = 6 = 5``), and reads ``6 \\vee 5``, ``6 \\to 5`` or ``6 := 5`` as 5:
 such an answer is refused (:func:`_false_equation`, :func:`_constant_dropped`); ``x = 5``, ``x \\to 5`` stand.
-An answer it cannot read as LaTeX at all (``6 | 5``, ``6 \\stackrel{?}{=} 5``, ``(6=5)+0``) it reads as
-one number of its text: a constant elsewhere in it that differs is refused too (:func:`_other_candidate`).
+An answer it cannot read as LaTeX at all (``6 | 5``, ``6 \\stackrel{?}{=} 5``, ``(6=5)+0``, ``7 ** 5``,
+``7 // 5``) it reads as one number of its text, and one with two ``=`` it cannot parse (``7 === 5``) as its
+last side: a constant or number elsewhere in it that differs is refused too (:func:`_read_in_part`).
 A trailing modulus (``5 \\pmod{7}``, ``x \\equiv 5 \\ (\\text{mod } 7)``) is set aside before the check
 (:func:`_split_modulus`): the rest is graded, and the sides of a congruence agree modulo it
 (``12 \\equiv 5 \\pmod{7}`` stands, ``6 \\equiv 5 \\pmod{7}`` and ``6 \\text{ (mod } 5)`` do not).
@@ -387,7 +388,7 @@ def _verify(gold: str, predicted: str) -> bool:
         return False
     if any(_false_equation(e, modulus) for e in pred_parsed[:1]) or _constant_dropped(pred_text):
         return False
-    if pred_text != gold_text and _other_candidate(pred_text, pred_parsed[0], modulus):
+    if pred_text != gold_text and _read_in_part(pred_text, pred_parsed[0], gold_text, gold_parsed[0], modulus):
         return False
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
@@ -466,31 +467,87 @@ _CANDIDATE_SPLIT = re.compile(
     r"=|≡|\\equiv(?![A-Za-z])|\\(?:stackrel|overset|underset)(?![A-Za-z])|" + _RIGHT_SIDE_READ.pattern
 )
 _BAR = re.compile(r"\\?\||\\[lr]?vert(?![A-Za-z])")
+#: a number written in a part no reader understands (``7 ** 5``, ``7 // 5``, ``7 @ 5``, ``6 \\\\ 5``)
+_WRITTEN_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 #: what a candidate's edges may carry that is no part of it: space, brackets, \\left / \\right
 _EDGES = ("\\left", "\\right", "\\{", "\\}", "(", ")", "[", "]", "{", "}", "\\,", "\\;", "\\:", "\\!", "\\ ", "\\quad")
+#: the ``=`` math-verify splits a text at to read its last side (``math_verify.parser.get_last_eq``)
+_EQUALS = re.compile(r"(?<![\\<!>])=")
 
 
-def _other_candidate(latex: str, value, modulus: int | None = None) -> bool:
-    """Whether ``latex``, which math-verify cannot read as LaTeX (``6 | 5``, ``(6=5)+0``,
-    ``6 \\stackrel{?}{=} 5``), holds a constant that differs from the ``value`` it read instead
-    (one number of the text: 5), or is not congruent to it modulo ``modulus``. Each part between
-    relations and connectives, its brackets trimmed, is compared; a part with a name (``n | 5``)
-    or that is not LaTeX stands. Each character is parsed at most twice: linear in the answer."""
+def _read_latex(part: str):
+    """``part`` as math-verify's LaTeX reader alone reads it; None where it cannot."""
     from math_verify import parse
     from math_verify.parser import LatexExtractionConfig
 
-    def read(part: str):
-        parsed = parse(f"\\boxed{{{part}}}", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
-        return parsed[0] if parsed and not isinstance(parsed[0], str) else None
+    parsed = parse(f"\\boxed{{{part}}}", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
+    return parsed[0] if parsed and not isinstance(parsed[0], str) else None
 
-    if read(latex) is not None:
-        return False  # read as LaTeX: the equation checks above judged it
+
+def _last_side_read(latex: str, value) -> bool:
+    """Whether math-verify read ``latex`` as the side after its last ``=``: its parser could not
+    read the whole (``7 === 5``, ``7 =/= 5``, ``x^2 = 4 \\Rightarrow x = 2``), and what it read
+    holds no equation (``math_verify.parser.get_last_eq``, which leaves a text with a comma or
+    a semicolon as it is; from a text with a box inside, it reads that box)."""
+    import sympy
+
+    if len(_EQUALS.findall(latex)) < 2 or "," in latex or ";" in latex or _BOXED.search(latex):
+        return False
+    return isinstance(value, sympy.Basic) and not value.has(sympy.Eq)
+
+
+def _read_in_part(latex: str, value, gold: str, gold_value, modulus: int | None = None) -> bool:
+    """Whether math-verify read ``latex`` as one part of its text, and another part holds a constant
+    that differs from the ``value`` it read: it read no LaTeX there (``6 | 5``, ``7 ** 5``: one
+    number of the text), another reading than its LaTeX one (``\\frac{6}{1} | 5``: 5, not 6), or the
+    last side (``7 === 5``). Where the gold is itself read in part, its text has the same kind of
+    junk, and only what the gold does not have counts: a constant (not every number) outside
+    ``latex``'s unread LaTeX (:func:`_other_candidate`)."""
+    whole = _read_latex(latex)
+    other_reading = whole is None or whole != value
+    last_side = _last_side_read(latex, value)
+    if not (other_reading or last_side):
+        return False  # read as LaTeX: the equation checks judged it
+    gold_whole = _read_latex(gold)
+    strict = gold_whole is not None and gold_whole == gold_value and not _last_side_read(gold, gold_value)
+    if (whole is None or strict and other_reading) and _other_candidate(latex, value, modulus, numbers=strict):
+        return True
+    return strict and last_side and _dropped_sides(latex, modulus)
+
+
+def _other_candidate(latex: str, value, modulus: int | None = None, numbers: bool = True) -> bool:
+    """Whether ``latex``, which math-verify did not read as LaTeX (``6 | 5``, ``(6=5)+0``,
+    ``6 \\stackrel{?}{=} 5``, ``7 ** 5``, ``7 // 5``, ``7 @ 5``), holds a constant that differs
+    from the ``value`` it read instead (one number of the text: 5), or is not congruent to it
+    modulo ``modulus``. Each part between relations and connectives, its brackets trimmed, is
+    compared, and with ``numbers``, in a part no reader understands, each number written in it: an
+    operator math-verify cannot read scores only where every number around it agrees. A part with
+    a name (``n | 5``) stands. Each character is parsed at most three times: linear in the answer."""
+    import sympy
+
     for segment in {_strip_edges(part, _EDGES, both=True) for part in _CANDIDATE_SPLIT.split(latex)}:
-        parts = [segment] if not segment or read(segment) is not None else _BAR.split(segment)
+        parts = [segment] if not segment or _read_latex(segment) is not None else _BAR.split(segment)
         for part in {_strip_edges(part, _EDGES, both=True) for part in parts}:
-            expr = read(part) if part else None
-            if expr is not None and _is_constant(expr) and not _congruent(expr, value, modulus):
+            expr = _read_latex(part) if part else None
+            if expr is not None:
+                candidates = [expr]
+            else:
+                candidates = map(sympy.Rational, set(_WRITTEN_NUMBER.findall(part))) if numbers else []
+            if any(_is_constant(c) and not _congruent(c, value, modulus) for c in candidates):
                 return True
+    return False
+
+
+def _dropped_sides(latex: str, modulus: int | None = None) -> bool:
+    """Whether the sides one ``=`` joins in ``latex``, which math-verify read as its last side
+    (:func:`_last_side_read`), hold constants that differ (as :func:`_false_equation` would find,
+    had it parsed: ``7 === 5``, ``7 =/= 5``), clause by clause between the connectives math-verify
+    reads as their right side (``x^2 = 4 \\Rightarrow x = 2`` stands)."""
+    for clause in _RIGHT_SIDE_READ.split(latex):
+        sides = [_read_latex(side) for side in {side.strip() for side in _EQUALS.split(clause)} if side]
+        constants = [side for side in sides if side is not None and _is_constant(side)]
+        if any(not _congruent(constants[0], other, modulus) for other in constants[1:]):
+            return True
     return False
 
 
@@ -657,7 +714,13 @@ def _digits(expr, depth: int = 0, sizes: dict | None = None) -> float:
         if expr.args[-1].free_symbols:  # a power of a name (``e^{-x^2}``, ``2^{n}``) is never computed
             return max(parts)
         base, power = (parts[0], parts[1]) if len(parts) == 2 else (1.0, parts[0])
-        return math.inf if power > 300 else max(base, 1.0) * 10.0 ** power
+        if power > 300:
+            return math.inf
+        if isinstance(expr, sympy.Pow) and isinstance(expr.exp, sympy.Rational):
+            # a written exponent: b^e has at most |e| times b's digits, a root (|e| <= 1) no more
+            # than b (``\\sqrt{\\sqrt{65536}}``), where the bound for an unknown exponent grows 10x a level
+            return max(base, 1.0) * max(1.0, float(abs(expr.exp)))
+        return max(base, 1.0) * 10.0 ** power
     if name in _FACTORIAL_LIKE:
         top = max(parts)
         return math.inf if top > 300 else top * 10.0 ** top
