@@ -28,10 +28,12 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
   episode's own unprivileged uid, also its gid (no other open sandbox on the host has it: each
   holds a lock on its uid in ``/run/benchmax-gym-uids.lock``, released when the episode ends;
   none that ``/etc/passwd``, ``/etc/group``, ``/etc/subuid`` or ``/etc/subgid`` gives to a user, a
-  group or a user's own namespaces, such as rootless containers'). Containers that share the
-  host's uids but each have a ``/run`` of their own coordinate only through a lock file they all
-  see: set ``BENCHMAX_GYM_UID_LOCK`` to its path (a root-owned file on a directory mounted into
-  each of them); elsewhere it drops every capability;
+  group or a user's own namespaces, such as rootless containers'; from 200,000-999,999, then, once
+  none of those is free (users' subuid blocks fill it), 1879048192-2147352575, or from the bands
+  ``BENCHMAX_SANDBOX_UIDS`` names). Containers that share the host's uids but each have a ``/run``
+  of their own coordinate only through a lock file they all see: set ``BENCHMAX_GYM_UID_LOCK`` to
+  its path (a root-owned file on a directory mounted into each of them); elsewhere it drops every
+  capability;
 * system calls: a seccomp filter refuses what normal code never needs (io_uring, keyctl, bpf,
   perf_event_open, ptrace, mount, new namespaces, kernel modules, sockets of families other than
   unix, inet, inet6 and netlink, setting another process's resource limits, ...);
@@ -698,21 +700,40 @@ def isolation_report() -> list[tuple[str, str]]:
 
 
 def _uid_report() -> str:
-    """Which uid the code runs as, and on root hosts where the reservations are kept."""
+    """Which uid the code runs as, and on root hosts the bands, how many of their uids are free
+    and where the reservations are kept."""
     if os.geteuid() != 0:
         return "the user's own (a second uid needs a setuid helper); the monitor and server are shielded instead"
     lock = os.environ.get(UID_LOCK_ENV) or "/run/benchmax-gym-uids.lock"
     try:
-        free = sum(map(len, _free_uids(_given_ids(ID_FILES))))
-    except OSError as exc:
+        bands = _uid_bands()
+        given = _given_ids(ID_FILES)
+    except (OSError, ValueError) as exc:
         return f"none can be picked: {exc}"
-    return (f"an unprivileged uid per open sandbox, {free} of {EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1} free of "
-            f"the ids /etc/passwd, group, subuid and subgid give away; reserved host-wide in {lock} "
+    free = ", then ".join(f"{_band_text(band)} ({sum(map(len, _free_uids(given, band)))} free)" for band in bands)
+    chosen = (f"set by {UID_BANDS_ENV}" if os.environ.get(UID_BANDS_ENV, "").strip()
+              else f"other bands: set {UID_BANDS_ENV}=first-last")
+    return (f"an unprivileged uid per open sandbox, from {free}: free of the ids /etc/passwd, group, subuid "
+            f"and subgid give away ({chosen}); reserved host-wide in {lock} "
             f"(containers with their own /run: set {UID_LOCK_ENV})")
 
 
-#: the unprivileged uids episodes' code runs as on root hosts, one per open sandbox on the host
-EPISODE_UIDS = range(200_000, 1_000_000)
+#: the bands of unprivileged uids episodes' code runs as on root hosts, one uid per open sandbox on
+#: the host, tried in order (a bare range is one band). The first lies in useradd's subordinate-id
+#: pool (a 65,536 block per user from SUB_UID_MIN 100,000): 14 users with /etc/subuid blocks
+#: (rootless podman or docker) fill it. The second is a range systemd's UID/GID table
+#: (https://systemd.io/UIDS-GIDS/) lists as unused: above its container range 524288-1879048191
+#: (nspawn's and nsresourced's allocations), below its foreign range 0x7FFE0000-0x7FFEFFFF (meson's
+#: foreign-uid-base) and below 2^31, where it says programs and even setfsuid() mishandle ids;
+#: ``_uid_bands`` keeps it above the top of useradd's pool as /etc/login.defs sets it
+EPISODE_UIDS = (range(200_000, 1_000_000), range(0x7000_0000, 0x7FFE_0000))
+#: SUB_UID_MAX and SUB_GID_MAX there top useradd's pool (600,100,000 where unset): the bands after
+#: the first start above them, so no block useradd hands out later meets an open episode's uid
+LOGIN_DEFS = "/etc/login.defs"
+SUBID_MAX_DEFAULT = 600_100_000
+#: replaces ``EPISODE_UIDS`` on hosts that differ: ``first-last[,first-last...]``, inclusive, tried
+#: in order (still less the ids ``ID_FILES`` give away); read whenever a uid is picked
+UID_BANDS_ENV = "BENCHMAX_SANDBOX_UIDS"
 #: where the host gives ids away; an episode's uid (also its gid) is none of them: sharing a uid
 #: with a user or a user's namespaces (a rootless container's) shares their process limit and files
 #: (tests point it at files of their own)
@@ -720,6 +741,63 @@ ID_FILES = {"passwd": "/etc/passwd", "group": "/etc/group", "subuid": "/etc/subu
 #: names the host-wide lock file (default ``/run/benchmax-gym-uids.lock``): containers sharing the
 #: host's uids but not its /run set it to a file on a directory they all mount
 UID_LOCK_ENV = "BENCHMAX_GYM_UID_LOCK"
+
+
+def _band_text(band: range) -> str:
+    return f"{band.start}-{band.stop - 1}"
+
+
+def _uid_bands() -> list[range]:
+    """The bands episode uids come from, in order: ``$BENCHMAX_SANDBOX_UIDS``'s, else
+    ``EPISODE_UIDS``' with each band after the first above useradd's subordinate-id pool."""
+    spec = os.environ.get(UID_BANDS_ENV, "").strip()
+    if spec:
+        return _parse_uid_bands(spec)
+    if isinstance(EPISODE_UIDS, range):
+        return [EPISODE_UIDS]
+    first, *later = EPISODE_UIDS
+    floor = _subid_pool_top(LOGIN_DEFS) + 1
+    return [first] + [band for band in (range(max(b.start, floor), b.stop) for b in later) if band]
+
+
+def _parse_uid_bands(spec: str) -> list[range]:
+    """``first-last[,first-last...]`` as bands, or an error naming the variable that set it."""
+    bands = []
+    for part in spec.split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            band = range(int(first), int(last) + 1) if dash else range(0)
+        except ValueError:
+            band = range(0)
+        where = f"{UID_BANDS_ENV}={spec!r}: {part.strip()!r}"
+        if not band:
+            raise ValueError(f"{where} is not a band first-last of uids, first <= last "
+                             f"(e.g. {UID_BANDS_ENV}=1879048192-2147352575, or several joined by commas)")
+        if band.start < 1000:
+            raise ValueError(f"{where} starts below 1000: uid 0 is root and the ids under 1000 are the system's")
+        if band.stop > 2**31:
+            raise ValueError(f"{where} goes past 2147483647: programs (even setfsuid()) mishandle ids of 2^31 and above")
+        bands.append(band)
+    return bands
+
+
+def _subid_pool_top(path: str) -> int:
+    """The highest subordinate uid or gid useradd hands out: SUB_UID_MAX / SUB_GID_MAX of
+    ``path`` (login.defs), shadow's default where it sets neither or cannot be read."""
+    tops = [SUBID_MAX_DEFAULT]
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return SUBID_MAX_DEFAULT
+    for line in lines:
+        fields = line.split("#")[0].split()
+        if len(fields) == 2 and fields[0] in ("SUB_UID_MAX", "SUB_GID_MAX"):
+            try:
+                tops.append(int(fields[1], 0))
+            except ValueError:
+                continue  # a malformed value sets nothing (useradd ignores it too)
+    return max(tops)
 
 
 def _given_ids(files: dict[str, str]) -> list[range]:
@@ -746,18 +824,26 @@ def _given_ids(files: dict[str, str]) -> list[range]:
     return given
 
 
-def _free_uids(given: list[range]) -> list[range]:
-    """``EPISODE_UIDS`` less every id in ``given``, as ordered ranges."""
-    free, next_uid = [], EPISODE_UIDS.start
+def _free_uids(given: list[range], band: range) -> list[range]:
+    """``band`` less every id in ``given``, as ordered ranges."""
+    free, next_uid = [], band.start
     for taken in sorted((r for r in given if r), key=lambda r: r.start):
         if taken.start > next_uid:
-            free.append(range(next_uid, min(taken.start, EPISODE_UIDS.stop)))
+            free.append(range(next_uid, min(taken.start, band.stop)))
         next_uid = max(next_uid, taken.stop)
-        if next_uid >= EPISODE_UIDS.stop:
+        if next_uid >= band.stop:
             break
-    if next_uid < EPISODE_UIDS.stop:
-        free.append(range(next_uid, EPISODE_UIDS.stop))
+    if next_uid < band.stop:
+        free.append(range(next_uid, band.stop))
     return [r for r in free if r]
+
+
+def _givers(bands: list[range]) -> list[str]:
+    """The ``ID_FILES`` that give away ids of ``bands`` (for the error that none is left)."""
+    def meets(r: range) -> bool:
+        return any(r.start < band.stop and band.start < r.stop for band in bands)
+
+    return [path for kind, path in ID_FILES.items() if any(map(meets, _given_ids({kind: path})))]
 
 
 def _rotated(free: list[range], start: int):
@@ -826,23 +912,33 @@ class _UidReservations:
 
     def reserve(self) -> int:
         """A uid no open sandbox on this host holds and the host gives no user, group or
-        subordinate range, from a random start (processes seldom meet)."""
+        subordinate range, from the first band that has one, from a random start (processes
+        seldom meet)."""
         import fcntl
 
         with self.lock:
+            bands = _uid_bands()
             if self.fd is None:
                 self.fd = self._open()
-            free = _free_uids(_given_ids(ID_FILES))
-            count = sum(len(r) for r in free)
-            if not count:
-                raise OSError(f"no sandbox uid is free: {', '.join(ID_FILES.values())} give every id of "
-                              f"{EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1} to users, groups or their namespaces")
-            for uid in _rotated(free, secrets.randbelow(count)):
-                if uid not in self.held and self._lock(uid, fcntl.F_WRLCK):
-                    self.held.add(uid)
-                    return uid
-        raise OSError(f"every sandbox uid ({EPISODE_UIDS.start}-{EPISODE_UIDS.stop - 1}, {count} not given to "
-                      "users, groups or their namespaces) is in use")
+            given = _given_ids(ID_FILES)
+            total = 0
+            for band in bands:
+                free = _free_uids(given, band)
+                count = sum(len(r) for r in free)
+                total += count
+                if not count:
+                    continue
+                for uid in _rotated(free, secrets.randbelow(count)):
+                    if uid not in self.held and self._lock(uid, fcntl.F_WRLCK):
+                        self.held.add(uid)
+                        return uid
+            names = " and ".join(map(_band_text, bands))
+            if not total:
+                raise OSError(f"no sandbox uid is free: {', '.join(_givers(bands) or ID_FILES.values())} give every "
+                              f"id of {names} to users, groups or their namespaces; set {UID_BANDS_ENV}=first-last "
+                              "to a band of uids they leave free")
+        raise OSError(f"every sandbox uid ({names}, {total} not given to users, groups or their namespaces) is in "
+                      f"use; set {UID_BANDS_ENV}=first-last[,first-last...] for more")
 
     def release(self, uid: int) -> None:
         """Give ``uid`` back: its episode's processes and files are gone."""
