@@ -10,6 +10,7 @@ from benchmax_gym.core.checks import int_between, non_negative_int, positive_int
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig, choose, task_source
+from benchmax_gym.core.sqlite_heap import outside_query_bounds
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.core.users import LLMUser
@@ -101,8 +102,9 @@ class CRMEnv(ToolEnv):
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
         episode.state["org"] = self.org
-        db = EpisodeDB(self.org.episode_copy(), self.query_max_rows, min(self.query_timeout, self.tool_timeout),
-                       self.org.today(), max_chars=self.max_tool_output_chars)
+        db = outside_query_bounds(  # (another episode's query nearing its heap bound must not fail this reset)
+            lambda: EpisodeDB(self.org.episode_copy(), self.query_max_rows, min(self.query_timeout, self.tool_timeout),
+                              self.org.today(), max_chars=self.max_tool_output_chars))
         episode.state["db"] = db
         episode.resources.callback(db.con.close)
 

@@ -38,7 +38,7 @@ from benchmax_gym.core.sources import GeneratedSource
 from benchmax_gym.core.tasks import GeneratedTasks, Task, pick
 from benchmax_gym.core.users import STOP
 from benchmax_gym.envs.crm.org import REFUND_WINDOW_DAYS
-from benchmax_gym.envs.crm.rubric import collateral_changes
+from benchmax_gym.envs.crm.rubric import collateral_changes, safe_grading
 
 SERVICE_TYPES = ("refund_request", "case_status")
 UNVERIFIED_SHARE = 0.2  # refund requests whose customer gives an email that is not the order's
@@ -220,6 +220,7 @@ def other_cases_named(con: sqlite3.Connection, text: str, allowed: set[str]) -> 
                                       "json_each(?))", (json.dumps(numbers),))}
 
 
+@safe_grading
 def service_grade(episode: Any, messages: list[dict[str, Any]]) -> dict[str, float]:
     """``{"state", "statements"}``, computed once per episode (the components share it)."""
     state = episode.state

@@ -23,7 +23,6 @@ failure is a :class:`ToolError` and leaves the database as it was.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import json
 import os
@@ -34,6 +33,8 @@ import time
 from typing import Any
 
 from benchmax_gym.core.outcomes import ENV_ERROR
+from benchmax_gym.core.sqlite_heap import HEAP as _HEAP
+from benchmax_gym.core.sqlite_heap import QUERY_MEMORY_BYTES, outside_query_bounds, safe_from_query_bounds
 from benchmax_gym.core.tools import ToolError, ToolFailure, tool
 from benchmax_gym.envs.crm.org import CASE_PRIORITIES, CASE_STATUSES, RESOLUTIONS, sf_id
 
@@ -41,8 +42,6 @@ _READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNC
 _FORBIDDEN_FUNCTIONS = {"load_extension", "readfile", "writefile", "edit", "fts5"}
 MAX_VALUE_BYTES = 1_000_000
 MAX_PATTERN_CHARS = 100
-QUERY_MEMORY_BYTES = 256 * 2**20
-"""What SQLite's heap may grow by while one ``query`` runs (its temporary storage is in memory)."""
 _as_text = sqlite3.connect(":memory:", check_same_thread=False)  # SQLite's own number-to-text and printf
 _as_text.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_BYTES)
 
@@ -193,12 +192,42 @@ class EpisodeDB:
         """Run ``sql`` read-only within the limits: ``(columns, rows, truncated)``.
 
         Rows are read one at a time; reading stops after ``max_rows`` rows or once the text of
-        the rows read passes ``max_chars`` (the rest could not be shown anyway).
+        the rows read passes ``max_chars`` (the rest could not be shown anyway). Out of memory
+        while another query's bound was in force too (the limit is the process's: the other may
+        have taken it), it runs once more alone, under its own bound only.
         """
-        self.con.execute("PRAGMA query_only = ON")
-        self.con.set_authorizer(_read_only)
-        if _HEAP is not None:
-            _HEAP.enter()
+        self._read_only(True)
+        try:
+            ticket = _HEAP.enter() if _HEAP is not None else None  # (None: temp data goes to files)
+            try:
+                return self._read(sql, params)
+            except MemoryError:
+                pass
+            finally:
+                shared = ticket is not None and _HEAP.exit(ticket)
+            if shared:
+                with _HEAP.alone(query=True):
+                    try:
+                        return self._read(sql, params)
+                    except MemoryError:
+                        pass
+            raise ToolError(f"the query needed more than {QUERY_MEMORY_BYTES >> 20} MB of working memory (sorting, "
+                            "grouping or DISTINCT over too many rows) and was stopped; narrow it with WHERE, "
+                            "aggregate, or add LIMIT") from None
+        finally:
+            self._read_only(False)
+
+    @safe_from_query_bounds
+    def _read_only(self, on: bool) -> None:
+        """The model's SQL may only read while ``on``: ``query_only`` and the authorizer."""
+        if not on:
+            self.con.set_authorizer(None)
+        self.con.execute(f"PRAGMA query_only = {'ON' if on else 'OFF'}")
+        if on:
+            self.con.set_authorizer(_read_only)
+
+    def _read(self, sql: str, params: tuple) -> tuple[list[str], list[tuple], bool]:
+        """One run of :meth:`read`; SQLite's out-of-memory (the heap bound) is the caller's."""
         _WATCHDOG.arm(self.con, time.monotonic() + self.timeout)
         try:
             cur = self.con.execute(sql, params)
@@ -221,16 +250,8 @@ class EpisodeDB:
         except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as exc:
             _broken(exc)
             raise ToolError(_sql_message(exc)) from None
-        except MemoryError:  # (SQLite's out-of-memory: the heap bound)
-            raise ToolError(f"the query needed more than {QUERY_MEMORY_BYTES >> 20} MB of working memory (sorting, "
-                            "grouping or DISTINCT over too many rows) and was stopped; narrow it with WHERE, "
-                            "aggregate, or add LIMIT") from None
         finally:
             _WATCHDOG.disarm(self.con)
-            if _HEAP is not None:
-                _HEAP.exit()
-            self.con.set_authorizer(None)
-            self.con.execute("PRAGMA query_only = OFF")
         return columns, rows, truncated
 
     def row(self, sql: str, params: tuple = ()) -> dict[str, Any] | None:
@@ -289,76 +310,6 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
-
-
-class _HeapBound:
-    """SQLite's process-wide hard heap limit, held at the heap in use plus
-    :data:`QUERY_MEMORY_BYTES` for each ``query`` running (queries may run in several threads),
-    and put back as it was (with the soft limit, which setting the hard one lowers) when the last
-    one ends. SQLite has no per-connection bound: this is the one that holds a sort in memory."""
-
-    def __init__(self, used, hard, soft) -> None:
-        self._used, self._hard, self._soft = used, hard, soft
-        self._reset()
-        os.register_at_fork(after_in_child=self._after_fork)
-
-    def _reset(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._before = (0, 0)
-
-    def enter(self) -> None:
-        with self._lock:
-            if not self._running:
-                self._before = (self._hard(-1), self._soft(-1))
-            self._running += 1
-            bound = self._used() + QUERY_MEMORY_BYTES
-            if self._running > 1:
-                bound = max(bound, self._hard(-1))
-            if self._before[0]:
-                bound = min(bound, self._before[0])  # a lower limit set by the user stays
-            self._hard(bound)
-
-    def exit(self) -> None:
-        with self._lock:
-            self._running -= 1
-            if not self._running:
-                self._restore()
-
-    def _restore(self) -> None:
-        self._hard(self._before[0])
-        self._soft(self._before[1])
-
-    def _after_fork(self) -> None:  # a query of another thread was running: its bound stays no more
-        running, before = self._running, self._before
-        self._reset()
-        if running:
-            self._before = before
-            self._restore()
-
-
-def _heap_bound() -> _HeapBound | None:
-    """The heap bound over the SQLite library Python's ``sqlite3`` runs on, or None where that
-    library does not export its memory functions (a static build)."""
-    try:
-        import _sqlite3
-
-        lib = ctypes.CDLL(_sqlite3.__file__)  # (the loaded module: its SQLite is the one found)
-        functions = lib.sqlite3_memory_used, lib.sqlite3_hard_heap_limit64, lib.sqlite3_soft_heap_limit64
-        version = lib.sqlite3_libversion_number
-    except (ImportError, OSError, AttributeError):
-        return None
-    version.restype = ctypes.c_int
-    major, minor, patch = sqlite3.sqlite_version_info
-    if version() != major * 1_000_000 + minor * 1000 + patch:
-        return None
-    used, hard, soft = functions
-    used.argtypes, hard.argtypes, soft.argtypes = [], [ctypes.c_int64], [ctypes.c_int64]
-    used.restype = hard.restype = soft.restype = ctypes.c_int64
-    return _HeapBound(used, hard, soft)
-
-
-_HEAP = _heap_bound()
 
 
 def _sql_message(exc: Exception) -> str:
@@ -433,6 +384,7 @@ def _columns(db: EpisodeDB, table: str) -> list[str]:
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def describe_schema(episode) -> str:
     """List every table (Salesforce object) with its columns and foreign keys."""
     db = _db(episode)
@@ -442,6 +394,7 @@ def describe_schema(episode) -> str:
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def describe_object(name: str, episode) -> str:
     """Describe one table: its columns and foreign keys, its row count and one sample row.
 
@@ -468,6 +421,7 @@ def _find_case(db: EpisodeDB, case_id: str) -> dict[str, Any]:
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def get_case(case_id: str, episode) -> str:
     """Get a case with its history (creation, owner changes, closing) and its emails.
 
@@ -490,6 +444,7 @@ def fts_query(text: str) -> str:
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def search_knowledge(query: str, episode, limit: int = 5) -> str:  # noqa: A002 - the model-facing name
     """Full-text search of the knowledge base (Knowledge__kav articles, ranked by relevance).
 
@@ -511,6 +466,7 @@ def search_knowledge(query: str, episode, limit: int = 5) -> str:  # noqa: A002 
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def get_order_history(contact_id: str, episode) -> str:
     """A contact's orders, newest first, each with its items (product, category, quantity, price).
 
@@ -532,6 +488,7 @@ def get_order_history(contact_id: str, episode) -> str:
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def get_live_chat_transcript(case_id: str, episode) -> str:
     """The live-chat transcripts of a case (who, when, and the conversation).
 
@@ -546,6 +503,7 @@ def get_live_chat_transcript(case_id: str, episode) -> str:
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def update_case(case_id: str, episode, status: str | None = None, owner_id: str | None = None,
                 priority: str | None = None, resolution: str | None = None) -> str:
     """Update a case's status, owner, priority or resolution; each change is logged in CaseHistory__c.
@@ -609,6 +567,7 @@ def _write_case(db: EpisodeDB, case: dict[str, Any], changes: dict[str, Any],
 
 
 @tool(inline=True)
+@safe_from_query_bounds
 def issue_refund(case_id: str, amount: float, episode) -> str:
     """Refund the customer for the order item of a case and close the case with the resolution
     'Refund issued'; the refund is logged in CaseHistory__c (Field__c 'Refund', NewValue__c the amount).

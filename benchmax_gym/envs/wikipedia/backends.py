@@ -47,6 +47,7 @@ from benchmax_gym.core.checks import int_between, number_between, optional, posi
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.outcomes import TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import ToolError, ToolFailure
+from benchmax_gym.core.sqlite_heap import outside_query_bounds, safe_from_query_bounds
 
 USER_AGENT = "benchmax-gym/0.1 (https://github.com/benchmax-gym; multi-hop search QA environment)"
 DISAMBIGUATION_CATEGORIES = "Category:All disambiguation pages|Category:Disambiguation pages"
@@ -219,10 +220,15 @@ def corpus_key(*parts: bytes | str) -> str:
 
 
 class CorpusBackend:
-    """Search and read a :class:`CorpusIndex` through this reader's own read-only connection."""
+    """Search and read a :class:`CorpusIndex` through this reader's own read-only connection.
+
+    SQLite's heap limit is the process's: while a CRM ``query`` in another episode of the process
+    nears its bound, a search here can fail for memory that query took, so the reads run
+    :func:`~benchmax_gym.core.sqlite_heap.safe_from_query_bounds` (once more when that query is
+    done; out of memory even so, the environment's failure, never the model's error)."""
 
     def __init__(self, index: CorpusIndex):
-        self.db = index.connect()
+        self.db = outside_query_bounds(index.connect)
 
     def _page(self, title: str) -> tuple[str, str, str | None] | None:
         return self.db.execute(
@@ -230,6 +236,7 @@ class CorpusBackend:
             (title_key(title),),
         ).fetchone()
 
+    @safe_from_query_bounds
     def search(self, query: str, limit: int) -> list[SearchHit]:
         match = fts_query(query)
         if match is None:
@@ -249,6 +256,7 @@ class CorpusBackend:
                 hits = [first] + [h for h in hits if h.title != first.title]
         return hits[:limit]
 
+    @safe_from_query_bounds
     def article(self, title: str) -> Article | None:
         page = self._page(title)
         redirected_from = None
