@@ -15,7 +15,9 @@ initialize-handshake era; its environment is closed (sandbox killed, workspace d
 session ends: the client's DELETE, or ``idle_timeout`` seconds with no request in flight (a
 client that vanished without a DELETE), or the server's shutdown. At most ``max_sessions`` are
 open at once; one more is refused with HTTP 503 "Too many open sessions" until one ends. The
-modern stateless protocol has no session, so its requests share one environment. An environment
+modern stateless protocol has no session, so HTTP does not serve it (:class:`HandshakeOnly`): the
+SDK's default ``Client`` (``mode="auto"``) falls back to the handshake and gets a session of its
+own; a client pinned to a modern version is refused with the reason. An environment
 that fails to start fails the call that started it (an error result saying why, outcome
 ``env_error``) and is not kept: the session's next call tries again.
 
@@ -39,6 +41,7 @@ from urllib.parse import urlsplit
 
 import gymnasium as gym
 import mcp_types as types
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from mcp.server.lowlevel import Server
 
 import benchmax_gym  # noqa: F401  (registers the ids)
@@ -55,8 +58,8 @@ class SessionEnvs:
 
     A session's environment lives in its SDK connection's ``state`` and is closed by the
     connection's ``exit_stack``, which the SDK unwinds however the session ends (DELETE, idle
-    timeout, shutdown). Requests without a session id (stdio's one connection, the modern
-    stateless protocol) share one environment, closed by :meth:`close`.
+    timeout, shutdown). Requests without a session id (stdio's one connection, an in-process
+    client) share one environment, closed by :meth:`close`.
     """
 
     def __init__(self, env_id: str, env_kwargs: dict[str, Any], seed: int | None):
@@ -85,7 +88,7 @@ class SessionEnvs:
         """The request's session's environment, made at its first call. A failed start is not
         kept: the next call tries again (a flaky server start must not fail a session for ever)."""
         connection = _connection(ctx)
-        if connection is None or connection.session_id is None:  # stdio, or stateless HTTP
+        if connection is None or connection.session_id is None:  # stdio (one client), or in-process
             made = self._shared
             if made is None:
                 made = self._shared = asyncio.ensure_future(asyncio.to_thread(self.make))
@@ -260,7 +263,39 @@ class _StdinLines:
 def _run_http(server: Server, host: str, port: int, idle_timeout: float, max_sessions: int,
               auth_token: str | None, sockets: list | None = None) -> None:
     app = server.streamable_http_app(host=host, session_idle_timeout=idle_timeout, max_sessions=max_sessions)
-    run_http_app(app, host, port, auth_token, "mcp-serve", "/mcp", sockets=sockets)
+    run_http_app(HandshakeOnly(app), host, port, auth_token, "mcp-serve", "/mcp", sockets=sockets)
+
+
+class HandshakeOnly:
+    """ASGI wrapper of the MCP app: only the initialize-handshake era, whose sessions each get
+    their own environment. The modern stateless protocol has no session, so the SDK would serve
+    every client of it from one environment (client B reads client A's writes). Its requests
+    (an ``MCP-Protocol-Version`` header that is not a handshake version, which the SDK routes to its
+    modern handler) get the JSON-RPC error -32022 naming the handshake versions as the supported
+    ones: the SDK's default ``Client`` (``mode="auto"``) then falls back to ``initialize``, and a
+    client pinned to a modern version is told why it is refused. Behind :class:`BearerToken`."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            asked = [v.decode("latin-1") for k, v in scope["headers"] if k == b"mcp-protocol-version"]
+            refused = next((v for v in asked if v not in HANDSHAKE_PROTOCOL_VERSIONS), None)
+            if refused is not None:
+                from starlette.responses import JSONResponse
+
+                error = types.ErrorData(
+                    code=types.UNSUPPORTED_PROTOCOL_VERSION,
+                    message=f"protocol version {refused!r} is not served here: this server keeps one environment "
+                            "(workspace, sandbox) per MCP session, and only the initialize handshake opens a "
+                            "session; connect with the handshake (the SDK's Client: mode='auto' or 'legacy')",
+                    data=types.UnsupportedProtocolVersionErrorData(
+                        supported=list(HANDSHAKE_PROTOCOL_VERSIONS), requested=refused).model_dump(mode="json"))
+                body = types.JSONRPCError(jsonrpc="2.0", id=None, error=error)  # (the body is not read)
+                return await JSONResponse(body.model_dump(mode="json", by_alias=True), status_code=400)(
+                    scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 class ListenError(OSError):

@@ -51,8 +51,8 @@ def excel_server(http_server):
 
 
 def test_http_sessions_get_separate_workspaces(excel_server):
-    # Sessions (mcp-session-id) exist in the initialize-handshake era; the modern stateless
-    # protocol has none, so its requests share one environment (documented).
+    # Sessions (mcp-session-id) exist in the initialize-handshake era, which the server keeps every
+    # client to (tests/test_serve_modern_clients.py: default clients fall back to it).
     async def main():
         async with Client(excel_server, mode="legacy") as first, Client(excel_server, mode="legacy") as second:
             sheets = json.loads(text(await first.call_tool("list_sheets", {})))
@@ -68,7 +68,9 @@ def test_http_sessions_get_separate_workspaces(excel_server):
     assert "only in session one" not in text(theirs) and "empty" in text(theirs)
 
 
-def test_http_modern_stateless_client_works(excel_server):
+def test_http_default_client_works(excel_server):
+    """The SDK's default client (``mode="auto"``) probes the modern protocol, is refused, and
+    works through the handshake it falls back to."""
     async def main():
         async with Client(excel_server) as client:
             return [t.name for t in (await client.list_tools()).tools], await client.call_tool("list_sheets", {})
@@ -211,8 +213,7 @@ def test_http_a_session_never_sees_another_sessions_code_or_output(serve):
     """Every session's python calls share the server's one sandbox server: a call's code must not
     find another session's code or output in its memory, neither after that session's call nor
     while it runs. Before issue 27 item 1 the code's frames reached the server's main loop and
-    ``finish()``, which held the other session's last code and output. Legacy sessions: the modern
-    stateless protocol shares one environment (documented)."""
+    ``finish()``, which held the other session's last code and output."""
     snooping.need_bubblewrap()
     served = serve("benchmax/Math-v0")
 
