@@ -184,8 +184,14 @@ class ExcelEnv(ToolEnv):
         return {"soft": sum(cases.values()) / len(cases), "hard": float(all(cases.values())), "cases": len(cases)}
 
     def final_info(self, episode: Episode) -> dict[str, Any]:
+        """``grade_notes``: why a workbook graded as it did, where it was out of the ordinary (a
+        file refused, a sheet missing, a recalculation fallback); SpreadsheetBench's scores."""
+        info: dict[str, Any] = {}
+        graded = episode.state.get("grade")
+        if graded is not None and graded.notes:
+            info["grade_notes"] = list(graded.notes)
         meta = episode.task.metadata
         if meta.get("source") == "spreadsheetbench":
-            return {"spreadsheetbench": self.spreadsheetbench_scores(meta["spreadsheet_id"])}
-        return {}
+            info["spreadsheetbench"] = self.spreadsheetbench_scores(meta["spreadsheet_id"])
+        return info
 

@@ -118,9 +118,10 @@ def test_symlink_to_the_tasks_answer_file_scores_zero(shared_data):
     answer = env.unwrapped.episode.task.answer["workbook"]
     assert isinstance(answer, str) and os.path.isfile(answer)
     plant(env, f"import os\nos.remove('workbook.xlsx')\nos.symlink({answer!r}, 'workbook.xlsx')")
-    _, reward, terminated, _, _ = env.step("done")
+    _, reward, terminated, _, info = env.step("done")
     assert terminated and reward == 0.0
     assert any("symbolic link" in note or "regular file" in note for note in env.unwrapped.episode.state["grade"].notes)
+    assert info["grade_notes"] == env.unwrapped.episode.state["grade"].notes  # the why of the 0, for the user
 
 
 def test_hard_link_to_an_outside_file_is_refused(host_book):
