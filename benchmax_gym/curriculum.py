@@ -14,8 +14,12 @@ It also counts *zero-variance groups*: the rollouts of one task (``group_size`` 
 k) that all got the same reward, per member and level: the groups whose advantages are all 0
 and teach nothing.
 
-In a vector env the parent holds the one controller that moves levels (the workers' envs follow
-the levels it sends them), so difficulty moves with the whole batch, not per worker.
+In a ``SubprocVectorEnv``/``RayVectorEnv`` the parent holds the one controller that moves levels
+(the workers' envs follow the levels it sends them), so difficulty moves with the whole batch, not
+per worker, and the same seed plays the same levels whatever the number of workers. Gymnasium's
+own ``sync``/``async`` modes have no such parent: each env keeps its own controller
+(``envs.get_attr("curriculum")`` reads them). A ``reset(seed=...)`` does not reset a controller:
+its levels and windows are training progress (``get_state``/``set_state`` save and restore them).
 """
 
 from __future__ import annotations
@@ -84,11 +88,12 @@ class MemberLevels:
     """One member's levels and where it stands: its configuration and its state.
 
     ``schedule``: ``[(episodes, level), ...]`` (from that many of the member's episodes on, that
-    level) or a function ``episodes -> level``; then the band does not move it.
+    level; before its first entry, ``start``) or a function ``episodes -> level`` (its level at 0
+    episodes is the first: no ``start`` with it); then the band does not move it.
     """
 
     def __init__(self, name: str, levels: Sequence[Mapping[str, Any]], *, band=(0.3, 0.7), window: int = 32,
-                 min_episodes: int | None = None, start: int = 0,
+                 min_episodes: int | None = None, start: int | None = None,
                  schedule: Sequence[tuple[int, int]] | Callable[[int], int] | None = None):
         self.name = name
         self.levels = tuple(dict(level) for level in levels) or ({},)
@@ -101,13 +106,20 @@ class MemberLevels:
             raise ValueError(f"curriculum[{name!r}]['min_episodes'] must be an int from 1 to the window "
                              f"({window}), got {min_episodes!r}")
         self.min_episodes = window if min_episodes is None else int(min_episodes)
+        if callable(schedule) and start is not None:
+            raise ValueError(f"curriculum[{name!r}]: give 'start' or a 'schedule' function, not both (the "
+                             "function's level at 0 episodes is the start)")
+        start = 0 if start is None else start
         if not _is_int(start, 0, len(self.levels) - 1):
             raise ValueError(f"curriculum[{name!r}]['start'] must be a level from 0 to {len(self.levels) - 1}, "
                              f"got {start!r}")
         if schedule is not None and not callable(schedule):
             schedule = self._checked_schedule(schedule)
         self.schedule = schedule
-        self.level = int(start)
+        self.start = int(start)
+        # (a schedule's level at 0 episodes is the first played: it was `start`, the first
+        # episode at level 0 whatever the schedule said)
+        self.level = self._scheduled(0) if schedule is not None else self.start
         self.episodes = 0  # graded episodes seen (failures never count)
         self.recent: collections.deque[bool] = collections.deque(maxlen=self.window)
 
@@ -159,7 +171,7 @@ class MemberLevels:
                 raise TypeError(f"curriculum[{self.name!r}]['schedule']({episodes}) must return a level (a number), "
                                 f"got {level!r}")  # (int(None) failed deep in the step that ended an episode)
             return max(0, min(len(self.levels) - 1, int(level)))
-        level = 0
+        level = self.start
         for start, value in self.schedule:
             if episodes >= start:
                 level = value

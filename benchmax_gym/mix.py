@@ -55,15 +55,20 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   the same sequence.
 * **Curricula and statistics**: see :mod:`benchmax_gym.curriculum`. The step that ends an episode
   carries ``info["difficulty"]`` (the level) and ``info["mix_episode"]`` (member, level, task,
-  reward, success, outcome: what a vector env's parent feeds its one controller). The
-  controller's figures (a member's recent success rate, its zero-variance share) change with
-  every episode, so a lone env keeps them out of its info (Gymnasium's checker wants a step's
-  info to follow from the seed and actions): read ``env.unwrapped.curriculum.stats()``. A
+  graded reward as eval records it, success, outcome: what a vector env's parent feeds its one
+  controller). The controller's figures (a member's recent success rate, its zero-variance
+  share) change with every episode, so a lone env keeps them out of its info (Gymnasium's checker
+  wants a step's info to follow from the seed and actions): read
+  ``env.unwrapped.curriculum.stats()``. A
   ``SubprocVectorEnv``/``RayVectorEnv`` adds ``info["success_rate"]`` and
-  ``info["zero_variance"]`` for each ended episode, from its one controller over all workers.
+  ``info["zero_variance"]`` for each ended episode, from its one controller over all workers
+  (Gymnasium's ``sync``/``async`` modes: each env its own, ``envs.get_attr("curriculum")``). A
+  seed restarts the sampler and the members' RNGs, not the curriculum (its levels are training
+  progress): the same seed plays the same sequence from the same curriculum state.
 
 Attributes the mixture does not define (``tool_schemas``, ``toolset``, ``rubric``, ``episode``,
-``messages``...) are the current member's (before the first reset: the first member's).
+``messages``...) are the current member's (before the first reset: the first member's with a
+weight).
 """
 
 from __future__ import annotations
@@ -153,8 +158,8 @@ def parse_members(members: Any) -> list[MemberSpec]:
             close = [i for i in gym.registry if isinstance(env_id, str) and env_id.lower() in i.lower()]
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"members: {env_id!r} is not a registered env id{hint}")
-        if env_id == "benchmax/Mix-v0":
-            raise ValueError("members: a mixture cannot hold benchmax/Mix-v0 (list its members instead)")
+        if _is_mixture(env_id):  # (a named one too: register_mix's "me/Train-v0" is a Mix-v0)
+            raise ValueError(f"members: a mixture cannot hold {env_id} (a mixture itself: list its members instead)")
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not weight >= 0 or math.isinf(weight):
             raise ValueError(f"members: the weight of {env_id!r} must be a non-negative number, got {weight!r}")
         name = env_id.rpartition("/")[2] if name is None else name
@@ -268,6 +273,11 @@ def _member_class(env_id: str) -> Any:
     if isinstance(creator, RegisteredFactory):
         creator = _PARTS.get(creator.env_id, (creator,))[0]
     return creator
+
+
+def _is_mixture(env_id: str) -> bool:
+    creator = _member_class(env_id)
+    return isinstance(creator, type) and issubclass(creator, MixEnv)
 
 
 @contextlib.contextmanager
@@ -494,10 +504,12 @@ class MixEnv(gym.Env[str, str]):
         return cores[0]
 
     def __getattr__(self, name: str) -> Any:
-        # (only for attributes the mixture lacks: the current member's, or the first member's before a reset)
+        # (only for attributes the mixture lacks: the current member's, or before a reset the first
+        # member's with a weight: one of weight 0 may not build at all, and was built here)
         if name.startswith("_") or "_built" not in self.__dict__:
             raise AttributeError(name)
-        current = self.__dict__.get("_current") or self._member(self._names[0], self._level_for(self._names[0]))
+        first = next(s.name for s in self.specs if s.weight > 0)
+        current = self.__dict__.get("_current") or self._member(first, self._level_for(first))
         return getattr(current.core, name)
 
     # -- Gymnasium API ----------------------------------------------------------------------------
@@ -622,14 +634,16 @@ class MixEnv(gym.Env[str, str]):
             info["reward_components"] = {f"{name}/{k}": v for k, v in components.items()}
         outcome = info.get("outcome")
         graded = reward == reward  # (a failure's reward is NaN)
-        # success from the graded reward, as eval's: a last step's reward also holds that step's
-        # per-turn pay (dense_rewards), or less what earlier steps paid (shaping)
+        # success and the zero-variance groups from the graded reward, as eval's records: a last
+        # step's reward also holds that step's per-turn pay (dense_rewards), or less what earlier
+        # steps paid (shaping), so two rollouts graded alike were a group that taught something
         episode = getattr(member.core, "episode", None)
         final = episode.reward if episode is not None else reward
         success = bool(graded and final is not None and final >= member.max_reward - 1e-9)
-        report = {"member": name, "level": level, "task_id": self._task_id, "reward": float(reward),
+        score = float(final if graded and final is not None else reward)
+        report = {"member": name, "level": level, "task_id": self._task_id, "reward": score,
                   "success": success, "outcome": outcome}
-        self.curriculum.record(name, level, self._task_id, float(reward), success, outcome)
+        self.curriculum.record(name, level, self._task_id, score, success, outcome)
         info["difficulty"] = level
         info["mix_episode"] = report
 

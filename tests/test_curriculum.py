@@ -57,8 +57,11 @@ def test_a_fixed_schedule_sets_the_level_from_episodes_seen():
 
 @pytest.mark.parametrize("returned", [None, "2", float("nan")])
 def test_a_schedule_function_that_returns_no_level_says_so(returned):
-    """(int(None) raised a bare TypeError in the step that ended the episode.)"""
-    c = controller(schedule=lambda episodes: returned)
+    """(int(None) raised a bare TypeError in the step that ended the episode.) At 0 episodes it is
+    asked at make (the first level played); later, in the step that ends an episode."""
+    with pytest.raises(TypeError, match=r"curriculum\['m'\]\['schedule'\]\(0\) must return a level \(a number\)"):
+        controller(schedule=lambda episodes: returned)
+    c = controller(schedule=lambda episodes: 0 if episodes == 0 else returned)
     with pytest.raises(TypeError, match=r"curriculum\['m'\]\['schedule'\]\(1\) must return a level \(a number\)"):
         c.record("m", 0, "t", 1.0, True, "scored")
 

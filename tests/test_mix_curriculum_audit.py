@@ -1,0 +1,165 @@
+"""benchmax/Mix-v0 and its curricula, as users rely on them: a named mixture is no member, a
+schedule plays its own first level, attributes before a reset, zero-variance groups from the
+graded reward, the weights over real resets, one sequence whatever the number of workers, a
+seed that leaves the curriculum alone, and every member's processes closed."""
+
+import gymnasium as gym
+import psutil
+import pytest
+from scipy.stats import binomtest
+
+import benchmax_gym  # noqa: F401
+from benchmax_gym.mix import register_mix
+
+WRONG = "\\boxed{not a number}"
+THREE = {"benchmax/Math-v0": 0.5, "benchmax/Wikipedia-v0": 0.3, "benchmax/CRM-v0": 0.2}
+
+
+def digits(values, **options):
+    return {"Math-v0": {"knob": "task_args.difficulty.digits", "values": values, **options}}
+
+
+def test_a_mixture_named_by_register_mix_cannot_be_a_member():
+    """Only the id benchmax/Mix-v0 was refused: a named mixture (a Mix-v0 too) nested in another."""
+    if "audit/Nested-v0" not in gym.registry:
+        register_mix("audit/Nested-v0", [("benchmax/Math-v0", 0.5), ("benchmax/Wikipedia-v0", 0.5)])
+    with pytest.raises(ValueError, match=r"members: a mixture cannot hold audit/Nested-v0"):
+        gym.make("benchmax/Mix-v0", members={"audit/Nested-v0": 1.0, "benchmax/Math-v0": 1.0})
+    with pytest.raises(ValueError, match=r"members: a mixture cannot hold benchmax/Mix-v0"):
+        gym.make("benchmax/Mix-v0", members={"benchmax/Mix-v0": 1.0})
+
+
+@pytest.mark.parametrize("schedule", [[(0, 2), (4, 3)], lambda episodes: 2 + episodes // 4])
+def test_a_schedule_plays_its_level_at_zero_episodes_from_the_first_episode(schedule):
+    """The first episode played level 0 (the start), whatever the schedule said for 0 episodes."""
+    mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0}, python_tool=False,
+                   curriculum=digits([1, 2, 3, 4, 5], schedule=schedule))
+    played = []
+    for k in range(6):
+        _, info = mix.reset(seed=0 if k == 0 else None)
+        played.append(info["difficulty"])
+        mix.step(WRONG)
+    assert played == [2, 2, 2, 2, 3, 3]
+    assert mix.unwrapped.built_members == ["Math-v0@2", "Math-v0@3"]  # (level 0 was never the schedule's)
+    mix.close()
+
+
+def test_start_is_a_listed_schedules_level_before_its_first_entry():
+    """After one episode the level fell from start to 0 until the schedule's first entry."""
+    mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0}, python_tool=False,
+                   curriculum=digits([1, 2, 3], schedule=[(3, 2)], start=1))
+    played = []
+    for k in range(5):
+        played.append(mix.reset(seed=0 if k == 0 else None)[1]["difficulty"])
+        mix.step(WRONG)
+    assert played == [1, 1, 1, 2, 2]
+    mix.close()
+    with pytest.raises(ValueError, match=r"curriculum\['Math-v0'\]: give 'start' or a 'schedule' function"):
+        gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0},
+                 curriculum=digits([1, 2, 3], schedule=lambda episodes: 1, start=2))
+
+
+def test_an_attribute_before_a_reset_is_the_first_drawn_members_not_a_weight_zero_ones():
+    """It built the first member listed, of weight 0 here: one that cannot be built offline raised."""
+    mix = gym.make("benchmax/Mix-v0", members=[("benchmax/Excel-SpreadsheetBench-v0", 0.0),
+                                                ("benchmax/Math-v0", 1.0)], max_turns=4)
+    assert mix.unwrapped.max_turns == 4
+    assert mix.unwrapped.built_members == ["Math-v0@0"]
+    mix.close()
+
+
+def test_zero_variance_groups_count_the_graded_reward_as_eval_does():
+    """Two rollouts of one task cut off at max_turns, both graded 0: a group that teaches nothing.
+    The one whose last step paid a dense reward made the mixture count it as a group with variance."""
+    mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0}, python_tool=False, dense_rewards=True,
+                   max_turns=1, group_size=2, curriculum=digits([2, 3]))
+    obs, info = mix.reset(seed=0, options={"task_index": 0})
+    _, paid, _, truncated, info = mix.step(mix.unwrapped.reference_solver()(obs, info))  # its tool calls
+    assert truncated and paid > 0  # the turn's dense pay
+    assert info["mix_episode"]["reward"] == mix.unwrapped.episode_record()["reward"] == 0.0
+    mix.reset(options={"task_index": 0})
+    _, _, _, _, info = mix.step('<tool_call>{"name": "calculator", "arguments": {"expression": "1 + 1"}}</tool_call>')
+    assert info["mix_episode"]["reward"] == mix.unwrapped.episode_record()["reward"] == 0.0
+    assert mix.unwrapped.curriculum.stats()["Math-v0"]["zero_variance"] == {0: 1.0}
+    mix.close()
+
+
+@pytest.mark.parametrize("sampling", ["stratified", "random"])
+def test_members_played_over_real_resets_follow_the_weights(sampling):
+    """1,500 resets: each member's count against its weight by an exact binomial test (random
+    draws), and within a few counts of it (the stratified sequence's whole point)."""
+    mix = gym.make("benchmax/Mix-v0", members=THREE, python_tool=False, sampling=sampling)
+    n = 1500
+    played = [mix.reset(seed=5 if k == 0 else None)[1]["member"] for k in range(n)]
+    assert mix.unwrapped.counts == {m: played.count(m) for m in set(played)}
+    for env_id, weight in THREE.items():
+        count = played.count(env_id.split("/")[1])
+        if sampling == "random":
+            assert binomtest(count, n, weight).pvalue > 1e-3, (env_id, count)
+        else:
+            assert abs(count - n * weight) <= 3, (env_id, count)
+    mix.close()
+
+
+def run_batches(**vector):
+    """Members, tasks and levels of 4 envs over 10 batches of wrong answers: Math's level falls."""
+    envs = gym.make_vec("benchmax/Mix-v0", num_envs=4, members=THREE, python_tool=False,
+                        curriculum=digits([1, 2, 3, 4], start=3, window=3), **vector)
+    _, info = envs.reset(seed=7)
+    seen = [list(zip(info["member"], info["task_id"], info["difficulty"]))]
+    for _ in range(10):
+        _, _, _, _, info = envs.step([WRONG] * 4)
+        seen.append(list(zip(info["member"], info["task_id"], info["difficulty"])))
+    stats = envs.curriculum_stats()["Math-v0"]
+    envs.close()
+    return seen, stats["level"], stats["episodes"]
+
+
+def test_the_same_seed_plays_the_same_members_tasks_and_levels_whatever_the_number_of_workers():
+    one = run_batches(num_workers=1)
+    assert one[1] < 3 and one[2] >= 6  # (the parent's one controller moved Math's level)
+    assert run_batches(num_workers=4) == one
+
+
+def test_a_seed_restarts_the_sequence_not_the_curriculum():
+    """Documented: the levels are training progress. From the same curriculum state, the same seed
+    plays the same sequence."""
+    mix = gym.make("benchmax/Mix-v0", members=THREE, python_tool=False, curriculum=digits([1, 2, 3], start=2, window=2))
+    fresh = mix.unwrapped.curriculum.state_dict()
+
+    def episodes():
+        played = []
+        for k in range(8):
+            _, info = mix.reset(seed=3 if k == 0 else None)
+            played.append((info["task_id"], info["difficulty"]))
+            mix.step(WRONG)
+        return played
+
+    first = episodes()
+    moved = mix.unwrapped.curriculum.level("Math-v0")
+    assert moved < 2
+    mix.reset(seed=3)
+    assert mix.unwrapped.curriculum.level("Math-v0") == moved
+    mix.unwrapped.curriculum.load_state_dict(fresh)
+    assert episodes() == first
+    mix.close()
+
+
+def test_close_ends_the_processes_of_every_member_and_level_built():
+    """Math's python sandbox at two levels (the curriculum moved off the first) and Wikipedia: none left."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    mix = gym.make("benchmax/Mix-v0", members={"benchmax/Math-v0": 1.0, "benchmax/Wikipedia-v0": 1.0},
+                   curriculum=digits([1, 2, 3], start=2, window=1))
+    code = '<tool_call>{"name": "python", "arguments": {"code": "print(6 * 7)"}}</tool_call>'
+    for _ in range(2):
+        _, info = mix.reset(options={"member": "Math-v0"})
+        _, _, _, _, info = mix.step(code)
+        assert "42" in info["messages"][0]["content"]
+        mix.step(WRONG)
+    assert mix.unwrapped.built_members == ["Math-v0@2", "Wikipedia-v0@0", "Math-v0@1"]
+    assert {p.pid for p in me.children(recursive=True)} - before  # (the sandboxes it started)
+    mix.close()
+    left = [p for p in me.children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(left, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
