@@ -9,6 +9,7 @@ import pytest
 from scipy.stats import binomtest
 
 import benchmax_gym  # noqa: F401
+import benchmax_gym.envs.math.env
 from benchmax_gym.mix import register_mix
 
 WRONG = "\\boxed{not a number}"
@@ -163,3 +164,56 @@ def test_close_ends_the_processes_of_every_member_and_level_built():
     left = [p for p in me.children(recursive=True) if p.pid not in before]
     _, alive = psutil.wait_procs(left, timeout=30)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+class _BreaksOnCue(benchmax_gym.envs.math.env.MathEnv):
+    """Math whose step raises on the action "break": the env's own bug, not the model's."""
+
+    def step(self, action):
+        if action == "break":
+            raise RuntimeError("the member's own bug")
+        return super().step(action)
+
+    async def astep(self, action):
+        if action == "break":
+            raise RuntimeError("the member's own bug")
+        return await super().astep(action)
+
+
+def test_an_env_rebuilt_in_its_worker_still_follows_the_parents_levels():
+    """A worker rebuilds an env whose step raised. The rebuilt mixture played its own starting
+    level, not the level the parent's controller had moved to, and moved its levels itself (no
+    longer a follower), unseen by the parent."""
+    gym.register("testing/BreaksOnCue-v0", entry_point=_BreaksOnCue)
+    try:
+        curriculum = {"BreaksOnCue-v0": {"knob": "task_args.difficulty.digits", "values": [1, 2, 3], "window": 2,
+                                         "start": 2}}
+        envs = gym.make_vec("benchmax/Mix-v0", num_envs=2, num_workers=1, members={"testing/BreaksOnCue-v0": 1},
+                            curriculum=curriculum, python_tool=False)
+        try:
+            envs.reset(seed=0)
+            envs.step(["\\boxed{x}"] * 2)  # both wrong: the parent moves the member from level 2 to 1
+            _, _, _, _, info = envs.step(["x"] * 2)
+            assert list(info["difficulty"]) == [1, 1] and envs.curriculum_stats()["BreaksOnCue-v0"]["level"] == 1
+            _, _, _, _, info = envs.step(["break", "\\boxed{x}"])
+            assert info["outcome"][0] == "env_error"
+            _, _, _, _, info = envs.step(["x"] * 2)
+            assert list(info["difficulty"]) == [1, 1]
+            assert [c.follower for c in envs.get_attr("curriculum")] == [True, True]
+        finally:
+            envs.close()
+    finally:
+        gym.registry.pop("testing/BreaksOnCue-v0", None)
+
+
+def _lambda_schedule_mixture():
+    return gym.make_vec("benchmax/Mix-v0", num_envs=2, num_workers=2, members={"benchmax/Math-v0": 1},
+                        curriculum={"Math-v0": {"knob": "task_args.difficulty.digits", "values": [1, 2],
+                                                "schedule": lambda episodes: min(1, episodes // 2)}})
+
+
+def test_a_curriculum_the_workers_cannot_send_fails_at_make_vec_naming_why():
+    """A lambda schedule cannot be pickled back to the parent: the vector env took that for "not a
+    mixture", so ``envs.curriculum`` was None and each worker moved its own levels, unseen."""
+    with pytest.raises(ValueError, match=r"curriculum cannot be sent .* give 'schedule' as a list or a module-level"):
+        _lambda_schedule_mixture()

@@ -202,6 +202,13 @@ class WorkerVectorEnv(VectorEnv):
         worker, first = self._workers[0], next(iter(self._groups[0]))
         worker.send(("call", ("curriculum", (), {}, [first])))
         controller = dict(self._expect(worker, "called"))[first]
+        if isinstance(controller, Exception) and not isinstance(controller, AttributeError):
+            # a mixture whose controller cannot come here (a lambda schedule cannot be pickled):
+            # each worker would move its own levels from its own episodes, unseen
+            self.close()
+            raise ValueError(f"{self._env_name}'s curriculum cannot be sent from its workers to this process, which "
+                             f"holds the one controller of a vector env ({controller}): give 'schedule' as a list "
+                             "or a module-level function") from controller
         if not isinstance(controller, Curriculum):
             return None
         controller.follower = False

@@ -83,6 +83,7 @@ class _Worker:
         self.flush_scheduled = False
         self.columnar = False  # results go back as columns (a lock-step "step_all"), else as rows
         self.unsent: set[int] = set()  # envs whose result could not be sent, their episode's end in flight
+        self.levels: Any = None  # a mixture's levels as the parent last sent them (a rebuilt env follows them too)
 
     def _build(self, i: int) -> None:
         env = self.env_fns[i]()
@@ -160,6 +161,8 @@ class _Worker:
         except ENV_FAULTS:
             pass
         self._build(i)
+        if self.levels is not None:  # a mixture: it follows the parent's controller, at its levels
+            self._follow_levels(self.envs[i])
         self.needs_reset[i] = True
         if self.mode == AutoresetMode.SAME_STEP:
             try:
@@ -386,16 +389,20 @@ class _Worker:
                     refused.append((i, exc))
             self._reply_called(name, refused)
         elif command == "curriculum":  # a mixture's levels, decided by the parent's controller: no reply
+            self.levels = payload
             for env in self.envs.values():
-                try:
-                    env.get_wrapper_attr("set_curriculum_levels")(payload)
-                except AttributeError:
-                    pass
+                self._follow_levels(env)
         elif command == "spaces":
             env = next(iter(self.envs.values()))
             self.emit(("spaces", (env.observation_space, env.action_space, env.metadata, env.render_mode)))
         else:
             raise ValueError(f"unknown command {command!r}")
+
+    def _follow_levels(self, env: gym.Env) -> None:
+        try:
+            env.get_wrapper_attr("set_curriculum_levels")(self.levels)
+        except AttributeError:
+            pass
 
     def _reply_called(self, name: str, out: list[tuple[int, Any]]) -> None:
         try:
