@@ -42,7 +42,10 @@ the judge sees it, the model never does), ``{completion}`` (the final reply) and
 (the whole conversation) are replaced by plain substitution (other braces stay as they are).
 The judged text is model-written and hostile: it is capped at ``max_judged_chars`` and fenced,
 with its own runs of ``<<<`` and ``>>>`` broken (``> >>``) so that it cannot close the fence and
-write instructions outside it; only the judge's own reply is parsed.
+write instructions outside it, and the default verdict tags in it broken (``< score>``), so that a
+judge quoting it is never read as scoring it. Only the judge's own words are parsed: a fenced block
+in its reply (an echo of a judged text) is left out, and a reply cut off at its token limit
+(``finish_reason`` ``length``) or by a content filter is unusable (its verdict never came).
 
 Example::
 
@@ -128,6 +131,9 @@ Think briefly, then end with <winner>A</winner>, <winner>B</winner> or <winner>t
 
 
 _FENCE_RUN = re.compile(r"([<>])(?=\1\1)")  # a ``<`` or ``>`` that starts a run of three
+_VERDICT_TAG = re.compile(r"<(?=/?(?:scores?|winner)>)", re.I)  # the default parsers' tags
+_ECHO = re.compile(r"<<<.*?(?:>>>|\Z)", re.S)  # a fenced block (judged text never holds <<< or >>>)
+_CUT_OFF = ("length", "content_filter")  # finish reasons of a reply that stopped before its end
 
 
 def _last_tag(text: str, tag: str) -> str:
@@ -150,6 +156,8 @@ def parse_scores(text: str, k: int) -> list[float]:
     scores = json.loads(_last_tag(text, "scores"))
     if not isinstance(scores, list) or len(scores) != k:
         raise ValueError(f"expected a list of {k} scores, got {str(scores)[:100]}")
+    if not all(isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores):
+        raise ValueError(f"scores {str(scores)[:100]} are not all numbers")
     out = [float(s) for s in scores]
     if not all(0.0 <= s <= 1.0 for s in out):
         raise ValueError(f"scores {out} are not all in [0, 1]")
@@ -284,6 +292,7 @@ class JudgeRubric:
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self.calls = 0  # requests made (all episodes), for tests and logs
         self.cache_hits = 0
+        _JUDGES.add(self)
 
         async def reward(completion: str = "", task: Any = None, messages: Any = None, episode: Any = None) -> float:
             return await self.score(completion, task=task, messages=messages, episode=episode)
@@ -306,8 +315,10 @@ class JudgeRubric:
     def _judged(self, text: Any) -> str:
         """Model-written text as the judge reads it: capped, and with every run of three or more
         ``<`` or ``>`` broken (``>>>`` becomes ``> >>``), so it cannot close its fence and write
-        instructions outside it (the default prompts fence with ``<<<REPLY`` ... ``REPLY>>>``)."""
-        return _FENCE_RUN.sub(r"\1 ", self._cap(text))
+        instructions outside it (the default prompts fence with ``<<<REPLY`` ... ``REPLY>>>``),
+        and its verdict tags broken (``< score>``), so a judge that quotes it is not read as
+        giving the score the model wrote."""
+        return _VERDICT_TAG.sub("< ", _FENCE_RUN.sub(r"\1 ", self._cap(text)))
 
     def _values(self, completion: Any, task: Any, messages: Any, prompt_text: str | None = None) -> dict[str, str]:
         answer = getattr(task, "answer", None)
@@ -329,8 +340,9 @@ class JudgeRubric:
         return self._parsed(self.parse, text, request)
 
     def _parsed(self, parse: Callable[..., Any], text: str, request: Any, *args: Any) -> Any:
+        """``parse`` of the judge's own words: its fenced blocks (echoes of judged text) left out."""
         try:
-            return parse(text, *args)
+            return parse(_ECHO.sub("", text), *args)
         except Exception as exc:
             self._forget(request)
             # (the reply may quote the reference answer: it is logged, and kept out of the
@@ -515,25 +527,23 @@ class JudgeRubric:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._ask(key, messages, usage), loop))
 
     async def _ask(self, key: str, messages: list[dict[str, Any]], usage: dict[str, float]):
-        """On the judge's loop: share a request already in flight, else make it."""
+        """On the judge's loop: share a request already in flight, else make it. The request is
+        a task of its own that every caller awaits shielded: a caller cancelled (its deadline,
+        a stopped run) leaves it running for the others, who never see its cancellation."""
         if self._limit is None:
             self._limit = asyncio.Semaphore(self.max_concurrency)
         flying = self._flying
         if key in flying:  # the same request is on its way: share its reply (its cost is the first's)
-            text = await asyncio.shield(flying[key])
+            text, _ = await asyncio.shield(flying[key])
             usage["cached"] = 1
             return text, usage
-        future = asyncio.get_running_loop().create_future()
-        flying[key] = future
-        try:
-            text, usage = await self._request(messages, usage)
-            future.set_result(text)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: no "never retrieved" warning when nobody shared it
-            raise
-        finally:
-            flying.pop(key, None)
+        request = flying[key] = asyncio.ensure_future(self._fetch(key, messages, usage))
+        request.add_done_callback(lambda done: (flying.pop(key, None),
+                                                done.cancelled() or done.exception()))  # (retrieved: no warning)
+        return await asyncio.shield(request)
+
+    async def _fetch(self, key: str, messages: list[dict[str, Any]], usage: dict[str, float]):
+        text, usage = await self._request(messages, usage)
         self._store(key, text)
         return text, usage
 
@@ -544,13 +554,16 @@ class JudgeRubric:
         async with self._limit:
             self.calls += 1
             try:
-                message, _, reported, seconds = await policy.complete(
+                message, finish, reported, seconds = await policy.complete(
                     {"model": self.model, "messages": messages, **self.sampling})
             except PolicyError as exc:
                 raise RewardFailure(f"the judge failed: {exc}", MODEL_ERROR) from None
         text = message.get("content")
         if not isinstance(text, str):
             raise RewardFailure("the judge's reply has no text", MODEL_ERROR)
+        if finish in _CUT_OFF:  # (a score in it is one it quoted or reconsidered, not its verdict)
+            raise RewardFailure(f"the judge's reply was cut off before its verdict (finish_reason {finish!r})",
+                                MODEL_ERROR)
         prompt_tokens = reported.get("prompt_tokens") or 0
         completion_tokens = reported.get("completion_tokens") or 0
         usage.update(calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
@@ -589,6 +602,20 @@ class JudgeRubric:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        _JUDGES.add(self)
+
+
+_JUDGES: "weakref.WeakSet[JudgeRubric]" = weakref.WeakSet()
+
+
+def _fresh_after_fork() -> None:
+    """A forked child has none of its parent's threads: a judge's cache writer (a pool that
+    believes it has its thread) would never write, and its lock may be held by a parent thread."""
+    for judge in list(_JUDGES):
+        judge._lock, judge._writer = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_fresh_after_fork)
 
 
 def _close_at_exit(ref: Any) -> None:

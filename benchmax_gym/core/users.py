@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 #: what a simulator writes to end the conversation (tau-bench's convention); the text before it is said
 STOP = "###STOP###"
+_BROKEN_STOP = "### STOP ###"  # the stop token as a simulator sees it in the model's words
 
 
 class UserFailure(Exception):
@@ -97,8 +98,14 @@ def conversation(messages: list[dict[str, Any]], turns: set[int] | frozenset[int
     """The conversation as the user saw it: the messages at indices ``turns`` (their own words and
     the model's replies addressed to them), as ``{role, content}``. The system prompt, tool calls,
     tool results, replies that failed to parse as calls and the engine's notes to the model (the
-    last-turn warning) are never among them."""
-    return [{"role": messages[i]["role"], "content": str(messages[i].get("content") or "")} for i in sorted(turns)]
+    last-turn warning) are never among them. In the model's replies the stop token is broken
+    (``### STOP ###``): a simulator that repeats what it is told cannot end the conversation on
+    the model's word."""
+    talk = [{"role": messages[i]["role"], "content": str(messages[i].get("content") or "")} for i in sorted(turns)]
+    for message in talk:
+        if message["role"] == "assistant":
+            message["content"] = message["content"].replace(STOP, _BROKEN_STOP)
+    return talk
 
 
 def user_reply(value: Any) -> UserReply:
