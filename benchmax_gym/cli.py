@@ -804,8 +804,11 @@ def _launch(args: argparse.Namespace, launch: Any) -> int:
         launch.run_sky("down", {"name": args.name}, args.sky_python)
         print(f"cluster {args.name} is down")
         return 0
-    config = launch.task_config(args.nodes, cpus=args.cpus, infra=args.infra, name=args.name,
-                                env_host_slots=args.env_host_slots, port=args.port)
+    try:
+        config = launch.task_config(args.nodes, cpus=args.cpus, infra=args.infra, name=args.name,
+                                    env_host_slots=args.env_host_slots, port=args.port)
+    except ValueError as exc:  # (--cpus or --name SkyPilot would refuse: one line, as the other flags')
+        usage_error(f"launch: {exc}".replace("cpus must", "--cpus must").replace("name must", "--name must"))
     if args.print_yaml:
         import yaml
 

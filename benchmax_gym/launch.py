@@ -20,6 +20,7 @@ import copy
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,10 @@ RAY_PORT = 6379
 RAY_VERSION = "2.60.0"  # the ray extra's pin (setup.cfg); used when this interpreter has no Ray
 SKYPILOT = "skypilot==0.14.1"  # the skypilot extra's pin (setup.cfg)
 VENV = "~/benchmax-venv"  # on each node
+# what SkyPilot accepts (sky.Resources; sky.skylet.constants.CLUSTER_NAME_VALID_REGEX), checked
+# here too so that --print-yaml, which runs without SkyPilot, never prints a task it would refuse
+_CPUS = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)\+?")
+_CLUSTER_NAME = re.compile(r"[a-zA-Z](?:[-_.a-zA-Z0-9]*[a-zA-Z0-9])?")
 
 # Runs on every node with SkyPilot's SKYPILOT_NODE_RANK and SKYPILOT_NODE_IPS (one IP a line,
 # the head's first) and `ray` on PATH. BENCHMAX_RAY_PORT, BENCHMAX_ENV_HOST_SLOTS (default: the
@@ -80,6 +85,12 @@ def task_config(nodes: int, *, cpus: str = "4+", infra: str | None = None, name:
     """
     if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise ValueError(f"nodes must be a positive int, got {nodes!r}")
+    if not (isinstance(cpus, str) and _CPUS.fullmatch(cpus) and float(cpus.rstrip("+")) > 0):
+        raise ValueError(f"cpus must be a positive number of CPUs, or one with '+' for at least that many "
+                         f"(SkyPilot's notation: 4, 4+, 0.5), got {cpus!r}")
+    if not (isinstance(name, str) and _CLUSTER_NAME.fullmatch(name)):
+        raise ValueError("name must be a SkyPilot cluster name (a letter, then letters, digits, '-', '_' or '.', "
+                         f"ending with a letter or digit), got {name!r}")
     ray_version = ray_version or _ray_version()
     python_version = python_version or platform.python_version()
     workdir = workdir if workdir is not None else _checkout()
@@ -150,11 +161,34 @@ def run_sky(action: str, payload: dict[str, Any], sky_python: str | None = None)
         return sky_action(action, payload)
     out = subprocess.run([sky_python, __file__, action], input=json.dumps(payload), text=True,
                          stdout=subprocess.PIPE)
-    if out.returncode != 0:
-        raise SystemExit(f"SkyPilot ({sky_python}) failed with exit code {out.returncode}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    try:
+        reply = json.loads(out.stdout)
+    except ValueError:
+        reply = {}
+    if out.returncode != 0 or "error" in reply or not reply:
+        why = reply.get("error") or f"exit code {out.returncode}"
+        raise SystemExit(f"SkyPilot ({sky_python}) failed: {why}")
+    return reply
 
 
-if __name__ == "__main__":  # run by run_sky in SkyPilot's venv: the payload on stdin, JSON on stdout
-    result = sky_action(sys.argv[1], json.loads(sys.stdin.read()))
-    print(json.dumps(result))
+def _serve_parent() -> int:
+    """The script's side of :func:`run_sky`: the payload from stdin, one JSON object on stdout (the
+    result, or ``{"error": ...}``, SkyPilot's own message). Everything SkyPilot prints goes to
+    stderr, so a launch shows its progress as it goes and cannot garble the reply."""
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        result = sky_action(sys.argv[1], json.loads(sys.stdin.read()))
+    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent, named
+        message = exc.code if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+        reply.write(json.dumps({"error": " ".join(str(message).split())[:2000]}))
+        reply.close()
+        return 1
+    reply.write(json.dumps(result))
+    reply.close()
+    return 0
+
+
+if __name__ == "__main__":  # run by run_sky in SkyPilot's venv
+    sys.exit(_serve_parent())

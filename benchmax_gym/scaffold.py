@@ -16,7 +16,8 @@ from pathlib import Path
 
 # (fullmatch, not match with "$": "$" also matches before a final newline, which would name a
 # folder "foo\n" and break the generated pyproject.toml)
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+# (and it ends with a letter or digit, as a project name must: `x-` would not install)
+_NAME = re.compile(r"[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?")
 _ENV_ID = re.compile(r"[\w.\-]+/[\w.\-]+-v\d+")
 # import names the generated package must not take: it would shadow them (the standard library,
 # what its own code imports, its tests folder) or replace the library itself on install
@@ -26,18 +27,43 @@ _TAKEN = {"benchmax_gym", "gymnasium", "numpy", "pytest", "setuptools", "pip", "
 def names(name: str, env_id: str | None = None) -> dict[str, str]:
     """The package's names: distribution ``name``, import package, env class and id."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"NAME must start with a letter and hold only letters, digits, '-' and '_', got {name!r}")
+        raise ValueError("NAME must start with a letter, end with a letter or digit and hold only letters, digits, "
+                         f"'-' and '_', got {name!r}")
     package = re.sub(r"[-]+", "_", name).lower()
     if keyword.iskeyword(package):
         raise ValueError(f"NAME {name!r} makes the package name {package!r}, a Python keyword")
-    if package in _TAKEN or package in sys.stdlib_module_names or package.replace("_", "-") == "benchmax-gym":
-        raise ValueError(f"NAME {name!r} makes the package name {package!r}, which is taken (the standard library, "
-                         "benchmax-gym or what the package imports): choose another, e.g. 'my-" + name + "'")
+    owner = _installed(name, package)
+    if package in _TAKEN or package in sys.stdlib_module_names or _project(name) == "benchmax-gym" or owner:
+        why = f"by the installed {owner}" if owner else "the standard library, benchmax-gym or what the package imports"
+        raise ValueError(f"NAME {name!r} makes the package name {package!r} (project {_project(name)!r}), which is "
+                         f"taken ({why}): choose another, e.g. 'my-{name}'")
     camel = "".join(part[:1].upper() + part[1:] for part in re.split(r"[-_]+", name) if part)
-    env_id = env_id or f"{package}/{camel}-v0"
+    given, env_id = env_id, env_id or f"{package}/{camel}-v0"
     if not isinstance(env_id, str) or not _ENV_ID.fullmatch(env_id):
         raise ValueError(f"--id must look like 'namespace/Name-v0', got {env_id!r}")
+    import gymnasium as gym
+
+    if env_id in gym.registry:  # its contract test would check that env, and its entry point would be refused
+        raise ValueError(f"{'--id' if given else 'the id'} {env_id!r} is registered already: choose another "
+                         f"{'--id' if given else 'NAME or --id'}")
     return {"name": name, "package": package, "camel": camel, "env_id": env_id}
+
+
+def _project(name: str) -> str:
+    """A project name as pip compares them (PEP 503): `Acme__Weather` is `acme-weather`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed(name: str, package: str) -> str | None:
+    """The installed distribution that installing ``name`` would replace (the same project name)
+    or whose import package ``package`` would shadow, if any."""
+    from importlib.metadata import distributions, packages_distributions
+
+    for dist in distributions():
+        if _project(dist.metadata["Name"] or "") == _project(name):
+            return dist.metadata["Name"]
+    owners = packages_distributions().get(package)
+    return owners[0] if owners else None
 
 
 def scaffold(name: str, where: str | Path = ".", env_id: str | None = None) -> Path:

@@ -7,6 +7,7 @@ and interrupted runs never leave a half-written entry that a later run would tru
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import re
 import shutil
@@ -14,7 +15,8 @@ import stat
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Container, Sequence
+import zlib
+from collections.abc import Callable, Container, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -27,6 +29,56 @@ def cache_root(subdir: str, cache_dir: str | os.PathLike | None = None) -> Path:
     existing caches."""
     base = cache_dir or os.environ.get("BENCHMAX_GYM_CACHE") or Path.home() / ".cache" / "benchmax-gym"
     return Path(base).expanduser() / subdir
+
+
+def cache_folder(folder: str | os.PathLike) -> Path:
+    """``folder``, created if need be; a folder that cannot be written (read-only, a file in the
+    way) is an :class:`OSError` that names it and says how to choose another."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(13, os.strerror(13))
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"cannot write the cache folder {str(folder)!r} ({exc.strerror or exc}): make it "
+                        "writable, or give another with cache_dir= or $BENCHMAX_GYM_CACHE") from None
+    return folder
+
+
+def cached_file(target: str | os.PathLike, build: Callable[[str], object],
+                whole: Callable[[Path], bool] = lambda path: True) -> Path:
+    """``target``, built once by ``build(path)`` into a new temp file beside it (a random name that
+    no planted link can redirect) and renamed into place: concurrent builders each rename a whole
+    file, and a killed build leaves no entry. An entry that is not ``whole`` (one a crash left empty
+    or cut short) is built again rather than trusted."""
+    target = Path(target)
+    if target.is_file() and whole(target):
+        return target
+    fd, partial = tempfile.mkstemp(dir=cache_folder(target.parent), prefix=f".{target.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        build(partial)
+        os.replace(partial, target)
+    finally:
+        if os.path.lexists(partial):
+            os.remove(partial)
+    return target
+
+
+def whole_sqlite(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a whole SQLite database: its header is there and its size is the page
+    count the header records (a file that a crash left empty or cut short is not)."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(100)
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return False
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\0") or header[24:28] != header[92:96]:
+        return False  # (the header's page count is valid only while those two counters agree)
+    page_size = int.from_bytes(header[16:18], "big")
+    pages = int.from_bytes(header[28:32], "big")
+    return pages > 0 and size == pages * (65536 if page_size == 1 else page_size)
 
 
 def download(
@@ -43,8 +95,7 @@ def download(
     target = Path(root) / "downloads" / f"{hashlib.sha256(url.encode()).hexdigest()[:16]}-{name}"
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".part")
+    fd, partial = tempfile.mkstemp(dir=cache_folder(target.parent), prefix=f".{target.name}.", suffix=".part")
     try:
         with (
             os.fdopen(fd, "wb") as out,
@@ -61,6 +112,19 @@ def download(
     return target
 
 
+def extract_download(url: str, root: str | os.PathLike, *, fallback_name: str = "download",
+                     timeout: float = 60.0) -> Path:
+    """:func:`download` then :func:`extract_cached`. A download that is no readable archive (an
+    error page, a body cut short) is removed, so the next call fetches it again instead of failing
+    on the cached copy forever."""
+    archive = download(url, root, fallback_name=fallback_name, timeout=timeout)
+    try:
+        return extract_cached(archive, root)
+    except ValueError as exc:
+        archive.unlink(missing_ok=True)
+        raise ValueError(f"{url}: {exc} (the download is removed: the next try fetches it again)") from None
+
+
 def extract_cached(archive: str | os.PathLike, root: str | os.PathLike) -> Path:
     """Extract ``archive`` safely into ``root/extracted`` (once per archive content); return the folder."""
     archive = Path(archive)
@@ -72,8 +136,7 @@ def extract_cached(archive: str | os.PathLike, root: str | os.PathLike) -> Path:
     target = parent / digest.hexdigest()[:16]
     if (target / ".complete").is_file():
         return target
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}-"))
+    staging = Path(tempfile.mkdtemp(dir=cache_folder(parent), prefix=f".{target.name}-"))
     try:
         safe_extract(archive, staging)
         (staging / ".complete").write_text(archive.name)
@@ -97,10 +160,17 @@ def safe_extract(archive: str | os.PathLike, target: str | os.PathLike) -> None:
     Every member is checked before anything is written: absolute names, names that resolve
     outside ``target`` (``../``), links whose target is absolute or resolves outside ``target``
     (or passes through another link), members inside a link, and device files, FIFOs and other
-    special members all raise :class:`ValueError` naming the member. Tar extraction also uses
-    ``tarfile``'s ``data`` filter where Python has it.
+    special members all raise :class:`ValueError` naming the member, and so does an archive that is
+    cut short or corrupt (naming the archive). Tar extraction also uses ``tarfile``'s ``data``
+    filter where Python has it.
     """
-    archive, target = Path(archive), Path(target)
+    try:
+        _extract(Path(archive), Path(target))
+    except (tarfile.TarError, zipfile.BadZipFile, EOFError, zlib.error, lzma.LZMAError) as exc:
+        raise ValueError(f"{archive}: the archive is cut short or corrupt ({type(exc).__name__}: {exc})") from None
+
+
+def _extract(archive: Path, target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as zf:

@@ -22,6 +22,7 @@ import marshal
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -373,7 +374,7 @@ class DatasetTasks(TaskSource):
         mapping (``task-sets/`` in the cache): a large dataset is hashed once, not in every process."""
         if "_content_hash" in self.__dict__ or self._hash_key is None:
             return super().content_hash()
-        from benchmax_gym.core.cache import cache_root
+        from benchmax_gym.core.cache import cache_root, cached_file
 
         file = cache_root("task-sets") / self._hash_key
         try:
@@ -384,11 +385,8 @@ class DatasetTasks(TaskSource):
         except OSError:
             pass
         value = super().content_hash()
-        try:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = file.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(value)
-            os.replace(tmp, file)
+        try:  # (a random temp name: a link planted at a predictable one would have been written through)
+            cached_file(file, lambda path: Path(path).write_text(value), whole=lambda path: False)
         except OSError:
             pass  # a read-only cache: hashed again next time
         return value

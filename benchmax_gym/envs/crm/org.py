@@ -19,13 +19,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sqlite3
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmax_gym.core.cache import cache_root
+from benchmax_gym.core.cache import cache_root, cached_file, whole_sqlite
 from benchmax_gym.core.tasks import pick, rand_int
 
 SCHEMA = """
@@ -446,22 +445,9 @@ class _OrgBuilder:
 
 def cached_org(seed: int = 0, size: int = DEFAULT_SIZE, directory: str | os.PathLike | None = None) -> Path:
     """The org file for ``(seed, size)``, built on first use (temp file, then an atomic rename, so
-    concurrent builders and crashes never leave a half-written org behind)."""
-    folder = cache_root("crm", directory)
-    target = folder / f"org-v2-seed{seed}-size{size}.sqlite"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=target.name, suffix=".tmp", dir=folder)
-    os.close(fd)
-    os.unlink(tmp)  # sqlite3 creates it
-    try:
-        build_org(tmp, seed, size)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    concurrent builders and crashes never leave a half-written org behind; one cut short is rebuilt)."""
+    target = cache_root("crm", directory) / f"org-v2-seed{seed}-size{size}.sqlite"
+    return cached_file(target, lambda path: build_org(path, seed, size), whole_sqlite)
 
 
 class Org:

@@ -25,7 +25,7 @@ from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmax_gym.core.cache import cache_root, download, extract_cached
+from benchmax_gym.core.cache import cache_root, extract_cached, extract_download
 from benchmax_gym.core.checks import arg, optional, path, positive_int
 from benchmax_gym.core.sources import SourceConfig
 from benchmax_gym.core.tasks import ListTasks, Task
@@ -138,8 +138,7 @@ def spreadsheetbench_dir(
     text = os.fspath(path)
     if isinstance(text, str) and text.lower().startswith(("http://", "https://")):
         root = _cache(cache_dir)
-        archive = download(text, root, fallback_name="spreadsheetbench.tar.gz")
-        return find_dataset_dir(extract_cached(archive, root))
+        return find_dataset_dir(extract_download(text, root, fallback_name="spreadsheetbench.tar.gz"))
     local = Path(text).expanduser()
     if not local.exists():
         raise FileNotFoundError(f"SpreadsheetBench path {text!r} does not exist")

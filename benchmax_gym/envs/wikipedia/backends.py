@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from benchmax_gym.core.cache import cache_root
+from benchmax_gym.core.cache import cache_root, cached_file, whole_sqlite
 from benchmax_gym.core.checks import int_between, number_between, optional, positive_number, text
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.outcomes import TOOL_UNAVAILABLE
@@ -155,18 +155,8 @@ class CorpusIndex:
                 directory: str | os.PathLike | None = None) -> "CorpusIndex":
         """The index for corpus ``key`` (a hash of its content) under :func:`.cache_root`, built if absent."""
         folder = cache_root("", directory)  # no family subfolder: existing indexes stay valid
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"corpus-v{INDEX_VERSION}-{key}.sqlite"
-        if not path.exists():
-            partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.partial")
-            db = sqlite3.connect(partial)
-            try:
-                _fill(db, records)
-                db.close()
-                os.replace(partial, path)  # atomic: a concurrent builder's file is as good as ours
-            finally:
-                db.close()
-                partial.unlink(missing_ok=True)
+        path = cached_file(folder / f"corpus-v{INDEX_VERSION}-{key}.sqlite", lambda partial: _build(partial, records),
+                           whole_sqlite)  # (a concurrent builder's file is as good as ours)
         return cls(f"{path.resolve().as_uri()}?mode=ro")
 
     @classmethod
@@ -183,6 +173,14 @@ class CorpusIndex:
         db = sqlite3.connect(self.uri, uri=True, check_same_thread=False)
         db.execute("PRAGMA query_only = ON")
         return db
+
+
+def _build(path: str, records: Iterable[Mapping[str, str]]) -> None:
+    db = sqlite3.connect(path)
+    try:
+        _fill(db, records)
+    finally:
+        db.close()
 
 
 def _fill(db: sqlite3.Connection, records: Iterable[Mapping[str, str]]) -> None:
