@@ -102,7 +102,9 @@ def task_config(nodes: int, *, cpus: str = "4+", infra: str | None = None, name:
         package = f"'benchmax-gym[ray]=={version('benchmax-gym')}'"
     setup = (
         "set -e\n"
-        "python3 -m pip install -q --user uv\n"
+        # (a system Python under PEP 668, Debian 12 or Ubuntu 24.04 images, refuses even --user
+        # installs unless told: uv goes to ~/.local, never into the system's packages)
+        "python3 -m pip install -q --user uv || python3 -m pip install -q --user --break-system-packages uv\n"
         f"python3 -m uv venv --python {python_version} --seed {VENV}\n"
         f"python3 -m uv pip install --python {VENV}/bin/python {package} 'ray=={ray_version}'\n"
     )

@@ -242,3 +242,32 @@ def test_skypilot_refusing_the_task_is_one_line_with_its_reason(tmp_path, sky_py
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 2 and last.startswith("benchmax-gym: error: SkyPilot")  # (was: "exit code 1")
     assert "InvalidSkyPilotConfigError" in last and "nosuchcloud" in last and "$.infra" in last
+
+
+def _externally_managed_python():
+    import glob
+
+    for marker in glob.glob("/usr/lib/python3*/EXTERNALLY-MANAGED"):
+        python = Path("/usr/bin") / Path(marker).parent.name
+        if python.is_file() and subprocess.run([python, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+@pytest.mark.slow
+def test_the_node_setup_installs_uv_under_a_system_python_that_refuses_pip(tmp_path):
+    """A node whose python3 is the system's under PEP 668 (Debian 12, Ubuntu 24.04 images) refused
+    the setup's `pip install --user uv`, so the cluster never started."""
+    python = _externally_managed_python()
+    if python is None:
+        pytest.skip("no system Python under PEP 668 with pip on this host (Debian's python3-pip is one)")
+    line = launch.task_config(1)["setup"].splitlines()[1]
+    assert "pip install" in line and "uv" in line
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(python)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONUSERBASE": str(tmp_path / "user")}
+    out = subprocess.run(["bash", "-ec", line], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    check = subprocess.run(["python3", "-m", "uv", "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert check.returncode == 0 and check.stdout.startswith("uv "), check.stderr
