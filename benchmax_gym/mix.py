@@ -76,6 +76,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import inspect
+import logging
 import math
 import numbers
 import warnings
@@ -89,6 +90,8 @@ import numpy as np
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import INFINITE, Task, TaskSource
 from benchmax_gym.curriculum import Curriculum, MemberLevels, apply_level, member_levels
+
+log = logging.getLogger(__name__)
 
 SAMPLING = ("stratified", "random")
 PHI = (math.sqrt(5.0) - 1.0) / 2.0  # the golden ratio's fraction: the most evenly spread additive sequence
@@ -651,11 +654,14 @@ class MixEnv(gym.Env[str, str]):
         return self._current.core.render() if self._current else None
 
     def close(self):
+        """Close every built member; one whose close raises is logged by name (as adapters log an
+        env's failed close) and the others are still closed."""
         for member in self._built.values():
             try:
                 member.env.close()
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001
+                log.warning("closing mixture member %r raised %s: %s (its resources may leak)", member.key,
+                            type(exc).__name__, exc)
         self._built.clear()
         self._current = None
         self._episode_step = self._no_episode

@@ -51,7 +51,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmax_gym.core.checks import positive_int
 from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, MODEL_ERROR
+from benchmax_gym.core.tools import truncate
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +215,10 @@ class LLMUser(UserSimulator):
             JSON) follows it. Neither is ever shown to the agent.
         price: ``(per million prompt tokens, per million completion tokens)``: the episode's
             ``info["user"]["cost"]``; ``None`` leaves the cost unknown.
+        max_reply_chars: a longer reply is cut to this many characters, with a marker saying so,
+            before it enters the transcript: it is kept in ``episode.messages`` and sent back to
+            the simulator's endpoint every turn (its reply may be megabytes: the size cap is
+            ``ChatPolicy``'s, 64 MB). A stop token after the cut still ends the conversation.
 
     A request that fails past its retries ends the episode with ``model_error`` (:class:`UserFailure`).
     """
@@ -227,6 +233,7 @@ class LLMUser(UserSimulator):
     max_retries: int = 4
     extra_body: dict[str, Any] | None = None
     price: tuple[float, float] | None = None
+    max_reply_chars: int = 8_000
     is_async = True
 
     def __post_init__(self):
@@ -237,6 +244,7 @@ class LLMUser(UserSimulator):
         if self.price is not None and not (isinstance(self.price, (tuple, list)) and len(self.price) == 2
                                            and all(isinstance(p, (int, float)) and p >= 0 for p in self.price)):
             raise ValueError(f"LLMUser: price must be (prompt, completion) per million tokens, got {self.price!r}")
+        positive_int("LLMUser: max_reply_chars", self.max_reply_chars)
         self._policy = ChatPolicy(model=self.model, base_url=self.base_url, api_key=self.api_key, native_tools=False,
                                   temperature=self.temperature, max_tokens=self.max_tokens, timeout=self.timeout,
                                   max_retries=self.max_retries, extra_body=self.extra_body)
@@ -303,10 +311,17 @@ class LLMUser(UserSimulator):
         content = message.get("content")
         if not isinstance(content, str) or not content.strip():
             raise UserFailure("the user simulator's reply has no text")
-        return policy.scrub(content)
+        said, stop, _ = policy.scrub(content).partition(STOP)  # (what follows a stop token is never said)
+        return truncate(said, self.max_reply_chars) + stop
 
     def reply(self, conversation, task, usage):
-        return asyncio.run(self.areply(conversation, task, usage))
+        async def once():
+            try:
+                return await self.areply(conversation, task, usage)
+            finally:
+                await self.aclose()  # the loop asyncio.run made ends here: its client with it
+
+        return asyncio.run(once())
 
     async def aclose(self) -> None:
         """Close the running loop's client (a simulator shared by envs keeps the others')."""

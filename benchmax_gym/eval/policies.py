@@ -9,6 +9,7 @@ the action text plus what the model reported (tokens, ``finish_reason``). ``env_
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import os
@@ -41,7 +42,8 @@ def _bounded(client_cls: type) -> type:
     whole within a deadline and under a size: the SDK's ``timeout`` bounds each read, so a server
     dripping a byte at a time, or streaming forever, is never timed out, and a reply is read into
     memory however large. A late reply raises the transport's own timeout (the SDK retries it as
-    one); a huge one a :class:`PolicyError` (not retried: the same request gets the same reply)."""
+    one); a huge one :class:`_TooLarge`, which the SDK never retries (the same request gets the
+    same reply) and :func:`_sdk`'s client raises as a :class:`PolicyError`."""
     if client_cls in _BOUNDED:
         return _BOUNDED[client_cls]
     try:
@@ -64,7 +66,7 @@ def _bounded(client_cls: type) -> type:
                     async for part in response.aiter_bytes():
                         size += len(part)
                         if size > self.max_bytes:
-                            raise PolicyError(f"the endpoint's reply is over the limit of {self.max_bytes} bytes")
+                            raise _TooLarge(f"the endpoint's reply is over the limit of {self.max_bytes} bytes")
                         parts.append(part)
                     response._content = b"".join(parts)  # what aread() sets: the SDK reads it from here
             except TimeoutError:
@@ -77,6 +79,33 @@ def _bounded(client_cls: type) -> type:
     Bounded.__name__ = Bounded.__qualname__ = f"Bounded{client_cls.__name__}"
     _BOUNDED[client_cls] = Bounded
     return Bounded
+
+
+class _TooLarge(BaseException):
+    """A reply over the size cap on its way out of the SDK's request loop. Not an ``Exception``:
+    openai 1.x retries whatever its HTTP client raises (then calls it a connection error), and
+    the same request would get the same oversized reply; :func:`_sdk`'s client turns it back
+    into a :class:`PolicyError` with its own message."""
+
+
+def _sdk(**kwargs: Any) -> Any:
+    """``openai.AsyncOpenAI(**kwargs)`` (over a :func:`_bounded` HTTP client) whose requests
+    raise a reply over the size cap as a :class:`PolicyError`, on every SDK version."""
+    return _sdk_class()(**kwargs)
+
+
+@functools.cache
+def _sdk_class() -> type:
+    import openai
+
+    class BoundedOpenAI(openai.AsyncOpenAI):
+        async def request(self, *args: Any, **options: Any) -> Any:
+            try:
+                return await super().request(*args, **options)
+            except _TooLarge as exc:
+                raise PolicyError(str(exc)) from None
+
+    return BoundedOpenAI
 
 
 @dataclass
@@ -168,9 +197,8 @@ class ChatPolicy:
         if http is None:
             http = _bounded(openai.DefaultAsyncHttpxClient)(timeout=timeout or self.timeout)
         http.deadline, http.max_bytes = timeout or self.timeout, self.max_reply_bytes
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY",
-                                  timeout=timeout or self.timeout, http_client=http,
-                                  max_retries=self.max_retries if max_retries is None else max_retries)
+        return _sdk(base_url=self.base_url, api_key=self.api_key or "EMPTY", timeout=timeout or self.timeout,
+                    http_client=http, max_retries=self.max_retries if max_retries is None else max_retries)
 
     def _least_busy(self) -> int:
         """The client for the next request. On httpx requests are spread over a few clients: it
@@ -296,7 +324,7 @@ class ChatPolicy:
             raise PolicyError(self.scrub(f"{type(exc).__name__}{status}: {detail}")) from None
         except ValueError as exc:  # a body that is not JSON
             raise PolicyError(self.scrub(f"the endpoint's reply is not valid JSON: {exc}")) from None
-        except PolicyError:  # the lean path's own (a reply over the size cap), already worded
+        except PolicyError:  # a reply over the size cap (either path's), already worded
             raise
         except Exception as exc:  # noqa: BLE001  the HTTP client's own (aiohttp's on a malformed reply)
             raise PolicyError(self.scrub(f"{type(exc).__name__}: {exc}")) from None
@@ -316,9 +344,8 @@ class ChatPolicy:
 
         from benchmax_gym.eval.http import LeanChatClient
 
-        sdk = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", timeout=self.timeout,
-                                 max_retries=self.max_retries,
-                                 http_client=_bounded(openai.DefaultAsyncHttpxClient)(timeout=self.timeout))
+        sdk = _sdk(base_url=self.base_url, api_key=self.api_key or "EMPTY", timeout=self.timeout,
+                   max_retries=self.max_retries, http_client=_bounded(openai.DefaultAsyncHttpxClient)(timeout=self.timeout))
         sdk._client.deadline, sdk._client.max_bytes = self.timeout, self.max_reply_bytes
         try:
             self._lean = LeanChatClient(sdk, self.timeout, self.max_reply_bytes)
