@@ -140,3 +140,23 @@ def test_a_member_whose_close_raises_is_logged_by_name_and_the_others_still_clos
     assert sorted(_Member.closed) == ["bad", "ok"]
     (warned,) = [r for r in caplog.records if r.name == "benchmax_gym.mix"]
     assert "CloseRaises-v0" in warned.getMessage() and "the member's close broke" in warned.getMessage()
+
+
+def test_a_reply_over_the_cap_drops_one_generated_question_not_the_run():
+    """`tasks from-corpus --model`: an oversized reply raised a PolicyError out of the gather of
+    every request, ending the run; other failed requests are counted and skipped."""
+    from benchmax_gym.data.questions import ModelGenerator
+
+    with FakeChatServer(answer, fault_for=lambda body: {"huge": 1 << 17}) as server:
+        generator = ModelGenerator("test-model", base_url=server.url, max_retries=0)
+        policy = ChatPolicy("test-model", base_url=server.url, max_retries=0, max_reply_bytes=1 << 16)
+
+        async def ask():
+            client = policy.client()
+            try:
+                return await generator._ask(client, policy, "test-model", "a question, please", asyncio.Semaphore(1))
+            finally:
+                await client.close()
+
+        assert asyncio.run(ask()) is None
+    assert generator.errors == {"PolicyError": 1}

@@ -320,7 +320,12 @@ class ModelGenerator:
                           max_retries=self.max_retries, temperature=self.temperature)
 
     async def _ask(self, client: Any, policy: Any, model: str, prompt: str, gate: asyncio.Semaphore) -> str | None:
+        """The model's reply to ``prompt``, or None (counted in ``errors``) where the request failed
+        past its retries: one failed request (a reply over the size cap too) drops its candidate,
+        not the whole run's."""
         import openai
+
+        from benchmax_gym.eval.policies import PolicyError
 
         body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}]}
         if self.temperature is not None:
@@ -328,7 +333,7 @@ class ModelGenerator:
         async with gate:
             try:
                 response = await client.post("/chat/completions", body=body, cast_to=object)
-            except (openai.OpenAIError, ValueError) as exc:
+            except (openai.OpenAIError, PolicyError, ValueError) as exc:
                 self.errors[policy.scrub(type(exc).__name__)] += 1
                 return None
         try:
