@@ -26,7 +26,9 @@ need ``Authorization: Bearer <token>``.
 per env over OpenEnv's client, text spaces kept, so ``make_vec``, ``eval`` and the wrappers work.
 A server of ours round-trips exactly (the same observations, info, transcript and reward as the
 env played in-process); any other OpenEnv server's text action goes into its one action field (or
-is a JSON object of its fields) and its observation is shown as text.
+is a JSON object of its fields) and its observation is shown as text. A step the server cannot
+play (it died, did not answer in time, its environment raised) ends the episode as a failure
+(``tool_unavailable``, ``tool_timeout``, ``env_error``; NaN), never a reward.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.checks import positive_int, positive_number
-from benchmax_gym.core.env import Episode, ToolEnv
+from benchmax_gym.core.env import ACTION_TOO_LONG, Episode, ToolEnv, utf8_safe
 from benchmax_gym.core.formats import PARSE_ERROR
-from benchmax_gym.core.outcomes import SCORED, failed_reward, is_failure
+from benchmax_gym.core.outcomes import (ENV_ERROR, SCORED, TOOL_TIMEOUT, TOOL_UNAVAILABLE, failed_reward, is_failure,
+                                        outcome_detail)
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task
+from benchmax_gym.core.tools import truncate
 from benchmax_gym.core.users import UserUsage
 
 EXTRA = "pip install 'benchmax-gym[openenv]'"
@@ -108,8 +112,11 @@ def _web_ui_getattr(module: Any) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
-    """What goes on the wire: JSON types only (a stray numpy number becomes its text)."""
-    return json.loads(json.dumps(value, default=str))
+    """What goes on the wire: JSON types only (a stray numpy number becomes its text), and text
+    UTF-8 can carry: a lone surrogate (a JSON escape the model wrote, which the env echoes in the
+    assistant turn or a call's arguments) becomes U+FFFD, as the env shows it: OpenEnv's serializer
+    refuses one, which failed the whole step."""
+    return json.loads(utf8_safe(json.dumps(value, default=str, ensure_ascii=False)))
 
 
 @functools.cache
@@ -178,10 +185,12 @@ def _classes() -> SimpleNamespace:
             if self.env is None:
                 self.env = gym.make(self.env_id, **self.env_kwargs)
             obs, info = self.env.reset(seed=seed, options=options or None)
-            self.episode_id = episode_id or self.env.unwrapped.episode.rollout_id
+            # (the state carries it: UTF-8 safe, else every state request fails)
+            self.episode_id = utf8_safe(episode_id or self.env.unwrapped.episode.rollout_id)
             info = _jsonable(info)
             messages, tools = info.pop("messages"), info.pop("tools", None)
-            return BenchmaxGymObservation(text=obs, messages=messages, tools=tools, info=info, metadata=info)
+            return BenchmaxGymObservation(text=utf8_safe(obs), messages=messages, tools=tools, info=info,
+                                          metadata=info)
 
         def step(self, action: BenchmaxGymAction, timeout_s: float | None = None, **kwargs: Any):
             if self.closed:
@@ -203,7 +212,8 @@ def _classes() -> SimpleNamespace:
             sent = _jsonable({"info": info, "assistant": assistant})
             info = sent["info"]
             return BenchmaxGymObservation(
-                text=obs, messages=info.pop("messages"), assistant=sent["assistant"], info=info, metadata=info,
+                text=utf8_safe(obs), messages=info.pop("messages"), assistant=sent["assistant"], info=info,
+                metadata=info,
                 reward=None if reward != reward else reward,  # a failed episode's NaN: no reward (JSON has no NaN)
                 done=terminated or truncated, truncated=truncated, tool_errors=base.episode.tool_errors)
 
@@ -265,6 +275,15 @@ def _classes() -> SimpleNamespace:
 
     return SimpleNamespace(**{c.__name__: c for c in (
         BenchmaxGymAction, BenchmaxGymObservation, BenchmaxGymState, GymEnvironment, Client)})
+
+
+class SessionLost(ConnectionError):
+    """The session with an OpenEnv server is gone (connection lost or refused, no answer in time);
+    ``outcome``: how a step it cut short ends (``tool_unavailable``, ``tool_timeout``)."""
+
+    def __init__(self, message: str, outcome: str = TOOL_UNAVAILABLE):
+        super().__init__(message)
+        self.outcome = outcome
 
 
 class ServerError(RuntimeError):
@@ -421,8 +440,13 @@ class OpenEnvEnv(gym.Env[str, str]):
 
     The session opens at the first reset (on the loop of whoever drives it: a vector worker's,
     with no hop) and closes with ``close()``; a reset after a lost connection opens a new one.
-    A step the server refuses as malformed is an observation (``info["error"] == "bad_action"``);
-    a lost connection or an error inside the server's environment raises, naming ``base_url``.
+    A step the server refuses as malformed is an observation (``info["error"] == "bad_action"``), so
+    is one longer than ``max_action_chars`` (``action_too_long``: past the server's message limit
+    the session would end). A step the server could not play ends the episode as a failure (issue
+    29: NaN, never a reward), the server's message in ``info["outcome_detail"]``:
+    ``tool_unavailable`` (the connection lost), ``tool_timeout`` (no answer within ``timeout``),
+    ``env_error`` (the server's environment raised); so does a step after the server closed an
+    idle session (``tool_unavailable``). A reset that fails raises, naming ``base_url``.
     Options pass to the server's reset as keywords (``{"task_index": 3}`` for ours).
     """
 
@@ -512,18 +536,22 @@ class OpenEnvEnv(gym.Env[str, str]):
                 raise
             await self._drop()
             if exc.code == "CAPACITY_REACHED":
-                raise ConnectionError(
+                raise SessionLost(
                     f"the OpenEnv server at base_url={self.base_url!r} has no free session ({exc}); a server whose "
                     "environment does not set SUPPORTS_CONCURRENT_SESSIONS serves one at a time") from None
             raise RuntimeError(f"the OpenEnv server at base_url={self.base_url!r} failed: {exc}") from None
         except Exception as exc:  # lost, timed out or refused: the session is gone
+            from websockets.exceptions import ConnectionClosed
+
             await self._drop()
-            raise self._lost("did not answer within timeout" if isinstance(exc, TimeoutError) else
+            if isinstance(exc, TimeoutError):
+                raise self._lost(f"did not answer within timeout={self.timeout:g} s", TOOL_TIMEOUT) from None
+            raise self._lost(f"the connection closed ({exc})" if isinstance(exc, ConnectionClosed) else
                              str(exc) or type(exc).__name__) from None
 
-    def _lost(self, what: str) -> ConnectionError:
-        return ConnectionError(f"OpenEnv server at base_url={self.base_url!r}: {what}; the episode is lost, "
-                               "reset() opens a new session")
+    def _lost(self, what: str, outcome: str = TOOL_UNAVAILABLE) -> SessionLost:
+        return SessionLost(f"OpenEnv server at base_url={self.base_url!r}: {what}; the episode is lost, "
+                           "reset() opens a new session", outcome)
 
     async def _drop(self) -> None:
         client, self.client = self.client, None
@@ -587,6 +615,10 @@ class OpenEnvEnv(gym.Env[str, str]):
         if not isinstance(action, (str, dict)):
             raise TypeError(f"action must be a str (the model's reply) or a dict, got {type(action).__name__}")
         episode.actions.append(action if isinstance(action, str) else json.dumps(action))
+        limit = self.action_space.max_length
+        if len(episode.actions[-1]) > limit:  # refused here: past the server's message limit, the session ends
+            return self._refused(ACTION_TOO_LONG, f"your reply has {len(episode.actions[-1])} characters; "
+                                 f"the limit is {limit}. Nothing in it was run.")
         if self.ours:
             data = {"message": action} if isinstance(action, dict) else {"text": action}
         elif isinstance(action, dict):
@@ -605,10 +637,20 @@ class OpenEnvEnv(gym.Env[str, str]):
             result = await self._send("step", data)
         except ServerError as exc:  # VALIDATION_ERROR: the session goes on
             return self._refused(BAD_ACTION, f"the environment refused the action: {exc}")
+        except SessionLost as exc:  # the server died, timed out or refused: not the model's doing
+            return self._failed(exc.outcome, str(exc))
+        except RuntimeError as exc:  # the server's environment raised
+            return self._failed(ENV_ERROR, str(exc))
         payload, reward = result.observation, float(result.reward or 0.0)
         if self.ours and payload["info"].get("error") == SESSION_CLOSED:
+            # the caller idled past the server's limit: the episode is gone with the session
             await self._drop()
-            raise self._lost("the server closed this session (idle past its --idle-timeout)")
+            return self._failed(TOOL_UNAVAILABLE, str(self._lost("the server closed this session (idle past its "
+                                                                  "--idle-timeout)")))
+        if self.ours and payload["info"].get("error") == RESET_NEEDED:  # no episode there (a reset failed)
+            await self._drop()
+            return self._failed(ENV_ERROR, f"the OpenEnv server at base_url={self.base_url!r} has no episode "
+                                f"running: {payload['text']}")
         if self.ours:
             obs, info = payload["text"], {**payload["info"], "messages": payload["messages"]}
             truncated = bool(payload["truncated"])
@@ -648,9 +690,24 @@ class OpenEnvEnv(gym.Env[str, str]):
         episode = self.episode
         episode.turn += 0 if self.ours else 1
         note = {"role": "user", "content": f"Error: {message}"}
-        episode.messages += [{"role": "assistant", "content": episode.actions[-1]}, note]
+        said = truncate(episode.actions[-1], self.action_space.max_length)
+        episode.messages += [{"role": "assistant", "content": said}, note]
         info = {"turn": episode.turn, "error": code, "errors": [code], "messages": [note]}
         return note["content"], 0.0, False, False, info
+
+    def _failed(self, outcome: str, detail: str):
+        """A step the server could not play (it died, timed out, its environment raised): the
+        episode ends ungraded with ``outcome``, the server's message in ``info["outcome_detail"]``
+        (the model is told only that the episode could not be graded), reward NaN, never 0."""
+        episode = self.episode
+        episode.turn += 1
+        episode.done, episode.outcome = True, outcome
+        note = {"role": "user", "content": f"Error: the environment failed ({outcome}); the episode could not be "
+                                           "graded: it is over."}
+        episode.messages += [{"role": "assistant", "content": episode.actions[-1]}, note]
+        info = {"turn": episode.turn, "error": outcome, "errors": [outcome], "messages": [note],
+                "outcome": outcome, "outcome_detail": outcome_detail(detail), "reward_components": {}}
+        return note["content"], failed_reward(), False, True, info
 
     def _text(self, payload: dict[str, Any]) -> str:
         if self.observation_field is not None:
