@@ -1,8 +1,9 @@
 """Eval statistics as a user meets them: real runs (``evaluate`` with run directories), their
 ``summary.json``, and the CLI's ``compare`` over them.
 
-- compare's difference is the difference of the runs' summarized means (episodes weighed once,
-  as summaries do), inside its own interval, also when failures leave tasks unequal samples;
+- compare weighs each task the same in both runs (the summaries' episode weights where the runs'
+  counts are in proportion), its difference inside its own interval, also when failures leave
+  tasks unequal samples;
 - with one task, intervals resample its episodes (and say so) instead of a zero-width interval
   that claims certainty; with one episode there is no interval;
 - a score without a reward (or success) in rollouts.jsonl is refused with the file and line,
@@ -72,10 +73,11 @@ def summary_of(path):
     return json.loads((path / "summary.json").read_text())
 
 
-def test_compare_difference_is_the_difference_of_the_summaries_and_lies_in_its_interval(answers, tmp_path):
-    """Failures cluster on hard tasks (one scored sample of four there): each summary weighs
-    episodes once, and so must compare - its difference is the summaries' difference and lies
-    in its interval (it averaged per-task means: 0.5 against the summaries' 0.8 - 0.25)."""
+def test_compare_weighs_tasks_alike_in_both_runs_and_its_difference_lies_in_its_interval(answers, tmp_path):
+    """Failures cluster on hard tasks (one scored sample of four there): each summary weighs its
+    own episodes once (flaky 0.8, inflated by failing where it would score 0), but compare weighs
+    each task the same in both runs (the harmonic mean of their counts: 1.6 for a hard task, 4 for
+    an easy one), says so, and its difference lies in its interval."""
     hard = 10
     flaky = scripted(answers, lambda i, n: ("wrong" if n == 0 else "fail") if i < hard else "right")
     steady = scripted(answers, lambda i, n: "right" if i % 4 == 0 else "wrong")
@@ -85,11 +87,15 @@ def test_compare_difference_is_the_difference_of_the_summaries_and_lies_in_its_i
     mine, theirs = summary_of(tmp_path / "flaky"), summary_of(tmp_path / "steady")
     assert mine["tasks"] == theirs["tasks"] == result["shared_tasks"] == 2 * hard  # every task shared
     assert mine["samples_per_task"] != theirs["samples_per_task"]  # the unequal case
-    for name, summary in (("flaky", mine), ("steady", theirs)):
-        assert result["mean_reward"][name] == pytest.approx(summary["mean_reward"]["value"])
+    for summary in (mine, theirs):
         assert inside(summary["mean_reward"]) and inside(summary["success_rate"])
+    weights = [1.6 if i < hard else 4.0 for i in range(2 * hard)]  # 2 n m / (n + m): 1 and 4 samples, 4 and 4
+    expected = {"flaky": sum(w for i, w in enumerate(weights) if i >= hard) / sum(weights),
+                "steady": sum(w for i, w in enumerate(weights) if i % 4 == 0) / sum(weights)}
+    assert result["mean_reward"] == pytest.approx(expected)
+    assert any("unequal numbers of times" in note for note in result["notes"])
     difference = result["against_baseline"]["flaky"]["mean_difference"]
-    assert difference["value"] == pytest.approx(mine["mean_reward"]["value"] - theirs["mean_reward"]["value"])
+    assert difference["value"] == pytest.approx(expected["flaky"] - expected["steady"])
     assert inside(difference) and width(difference) > 0
     assert inside(result["against_baseline"]["flaky"]["probability_of_improvement"])
     assert result["intervals_over"] == "tasks"
