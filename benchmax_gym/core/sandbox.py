@@ -1353,10 +1353,9 @@ def _walk(root: Path, visit=None, remove: bool = False) -> None:
             fd, parts, names = stack[-1]
             if not names:
                 stack.pop()
-                if stack:
-                    os.close(fd)
-                    if remove:
-                        _quietly(os.rmdir, parts[-1], dir_fd=stack[-1][0])
+                os.close(fd)  # (the root's too: it leaked one descriptor a walk, an episode's close)
+                if stack and remove:
+                    _quietly(os.rmdir, parts[-1], dir_fd=stack[-1][0])
                 continue
             name = names.pop()
             try:

@@ -12,8 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
+import benchmax_gym  # noqa: F401
 from benchmax_gym.core import sandbox as sandbox_module
 from benchmax_gym.core.sandbox import RLIMITS, Sandbox
 
@@ -163,3 +165,34 @@ def test_an_excel_episode_whose_mount_helper_died_fails_at_its_next_read(bubblew
     outcome, detail, reward_nan, truncated = json.loads(out.splitlines()[-1])
     assert outcome == "env_error" and "mount helper" in detail, (outcome, detail)
     assert reward_nan and truncated
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_walking_or_removing_a_workspace_closes_every_descriptor(tmp_path):
+    """The walk closed every directory's descriptor but the root's: each episode's close (and
+    each quota check) leaked one, so a long `benchmax-gym run` of a sandboxed env ended in
+    "Too many open files" after ~1,000 episodes."""
+    from benchmax_gym.core.sandbox import _workspace_usage, remove_tree
+
+    before = _open_fds()
+    for i in range(20):
+        root = tmp_path / f"ws{i}"
+        (root / "a" / "b").mkdir(parents=True)
+        (root / "a" / "b" / "f.txt").write_text("x")
+        assert _workspace_usage(root) > 0
+        remove_tree(root)
+        assert not root.exists()
+    assert _open_fds() <= before
+
+
+def test_episodes_of_a_sandboxed_env_hold_no_descriptor_after_they_end():
+    env = gym.make("benchmax/Math-v0")
+    env.reset(seed=0)
+    before = _open_fds()
+    for seed in range(1, 41):
+        env.reset(seed=seed)  # the previous episode's sandbox closes
+    assert _open_fds() <= before
+    env.close()
