@@ -4,8 +4,9 @@ CRM's ``query`` runs model-written SQL whose temporary storage (a sort, a DISTIN
 memory, bounded by SQLite's hard heap limit while it runs (:data:`QUERY_MEMORY_BYTES` over the
 heap in use). SQLite has no per-connection bound, so near that limit any SQLite allocation in the
 process fails: another episode's look-up, a Wikipedia corpus search, a grader. Such work goes
-through :func:`outside_query_bounds` (or :func:`safe_from_query_bounds`), which runs it once more
-with no query's bound in force; it is never charged to its own episode's model.
+through :func:`outside_query_bounds` (or the decorators :func:`safe_from_query_bounds` and
+:func:`safe_grading`), which runs it once more with no query's bound in force; it is never charged
+to its own episode's model.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sqlite3
 import threading
 
-from benchmax_gym.core.outcomes import ENV_ERROR
+from benchmax_gym.core.outcomes import ENV_ERROR, RewardFailure
 from benchmax_gym.core.tools import ToolFailure
 
 QUERY_MEMORY_BYTES = 256 * 2**20
@@ -160,13 +161,21 @@ def outside_query_bounds(work, *args, **kwargs):
         return work(*args, **kwargs)
 
 
-def safe_from_query_bounds(fn):
-    """``fn`` (a tool's SQLite work other than a ``query``) through :func:`outside_query_bounds`;
-    a shortage of memory even so is the environment's failure, never the model's error."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        try:
-            return outside_query_bounds(fn, *args, **kwargs)
-        except MemoryError:
-            raise ToolFailure("SQLite ran out of memory", ENV_ERROR) from None
-    return run
+def _safe(failure):
+    """A decorator running ``fn`` through :func:`outside_query_bounds`, a shortage of memory even
+    so raised as ``failure()``: the environment's, never the model's error nor a 0."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            try:
+                return outside_query_bounds(fn, *args, **kwargs)
+            except MemoryError:
+                raise failure() from None
+        return run
+    return decorate
+
+
+#: a tool's SQLite work other than a ``query`` (a look-up, an update, a search)
+safe_from_query_bounds = _safe(lambda: ToolFailure("SQLite ran out of memory", ENV_ERROR))
+#: a grader reading SQLite
+safe_grading = _safe(lambda: RewardFailure("SQLite ran out of memory while grading", ENV_ERROR))

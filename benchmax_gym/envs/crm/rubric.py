@@ -17,7 +17,6 @@ The answer is the last ``<answer>...</answer>`` of the final reply, the rule eve
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import string
@@ -25,9 +24,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from benchmax_gym.core.outcomes import ENV_ERROR, RewardFailure
 from benchmax_gym.core.rubric import RewardFn, Rubric, final_answer
-from benchmax_gym.core.sqlite_heap import outside_query_bounds
+from benchmax_gym.core.sqlite_heap import safe_grading
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 WRITABLE_TABLES = {"Case": "Id", "CaseHistory__c": "CaseId__c"}  # table -> the column naming its case
@@ -98,19 +96,6 @@ def collateral_changes(con, pristine, expected: Mapping[str, Mapping[str, Mappin
         changed += sum(1 for row_id, new in after.items()
                        if row_id not in before and new[names.index(case_column)] not in targets)
     return changed
-
-
-def safe_grading(fn):
-    """A grader reading SQLite, through :func:`~benchmax_gym.core.sqlite_heap.outside_query_bounds`
-    (another episode's ``query`` nearing its heap bound must not fail it); out of memory even so,
-    the episode is the environment's failure, never a 0."""
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        try:
-            return outside_query_bounds(fn, *args, **kwargs)
-        except MemoryError:
-            raise RewardFailure("SQLite ran out of memory while grading", ENV_ERROR) from None
-    return run
 
 
 @safe_grading

@@ -35,10 +35,11 @@ import numpy as np
 
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.sources import GeneratedSource
+from benchmax_gym.core.sqlite_heap import safe_grading
 from benchmax_gym.core.tasks import GeneratedTasks, Task, pick
 from benchmax_gym.core.users import STOP
 from benchmax_gym.envs.crm.org import REFUND_WINDOW_DAYS
-from benchmax_gym.envs.crm.rubric import collateral_changes, safe_grading
+from benchmax_gym.envs.crm.rubric import collateral_changes
 
 SERVICE_TYPES = ("refund_request", "case_status")
 UNVERIFIED_SHARE = 0.2  # refund requests whose customer gives an email that is not the order's
