@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 #: what a simulator writes to end the conversation (tau-bench's convention); the text before it is said
 STOP = "###STOP###"
 _BROKEN_STOP = "### STOP ###"  # the stop token as a simulator sees it in the model's words
+_CUT_OFF = ("length", "content_filter")  # finish reasons of a reply that stopped before its end
 
 
 class UserFailure(Exception):
@@ -220,7 +221,9 @@ class LLMUser(UserSimulator):
             the simulator's endpoint every turn (its reply may be megabytes: the size cap is
             ``ChatPolicy``'s, 64 MB). A stop token after the cut still ends the conversation.
 
-    A request that fails past its retries ends the episode with ``model_error`` (:class:`UserFailure`).
+    A request that fails past its retries, or a reply cut off before its end (``finish_reason``
+    ``length``, at ``max_tokens``, or ``content_filter``), ends the episode with ``model_error``
+    (:class:`UserFailure`): half a turn may have lost what the user meant to say, or its stop.
     """
 
     model: str = ""
@@ -292,7 +295,7 @@ class LLMUser(UserSimulator):
         usage.calls += 1
         try:
             response = await client.post("/chat/completions", body=body, cast_to=object)
-            message, _, counts = _reply_parts(response, policy.scrub)
+            message, finish, counts = _reply_parts(response, policy.scrub)
         except openai.OpenAIError as exc:
             detail = _message(exc) if isinstance(exc, openai.APIStatusError) else str(exc.__cause__ or exc)
             raise UserFailure(policy.scrub(f"the user simulator's endpoint failed: {type(exc).__name__}: {detail}")) \
@@ -311,6 +314,9 @@ class LLMUser(UserSimulator):
         content = message.get("content")
         if not isinstance(content, str) or not content.strip():
             raise UserFailure("the user simulator's reply has no text")
+        if finish in _CUT_OFF:  # half a turn: what it was about to say (or its stop token) never came
+            raise UserFailure(f"the user simulator's reply was cut off (finish_reason {finish!r}"
+                              + (f"; LLMUser(max_tokens={self.max_tokens}) may be too low)" if finish == "length" else ")"))
         said, stop, _ = policy.scrub(content).partition(STOP)  # (what follows a stop token is never said)
         return truncate(said, self.max_reply_chars) + stop
 

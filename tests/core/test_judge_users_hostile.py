@@ -243,6 +243,8 @@ def test_the_model_cannot_end_the_conversation_by_writing_the_users_stop_token()
 @pytest.mark.parametrize("endpoint, fault, says", [
     ("fake", reply(""), "reply has no text"),
     ("fake", reply(None), "reply has no text"),
+    ("fake", reply("I am in Li", finish="length"), "cut off (finish_reason 'length'; LLMUser(max_tokens=512)"),
+    ("fake", reply("I am in", finish="content_filter"), "cut off (finish_reason 'content_filter')"),
     ("fake", {"drip": 0.2}, "no whole reply within"),
     ("fake", {"malformed": True}, "not valid JSON"),
     ("fake", {"status": 429, "retry_after": 0.05}, "RateLimitError"),
