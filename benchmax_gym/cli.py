@@ -27,6 +27,7 @@ import re
 import signal
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -1024,9 +1025,11 @@ def main(argv: list[str] | None = None) -> int:
     returns: a notebook's next Ctrl-C interrupts its cell, where it ended the whole process."""
     global _said_interrupted
     handler = signal.getsignal(signal.SIGINT)  # (None: one not set from Python, which cannot be put back)
+    unraisable = sys.unraisablehook
     try:
         return _run(argv)
     finally:
+        sys.unraisablehook = unraisable
         if handler is not None and signal.getsignal(signal.SIGINT) is not handler:
             with contextlib.suppress(ValueError):  # (not the main thread: it set none either)
                 signal.signal(signal.SIGINT, handler)
@@ -1038,6 +1041,8 @@ def _run(argv: list[str] | None) -> int:
     global _said_interrupted
     _said_interrupted = False
     args = None
+    if not isinstance(sys.unraisablehook, _CtrlCInFinalizers):
+        sys.unraisablehook = _CtrlCInFinalizers(sys.unraisablehook)
     try:
         args = build_parser().parse_args(argv)
         undo = _datasets_bars_off() if getattr(args, "quiet", False) else None  # (--quiet: nor datasets' bars)
@@ -1058,6 +1063,32 @@ def _run(argv: list[str] | None) -> int:
         if args is not None and args.func is cmd_eval:
             return eval_interrupted(args)
         return interrupted()
+
+
+class _CtrlCInFinalizers:
+    """Ctrl-C that lands in a finalizer (an env or episode dropped, its cleanup running) is raised
+    again where the command runs: Python prints what a finalizer raises and drops it, and the
+    command went on as if Ctrl-C never came. Other unraisable errors go to the hook before it."""
+
+    def __init__(self, previous: Callable[[Any], Any]):
+        self.previous = previous
+
+    def __call__(self, unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            try:  # (from here, or anywhere in the finalizers still running, it would be dropped again)
+                threading.Thread(target=_ctrl_c_again, daemon=True).start()
+                return
+            except RuntimeError:  # (the interpreter is exiting: no new thread)
+                pass
+        self.previous(unraisable)
+
+
+def _ctrl_c_again() -> None:
+    """Ctrl-C to the main thread once the finalizers running now are done (a signal, not a flag,
+    so that a main thread blocked in a read wakes); one landing in a finalizer again comes back."""
+    time.sleep(0.01)
+    if callable(signal.getsignal(signal.SIGINT)):  # (a handler from Python; the default would kill)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 def _datasets_bars_off() -> Callable[[], None]:

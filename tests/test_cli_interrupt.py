@@ -347,11 +347,12 @@ def test_main_called_in_process_gives_the_callers_ctrl_c_back_after_an_interrupt
     the whole process with status 130."""
     (tmp_path / "stop_here.py").write_text("raise KeyboardInterrupt\n")
     code = f"""if True:
-        import os, signal
+        import os, signal, sys
         from benchmax_gym.cli import main
-        before = signal.getsignal(signal.SIGINT)
+        before, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
         status = main({["--import", "stop_here"] + COMMANDS["run"]!r})
-        print("status", status, "handler back", signal.getsignal(signal.SIGINT) is before, flush=True)
+        back = signal.getsignal(signal.SIGINT) is before and sys.unraisablehook is hook
+        print("status", status, "handler back", back, flush=True)
         try:
             os.kill(os.getpid(), signal.SIGINT)
             import time; time.sleep(5)
@@ -366,3 +367,21 @@ def test_main_called_in_process_gives_the_callers_ctrl_c_back_after_an_interrupt
         (done.returncode, done.stdout, done.stderr[-2000:])
     assert done.returncode == 0
     assert done.stderr.strip().splitlines()[-1] == "interrupted"
+
+
+@pytest.mark.skipif(not os.path.isfile(SCRIPT), reason="benchmax-gym is not installed beside this python")
+def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command(tmp_path):
+    """Ctrl-C while a dropped object's finalizer runs (an env or episode garbage-collected, its
+    cleanup running): Python prints what a finalizer raises and drops it, and the command went on
+    as if Ctrl-C never came (status 0, an "Exception ignored" traceback). It ends the command."""
+    (tmp_path / "stop_in_cleanup.py").write_text(
+        "import os, signal, time, weakref\n"
+        "class Workspace: pass\n"
+        "def cleanup():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C pressed while this cleanup runs\n"
+        "    time.sleep(3)  # (it lands here)\n"
+        "workspace = Workspace()\n"
+        "weakref.finalize(workspace, cleanup)\n"
+        "del workspace\n")
+    status, said = interrupted(tmp_path, ["--import", "stop_in_cleanup", "run", ENV, "--episodes", "2", "--quiet"])
+    assert status == 130 and said == ["interrupted"], (status, said)
