@@ -11,7 +11,8 @@ limits and info, and :func:`register_benchmax_env` registers it under a Gymnasiu
 * ``compute_reward(rollout_id, completion, ground_truth, **kw)`` - the older form: the assistant
   text and ``row["ground_truth"]`` (other row fields arrive as keyword arguments).
 
-Rows are ``{"prompt": str, "ground_truth": ...}`` or ``{"messages": [...], ...}``, optionally with
+Rows are ``{"prompt": str, "ground_truth": ...}`` or ``{"messages": [...], ...}`` (or a ``prompt``
+that is a list of messages, as the package's ``StandardizedExample`` allows), optionally with
 ``init_rollout_args`` passed to ``init_rollout``. An environment's ``dataset_preprocess(row)`` (the
 real package's hook that turns a raw dataset row into that shape) is applied to every row first.
 
@@ -156,8 +157,18 @@ def extract_completion_text(messages: str | Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+def _parameters(fn: Any) -> Mapping[str, inspect.Parameter]:
+    """The parameters ``fn`` is called with. A method wrapped on its instance with
+    ``functools.wraps`` (the package's ``enable_tracking()`` does so to ``compute_reward`` and
+    ``compute_group_reward``) shows its class function's signature, ``self`` first: not one."""
+    params = dict(inspect.signature(fn).parameters)
+    if not inspect.ismethod(fn) and hasattr(fn, "__wrapped__") and next(iter(params), None) == "self":
+        del params["self"]
+    return params
+
+
 def _uses_legacy_reward(benchmax_env: BaseEnv) -> bool:
-    params = inspect.signature(benchmax_env.compute_reward).parameters
+    params = _parameters(benchmax_env.compute_reward)
     return "ground_truth" in params or "completion" in params
 
 
@@ -174,16 +185,27 @@ def _preprocessed(preprocess, row: Any, index: int) -> dict[str, Any]:
     return out
 
 
+def _row_messages(row: Mapping[str, Any]) -> Any:
+    """A row's opening conversation: its ``messages`` (``prompt_messages``), or a ``prompt`` that
+    is a list of messages (the package's ``StandardizedExample``, and the rows its SkyRL data
+    script writes: ``[system, user]``)."""
+    prompt = row.get("prompt")
+    return prompt if isinstance(prompt, list) else row.get("messages", row.get("prompt_messages"))
+
+
 def _row_to_task(row: Mapping[str, Any], index: int) -> Task:
     if not isinstance(row, Mapping):
         raise ValueError(f"rows[{index}] must be a dict, got {type(row).__name__}")
-    messages = row.get("messages", row.get("prompt_messages"))
+    messages = _row_messages(row)
     if isinstance(row.get("prompt"), str):
         prompt = row["prompt"]
     elif isinstance(messages, list) and messages:
+        if not all(isinstance(m, Mapping) for m in messages):
+            raise ValueError(f"rows[{index}]: its messages must be dicts with 'role' and 'content'")
         prompt = "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
     else:
-        raise ValueError(f"rows[{index}] needs a 'prompt' string or a 'messages' list; it has {sorted(row)}")
+        raise ValueError(f"rows[{index}] needs a 'prompt' (a string or a list of messages) or a 'messages' list; "
+                         f"it has {sorted(row)}")
     # The whole row is the rubric's data (it holds the ground truth); it is never shown.
     return Task(id=str(row.get("id", index)), prompt=prompt, answer=dict(row), metadata={"source": "benchmax"})
 
@@ -300,7 +322,7 @@ class BenchmaxEnv(ToolEnv):
 
     def task_messages(self, task: Task) -> Messages:
         row = task.answer
-        messages = row.get("messages", row.get("prompt_messages"))
+        messages = _row_messages(row)
         if isinstance(row.get("prompt"), str) or not isinstance(messages, list):
             return super().task_messages(task)
         messages = [dict(m) for m in messages]
@@ -370,7 +392,8 @@ def group_reward_arguments(fn: Any, records: Sequence[Mapping[str, Any]], rows: 
     group["completions"] = ([extract_completion_text(m) or completion_of(r) for m, r in zip(group["messages"], records)]
                             if legacy else group["messages"])
     args, kwargs, named = [], {}, set()
-    for name, p in inspect.signature(fn).parameters.items():
+    params = _parameters(fn)
+    for name, p in params.items():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         if name in _GROUP_POSITIONAL:
@@ -380,7 +403,7 @@ def group_reward_arguments(fn: Any, records: Sequence[Mapping[str, Any]], rows: 
         elif p.default is p.empty:
             raise TypeError(f"compute_group_reward asks for {name!r}; benchmax_gym passes "
                             f"{sorted(_GROUP_POSITIONAL)} and the rows' other fields as keyword lists")
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
         extra = sorted({k for row in rows for k in row} - set(_ROW_PROMPT_KEYS) - named)
         kwargs.update({k: [row.get(k) for row in rows] for k in extra})
     return args, kwargs

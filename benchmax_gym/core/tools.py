@@ -168,7 +168,7 @@ class Tool:
     is_async: bool = field(init=False)
 
     def __post_init__(self):
-        self.is_async = inspect.iscoroutinefunction(self.fn)
+        self.is_async = _is_async(self.fn)
 
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -253,6 +253,23 @@ class Tool:
             name=name, description=description, parameters=params, fn=fn, validate=validate,
             inline=inline, wants_episode=wants_episode, wants_state=wants_state, terminal=terminal,
         )
+
+
+def _underlying(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """What ``fn`` runs: the function under its ``functools.partial`` s, or a callable object's
+    ``__call__`` (its name, docstring and type hints are the tool's; a partial's own are
+    ``functools.partial``'s, an object's hints are its class's fields)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if not inspect.isroutine(fn) and not isinstance(fn, type) and callable(fn):
+        return type(fn).__call__
+    return fn
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """``fn`` returns a coroutine: an ``async def`` function, also under a partial, or an object
+    whose ``__call__`` is one (which ``inspect.iscoroutinefunction`` misses before Python 3.13)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(_underlying(fn))
 
 
 def _takes(fn: Callable[..., Any], parameter: str) -> bool:
@@ -514,7 +531,10 @@ def tool(
     """
 
     def build(f: Callable[..., Any]) -> Tool:
-        t = _tool_from_function(f, name=name or f.__name__, inline=inline)
+        own = name or getattr(f, "__name__", None) or getattr(_underlying(f), "__name__", None)
+        if not own or own == "__call__":  # (a callable object)
+            raise TypeError(f"tool {f!r:.80} has no name: give it one, tool(fn, name=...)")
+        t = _tool_from_function(f, name=own, inline=inline)
         t.self_timed, t.terminal = self_timed, terminal
         return t
 
@@ -570,14 +590,21 @@ def _strip_titles(schema: Any) -> Any:
 
 def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> Tool:
     sig = inspect.signature(fn)
-    description, arg_docs = _parse_docstring(fn.__doc__)
+    own = _underlying(fn)  # (a partial's or a callable object's function: its docstring and hints)
+    if inspect.isgeneratorfunction(own) or inspect.isasyncgenfunction(own):
+        raise TypeError(f"tool {name!r} is a generator function: a call would return the generator, not its "
+                        "text; return the result (a string, or a list of the items)")
+    description, arg_docs = _parse_docstring(own.__doc__ or (None if isinstance(fn, functools.partial) else fn.__doc__))
     try:
-        hints = inspect.get_annotations(fn, eval_str=True)
+        hints = inspect.get_annotations(own, eval_str=True)
     except Exception as exc:  # a hint that cannot be resolved is a bug in the tool's module
         raise TypeError(f"tool {name!r}: cannot resolve type hints: {exc}") from exc
+    bound = _partial_keywords(fn)
     fields: dict[str, Any] = {}
     wants_episode = wants_state = False
     for pname, param in sig.parameters.items():
+        if pname in bound:  # the author's value: neither shown to the model nor its to change
+            continue
         if pname in INJECTED:
             wants_episode = wants_episode or pname == "episode"
             wants_state = wants_state or pname == "state"
@@ -590,11 +617,14 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
         annotation = hints.get(pname, Any)
         default = ... if param.default is param.empty else param.default
         fields[pname] = (annotation, pydantic.Field(default, description=arg_docs.get(pname) or None))
-    model = pydantic.create_model(
-        f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid", allow_inf_nan=False),
-        **{pname: (_json_kinds_kept(annotation), info) for pname, (annotation, info) in fields.items()},
-    )
-    parameters = _strip_titles(model.model_json_schema())
+    try:
+        model = pydantic.create_model(
+            f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid", allow_inf_nan=False),
+            **{pname: (_json_kinds_kept(annotation), info) for pname, (annotation, info) in fields.items()},
+        )
+        parameters = _strip_titles(model.model_json_schema())
+    except pydantic.PydanticUserError as exc:  # (a type pydantic cannot validate, e.g. typing.TypedDict on 3.11)
+        raise TypeError(f"tool {name!r}: its parameters' types cannot be validated: {exc}".split("\n")[0]) from exc
     parameters.setdefault("properties", {})
     parameters.setdefault("required", [])
     parameters.pop("additionalProperties", None)
@@ -625,6 +655,15 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
             and sig.parameters[one[0]].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD):
         made.invoke = _one_argument_invoke(*one)
     return made
+
+
+def _partial_keywords(fn: Callable[..., Any]) -> set[str]:
+    """The parameters a ``functools.partial`` (or a chain of them) binds by keyword."""
+    bound: set[str] = set()
+    while isinstance(fn, functools.partial):
+        bound.update(fn.keywords)
+        fn = fn.func
+    return bound
 
 
 def _json_kinds_kept(annotation: Any) -> Any:
@@ -1121,6 +1160,11 @@ def _capped_text(name: str, value: Any, max_chars: int) -> str | ToolResult:
     """A tool's return value as the text the model sees, at most ``max_chars`` long; a value
     that has no text (its ``__str__`` raises, an int past Python's digit limit, nesting too deep
     for JSON) is the tool's error, never an exception out of ``step()``."""
+    if inspect.iscoroutine(value) or inspect.isgenerator(value) or inspect.isasyncgen(value):
+        value.close()  # (never run: no "was never awaited" warning)
+        hint = ": make the tool `async def`" if inspect.iscoroutine(value) else ""
+        return ToolResult(truncate(f"Error: tool '{name}' returned a {type(value).__name__}, not a result{hint}",
+                                   max_chars), "tool_error")
     try:
         text = value if type(value) is str else to_text(value)
     except Exception as exc:
