@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from benchmax_gym.core.cache import cache_root, cached_file, whole_sqlite
+from benchmax_gym.core.sqlite_heap import outside_query_bounds
 from benchmax_gym.core.tasks import pick, rand_int
 
 SCHEMA = """
@@ -445,33 +446,47 @@ class _OrgBuilder:
 
 def cached_org(seed: int = 0, size: int = DEFAULT_SIZE, directory: str | os.PathLike | None = None) -> Path:
     """The org file for ``(seed, size)``, built on first use (temp file, then an atomic rename, so
-    concurrent builders and crashes never leave a half-written org behind; one cut short is rebuilt)."""
+    concurrent builders and crashes never leave a half-written org behind; one cut short is rebuilt).
+    Safe from another episode's query nearing its heap bound: a build that fails for memory is
+    dropped and runs again (:func:`~benchmax_gym.core.sqlite_heap.outside_query_bounds`)."""
     target = cache_root("crm", directory) / f"org-v2-seed{seed}-size{size}.sqlite"
-    return cached_file(target, lambda path: build_org(path, seed, size), whole_sqlite)
+    return outside_query_bounds(cached_file, target, lambda path: build_org(path, seed, size), whole_sqlite)
 
 
 class Org:
     """An org loaded into memory once; :meth:`episode_copy` gives each episode its own database.
 
     ``pristine`` is the in-memory master (never written to); graders compare episode copies with it.
+    Loading it is safe from another episode's query nearing its heap bound (run again alone).
     """
 
     def __init__(self, path: str | os.PathLike):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"org database {str(path)!r} does not exist")
+        self.pristine, self.tables = outside_query_bounds(self._load, path)
+        self.path = path
+
+    @staticmethod
+    def _load(path: Path) -> tuple[sqlite3.Connection, list[str]]:
+        """``path`` copied into a new in-memory database, and its tables."""
+        pristine = None
         source = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            self.pristine = sqlite3.connect(":memory:", check_same_thread=False)
-            source.backup(self.pristine)
-        except sqlite3.DatabaseError as exc:
-            raise ValueError(f"{str(path)!r} is not a SQLite database: {exc}") from None
+            pristine = sqlite3.connect(":memory:", check_same_thread=False)
+            source.backup(pristine)
+            tables = [r[0] for r in pristine.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
+                "AND name NOT LIKE '%_fts%' ORDER BY name")]
+            return pristine, tables
+        except BaseException as exc:
+            if pristine is not None:
+                pristine.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise ValueError(f"{str(path)!r} is not a SQLite database: {exc}") from None
+            raise
         finally:
             source.close()
-        self.path = path
-        self.tables = [r[0] for r in self.pristine.execute(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' "
-            "AND name NOT LIKE '%_fts%' ORDER BY name")]
 
     def episode_copy(self) -> sqlite3.Connection:
         """A fresh in-memory copy of the org (SQLite backup API), private to one episode."""

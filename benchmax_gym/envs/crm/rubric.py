@@ -2,7 +2,7 @@
 
 * ``exact_match``: the normalised answer equals the normalised gold answer (SQuAD normalisation:
   lower case, no punctuation, no articles, single spaces). A gold list of several items must be
-  matched as a set by a comma-separated answer.
+  matched as a set by an answer listing them (separated by commas, semicolons or lines).
 * ``fuzzy_match``: token F1 between answer and gold (SQuAD's), the best over gold alternatives.
 * ``db_state`` (update tasks): every expected ``(table, row, column)`` value holds in the episode's
   database, and nothing else changed: other rows of the tables the tools write (``Case``,
@@ -39,11 +39,17 @@ def normalize(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+_LIST_SEPARATORS = re.compile(r"[,;\n]")
+
+
 def exact_match(prediction: str, gold: str | list[str]) -> float:
+    """A gold list is matched as a set by the answer's items, separated by commas, semicolons or
+    lines (a bulleted list too; a trailing separator adds no item)."""
     golds = gold if isinstance(gold, list) else [gold]
     if len(golds) == 1:
         return float(normalize(prediction) == normalize(golds[0]))
-    return float({normalize(p) for p in prediction.split(",")} == {normalize(g) for g in golds})
+    items = {normalize(p) for p in _LIST_SEPARATORS.split(prediction) if any(ch.isalnum() for ch in p)}
+    return float(items == {normalize(g) for g in golds})
 
 
 def token_f1(prediction: str, gold: str) -> float:

@@ -38,8 +38,9 @@ from benchmax_gym.core.sources import GeneratedSource
 from benchmax_gym.core.sqlite_heap import safe_grading
 from benchmax_gym.core.tasks import GeneratedTasks, Task, pick
 from benchmax_gym.core.users import STOP
-from benchmax_gym.envs.crm.org import REFUND_WINDOW_DAYS
+from benchmax_gym.envs.crm.org import CASE_STATUSES, REFUND_WINDOW_DAYS
 from benchmax_gym.envs.crm.rubric import collateral_changes
+from benchmax_gym.envs.crm.tasks import outside_query_bounds_drawn
 
 SERVICE_TYPES = ("refund_request", "case_status")
 UNVERIFIED_SHARE = 0.2  # refund requests whose customer gives an email that is not the order's
@@ -162,8 +163,8 @@ class GeneratedService(GeneratedSource):
         types = self.task_types or SERVICE_TYPES
         types = tuple(dict.fromkeys((types,) if isinstance(types, str) else types))
         con, name = env.org.pristine, env.org_name
-        return GeneratedTasks(lambda rng, i: _service_task(rng, i, con, types, name), seed=self.task_seed,
-                              size=self.num_tasks)
+        return GeneratedTasks(lambda rng, i: outside_query_bounds_drawn(_service_task, rng, i, con, types, name),
+                              seed=self.task_seed, size=self.num_tasks)
 
 
 # -- the scripted customer ----------------------------------------------------------------------
@@ -202,9 +203,24 @@ def said_to_customer(messages: list[dict[str, Any]]) -> str:
                      if m.get("role") == "assistant" and not m.get("tool_calls"))
 
 
+_DIGIT_GROUP = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # the comma of "1,196.97"
+
+
 def made(statement: str, text: str) -> bool:
-    """``statement`` appears in ``text`` as whole words (any case): "59.99" in "$59.99", not in "159.99"."""
+    """``statement`` appears in ``text`` as whole words (any case): "59.99" in "$59.99", not in
+    "159.99"; "1196.97" in "$1,196.97" (digits grouped by commas, as amounts are often written)."""
+    text = _DIGIT_GROUP.sub("", text)
     return re.search(rf"(?<![\w.]){re.escape(statement.lower())}(?![\w]|\.\d)", text.lower()) is not None
+
+
+_STATUS = "|".join(CASE_STATUSES)
+_STATUS_PAIRS = re.compile(  # two statuses side by side: "New, Working or Escalated", "New/Working"
+    rf"\b({_STATUS})\b(?=(?:[\s,;/|()*'\"-]|\b(?:or|and|either|nor|maybe|perhaps|possibly)\b)+\b({_STATUS})\b)", re.I)
+
+
+def statuses_listed(text: str) -> bool:
+    """Whether ``text`` offers several statuses as alternatives (a list of them: a guess)."""
+    return any(a.lower() != b.lower() for a, b in _STATUS_PAIRS.findall(text))
 
 
 _NUMBER = re.compile(r"(?<![\w.])\d+(?![\w]|\.\d)")  # a whole number, as :func:`made` reads one
@@ -239,6 +255,8 @@ def service_grade(episode: Any, messages: list[dict[str, Any]]) -> dict[str, flo
                        for case_id in set(db.touched) | set(answer["refunds"]))
     text = said_to_customer(messages)
     said = all(made(s, text) for s in answer["statements"])
+    if said and set(answer["statements"]) & set(CASE_STATUSES):
+        said = not statuses_listed(text)  # "New, Working or Escalated" names the status too: a guess
     pristine = state["org"].pristine
     if said and other_cases_named(pristine, "\n".join(answer["statements"]), set()):
         # the case's number is one to state: naming others besides it is a guess, not a statement

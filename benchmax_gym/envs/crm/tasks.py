@@ -27,6 +27,7 @@ import numpy as np
 
 from benchmax_gym.core.checks import boolean, optional, path_or_id, positive_int
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg
+from benchmax_gym.core.sqlite_heap import outside_query_bounds
 from benchmax_gym.core.tasks import (
     GeneratedTasks, ListTasks, Task, load_records, numbered_jsonl, pick, rand_int, starts_json_array,
 )
@@ -353,11 +354,24 @@ def make_crm_task(rng: np.random.Generator, index: int, con: sqlite3.Connection,
     )
 
 
+def outside_query_bounds_drawn(make, rng: np.random.Generator, *args: Any) -> Any:
+    """``make(rng, *args)``, a task drawn by SQL from the org, safe from another episode's query
+    nearing its heap bound (:func:`~benchmax_gym.core.sqlite_heap.outside_query_bounds`: a reset
+    must not fail for it). Its second try draws from ``rng`` as it was: the same task."""
+    drawn = rng.bit_generator.state
+
+    def attempt():
+        rng.bit_generator.state = drawn
+        return make(rng, *args)
+    return outside_query_bounds(attempt)
+
+
 def generated_tasks(con: sqlite3.Connection, org_name: str, config: CRMTaskConfig | None = None, *,
                     seed: int = 0, size: int | None = None) -> GeneratedTasks:
     """Tasks over one org: item ``i`` of ``seed`` is always the same task (for the same org)."""
     config = CRMTaskConfig() if config is None else config
-    return GeneratedTasks(lambda rng, i: make_crm_task(rng, i, con, config, org_name), seed=seed, size=size)
+    return GeneratedTasks(lambda rng, i: outside_query_bounds_drawn(make_crm_task, rng, i, con, config, org_name),
+                          seed=seed, size=size)
 
 
 @dataclass(frozen=True)
@@ -390,7 +404,7 @@ class CRMArena(SourceConfig):
     def build(self, env: Any) -> ListTasks:
         tasks = crmarena_tasks(self.dataset, limit=self.limit)
         if self.check_org_ids:
-            check_task_ids(tasks, env.org, env.org_db)
+            outside_query_bounds(check_task_ids, tasks, env.org, env.org_db)
         return tasks
 
 

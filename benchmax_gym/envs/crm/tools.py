@@ -412,8 +412,15 @@ def describe_object(name: str, episode) -> str:
                       ensure_ascii=False, default=str)
 
 
+def _key(value: str) -> str:
+    """A look-up key as the model wrote it, stripped. A lone surrogate (JSON's ``"\\ud800"``)
+    is no text SQLite can take, so no Id has one: it becomes ``?`` and the look-up finds nothing
+    (was: the tool failed with a UnicodeEncodeError)."""
+    return value.strip().encode("utf-8", "replace").decode("utf-8")
+
+
 def _find_case(db: EpisodeDB, case_id: str) -> dict[str, Any]:
-    key = case_id.strip()
+    key = _key(case_id)
     found = db.row('SELECT * FROM "Case" WHERE Id = ? OR CaseNumber = ?', (key, key))
     if found is None:
         raise ToolError(f"no Case with Id or CaseNumber {case_id!r}")
@@ -474,10 +481,10 @@ def get_order_history(contact_id: str, episode) -> str:
         contact_id: the contact's 18-character Id
     """
     db = _db(episode)
-    if db.row("SELECT Id FROM Contact WHERE Id = ?", (contact_id.strip(),)) is None:
+    if db.row("SELECT Id FROM Contact WHERE Id = ?", (_key(contact_id),)) is None:
         raise ToolError(f"no Contact with Id {contact_id!r}")
     orders = db.rows('SELECT Id, OrderNumber, EffectiveDate, Status FROM "Order" WHERE BillToContactId = ? '
-                     "ORDER BY EffectiveDate DESC, Id", (contact_id.strip(),))
+                     "ORDER BY EffectiveDate DESC, Id", (_key(contact_id),))
     for order in orders:
         order["items"] = db.rows(
             "SELECT i.Id, i.Product2Id, p.Name AS Product, c.Name AS Category, i.Quantity, i.UnitPrice "
@@ -526,7 +533,7 @@ def update_case(case_id: str, episode, status: str | None = None, owner_id: str 
     if resolution is not None and resolution not in RESOLUTIONS:
         raise ToolError(f"resolution must be one of {', '.join(RESOLUTIONS)}; got {resolution!r}")
     if owner_id is not None:
-        user = db.row("SELECT Id, IsActive FROM User WHERE Id = ?", (owner_id.strip(),))
+        user = db.row("SELECT Id, IsActive FROM User WHERE Id = ?", (_key(owner_id),))
         if user is None or not user["IsActive"]:
             raise ToolError(f"no active User with Id {owner_id!r}")
         owner_id = user["Id"]
