@@ -9,7 +9,10 @@ limits and info, and :func:`register_benchmax_env` registers it under a Gymnasiu
 
 * ``compute_reward(rollout_id, messages, task, **kw)`` - the transcript and the dataset row;
 * ``compute_reward(rollout_id, completion, ground_truth, **kw)`` - the older form: the assistant
-  text and ``row["ground_truth"]`` (other row fields arrive as keyword arguments).
+  text and ``row["ground_truth"]`` (other row fields arrive as keyword arguments); where
+  ``completion`` is annotated as a list (the package's ``Completion = List[Dict]`` since 2026-03,
+  whose reward functions read ``completion[-1]["content"]``), the transcript from the model's first
+  reply on (:func:`completion_messages`).
 
 Rows are ``{"prompt": str, "ground_truth": ...}`` or ``{"messages": [...], ...}`` (or a ``prompt``
 that is a list of messages, as the package's ``StandardizedExample`` allows), optionally with
@@ -172,6 +175,32 @@ def _uses_legacy_reward(benchmax_env: BaseEnv) -> bool:
     return "ground_truth" in params or "completion" in params
 
 
+def _completion_is_messages(fn: Any) -> bool:
+    """Whether ``fn``'s ``completion`` is annotated as a list of messages: the package's
+    ``Completion`` has been ``List[Dict]`` since 2026-03 (its reward functions read
+    ``completion[-1]["content"]``); before, it was ``str`` (the assistant's text), as an
+    unannotated one is taken to be."""
+    import typing
+
+    fn = getattr(fn, "__wrapped__", fn)
+    try:
+        annotation = typing.get_type_hints(fn).get("completion")
+    except Exception:  # noqa: BLE001  (a hint its module cannot resolve: read it as written)
+        annotation = getattr(_parameters(fn).get("completion"), "annotation", None)
+        if isinstance(annotation, str):
+            return annotation.replace("typing.", "").startswith(("List[", "list[", "Completion", "Sequence["))
+    origin = typing.get_origin(annotation)
+    return annotation is list or (isinstance(origin, type) and issubclass(origin, (list, Sequence))
+                                  and not issubclass(origin, str))
+
+
+def completion_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The part of a transcript the model's turns made (from its first reply on), as the
+    package's list ``Completion``: its last item is the model's final reply."""
+    start = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
+    return [dict(m) for m in messages[start:]]
+
+
 def _preprocessed(preprocess, row: Any, index: int) -> dict[str, Any]:
     """``dataset_preprocess`` on a copy of the row (the package's default pops keys from it)."""
     try:
@@ -258,6 +287,7 @@ class BenchmaxEnv(ToolEnv):
         if preprocess is not None:
             rows = [_preprocessed(preprocess, row, i) for i, row in enumerate(rows)]
         self._legacy_reward = _uses_legacy_reward(benchmax_env)
+        self._completion_messages = self._legacy_reward and _completion_is_messages(benchmax_env.compute_reward)
         definitions = self.aio.run(benchmax_env.list_tools())
         tools = [
             Tool.from_schema(
@@ -306,9 +336,8 @@ class BenchmaxEnv(ToolEnv):
         env = self.benchmax_env
         if self._legacy_reward:
             extra = {k: v for k, v in row.items() if k not in _ROW_PROMPT_KEYS}
-            return await env.compute_reward(
-                episode.rollout_id, extract_completion_text(messages), row.get("ground_truth"), **extra
-            )
+            completion = completion_messages(messages) if self._completion_messages else extract_completion_text(messages)
+            return await env.compute_reward(episode.rollout_id, completion, row.get("ground_truth"), **extra)
         return await env.compute_reward(episode.rollout_id, messages, row)
 
     async def _group_reward(self, records: list[dict[str, Any]]) -> list[dict[str, float]]:

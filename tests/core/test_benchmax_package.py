@@ -1,9 +1,11 @@
 """A subclass of the real ``benchmax`` package's BaseEnv, written as its users write them, runs
 through gym.make and make_vec (installed without its dependencies: tests/requirements-nodeps.txt)."""
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, Dict, List
 
 import gymnasium as gym
 import pytest
@@ -94,3 +96,33 @@ def test_a_real_benchmax_env_in_subprocess_workers(env_id):
         assert terminated.all() and list(rewards) == [1.0, 0.0]
     finally:
         envs.close()
+
+
+class AnswerEnv(FileEnv):
+    """Written as the package's envs have been since 2026-03 (``Completion = List[Dict]``): the
+    reward reads the model's final reply as ``completion[-1]["content"]``."""
+
+    async def list_tools(self):
+        return [ToolDefinition("echo", "Echo the text.", {"type": "object", "properties": {"text": {"type": "string"}}})]
+
+    async def run_tool(self, rollout_id, tool_name, **tool_args):
+        return tool_args.get("text", "")
+
+    async def compute_reward(self, rollout_id: str, completion: List[Dict[str, Any]], ground_truth: Any,
+                             **kwargs: Any) -> Dict[str, float]:
+        final = completion[-1].get("content", "") if completion else ""
+        match = re.search(r"<answer>(.*?)</answer>", final, re.S)
+        return {"match": float(bool(match) and match.group(1).strip() == ground_truth),
+                "turns": float(sum(m["role"] == "assistant" for m in completion))}
+
+
+def test_a_reward_written_for_the_packages_list_completion_gets_the_model_s_messages():
+    """Given the assistant's text (a str), ``completion[-1].get`` failed every episode as the
+    env's error; it gets the transcript from the model's first reply on, its final reply last."""
+    env = gym.make(register_benchmax_env("test/PackageAnswer-v0", AnswerEnv, [{"question": "Say 7.", "answer": "7"}]))
+    env.reset(options={"task_index": 0})
+    env.step('<answer>6</answer> <tool_call>{"name": "echo", "arguments": {"text": "hm"}}</tool_call>')
+    _, reward, terminated, _, info = env.step("So: <answer>7</answer>")
+    env.close()
+    assert terminated and info["outcome"] == "scored", info.get("outcome_detail")
+    assert info["reward_components"] == {"match": 1.0, "turns": 2.0}
