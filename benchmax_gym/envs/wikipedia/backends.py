@@ -25,6 +25,7 @@ underscores and extra spaces, as Wikipedia's search box is.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import html
 import json
@@ -32,9 +33,10 @@ import os
 import re
 import sqlite3
 import threading
+import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
@@ -52,6 +54,7 @@ from benchmax_gym.core.sqlite_heap import outside_query_bounds, safe_from_query_
 USER_AGENT = "benchmax-gym/0.1 (https://github.com/benchmax-gym; multi-hop search QA environment)"
 DISAMBIGUATION_CATEGORIES = "Category:All disambiguation pages|Category:Disambiguation pages"
 MAX_QUERY_TERMS = 32
+MAX_RESPONSE_BYTES = 32 << 20  # one API answer; Wikipedia's longest article is ~1 MB of text
 INDEX_VERSION = "1"  # bump when the index schema or text conventions change: old cache files are ignored
 
 
@@ -151,11 +154,17 @@ class CorpusIndex:
         self._keeper = keeper  # holds a shared in-memory database open
 
     @classmethod
-    def on_disk(cls, records: Iterable[Mapping[str, str]], key: str,
+    def on_disk(cls, records: Iterable[Mapping[str, str]] | Callable[[], Iterable[Mapping[str, str]]], key: str,
                 directory: str | os.PathLike | None = None) -> "CorpusIndex":
-        """The index for corpus ``key`` (a hash of its content) under :func:`.cache_root`, built if absent."""
+        """The index for corpus ``key`` (a hash of its content) under :func:`.cache_root`, built if
+        absent; ``records`` may be a function that loads them, called only then (a cached index of a
+        large corpus opens without reading the corpus again)."""
         folder = cache_root("", directory)  # no family subfolder: existing indexes stay valid
-        path = cached_file(folder / f"corpus-v{INDEX_VERSION}-{key}.sqlite", lambda partial: _build(partial, records),
+
+        def build(partial: str) -> None:
+            _build(partial, records() if callable(records) else records)
+
+        path = cached_file(folder / f"corpus-v{INDEX_VERSION}-{key}.sqlite", build,
                            whole_sqlite)  # (a concurrent builder's file is as good as ours)
         return cls(f"{path.resolve().as_uri()}?mode=ro")
 
@@ -215,6 +224,23 @@ def corpus_key(*parts: bytes | str) -> str:
         digest.update(part.encode() if isinstance(part, str) else part)
         digest.update(b"\0")
     return digest.hexdigest()[:24]
+
+
+@functools.lru_cache(maxsize=64)
+def _file_key(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    digest.update(b"\0")
+    return digest.hexdigest()[:24]
+
+
+def file_key(path: str | os.PathLike) -> str:
+    """``corpus_key(the file's bytes)``, read in chunks (never the whole file in memory) and
+    remembered per process while the file is unchanged (same size, mtime and inode)."""
+    stat = os.stat(path)
+    return _file_key(os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ino)
 
 
 class CorpusBackend:
@@ -343,13 +369,20 @@ class CachingTransport(httpx.BaseTransport):
     caused (:data:`SERVER_TROUBLE`: lag, rate limit, read-only, internal error) is handed on as a
     503, retried with backoff and then a :class:`ToolFailure`; any other (the request's fault) is
     a :class:`ToolError` with the server's message. An answer to a ``titles`` query that lists
-    no pages raises :func:`pageless_answer`'s error. ``sent`` counts the requests that reached
-    the network.
+    no pages raises :func:`pageless_answer`'s error. An answer that is not JSON (a proxy's HTML
+    page, a body cut short) is the server's trouble too, never "no such article". An answer is
+    read at most ``max_response_bytes`` (more is a :class:`ToolFailure`: a 100 MB answer was read
+    whole, cached and parsed) and within ``deadline`` seconds in all (httpx bounds each read, so a server
+    trickling a byte at a time held the call, and its thread, for as long as it liked; past the
+    deadline it is a timeout, retried as one). ``sent`` counts the requests that reached the network.
     """
 
     def __init__(self, inner: httpx.BaseTransport | None = None, *, api_url: str | None = None,
-                 max_entries: int = 4096, max_bytes: int = 256 << 20, max_retry_after: float | None = None):
+                 max_entries: int = 4096, max_bytes: int = 256 << 20, max_retry_after: float | None = None,
+                 max_response_bytes: int = MAX_RESPONSE_BYTES, deadline: float | None = None):
         self.inner = inner or httpx.HTTPTransport()
+        self.max_response_bytes = max_response_bytes
+        self.deadline = deadline
         self.api_url = httpx.URL(api_url) if api_url else None
         self.max_retry_after = max_retry_after
         self.max_entries = max_entries
@@ -374,9 +407,12 @@ class CachingTransport(httpx.BaseTransport):
         if hit is not None:
             return httpx.Response(200, headers=hit[0], content=hit[1], request=request)
         self.sent += 1
+        until = None if self.deadline is None else time.monotonic() + self.deadline
         response = self.inner.handle_request(request)
-        content = response.read()
-        response.close()
+        try:
+            content = self._read(request, response, until)
+        finally:
+            response.close()
         headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DECODED_AWAY]
         status = response.status_code
         if status == 429 and self.max_retry_after is not None:
@@ -386,6 +422,8 @@ class CachingTransport(httpx.BaseTransport):
                     f"Wikipedia is rate-limiting this client: it asks to wait {wait:.0f} s before the next "
                     f"request, longer than this tool waits ({self.max_retry_after:g} s); try again later",
                     TOOL_UNAVAILABLE)
+        if status == 200 and not _is_json(content):
+            status = 503  # (a captive portal's page, a cut body: once read as "no such article", the model's fault)
         error = api_error(response.headers, content) if status == 200 else None
         if error is not None:
             code = str(error.get("code", ""))
@@ -404,8 +442,30 @@ class CachingTransport(httpx.BaseTransport):
                     self.cached_bytes -= len(self._cache.popitem(last=False)[1][1])
         return httpx.Response(status, headers=headers, content=content, request=request)
 
+    def _read(self, request: httpx.Request, response: httpx.Response, until: float | None) -> bytes:
+        """The decoded body, bounded in size and in the time it takes to arrive (``until``, monotonic)."""
+        chunks, size = [], 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > self.max_response_bytes:
+                raise ToolFailure(f"Wikipedia answered with more than {self.max_response_bytes >> 20} MiB for one "
+                                  "request; no article is that long, so the server is not answering as a wiki does",
+                                  TOOL_UNAVAILABLE)
+            chunks.append(chunk)
+            if until is not None and time.monotonic() > until:
+                raise httpx.ReadTimeout(f"the answer took more than {self.deadline:g} s to arrive", request=request)
+        return b"".join(chunks)
+
     def close(self) -> None:
         self.inner.close()
+
+
+def _is_json(content: bytes) -> bool:
+    try:
+        json.loads(content)
+    except ValueError:  # (UnicodeDecodeError too)
+        return False
+    return True
 
 
 class LiveBackend:
@@ -428,7 +488,8 @@ class LiveBackend:
 
         self._errors = wikipediaapi.WikipediaException
         self._rate_limited = wikipediaapi.WikiRateLimitError
-        self.transport = CachingTransport(api_url=api_url, max_entries=cache_size, max_retry_after=timeout)
+        self.transport = CachingTransport(api_url=api_url, max_entries=cache_size, max_retry_after=timeout,
+                                          deadline=timeout)
         self.wiki = wikipediaapi.Wikipedia(
             user_agent=user_agent, language=language, timeout=timeout, max_retries=max_retries,
             retry_wait=retry_wait, transport=self.transport,

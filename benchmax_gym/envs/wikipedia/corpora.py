@@ -12,7 +12,7 @@ from typing import Any
 from benchmax_gym.core.checks import optional, path
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.envs.wikipedia.backends import CorpusIndex
-from benchmax_gym.envs.wikipedia.tasks import HotpotQA, WikiTaskConfig, encyclopedia, load_corpus
+from benchmax_gym.envs.wikipedia.tasks import HotpotQA, WikiTaskConfig, encyclopedia, lazy_corpus
 
 
 @dataclass(frozen=True)
@@ -64,5 +64,5 @@ class LocalCorpus(SourceConfig):
         if corpus is None:
             raise ValueError("backend='local' needs backend_args corpus= (JSON Lines or a JSON array of "
                              "{title, text}, or a HotpotQA file)")
-        records, key = load_corpus(corpus)
+        records, key = lazy_corpus(corpus)  # (parsed only when the index must be built)
         return CorpusIndex.on_disk(records, key, self.cache_dir)

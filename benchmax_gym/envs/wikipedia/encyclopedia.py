@@ -64,12 +64,15 @@ class Entity:
 
 @dataclass(frozen=True)
 class Question:
-    """A generated question: its text, answer, type and the articles that support it, in order."""
+    """A generated question: its text, answer, type and the articles that support it, in order;
+    for a comparison whose answer is one of two names, ``options``: those names (the grader gives
+    an answer naming the other one 0, so "A or B" is no hedge)."""
 
     question: str
     answer: str
     type: str
     supporting: tuple[str, ...]
+    options: tuple[str, ...] = ()
 
 
 class Encyclopedia:
@@ -291,14 +294,15 @@ class Encyclopedia:
                 same = a.links["country"] is b.links["country"]
                 if same != want_same:
                     continue
-                answer = "yes" if same else "no"
+                answer, options = ("yes" if same else "no"), ()
             else:
                 if a.facts[fact] == b.facts[fact]:
                     continue
                 answer = (a if (a.facts[fact] > b.facts[fact]) == pick_larger else b).title
+                options = (a.title, b.title)
             question = template.format(a_phrase, b_phrase)
             supporting = tuple(e.title for e in a_path + b_path)
-            return Question(question[0].upper() + question[1:], answer, "comparison", supporting)
+            return Question(question[0].upper() + question[1:], answer, "comparison", supporting, options)
 
 
 _RELATION_PHRASES = {

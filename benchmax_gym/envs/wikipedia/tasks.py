@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from benchmax_gym.core.checks import (
 )
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig
 from benchmax_gym.core.tasks import GeneratedTasks, ListTasks, Task, numbered_jsonl, starts_json_array
-from benchmax_gym.envs.wikipedia.backends import corpus_key
+from benchmax_gym.envs.wikipedia.backends import file_key
 from benchmax_gym.envs.wikipedia.encyclopedia import Encyclopedia
 from benchmax_gym.envs.wikipedia.rubric import normalize_answer
 
@@ -72,8 +72,9 @@ class GeneratedQuestions(GeneratedSource):
         config = self.difficulty
         q = encyclopedia(self.task_seed, config.entities).question(rng, config.min_hops, config.max_hops,
                                                                    config.comparison)
+        solution = {"supporting": list(q.supporting), **({"options": list(q.options)} if q.options else {})}
         return Task(
-            id=f"gen-{index}", prompt=q.question, answer=q.answer, solution={"supporting": list(q.supporting)},
+            id=f"gen-{index}", prompt=q.question, answer=q.answer, solution=solution,
             metadata={"source": "generated", "type": q.type, "hops": len(q.supporting)},
         )
 
@@ -226,7 +227,7 @@ def load_corpus(path: str | os.PathLike) -> tuple[list[dict[str, str]], str]:
     paragraph of a title wins); or from a folder or file of documents (text, Markdown, HTML:
     :func:`benchmax_gym.data.corpus.load_documents`), hashed by their content."""
     file = Path(path)
-    if file.is_dir() or file.suffix.lower() not in (".json", ".jsonl"):  # your documents (benchmax_gym.data.corpus)
+    if _documents(file):  # your documents (benchmax_gym.data.corpus)
         from benchmax_gym.data.corpus import corpus_records, load_documents
         from benchmax_gym.envs.wikipedia.backends import records_digest
 
@@ -253,7 +254,22 @@ def load_corpus(path: str | os.PathLike) -> tuple[list[dict[str, str]], str]:
             raise ValueError(f"corpus {str(path)!r}: record {i} is neither {{title, text}} nor a HotpotQA question")
     if not corpus:
         raise ValueError(f"corpus {str(path)!r} has no articles")
-    return corpus, corpus_key(file.read_bytes())
+    return corpus, file_key(file)
+
+
+def lazy_corpus(path: str | os.PathLike) -> tuple[Callable[[], list[dict[str, str]]], str]:
+    """:func:`load_corpus` with the records loaded only when called: a JSON corpus is keyed by its
+    bytes alone, read in chunks, so an environment over an index already built never parses it
+    (a 190 MB corpus once cost every ``gym.make`` 1.2 s and 600 MB); documents are read to be keyed."""
+    if _documents(Path(path)):
+        records, key = load_corpus(path)
+        return (lambda: records), key
+    return (lambda: load_corpus(path)[0]), file_key(path)
+
+
+def _documents(file: Path) -> bool:
+    """Whether ``file`` is documents (a folder, text, Markdown, HTML) rather than a JSON corpus."""
+    return file.is_dir() or file.suffix.lower() not in (".json", ".jsonl")
 
 
 def _kind(value: Any) -> str:

@@ -4,8 +4,8 @@ They format what a :class:`~benchmax_gym.envs.wikipedia.backends.Backend` return
 which backend it is. Articles come in chunks of at most ``CHUNK_CHARS`` characters with a note
 saying how to ask for the next one (``offset``) or for one section. A missing title is a tool error
 that suggests the closest titles; a redirect says where it came from; a disambiguation page lists
-the articles it points to. Empty or huge queries and titles are tool errors; FTS syntax in a query
-(``"``, ``*``, ``NEAR``, ``-``) is just text.
+the articles it points to. Empty or huge queries and titles, and text with lone surrogates, are tool
+errors; FTS syntax in a query (``"``, ``*``, ``NEAR``, ``-``) is just text.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ def _bounded(name: str, value: str, limit: int) -> str:
         raise ToolError(f"the {name} is empty")
     if len(value) > limit:
         raise ToolError(f"the {name} has {len(value)} characters; at most {limit} are allowed")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # (once "failed: UnicodeEncodeError: 'utf-8' codec can't encode ...")
+            raise ToolError(f"the {name} is not valid Unicode text: it holds a lone surrogate") from None
     return value
 
 
