@@ -58,6 +58,7 @@ from typing import Any
 
 from benchmax_gym.core.aio import run_sync
 from benchmax_gym.core.outcomes import RewardFailure, is_failure
+from benchmax_gym.core.rubric import _finite
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,8 @@ class GroupRubric:
                 value = gf.fn(**{p: context[p] for p in gf.params})
                 if gf.is_async or inspect.isawaitable(value):
                     value = await value
+                if isinstance(value, (str, bytes, bytearray, Mapping)):  # (iterable, but not one score a member)
+                    raise TypeError(f"returned a {type(value).__name__}, not one score per member")
                 value = list(value)
                 if len(value) != n:
                     raise ValueError(f"returned {len(value)} scores for a group of {n}")
@@ -169,14 +172,7 @@ class GroupRubric:
             for j, raw in enumerate(value):
                 items = raw.items() if isinstance(raw, Mapping) else [(gf.name, raw)]
                 for name, one in items:
-                    try:
-                        s = float(one)
-                        if not math.isfinite(s):
-                            raise ValueError(f"not finite: {s}")
-                    except Exception as exc:
-                        errors[str(name)] = f"{type(exc).__name__}: {exc}"
-                        s = 0.0
-                    scores[j][str(name)] = s
+                    s = scores[j][str(name)] = _finite(str(name), one, errors)
                     totals[j] += gf.weight * s
         for j, i in enumerate(members):
             record = out[i]
@@ -193,7 +189,7 @@ class GroupRubric:
 
 def _failed(record: Mapping[str, Any]) -> bool:
     reward = record.get("reward")
-    return is_failure(record.get("outcome")) or reward is None or (isinstance(reward, float) and math.isnan(reward))
+    return is_failure(record.get("outcome")) or reward is None or reward != reward  # (NaN, of any numeric type)
 
 
 def completion_of(record: Mapping[str, Any]) -> str:
@@ -228,9 +224,13 @@ def _context(group: list[dict[str, Any]], task: Any) -> dict[str, Any]:
 
 
 def group_key(record: Mapping[str, Any]) -> Any:
-    """What makes records one group: the task index (else the task id)."""
+    """What makes records one group: the task index (else the task id), within a mixture's member
+    and level (``benchmax/Mix-v0`` records carry the member's own index: task 0 of Math and task 0
+    of CRM are two tasks)."""
     index = record.get("task_index")
-    return ("index", index) if index is not None else ("id", record.get("task_id"))
+    if index is None:
+        return ("id", record.get("task_id"))
+    return ("index", record.get("member"), record.get("difficulty"), index)
 
 
 async def ascore_groups(records: Sequence[Mapping[str, Any]], group_rubric: GroupRubric,

@@ -110,5 +110,5 @@ def failed_reward() -> float:
     return math.nan
 
 
-__all__ = ["CANCELLED", "DEADLINE", "ENV_ERROR", "FAILURES", "MODEL_ERROR", "OUTCOMES", "RewardFailure", "SCORED", "SIGNAL",
-           "TOOL_TIMEOUT", "TOOL_UNAVAILABLE", "TRUNCATED", "failed_reward", "is_failure"]
+__all__ = ["CANCELLED", "DEADLINE", "ENV_ERROR", "FAILURES", "MAX_DETAIL_CHARS", "MODEL_ERROR", "OUTCOMES", "RewardFailure",
+           "SCORED", "SIGNAL", "TOOL_TIMEOUT", "TOOL_UNAVAILABLE", "TRUNCATED", "failed_reward", "is_failure", "outcome_detail"]

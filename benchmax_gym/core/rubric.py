@@ -40,8 +40,9 @@ per-turn leaf that cannot be farmed (each milestone pays once, the sum is capped
 
 A component that raises :class:`~benchmax_gym.core.outcomes.RewardFailure` (it could not score,
 e.g. its judge is down) fails the episode with that outcome; any other exception scores 0, is
-logged with its traceback, and never breaks the episode; ``info["reward_errors"]`` says which
-failed and why.
+logged with its traceback, and never breaks the episode; so does a value that is no finite number
+(``None``, text, NaN, a tree that combines past a float); ``info["reward_errors"]`` says which
+failed and why. A coroutine a sync function hands back (a decorator's wrapper) is awaited.
 
 Every family finds the model's answer by one rule, :func:`final_answer`: the content of the last
 closed ``<answer>...</answer>`` of the final reply. A reply without one has no answer and scores
@@ -128,7 +129,9 @@ class RewardFn:
                 f"reward function {self.name!r} asks for {unknown}; reward functions may take "
                 f"any of {list(names)}"
             )
-        self.is_async = inspect.iscoroutinefunction(self.fn)
+        # (an object whose __call__ is async is one too: called, it hands back a coroutine)
+        self.is_async = inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
+            getattr(self.fn, "__call__", None))
         _check_weight(self.name, self.weight)
         if self.parts is not None:
             self.parts = dict(self.parts)
@@ -162,6 +165,8 @@ class RewardFn:
 
 def _finite(name: str, raw: Any, errors: dict) -> float:
     try:
+        if isinstance(raw, (str, bytes, bytearray)):  # float("5") would pay a returned answer "5" as 5.0
+            raise TypeError(f"returned {type(raw).__name__}, not a number")  # (not its text: it may be an answer)
         score = float(raw)
         if not math.isfinite(score):
             raise ValueError(f"reward is not finite: {score}")
@@ -322,19 +327,34 @@ def _max_of(child: Child) -> float:
 async def _evaluate(child: Child, context: dict[str, Any], run_coroutine: Any, components: dict, errors: dict) -> float:
     """One child's value: a leaf's (its exceptions caught, RewardFailure aside) or a node's."""
     if isinstance(child, Node):
-        return await child._value(context, run_coroutine, components, errors)
+        return _checked_total(child.name, await child._value(context, run_coroutine, components, errors), errors)
     try:
         value = child.fn(**{n: context.get(n) for n in child.params})
-        if child.is_async:
+        if child.is_async or inspect.iscoroutine(value):  # (a sync wrapper, a decorator's, may hand one back)
             value = run_coroutine(value) if run_coroutine is not None else await value
     except RewardFailure:
         raise  # not a score: the engine ends the episode with its outcome
     except Exception as exc:
-        log.warning("reward component %r raised; scored 0", child.name, exc_info=exc)
-        components[child.name] = 0.0
-        errors[child.name] = f"{type(exc).__name__}: {exc}"
-        return 0.0
+        return _raised(child.name, exc, components, errors)
     return child._collect(value, components, errors)
+
+
+def _raised(name: str, exc: Exception, components: dict, errors: dict) -> float:
+    """A leaf that raised: scored 0, logged with its traceback, its error recorded."""
+    log.warning("reward component %r raised; scored 0", name, exc_info=exc)
+    components[name] = 0.0
+    errors[name] = f"{type(exc).__name__}: {exc}"
+    return 0.0
+
+
+def _checked_total(name: str, total: float, errors: dict) -> float:
+    """A node's or a rubric's value, which finite leaves can still push past a float (1e200 * 1e200
+    is inf, inf - inf NaN): scored 0 and reported rather than handed to a trainer as a reward."""
+    if total - total == 0.0:
+        return total
+    errors[name] = f"OverflowError: the combined reward is not finite: {total}"
+    log.warning("reward node %r combined to %r; scored 0", name, total)
+    return 0.0
 
 
 class Rubric(Node):
@@ -411,6 +431,8 @@ class Rubric(Node):
             try:
                 if milestone is None:
                     value = leaf.fn(**{n: context.get(n) for n in leaf.params})
+                    if type(value) is not float and inspect.iscoroutine(value):  # (a sync wrapper's)
+                        value = (run_coroutine or _no_loop)(value)
                 else:  # a milestones leaf: its find, called here (one frame less a step)
                     reached, of = milestone[1](**{n: context.get(n) for n in milestone[2]})
                     value = _credit(context.get("episode"), milestone[0], reached, of) if reached and of else 0.0
@@ -418,9 +440,7 @@ class Rubric(Node):
                 raise
             except Exception as exc:
                 errors = errors or {}
-                log.warning("reward component %r raised; scored 0", leaf.name, exc_info=exc)
-                components[leaf.name] = 0.0
-                errors[leaf.name] = f"{type(exc).__name__}: {exc}"
+                _raised(leaf.name, exc, components, errors)
                 continue
             if type(value) is float and value - value == 0.0:  # finite: the common case, recorded as it is
                 components[leaf.name] = value
@@ -428,20 +448,22 @@ class Rubric(Node):
                 errors = errors or {}
                 value = leaf._collect(value, components, errors)
             total += leaf.weight * value
+        if total - total != 0.0:
+            errors = errors or {}
+            total = _checked_total(self.name, total, errors)
         return total, components, errors
 
     async def ascore_turn(self, **context: Any):
         return await self._score(self.turn_funcs, context, None)
 
-    @staticmethod
-    async def _score(children: list[Child], context: dict[str, Any], run_coroutine: Any):
+    async def _score(self, children: list[Child], context: dict[str, Any], run_coroutine: Any):
         """The one scoring loop: awaits async leaves, or hands them to ``run_coroutine``."""
         components: dict[str, float] = {}
         errors: dict[str, str] = {}
         total = 0.0
         for c in children:
             total += c.weight * await _evaluate(c, context, run_coroutine, components, errors)
-        return total, components, errors
+        return _checked_total(self.name, total, errors), components, errors
 
 
 _NO_ERRORS: dict[str, str] = {}
