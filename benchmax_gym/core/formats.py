@@ -5,7 +5,9 @@ calling convention for the system prompt, and renders tool results as observatio
 
 * ``hermes`` (default) - ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, as in the
   Hermes/Qwen chat templates; several per action.
-* ``json`` - the whole action is a call object ``{"name", "arguments"}`` or a list of them.
+* ``json`` - the whole action is a call object ``{"name", "arguments"}`` or a list of them
+  (Llama 3.x's ``{"name", "parameters"}`` too), after an optional ``[TOOL_CALLS]`` (Mistral) or
+  ``<|python_tag|>`` (Llama), which a reply decoded with its special tokens starts with.
 * ``openai`` - the action is an OpenAI assistant message serialised as JSON, with ``tool_calls``
   (what vLLM's tool parser and the OpenAI API return).
 * ``xml`` - Qwen3-Coder's XML calls: ``<function=NAME><parameter=KEY>value</parameter></function>``.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +27,29 @@ PARSE_ERROR = "parse_error"
 _ENCODER = json.JSONEncoder(ensure_ascii=False)  # json.dumps(..., ensure_ascii=False) builds one per call
 _escape = json.encoder.encode_basestring  # the C escaper json.dumps uses for str with ensure_ascii=False
 _SCALARS = {str: _escape, bool: lambda v: "true" if v else "false", int: int.__repr__, type(None): lambda v: "null"}
+_SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_ERRORS_SHOWN = 5  # distinct parse errors named in one reply's note; the rest are counted
+
+
+def utf8_safe(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD. A JSON escape the model writes in
+    ASCII (``"\\ud800"``) decodes to one, and no UTF-8 encoder takes it (a Hugging Face
+    tokenizer raises TypeError, ``print`` raises)."""
+    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
+
+
+def _summarised(errors: list[str]) -> list[str]:
+    """Each distinct error once, with its count, the first few only: a reply of thousands of
+    broken calls (``<tool_call>[1,1,1,...]``, two characters a call) was answered with a
+    40-character error for each, a note twenty times the reply's size in the transcript."""
+    if len(errors) < 2:
+        return errors
+    counts = Counter(errors)
+    shown = [e if n == 1 else f"{e} ({n} times)" for e, n in list(counts.items())[:MAX_ERRORS_SHOWN]]
+    if len(counts) > MAX_ERRORS_SHOWN:
+        rest = sum(list(counts.values())[MAX_ERRORS_SHOWN:])
+        shown.append(f"{rest} more error{'s' if rest > 1 else ''} not listed")
+    return shown
 
 
 def dumps_arguments(arguments: Any) -> str:
@@ -130,7 +156,7 @@ def _strip_fence(text: str) -> str:
     text = text.strip()
     if text[:3] == "```" and text.endswith("```") and len(text) >= 6:
         inner = text[3:-3]
-        if inner.startswith("json"):
+        if inner[:4].lower() == "json":  # (```JSON too)
             inner = inner[4:]
         return inner.strip()
     return text
@@ -213,13 +239,29 @@ def _tool_lines(schemas: list[dict[str, Any]]) -> str:
     return "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
 
 
+def _own_id(given: Any) -> bool:
+    """Whether a model-written call id can be kept: a non-empty str that any UTF-8 encoder
+    takes (an escaped lone surrogate in it reached the observation, as the result's id)."""
+    return isinstance(given, str) and given != "" and utf8_safe(given) == given
+
+
 def _add_calls(out: "Parsed", entries: list[Any], turn: int, keep_ids: bool = False) -> "Parsed":
     """Each entry as a call (or an error) in ``out``, with id ``call_{turn}_{n}`` unless
-    ``keep_ids`` and the entry names its own."""
+    ``keep_ids`` and the entry names its own. Ids are unique within the reply: chat APIs and
+    templates pair each result with its call by id, so a repeated one gets its own."""
+    used: set[str] = set()
     for entry in entries:
         given = entry.get("id") if keep_ids and isinstance(entry, dict) else None
-        call, err = _call_from_obj(entry, given if isinstance(given, str) and given else f"call_{turn}_{len(out.calls)}")
-        (out.errors.append(err) if err else out.calls.append(call))
+        call_id = given if _own_id(given) and given not in used else f"call_{turn}_{len(out.calls)}"
+        while call_id in used:  # (a default the model's own ids already took)
+            call_id += "_"
+        call, err = _call_from_obj(entry, call_id)
+        if err:
+            out.errors.append(err)
+        else:
+            out.calls.append(call)
+            used.add(call_id)
+    out.errors = _summarised(out.errors)
     return out
 
 
@@ -304,6 +346,7 @@ class HermesFormat(ToolCallFormat):
                     out.errors.append(err)
                 else:
                     out.calls.append(call)
+        out.errors = _summarised(out.errors)
         return out
 
     def one_call(self, action):
@@ -342,28 +385,38 @@ class HermesFormat(ToolCallFormat):
         )
 
 
+# Special tokens that open a JSON tool call, seen when a reply is decoded with its special
+# tokens: Mistral's ``[TOOL_CALLS][{...}]``, Llama 3.x's ``<|python_tag|>{...}``.
+_CALL_MARKERS = ("[TOOL_CALLS]", "<|python_tag|>")
+
+
 class JsonFormat(ToolCallFormat):
     name = "json"
 
     def parse(self, action, turn, tools=None):
         text = _strip_fence(action)
+        marker = next((m for m in _CALL_MARKERS if text.startswith(m)), None)  # only ever written to make a call
+        if marker:
+            text = _strip_fence(text[len(marker):])
         if not text.startswith(("{", "[")):
+            if marker:
+                return Parsed(errors=[f"after {marker} write a JSON object "
+                                      '{"name": ..., "arguments": {...}} or a JSON list of them'])
             return Parsed(content=action.strip())
         obj, err = _loads(text)
         if err:
-            if '"name"' in text:  # clearly meant as a call
+            if marker or '"name"' in text or "'name'" in text:  # clearly meant as a call (single quotes: not JSON)
                 return Parsed(errors=[f"the tool call is {err}"])
             return Parsed(content=action.strip())
         items = obj if isinstance(obj, list) else [obj]
-        if not items:
-            return Parsed(content=action.strip())
-        if not all(isinstance(i, dict) and "name" in i for i in items):
+        if items and all(isinstance(i, dict) and "name" in i for i in items):
+            return _add_calls(Parsed(), items, turn)
+        if not marker:
             if isinstance(obj, dict) and "name" not in obj and "arguments" not in obj:
                 return Parsed(content=action.strip())  # some other JSON: a final answer
             if isinstance(obj, list) and not any(isinstance(i, dict) for i in items):
-                return Parsed(content=action.strip())  # a list of values (["Paris", "Lyon"]): a final answer
-            return Parsed(errors=['each tool call must be an object with "name" and "arguments"'])
-        return _add_calls(Parsed(), items, turn)
+                return Parsed(content=action.strip())  # [] or a list of values (["Paris", "Lyon"]): a final answer
+        return Parsed(errors=['each tool call must be an object with "name" and "arguments"'])
 
     def instructions(self, schemas):
         return _listed_tools(schemas) + (
@@ -404,7 +457,7 @@ class OpenAIFormat(ToolCallFormat):
         content = msg.get("content")
         if content is not None and not isinstance(content, str):
             return Parsed(errors=[f'the message\'s "content" must be text or null, got {type(content).__name__}'])
-        out = Parsed(content=content.strip() if isinstance(content, str) else "")
+        out = Parsed(content=utf8_safe(content.strip()) if isinstance(content, str) else "")
         calls = msg.get("tool_calls")
         calls = [] if calls is None else calls
         if not isinstance(calls, list):
@@ -447,8 +500,8 @@ class OpenAIFormat(ToolCallFormat):
         content, given = msg.get("content"), call.get("id")
         if (content is not None and type(content) is not str) or msg.get("role", "assistant") != "assistant":
             return None  # (a malformed message: the general path says what is wrong)
-        return (name, args, content.strip() if type(content) is str else "",
-                given if type(given) is str and given else None)
+        return (name, args, utf8_safe(content.strip()) if type(content) is str else "",
+                given if _own_id(given) else None)
 
     render_results = JsonFormat.render_results
     render_one = JsonFormat.render_one

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from gymnasium.spaces import Text
+from gymnasium.spaces import Box, Text
+from gymnasium.spaces.utils import flatten, flatten_space, unflatten
 from gymnasium.vector.utils import create_shared_memory, read_from_shared_memory, write_to_shared_memory
 
 # Characters that ``sample(mask=...)`` indexes; contains() does not depend on them.
@@ -145,3 +146,31 @@ def _write_unicode_to_shared_memory(space: UnicodeText, index: int, value: str, 
     row = np.frombuffer(shared_memory.get_obj(), dtype=np.int32)[index * (space.max_length + 1):]
     row[0] = len(codes)
     row[1:1 + len(codes)] = codes
+
+
+# ``gymnasium.spaces.utils.flatten`` (FlattenObservation, flattened vector batches) stores a Text
+# string as indices into its charset: any character outside UnicodeText's sampling charset (most
+# of Unicode, which ``contains`` admits) raised KeyError. A UnicodeText flattens to its code
+# points, padded with 0x110000 (no code point), in a Box of ``max_length``.
+_PAD = 0x110000
+
+
+@flatten_space.register(UnicodeText)
+def _flatten_unicode_space(space: UnicodeText) -> Box:
+    return Box(low=0, high=_PAD, shape=(space.max_length,), dtype=np.int32)
+
+
+@flatten.register(UnicodeText)
+def _flatten_unicode(space: UnicodeText, x: str) -> np.ndarray:
+    codes = np.frombuffer(x.encode("utf-32-le", "surrogatepass"), dtype=np.int32)
+    if len(codes) > space.max_length:
+        raise ValueError(f"a string of {len(codes)} characters does not fit {space!r}, at most {space.max_length}")
+    out = np.full(space.max_length, _PAD, dtype=np.int32)
+    out[:len(codes)] = codes
+    return out
+
+
+@unflatten.register(UnicodeText)
+def _unflatten_unicode(space: UnicodeText, x: np.ndarray) -> str:
+    codes = np.asarray(x, dtype=np.int32)
+    return codes[codes < _PAD].tobytes().decode("utf-32-le", "surrogatepass")
