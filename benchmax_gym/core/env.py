@@ -48,7 +48,6 @@ import inspect
 import json
 import logging
 import marshal
-import re
 import threading
 import time
 import os
@@ -62,7 +61,7 @@ import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import (PARSE_ERROR, Parsed, ToolCall, ToolCallFormat, dumps_arguments, get_format,
-                                      split_reasoning)
+                                      split_reasoning, utf8_safe)
 from benchmax_gym.core.rubric import Rubric, milestones
 from benchmax_gym.core.checks import boolean, positive_int, positive_number
 from benchmax_gym.core.outcomes import (DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure, failed_reward,
@@ -85,14 +84,6 @@ ACTION_TOO_LONG = "action_too_long"
 DENSE_WEIGHT = 0.2  # ``dense_rewards=True``: what a family's dense signal may pay in all, per episode
 TOO_MANY_CALLS = "too_many_calls"
 NOT_RUN = "not_run"  # a call after a terminal tool's, in the same reply
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def utf8_safe(text: str) -> str:
-    """``text`` with each lone surrogate replaced by U+FFFD. A JSON escape the model writes in
-    ASCII (``"\\ud800"``) decodes to one, and a tool may echo it: no UTF-8 encoder takes it (a
-    Hugging Face tokenizer raises TypeError, ``print`` raises), so the env never shows one."""
-    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
 @dataclass

@@ -33,8 +33,8 @@ MAX_ERRORS_SHOWN = 5  # distinct parse errors named in one reply's note; the res
 
 def utf8_safe(text: str) -> str:
     """``text`` with each lone surrogate replaced by U+FFFD. A JSON escape the model writes in
-    ASCII (``"\\ud800"``) decodes to one, and no UTF-8 encoder takes it (a Hugging Face
-    tokenizer raises TypeError, ``print`` raises)."""
+    ASCII (``"\\ud800"``) decodes to one, and a tool may echo it: no UTF-8 encoder takes it (a
+    Hugging Face tokenizer raises TypeError, ``print`` raises), so the env never shows one."""
     return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
 
 
