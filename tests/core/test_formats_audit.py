@@ -3,6 +3,8 @@ a call the model meant runs, text that is not one does not, and anything malform
 observation that says what was wrong."""
 
 import json
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -10,6 +12,9 @@ from gymnasium.spaces import utils
 from gymnasium.wrappers import FlattenObservation
 
 from benchmax_gym import register_tool_env
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_env_hostile import utf8_clean  # noqa: E402
 
 ENV_ID = "formats-audit/Add-v0"
 
@@ -36,14 +41,6 @@ def step(action: str, **kwargs):
     env = gym.make(ENV_ID, **kwargs)
     env.reset(seed=0)
     return env, *env.step(action)
-
-
-def utf8_clean(*things) -> bool:
-    try:
-        json.dumps(things, ensure_ascii=False, default=str).encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 HERMES_ADD = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
