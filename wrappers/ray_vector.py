@@ -459,15 +459,35 @@ class _RayHost(_Channel):
             self.cleanups.append(task.remote(self.info["workspace"]))
 
 
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, a Ray Client
+# server) answers with a SETTINGS frame of its own (type 4, the header's fourth byte)
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+PROBE_TIMEOUT = 5.0
+
+
 def _check_reachable(address: str) -> None:
-    """Fail within seconds for an address nothing answers on (ray.init would retry for long)."""
+    """Fail within seconds for an address nothing answers on, or where what answers is no Ray
+    (a dashboard's port, a silent service): ray.init would retry there for many minutes."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"address must be 'auto', 'host:port' or 'ray://host:port', got {address!r}")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT)
     except OSError as exc:
         raise ConnectionError(f"no Ray cluster answers at address={address!r}: {exc}") from None
+    with sock:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return  # (the gRPC is inside TLS: no plain probe)
+        try:
+            sock.sendall(HTTP2_PREFACE)
+            settings = _read_exactly(sock, 9, time.monotonic() + PROBE_TIMEOUT)[3] == 4
+        except OSError:
+            settings = False
+    if not settings:
+        raise ConnectionError(
+            f"what listens at address={address!r} does not answer as a Ray cluster does (gRPC) within "
+            f"{PROBE_TIMEOUT:g} s: give the Ray head's GCS address (port 6379 by default; 'ray://host:10001' "
+            "for Ray Client), not its dashboard's (8265) or another service's")
 
 
 def connect(ray, address: str | None) -> bool:
@@ -560,17 +580,32 @@ class RayVectorEnv(WorkerVectorEnv):
         self._generation = 0
         self._payloads: dict[int, bytes] = {}
         self._cleanups: list = []  # workspace removals on killed hosts' nodes
-        self._owns_ray = connect(ray, address)
+        self._address = address  # joined in _start_all, once _setup has checked every argument
         self._setup(env, fns, num_hosts, autoreset_mode, step_timeout, info_keys)
 
     # -- the transport ---------------------------------------------------------------------------
 
-    def _spawn(self, w: int, fresh: bool) -> _RayHost:
+    def _payload(self, w: int) -> bytes:
+        """Host ``w``'s environment functions, pickled once (cloudpickle), or a TypeError naming
+        the env whose function cannot travel to a host."""
         if w not in self._payloads:
-            self._payloads[w] = self._ray.cloudpickle.dumps(self._groups[w])
+            dumps = self._ray.cloudpickle.dumps
+            try:
+                self._payloads[w] = dumps(self._groups[w])
+            except Exception:
+                for i, fn in self._groups[w].items():  # the first env that fails: the one to fix
+                    try:
+                        dumps(fn)
+                    except Exception as exc:
+                        raise TypeError(f"env: the function that makes env {i} ({fn!r}) cannot be sent to an "
+                                        f"env host (cloudpickle): {type(exc).__name__}: {exc}") from exc
+                raise
+        return self._payloads[w]
+
+    def _spawn(self, w: int, fresh: bool) -> _RayHost:
         self._generation += 1
         options = {**self._options, "name": f"benchmax-env-host-{self._run}-{w}-{self._generation}"}
-        return _RayHost(self._ray, self._actor_cls, options, self._payloads[w], self.autoreset_mode, fresh,
+        return _RayHost(self._ray, self._actor_cls, options, self._payload(w), self.autoreset_mode, fresh,
                         self._cleanups, self.info_keys)
 
     def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
@@ -598,6 +633,11 @@ class RayVectorEnv(WorkerVectorEnv):
                 return []
 
     def _start_all(self) -> None:
+        """Join Ray (after ``_setup`` checked the arguments: a bad one starts no Ray, and a failure
+        from here on shuts down a Ray this env started), then start every host side by side."""
+        for w in range(len(self._groups)):  # (before any actor: an env that cannot travel starts none)
+            self._payload(w)
+        self._owns_ray = connect(self._ray, self._address)
         for w in range(len(self._groups)):
             self._workers.append(self._spawn(w, False))
         for w, host in enumerate(list(self._workers)):
