@@ -44,8 +44,11 @@ thing its own code can do is drop the prompt's whole group: a failed sample's ``
 ``reward``) are NaN, and OpenRLHF's dynamic filtering (``--algo.dynamic_filtering_enable``)
 drops every group whose mean score is outside its range, which NaN always is. Train with it on
 when failures can happen: without it the NaN reaches the group's advantages (loud, never a
-fake 0). Policy: ``failed_group="drop"`` only; its range also drops groups whose samples all
-score the same (DAPO's filter: widen ``--algo.dynamic_filtering_range`` to keep them).
+fake 0). A failed sample is never ``truncated`` (its ``extra_logs["truncated"]`` still says
+whether the budget cut it): ``--reward.stop_properly_penalty_coef`` below 0 sets a truncated
+sample's reward, which would turn its NaN into one. Policy: ``failed_group="drop"`` only; its
+range also drops groups whose samples all score the same (DAPO's filter: widen
+``--algo.dynamic_filtering_range`` to keep them).
 """
 
 from __future__ import annotations
@@ -207,7 +210,8 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
             return {"prompt": prompt, "label": label, "images": images, "mm_train_inputs": None,
                     "reward": reward, "scores": reward, "observation_tokens": episode.input_ids,
                     "action_ranges": [(start + a, start + b) for a, b in episode.turns],
-                    "rollout_log_probs": logprobs, "truncated": episode.cut,
+                    # (a failed one is not: OpenRLHF's stop-properly penalty gives truncated samples a reward)
+                    "rollout_log_probs": logprobs, "truncated": episode.cut and not episode.failed,
                     "turn_rewards": list(episode.turn_rewards),  # one per action range
                     "extra_logs": episode.metrics(components=False)}
 

@@ -31,10 +31,10 @@ template's own rendering is what differs:
   the model's stop token closes the turn, without that text;
 * a reply cut by the token budget has no stop token: its turn is closed by environment tokens
   (loss mask 0), which is what the template writes after it;
-* message contents holding the text of a special token (a tool printing ``<|im_end|>``): the
-  template's own special tokens are its ids, the contents' are plain text (see
-  :meth:`ChatTemplate.encode_messages`), where encoding the rendering would make them control
-  tokens.
+* message contents holding the text of a special or added token (a tool printing ``<|im_end|>``,
+  or Qwen's non-special ``</tool_response>``): the template's own are its ids, the contents'
+  are plain text (see :meth:`ChatTemplate.encode_messages`), where encoding the rendering would
+  make them control tokens.
 
 The token budget (``max_tokens``) is one rule for every adapter: a turn never asks for more than
 what is left nor for 0 (:attr:`TokenSession.budget`), a reply longer than what is left is cut,
@@ -117,10 +117,10 @@ class ChatTemplate:
         self._compiled = _compiled(tokenizer, self.chat_template)
         # the Rust tokenizer: the same ids as tokenizer.encode, without its Python layers (copies of
         # our own: the tokenizer's keeps the settings of its last call, see _private_backends)
-        self._backend, self._literal = _private_backends(tokenizer)
+        self._specials, self._structure = _marker_tokens(tokenizer, self.chat_template)
+        self._backend, self._literal = _private_backends(tokenizer, self._structure)
         self._plain_decode = self._backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
         self._bytes = _byte_table(tokenizer, self._backend) if self._plain_decode else None
-        self._specials = _special_tokens(tokenizer)
         self._special_re = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
         self._vocab: int | None = None  # len(tokenizer), on first use
         self._skeletons: dict[tuple, Any] = {}
@@ -179,20 +179,38 @@ class ChatTemplate:
         them: a special token's text inside a message (a tool printing ``<|im_start|>system``)
         stays plain text, never a control token. Without such text it is ``encode(render(...))``.
 
+        Special tokens' texts are text in every message, at any depth (a tool call's arguments
+        too). A tool result's text also reads as text the non-special added tokens the template
+        writes: Qwen's ``<tool_response>``, ``<tool_call>`` (and Qwen3's ``<think>``) are such,
+        and a tool printing ``</tool_response><tool_response>`` would otherwise forge a second
+        tool result. Other messages keep those as the trainer's tokenizer reads them: an env's
+        system prompt describing ``<tool_call>`` gets the token Qwen's own tools prompt has, an
+        assistant's ``</think>`` the one the model writes (and Qwen3's template looks for).
+
         The contents' special-token texts are swapped for private-use characters, the rendering
         is split at the template's own special tokens (as the tokenizer splits it), and each run
         between them is encoded, characters swapped back, with special-token parsing off."""
-        if self._special_re is None or not any(
-                isinstance(v, str) and self._special_re.search(v) for m in messages for v in m.values()):
+        kept = [frozenset() if m.get("role") == "tool" else self._structure for m in messages]
+        if self._special_re is None or not any(x.group() not in keep for m, keep in zip(messages, kept)
+                                               for text in _strings(m) for x in self._special_re.finditer(text)):
             return self.encode(render(messages))
-        texts = "".join(v for m in messages for v in m.values() if isinstance(v, str))
+        texts = "".join(_strings(messages))
         base = 0xF0000  # private-use characters no content holds
         while any(chr(base + i) in texts for i in range(len(self._specials))):
             base += len(self._specials)
         swap = {t: chr(base + i) for i, t in enumerate(self._specials)}
         back = str.maketrans({c: t for t, c in swap.items()})
-        escaped = [{k: self._special_re.sub(lambda x: swap[x.group()], v) if isinstance(v, str) else v
-                    for k, v in m.items()} for m in messages]
+
+        def escape(value: Any, keep: frozenset = frozenset()) -> Any:
+            if isinstance(value, str):
+                return self._special_re.sub(lambda x: x.group() if x.group() in keep else swap[x.group()], value)
+            if isinstance(value, dict):
+                return {k: escape(v, keep) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return [escape(v, keep) for v in value]
+            return value
+
+        escaped = [{k: escape(v, keep) for k, v in m.items()} for m, keep in zip(messages, kept)]
         text, ids, at = render(escaped), [], 0
         for match in self._special_re.finditer(text):
             ids += self._encode_literal(text[at:match.start()].translate(back))
@@ -355,28 +373,45 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return special | {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
 
 
-def _special_tokens(tokenizer: Any) -> list[str]:
-    """The texts of the tokenizer's special tokens, longest first (the regex tries them in order)."""
-    special = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    special |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
-    return sorted((t for t in special if t), key=len, reverse=True)
+def _marker_tokens(tokenizer: Any, template: str) -> tuple[list[str], frozenset]:
+    """The texts of the tokenizer's special tokens and of the non-special added tokens its chat
+    template writes, longest first (the regex tries them in order); and those non-special ones,
+    the template's markup (Qwen's ``<tool_call>``, ``<tool_response>``). Other non-special added
+    tokens (words, whitespace runs, Qwen's ``<|fim_prefix|>``) are left as the tokenizer reads them."""
+    added = {t.content: t.special for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.content}
+    special = set(getattr(tokenizer, "all_special_tokens", []) or []) | {t for t, s in added.items() if s}
+    structure = frozenset(t for t, s in added.items() if not s and t not in special and t.strip() and t in template)
+    return sorted((t for t in special | structure if t), key=len, reverse=True), structure
+
+
+def _strings(value: Any) -> Any:
+    """Every string in messages, at any depth (contents, tool calls' arguments, content parts)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
 
 
 _PRIVATE_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _private_backends(tokenizer: Any) -> tuple[Any, Any]:
+def _private_backends(tokenizer: Any, structure: frozenset = frozenset()) -> tuple[Any, Any]:
     """Copies of a fast tokenizer's Rust tokenizer for templates alone, without truncation or
-    padding: one that parses special tokens, one that reads their texts as plain text (``None``
-    for a slow tokenizer). transformers leaves each call's settings on the tokenizer's own
-    (``truncation=True, max_length=...``, ``padding``, ``split_special_tokens``) until its next
-    call: encoding with that after a trainer's ``tokenizer(..., truncation=True, max_length=5)``
-    cut a prompt to 5 ids, and after ``split_special_tokens=True`` made the template's own special
-    tokens text. Made once per tokenizer (verl builds a template per trajectory); never changed."""
+    padding: one that parses special tokens, one that reads their texts and ``structure``'s
+    (non-special added tokens) as plain text (``None`` for a slow tokenizer). transformers
+    leaves each call's settings on the tokenizer's own (``truncation=True, max_length=...``,
+    ``padding``, ``split_special_tokens``) until its next call: encoding with that after a
+    trainer's ``tokenizer(..., truncation=True, max_length=5)`` cut a prompt to 5 ids, and after
+    ``split_special_tokens=True`` made the template's own special tokens text. Made once per
+    tokenizer (verl builds a template per trajectory); never changed."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not getattr(tokenizer, "is_fast", False):
         return None, None
-    key = (id(backend), backend.get_vocab_size(with_added_tokens=True))  # a token added since: copy again
+    key = (id(backend), backend.get_vocab_size(with_added_tokens=True), structure)  # a token added since: copy again
     try:
         cached = _PRIVATE_BACKENDS.get(tokenizer)
     except TypeError:  # not weak-referenceable
@@ -385,9 +420,14 @@ def _private_backends(tokenizer: Any) -> tuple[Any, Any]:
         return cached[1], cached[2]
     from tokenizers import Tokenizer
 
-    copies = []
+    copies, spec = [], backend.to_str()
     for literal in (False, True):
-        own = Tokenizer.from_str(backend.to_str())
+        if literal and structure:  # the template's non-special markup read as text too
+            config = json.loads(spec)
+            for token in config.get("added_tokens") or []:
+                token["special"] = token["special"] or token["content"] in structure
+            spec = json.dumps(config)
+        own = Tokenizer.from_str(spec)
         own.no_truncation()
         own.no_padding()
         own.encode_special_tokens = literal
