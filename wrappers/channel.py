@@ -233,21 +233,42 @@ class _Process(_Channel):
             return end - at >= 12 and end - at >= 12 + _LONG_LENGTH.unpack_from(self._buffer, at + 4)[0]
         return end - at >= 4 + n  # (a bad length: read, and its error said)
 
+    exitcode: int | None = None  # (once killed: the process object is closed)
+
     def lost_reason(self) -> str:
-        self.process.join(timeout=5)
-        return self.crashed or f"the worker process exited (code {self.process.exitcode})"
+        try:
+            if self.fd != -1:
+                self.process.join(timeout=5)
+                self.exitcode = self.process.exitcode
+        except ValueError:  # (killed meanwhile, by a close() in another thread)
+            pass
+        return self.crashed or f"the worker process exited (code {self.exitcode})"
 
     def alive(self) -> bool:
-        return self.process.is_alive()
+        try:
+            return self.fd != -1 and self.process.is_alive()
+        except ValueError:  # (killed meanwhile)
+            return False
 
     def join(self, timeout: float) -> None:
-        self.process.join(timeout=timeout)
+        try:
+            if self.fd != -1:
+                self.process.join(timeout=timeout)
+        except ValueError:  # (killed meanwhile)
+            pass
 
     def kill(self) -> None:
-        """Kill the worker and delete its temp root (what a dead worker's envs never cleaned up)."""
+        """Kill the worker, delete its temp root (what a dead worker's envs never cleaned up) and
+        release its descriptors (the pipe, and the process's sentinel: a closed vector env that
+        is still referenced held two per worker). Again: nothing to do."""
+        if self.fd == -1:
+            return
         if self.process.is_alive():
             os.kill(self.process.pid, signal.SIGKILL)
         self.process.join(timeout=10)
         self.fd = -1
         self.conn.close()
+        self.exitcode = self.process.exitcode
+        if self.exitcode is not None:  # (else still dying: its sentinel goes with the object)
+            self.process.close()
         remove_tree(Path(self.tmp))  # model code may have left deep trees and closed modes

@@ -34,8 +34,12 @@ survives faults:
   ``final_info`` under ``SAME_STEP``), reward NaN (issue 29: never a reward): every env a lost
   worker held, the one past ``step_timeout`` and its neighbours alike (nothing tells which hung and
   why, so none of them is the model's); the others go on untouched. Every batch's
-  ``info["scored"]`` (bool array) says which rewards are signal: ``rewards[info["scored"]]``. ``close()``, garbage
-  collection and interpreter exit leave no process behind.
+  ``info["scored"]`` (bool array) says which rewards are signal: ``rewards[info["scored"]]``. A
+  ``reset`` whose worker was lost (dead since the last call) is run again on the fresh one, with
+  its seeds; an env whose reset raised reports the error in ``reset``'s info, and its next step
+  resets it (``NEXT_STEP``, ``SAME_STEP``) rather than play on in the episode it had. ``close()``,
+  garbage collection and interpreter exit leave no process (nor descriptor) behind; a call that
+  another thread's ``close()`` cuts short raises that the env was closed.
 
 * **Mixtures** (``benchmax/Mix-v0``): the parent holds the one curriculum controller
   (``envs.curriculum``, ``envs.curriculum_stats()``), fed by every worker's ended episodes, and
@@ -295,9 +299,13 @@ class WorkerVectorEnv(VectorEnv):
 
     def _restart(self, w: int, reason: str) -> None:
         """Kill worker ``w``, start a fresh one; its environments' episodes end truncated."""
+        self._check_closed_meanwhile()
         self._faults += 1
         self._workers[w].kill()
         self._workers[w] = self._start(w, fresh=True)
+        if self._closed:  # (closed while it started: it goes too)
+            self._workers[w].kill()
+            self._check_closed_meanwhile()
         if getattr(self, "curriculum", None) is not None:
             self._send_levels(w)
         for i in self._groups[w]:
@@ -512,8 +520,19 @@ class WorkerVectorEnv(VectorEnv):
         ids = [i for i in range(self.num_envs) if mask[i]]
         for i in ids:
             self._lost.pop(i, None)  # a reset starts afresh anyway
-        self._dispatch("reset", [(i, seeds[i], per_env[i]) for i in ids])
+        jobs, workers = [(i, seeds[i], per_env[i]) for i in ids], list(self._workers)
+        self._dispatch("reset", jobs)
         self._gather(len(ids), None)
+        renewed = {w for w, worker in enumerate(workers) if self._workers[w] is not worker}
+        if renewed:  # a worker was lost (dead since the last call, say): its envs reset once more on
+            # the fresh one, with their seeds and options (a reset has no episode to lose; reported
+            # as lost, their seeds were lost too and the next step reset them unseeded)
+            again = [job for job in jobs if self._owner[job[0]] in renewed]
+            for i, *_ in again:
+                self._ready.pop(i, None)
+                self._lost.pop(i, None)
+            self._dispatch("reset", again)
+            self._gather(len(ids), None)
         results = [self._ready.pop(i) for i in ids]
         obs_list = [r[0] for r in results]
         if self.curriculum is not None:  # (a lost env's reset reports its episode in final_info)
@@ -699,10 +718,16 @@ class WorkerVectorEnv(VectorEnv):
         if self._closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
 
+    def _check_closed_meanwhile(self) -> None:
+        """A step (ready-first call, reset...) whose workers another thread's ``close()`` killed
+        ends here, saying so: not an ``IndexError`` nor a worker restarted after the close."""
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} was closed (by another thread) while a call was in flight")
+
     def close_extras(self, **kwargs: Any) -> None:
         """Ask workers to close their environments; kill any that do not exit promptly."""
         self._closed = True
-        workers, self._workers = getattr(self, "_workers", []), []
+        workers = getattr(self, "_workers", [])  # (kept: a call in flight in another thread reads them, killed)
         for worker in workers:
             worker.close()
         deadline = time.monotonic() + 10
@@ -780,6 +805,8 @@ class SubprocVectorEnv(WorkerVectorEnv):
         if ahead:
             return ahead
         fds = {self._workers[w].fd: w for w in ws}
+        if -1 in fds:  # (a killed worker's: closed by another thread; its read says so, where poll would ignore it)
+            return [fds[-1]]
         return [fds[fd] for fd in readable(list(fds), timeout)]
 
 

@@ -106,6 +106,8 @@ class _Worker:
 
     async def _reset(self, i: int, seed: int | None, options: dict | None):
         env, api = self.envs[i], self.api[i]
+        self.needs_reset[i] = True  # until it succeeds: after a reset that raised, no step plays on
+        # whatever episode the env was left with (the old one, or none); its next step resets it
         if self.plain[i]:
             result = env.reset(seed=seed, options=options)
         else:
@@ -119,7 +121,7 @@ class _Worker:
         return result
 
     async def _step(self, i: int, action: Any):
-        if self.needs_reset[i] and self.mode == AutoresetMode.NEXT_STEP:
+        if self.needs_reset[i] and self.mode != AutoresetMode.DISABLED:  # (SAME_STEP: its reset failed)
             obs, info = await self._reset(i, None, None)
             return obs, 0.0, False, False, info
         try:
