@@ -684,10 +684,8 @@ class WorkerVectorEnv(VectorEnv):
         self._check_open()
         self._drain()
         out: dict[int, Any] = {}
-        for w, worker in enumerate(self._workers):
-            worker.send(("call", (name, args, kwargs, list(self._groups[w]))))
-        for worker in self._workers:
-            out.update(dict(self._expect(worker, "called")))
+        for answer in self._ask_all("call", lambda w: (name, args, kwargs, list(self._groups[w]))):
+            out.update(dict(answer))
         for value in out.values():
             if isinstance(value, Exception):
                 raise value
@@ -698,11 +696,30 @@ class WorkerVectorEnv(VectorEnv):
         values = list(values) if isinstance(values, (list, tuple)) else [values] * self.num_envs
         if len(values) != self.num_envs:
             raise ValueError(f"got {len(values)} values for num_envs={self.num_envs}")
-        for w, worker in enumerate(self._workers):
-            worker.send(("set_attr", (name, [(i, values[i]) for i in self._groups[w]])))
-        refused = [error for worker in self._workers for _, error in self._expect(worker, "called")]
+        answers = self._ask_all("set_attr", lambda w: (name, [(i, values[i]) for i in self._groups[w]]))
+        refused = [error for answer in answers for _, error in answer]
         if refused:  # (an env's own error, as SyncVectorEnv raises it)
             raise refused[0]
+
+    def _ask_all(self, command: str, payload: Callable[[int], Any]) -> list[Any]:
+        """Every worker's answer to ``(command, payload(w))``. A lost worker is raised only once
+        the others' answers are read: one left unread would be taken for the next step's results."""
+        asked, lost = [], None
+        for w, worker in enumerate(self._workers):
+            try:
+                worker.send((command, payload(w)))
+                asked.append(worker)
+            except WorkerLost as error:
+                lost = lost or error
+        answers = []
+        for worker in asked:
+            try:
+                answers.append(self._expect(worker, "called"))
+            except WorkerLost as error:
+                lost = lost or error
+        if lost is not None:
+            raise lost
+        return answers
 
     @property
     def worker_pids(self) -> list[int]:

@@ -20,6 +20,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 import benchmax_gym
 from benchmax_gym import UnicodeText
 from benchmax_gym.wrappers import SubprocVectorEnv
+from benchmax_gym.wrappers.channel import WorkerLost
 
 CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "%d*%d"}}</tool_call>'
 ACTIONS = [  # what a model writes: tool calls good and bad, answers, junk, huge and unpaired-surrogate text
@@ -246,3 +247,46 @@ def test_close_releases_every_descriptor_though_the_env_is_still_referenced():
     envs.close()
     with pytest.raises(RuntimeError, match="closed"):
         envs.step([CALC % (1, 2)] * 4)
+
+
+class Answers(gym.Env):
+    """Answers ``where`` calls; ``die(pid)`` kills the worker whose pid it is, mid-call."""
+
+    observation_space = UnicodeText(100)
+    action_space = UnicodeText(100)
+
+    def reset(self, *, seed=None, options=None):
+        return "start", {}
+
+    def step(self, action):
+        return f"echo {action}", 1.0, False, False, {}
+
+    def where(self):
+        return os.getpid()
+
+    def die(self, pid):
+        if os.getpid() == pid:
+            os.kill(pid, signal.SIGKILL)
+        return "alive"
+
+
+@pytest.mark.parametrize("victim, how", [(0, "mid-call"), (1, "idle")])
+def test_a_worker_lost_in_a_call_leaves_no_answer_for_the_next_step(victim, how):
+    """The other workers' answers to a call that raised WorkerLost are read with it: the next
+    step truncates the lost worker's envs and returns the others' steps (not their answers)."""
+    envs = SubprocVectorEnv([Answers] * 4, num_workers=2)
+    envs.reset(seed=0)
+    pid = envs.worker_pids[victim]
+    with pytest.raises(WorkerLost):
+        if how == "idle":
+            os.kill(pid, signal.SIGKILL)
+            envs._workers[victim].process.join(10)  # (dead before the call: its pipe refuses it)
+            envs.get_attr("where")
+        else:
+            envs.call("die", pid)
+    obs, rewards, terminated, truncated, info = envs.step(["a"] * 4)
+    lost = [victim * 2, victim * 2 + 1]
+    assert truncated.tolist() == [i in lost for i in range(4)]
+    assert [o for i, o in enumerate(obs) if i not in lost] == ["echo a", "echo a"]
+    assert envs.get_attr("where") == tuple(envs.worker_pids[i // 2] for i in range(4))
+    envs.close()
