@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -210,13 +211,33 @@ class MCPEnv(ToolEnv):
 
     def close(self):
         self._end_episode()
-        for connection in self.connections.values():
-            try:
-                self.aio.run(connection.close(), 30)
-            except Exception:
-                pass
+        if self._closing_inside_own_loop():
+            # From a task on the loop the sessions live on (a vector worker replacing a broken env):
+            # nothing here can wait for them. The servers die now; their sessions end as tasks.
+            kill_servers(tuple(self.connections.values()))
+            loop = asyncio.get_running_loop()
+            for connection in self.connections.values():
+                task = loop.create_task(connection._close(kill=True))  # (on this loop: close() would hop)
+                _CLOSING.add(task)
+                task.add_done_callback(_CLOSING.discard)
+        else:
+            for connection in self.connections.values():
+                try:
+                    self.aio.run(connection.close(), 30)
+                except Exception:
+                    pass
         super().close()  # closes the loop the sessions lived on
         shutil.rmtree(self._root, ignore_errors=True)
+
+    def _closing_inside_own_loop(self) -> bool:
+        """Whether close() runs in a task on the env's own loop (a blocking wait there would never end)."""
+        try:
+            return asyncio.get_running_loop() is self.aio.loop
+        except RuntimeError:  # no loop runs here (or the one adopted was closed)
+            return False
+
+
+_CLOSING: set[asyncio.Task] = set()  # sessions ending after close() from inside their loop (kept from the GC)
 
 
 def _remove_in(pid: int, root: Path) -> None:

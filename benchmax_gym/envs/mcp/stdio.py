@@ -128,6 +128,25 @@ def _parse(line: bytes) -> SessionMessage | Exception:
         return exc
 
 
+_JUNK_TRIES = 8  # places a message may start after text a server printed before it on its line
+
+
+def _after_junk(line: bytes) -> tuple[bytes, SessionMessage] | None:
+    """The message in ``line`` after text the server printed before it without a newline (a
+    progress bar's ``50%... ``, a ``\r``): that text and the message share one line, which would
+    otherwise leave the call waiting out its timeout and the server killed. Tried from each of the
+    first few ``{`` only, and only when the whole line is not a message."""
+    start = 0
+    for _ in range(_JUNK_TRIES):
+        start = line.find(b"{", start + 1)
+        if start == -1:
+            return None
+        message = _parse(line[start:])
+        if isinstance(message, SessionMessage):
+            return line[start:], message
+    return None
+
+
 def _answers(line: bytes, outstanding: dict[str, types.RequestId]) -> types.RequestId | None:
     """The request that ``line``, which the SDK could not read, answers: a JSON object with
     that request's ``id`` and no ``method`` (Python's parser reads what the SDK's may not)."""
@@ -192,6 +211,10 @@ async def stdio_transport(
 
     async def deliver(line: bytes) -> None:
         message = _parse(line)
+        if isinstance(message, Exception) and (found := _after_junk(line)) is not None:
+            log.debug("MCP server %s wrote text before a message on its line: %r", server.command,
+                      stderr.redact(line[: len(line) - len(found[0])].decode("utf-8", "replace")[:200]))
+            line, message = found
         if isinstance(message, Exception) and (request_id := _answers(line, outstanding)) is not None:
             # An answer the SDK cannot read (nested too deep, bad UTF-8): its call fails now, not
             # at its timeout, which would stop the server and lose its state.
@@ -215,7 +238,16 @@ async def stdio_transport(
                                    error=types.ErrorData(code=types.INTERNAL_ERROR, message=text))
         await to_session.send(SessionMessage(error))
 
+    read_done = anyio.Event()
+    marker = f"{MARKER}={token}".encode()
+
     async def read() -> None:
+        try:
+            await read_messages()
+        finally:
+            read_done.set()
+
+    async def read_messages() -> None:
         parts: list[bytes] = []
         size = 0
         big: _Oversized | None = None
@@ -255,6 +287,19 @@ async def stdio_transport(
         finally:
             stderr_done.set()
 
+    async def watch() -> None:
+        """A server that fails (exits non-zero, or by a signal) while a process it started holds
+        its stdout open: its output never ends, and a call would wait out its timeout to be told
+        the server timed out. Once its output has had its moment to drain, the processes that
+        carry its marker go too, which ends the output: the call fails at once with the server's
+        last words. (One that exits 0 may have left a child to serve in its place: left alone.)"""
+        if await process.wait() == 0:
+            return
+        with anyio.move_on_after(_STDERR_DRAIN_S):
+            await read_done.wait()
+        if not read_done.is_set():
+            kill_processes(tree(None, None, marker))
+
     async def write() -> None:
         with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             async with from_session:
@@ -269,11 +314,12 @@ async def stdio_transport(
         tasks.start_soon(read)
         tasks.start_soon(write)
         tasks.start_soon(read_stderr)
+        tasks.start_soon(watch)
         try:
             yield read_stream, write_stream
         finally:
             with anyio.CancelScope(shield=True):
-                await _stop(process, born, f"{MARKER}={token}".encode())
+                await _stop(process, born, marker)
                 with anyio.move_on_after(_STDERR_DRAIN_S):  # its last words, for the error message
                     await stderr_done.wait()
             tasks.cancel_scope.cancel()

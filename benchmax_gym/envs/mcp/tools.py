@@ -425,8 +425,12 @@ class Connection:
             raise RuntimeError(f"MCP server {self.spec.called} did not list its tools within {self.init_timeout:g} s "
                                "(init_timeout)") from None
         except (MCPError, ValidationError) as exc:  # an error answer, or a list that is not MCP's
+            said = ""
+            if isinstance(exc, MCPError) and _connection_lost(exc):  # it died listing: its last words
+                await self.close()  # (the server has exited: its stderr is complete)
+                said = self.stderr.describe()
             raise RuntimeError(self.spec.redact(
-                f"MCP server {self.spec.called} could not list its tools: {_short(exc)}")) from None
+                f"MCP server {self.spec.called} could not list its tools: {_short(exc)}{said}")) from None
         self._listed = (changes, {t.name for t in tools})
         return tools
 
@@ -632,9 +636,12 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
                 # through until it finishes): killed at once, not given a grace period to run out,
                 # and started afresh at the next reset, not while this step waits.
                 await connection.close(kill=True)
-                raise ToolFailure(f"tool {name!r} timed out after {env.tool_timeout:g} s; the MCP server "
-                                  f"{server.name!r} was stopped (its state is lost) and starts afresh at the "
-                                  "next reset", TOOL_TIMEOUT) from None
+                stopped = (f"the session with the MCP server {server.name!r} was closed and a new one opens at the "
+                           "next reset" if server.url else  # (a server we do not run keeps its state, or not)
+                           f"the MCP server {server.name!r} was stopped (its state is lost) and starts afresh at "
+                           "the next reset")
+                raise ToolFailure(f"tool {name!r} timed out after {env.tool_timeout:g} s; {stopped}",
+                                  TOOL_TIMEOUT) from None
             # A crashed server: start it again at once, to report a restart that fails too.
             await connection.close(kill=True)  # gone already, or past answering: no grace period
             said = connection.stderr.describe()  # a crashed server's last words
@@ -642,10 +649,11 @@ def mcp_tool(env: Any, server: ServerSpec, remote: Any, name: str) -> Tool:
                 await connection.start(env.workspace)
             except RuntimeError as failed:
                 raise ToolFailure(f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}){said}"
-                                  f"\nRestarting it failed: {failed}", TOOL_UNAVAILABLE) from None
+                                  f"\n{'Reconnecting to' if server.url else 'Restarting'} it failed: {failed}",
+                                  TOOL_UNAVAILABLE) from None
             raise ToolFailure(
-                f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}); it was restarted{said}",
-                TOOL_UNAVAILABLE) from None
+                f"the MCP server {server.name!r} failed during {name!r} ({_describe(exc)}); "
+                f"{'a new session was opened' if server.url else 'it was restarted'}{said}", TOOL_UNAVAILABLE) from None
         text = result_text(result)
         if result.is_error:
             outcome = (result.meta or {}).get("benchmax/outcome")  # a benchmax mcp-serve's failure (issue 29)
