@@ -15,14 +15,22 @@ import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
+INSTALL = "pip install 'benchmax-gym[trl]' aiohttp pylatexenc && pip install --no-deps openrlhf==0.11.2"
+
 
 def main(argv: list[str] | None = None) -> list:
-    from benchmax_gym.adapters.openrlhf import task_rows
-    from benchmax_gym.testing.tokenizers import TinyGenerator, tiny_model, tiny_tokenizer
+    try:
+        import torch  # noqa: F401  (the tiny model)
+        import transformers  # noqa: F401
 
-    spec = importlib.util.spec_from_file_location("agent_module", Path(__file__).with_name("openrlhf_agent.py"))
-    agent = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(agent)
+        from benchmax_gym.adapters.openrlhf import task_rows
+        from benchmax_gym.testing.tokenizers import TinyGenerator, tiny_model, tiny_tokenizer
+
+        spec = importlib.util.spec_from_file_location("agent_module", Path(__file__).with_name("openrlhf_agent.py"))
+        agent = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(agent)
+    except ImportError as exc:  # one line naming the install, not a traceback
+        raise SystemExit(f"openrlhf_smoke.py needs openrlhf and transformers (on CPU): {INSTALL} ({exc})") from None
     executor = agent.AgentExecutor()
     tokenizer = tiny_tokenizer("qwen2.5")
     engine = TinyGenerator(tiny_model(tokenizer), tokenizer)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 
+INSTALL = "pip install 'benchmax-gym[skyrl,trl]'"
+
 
 async def trajectory(executor, row, generator, chat, max_turns=3):
     import skyrl_gym
@@ -33,10 +35,16 @@ async def trajectory(executor, row, generator, chat, max_turns=3):
 
 
 def main(argv: list[str] | None = None) -> list:
-    import benchmax_gym.adapters.skyrl  # noqa: F401  (registers "benchmax")
-    from benchmax_gym.adapters import ChatTemplate
-    from benchmax_gym.adapters.skyrl import task_rows
-    from benchmax_gym.testing.tokenizers import TinyGenerator, tiny_model, tiny_tokenizer
+    try:
+        import torch  # noqa: F401  (the tiny model)
+        import transformers  # noqa: F401
+
+        import benchmax_gym.adapters.skyrl  # noqa: F401  (registers "benchmax")
+        from benchmax_gym.adapters import ChatTemplate
+        from benchmax_gym.adapters.skyrl import task_rows
+        from benchmax_gym.testing.tokenizers import TinyGenerator, tiny_model, tiny_tokenizer
+    except ImportError as exc:  # one line naming the extras, not a traceback
+        raise SystemExit(f"skyrl_smoke.py needs skyrl-gym and transformers: {INSTALL} ({exc})") from None
 
     tokenizer = tiny_tokenizer("qwen2.5")
     generator, chat = TinyGenerator(tiny_model(tokenizer), tokenizer), ChatTemplate(tokenizer)

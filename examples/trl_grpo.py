@@ -18,7 +18,10 @@ import argparse
 import os
 import tempfile
 
+import gymnasium as gym
+
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+INSTALL = "pip install 'benchmax-gym[trl]'"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,7 +33,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-steps", type=int, default=500)
     parser.add_argument("--output-dir", default="runs/trl-grpo-math")
     parser.add_argument("--smoke", action="store_true", help="one step on CPU with a tiny local model")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in ("tasks", "max_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    return args
 
 
 def grpo_config(args: argparse.Namespace) -> dict:
@@ -43,10 +50,12 @@ def grpo_config(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
+    try:
+        from trl import GRPOConfig, GRPOTrainer
 
-    from trl import GRPOConfig, GRPOTrainer
-
-    from benchmax_gym.adapters.trl import TRLRollout
+        from benchmax_gym.adapters.trl import TRLRollout
+    except ImportError as exc:  # one line naming the extra, not a traceback
+        raise SystemExit(f"trl_grpo.py needs TRL and transformers: {INSTALL} ({exc})") from None
 
     if args.smoke:
         from benchmax_gym.testing.tokenizers import tiny_model, tiny_tokenizer
@@ -60,10 +69,16 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
+        except OSError as exc:  # not on the Hub, no network, not a model folder
+            raise SystemExit(f"trl_grpo.py: --model {args.model}: {' '.join(str(exc).split())}") from None
         model = args.model
         config = grpo_config(args)
-    rollout = TRLRollout(args.env_id, tokenizer, env_kwargs={"max_turns": 4})
+    try:
+        rollout = TRLRollout(args.env_id, tokenizer, env_kwargs={"max_turns": 4})
+    except (gym.error.Error, TypeError, ValueError) as exc:  # an unknown id, an argument the env refuses
+        raise SystemExit(f"trl_grpo.py: --env-id {args.env_id}: {exc}") from None
     trainer = GRPOTrainer(model=model, reward_funcs=rollout.reward, args=GRPOConfig(**config),
                           train_dataset=rollout.dataset(args.tasks), rollout_func=rollout, processing_class=tokenizer)
     trainer.train()

@@ -11,16 +11,25 @@ from __future__ import annotations
 
 import asyncio
 
+INSTALL = ("pip install 'benchmax-gym[trl]' ray==2.60.0 hydra-core tensordict codetiming orjson cachetools fastapi "
+           "pandas pillow && pip install --no-deps verl==0.9.1")
+
 
 def main(argv: list[str] | None = None) -> list:
     from pathlib import Path
 
-    import hydra
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    try:
+        import hydra
+        import torch  # noqa: F401  (the tiny model)
+        import transformers  # noqa: F401
+        from omegaconf import OmegaConf
+        from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
-    from benchmax_gym.adapters.tokens import task_dataset
-    from benchmax_gym.testing.tokenizers import TinyGenerator, tiny_model, tiny_tokenizer
+        import benchmax_gym.adapters.verl  # noqa: F401  (what the yaml's _target_ imports)
+        from benchmax_gym.adapters.tokens import task_dataset
+        from benchmax_gym.testing.tokenizers import TinyGenerator, tiny_model, tiny_tokenizer
+    except ImportError as exc:  # one line naming the install, not a traceback
+        raise SystemExit(f"verl_smoke.py needs verl and transformers (on CPU): {INSTALL} ({exc})") from None
 
     tokenizer = tiny_tokenizer("qwen2.5")
     server = TinyGenerator(tiny_model(tokenizer), tokenizer).verl_server()

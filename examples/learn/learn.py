@@ -57,6 +57,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS: set before CUDA starts
 
 ENV_ID = "benchmax/Math-v0"
+INSTALL = "pip install 'benchmax-gym[trl,plots]'"
 # arithmetic expressions of two 2-digit numbers (the generator's default digits; 2 operands, not its 3,
 # and no word problems: what a from-scratch model learns in minutes on a CPU), one calculator call
 # per turn, so every result is read back from the tool and copied into the answer
@@ -121,9 +122,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if not 0.0 <= args.sft_target <= 1.0:
         p.error(f"--sft-target must be from 0 to 1 (a success rate; 0: never stop early), got {args.sft_target}")
+    if args.sft_from and not (Path(args.sft_from) / "run.json").is_file():
+        p.error(f"--sft-from {args.sft_from} is not a run directory of this example (no run.json)")
     if args.rl_batch % args.group:
         p.error(f"--rl-batch ({args.rl_batch}) must be a multiple of --group ({args.group})")
     return args
+
+
+def require() -> None:
+    """The packages the run needs, as one line naming the extra (not a traceback mid-run)."""
+    try:
+        import tokenizers  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+        import trl  # noqa: F401
+    except ImportError as exc:
+        raise SystemExit(f"learn.py needs torch, transformers, tokenizers and TRL: {INSTALL} ({exc})") from None
 
 
 def env_kwargs(task_seed: int, num_tasks: int, operands: int = DIFFICULTY["operands"],
@@ -265,23 +279,23 @@ def corpus(transcripts: list[dict[str, Any]]) -> list[str]:
 def train_tokenizer(transcripts: list[dict[str, Any]], vocab: int) -> Any:
     """Byte-level BPE (digits split one by one: numbers are copied digit by digit) with Qwen2.5's
     chat template."""
+    from importlib.resources import files
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from benchmax_gym.testing.tokenizers import _SPECIAL, _real_template
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    special = _SPECIAL["qwen2.5"]
+    special = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]  # Qwen2.5's: turn markers, EOS and padding
     trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=special["additional"], show_progress=False)
+                                  special_tokens=special, show_progress=False)
     tok.train_from_iterator(corpus(transcripts), trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok)
-    tokenizer.add_special_tokens({"additional_special_tokens": special["additional"]})
-    tokenizer.eos_token, tokenizer.pad_token = special["eos_token"], special["pad_token"]
-    tokenizer.chat_template = _real_template("qwen2.5")
+    tokenizer.add_special_tokens({"additional_special_tokens": special})
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_end|>", "<|endoftext|>"
+    tokenizer.chat_template = (files("trl") / "chat_templates" / "qwen2_5.jinja").read_text(encoding="utf-8")
     tokenizer.padding_side = "left"
     return tokenizer
 
@@ -563,6 +577,7 @@ def plots(out: Path, figures: dict[str, Any], comparison: dict[str, Any]) -> lis
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
+    require()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     determinism(args.seed, args.threads)

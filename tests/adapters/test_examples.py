@@ -144,3 +144,58 @@ print(json.dumps({{"max_steps": config.max_steps, "use_vllm": config.use_vllm, "
 """)
     out = run_fresh([script])
     assert out == {"max_steps": 7, "use_vllm": True, "env": "benchmax/Math-v0", "num_generations": 8}
+
+
+def test_openrlhf_rows_load_through_openrlhfs_prompt_dataset_with_the_scripts_flags_and_play(tmp_path):
+    """make_dataset.py's train.jsonl read as openrlhf_math.sh reads it (its --data.* flags, through
+    OpenRLHF's blending_datasets and PromptDataset: the chat template applied, so the prompt is
+    text); openrlhf_agent.py's executor plays each (prompt, label) as the task and settings it names."""
+    pytest.importorskip("openrlhf")
+    import asyncio
+    from types import SimpleNamespace
+
+    from launch import script_argv
+    from openrlhf.datasets import PromptDataset
+    from openrlhf.datasets.utils import blending_datasets
+
+    argv = script_argv("openrlhf_math.sh", tmp_path)
+    flag = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--data.")}
+    assert "--data.apply_chat_template" in argv
+    dataset_path = Path(flag["--data.prompt_dataset"])
+    if not dataset_path.is_absolute():
+        dataset_path = tmp_path / dataset_path
+    run_example("make_dataset", ["openrlhf", "benchmax/Math-v0", str(dataset_path.parent), "--train", "3",
+                                 "--validation", "1", "--env-kwargs", '{"max_turns": 2}'])
+    data = SimpleNamespace(input_key=flag["--data.input_key"], label_key=flag["--data.label_key"],
+                           apply_chat_template=True, image_key="images")
+    strategy = SimpleNamespace(args=SimpleNamespace(data=data, use_ms=False), print=lambda *a: None,
+                               is_rank_0=lambda: False)
+
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer("qwen2.5")
+    rows = PromptDataset(blending_datasets(str(dataset_path), strategy=strategy), tokenizer, strategy)
+    assert len(rows) == 3
+    spec = importlib.util.spec_from_file_location("agent_module", EXAMPLES / "openrlhf_agent.py")
+    agent = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent)  # as --train.agent_func_path loads it
+    executor = agent.AgentExecutor()
+
+    class Answer:
+        """An engine that answers 0 at once: each task plays one graded turn."""
+
+        async def generate(self, ids, params, multi_modal_data=None):
+            reply = tokenizer.encode("\\boxed{0}", add_special_tokens=False) + [tokenizer.eos_token_id]
+            return SimpleNamespace(outputs=[SimpleNamespace(token_ids=reply, logprobs=None)])
+
+    async def play():
+        return await asyncio.gather(*(executor.execute(prompt, label, SimpleNamespace(max_tokens=None, logprobs=None),
+                                                       4096, tokenizer, Answer())
+                                      for _, prompt, label, _ in (rows[i] for i in range(len(rows)))))
+
+    outputs = asyncio.run(play())
+    for i, out in enumerate(outputs):
+        _, prompt, label, _ = rows[i]
+        assert isinstance(prompt, str) and prompt.startswith("<|im_start|>system")
+        assert json.loads(label) == {"env_id": "benchmax/Math-v0", "task_index": i, "env_kwargs": {"max_turns": 2}}
+        assert out["reward"] == 0.0 and len(out["action_ranges"]) == 1 and out["extra_logs"]["turns"] == 1
