@@ -579,10 +579,14 @@ class ToolEnv(gym.Env[str, str]):
         self.toolset.close()
         if "aio" in self.__dict__:  # only envs that ran async work have a loop to close
             if self.user is not None:
-                try:
-                    self.aio.run(self.user.aclose())  # (an LLM user's client on this loop)
-                except Exception:
-                    log.exception("closing the user simulator failed")
+                running = asyncio._get_running_loop()
+                if running is not None and running is self.aio._loop:  # (from a task on it: a vector
+                    _in_background(running, self.user.aclose())  # worker replacing a broken env)
+                else:
+                    try:
+                        self.aio.run(self.user.aclose())  # (an LLM user's client on this loop)
+                    except Exception:
+                        log.exception("closing the user simulator failed")
             self.aio.close()
         super().close()
 
@@ -1154,6 +1158,17 @@ def _files_lost(episode: Episode) -> tuple[str, str] | None:
     return box.files_lost() if type(box) is Sandbox else None
 
 
+_BACKGROUND: set[asyncio.Task] = set()  # closes left running on a loop (kept from the garbage collector)
+
+
+def _in_background(loop: asyncio.AbstractEventLoop, coro: Any) -> None:
+    """Run ``coro`` as a task of ``loop``, which is running this very call: it cannot be waited
+    for here (``close()`` called from a task on the env's own loop)."""
+    task = loop.create_task(coro)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
 def _release_in(pid: int, release: contextlib.ExitStack | Any) -> None:
     """Close an episode's resources (or call ``release``), in the process that opened them only
     (a forked child inherits the finalizer, not the resources)."""
@@ -1179,7 +1194,7 @@ class _Teardown:
         if inspect.isawaitable(result):
             running = asyncio._get_running_loop()
             if running is not None and running is self.aio._loop:  # on the env's own loop (a failure in astep)
-                running.create_task(result)
+                _in_background(running, result)
             else:
                 self.aio.run(result)
 

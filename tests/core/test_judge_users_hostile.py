@@ -11,6 +11,7 @@ import multiprocessing
 import re
 import socket
 import threading
+import warnings
 
 import gymnasium as gym
 import pytest
@@ -261,3 +262,27 @@ def test_a_failing_user_endpoint_ends_the_episode_as_model_error_with_its_own_me
         env.close()
     assert math.isnan(reward) and truncated and not terminated and info["outcome"] == "model_error"
     assert info["outcome_detail"].startswith("the simulated user could not answer") and says in info["outcome_detail"]
+
+
+def test_an_env_closed_from_a_task_on_its_own_loop_closes_its_users_client():
+    """A vector worker replacing a broken env closes it from a task on the env's own loop: the
+    LLM user's client there could not be waited for ("closing the user simulator failed", the
+    coroutine never awaited, the connection left open); it closes as a task of that loop."""
+    loop = asyncio.new_event_loop()
+    with FakeChatServer(lambda body: {"content": "I am in Lima."}) as server:
+        user = LLMUser(model="test-model", base_url=server.url)
+        env = user_env("hostile-users/InLoop-v0", user)
+        env.unwrapped.aio.adopt(loop)
+
+        async def play_then_close():
+            await env.unwrapped.areset(seed=0)
+            await env.unwrapped.astep("Which city are you in?")
+            assert len(user._clients) == 1  # the user's client for this loop
+            env.close()
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # ("coroutine ... was never awaited")
+            loop.run_until_complete(play_then_close())
+            loop.run_until_complete(asyncio.sleep(0.2))
+    loop.close()
+    assert len(user._clients) == 0
