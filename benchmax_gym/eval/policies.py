@@ -164,6 +164,15 @@ class ChatPolicy:
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        extra = self.extra_body or {}
+        # (a streamed reply is server-sent events, not the JSON reply eval reads: every episode
+        # failed as malformed; n > 1 had the server make n completions a turn, all but the first
+        # thrown away and every one billed)
+        if extra.get("stream"):
+            raise ValueError("extra_body: stream is not supported: eval reads each reply whole; leave it out")
+        if extra.get("n", 1) != 1:
+            raise ValueError(f"extra_body: n={extra['n']!r} is not supported: one completion a request is read "
+                             "(for more samples of each task, eval's k: -k)")
         if self.api_key is None:  # as the SDK does (it reads OPENAI_BASE_URL too, when base_url is None)
             self.api_key = os.environ.get("OPENAI_API_KEY") or None
         self._clients: list[Any] = []

@@ -53,6 +53,14 @@ from benchmax_gym.wrappers.worker import async_api
 RUN_FORMAT = "benchmax-gym-eval/1"
 # what must match for a run directory to be resumed
 RESUME_KEYS = ("env_id", "env_kwargs", "policy", "k", "tasks", "seed")
+# what a resume may change: how long to wait for the endpoint and how often to retry it (a
+# --retry-failed after timeouts wants a longer --timeout); the model is asked the same either way
+RESUME_MAY_CHANGE = ("timeout", "max_retries")
+# the CLI's flag for each setting a resume must keep (API callers: the argument of that name)
+_FLAGS = {"env_id": "the env id", "env_kwargs": "--env-arg", "k": "-k", "tasks": "--tasks", "seed": "--seed",
+          "policy.model": "--model", "policy.base_url": "--base-url", "policy.native_tools": "--tool-mode",
+          "policy.name": "--policy", "policy.kind": "--policy", "policy.sampling.temperature": "--temperature",
+          "policy.sampling.top_p": "--top-p", "policy.sampling.max_tokens": "--max-tokens"}
 
 
 class EvalError(ValueError):
@@ -311,9 +319,11 @@ class RunDir:
             raise EvalError(f"--out {self.path}: run.json is unreadable ({exc}); choose a new directory") from None
         if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
             raise EvalError(f"--out {self.path}: run.json is not a {RUN_FORMAT} record; choose a new directory")
-        differs = [k for k in RESUME_KEYS if _normal(run.get(k)) != _normal(self.config.get(k))]
+        then_, now_ = ({k: _resumed_part(k, c.get(k)) for k in RESUME_KEYS} for c in (run, self.config))
+        differs = [k for k in RESUME_KEYS if then_[k] != now_[k]]
         if differs:
-            raise EvalError(f"--out {self.path} holds a run with other settings ({', '.join(differs)}); "
+            said = "; ".join(_differences("", then_, now_))
+            raise EvalError(f"--out {self.path} holds a run with other settings ({', '.join(differs)}): {said}; "
                             "resume it with the same ones or choose a new directory")
         then, now = run.get("task_set"), self.config.get("task_set")
         if then and now and then != now and not (self.whole_task_set and then == self.whole_task_set()):
@@ -342,11 +352,21 @@ class RunDir:
         self._fd = _open_append(self.path, "rollouts.jsonl")
 
     def add(self, record: dict[str, Any], scrub: Any = None) -> None:
+        """Append ``record`` as one line, on disk once its episode ends (what resume reads). A
+        write that fails (the disk full, a quota) takes back the part of the line it wrote: a
+        later line after a torn one made the file unreadable to resume (a corrupt line), and the
+        error names the file (the CLI says the run directory cannot be written)."""
         line = json.dumps(record, ensure_ascii=False, default=str)
         data = ((scrub(line) if scrub else line) + "\n").encode("utf-8")
-        view = memoryview(data)
-        while view:  # on disk once its episode ends (what resume reads)
-            view = view[os.write(self._fd, view):]
+        view, written = memoryview(data), 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, view[written:])
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                if written:
+                    os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
+            raise OSError(exc.errno, exc.strerror, str(self.path / "rollouts.jsonl")) from None
 
     def close(self) -> None:
         if self._fd is not None:
@@ -368,6 +388,29 @@ def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
+def _resumed_part(key: str, value: Any) -> Any:
+    """What of setting ``key`` a resume must keep, as JSON has it (:data:`RESUME_MAY_CHANGE` left out)."""
+    value = _normal(value)
+    if key == "policy" and isinstance(value, dict):
+        value = {k: v for k, v in value.items() if k not in RESUME_MAY_CHANGE}
+    return value
+
+
+def _differences(where: str, then: Any, now: Any) -> list[str]:
+    """``FLAG THEN then, NOW now`` for each leaf setting that differs (the CLI's flag where it has one)."""
+    if isinstance(then, dict) and isinstance(now, dict) and where != "env_kwargs":
+        found = []
+        for key in sorted(set(then) | set(now), key=str):
+            if then.get(key) != now.get(key):
+                found += _differences(f"{where}.{key}" if where else key, then.get(key), now.get(key))
+        return found
+    name = _FLAGS.get(where, where)
+    if where == "policy.native_tools":  # (the flag's words)
+        then, now = ("native" if v else "text" if v is not None else None for v in (then, now))
+    show = lambda v: "none" if v is None else json.dumps(v, sort_keys=True)[:200]  # noqa: E731
+    return [f"{name} {show(then)} then, {show(now)} now"]
+
+
 def _provenance() -> dict[str, Any]:
     from importlib import metadata
 
@@ -386,6 +429,13 @@ def _provenance() -> dict[str, Any]:
         pass
     return {"versions": versions, "git_commit": commit, "host": socket.gethostname(),
             "platform": platform.platform(), "argv": sys.argv}
+
+
+def _token_total(records: list[dict[str, Any]], key: str) -> int | None:
+    """The tokens ``key`` over the records that report them; None when none does (an endpoint
+    that sends no ``usage``: its run used an unknown number of tokens, not 0)."""
+    counts = [r[key] for r in records if r.get(key) is not None]
+    return sum(counts) if counts else None
 
 
 def _user_usage(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -608,8 +658,7 @@ async def aevaluate(
         if group_rubric is not None:
             summary["group_rubric"] = repr(group_rubric)
         run = {**(run_dir.run if run_dir else run), "ended": _now(),
-               "usage": {"prompt_tokens": sum(r.get("prompt_tokens") or 0 for r in records),
-                         "completion_tokens": sum(r.get("completion_tokens") or 0 for r in records),
+               "usage": {**{key: _token_total(records, key) for key in ("prompt_tokens", "completion_tokens")},
                          **_user_usage(records)}}
         if run_dir:
             run_dir.finish(run, summary)
@@ -647,12 +696,21 @@ class _Sink:
         self.run_dir, self.progress, self.scrub = run_dir, progress, scrub
         self.records: list[dict[str, Any]] = []
         self.reward, self.failed = 0.0, 0
+        self.broken: OSError | None = None  # the run directory's write that failed
         self.bar = tqdm(total=total, desc=desc, unit="ep", disable=not progress, dynamic_ncols=True)
 
     def add(self, record: dict[str, Any]) -> None:
-        self.records.append(record)
+        """Keep ``record`` (written first: a record the run directory lacks is not counted). Once
+        a write failed every later one fails with that error, unwritten: the run stops."""
         if self.run_dir:
-            self.run_dir.add(record, self.scrub)
+            if self.broken is not None:
+                raise self.broken
+            try:
+                self.run_dir.add(record, self.scrub)
+            except OSError as exc:
+                self.broken = exc
+                raise
+        self.records.append(record)
         self.failed += is_failure(record["outcome"])
         self.reward += record["reward"] or 0.0
         if self.progress:
@@ -715,10 +773,16 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
             if record["outcome"] == CANCELLED:  # written; now stop as the run was told to
                 raise asyncio.CancelledError
 
+    players = [asyncio.ensure_future(player(first if i == 0 else None)) for i in range(min(concurrency, len(pending)))]
     try:
         with fewer_collections():
-            await asyncio.gather(*(player(first if i == 0 else None) for i in range(min(concurrency, len(pending)))))
+            await asyncio.gather(*players)
     finally:
+        # One player failed (the run directory cannot be written, an env cannot be made): the
+        # others stop too, rather than play on unrecorded with the envs the caller is closing.
+        for task in players:
+            task.cancel()
+        await asyncio.gather(*players, return_exceptions=True)
         executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -805,7 +869,11 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
             proc.join(timeout=1.0)  # (its exit status, when it had one; its traceback went to stderr)
             kind, value = "failed", f"an eval worker exited (status {proc.exitcode}) without a word"
         if kind == "record":
-            sink.add(value)
+            try:
+                sink.add(value)
+            except OSError as exc:  # the run directory cannot be written: stop the run, say why
+                if not finished.done():
+                    finished.set_exception(exc)
             return
         loop.remove_reader(conn.fileno())
         if kind == "failed":
@@ -845,7 +913,8 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
                 loop.remove_reader(conn.fileno())
             except (ValueError, OSError):
                 pass
-        completed = finished.done() and not finished.cancelled()  # (a cancelled await cancels the future)
+        # (a cancelled await cancels the future; a write that failed sets its error)
+        completed = finished.done() and not finished.cancelled() and finished.exception() is None
         try:
             if not completed:  # interrupted: each worker cancels its run, sends its episodes in flight
                 _cancel_workers(procs, sink)
@@ -898,7 +967,8 @@ def _cancel_workers(procs: list, sink: Any, wait: float = 10.0) -> None:
             except (EOFError, OSError):
                 kind = "gone"
             if kind == "record":
-                sink.add(value)
+                with contextlib.suppress(OSError):  # (the run directory's write failed: said already)
+                    sink.add(value)
             else:
                 live.pop(conn)
 
