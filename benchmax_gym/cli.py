@@ -489,6 +489,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         usage_error(cannot_make(args.env_id, exc))
     except (TypeError, ValueError) as exc:
         usage_error(cannot_make(args.env_id, exc))
+    except RuntimeError as exc:
+        if not str(exc).startswith("an eval worker failed"):
+            raise
+        runtime_error(f"{exc}; the episodes done are kept in {args.out}: rerun the same command to resume")
     if args.json:
         print(json.dumps(result.summary))
     else:

@@ -95,3 +95,33 @@ def test_help_shows_defaults_and_errors_speak_flags(tmp_path):
     assert out.returncode == 2 and "--tasks must be all, N or i:j" in out.stderr
     out = eval_cli("--policy", "solver", "--tasks", "2", "-k", "0", "--out", str(tmp_path / "x"), *BASE)
     assert out.returncode == 2 and "-k must be a positive integer" in out.stderr
+
+
+def test_a_killed_worker_is_one_line_saying_how_to_resume(tmp_path):
+    """An eval worker killed mid-run (the OOM killer): the other worker finishes its episodes and
+    the command ends with one line naming the worker's end and how to resume (a traceback before)."""
+    import psutil
+
+    out = tmp_path / "run"
+    with FakeChatServer(answer, latency=0.05) as server:
+        cmd = [*CLI, "eval", ENV, "--base-url", server.url, "--model", "test-model", "--tasks", "0:40",
+               "--concurrency", "2", "--workers", "2", "--out", str(out), *BASE]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=clean_env(OPENAI_API_KEY=KEY))
+        try:
+            deadline = time.monotonic() + 120
+            while len(server.requests) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            forkserver = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                          if "forkserver" in " ".join(p.cmdline())]
+            workers = [w for f in forkserver for w in f.children()]
+            assert len(workers) == 2, workers
+            workers[0].kill()
+            _, err = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "an eval worker failed: an eval worker exited (status -9)" in lines[0]
+    assert lines[0].endswith(f"the episodes done are kept in {out}: rerun the same command to resume")
