@@ -18,7 +18,7 @@ tool output stay text), and the budget rule: ``max_length`` (``--data.max_len``)
 and response, each request asks for what is left (at least 1), env ids that would overflow end
 the episode truncated and graded as it stands (OpenRLHF's own loop stops there ungraded);
 ``--rollout.max_new_tokens`` caps each turn. The env is built, reset and stepped in a thread; a
-sample that raises or is cancelled closes its env (after the env call running there returns).
+sample that ends, raises or is cancelled closes its env (after the env call running there returns).
 A close that raises is logged as a leak: the sample keeps its result (or its own error).
 ``extra_logs`` holds the keys every env has (OpenRLHF merges a batch's logs by the first
 sample's keys): ``reward``, ``turns``, ``tool_errors``, ``truncated`` and ``env/outcome/<name>``
@@ -37,7 +37,15 @@ entry, each turn's reward on its range) and ``extra_logs["turn_reward"]`` (what 
 the last paid) carry the per-turn part.
 
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline; an engine ``generate`` that
-raised or returned garbage is ``model_error``): OpenRLHF needs every sample
+raised or returned garbage is ``model_error``; the env's reset or step raising is ``env_error``,
+logged with its traceback) come back as samples, never as exceptions: OpenRLHF's
+``generate_responses`` gathers a prompt's samples without ``return_exceptions``, so one sample
+that raised would fail the engine's Ray call and end training. (Building the env still raises,
+as what a row gets wrong does: an unknown env id or argument, a prompt over ``max_length``; so
+does a cancellation.)
+A failed sample's ``outcome_detail`` says why, in a line ("" for the others; OpenRLHF ignores the
+key); an env that failed before its prompt existed gets the row's prompt (one token where that
+cannot be rendered within ``max_length``) and no action range. OpenRLHF needs every sample
 of a prompt's group (its advantages reshape rewards by ``n_samples_per_prompt``), has no
 NaN-aware baseline and no hook for one, so a single sample cannot leave the baseline. The one
 thing its own code can do is drop the prompt's whole group: a failed sample's ``scores`` (and
@@ -61,7 +69,8 @@ import os
 from copy import deepcopy
 from typing import Any
 
-from benchmax_gym.adapters.tokens import ChatTemplate, TokenSession, amake_env, make_env, task_dataset
+from benchmax_gym.adapters.tokens import (ChatTemplate, TokenEpisode, TokenSession, amake_env, make_env,
+                                          task_dataset)
 from benchmax_gym.core import outcomes
 from benchmax_gym.core.group import GroupRubric, group_rubric_of
 
@@ -124,6 +133,31 @@ class _Rendezvous:
             return record
 
 
+def _env_failed(session: TokenSession, what: str, exc: Exception) -> None:
+    """End the session's episode as ``env_error`` for the exception its env raised (logged with
+    its traceback): a failed sample, not an exception that would fail the prompt's whole
+    ``generate_responses`` gather (and with it OpenRLHF's Ray call)."""
+    log.warning("%s raised; the sample fails (%s)", what, outcomes.ENV_ERROR, exc_info=exc)
+    session.fail(outcomes.ENV_ERROR, outcomes.outcome_detail(f"{what} raised {type(exc).__name__}: {exc}"))
+
+
+def _row_prompt_ids(prompt: Any, chat: ChatTemplate, max_length: int) -> list[int]:
+    """The prompt of a sample whose env failed before its own existed: the row's (its messages
+    through the template, or text OpenRLHF rendered), else one token. Never empty (a sequence
+    of nothing) and never over ``max_length``."""
+    try:
+        if isinstance(prompt, str):
+            ids = chat.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            ids = chat.prompt_ids([dict(m) for m in prompt])
+    except Exception:  # noqa: BLE001  (a row the template cannot render: the one-token prompt)
+        ids = []
+    if not ids or len(ids) >= max_length:
+        tokenizer = chat.tokenizer
+        ids = [tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id]
+    return list(ids)
+
+
 def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | None = None,
                   group_rubric: GroupRubric | None = None, group_size: int | None = None,
                   group_timeout: float = 600.0, **env_kwargs: Any) -> type:
@@ -163,11 +197,16 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
             arrived = False
             key = json.dumps([prompt, label], sort_keys=True, default=str)
             try:
-                prompt_ids = await session.areset(options=None if index is None else {"task_index": index})
-                if len(prompt_ids) >= max_length:
-                    raise ValueError(f"{name} task {index}: its prompt is {len(prompt_ids)} tokens, max_length is "
-                                     f"{max_length}: raise --data.max_len")
-                session.max_tokens = max_length - len(prompt_ids)
+                try:
+                    prompt_ids = await session.areset(options=None if index is None else {"task_index": index})
+                except Exception as exc:  # the env failed this sample: env_error, its group dropped
+                    session.episode = TokenEpisode(prompt_ids=_row_prompt_ids(prompt, self._chat, max_length))
+                    _env_failed(session, f"{name} task {index}: reset", exc)
+                else:
+                    if len(prompt_ids) >= max_length:
+                        raise ValueError(f"{name} task {index}: its prompt is {len(prompt_ids)} tokens, max_length "
+                                         f"is {max_length}: raise --data.max_len")
+                    session.max_tokens = max_length - len(prompt_ids)
                 while not session.done:
                     params = deepcopy(sampling_params)
                     cap = sampling_params.max_tokens  # --rollout.max_new_tokens: a per-turn cap
@@ -181,7 +220,11 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     except Exception as exc:  # the engine failed this sample: model_error, its group dropped
                         session.fail(outcomes.MODEL_ERROR, f"generate raised {type(exc).__name__}: {exc}")
                         break
-                    await session.astep(ids, logprobs)
+                    try:
+                        await session.astep(ids, logprobs)
+                    except Exception as exc:  # the env failed this sample: env_error, its group dropped
+                        _env_failed(session, f"{name} task {index}: step", exc)
+                        break
                 episode = session.episode
                 reward = math.nan if episode.failed else episode.reward  # NaN: dynamic filtering drops the group
                 rubric = group_rubric or group_rubric_of(session.env)
@@ -213,7 +256,11 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     # (a failed one is not: OpenRLHF's stop-properly penalty gives truncated samples a reward)
                     "rollout_log_probs": logprobs, "truncated": episode.cut and not episode.failed,
                     "turn_rewards": list(episode.turn_rewards),  # one per action range
-                    "extra_logs": episode.metrics(components=False)}
+                    "extra_logs": episode.metrics(components=False),
+                    # why it failed, in a line ("" for the others): the env's own (a tool gone) or an exception's
+                    "outcome_detail": outcomes.outcome_detail((episode.info.get("outcome_detail")
+                                                               or episode.info.get("error") or "")
+                                                              if episode.failed else "")}
 
     return AgentExecutor
 

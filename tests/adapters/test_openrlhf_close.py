@@ -1,12 +1,18 @@
 """OpenRLHF: an env whose close raises after its episode was graded keeps the sample (its reward
-and tokens), the failed close logged as a leak; an env's step raising is still the sample's
-error, and a cancelled sample still ends cancelled. (The close in the executor's ``finally``
-raised out of the sample: a graded sample, or its step's own error, or its cancellation, became
-the close's error.) Played as OpenRLHF's engine plays a prompt's samples (one gather), then
-through OpenRLHF's own samples generator and Experience concat."""
+and tokens), the failed close logged as a leak; an env's step or reset raising makes the sample a
+failed one (``env_error``, NaN, its own error in ``outcome_detail``, not the close's), and a
+cancelled sample still ends cancelled. (The close in the executor's ``finally`` raised out of
+the sample: a graded sample, or its step's own error, or its cancellation, became the close's
+error. Then a step's own error raised out of the sample, as this file asserted: but OpenRLHF's
+``generate_responses`` gathers a prompt's samples without ``return_exceptions``, so one flaky
+env failed the engine's Ray call and ended training; the verl adapter already made it a failed
+trajectory.) Played as OpenRLHF's engine plays a prompt's samples (one gather), then through
+OpenRLHF's own samples generator and Experience concat."""
 
 import asyncio
 import json
+import math
+from types import SimpleNamespace
 
 import gymnasium as gym
 import pytest
@@ -36,9 +42,14 @@ class Fragile(gym.Wrapper):
     backend is lost mid-episode (a step raising, as a third-party env may) on a reply holding
     ``crash_marker``."""
 
-    def __init__(self, env, close_fails=False, crash_marker=None):
+    def __init__(self, env, close_fails=False, crash_marker=None, reset_fails=False):
         super().__init__(env)
-        self.close_fails, self.crash_marker = close_fails, crash_marker
+        self.close_fails, self.crash_marker, self.reset_fails = close_fails, crash_marker, reset_fails
+
+    def reset(self, **kwargs):
+        if self.reset_fails:
+            raise RuntimeError("the env's sandbox could not be provisioned\n(quota exceeded)")
+        return self.env.reset(**kwargs)
 
     def step(self, action):
         if self.crash_marker and self.crash_marker in str(action):
@@ -52,8 +63,8 @@ class Fragile(gym.Wrapper):
             raise OSError("the env's server would not stop")
 
 
-def _make(close_fails=False, crash_marker=None, **kwargs):
-    return Fragile(gym.make(TOOL_ENV, **kwargs), close_fails, crash_marker)
+def _make(close_fails=False, crash_marker=None, reset_fails=False, **kwargs):
+    return Fragile(gym.make(TOOL_ENV, **kwargs), close_fails, crash_marker, reset_fails)
 
 
 if TOOL_ENV not in gym.registry:
@@ -104,11 +115,11 @@ def test_a_sample_whose_env_close_raises_keeps_its_reward_and_tokens_logged_as_a
     assert f"closing the env of {ENV_ID} task 1 raised OSError: the env's server would not stop" in caplog.text
 
 
-def test_a_group_keeps_its_scores_when_closes_raise_and_a_crashed_step_is_still_its_samples_error(qwen_tokenizer,
-                                                                                                   closes, caplog):
+def test_a_group_keeps_its_scores_when_closes_raise_and_a_crashed_step_is_a_failed_sample(qwen_tokenizer,
+                                                                                          closes, caplog):
     """group_size=3, every env's close raising: the two played samples keep their group-scored
-    rewards (alike: penalised), the third's step raised and that error (not the close's) is what
-    its sample raises, after its siblings were released."""
+    rewards (alike: penalised); the third's step raised and its sample comes back failed
+    (env_error, NaN: not a member), its step's error (not the close's) in its outcome_detail."""
     executor = make_executor(ENV_ID, group_size=3, group_timeout=60,
                              group_rubric=GroupRubric([("diverse", diversity_penalty, 0.5)]), crash_marker="CRASH")()
     row = _with_kwargs(task_rows(ENV_ID, 1)[0], close_fails=True)
@@ -117,15 +128,87 @@ def test_a_group_keeps_its_scores_when_closes_raise_and_a_crashed_step_is_still_
     async def play(engine):
         return await executor.execute(row["prompt"], row["label"], _params(), 4096, qwen_tokenizer, engine)
 
-    async def main():
+    async def main():  # (as OpenRLHF's generate_responses: no return_exceptions)
         return await asyncio.gather(play(_answers(qwen_tokenizer)), play(_answers(qwen_tokenizer)),
-                                    play(_answers(qwen_tokenizer, crash="CRASH")), return_exceptions=True)
+                                    play(_answers(qwen_tokenizer, crash="CRASH")))
 
     first, second, crashed = asyncio.run(main())
-    assert isinstance(crashed, ConnectionResetError), crashed
+    assert math.isnan(crashed["reward"]) and math.isnan(crashed["scores"]) and crashed["truncated"] is False
+    assert crashed["extra_logs"]["env/outcome/env_error"] == 1.0
+    assert crashed["outcome_detail"] == (f"{ENV_ID} task 0: step raised ConnectionResetError: "
+                                         "the env's sandbox host reset the connection")
+    assert first["outcome_detail"] == second["outcome_detail"] == ""
     assert first["reward"] == second["reward"] == 0.5  # right (1.0), alike (-0.5): the group was scored
     assert closes == ["close"] * 3
     assert caplog.text.count("raised OSError: the env's server would not stop") == 3
+
+
+def test_an_env_whose_reset_or_step_raises_is_a_failed_sample_openrlhfs_generate_responses_keeps(qwen_tokenizer,
+                                                                                                   closes, caplog):
+    """Played as OpenRLHF's engine plays a prompt (its ``generate_responses``: one gather, no
+    ``return_exceptions``), with one env whose step raises and one whose reset raises: the
+    gather returns every sample, the failed ones env_error with NaN scores, their own errors
+    in a line in ``outcome_detail`` and logged with their tracebacks, each env closed once; then
+    OpenRLHF's own samples generator and Experience concat take the batch, and its dynamic
+    filtering (NaN is outside every range) drops the group."""
+    import ray
+    from test_openrlhf import SamplesGenerator
+
+    executor = make_executor(ENV_ID, crash_marker="CRASH")()
+    row = task_rows(ENV_ID, 1)[0]
+    rows = [row, row, _with_kwargs(row, reset_fails=True)]
+    engines = [_answers(qwen_tokenizer), _answers(qwen_tokenizer, crash="CRASH"), _answers(qwen_tokenizer)]
+    closes.clear()  # (the agent file's and the rows' own envs)
+
+    async def main():
+        return await asyncio.gather(*(executor.execute(r["prompt"], r["label"], _params(), 4096, qwen_tokenizer, e)
+                                      for r, e in zip(rows, engines)))
+
+    played, stepped, reset = asyncio.run(main())
+    assert played["reward"] == 1.0 and played["outcome_detail"] == ""
+    for failed in (stepped, reset):
+        assert math.isnan(failed["reward"]) and math.isnan(failed["scores"]) and failed["truncated"] is False
+        assert failed["extra_logs"]["env/outcome/env_error"] == 1.0 and math.isnan(failed["extra_logs"]["reward"])
+        assert failed["extra_logs"].keys() == played["extra_logs"].keys()
+    assert stepped["outcome_detail"] == (f"{ENV_ID} task 0: step raised ConnectionResetError: "
+                                         "the env's sandbox host reset the connection")
+    assert reset["outcome_detail"] == (f"{ENV_ID} task 0: reset raised RuntimeError: the env's sandbox could not be "
+                                       "provisioned (quota exceeded)")
+    assert reset["action_ranges"] == []  # no reply was asked for; its prompt is the row's
+    assert qwen_tokenizer.decode(reset["observation_tokens"]).count(row["prompt"][-1]["content"]) == 1
+    assert closes == ["close"] * 3
+    assert caplog.text.count("Traceback (most recent call last)") == 2
+    assert 'raise ConnectionResetError("the env' in caplog.text and 'raise RuntimeError("the env' in caplog.text
+    _, batch = _experiences([played, stepped, reset], 4096)
+    assert batch.sequences.shape[0] == 3 and batch.info["env/outcome/env_error"].tolist() == [0.0, 1.0, 1.0]
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        generator = SamplesGenerator.__new__(SamplesGenerator)
+        generator.args = SimpleNamespace(algo=SimpleNamespace(dynamic_filtering_range=(0.0, 1.0)))
+        generator._dispatch_prompts_to_vllm = lambda prompts, labels, **kwargs: [ray.put([played, stepped, reset])]
+        batches = iter([(None, [row["prompt"]], [row["label"]], [None])])
+        experiences, consumed, _ = generator._generate_vllm(batches, 1, True, max_len=4096)
+    finally:
+        ray.shutdown()
+    assert consumed == 1 and experiences == []
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_out_of_an_envs_step_still_stops_the_run(qwen_tokenizer, closes, monkeypatch, stop):
+    """Only an env's exceptions become failed samples: a KeyboardInterrupt or SystemExit raised
+    in its step still ends the run (after the env is closed)."""
+    executor = make_executor(ENV_ID)()
+    row = task_rows(ENV_ID, 1)[0]
+    closes.clear()
+
+    def step(env, action):
+        raise stop()
+
+    monkeypatch.setattr(Fragile, "step", step)
+    with pytest.raises(stop):
+        asyncio.run(executor.execute(row["prompt"], row["label"], _params(), 4096, qwen_tokenizer,
+                                     _answers(qwen_tokenizer)))
+    assert closes == ["close"]
 
 
 def test_a_sample_cancelled_mid_episode_closes_its_env_once_and_ends_cancelled(qwen_tokenizer, closes, caplog):
