@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import math
 import numbers
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -98,8 +99,9 @@ class MemberLevels:
         self.name = name
         self.levels = tuple(dict(level) for level in levels) or ({},)
         self.band = _band(f"curriculum[{name!r}]['band']", band)
-        if not _is_int(window, 1):
-            raise ValueError(f"curriculum[{name!r}]['window'] must be a positive int, got {window!r}")
+        if not _is_int(window, 1, sys.maxsize):  # (a deque's maxlen: a larger one raised OverflowError)
+            raise ValueError(f"curriculum[{name!r}]['window'] must be a positive int up to {sys.maxsize}, "
+                             f"got {window!r}")
         self.window = int(window)
         # (the window holds at most `window` episodes: a larger min_episodes would never move the level)
         if min_episodes is not None and not _is_int(min_episodes, 1, window):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import sys
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -48,6 +50,14 @@ def positive_int(name: str, value: Any) -> int:
     return value
 
 
+def positive_size(name: str, value: Any) -> int:
+    """A positive int that fits an index (a count of items): a larger one passed the check and
+    failed later with OverflowError."""
+    if not _is_int(value) or not 0 < value <= sys.maxsize:
+        raise ValueError(f"{name} must be a positive int up to {sys.maxsize}, got {value!r}")
+    return value
+
+
 def non_negative_int(name: str, value: Any) -> int:
     if not _is_int(value) or value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value!r}")
@@ -58,6 +68,27 @@ def positive_number(name: str, value: Any) -> float:
     if not _is_number(value) or not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def positive_up_to(high: float, unit: str = "") -> Check:
+    """A number above 0 and at most ``high`` (inf and NaN refused): a bound turned into an int or
+    a timeout must stay finite."""
+    def check(name: str, value: Any) -> float:
+        if not _is_number(value) or not 0 < value <= high:
+            raise ValueError(f"{name} must be a positive number up to {high:g}{unit}, got {value!r}")
+        return float(value)
+    return check
+
+
+#: a timeout a thread can wait for (a larger one fails every threaded wait with OverflowError)
+seconds = positive_up_to(threading.TIMEOUT_MAX, " seconds")
+
+
+def mapping(name: str, value: Any) -> Mapping:
+    """A dict (of options): a list or a string is refused, not read as empty or iterated."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a dict, got {value!r}")
+    return value
 
 
 def boolean(name: str, value: Any) -> bool:
@@ -116,11 +147,14 @@ def existing_file(name: str, value: Any) -> str:
 
 
 def path(name: str, value: Any) -> str:
-    """A path (or URL) as a string; whether it exists is checked where it is opened."""
+    """A path (or URL) as a string; whether it exists is checked where it is opened, but a FIFO
+    or a device is refused now (SpreadsheetBench's reader blocked on a FIFO inside gym.make)."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a path, got {value!r}")
+    if os.path.exists(value) and not (os.path.isfile(value) or os.path.isdir(value)):
+        raise ValueError(f"{name}: {value!r} is not a regular file or a folder")
     return value
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
-from benchmax_gym.core.checks import Checked, arg, non_negative_int, optional, positive_int
+from benchmax_gym.core.checks import Checked, arg, non_negative_int, optional, positive_size
 from benchmax_gym.core.tasks import DatasetTasks, GeneratedTasks, ListTasks, Task, TaskSource, given_tasks
 
 
@@ -52,7 +52,7 @@ class GeneratedSource(SourceConfig):
     items are asked for); ``num_tasks=None`` is unbounded. Families add ``difficulty``."""
 
     name: ClassVar[str] = "generated"
-    num_tasks: int | None = arg(None, optional(positive_int))
+    num_tasks: int | None = arg(None, optional(positive_size))  # (10**30 failed every reset)
     task_seed: int = arg(0, non_negative_int)
 
     def make_task(self, rng: Any, index: int) -> Task:

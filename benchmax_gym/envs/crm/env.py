@@ -6,14 +6,16 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmax_gym.core.checks import int_between, non_negative_int, positive_int, positive_number
+from benchmax_gym.core.checks import (
+    existing_file, int_between, non_negative_int, optional, path, positive_int, positive_number,
+)
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig, choose, task_source
 from benchmax_gym.core.sqlite_heap import outside_query_bounds
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
-from benchmax_gym.core.users import LLMUser
+from benchmax_gym.core.users import LLMUser, UserSimulator
 from benchmax_gym.envs.crm.org import DEFAULT_SIZE, MAX_SIZE, MIN_SIZE, Org, cached_org
 from benchmax_gym.envs.crm.rubric import crm_rubric, rows_found
 from benchmax_gym.envs.crm.service import SYSTEM_PROMPT as SERVICE_PROMPT
@@ -83,6 +85,7 @@ class CRMEnv(ToolEnv):
         self.query_timeout = positive_number("query_timeout", query_timeout)
         non_negative_int("org_seed", org_seed)
         int_between(MIN_SIZE, MAX_SIZE, " (cases)")("org_size", org_size)
+        cache_dir = optional(path)("cache_dir", cache_dir)  # ("" or [] fell back to the default cache)
         config = choose(tasks, task_args, self.task_sources, engine_kwargs)
         if isinstance(config, CRMArena) and org_db is None:
             raise ValueError(CRMARENA_ORG_MISSING)
@@ -90,8 +93,7 @@ class CRMEnv(ToolEnv):
             if isinstance(config, GeneratedSource):
                 raise ValueError("org_db is for your own tasks (tasks='crmarena', a TaskSource or a list); "
                                  "generated tasks use the generated org (org_seed, org_size)")
-            if not os.path.isfile(org_db):
-                raise ValueError(f"org_db: no such file {os.fspath(org_db)!r}")
+            org_db = existing_file("org_db", org_db)  # (5 or [] raised os.stat's TypeError)
         self.org_db, self.org_name = org_db, f"s{org_seed}n{org_size}"
         self.org = Org(org_db if org_db is not None else cached_org(org_seed, org_size, cache_dir))
         source = task_source(self, config if config is not None else tasks, None, self.task_sources, {})
@@ -168,6 +170,8 @@ class CRMServiceEnv(CRMEnv):
                 user = scripted_customer
         elif user_args:
             raise ValueError("user_args apply only to user='llm'")
+        elif not (callable(user) or isinstance(user, UserSimulator)):  # (None played with no customer at all)
+            raise ValueError(f"user must be one of {USERS}, a UserSimulator or a function, got {user!r:.80}")
         super().__init__(tasks, user=user, **kwargs)
 
     def make_rubric(self) -> Rubric:

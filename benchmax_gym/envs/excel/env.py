@@ -13,7 +13,7 @@ from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.outcomes import ENV_ERROR, RewardFailure
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.sandbox import sandboxed_python
-from benchmax_gym.core.checks import one_of
+from benchmax_gym.core.checks import boolean, mapping, one_of, optional, seconds
 from benchmax_gym.core.sources import SourceConfig, task_source
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
@@ -88,8 +88,10 @@ class ExcelEnv(ToolEnv):
                              "formulas with the formulas package")
         source = task_source(self, tasks, task_args, TASK_SOURCES, engine_kwargs)
         python, sandbox_config = sandboxed_python(
-            "benchmax/Excel-v0", enabled=python_tool, mode=sandbox, limits=sandbox_limits,
-            timeout=engine_kwargs.get("tool_timeout", 10.0), preload=PRELOAD,
+            "benchmax/Excel-v0", enabled=boolean("python_tool", python_tool), mode=sandbox,
+            limits=optional(mapping)("sandbox_limits", sandbox_limits),
+            # (checked here, as the engine would: else a bad one was called the sandbox's limit)
+            timeout=seconds("tool_timeout", engine_kwargs.get("tool_timeout", 10.0)), preload=PRELOAD,
             name="run_python", description=RUN_PYTHON_DOC,
         )
         rubric = Rubric([RewardFn("solved", self._solved, 1.0), RewardFn("cells", self._cells, 0.0)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from benchmax_gym.core.checks import boolean, mapping, optional, seconds
 from benchmax_gym.core.env import ToolEnv
 from benchmax_gym.core.sandbox import sandboxed_python
 from benchmax_gym.core.sources import SourceConfig, task_source
@@ -61,8 +62,10 @@ class MathEnv(ToolEnv):
     ):
         source = task_source(self, tasks, task_args, TASK_SOURCES, engine_kwargs)
         python, sandbox_config = sandboxed_python(
-            "benchmax/Math-v0", enabled=python_tool, mode=sandbox, limits=sandbox_limits,
-            timeout=engine_kwargs.get("tool_timeout", 10.0), preload=PRELOAD,
+            "benchmax/Math-v0", enabled=boolean("python_tool", python_tool), mode=sandbox,
+            limits=optional(mapping)("sandbox_limits", sandbox_limits),
+            # (checked here, as the engine would: else a bad one was called the sandbox's limit)
+            timeout=seconds("tool_timeout", engine_kwargs.get("tool_timeout", 10.0)), preload=PRELOAD,
         )
         super().__init__(
             tasks=source,

@@ -9,11 +9,11 @@ import shutil
 import sys
 import tempfile
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmax_gym.core.checks import positive_number
+from benchmax_gym.core.checks import boolean, positive_number, positive_up_to
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.tasks import Task, TaskSource
@@ -97,7 +97,7 @@ class MCPEnv(ToolEnv):
         lenient_schemas: bool = False,
         **engine_kwargs: Any,
     ):
-        self.lenient_schemas = bool(lenient_schemas)
+        self.lenient_schemas = boolean("lenient_schemas", lenient_schemas)  # (bool("false") was True)
         example = server is None
         if example and (tasks is not None or reward is not None):
             raise ValueError("tasks and reward need a server=; without one the bundled example runs")
@@ -106,14 +106,25 @@ class MCPEnv(ToolEnv):
         if isolation not in ISOLATION:
             raise ValueError(f"isolation must be one of {ISOLATION}, got {isolation!r}")
         init_timeout = positive_number("init_timeout", init_timeout)
-        max_message_bytes = int(positive_number("max_message_mb", max_message_mb) * 1e6)
+        max_message_bytes = int(positive_up_to(1e9, " MB")("max_message_mb", max_message_mb) * 1e6)  # (int(inf) raised)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a string or None, got {system_prompt!r:.80}")
         specs = parse_servers(EXAMPLE_SERVER if example else server)
         self._example = example
         self._unlisted = 0  # tools left out of the prompt's list (over its bound)
+        # (a number was "'int' object is not iterable", naming no argument)
+        if not example and not isinstance(tasks, (TaskSource, str, os.PathLike, Iterable)):
+            raise ValueError(f"tasks must be a list of task dicts, a JSON/JSONL file or a TaskSource, "
+                             f"got {tasks!r:.80}")
+        source = example_tasks() if example else user_tasks(tasks)
+        try:
+            rubric = example_rubric() if example else user_rubric(reward)
+        except (TypeError, ValueError) as exc:  # ("not a reward function: 5" named no argument)
+            raise (ValueError if isinstance(exc, ValueError) else TypeError)(f"reward: {exc}") from None
         super().__init__(
-            tasks=example_tasks() if example else user_tasks(tasks),
+            tasks=source,
             toolset=Toolset(),  # filled in when the servers are up
-            rubric=example_rubric() if example else user_rubric(reward),
+            rubric=rubric,
             system_prompt=SYSTEM_PROMPT if system_prompt is None else system_prompt,
             max_turns=max_turns,
             **engine_kwargs,

@@ -163,6 +163,8 @@ def _first_records(path: str | os.PathLike, limit: int | None) -> list[Any]:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
         raise ValueError(f"limit must be a positive int or None, got {limit!r}")
     records = _read_json_records(path, limit=limit)
+    if not records:  # (was "tasks must not be empty", naming neither the argument nor the file)
+        raise ValueError(f"dataset {str(path)!r} holds no questions")
     return records[:limit] if limit else records
 
 
