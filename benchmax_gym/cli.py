@@ -46,8 +46,8 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
             usage_error(f"--env-arg expects KEY=VALUE or KEY.FIELD=VALUE, got {pair!r}")
         try:
             value = json.loads(raw)
-        except ValueError:
-            value = raw
+        except ValueError:  # (text; Python's True/False/None as JSON's: "False" turned python_tool on)
+            value = {"True": True, "False": False, "None": None}.get(raw, raw)
         *path, last = key.split(".")
         target = kwargs
         for part in path:

@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.checks import positive_int, positive_number
+from benchmax_gym.core.checks import positive_int, positive_number, seconds
 from benchmax_gym.core.env import ACTION_TOO_LONG, Episode, ToolEnv, utf8_safe
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.outcomes import (ENV_ERROR, SCORED, TOOL_TIMEOUT, TOOL_UNAVAILABLE, failed_reward, is_failure,
@@ -473,8 +473,8 @@ class OpenEnvEnv(gym.Env[str, str]):
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.base_url, self.render_mode = base_url.rstrip("/"), render_mode
-        self.timeout = positive_number("timeout", timeout)
-        self.connect_timeout = positive_number("connect_timeout", connect_timeout)
+        self.timeout = seconds("timeout", timeout)  # (inf: OverflowError, "timestamp out of range")
+        self.connect_timeout = seconds("connect_timeout", connect_timeout)
         token = auth_token if auth_token is not None else os.environ.get(TOKEN_ENV) or None
         self._token = token
         schema = self._schema(token)

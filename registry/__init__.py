@@ -260,8 +260,14 @@ def register_tool_env(
     if source is None:
         raise ValueError(f"tasks must be a TaskSource or a non-empty list of Tasks or task dicts, got {tasks!r}")
     tasks = source
+    for name, text in (("system_prompt", system_prompt), ("description", description)):
+        if not isinstance(text, str):  # (5 raised AttributeError on 'split'; a description of 5 was kept)
+            raise TypeError(f"{name} must be a string, got {text!r:.80}")
     if not isinstance(rubric, Rubric):
-        rubric = Rubric(rubric if isinstance(rubric, (list, tuple)) else [rubric])
+        try:
+            rubric = Rubric(rubric if isinstance(rubric, (list, tuple)) else [rubric])
+        except (TypeError, ValueError) as exc:  # ("not a reward function: 5" named no argument)
+            raise type(exc)(f"rubric: {exc}") from None
     if solver is not None and not callable(solver):
         raise TypeError(f"solver must be a callable solver(env) -> policy, got {solver!r}")
     factory, extra = (ToolEnv, {}) if solver is None else (_tool_env_with_solver, {"solver": solver})

@@ -56,6 +56,13 @@ CASES = [
     ("benchmax/Wikipedia-v0", {"tasks": "bamboogle", "task_args": {"dataset": "{empty}"}}, "dataset.*empty.json"),
     # OverflowError: Python int too large to convert to C ssize_t
     ("benchmax/Mix-v0", {"window": 10**30}, "window"),
+    # the engine's own: [] or "" read as "off"; inf reported as "weight of reward component 'dense'"
+    ("benchmax/Math-v0", {"dense_rewards": []}, "^dense_rewards must be True, False or a weight"),
+    ("benchmax/Math-v0", {"dense_rewards": math.inf}, "^dense_rewards must be a positive number"),
+    ("benchmax/Math-v0", {"tool_format": ["hermes"]}, "^tool_format must be one of"),  # (was: unhashable type)
+    # reported as tool_timeout's bound; OverflowError: timestamp out of range
+    ("benchmax/Wikipedia-v0", {"backend": "live", "backend_args": {"http_timeout": math.inf}}, "^http_timeout"),
+    ("benchmax/OpenEnv-v0", {"base_url": "http://127.0.0.1:9", "connect_timeout": math.inf}, "^connect_timeout"),
     # guards of behaviour already right (they pass on the code before this audit too)
     ("benchmax/Math-v0", {"max_turn": 3}, "max_turn"),
     ("benchmax/Math-v0", {"max_turns": True}, "max_turns"),
@@ -96,6 +103,29 @@ def test_bad_argument_fails_at_make_naming_it(env_id, kwargs, names, files):
 @pytest.mark.parametrize("mode", ["sync", None])  # None: the id's own vector entry point (worker processes)
 def test_bad_argument_fails_at_make_vec_naming_it(mode):
     extra = {"vectorization_mode": mode} if mode else {}
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(ValueError) as caught:  # (the workers' build failed with a RuntimeError and their traceback)
         gym.make_vec("benchmax/Math-v0", num_envs=2, python_tool="no", **extra).close()
-    assert "python_tool must be True or False" in str(caught.value)
+    assert str(caught.value).startswith("python_tool must be True or False"), str(caught.value)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"system_prompt": 5}, "^system_prompt must be a string"),  # (AttributeError: 'int' object has no 'split')
+    ({"description": 5}, "^description must be a string"),  # (kept as the id's description)
+    ({"rubric": 5}, "^rubric: "),  # ("not a reward function: 5")
+])
+def test_register_tool_env_names_a_bad_argument(kwargs, says):
+    from benchmax_gym import register_tool_env
+
+    with pytest.raises((TypeError, ValueError)) as caught:
+        register_tool_env("config-audit/Bad-v0", **{"tools": [], "tasks": TASKS, "rubric": _reward, **kwargs})
+    assert re.search(says, str(caught.value)), str(caught.value)
+    assert "config-audit/Bad-v0" not in gym.registry
+
+
+def test_the_cli_reads_python_s_true_false_and_none_in_env_args():
+    """``--env-arg python_tool=False`` (Python's spelling) was the text "False", which turned the
+    python tool on; now it is False, as JSON's ``false`` is."""
+    from benchmax_gym.cli import _parse_env_args
+
+    assert _parse_env_args(["python_tool=False", "a=True", "b=None", "c=false", "d=Falsey"]) == \
+        {"python_tool": False, "a": True, "b": None, "c": False, "d": "Falsey"}

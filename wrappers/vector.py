@@ -129,6 +129,20 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict, owner: type) -> None:
         raise TypeError(unknown_arguments_message(creator, unknown, also=owner))
 
 
+def _build_failure(what: str, payload: str) -> Exception:
+    """A worker's report that its environments could not be built (``failure_text``: the
+    exception's line, then its traceback's end). A bad argument (ValueError, TypeError: what
+    ``gym.make`` raises for it, naming the argument) is raised as itself, its one line, with the
+    worker's traceback as a note; anything else is a RuntimeError with the whole report."""
+    line, _, tail = str(payload).partition("\n")
+    kind, _, message = line.partition(": ")
+    if kind in ("ValueError", "TypeError") and message:
+        error = (ValueError if kind == "ValueError" else TypeError)(message)
+        error.add_note(f"({what}; in the worker:\n{tail})")
+        return error
+    return RuntimeError(f"{what}: {payload}")
+
+
 class WorkerVectorEnv(VectorEnv):
     """The parent logic that :class:`SubprocVectorEnv` and ``RayVectorEnv`` share: environments
     spread over workers, lock-step and ready-first calls, autoreset, faults and restarts.
@@ -292,7 +306,7 @@ class WorkerVectorEnv(VectorEnv):
             raise WorkerLost(f"the {self._kind} for {self._env_name} was lost before answering {kind!r}: {lost}") from None
         if got == "failed":
             worker.kill()  # it is exiting by itself: reap it
-            raise RuntimeError(f"the {self._kind} could not build {self._env_name}: {payload}")
+            raise _build_failure(f"the {self._kind} could not build {self._env_name}", payload)
         if got != kind:
             raise RuntimeError(f"{self._kind} sent {got!r}, expected {kind!r}")
         return payload

@@ -48,7 +48,6 @@ import inspect
 import json
 import logging
 import marshal
-import threading
 import time
 import os
 import uuid
@@ -63,7 +62,7 @@ from benchmax_gym.core.aio import OwnLoop
 from benchmax_gym.core.formats import (PARSE_ERROR, Parsed, ToolCall, ToolCallFormat, dumps_arguments, get_format,
                                       split_reasoning, utf8_safe)
 from benchmax_gym.core.rubric import Rubric, milestones
-from benchmax_gym.core.checks import boolean, positive_int, positive_number
+from benchmax_gym.core.checks import boolean, positive_int, positive_number, positive_up_to, seconds
 from benchmax_gym.core.outcomes import (DEADLINE, SCORED, TOOL_TIMEOUT, TRUNCATED, RewardFailure, failed_reward,
                                         outcome_detail)
 from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, SandboxLease
@@ -294,13 +293,12 @@ class ToolEnv(gym.Env[str, str]):
         self.max_turns = positive_int("max_turns", max_turns)
         self.max_action_chars = positive_int("max_action_chars", max_action_chars)
         self.max_tool_output_chars = positive_int("max_tool_output_chars", max_tool_output_chars)
-        self.tool_timeout = positive_number("tool_timeout", tool_timeout)
-        if self.tool_timeout > threading.TIMEOUT_MAX:  # (every threaded call would fail with OverflowError)
-            raise ValueError(f"tool_timeout must be at most {threading.TIMEOUT_MAX:g} seconds (the longest a thread "
-                             f"can wait), got {tool_timeout!r}")
+        self.tool_timeout = seconds("tool_timeout", tool_timeout)  # (at most what a thread can wait)
         self.episode_timeout = None if episode_timeout is None else positive_number("episode_timeout", episode_timeout)
         self.max_calls_per_action = positive_int("max_calls_per_action", max_calls_per_action)
         self.max_observation_chars = positive_int("max_observation_chars", max_observation_chars)
+        if dense_rewards is not None and not isinstance(dense_rewards, (bool, int, float)):  # ([] or "" read as off)
+            raise ValueError(f"dense_rewards must be True, False or a weight (a number), got {dense_rewards!r:.80}")
         if dense_rewards:  # (False, None, 0: off)
             rubric = self._with_dense(rubric, dense_rewards)
         if reward_weights is not None:
@@ -366,7 +364,7 @@ class ToolEnv(gym.Env[str, str]):
         if find is None:
             raise ValueError(f"dense_rewards: {type(self).__name__} has no dense signal of its own; give its rubric a "
                              "per-turn component instead (RewardFn(..., per_turn=True) or core.rubric.milestones)")
-        weight = DENSE_WEIGHT if dense_rewards is True else positive_number("dense_rewards", dense_rewards)
+        weight = DENSE_WEIGHT if dense_rewards is True else positive_up_to(1e9)("dense_rewards", dense_rewards)
         return Rubric([*rubric.children, milestones("dense", find, weight, context=rubric.context)], rubric.context,
                       shaping=rubric.shaping)
 

@@ -591,6 +591,6 @@ def get_format(name: str | ToolCallFormat) -> ToolCallFormat:
     """Look up a format by name; a bad name is a ValueError listing the choices."""
     if isinstance(name, ToolCallFormat):
         return name
-    if name not in FORMATS:
-        raise ValueError(f"tool_format must be one of {sorted(FORMATS)}, got {name!r}")
+    if not isinstance(name, str) or name not in FORMATS:  # (a list or dict: "unhashable type")
+        raise ValueError(f"tool_format must be one of {sorted(FORMATS)}, got {name!r:.80}")
     return FORMATS[name]()

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import httpx
 
 from benchmax_gym.core.cache import cache_root, cached_file, whole_sqlite
-from benchmax_gym.core.checks import int_between, number_between, optional, positive_number, text
+from benchmax_gym.core.checks import int_between, number_between, optional, positive_number, seconds, text
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.outcomes import TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import ToolError, ToolFailure
@@ -560,7 +560,7 @@ class LiveWikipedia(SourceConfig):
     api_url: str | None = arg(None, optional(text))
     language: str = arg("en", text)
     user_agent: str = arg(USER_AGENT, text)
-    http_timeout: float = arg(10.0, positive_number)
+    http_timeout: float = arg(10.0, seconds)  # (inf was reported as tool_timeout's)
     max_retries: int = arg(3, int_between(0, 10))
     retry_wait: float = arg(0.5, number_between(0, 60, " seconds"))
 
