@@ -99,6 +99,38 @@ from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, tool
 
 log = logging.getLogger(__name__)
 
+# A sandbox dropped without close() is closed by the garbage collector, which runs finalizers in
+# whichever thread allocates at that moment: one holding a sandbox lock that the close takes too
+# (reserving a uid, starting a pool's server, writing to it) waited for itself for ever. While a
+# thread holds one (:func:`_critical`), closes that reach it are kept, and run once it lets go.
+_HOLDING = threading.local()
+
+
+@contextlib.contextmanager
+def _critical(lock: Any):
+    """``lock`` held; a sandbox close or pool release this thread meets meanwhile (a finalizer)
+    waits until the outermost such lock is let go (:func:`_when_free`)."""
+    depth = getattr(_HOLDING, "depth", 0)
+    with lock:
+        _HOLDING.depth = depth + 1
+        try:
+            yield
+        finally:
+            _HOLDING.depth = depth
+    if depth == 0:
+        later = getattr(_HOLDING, "later", None)
+        while later:
+            later.pop(0)()
+
+
+def _when_free(fn: Any) -> bool:
+    """Keep ``fn`` for when this thread holds no sandbox lock; False when it holds none (run it now)."""
+    if not getattr(_HOLDING, "depth", 0):
+        return False
+    _HOLDING.__dict__.setdefault("later", []).append(fn)
+    return True
+
+
 BUBBLEWRAP, RLIMITS, UNAVAILABLE = "bubblewrap", "rlimits", "unavailable"
 MODES = ("auto", BUBBLEWRAP, RLIMITS)
 SERVER = Path(__file__).with_name("sandbox_server.py")
@@ -531,7 +563,7 @@ class _UserMounts:
         self.proc.stderr.close()  # it writes nothing more there (its stderr is /dev/null now)
 
     def _ask(self, request: list) -> None:
-        with self.lock:
+        with _critical(self.lock):
             try:
                 self.proc.stdin.write((json.dumps(request) + "\n").encode())
                 self.proc.stdin.flush()
@@ -916,7 +948,7 @@ class _UidReservations:
         seldom meet)."""
         import fcntl
 
-        with self.lock:
+        with _critical(self.lock):
             bands = _uid_bands()
             if self.fd is None:
                 self.fd = self._open()
@@ -944,7 +976,7 @@ class _UidReservations:
         """Give ``uid`` back: its episode's processes and files are gone."""
         import fcntl
 
-        with self.lock:
+        with _critical(self.lock):
             if uid in self.held:
                 self._lock(uid, fcntl.F_UNLCK)
                 self.held.discard(uid)
@@ -1169,7 +1201,7 @@ class _Server:
         up to ``wait`` seconds for the reply."""
         request_id = secrets.randbits(62)
         slot = [threading.Event(), None, time.monotonic()]  # done, reply, when it started ("queued")
-        with self.write_lock:
+        with _critical(self.write_lock):
             if self.dead:
                 return {"lost": True}
             self.pending[request_id] = slot
@@ -1188,7 +1220,7 @@ class _Server:
         return slot[1]
 
     def cancel(self, request: dict[str, Any]) -> None:
-        with self.write_lock:
+        with _critical(self.write_lock):
             try:
                 self.proc.stdin.write((json.dumps(request) + "\n").encode())
                 self.proc.stdin.flush()
@@ -1242,7 +1274,7 @@ class _Pool:
 
     def server(self) -> _Server:
         """The running server, started (or restarted) if need be."""
-        with self._lock:
+        with _critical(self._lock):
             server = self._server
             if server is None or server.dead or server.proc.poll() is not None:
                 if server is not None:
@@ -1266,7 +1298,7 @@ class _Pool:
         server.kill()
 
     def shut_down(self) -> None:
-        with self._lock:
+        with _critical(self._lock):
             server, self._server = self._server, None
         if server is not None and self.pid == os.getpid():
             server.kill()
@@ -1284,7 +1316,7 @@ _POOLS_LOCK = threading.Lock()
 
 
 def _acquire(level: str, preload: tuple[str, ...]) -> _Pool:
-    with _POOLS_LOCK:
+    with _critical(_POOLS_LOCK):
         pool = _POOLS.get((level, preload))
         # (a pool whose mounts' helper was killed cannot give new episodes files the host reaches:
         # a new one does; the old one's users still let it go)
@@ -1297,7 +1329,9 @@ def _acquire(level: str, preload: tuple[str, ...]) -> _Pool:
 def _release(pool: _Pool) -> None:
     if pool.pid != os.getpid():  # a forked child's copy: the parent's to stop
         return
-    with _POOLS_LOCK:
+    if _when_free(lambda: _release(pool)):  # (a finalizer, in a thread holding a sandbox lock)
+        return
+    with _critical(_POOLS_LOCK):
         pool.users -= 1
         if pool.users > 0:
             return
@@ -1546,6 +1580,8 @@ class Sandbox:
         """End the episode's call if one runs, delete its workspace and ``/tmp``, and let go of the
         shared server (stopped when nothing else uses it)."""
         if self._closed or self._pid != os.getpid():
+            return
+        if _when_free(self.close):  # (a finalizer, in a thread holding a sandbox lock)
             return
         self._closed = True
         running = self._running

@@ -196,3 +196,33 @@ def test_episodes_of_a_sandboxed_env_hold_no_descriptor_after_they_end():
         env.reset(seed=seed)  # the previous episode's sandbox closes
     assert _open_fds() <= before
     env.close()
+
+
+def test_a_sandbox_the_collector_closes_while_this_thread_holds_a_sandbox_lock_closes_after_it():
+    """The garbage collector runs finalizers in whichever thread allocates: a thread reserving a
+    uid (its lock held) that collected a dropped env's episode closed its sandbox right there,
+    and the close waited for that same lock for ever (a CI run hung in verl's tests: reset ->
+    Sandbox() -> reserve -> gc -> finalizer -> Sandbox.close -> release). The close now waits
+    until the thread lets go, then runs."""
+    import gc
+    import threading
+
+    env = gym.make("benchmax/Math-v0")
+    env.reset(seed=0)
+    box = env.unwrapped.episode.state["sandbox"]
+    seen = {}
+
+    def reserving():
+        nonlocal env
+        with sandbox_module._critical(sandbox_module._UIDS.lock):  # as reserve() holds it
+            env = None  # the env and its episode dropped without close()
+            gc.collect()
+            seen["closed while held"] = box._closed
+        seen["closed after"] = box._closed
+
+    worker = threading.Thread(target=reserving, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the close waited for the lock its own thread held"
+    assert seen == {"closed while held": False, "closed after": True}
+    assert box.uid is None or box.uid not in sandbox_module._UIDS.held  # its uid given back
