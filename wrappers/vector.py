@@ -33,13 +33,16 @@ survives faults:
   ``truncated=True`` with ``info["error"]`` and ``info["outcome"] == "env_error"`` (in
   ``final_info`` under ``SAME_STEP``), reward NaN (issue 29: never a reward): every env a lost
   worker held, the one past ``step_timeout`` and its neighbours alike (nothing tells which hung and
-  why, so none of them is the model's); the others go on untouched. Every batch's
-  ``info["scored"]`` (bool array) says which rewards are signal: ``rewards[info["scored"]]``. A
-  ``reset`` whose worker was lost (dead since the last call) is run again on the fresh one, with
-  its seeds; an env whose reset raised reports the error in ``reset``'s info, and its next step
-  resets it (``NEXT_STEP``, ``SAME_STEP``) rather than play on in the episode it had. ``close()``,
-  garbage collection and interpreter exit leave no process (nor descriptor) behind; a call that
-  another thread's ``close()`` cuts short raises that the env was closed.
+  why, so none of them is the model's); the others go on untouched. A worker that does not answer
+  a ``call``/``get_attr``/``set_attr`` in time (an env method that blocks) is restarted alike, and
+  the call raises ``WorkerTimeout`` naming it (its late answer is never the next call's). Every
+  batch's ``info["scored"]`` (bool array) says which rewards are signal:
+  ``rewards[info["scored"]]``. A ``reset`` whose worker was lost (dead since the last call) is run
+  again on the fresh one, with its seeds; an env whose reset raised reports the error in
+  ``reset``'s info, and its next step resets it (``NEXT_STEP``, ``SAME_STEP``) rather than play
+  on in the episode it had. ``close()``, garbage collection and interpreter exit leave no process
+  (nor descriptor) behind; a call that another thread's ``close()`` cuts short raises that the env
+  was closed.
 
 * **Mixtures** (``benchmax/Mix-v0``): the parent holds the one curriculum controller
   (``envs.curriculum``, ``envs.curriculum_stats()``), fed by every worker's ended episodes, and
@@ -127,6 +130,13 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict, owner: type) -> None:
     unknown = {k: v for k, v in env_kwargs.items() if k not in known}
     if unknown:
         raise TypeError(unknown_arguments_message(creator, unknown, also=owner))
+
+
+CALL_TIMEOUT = 120.0  # seconds every worker has to answer a call/get_attr/set_attr (or step_timeout, if longer)
+
+
+class WorkerTimeout(RuntimeError):
+    """A worker that did not answer a command within its timeout (an env method that blocks)."""
 
 
 def _build_failure(what: str, payload: str) -> Exception:
@@ -297,11 +307,11 @@ class WorkerVectorEnv(VectorEnv):
         self._expect(worker, "ready")
         return worker
 
-    def _expect(self, worker, kind: str, timeout: float = 120.0) -> Any:
+    def _expect(self, worker, kind: str, timeout: float = CALL_TIMEOUT) -> Any:
         try:
             got, payload = worker.recv(timeout)
         except TimeoutError:
-            raise RuntimeError(f"{self._kind} {worker.pid} did not answer {kind!r} within {timeout:g} s") from None
+            raise WorkerTimeout(f"{self._kind} {worker.pid} did not answer {kind!r} within {timeout:g} s") from None
         except WorkerLost as lost:
             raise WorkerLost(f"the {self._kind} for {self._env_name} was lost before answering {kind!r}: {lost}") from None
         if got == "failed":
@@ -698,7 +708,7 @@ class WorkerVectorEnv(VectorEnv):
         self._check_open()
         self._drain()
         out: dict[int, Any] = {}
-        for answer in self._ask_all("call", lambda w: (name, args, kwargs, list(self._groups[w]))):
+        for answer in self._ask_all("call", name, lambda w: (name, args, kwargs, list(self._groups[w]))):
             out.update(dict(answer))
         for value in out.values():
             if isinstance(value, Exception):
@@ -710,27 +720,45 @@ class WorkerVectorEnv(VectorEnv):
         values = list(values) if isinstance(values, (list, tuple)) else [values] * self.num_envs
         if len(values) != self.num_envs:
             raise ValueError(f"got {len(values)} values for num_envs={self.num_envs}")
-        answers = self._ask_all("set_attr", lambda w: (name, [(i, values[i]) for i in self._groups[w]]))
+        self._drain()  # (a ready-first step's results would come before the answers)
+        answers = self._ask_all("set_attr", name, lambda w: (name, [(i, values[i]) for i in self._groups[w]]))
         refused = [error for answer in answers for _, error in answer]
         if refused:  # (an env's own error, as SyncVectorEnv raises it)
             raise refused[0]
 
-    def _ask_all(self, command: str, payload: Callable[[int], Any]) -> list[Any]:
-        """Every worker's answer to ``(command, payload(w))``. A lost worker is raised only once
-        the others' answers are read: one left unread would be taken for the next step's results."""
-        asked, lost = [], None
+    def _ask_all(self, command: str, name: str, payload: Callable[[int], Any]) -> list[Any]:
+        """Every worker's answer to ``(command, payload(w))`` (``name``: the attribute), within
+        ``CALL_TIMEOUT`` (or ``step_timeout``, if longer) for them all. A lost worker is raised
+        only once the others' answers are read: one left unread would be taken for the next
+        step's results. A worker still silent then (an env method that blocks) is restarted, as
+        a lost one is (its envs' episodes end truncated; its late answer would be taken for the
+        next call's), and the call raises ``WorkerTimeout`` naming it."""
+        timeout = max(CALL_TIMEOUT, self.step_timeout or 0.0)
+        asked, lost, late = [], None, []
         for w, worker in enumerate(self._workers):
             try:
                 worker.send((command, payload(w)))
-                asked.append(worker)
+                asked.append(w)
             except WorkerLost as error:
                 lost = lost or error
+        deadline = time.monotonic() + timeout
         answers = []
-        for worker in asked:
+        for w in asked:
             try:
-                answers.append(self._expect(worker, "called"))
+                answers.append(self._expect(self._workers[w], "called", max(0.0, deadline - time.monotonic())))
             except WorkerLost as error:
                 lost = lost or error
+            except WorkerTimeout:
+                late.append((w, self._workers[w].pid))
+        for w, _ in late:
+            self._restart(w, f"it did not answer {command} {name!r} within {timeout:g} s")
+        if late:
+            which = ", ".join(f"{w} (pid {pid})" for w, pid in late)
+            envs = [i for w, _ in late for i in self._groups[w]]
+            raise WorkerTimeout(
+                f"{self._kind} {which} of {self._env_name} did not answer {command} {name!r} within {timeout:g} s (an "
+                f"env method that blocks?) and was restarted: envs {envs} end their episodes truncated at their next "
+                "step") from lost
         if lost is not None:
             raise lost
         return answers
@@ -795,7 +823,9 @@ class SubprocVectorEnv(WorkerVectorEnv):
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (an
             :class:`~gymnasium.vector.AutoresetMode` or its value).
         step_timeout: seconds an environment may take for one step or reset before its worker is
-            killed and restarted (``None``: no limit).
+            killed and restarted (``None``: no limit). ``call``/``get_attr``/``set_attr`` wait
+            ``CALL_TIMEOUT`` (120 s), or ``step_timeout`` if longer, then restart the workers that
+            did not answer (their envs end truncated) and raise ``WorkerTimeout``.
         context: the multiprocess start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
         info_keys: the keys of each environment's info to return, e.g. ``["reward_components",
             "error"]`` (default ``None``: all). The others never leave the workers: a training

@@ -290,3 +290,63 @@ def test_a_worker_lost_in_a_call_leaves_no_answer_for_the_next_step(victim, how)
     assert [o for i, o in enumerate(obs) if i not in lost] == ["echo a", "echo a"]
     assert envs.get_attr("where") == tuple(envs.worker_pids[i // 2] for i in range(4))
     envs.close()
+
+
+class Blocks(Answers):
+    """``block(pid)`` and setting ``stall = pid`` block the worker whose pid it is (an env method
+    that hangs); ``stall`` reads back what was set."""
+
+    stall = None
+
+    def block(self, pid):
+        if os.getpid() == pid:
+            time.sleep(60)  # (its worker is killed long before)
+        return "done"
+
+    def __setattr__(self, name, value):
+        if name == "stall" and value == os.getpid():
+            time.sleep(60)
+        super().__setattr__(name, value)
+
+
+@pytest.mark.parametrize("command", ["call", "set_attr"])
+def test_a_worker_that_blocks_in_a_call_is_restarted_and_the_next_calls_answer(monkeypatch, command):
+    """A worker silent past the call timeout (an env method that blocks) is restarted, its envs
+    end truncated with the reason, and the call raises naming the worker, command and timeout,
+    once the other worker's answer is read: the next step and call return their own values, not
+    a late answer ("sent 'called', expected 'batch'") nor the old call's."""
+    from benchmax_gym.wrappers import vector
+
+    monkeypatch.setattr(vector, "CALL_TIMEOUT", 1.0)
+    envs = SubprocVectorEnv([Blocks] * 4, num_workers=2)
+    try:
+        envs.reset(seed=0)
+        pid = envs.worker_pids[0]
+        with pytest.raises(vector.WorkerTimeout, match=rf"worker 0 \(pid {pid}\) of .* did not answer {command} "
+                                                       rf"'(block|stall)' within 1 s .*envs \[0, 1\]"):
+            envs.call("block", pid) if command == "call" else envs.set_attr("stall", pid)
+        assert envs.faults == 1 and envs.worker_pids[0] != pid
+        obs, rewards, terminated, truncated, info = envs.step(["a"] * 4)
+        assert truncated.tolist() == [True, True, False, False] and obs[2:] == ("echo a", "echo a")
+        assert "did not answer" in info["error"][0] and list(info["outcome"][:2]) == ["env_error"] * 2
+        assert envs.call("where") == tuple(envs.worker_pids[i // 2] for i in range(4))
+        assert envs.call("block", -1) == ("done",) * 4
+        envs.set_attr("stall", [1, 2, 3, 4])
+        assert envs.get_attr("stall") == (1, 2, 3, 4)
+        assert envs.step(["b"] * 4)[0][2:] == ("echo b", "echo b")
+    finally:
+        envs.close()
+
+
+def test_set_attr_while_a_ready_first_step_is_in_flight_finishes_it_first():
+    """set_attr after send() (its results not yet received) drops them, as call does: not
+    "worker sent 'results', expected 'called'" and a vector env whose next call hangs."""
+    envs = SubprocVectorEnv([Answers] * 4, num_workers=2)
+    try:
+        envs.reset(seed=0)
+        envs.send(["a"] * 4)
+        envs.set_attr("note", 7)
+        assert envs.get_attr("note") == (7,) * 4
+        assert envs.step(["b"] * 4)[0] == ("echo b",) * 4
+    finally:
+        envs.close()
