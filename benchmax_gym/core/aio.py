@@ -124,15 +124,10 @@ class OwnLoop:
         if loop is None or loop.is_closed() or self._pid != os.getpid():
             if self._adopted and self._pid == os.getpid():
                 raise RuntimeError("the event loop this environment was given (adopt) has been closed")
-            # made before the lock is taken: a finalizer that the collector runs while this
-            # thread makes one (it allocates) may reach another loop's making (an async teardown)
-            fresh, cond = asyncio.new_event_loop(), threading.Condition()
             with _create_lock:
                 if self._loop is loop:
-                    self._cond, self._driving, self._adopted = cond, False, False
-                    self._loop, self._pid, fresh = fresh, os.getpid(), None
-            if fresh is not None:  # another thread made it first
-                fresh.close()
+                    self._cond, self._driving, self._adopted = threading.Condition(), False, False
+                    self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
             loop = self._loop
         return loop
 
