@@ -347,29 +347,31 @@ def test_an_idle_session_is_freed_and_a_reset_opens_a_new_one(served):
     env.close()
 
 
-def _workspaces():
+def _workspaces(pid):
+    """The episode workspaces process `pid` holds (other tests, run alongside, hold theirs)."""
     from benchmax_gym.core.sandbox import _workspace_root
 
+    pattern = f"sandbox-{pid}-*/ep-*"  # an episode: its workspace and /tmp
     for _ in range(20):
         try:
-            return set(_workspace_root().glob("sandbox-*/ep-*"))  # an episode: its workspace and /tmp
-        except FileNotFoundError:  # (a sandbox of another test's removed while it was listed)
+            return set(_workspace_root().glob(pattern))
+        except FileNotFoundError:  # (a sandbox removed while it was listed)
             time.sleep(0.05)
-    return set(_workspace_root().glob("sandbox-*/ep-*"))
+    return set(_workspace_root().glob(pattern))
 
 
 def test_stopping_the_server_closes_its_open_sessions():
     """Its session's environment is closed: the episode's sandbox workspace is removed (the warm
     sandbox server itself is shared by the process's environments and outlives any one)."""
     server = InThread("benchmax/Math-v0")
-    before = _workspaces()
+    before = _workspaces(os.getpid())
     env = gym.make("benchmax/OpenEnv-v0", base_url=server.url)
     env.reset(seed=0)
     assert "42" in env.step(call("python", code="print(6 * 7)"))[0]
-    started = _workspaces() - before
+    started = _workspaces(os.getpid()) - before
     assert started  # the session's sandbox workspace
     server.close()
-    assert until(lambda: not (_workspaces() & started))
+    assert until(lambda: not (_workspaces(os.getpid()) & started))
     env.close()
 
 

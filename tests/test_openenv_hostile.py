@@ -133,16 +133,16 @@ with connect(sys.argv[1]) as socket:
 
 def test_a_client_gone_mid_step_is_freed_without_a_server_traceback(serve_cli):
     server = serve_cli("openenv-serve", "benchmax/Math-v0")
-    before = _workspaces()
     code = call("python", code="import time; time.sleep(4); print(1)")
     client = subprocess.Popen([sys.executable, "-c", MID_STEP_CLIENT, ws_url(server.url), code],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert client.stdout.readline().startswith("stepping")
     assert until(lambda: server.descendants(), 60)  # the sandbox runs the step's code
+    assert _workspaces(server.proc.pid)  # (the server's process holds no other episode)
     client.stdin.write("\n")
     client.stdin.flush()
     client.wait(60)
-    assert until(lambda: not (_workspaces() - before), 60)  # its environment closed once the step ended
+    assert until(lambda: not _workspaces(server.proc.pid), 60)  # its environment closed once the step ended
     with httpx.Client(timeout=30) as http:  # the server goes on (and has logged what it would)
         assert http.post(server.url + "/reset", json={"seed": 0}).status_code == 200
     assert not until(lambda: "Traceback" in "".join(server.lines), 2), "".join(server.lines)[-3000:]
