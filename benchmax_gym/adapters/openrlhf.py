@@ -38,11 +38,12 @@ the last paid) carry the per-turn part.
 
 Failed episodes (issue 29: a tool gone, a worker lost, a deadline; an engine ``generate`` that
 raised or returned garbage is ``model_error``; the env's reset or step raising is ``env_error``,
-logged with its traceback) come back as samples, never as exceptions: OpenRLHF's
-``generate_responses`` gathers a prompt's samples without ``return_exceptions``, so one sample
-that raised would fail the engine's Ray call and end training. (Building the env still raises,
-as what a row gets wrong does: an unknown env id or argument, a prompt over ``max_length``; so
-does a cancellation.)
+logged with its traceback; so is building it raising, for one row's unknown env id or bad
+argument as for a server or database that would not come up) come back as samples, never as
+exceptions: OpenRLHF's ``generate_responses`` gathers a prompt's samples without
+``return_exceptions``, so one sample that raised would fail the engine's Ray call and end
+training. (A label naming no env and a prompt over ``max_length`` still raise, as does a
+cancellation or an interrupt.)
 A failed sample's ``outcome_detail`` says why, in a line ("" for the others; OpenRLHF ignores the
 key); an env that failed before its prompt existed gets the row's prompt (one token where that
 cannot be rendered within ``max_length``) and no action range. OpenRLHF needs every sample
@@ -141,6 +142,15 @@ def _env_failed(session: TokenSession, what: str, exc: Exception) -> None:
     session.fail(outcomes.ENV_ERROR, outcomes.outcome_detail(f"{what} raised {type(exc).__name__}: {exc}"))
 
 
+def _unbuilt(what: str, exc: Exception, prompt_ids: list[int]) -> TokenEpisode:
+    """The episode of a sample whose env could not be built (``env_error``, logged with its
+    traceback): the row's prompt, no reply, no reward; a failed sample, as for :func:`_env_failed`."""
+    log.warning("%s raised; the sample fails (%s)", what, outcomes.ENV_ERROR, exc_info=exc)
+    error = outcomes.outcome_detail(f"{what} raised {type(exc).__name__}: {exc}")
+    return TokenEpisode(prompt_ids=prompt_ids, reward=None, truncated=True, outcome=outcomes.ENV_ERROR,
+                        info={"outcome": outcomes.ENV_ERROR, "error": error})
+
+
 def _row_prompt_ids(prompt: Any, chat: ChatTemplate, max_length: int) -> list[int]:
     """The prompt of a sample whose env failed before its own existed: the row's (its messages
     through the template, or text OpenRLHF rendered), else one token. Never empty (a sequence
@@ -193,9 +203,18 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
             name, index, kwargs = _task(label, env_id, env_kwargs)
             if not name:
                 raise ValueError("env_id is missing: pass it to make_executor(), or give it in the row's label")
-            session = TokenSession(await amake_env(name, kwargs), self._chat)
-            arrived = False
             key = json.dumps([prompt, label], sort_keys=True, default=str)
+            try:
+                env = await amake_env(name, kwargs)
+            except Exception as exc:  # (a row's bad argument, a server that would not start) env_error
+                episode = _unbuilt(f"{name} task {index}: building the env", exc,
+                                   _row_prompt_ids(prompt, self._chat, max_length))
+                if self._groups is not None:  # not a member: its siblings must not wait for it
+                    await self._groups.arrive(key, {"reward": None, "outcome": outcomes.ENV_ERROR}, None, None,
+                                              wait=False)
+                return _sample(prompt, label, images, episode, math.nan, sampling_params)
+            session = TokenSession(env, self._chat)
+            arrived = False
             try:
                 try:
                     prompt_ids = await session.areset(options=None if index is None else {"task_index": index})
@@ -246,23 +265,29 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     await asyncio.shield(asyncio.to_thread(session.close))
                 except Exception as exc:  # the episode is played (and graded): a close that fails leaks, said
                     log.warning("closing the env of %s task %s raised %s: %s", name, index, type(exc).__name__, exc)
-            start = len(episode.prompt_ids)
-            logprobs = None
-            if sampling_params.logprobs is not None:
-                logprobs = [0.0] * start + (episode.logprobs or [0.0] * len(episode.completion_ids))
-            return {"prompt": prompt, "label": label, "images": images, "mm_train_inputs": None,
-                    "reward": reward, "scores": reward, "observation_tokens": episode.input_ids,
-                    "action_ranges": [(start + a, start + b) for a, b in episode.turns],
-                    # (a failed one is not: OpenRLHF's stop-properly penalty gives truncated samples a reward)
-                    "rollout_log_probs": logprobs, "truncated": episode.cut and not episode.failed,
-                    "turn_rewards": list(episode.turn_rewards),  # one per action range
-                    "extra_logs": episode.metrics(components=False),
-                    # why it failed, in a line ("" for the others): the env's own (a tool gone) or an exception's
-                    "outcome_detail": outcomes.outcome_detail((episode.info.get("outcome_detail")
-                                                               or episode.info.get("error") or "")
-                                                              if episode.failed else "")}
+            return _sample(prompt, label, images, episode, reward, sampling_params)
 
     return AgentExecutor
+
+
+def _sample(prompt: Any, label: Any, images: Any, episode: TokenEpisode, reward: float,
+            sampling_params: Any) -> dict[str, Any]:
+    """What OpenRLHF's ``MultiTurnAgentExecutor`` returns for a sample, from its episode."""
+    start = len(episode.prompt_ids)
+    logprobs = None
+    if sampling_params.logprobs is not None:
+        logprobs = [0.0] * start + (episode.logprobs or [0.0] * len(episode.completion_ids))
+    return {"prompt": prompt, "label": label, "images": images, "mm_train_inputs": None,
+            "reward": reward, "scores": reward, "observation_tokens": episode.input_ids,
+            "action_ranges": [(start + a, start + b) for a, b in episode.turns],
+            # (a failed one is not: OpenRLHF's stop-properly penalty gives truncated samples a reward)
+            "rollout_log_probs": logprobs, "truncated": episode.cut and not episode.failed,
+            "turn_rewards": list(episode.turn_rewards),  # one per action range
+            "extra_logs": episode.metrics(components=False),
+            # why it failed, in a line ("" for the others): the env's own (a tool gone) or an exception's
+            "outcome_detail": outcomes.outcome_detail((episode.info.get("outcome_detail")
+                                                       or episode.info.get("error") or "")
+                                                      if episode.failed else "")}
 
 
 def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:

@@ -32,9 +32,9 @@ template's own rendering is what differs:
 * a reply cut by the token budget has no stop token: its turn is closed by environment tokens
   (loss mask 0), which is what the template writes after it;
 * message contents holding the text of a special or added token (a tool printing ``<|im_end|>``,
-  or Qwen's non-special ``</tool_response>``): the template's own are its ids, the contents'
-  are plain text (see :meth:`ChatTemplate.encode_messages`), where encoding the rendering would
-  make them control tokens.
+  or Qwen's non-special ``</tool_response>`` in a tool result or a simulated user's words): the
+  template's own are its ids, the contents' are plain text (see
+  :meth:`ChatTemplate.encode_messages`), where encoding the rendering would make them control tokens.
 
 The token budget (``max_tokens``) is one rule for every adapter: a turn never asks for more than
 what is left nor for 0 (:attr:`TokenSession.budget`), a reply longer than what is left is cut,
@@ -61,6 +61,7 @@ import operator
 import re
 import threading
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,23 +175,28 @@ class ChatTemplate:
         """The first prompt, rendered with the generation prompt."""
         return self.encode_messages(messages, lambda m: self.render(m, add_generation_prompt=True))
 
-    def encode_messages(self, messages: list[dict[str, Any]], render: Any) -> list[int]:
+    def encode_messages(self, messages: list[dict[str, Any]], render: Any, *,
+                        untrusted: Collection[int] = ()) -> list[int]:
         """``render(messages)`` encoded with special tokens parsed only where the template wrote
         them: a special token's text inside a message (a tool printing ``<|im_start|>system``)
         stays plain text, never a control token. Without such text it is ``encode(render(...))``.
 
         Special tokens' texts are text in every message, at any depth (a tool call's arguments
-        too). A tool result's text also reads as text the non-special added tokens the template
-        writes: Qwen's ``<tool_response>``, ``<tool_call>`` (and Qwen3's ``<think>``) are such,
-        and a tool printing ``</tool_response><tool_response>`` would otherwise forge a second
-        tool result. Other messages keep those as the trainer's tokenizer reads them: an env's
-        system prompt describing ``<tool_call>`` gets the token Qwen's own tools prompt has, an
-        assistant's ``</think>`` the one the model writes (and Qwen3's template looks for).
+        too). A tool result's text, and that of the messages at the indices ``untrusted`` (a
+        simulated user's words: an LLM the model's own text can steer), also reads as text the
+        non-special added tokens the template writes: Qwen's ``<tool_response>``, ``<tool_call>``
+        (and Qwen3's ``<think>``) are such, and a tool or a user writing
+        ``</tool_response><tool_response>`` would otherwise forge a tool result. Other messages
+        keep those as the trainer's tokenizer reads them: an env's system prompt describing
+        ``<tool_call>`` gets the token Qwen's own tools prompt has, an env's note quoting a
+        malformed call the tokens the model wrote, an assistant's ``</think>`` the one the model
+        writes (and Qwen3's template looks for).
 
         The contents' special-token texts are swapped for private-use characters, the rendering
         is split at the template's own special tokens (as the tokenizer splits it), and each run
         between them is encoded, characters swapped back, with special-token parsing off."""
-        kept = [frozenset() if m.get("role") == "tool" else self._structure for m in messages]
+        kept = [frozenset() if m.get("role") == "tool" or i in untrusted else self._structure
+                for i, m in enumerate(messages)]
         if self._special_re is None or not any(x.group() not in keep for m, keep in zip(messages, kept)
                                                for text in _strings(m) for x in self._special_re.finditer(text)):
             return self.encode(render(messages))
@@ -265,8 +271,10 @@ class ChatTemplate:
         closed = self._closed(model_ids)
         return text[closed:] if closed and text.startswith(self.turn_end[:closed]) else text
 
-    def env_ids(self, messages: list[dict[str, Any]], model_ids: list[int]) -> list[int]:
-        return self.encode_messages(messages, lambda m: self.env_text(m, model_ids))
+    def env_ids(self, messages: list[dict[str, Any]], model_ids: list[int], *,
+                untrusted: Collection[int] = ()) -> list[int]:
+        """:meth:`env_text` as ids (``untrusted``: see :meth:`encode_messages`)."""
+        return self.encode_messages(messages, lambda m: self.env_text(m, model_ids), untrusted=untrusted)
 
     def turn_rest(self, model_ids: list[int]) -> str:
         """The part of the template's final turn end the model did not generate."""
@@ -740,7 +748,8 @@ class TokenSession:
         episode.turn_rewards.append(float(reward))
         if terminated or truncated:
             return self._end(obs, reward, terminated, truncated, info)
-        ids = self.chat.env_ids(info["messages"], self._last_ids)  # (rendering only reads them)
+        messages = info["messages"]  # (rendering only reads them)
+        ids = self.chat.env_ids(messages, self._last_ids, untrusted=self._users_words(messages))
         if self.max_tokens is not None and len(episode.completion_ids) + len(ids) >= self.max_tokens:
             return None
         episode.completion_ids += ids
@@ -748,6 +757,20 @@ class TokenSession:
         if episode.logprobs is not None:
             episode.logprobs += [0.0] * len(ids)
         return ids
+
+    def _users_words(self, messages: list[dict[str, Any]]) -> set[int]:
+        """The indices of a step's messages that its simulated user said (:mod:`core.users`): their
+        markup is encoded as text, as a tool result's is. Where they cannot be told from the
+        engine's notes (a remote env, messages a wrapper changed), every user message is."""
+        episode = getattr(self.env.unwrapped, "episode", None)
+        usage = getattr(episode, "user", None)
+        if usage is None:
+            return set()
+        first = len(episode.messages) - len(messages)
+        users = {j for j, m in enumerate(messages) if m.get("role") == "user"}
+        if not usage.turns or first < 0 or episode.messages[first:] != messages:
+            return users
+        return {j for j in users if first + j in usage.turns}
 
     def _graded_as_it_stands(self) -> tuple:
         """The step that ends an episode the budget cut: an empty final reply. In an env with a
