@@ -3,8 +3,9 @@ steers by.
 
 A member's *levels* are overlays of its own ``gym.make`` keyword arguments, easiest first, each
 naming a knob of the family's generator by its path (``"task_args.difficulty.digits"``). Each
-(member, level) is its own env, built when first sampled. The :class:`Curriculum` keeps, per
-member, the success rate of its last ``window`` graded episodes at the current level, and moves
+(member, level) is its own env, built when first sampled (closed at the reset after its member's
+level moves away). The :class:`Curriculum` keeps, per member, the success rate of its last
+``window`` graded episodes at the current level, and moves
 the level up when it is above ``band[1]``, down when below ``band[0]`` (then starts counting
 afresh), or follows a fixed ``schedule`` (level as a function of the member's episodes seen).
 It learns from the rewards the env itself sees: no trainer hook. A failed episode

@@ -44,6 +44,9 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   only when forced) and the other levels are made when first needed; each other level that sets
   more than task arguments (``max_turns`` as the knob, say) is made once at make and closed, and
   every level's task arguments are checked at make too (a bad knob value is an error there).
+  When a member's curriculum level moves, its other built levels are closed at the next reset
+  (what their episodes started, an MCP server or a sandbox, was held until the mixture closed: one
+  more per level reached); one played again (a forced ``difficulty``) is made again.
 * **What the model sees is the member's**: its system prompt, tools (``info["tools"]``) and
   spaces' bounds; the mixture's spaces are Text spaces as wide as the widest member.
   ``info["member"]`` names it on every step, ``info["task_id"]`` is ``"<member>/<task id>"``
@@ -368,6 +371,7 @@ class MixEnv(gym.Env[str, str]):
         self._pending_rng: dict[str, Any] = {}  # restored RNG states of members not built yet
         self.counts = dict.fromkeys(self._names, 0)
         self.tasks = MixTasks(self)
+        self._levels = self.curriculum.levels()  # (as the built members were chosen: see _release_retired)
         self._build_drawn()
 
     def _build_drawn(self) -> None:
@@ -464,6 +468,23 @@ class MixEnv(gym.Env[str, str]):
                 self._seeded.add(member.key)
         return member
 
+    def _release_retired(self) -> None:
+        """Close the built levels of each member whose curriculum level moved (by its controller,
+        a vector env's parent, ``set_state``) since the last reset, the new level's aside: each held
+        what its episodes started (an MCP server, a sandbox) until the mixture closed, one more per
+        level reached. Called at a reset, with no episode playing. One played again (a forced
+        ``difficulty``, a level moved back) is made again, its RNG where it was."""
+        levels = self.curriculum.levels()
+        if levels == self._levels:
+            return
+        moved = {name for name, level in levels.items() if self._levels.get(name) != level}
+        self._levels = levels
+        for key in [key for key in self._built if key[0] in moved and key[1] != levels[key[0]]]:
+            member = self._built.pop(key)
+            if member.key in self._seeded or member.core._np_random is not None:
+                self._pending_rng[member.key] = member.core.np_random.bit_generator.state
+            self._close_member(member)
+
     def _make(self, name: str, level: int) -> gym.Env:
         """The member ``name`` at ``level``, made now."""
         spec = self.specs[self._names.index(name)]
@@ -475,7 +496,8 @@ class MixEnv(gym.Env[str, str]):
 
     @property
     def built_members(self) -> list[str]:
-        """The members built so far, as ``"name@level"`` (those with a weight at make, others when needed)."""
+        """The members built now, as ``"name@level"`` (those with a weight at make, others when needed;
+        a level its curriculum left is closed at the next reset)."""
         return [m.key for m in self._built.values()]
 
     @property
@@ -521,6 +543,7 @@ class MixEnv(gym.Env[str, str]):
         if seed is not None:
             self._sampler.seed(self.np_random)
             self._seed, self._seeded = int(seed), set()
+            self._pending_rng.clear()  # (a member made later is seeded from this seed, as a built one is)
         options = dict(options or {})
         name = options.pop("member", None)
         if name is not None:
@@ -585,6 +608,7 @@ class MixEnv(gym.Env[str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self._ending_episode()
+        self._release_retired()
         member, options, member_seed = self._choose(seed, options)
         with _naming(member.name):
             obs, info = (member.core if member.direct else member.env).reset(seed=member_seed, options=options)
@@ -594,6 +618,7 @@ class MixEnv(gym.Env[str, str]):
         """``reset`` as a coroutine (a vector worker interleaves many envs)."""
         super().reset(seed=seed)
         self._ending_episode()
+        self._release_retired()
         member, options, member_seed = self._choose(seed, options)
         with _naming(member.name):
             if member.direct:
@@ -657,15 +682,19 @@ class MixEnv(gym.Env[str, str]):
         """Close every built member; one whose close raises is logged by name (as adapters log an
         env's failed close) and the others are still closed."""
         for member in self._built.values():
-            try:
-                member.env.close()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("closing mixture member %r raised %s: %s (its resources may leak)", member.key,
-                            type(exc).__name__, exc)
+            self._close_member(member)
         self._built.clear()
         self._current = None
         self._episode_step = self._no_episode
         super().close()
+
+    @staticmethod
+    def _close_member(member: _Member) -> None:
+        try:
+            member.env.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("closing mixture member %r raised %s: %s (its resources may leak)", member.key,
+                        type(exc).__name__, exc)
 
     # -- records, solvers ---------------------------------------------------------------------------
 

@@ -320,6 +320,9 @@ class RunDir:
         if not isinstance(run, dict) or run.get("format") != RUN_FORMAT:
             raise EvalError(f"--out {self.path}: run.json is not a {RUN_FORMAT} record; choose a new directory")
         then_, now_ = ({k: _resumed_part(k, c.get(k)) for k in RESUME_KEYS} for c in (run, self.config))
+        chosen = _selection(run.get("tasks"), run.get("task_count"))
+        if chosen is not None and chosen == _selection(self.config.get("tasks"), self.config.get("task_count")):
+            now_["tasks"] = then_["tasks"]  # the same tasks spelled otherwise (3, "0:3", ":3")
         differs = [k for k in RESUME_KEYS if then_[k] != now_[k]]
         if differs:
             said = "; ".join(_differences("", then_, now_))
@@ -394,6 +397,28 @@ def _resumed_part(key: str, value: Any) -> Any:
     if key == "policy" and isinstance(value, dict):
         value = {k: v for k, v in value.items() if k not in RESUME_MAY_CHANGE}
     return value
+
+
+def _selection(tasks: Any, count: Any) -> tuple[int, int] | None:
+    """The task indices ``tasks`` chose, as ``(start, stop)``: what a resume must keep, not how
+    ``--tasks`` spelled it. ``count``: how many it chose (run.json's ``task_count``), for ``all``
+    and ``i:``, which reach the source's end. None where that cannot be told."""
+    try:
+        chosen = _task_range(tasks, None)
+        return chosen.start, chosen.stop
+    except (EvalError, TypeError, ValueError):
+        pass
+    if type(count) is not int or count <= 0:
+        return None
+    if tasks == "all":
+        return 0, count
+    if isinstance(tasks, str) and tasks.endswith(":") and tasks.count(":") == 1:
+        try:
+            start = int(tasks[:-1] or 0)
+        except ValueError:
+            return None
+        return start, start + count
+    return None
 
 
 def _differences(where: str, then: Any, now: Any) -> list[str]:
@@ -598,7 +623,7 @@ async def aevaluate(
             config = {"format": RUN_FORMAT, "env_id": env_id, "env_kwargs": dict(env_kwargs or {}),
                       "policy": policy.describe(), "k": k,
                       "tasks": tasks if isinstance(tasks, (str, int)) else list(tasks), "seed": seed,
-                      "task_set": task_set_of(source), **dict(extra_run_info or {})}
+                      "task_count": len(indices), "task_set": task_set_of(source), **dict(extra_run_info or {})}
             pairs = [(i, s) for i in indices for s in range(k)]
             whole = (lambda: _whole_task_set(env_id, given)) if kwargs is not given else None
             run_dir = RunDir(out, config, set(pairs), whole) if out is not None else None
@@ -618,7 +643,7 @@ async def aevaluate(
                 print(f"resuming: {len(done)} of {len(pairs)} done{again}", file=sys.stderr, flush=True)
             if pending and preflight and hasattr(policy, "preflight"):
                 await policy.preflight()
-            run = {**config, "started": _now(), "task_count": len(indices), "episodes": len(indices) * k,
+            run = {**config, "started": _now(), "episodes": len(indices) * k,
                    **_provenance()}
             if run_dir:
                 if retry_failed:

@@ -13,8 +13,10 @@ components until the rubric has ``all_of``; both are reported, weight 0):
 * ``state``: the final org equals the expected one: the target case's expected values, exactly
   the expected refund (amount) and no other row changed (the CRM-v0 collateral check);
 * ``statements``: every required statement was made to the customer (in an assistant reply
-  without tool calls): the refunded amount; the 30-day rule and the replacement; or the case number
-  and its status (the number only when no other case's number is named: a list is a guess).
+  without tool calls): the refunded amount; the 30-day rule and the replacement; the case number
+  and its status (the number only when no other case's number is named: a list is a guess; the
+  status in a sentence, not a question, with the number or the word "status"); or that the
+  customer cannot be verified ("I cannot verify your identity", with no claim that they were).
 
 Task types: ``refund_request`` (within 30 days of the order: a refund of the item's price, else a
 replacement; a fifth of the customers give an email that is not the order's: say you cannot verify
@@ -224,6 +226,55 @@ def statuses_listed(text: str) -> bool:
 
 
 _NUMBER = re.compile(r"(?<![\w.])\d+(?![\w]|\.\d)")  # a whole number, as :func:`made` reads one
+_SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n")  # (not the point of "59.99")
+
+
+def told(text: str) -> list[str]:
+    """The sentences of ``text`` that tell the customer something: a question asks ("Is this a new
+    case?", "Shall I check whether I can verify you?") and states nothing."""
+    return [s for s in _SENTENCE_END.split(text.replace("\u2019", "'")) if s.strip() and not s.rstrip().endswith("?")]
+
+
+_CLAUSE = re.compile(r"[;:]|\b(?:but|however|although|though)\b", re.I)
+_NEGATION = re.compile(r"\bnot\b|n't\b|\bnever\b|\bcannot\b|\bunable\b|\bfailed\b", re.I)
+_CANNOT_VERIFY = re.compile(  # "cannot verify", "unable to confirm", "won't be able to verify", "doesn't match"
+    r"(?:\bnot|n't|\bnever|\bcannot|\bunable to|\bfailed to)\s+(?:be\s+able\s+to\s+)?(?:\w+\s+){0,2}?"
+    r"(?:verify|verified|confirm|confirmed|authenticate|authenticated|match|matches|matched)\b|\bmismatch", re.I)
+_CLAIMS_SUCCESS = re.compile(  # "I have verified your identity", "you are now verified", "I've refunded 59.99"
+    r"\b(?:verified|confirmed|authenticated)\s+(?:you\b|your\s+identity|who\s+you\s+are)"
+    r"|\b(?:identity|you)\s+(?:is|are|has\s+been|have\s+been|was|were)\s+(?:now\s+|successfully\s+)?"
+    r"(?:verified|confirmed|authenticated)|\byou're\s+(?:now\s+)?(?:verified|confirmed|authenticated)"
+    r"|\bverification\s+(?:is\s+|was\s+|has\s+been\s+)?(?:successful|complete|passed)"
+    r"|(?:\bhave|'ve|\bhas\s+been|\bhave\s+been|\bwas|\bwere)\s+(?:\w+\s+)?refunded"
+    r"|\brefund\s+(?:has\s+been|was|is)\s+(?:\w+\s+)?(?:issued|processed|on\s+its\s+way)"
+    r"|\bissued\s+(?:you\s+)?(?:a|the|your)\s+refund", re.I)
+
+
+def told_cannot_verify(text: str) -> bool:
+    """Whether ``text`` tells the customer they cannot be verified ("I cannot verify your identity",
+    "the email doesn't match") and nowhere claims the opposite (a hedge: "I could not verify you at
+    first, but I have verified your identity"; "I have refunded 59.99"). The required statement was
+    the word "verify", which "Let me verify that for you" made."""
+    clauses = [c for s in told(text) for c in _CLAUSE.split(s)]
+    claimed = any(_CLAIMS_SUCCESS.search(c) and not _NEGATION.search(c) for c in clauses)
+    return not claimed and any(_CANNOT_VERIFY.search(c) for c in clauses)
+
+
+def status_told(status: str, number: str, text: str) -> bool:
+    """Whether ``text`` tells the case's status: in a sentence (not a question) that names the case's
+    number or says "status". Statuses are common words: "I am working on it", "Is this a new
+    problem?" made the statement "Working", "New"."""
+    return any(made(status, s) and (made(number, s) or re.search(r"\bstatus\b", s, re.I)) for s in told(text))
+
+
+def statement_made(statement: str, statements: list[str], text: str) -> bool:
+    """Whether one of a task's required ``statements`` was made in ``text`` (what the agent told the
+    customer)."""
+    if statement == "verify":  # (the unverified customer's: that they cannot be verified)
+        return told_cannot_verify(text)
+    if statement in CASE_STATUSES and len(statements) == 2:  # (a status task's: [number, status])
+        return status_told(statement, statements[0], text)
+    return made(statement, text)
 
 
 def other_cases_named(con: sqlite3.Connection, text: str, allowed: set[str]) -> set[str]:
@@ -254,7 +305,7 @@ def service_grade(episode: Any, messages: list[dict[str, Any]]) -> dict[str, flo
     refunds_hold = all(_refunds(db.con, case_id) == ([answer["refunds"][case_id]] if case_id in answer["refunds"] else [])
                        for case_id in set(db.touched) | set(answer["refunds"]))
     text = said_to_customer(messages)
-    said = all(made(s, text) for s in answer["statements"])
+    said = all(statement_made(s, answer["statements"], text) for s in answer["statements"])
     if said and set(answer["statements"]) & set(CASE_STATUSES):
         said = not statuses_listed(text)  # "New, Working or Escalated" names the status too: a guess
     pristine = state["org"].pristine

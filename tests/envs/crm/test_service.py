@@ -243,6 +243,6 @@ def test_a_customer_who_cannot_be_verified_gets_nothing_changed(env):
         "JOIN \"Case\" c ON c.OrderItemId__c = i.Id WHERE o.OrderNumber = ? AND c.Status != 'Closed'", (order,))
     refund = call(env, "issue_refund", case_id=rows[0]["Id"], amount=rows[0]["total"])
     _, info = run(env, index, [ASK, refund, f"I have refunded {rows[0]['total']:.2f}; I could not verify you first."])
-    assert info["reward_components"] == {"resolved": 0.0, "state": 0.0, "statements": 1.0}
+    assert info["reward_components"] == {"resolved": 0.0, "state": 0.0, "statements": 0.0}  # (a claimed refund)
     _, info = run(env, index, [ASK, "I am sorry, I cannot verify your identity, so I cannot change anything."])
     assert info["reward_components"]["resolved"] == 1.0
