@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import marshal
 import math
 import os
@@ -22,6 +23,23 @@ from benchmax_gym.core.aio import frame_header
 from benchmax_gym.core.sandbox import remove_tree
 
 from .worker import _in_own_tmp
+
+# A peer that ended its side of the connection, or is gone (POLLRDHUP: Linux's; elsewhere only a
+# peer gone shows, so a worker that heard close is told from a stuck one only by its exit)
+_ENDED = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR | select.POLLNVAL
+HEARS_CLOSE = hasattr(select, "POLLRDHUP")
+
+
+def ended(fds: list[int], timeout: float) -> set[int]:
+    """The descriptors among ``fds`` whose peer ended its side (a worker that heard ``close``:
+    ``worker._answer_close``) or is gone, within ``timeout`` seconds: nothing is read, so another
+    thread may be reading them meanwhile."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, _ENDED)
+    ms = max(0, math.ceil(timeout * 1000))
+    return {fd for fd, events in poller.poll(ms) if events & _ENDED}
+
 
 def readable(conns: list[Any], timeout: float | None) -> list[Any]:
     """The connections with something to read (a message, or the end of a dead peer's stream),
@@ -58,13 +76,16 @@ class _Channel:
 
     conn: Any
     crashed: str | None = None  # the worker's own error, when it reported one as it stopped
+    # how a message is pickled: a Ray host's with cloudpickle (a fresh process: what ``__main__``
+    # defines travels by value), a local worker's (``_Process.send``) with pickle
+    dumps: Callable[[Any], bytes] = staticmethod(functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL))
 
     def lost_reason(self) -> str:
         raise NotImplementedError
 
     def send(self, message: Any) -> None:
         try:
-            self.conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+            self.conn.send_bytes(self.dumps(message))
         except (BrokenPipeError, OSError):
             raise WorkerLost(self.lost_reason()) from None
 
@@ -114,6 +135,10 @@ class _Channel:
             self.send(("close", None))
         except WorkerLost:
             pass
+
+    def fileno(self) -> int | None:
+        """The connection's descriptor (None once closed, or never opened)."""
+        return self.conn.fileno()
 
 
 _LENGTH, _LONG_LENGTH = struct.Struct("!i"), struct.Struct("!Q")  # multiprocessing's frame header
@@ -243,6 +268,9 @@ class _Process(_Channel):
         except ValueError:  # (killed meanwhile, by a close() in another thread)
             pass
         return self.crashed or f"the worker process exited (code {self.exitcode})"
+
+    def fileno(self) -> int | None:
+        return None if self.fd == -1 else self.fd
 
     def alive(self) -> bool:
         try:

@@ -106,19 +106,77 @@ class _Host:
 
     def serve(self, payload: bytes, mode_value: str, fresh: bool, keep: tuple[str, ...] | None) -> None:
         """Take the parent's connection, then run the worker loop until it says close (or goes)."""
+        import ray
+
         try:
             conn = _accept(self.server, self.key, ACCEPT_TIMEOUT)
         finally:
             self.server.close()
         try:
             use_temp_root(self.tmp)
-            _worker_main(conn, functools.partial(pickle.loads, payload), mode_value, fresh, keep,
-                         origin=f"on node {self.ip}: ")
+            _worker_main(conn, functools.partial(_host_envs, payload), mode_value, fresh, keep,
+                         origin=f"on node {self.ip}: ", by_value=ray.cloudpickle.dumps)
         finally:
             conn.close()
             _remove_workspace(self.tmp)
         if conn.rejected:  # the parent learns it from Ray (the connection can no longer say it)
             raise FrameRejected(f"env host on {self.ip}: {conn.rejected}")
+
+
+def _registrations(dumps: Callable[[Any], bytes], own_id: str | None) -> dict[str, bytes]:
+    """The ids registered in Python in this process (``register_tool_env``, ``gym.register`` with
+    a function or class), each pickled with cloudpickle: a forked worker inherits them, but a host
+    is a fresh process that knows only the ids its imports register, and tools, rubrics and
+    factories written in a script's ``__main__`` travel only by value. One that cannot travel is
+    sent as a stub that says why when made there (``own_id``, the vector env's own id: a TypeError
+    here)."""
+    from benchmax_gym.registry import _PARTS, ENVS
+
+    out = {}
+    for env_id, spec in gym.registry.items():
+        if isinstance(spec.entry_point, str):
+            continue  # (a module path: the host's imports register it, as this process's did)
+        try:
+            out[env_id] = dumps((spec, _PARTS.get(env_id), ENVS.get(env_id)))
+        except Exception as exc:
+            if env_id == own_id:
+                raise TypeError(f"env: {env_id!r}'s registration (its tools, tasks, rubric...) cannot be sent to an "
+                                f"env host (cloudpickle): {type(exc).__name__}: {exc}") from exc
+            out[env_id] = pickle.dumps(_cannot_travel(spec, f"{type(exc).__name__}: {exc}"))
+    return out
+
+
+def _cannot_travel(spec: gym.envs.registration.EnvSpec, reason: str) -> tuple:
+    """A registration whose making says why it is not on this host."""
+    stub = functools.partial(_unavailable, spec.id, reason)
+    return gym.envs.registration.EnvSpec(spec.id, entry_point=stub), None, None
+
+
+def _unavailable(env_id: str, reason: str, **kwargs: Any) -> gym.Env:
+    raise gym.error.Error(f"{env_id!r} is registered in the driver process, but its registration could not be "
+                          f"brought to this env host: {reason}")
+
+
+def _host_envs(payload: bytes) -> dict[int, Callable[[], gym.Env]]:
+    """A host's environment functions, once the driver's Python registrations are made here too
+    (those the host's own imports made stay)."""
+    from benchmax_gym.registry import _PARTS, ENVS
+
+    registrations, env_fns = pickle.loads(payload)
+    for env_id, blob in registrations.items():
+        if env_id in gym.registry:
+            continue
+        try:
+            spec, parts, entry = pickle.loads(blob)
+        except Exception as exc:  # (a module this node lacks)
+            spec, parts, entry = _cannot_travel(gym.envs.registration.EnvSpec(env_id, entry_point=None),
+                                                f"{type(exc).__name__}: {exc}")
+        gym.registry[env_id] = spec
+        if parts is not None:
+            _PARTS[env_id] = parts
+        if entry is not None:
+            ENVS[env_id] = entry
+    return env_fns
 
 
 LIVENESS_CHECK_S = 1.0  # how often a silent wait asks Ray whether its hosts are still alive
@@ -359,6 +417,7 @@ class _RayHost(_Channel):
     def __init__(self, ray, actor_cls, options: dict, payload: bytes, mode: AutoresetMode, fresh: bool,
                  cleanups: list, keep: tuple[str, ...] | None = None):
         self.ray = ray
+        self.dumps = ray.cloudpickle.dumps  # (call and set_attr arguments from __main__ too)
         self.cleanups = cleanups  # the vector env's pending workspace removals
         self.closed = False
         self.name = options["name"]
@@ -436,6 +495,12 @@ class _RayHost(_Channel):
     def close(self) -> None:
         if self.conn is not None:  # (one never connected is killed)
             super().close()
+
+    def fileno(self) -> int | None:
+        try:
+            return None if self.conn is None else self.conn.fileno()
+        except OSError:  # (closed)
+            return None
 
     # Closing never calls Ray once it is shut down (at exit, say): Ray would start a new local
     # instance to serve the call, and the actors went with the old one anyway.
@@ -518,8 +583,8 @@ class RayVectorEnv(WorkerVectorEnv):
         env: an environment id (made with ``gym.make(env, **env_kwargs)`` on the hosts), a
             function that makes one, or a list of such functions (pickled with cloudpickle; a
             function defined in ``__main__`` travels by value, one from a module needs that
-            module installed on the hosts, and an id registered in Python must be registered
-            there too, e.g. by the function that makes it).
+            module installed on the hosts). Ids registered in Python here (``register_tool_env``)
+            are registered on the hosts too, their tools and rubrics from ``__main__`` by value.
         num_envs: how many environments.
         num_hosts: host actors; environments are spread evenly over them. Default:
             ``ceil(num_envs / envs_per_host)``.
@@ -579,6 +644,8 @@ class RayVectorEnv(WorkerVectorEnv):
         self._run = uuid.uuid4().hex[:8]
         self._generation = 0
         self._payloads: dict[int, bytes] = {}
+        self._registered: dict[str, bytes] | None = None  # (_registrations: made once, for every host)
+        self._env_id = env if isinstance(env, str) else None
         self._cleanups: list = []  # workspace removals on killed hosts' nodes
         self._address = address  # joined in _start_all, once _setup has checked every argument
         self._setup(env, fns, num_hosts, autoreset_mode, step_timeout, info_keys)
@@ -590,8 +657,10 @@ class RayVectorEnv(WorkerVectorEnv):
         the env whose function cannot travel to a host."""
         if w not in self._payloads:
             dumps = self._ray.cloudpickle.dumps
+            if self._registered is None:
+                self._registered = _registrations(dumps, self._env_id)
             try:
-                self._payloads[w] = dumps(self._groups[w])
+                self._payloads[w] = dumps((self._registered, self._groups[w]))
             except Exception:
                 for i, fn in self._groups[w].items():  # the first env that fails: the one to fix
                     try:

@@ -80,7 +80,7 @@ from gymnasium.vector.utils import batch_space
 from benchmax_gym.core.outcomes import outcome_detail
 
 from .batching import _collections_paused, _stack, batch_infos, join_columns, unpack_columns
-from .channel import WorkerLost, _Process, readable
+from .channel import HEARS_CLOSE, WorkerLost, _Process, ended, readable
 from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, result_arrays, unpack_results
 
 
@@ -132,6 +132,10 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict, owner: type) -> None:
         raise TypeError(unknown_arguments_message(creator, unknown, also=owner))
 
 
+CLOSE_GRACE_S = 10.0  # seconds close() gives workers to close their envs (MCP servers, sandboxes) before killing them
+# ... if they hear it within this (an idle worker, or one awaiting async steps, does at once; one
+# stuck in a synchronous step cannot, and is killed then, not after the grace)
+CLOSE_ANSWER_S = 1.0
 CALL_TIMEOUT = 120.0  # seconds every worker has to answer a call/get_attr/set_attr (or step_timeout, if longer)
 
 
@@ -784,12 +788,23 @@ class WorkerVectorEnv(VectorEnv):
             raise RuntimeError(f"this {type(self).__name__} was closed (by another thread) while a call was in flight")
 
     def close_extras(self, **kwargs: Any) -> None:
-        """Ask workers to close their environments; kill any that do not exit promptly."""
+        """Ask workers to close their environments and give them ``CLOSE_GRACE_S`` to; kill at
+        once those that do not hear it within ``CLOSE_ANSWER_S`` (stuck in a synchronous step:
+        a tool blocked in C, a ``time.sleep`` without a tool timeout), and any left at the end."""
         self._closed = True
         workers = getattr(self, "_workers", [])  # (kept: a call in flight in another thread reads them, killed)
         for worker in workers:
             worker.close()
-        deadline = time.monotonic() + 10
+        if HEARS_CLOSE:
+            fds = {worker: worker.fileno() for worker in workers}  # (None: never connected, or killed)
+            answer_by = time.monotonic() + CLOSE_ANSWER_S
+            heard: set[int] = set()
+            waiting = [fd for fd in fds.values() if fd is not None]
+            while waiting and time.monotonic() < answer_by:
+                heard |= ended(waiting, answer_by - time.monotonic())
+                waiting = [fd for fd in waiting if fd not in heard]
+            self._kill_all([worker for worker, fd in fds.items() if fd not in heard])
+        deadline = time.monotonic() + CLOSE_GRACE_S
         for worker in workers:
             worker.join(max(0.0, deadline - time.monotonic()))
         self._kill_all(workers)

@@ -4,6 +4,7 @@ commands on them, in a worker process (``SubprocVectorEnv``) or an env host (``R
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 from array import array
 import marshal
@@ -12,6 +13,7 @@ import os
 from operator import itemgetter
 import pickle
 import signal
+import socket
 import tempfile
 import threading
 import traceback
@@ -351,8 +353,8 @@ class _Worker:
                     self.emit(("batch", pack_results(out)) if self.columnar else ("results", out))
                 except Exception:  # (a result that cannot be pickled: that env's alone)
                     out = self._sendable(out)
-                    if out:
-                        self.emit(("batch", pack_results(out)) if self.columnar else ("results", out))
+                    if out:  # (infos left to the message's pickling: an env host's by value, see emit_to)
+                        self.emit(("batch", pack_results(out, defer=False)) if self.columnar else ("results", out))
                 else:
                     if self.unsent:
                         self.unsent.difference_update(i for i, _ in out)
@@ -367,9 +369,9 @@ class _Worker:
         good = []
         for i, result in rows:
             try:
-                pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+                self.dumps(result)
             except Exception as exc:
-                problem = TypeError(f"env {i}'s result cannot be sent to the parent: {_unpicklable(result)} "
+                problem = TypeError(f"env {i}'s result cannot be sent to the parent: {_unpicklable(result, self.dumps)} "
                                     f"{type(exc).__name__}: {exc}")
                 if i not in self.unsent:  # rebuilt, and reset now under SAME_STEP (its result comes next)
                     self.unsent.add(i)
@@ -382,6 +384,8 @@ class _Worker:
             self.unsent.discard(i)
             good.append((i, result))
         return good
+
+    dumps: Callable[[Any], bytes] = staticmethod(functools.partial(pickle.dumps, protocol=pickle.HIGHEST_PROTOCOL))
 
     def crash(self, exc: BaseException) -> None:
         """A command, or sending its results, failed in the worker itself (not one env's result
@@ -475,7 +479,7 @@ def _uncut(cut: tuple, values: Any) -> dict:
     return {present[0]: values} if len(present) == 1 else dict(zip(present, values))
 
 
-def pack_results(rows: list[tuple[int, tuple]]) -> tuple | bytes:
+def pack_results(rows: list[tuple[int, tuple]], defer: bool = True) -> tuple | bytes:
     """Step results as one message in columns: ``(ids, observations, rewards, terminated,
     truncated, infos)``, ids as ``(start, stop)`` when consecutive, numbers as the bytes of
     arrays and infos as :func:`pack_columns` columns (their arrays and masks built here). The
@@ -487,15 +491,16 @@ def pack_results(rows: list[tuple[int, tuple]]) -> tuple | bytes:
     if ids == list(range(ids[0], ids[0] + len(ids))):
         ids = (ids[0], ids[0] + len(ids))
     return _marshalled((ids, list(obs), array("d", rewards).tobytes(), array("b", terminated).tobytes(),
-                        array("b", truncated).tobytes(), pack_columns(infos)))  # (array: less fixed cost than numpy)
+                        array("b", truncated).tobytes(), pack_columns(infos)), defer)  # (array: less fixed cost than numpy)
 
 
-def _marshalled(message: tuple) -> tuple | bytes:
+def _marshalled(message: tuple, defer: bool = True) -> tuple | bytes:
     """A column message in ``marshal``'s format when every value is a plain builtin, else as it
     is; its object columns as bytes either way (``defer_columns``: the parent decodes them when
-    read)."""
+    read), unless not ``defer``."""
     exact = _marshal_exact(message)
-    message = (*message[:-1], defer_columns(message[-1], exact))
+    if defer:
+        message = (*message[:-1], defer_columns(message[-1], exact))
     return marshal.dumps(message, 4) if exact else message
 
 
@@ -568,33 +573,39 @@ steps/s); the cap still bounds the cyclic garbage one long command can pile up. 
 that is its own process does this (an env host's threads share one collector)."""
 
 
-def emit_to(outbox: Outbox) -> Callable[[Any], None]:
+def emit_to(outbox: Outbox, dumps: Callable[[Any], bytes] = _Worker.dumps) -> Callable[[Any], None]:
     """A worker's ``emit``: each message pickled, but a column batch already in ``marshal``'s
     format (``pack_results``) goes as its own bytes, which the parent tells from a pickle by their
-    first byte (``_Channel._read``): no pickle to wrap and unwrap, nor a copy, per worker per batch."""
+    first byte (``_Channel._read``): no pickle to wrap and unwrap, nor a copy, per worker per batch.
+    An env host's ``dumps`` (:func:`_or_by_value`) also pickles an instance of a class that came
+    from the driver's ``__main__`` by value, which this process's ``__main__`` lacks."""
     def emit(message: Any) -> None:
         if message[0] == "batch" and type(message[1]) is bytes:
             outbox.send_bytes(message[1])
         else:
-            outbox.send(message)
+            outbox.send_bytes(dumps(message))
 
     return emit
 
 
-def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") -> None:
+def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
+                 by_value: Callable[[Any], bytes] | None = None) -> None:
     """A worker (a process, or an env host's thread): commands come down the connection,
-    messages go back up it. ``origin`` prefixes a failure to start (where it happened)."""
+    messages go back up it. ``origin`` prefixes a failure to start (where it happened);
+    ``by_value`` (an env host's cloudpickle): for what pickle cannot send (:func:`_or_by_value`)."""
     own_process = threading.current_thread() is threading.main_thread()  # (not an env host's thread)
     if own_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     loop = asyncio.new_event_loop()
     outbox = Outbox(conn, loop)
-    emit = emit_to(outbox)
+    dumps = _Worker.dumps if by_value is None else _or_by_value(by_value)
+    emit = emit_to(outbox, dumps)
 
     try:
         if callable(env_fns):  # a host unpickles its payload here, so that failing says why too
             env_fns = env_fns()
         worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, emit, loop, keep)
+        worker.dumps = dumps
     except BaseException as exc:  # the parent raises this, not a bare EOFError
         emit(("failed", origin + failure_text(exc)))
         outbox.flush()
@@ -615,7 +626,11 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
             command, payload = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):  # the parent is gone
             command, payload = "close", None
+        except Exception as exc:  # (a class this process lacks): said, not a command lost while the parent waits
+            crash(exc)
+            return
         if command == "close":
+            _answer_close(conn)
             loop.stop()
             return
         if own_process:
@@ -643,6 +658,30 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "") 
     loop.close()
 
 
+def _answer_close(conn) -> None:
+    """Say "closing" by ending this side of the connection (the parent sees it without reading,
+    from any thread): a worker that does not, within moments, is stuck in a synchronous step and
+    is killed at once, while this one closes its envs (their MCP servers, sandboxes) in its time.
+    Nothing more goes to a parent that closes this worker."""
+    try:
+        with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+            sock.shutdown(socket.SHUT_WR)
+    except OSError:  # (not a socket, or the parent is gone)
+        pass
+
+
+def _or_by_value(by_value: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    """Pickle (the C pickler, fast), else ``by_value`` (cloudpickle: a class from the driver's
+    ``__main__``, which only the driver can find by name)."""
+    def dumps(value: Any) -> bytes:
+        try:
+            return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            return by_value(value)
+
+    return dumps
+
+
 async def _guarded(job) -> Any:
     """``job``, whose ``SystemExit`` or ``KeyboardInterrupt`` is the env's failure: in a task
     it would stop the worker's loop."""
@@ -652,7 +691,7 @@ async def _guarded(job) -> Any:
         return _raised(exc)
 
 
-def _unpicklable(result: tuple) -> str:
+def _unpicklable(result: tuple, dumps: Callable[[Any], bytes]) -> str:
     """Which part of a result does not pickle, as ``"info['lock']:"`` (an observation's, a
     reward's...), or ``""``."""
     *values, info = result
@@ -663,7 +702,7 @@ def _unpicklable(result: tuple) -> str:
         parts.append(("info", info))
     for name, value in parts:
         try:
-            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            dumps(value)
         except Exception:
             return f"{name}:"
     return ""
