@@ -190,6 +190,9 @@ class ToolEnv(gym.Env[str, str]):
         tools_in_prompt: render tool schemas into the system prompt (turn off when a trainer's
             chat template renders ``info["tools"]`` itself).
         reward_weights: override rubric component weights, e.g. ``{"format": 0.1}``.
+        reward_timeout: seconds each reward function may take (``None``: unbounded); past it, it
+            scores 0 with a ``reward_timeout`` error in ``info["reward_errors"]`` (the model's text
+            must not hang its grader). Default ``"rubric"``: the rubric's own (60 s unless set).
         dense_rewards: add the family's dense signal (:meth:`dense_signal`), a per-turn component
             named ``dense``: each milestone pays once, the first step that reaches it, and the
             episode earns at most ``0.2`` in all (or the number given, which must be below the
@@ -256,6 +259,7 @@ class ToolEnv(gym.Env[str, str]):
         max_observation_chars: int = 1_000_000,
         tools_in_prompt: bool = True,
         reward_weights: dict[str, float] | None = None,
+        reward_timeout: float | None | str = "rubric",
         dense_rewards: bool | float = False,
         info_timings: bool = False,
         sandbox: SandboxConfig | None = None,
@@ -305,6 +309,8 @@ class ToolEnv(gym.Env[str, str]):
             if not isinstance(reward_weights, dict):
                 raise TypeError(f"reward_weights must be a dict of component -> weight, got {reward_weights!r}")
             rubric = rubric.with_weights(reward_weights)
+        if reward_timeout != "rubric":
+            rubric = rubric.with_timeout(reward_timeout)  # (a ValueError naming reward_timeout)
         if dense_rewards:  # (checked as weighed: reward_weights may change either side)
             dense = next(f for f in rubric.turn_funcs if f.name == "dense")
             if dense.weight >= rubric.max_reward:

@@ -58,7 +58,7 @@ from typing import Any
 
 from benchmax_gym.core.aio import run_sync
 from benchmax_gym.core.outcomes import RewardFailure, is_failure
-from benchmax_gym.core.rubric import _finite
+from benchmax_gym.core.rubric import _finite, _numbered, derived_name
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class GroupFn:
     name: str
     fn: Callable[..., Any]
     weight: float = 1.0
+    auto_name: str | None = field(default=None, repr=False)  # the derived name, numbered on a clash; None: the user's
     params: tuple[str, ...] = field(init=False)
     is_async: bool = field(init=False)
 
@@ -111,14 +112,26 @@ class GroupRubric:
             elif isinstance(f, tuple):
                 gf = GroupFn(*f[:3])
             elif callable(f):
-                gf = GroupFn(getattr(f, "__name__", "group"), f)
+                name = derived_name(f, "group")
+                gf = GroupFn(name, f, auto_name=name)
             else:
                 raise TypeError(f"not a group reward function: {f!r}")
-            if any(gf.name == other.name for other in self.funcs):
-                raise ValueError(f"duplicate group reward component name {gf.name!r}")
             self.funcs.append(gf)
         if not self.funcs:
             raise ValueError("a GroupRubric needs at least one group reward function")
+        # names are unique: two the user gave that clash are refused, a derived one taken is numbered
+        chosen: dict[str, GroupFn] = {}
+        for gf in self.funcs:
+            if gf.auto_name is None:
+                if gf.name in chosen:
+                    raise ValueError(f"duplicate group reward component name {gf.name!r}: given to "
+                                     f"{chosen[gf.name].fn!r} and to {gf.fn!r}; give one of them another name")
+                chosen[gf.name] = gf
+        taken = set(chosen)
+        for gf in self.funcs:
+            if gf.auto_name is not None:
+                gf.name = gf.auto_name if gf.auto_name not in taken else _numbered(gf.auto_name, taken)
+                taken.add(gf.name)
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{f.name}*{f.weight:g}" for f in self.funcs)
@@ -138,6 +151,9 @@ class GroupRubric:
         A member's record gets ``reward`` (combined), ``individual_reward`` (its own),
         ``group_components`` (each group score) merged into ``reward_components`` too, and
         ``group_size`` (the members scored together). A failed record comes back unchanged.
+        A group score whose name is taken (a component of the member's own rubric, another
+        function's, an entry another function's dict returned) is recorded as ``name#2``
+        (``#3``...), in both, never over the other.
         """
         out = [dict(r) for r in records]
         members = [i for i, r in enumerate(out) if not _failed(r)]
@@ -171,8 +187,12 @@ class GroupRubric:
                 value = [0.0] * n
             for j, raw in enumerate(value):
                 items = raw.items() if isinstance(raw, Mapping) else [(gf.name, raw)]
+                own = group[j].get("reward_components") or {}
                 for name, one in items:
-                    s = scores[j][str(name)] = _finite(str(name), one, errors)
+                    name = str(name)
+                    if name in scores[j] or name in own or (name in self.names and name != gf.name):
+                        name = _numbered(name, scores[j], own, self.names)
+                    s = scores[j][name] = _finite(name, one, errors)
                     totals[j] += gf.weight * s
         for j, i in enumerate(members):
             record = out[i]

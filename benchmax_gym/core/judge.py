@@ -298,6 +298,7 @@ class JudgeRubric:
             return await self.score(completion, task=task, messages=messages, episode=episode)
 
         reward.__name__ = reward.__qualname__ = name
+        reward.reward_timeout = None  # (bounded by its own timeouts, failing as RewardFailure: not the rubric's 0)
         self.reward = reward
         self.group = self._group_fn()
         self.pairwise = self._pairwise_fn()

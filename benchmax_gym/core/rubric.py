@@ -21,14 +21,20 @@ Inner nodes combine their children's values (see :func:`all_of`, :func:`gate`, :
 
 Weights count only under a weighted sum; ``min``, ``product``, ``all_of`` and ``gate`` combine
 their children's plain values. Every leaf is scored (a gate that fails still reports its body),
-and ``info["reward_components"]`` has each leaf's score by name: leaf names are unique in a tree.
-``repr(rubric)`` draws the tree.
+and ``info["reward_components"]`` has each leaf's score by name: names are unique in a tree, so
+the logged components are the ones that made the reward. A name derived from the function (its
+``__name__``: two lambdas, two ``functools.partial`` of one function, the same function in a nested
+rubric, two gates) is numbered when it is taken: ``<lambda>``, ``<lambda>#2``; two names the user
+gave (a tuple's, a ``RewardFn``'s, a node's ``name=``) that clash are refused when the rubric is
+built, naming both: only the user knows which is which. ``repr(rubric)`` draws the tree.
 
 A function may return a dict of named scores (as benchmax's ``compute_reward`` does). Each entry
 becomes a component (its key is its name), and the function's value is their weighted mean:
 equal parts by default, or ``RewardFn(..., parts={"correct": 3, "format": 1})`` (an entry not in
 ``parts`` weighs 0: reported, not rewarded). So the entries' weights sum to the function's weight:
-``{"a": 1, "b": 1}`` at weight 1 scores 1.0, not 2.0.
+``{"a": 1, "b": 1}`` at weight 1 scores 1.0, not 2.0. An entry whose key is another
+component's name (in the tree, or an entry another function returned first) is recorded as
+``key#2`` (``#3``...), never over the other.
 
 A leaf marked ``per_turn=True`` (a top-level child of the rubric only) is scored after every step
 with what that step produced, and its weighted value is that step's reward; the final reward
@@ -44,6 +50,19 @@ logged with its traceback, and never breaks the episode; so does a value that is
 (``None``, text, NaN, a tree that combines past a float); ``info["reward_errors"]`` says which
 failed and why. A coroutine a sync function hands back (a decorator's wrapper) is awaited.
 
+**Every leaf is bounded** (``Rubric(..., timeout=60)``, :data:`DEFAULT_TIMEOUT` seconds; ``None``
+for none): a leaf past it scores 0 with ``reward_errors[name]`` starting ``reward_timeout``, and
+the episode stays scored. The model's hostile text can hang a grader (a user's regex that
+backtracks for ever), and a model must not escape a bad reward by hanging its grader (as with
+its own code in a sandbox: ``core.outcomes``); a leaf that can fail for reasons not the model's
+(an endpoint) bounds itself and raises ``RewardFailure``, as the judge does. A function carrying
+``reward_timeout`` (seconds, or None) has that bound instead (the judge's: None, its own
+timeouts). A sync leaf in the main thread runs inline under a ``SIGALRM`` deadline, armed once
+a minute at most rather than per call (a regex, a blocking read, a Python loop are all stopped);
+in another thread, or where SIGALRM is someone else's, it runs in a helper thread that is
+abandoned at the deadline (C code that holds the GIL cannot be stopped there). An async leaf
+is awaited under ``asyncio.wait_for``.
+
 Every family finds the model's answer by one rule, :func:`final_answer`: the content of the last
 closed ``<answer>...</answer>`` of the final reply. A reply without one has no answer and scores
 0 (it is not graded on its prose, which would reward saying many things). Math also accepts
@@ -52,9 +71,17 @@ closed ``<answer>...</answer>`` of the final reply. A reply without one has no a
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import inspect
 import logging
 import math
+import os
+import queue
+import signal
+import _signal  # (signal.getsignal's enum conversion costs 2.5 us a call: the fast path reads the handler here)
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +89,10 @@ from typing import Any
 from benchmax_gym.core.outcomes import RewardFailure
 
 log = logging.getLogger(__name__)
+
+#: seconds a leaf may take before it scores 0 with a ``reward_timeout`` error (module docstring)
+DEFAULT_TIMEOUT = 60.0
+REWARD_TIMEOUT = "reward_timeout"  #: how ``reward_errors`` starts for a leaf past its deadline
 
 CONTEXT_NAMES = ("completion", "answer", "task", "messages", "episode", "state", "tool_calls", "tool_results", "turn")
 
@@ -112,8 +143,10 @@ class RewardFn:
     context: tuple[str, ...] = ()  # names the environment offers beyond CONTEXT_NAMES
     per_turn: bool = False
     parts: Mapping[str, float] | None = None
+    auto_name: str | None = field(default=None, repr=False)  # the derived name, numbered on a clash; None: the user's
     params: tuple[str, ...] = field(init=False)
     is_async: bool = field(init=False)
+    own_timeout: Any = field(init=False, repr=False)  # the function's ``reward_timeout``, when it carries one
 
     def __post_init__(self):
         names = CONTEXT_NAMES + tuple(self.context)
@@ -133,6 +166,9 @@ class RewardFn:
         self.is_async = inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
             getattr(self.fn, "__call__", None))
         _check_weight(self.name, self.weight)
+        self.own_timeout = getattr(self.fn, "reward_timeout", _UNSET)
+        if self.own_timeout is not _UNSET:
+            _check_timeout(f"reward_timeout of {self.name!r}", self.own_timeout)
         if self.parts is not None:
             self.parts = dict(self.parts)
             for key, weight in self.parts.items():
@@ -140,11 +176,12 @@ class RewardFn:
 
     def _copy(self, **changes: Any) -> "RewardFn":
         fields = {"name": self.name, "fn": self.fn, "weight": self.weight, "context": self.context,
-                  "per_turn": self.per_turn, "parts": self.parts}
+                  "per_turn": self.per_turn, "parts": self.parts, "auto_name": self.auto_name}
         return RewardFn(**{**fields, **changes})
 
-    def _collect(self, value: Any, components: dict, errors: dict) -> float:
-        """Record ``value`` (a score or a dict of named scores); return the leaf's value."""
+    def _collect(self, value: Any, components: dict, errors: dict, taken: Any = frozenset()) -> float:
+        """Record ``value`` (a score or a dict of named scores); return the leaf's value. A dict's
+        key that is another component's (``taken``: the tree's names) is numbered."""
         if not isinstance(value, dict):
             score = _finite(self.name, value, errors)
             components[self.name] = score
@@ -155,12 +192,39 @@ class RewardFn:
             return 0.0
         parts, total, weights = self.parts, 0.0, 0.0
         for key, raw in value.items():
-            key = str(key)
-            score = components[key] = _finite(key, raw, errors)
+            key = name = str(key)
+            if name in components or (name in taken and name != self.name):
+                name = _numbered(name, components, taken)
+            score = components[name] = _finite(name, raw, errors)
             weight = 1.0 if parts is None else parts.get(key, 0.0)
             total += weight * score
             weights += weight
         return total / weights if weights else 0.0
+
+
+class _Unset:
+    """No ``reward_timeout`` of the function's own: pickled by name, so that a rubric sent to a
+    worker or an env host still tells it apart (a plain ``object()`` arrives as another object)."""
+
+    def __reduce__(self) -> str:
+        return "_UNSET"
+
+
+_UNSET = _Unset()
+
+
+def _numbered(name: str, *taken: Any) -> str:
+    """``name#2`` (``#3``...): the first not in any of ``taken``."""
+    k = 2
+    while any(f"{name}#{k}" in t for t in taken):
+        k += 1
+    return f"{name}#{k}"
+
+
+def _check_timeout(what: str, timeout: Any) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(f"{what} must be a positive number of seconds or None (no bound), got {timeout!r}")
 
 
 def _finite(name: str, raw: Any, errors: dict) -> float:
@@ -189,17 +253,76 @@ def _as_child(spec: Any, context: tuple[str, ...]) -> Child:
     if isinstance(spec, tuple):
         if len(spec) >= 2 and isinstance(spec[1], Node):
             node = _as_child(spec[1], context)
-            return node._copy(name=spec[0], weight=spec[2] if len(spec) > 2 else node.weight)
+            return node._copy(name=spec[0], auto_name=None, weight=spec[2] if len(spec) > 2 else node.weight)
         return RewardFn(*spec[:3], context=context)
     if callable(spec):
-        return RewardFn(getattr(spec, "__name__", "reward"), spec, context=context)
+        name = derived_name(spec)
+        return RewardFn(name, spec, context=context, auto_name=name)
     raise TypeError(f"not a reward function: {spec!r}")
+
+
+def derived_name(fn: Any, default: str = "reward") -> str:
+    """A function's own name: its ``__name__``, a ``functools.partial``'s function's, else its class's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or not name:
+        name = type(fn).__name__ if not inspect.isroutine(fn) else default
+    return name
+
+
+def _entries(children: list, path: tuple = ()) -> list[tuple[tuple, Any]]:
+    """Every leaf and node under ``children``, each with its path of child indices, in order."""
+    out = []
+    for i, c in enumerate(children):
+        out.append(((*path, i), c))
+        if isinstance(c, Node):
+            out += _entries(c.children, (*path, i))
+    return out
+
+
+def _what(c: Any) -> str:
+    if isinstance(c, Node):
+        return f"a {c.kind} node"
+    return f"reward function {getattr(c.fn, '__qualname__', None) or derived_name(c.fn)}"
+
+
+def _unique_names(children: list) -> list:
+    """``children`` with every name in the tree unique: a clash of two names the user gave is an
+    error naming both; a derived name that is taken is numbered (``name#2``)."""
+    entries = _entries(children)
+    chosen: dict[str, Any] = {}
+    for _, c in entries:
+        if c.auto_name is None:
+            if c.name in chosen:
+                raise ValueError(f"duplicate reward component name {c.name!r}: given to {_what(chosen[c.name])} "
+                                 f"and to {_what(c)}; give one of them another name")
+            chosen[c.name] = c
+    taken, renames = set(chosen), {}
+    for path, c in entries:
+        if c.auto_name is not None:
+            name = c.auto_name if c.auto_name not in taken else _numbered(c.auto_name, taken)
+            taken.add(name)
+            if name != c.name:
+                renames[path] = name
+    if not renames:
+        return children
+    return [_renamed(c, (i,), renames) for i, c in enumerate(children)]
+
+
+def _renamed(c: Any, path: tuple, renames: dict) -> Any:
+    if isinstance(c, Node):
+        kids = [_renamed(k, (*path, i), renames) for i, k in enumerate(c.children)]
+        if any(k is not old for k, old in zip(kids, c.children)):
+            c = c._rebuilt(kids)
+    return c._copy(name=renames[path]) if path in renames else c
 
 
 class Node:
     """An inner node of a rubric tree: combines its children's values (see :func:`all_of` ...)."""
 
     kind = "node"
+    default_name: str | None = None  # (None: the kind)
 
     def __init__(self, children: Iterable[Any], *, name: str | None = None, weight: float = 1.0,
                  context: tuple[str, ...] = (), threshold: float = 1.0):
@@ -207,14 +330,12 @@ class Node:
         self.children: list[Child] = [_as_child(c, self.context) for c in children]
         if not self.children:
             raise ValueError(f"{type(self).__name__} needs at least one reward function")
-        self.name = name or self.kind
+        self.name = name or self.default_name or self.kind
+        self.auto_name = None if name else self.name
         _check_weight(self.name, weight)
         self.weight = float(weight)
         self.threshold = threshold
-        names = [leaf.name for leaf in self.leaves()]
-        duplicate = sorted({n for n in names if names.count(n) > 1})
-        if duplicate:
-            raise ValueError(f"duplicate reward component name {duplicate[0]!r}")
+        self.children = _unique_names(self.children)
         self.has_async = any(leaf.is_async for leaf in self.leaves())
 
     # -- the tree -----------------------------------------------------------------------------
@@ -293,8 +414,8 @@ class Node:
     def _weights(self) -> list[float]:
         return [c.weight for c in self.children]
 
-    async def _value(self, context: dict[str, Any], run_coroutine: Any, components: dict, errors: dict) -> float:
-        values = [await _evaluate(c, context, run_coroutine, components, errors) for c in self.children]
+    async def _value(self, context: dict[str, Any], p: "_Pass") -> float:
+        values = [await _evaluate(c, context, p) for c in self.children]
         return self.combine(values)
 
     # -- printing -----------------------------------------------------------------------------
@@ -324,19 +445,208 @@ def _max_of(child: Child) -> float:
     return child.max_reward if isinstance(child, Node) else 1.0
 
 
-async def _evaluate(child: Child, context: dict[str, Any], run_coroutine: Any, components: dict, errors: dict) -> float:
+class _Pass:
+    """One scoring pass: where async leaves run, what it recorded, the tree's names, the bound."""
+
+    __slots__ = ("run_coroutine", "components", "errors", "taken", "timeout")
+
+    def __init__(self, run_coroutine: Any, taken: Any, timeout: float | None):
+        self.run_coroutine, self.taken, self.timeout = run_coroutine, taken, timeout
+        self.components: dict[str, float] = {}
+        self.errors: dict[str, str] = {}
+
+
+class _LeafTimeout(Exception):
+    """A leaf ran past its deadline."""
+
+
+async def _evaluate(child: Child, context: dict[str, Any], p: _Pass) -> float:
     """One child's value: a leaf's (its exceptions caught, RewardFailure aside) or a node's."""
     if isinstance(child, Node):
-        return _checked_total(child.name, await child._value(context, run_coroutine, components, errors), errors)
+        return _checked_total(child.name, await child._value(context, p), p.errors)
+    timeout = p.timeout if child.own_timeout is _UNSET else child.own_timeout
     try:
-        value = child.fn(**{n: context.get(n) for n in child.params})
+        kwargs = {n: context.get(n) for n in child.params}
+        value = child.fn(**kwargs) if child.is_async or timeout is None else _bounded(child.fn, kwargs, timeout)
         if child.is_async or inspect.iscoroutine(value):  # (a sync wrapper, a decorator's, may hand one back)
-            value = run_coroutine(value) if run_coroutine is not None else await value
+            value = _within(value, timeout)
+            value = p.run_coroutine(value) if p.run_coroutine is not None else await value
     except RewardFailure:
         raise  # not a score: the engine ends the episode with its outcome
+    except _LeafTimeout:
+        return _timed_out(child.name, timeout, p.components, p.errors)
     except Exception as exc:
-        return _raised(child.name, exc, components, errors)
-    return child._collect(value, components, errors)
+        return _raised(child.name, exc, p.components, p.errors)
+    return child._collect(value, p.components, p.errors, p.taken)
+
+
+def _timed_out(name: str, timeout: float, components: dict, errors: dict) -> float:
+    log.warning("reward component %r did not return within %g s; scored 0", name, timeout)
+    components[name] = 0.0
+    errors[name] = f"{REWARD_TIMEOUT}: did not return within {timeout:g} s (abandoned, scored 0)"
+    return 0.0
+
+
+# -- the bound on a leaf (module docstring) ----------------------------------------------------
+
+
+def _within(coroutine: Any, timeout: float | None) -> Any:
+    """``coroutine`` under ``timeout`` (a :class:`_LeafTimeout` past it)."""
+    if timeout is None:
+        return coroutine
+
+    async def bounded() -> Any:
+        try:
+            return await asyncio.wait_for(coroutine, timeout)
+        except asyncio.TimeoutError:
+            raise _LeafTimeout from None
+    return bounded()
+
+
+def _bounded(fn: Callable[..., Any], kwargs: dict, timeout: float) -> Any:
+    """``fn(**kwargs)``, or :class:`_LeafTimeout` after ``timeout`` seconds."""
+    if threading.get_ident() == _ALARM.main and _ALARM.ready(timeout):
+        return _ALARM.call(fn, kwargs, timeout)
+    return _in_thread(fn, kwargs, timeout)
+
+
+class _OutOfTime(BaseException):
+    """The alarm's exception: a BaseException, so that no ``except Exception`` in a leaf keeps it."""
+
+
+class _Alarm:
+    """Deadlines for sync leaves in the main thread, on ``SIGALRM`` (a real timer: it stops a
+    regex in C, a blocking read, a Python loop). The timer is armed once and left to fire (within
+    the timeout, at most once a minute by default): a leaf only writes its deadline, and the
+    handler re-arms for a leaf still running, raises in one past its deadline, and gives SIGALRM
+    back when none runs. Used only while SIGALRM is free (no handler of someone else's, no timer)."""
+
+    def __init__(self) -> None:
+        self.handler = self._fired  # (one bound method: compared by identity)
+        self.reset()
+
+    def reset(self) -> None:
+        self.main = threading.main_thread().ident
+        self.deadline: float | None = None  # the running leaf's
+        self.fires_at: float | None = None  # when our timer fires; None: not armed
+        self.previous: Any = signal.SIG_DFL if _HAS_ALARM else None
+
+    def ready(self, timeout: float) -> bool:
+        """Whether the timer is ours and armed (arming it when SIGALRM is free)."""
+        if self.fires_at is not None:
+            # (ours still, unless it should have fired by now or another handler took SIGALRM over)
+            if time.monotonic() < self.fires_at and _signal.getsignal(signal.SIGALRM) is self.handler:
+                return True
+            self.fires_at = None
+        if not _HAS_ALARM:
+            return False
+        try:
+            current = signal.getsignal(signal.SIGALRM)
+            if current is not self.handler:
+                if current not in (signal.SIG_DFL, signal.SIG_IGN) or signal.getitimer(signal.ITIMER_REAL)[0]:
+                    return False  # someone else's
+                self.previous = signal.signal(signal.SIGALRM, self.handler)
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+        except (ValueError, OSError):  # (not the main thread after all; no timer here)
+            return False
+        self.fires_at = time.monotonic() + timeout
+        return True
+
+    def call(self, fn: Callable[..., Any], kwargs: dict, timeout: float) -> Any:
+        start = time.monotonic()
+        outer = self.deadline
+        deadline = start + timeout if outer is None else min(outer, start + timeout)
+        if deadline < self.fires_at:  # (a shorter bound than the one armed)
+            signal.setitimer(signal.ITIMER_REAL, max(deadline - start, 1e-3))
+            self.fires_at = deadline
+        self.deadline = deadline
+        try:
+            try:
+                return fn(**kwargs)
+            finally:
+                self.deadline = outer
+        except _OutOfTime:
+            raise _LeafTimeout from None
+        finally:
+            if time.monotonic() - start > 1e-3:
+                self._check()
+
+    def _check(self) -> None:
+        """After a slow leaf: is the timer still ours (the leaf may have used SIGALRM itself)?"""
+        if self.fires_at is not None and (signal.getsignal(signal.SIGALRM) is not self.handler
+                                          or not signal.getitimer(signal.ITIMER_REAL)[0]):
+            self.fires_at = None
+
+    def _fired(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.deadline is None:  # no leaf runs: SIGALRM goes back to what it was
+            self.fires_at = None
+            signal.signal(signal.SIGALRM, self.previous)
+            return
+        if now < self.deadline:
+            self.fires_at = self.deadline
+            signal.setitimer(signal.ITIMER_REAL, self.deadline - now)
+            return
+        self.fires_at = now + 0.5
+        signal.setitimer(signal.ITIMER_REAL, 0.5)  # (again, should the leaf keep the exception)
+        raise _OutOfTime
+
+
+_HAS_ALARM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
+_ALARM = _Alarm()
+
+
+class _Runner:
+    """A helper thread that runs one calling thread's sync leaves, abandoned at a deadline."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=_serve, args=(self.jobs,), name="benchmax-reward", daemon=True).start()
+
+    def __del__(self) -> None:  # (its thread ended: the helper's ends too)
+        self.jobs.put(None)
+
+
+def _serve(jobs: queue.SimpleQueue) -> None:
+    while (job := jobs.get()) is not None:
+        fn, kwargs, box, done = job
+        try:
+            box.append((True, fn(**kwargs)))
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it
+            box.append((False, exc))
+        done.set()
+        del job, fn, kwargs, box, done
+
+
+_runners = threading.local()
+
+
+def _after_fork() -> None:
+    """A forked child inherits neither the timer nor the helper threads (only their records)."""
+    global _runners
+    _ALARM.reset()
+    _runners = threading.local()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _in_thread(fn: Callable[..., Any], kwargs: dict, timeout: float) -> Any:
+    runner = getattr(_runners, "runner", None)
+    if runner is None:
+        runner = _runners.runner = _Runner()
+    box: list = []
+    done = threading.Event()
+    runner.jobs.put((fn, kwargs, box, done))
+    if not done.wait(timeout):
+        runner.jobs.put(None)  # (its helper ends once the leaf returns, if ever)
+        _runners.runner = None
+        raise _LeafTimeout
+    ok, value = box[0]
+    if ok:
+        return value
+    raise value
 
 
 def _raised(name: str, exc: Exception, components: dict, errors: dict) -> float:
@@ -368,15 +678,25 @@ class Rubric(Node):
         funcs: leaves and nodes (see the module docstring).
         context: names the environment offers beyond the standard ones (MCP-v0's ``client``).
         shaping: the last step pays the final reward less what the per-turn leaves paid.
+        timeout: seconds each leaf may take (None: unbounded); past it, the leaf scores 0 with a
+            ``reward_timeout`` error (module docstring). The root rubric's bounds the whole tree.
     """
 
     kind = "weighted sum"
+    default_name = "rubric"
 
-    def __init__(self, funcs: Iterable[Any], context: tuple[str, ...] = (), *, name: str = "rubric",
-                 weight: float = 1.0, shaping: bool = False):
+    def __init__(self, funcs: Iterable[Any], context: tuple[str, ...] = (), *, name: str | None = None,
+                 weight: float = 1.0, shaping: bool = False, timeout: float | None = DEFAULT_TIMEOUT):
         super().__init__(funcs, name=name, weight=weight, context=context)
         self.shaping = bool(shaping)
+        _check_timeout("timeout", timeout)
+        self.timeout = timeout
         self._split()
+
+    def with_timeout(self, timeout: float | None) -> "Rubric":
+        """A copy whose leaves are bounded by ``timeout`` seconds (None: unbounded)."""
+        _check_timeout("reward_timeout", timeout)
+        return self._copy(timeout=timeout)
 
     def _split(self) -> None:
         """Per-turn leaves (top-level only) apart from the final tree."""
@@ -389,6 +709,7 @@ class Rubric(Node):
         self.final = [c for c in self.children if not (isinstance(c, RewardFn) and c.per_turn)]
         self.per_turn = bool(self.turn_funcs)
         self.turn_has_async = any(f.is_async for f in self.turn_funcs)
+        self._taken = frozenset([*self.names, *self._node_names()])  # (a dict's key that is one is numbered)
 
     def _rebuilt(self, children: list[Child]) -> "Rubric":
         new = super()._rebuilt(children)
@@ -402,10 +723,10 @@ class Rubric(Node):
         return sum(max(c.weight, 0.0) * v for c, v in zip(self.children, values)
                    if not (isinstance(c, RewardFn) and c.per_turn))
 
-    async def _value(self, context: dict[str, Any], run_coroutine: Any, components: dict, errors: dict) -> float:
+    async def _value(self, context: dict[str, Any], p: _Pass) -> float:
         total = 0.0
         for c in self.final:
-            total += c.weight * await _evaluate(c, context, run_coroutine, components, errors)
+            total += c.weight * await _evaluate(c, context, p)
         return total
 
     def score(self, run_coroutine: Callable[[Any], Any] | None = None, **context: Any):
@@ -428,16 +749,23 @@ class Rubric(Node):
         errors = _NO_ERRORS  # (read only: a dict of its own once a leaf fails)
         total = 0.0
         for leaf, milestone in self._turn_plan:
+            timeout = self.timeout if leaf.own_timeout is _UNSET else leaf.own_timeout
             try:
+                fn, params = (leaf.fn, leaf.params) if milestone is None else milestone[1:]
+                kwargs = {n: context.get(n) for n in params}
+                value = fn(**kwargs) if timeout is None else _bounded(fn, kwargs, timeout)
                 if milestone is None:
-                    value = leaf.fn(**{n: context.get(n) for n in leaf.params})
                     if type(value) is not float and inspect.iscoroutine(value):  # (a sync wrapper's)
-                        value = (run_coroutine or _no_loop)(value)
+                        value = (run_coroutine or _no_loop)(_within(value, timeout))
                 else:  # a milestones leaf: its find, called here (one frame less a step)
-                    reached, of = milestone[1](**{n: context.get(n) for n in milestone[2]})
+                    reached, of = value
                     value = _credit(context.get("episode"), milestone[0], reached, of) if reached and of else 0.0
             except RewardFailure:
                 raise
+            except _LeafTimeout:
+                errors = errors or {}
+                _timed_out(leaf.name, timeout, components, errors)
+                continue
             except Exception as exc:
                 errors = errors or {}
                 _raised(leaf.name, exc, components, errors)
@@ -446,7 +774,7 @@ class Rubric(Node):
                 components[leaf.name] = value
             else:
                 errors = errors or {}
-                value = leaf._collect(value, components, errors)
+                value = leaf._collect(value, components, errors, self._taken)
             total += leaf.weight * value
         if total - total != 0.0:
             errors = errors or {}
@@ -458,12 +786,11 @@ class Rubric(Node):
 
     async def _score(self, children: list[Child], context: dict[str, Any], run_coroutine: Any):
         """The one scoring loop: awaits async leaves, or hands them to ``run_coroutine``."""
-        components: dict[str, float] = {}
-        errors: dict[str, str] = {}
+        p = _Pass(run_coroutine, self._taken, self.timeout)
         total = 0.0
         for c in children:
-            total += c.weight * await _evaluate(c, context, run_coroutine, components, errors)
-        return _checked_total(self.name, total, errors), components, errors
+            total += c.weight * await _evaluate(c, context, p)
+        return _checked_total(self.name, total, p.errors), p.components, p.errors
 
 
 _NO_ERRORS: dict[str, str] = {}
@@ -593,5 +920,5 @@ def milestones(name: str, find: Callable[..., Any], weight: float = 0.2, *, cont
     return RewardFn(name, milestone, weight, tuple(context), per_turn=True)
 
 
-__all__ = ["AllOf", "CONTEXT_NAMES", "Gate", "Min", "Node", "Product", "RewardFn", "Rubric", "all_of", "answer_tags",
-           "final_answer", "gate", "milestones", "min_of", "product"]
+__all__ = ["AllOf", "CONTEXT_NAMES", "DEFAULT_TIMEOUT", "Gate", "REWARD_TIMEOUT", "Min", "Node", "Product", "RewardFn", "Rubric", "all_of", "answer_tags",
+           "derived_name", "final_answer", "gate", "milestones", "min_of", "product"]

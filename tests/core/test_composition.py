@@ -89,8 +89,9 @@ def test_weights_reach_nested_leaves_and_nodes_and_names_stay_unique():
     assert env.step("42")[1] == 2.0
     with pytest.raises(ValueError, match="unknown component.*'nope'"):
         rubric.with_weights({"nope": 1.0})
+    assert Rubric([exact, min_of(exact)]).names == ["exact", "exact#2"]  # a derived name is numbered
     with pytest.raises(ValueError, match="duplicate reward component name 'exact'"):
-        Rubric([exact, min_of(exact)])
+        Rubric([("exact", exact, 1.0), min_of(("exact", exact, 1.0))])  # two the user gave: refused
     with pytest.raises(ValueError, match="weight of reward component"):
         Rubric([("x", exact, math.inf)])
 

@@ -99,7 +99,7 @@ def test_async_group_functions_from_sync_and_async_callers():
     (lambda: GroupRubric([relative_rank], combine="sum"), "combine must be one of"),
     (lambda: GroupRubric([("r", lambda rewards, grade: rewards)]), "asks for ['grade']"),
     (lambda: GroupRubric([("r", relative_rank, float("inf"))]), "finite number"),
-    (lambda: GroupRubric([relative_rank, relative_rank]), "duplicate"),
+    (lambda: GroupRubric([("r", relative_rank, 1.0), ("r", best_of_k, 1.0)]), "duplicate"),  # (derived names are numbered)
 ])
 def test_bad_group_rubrics_are_refused_naming_the_problem(bad, message):
     with pytest.raises((ValueError, TypeError), match=None) as info:
