@@ -13,14 +13,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
+import logging
 import os
 import pickle
+import queue
 import signal
 import socket
 import struct
 import threading
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # Threads that drive private loops for callers that cannot (their thread already runs a loop).
 # Each drive holds one thread for the call's duration; many envs may step concurrently.
@@ -49,12 +54,69 @@ def run_sync(coroutine: Any) -> Any:
     return box[0]
 
 
+# The garbage collector runs finalizers (a dropped env's async teardown, a dropped env's loop
+# closing) in whichever thread allocates at that moment, whatever that thread holds: inside an
+# executor's submit (its locks), an env's loop being made, a sandbox lock. Driving an env's loop
+# waits for its current driver, runs code that may take any lock, and hopping to a helper thread
+# takes the executor's locks: a finalizer that did either could wait for its own thread for ever.
+# So during a collection run() and close() wait for nothing: they put the work on ``_later``
+# (SimpleQueue.put never blocks and is safe in a finalizer) and return; the porter thread,
+# started outside any collection, does the work in order. The collecting thread never waits for
+# the porter, so the porter only ever waits for threads that are free to go on.
+_collecting: list[int | None] = [None]  # the thread the collector runs in now (one at a time)
+_later: queue.SimpleQueue = queue.SimpleQueue()
+_porter_lock = threading.Lock()
+_porter_pid = 0  # the process whose porter runs (a forked child starts its own)
+
+
+def _note_collection(phase: str, info: dict[str, Any]) -> None:
+    _collecting[0] = threading.get_ident() if phase == "start" else None
+
+
+def _in_collection() -> bool:
+    return _collecting[0] == threading.get_ident()
+
+
+def _start_porter() -> None:
+    """Start this process's porter, unless it runs, or this is a finalizer: a thread's start
+    takes ``threading``'s own locks, which the collecting thread may hold (the next call starts
+    it then, and it finds what was queued meanwhile)."""
+    global _porter_pid
+    pid = os.getpid()
+    if _porter_pid == pid or _in_collection() or not _porter_lock.acquire(blocking=False):
+        return
+    try:
+        if _porter_pid != pid:
+            try:
+                threading.Thread(target=_port, name="benchmax-gym-finalizers", daemon=True).start()
+            except RuntimeError:  # (the interpreter is exiting: finalizers do their work in place)
+                return
+            _porter_pid = pid
+            if _note_collection not in gc.callbacks:  # (a forked child has its parent's)
+                gc.callbacks.append(_note_collection)
+    finally:
+        _porter_lock.release()
+
+
+def _port() -> None:
+    """The porter: what finalizers queued (``_later``), one at a time, in the order they came."""
+    while True:
+        fn, args = _later.get()
+        try:
+            fn(*args)
+        except Exception:
+            log.warning("a dropped environment's cleanup failed", exc_info=True)
+        del fn, args  # (not kept alive until the next one comes)
+
+
 def _fresh_after_fork() -> None:
     # A forked child has none of the parent's threads: a pool that believes it has idle workers
     # would never run anything, and a lock held by a parent thread would never be released.
-    global _helpers, _create_lock
+    # What the parent's finalizers queued is the parent's to run.
+    global _helpers, _create_lock, _later, _porter_lock
     _helpers = concurrent.futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="benchmax-gym-loop")
     _create_lock = threading.Lock()
+    _later, _porter_lock, _collecting[0] = queue.SimpleQueue(), threading.Lock(), None
 
 
 os.register_at_fork(after_in_child=_fresh_after_fork)
@@ -102,6 +164,7 @@ class OwnLoop:
         self._cond = threading.Condition()
         self._driving = False
         self._adopted = False
+        _start_porter()
 
     def adopt(self, loop: asyncio.AbstractEventLoop) -> None:
         """Live on ``loop``, which its owner keeps for this environment's whole life (and runs).
@@ -124,10 +187,16 @@ class OwnLoop:
         if loop is None or loop.is_closed() or self._pid != os.getpid():
             if self._adopted and self._pid == os.getpid():
                 raise RuntimeError("the event loop this environment was given (adopt) has been closed")
+            _start_porter()
+            # made before the lock is taken: a finalizer that runs while they are made (they
+            # allocate) may make another env's loop; under the lock nothing allocates
+            fresh, cond, pid = asyncio.new_event_loop(), threading.Condition(), os.getpid()
             with _create_lock:
                 if self._loop is loop:
-                    self._cond, self._driving, self._adopted = threading.Condition(), False, False
-                    self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
+                    self._cond, self._driving, self._adopted = cond, False, False
+                    self._loop, self._pid, fresh = fresh, pid, None
+            if fresh is not None:  # another thread made it first
+                fresh.close()
             loop = self._loop
         return loop
 
@@ -214,10 +283,14 @@ class OwnLoop:
     def run(self, coro: Any, timeout: float | None = None) -> Any:
         """Run ``coro`` on this loop and return its result, from synchronous code.
 
-        ``timeout`` cancels the coroutine and raises :class:`TimeoutError` when exceeded.
+        ``timeout`` cancels the coroutine and raises :class:`TimeoutError` when exceeded. From a
+        finalizer the collector runs, it is queued for the porter and returns None at once.
         """
         if timeout is not None:
             coro = asyncio.wait_for(coro, timeout)
+        if _in_collection():
+            _later.put((self._drive, (coro,)))
+            return None
         running = asyncio._get_running_loop()
         if running is None:
             return self._drive(coro)
@@ -241,7 +314,8 @@ class OwnLoop:
             raise
 
     def close(self) -> None:
-        """Cancel what is left on the loop and close it (a later call opens a fresh one)."""
+        """Cancel what is left on the loop and close it (a later call opens a fresh one). From a
+        finalizer the collector runs, the porter does it."""
         loop = self._loop
         if loop is None or loop.is_closed() or self._pid != os.getpid():
             return
@@ -251,7 +325,9 @@ class OwnLoop:
         running = asyncio._get_running_loop()
         if running is loop:
             return  # closed from inside itself: nothing can run it to a clean end; the GC will
-        if running is not None:
+        if _in_collection():
+            _later.put((self._close, (loop,)))
+        elif running is not None:
             _helpers.submit(self._close, loop).result()  # this thread runs another loop
         else:
             self._close(loop)
@@ -342,10 +418,15 @@ class Outbox:
         if self.left:
             if not self.loop.is_closed():
                 self.loop.remove_writer(self.sock.fileno())
+            blocking = os.get_blocking(self.sock.fileno())
             try:
                 self.sock.settimeout(timeout)
                 self.sock.sendall(self.left)
             except OSError:
                 pass
+            finally:  # (the timeout made the socket non-blocking, and the connection with it: they
+                # share one open file; the worker's last word, written to a parent not reading yet,
+                # failed (EAGAIN) and the parent saw the worker end "without a word")
+                os.set_blocking(self.sock.fileno(), blocking)
             self.left.clear()
         self.sock.close()

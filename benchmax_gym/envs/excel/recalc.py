@@ -837,19 +837,24 @@ class _Worker:
 
 
 _worker: _Worker | None = None
-_worker_lock = threading.Lock()
+# Reentrant: a dropped env's release (a finalizer: it may stop the worker) takes it, and the
+# collector runs finalizers in whichever thread allocates, one starting the worker under this lock
+# included (it waited for itself for ever). Such a release may come in at any point below.
+_worker_lock = threading.RLock()
 
 
 def _the_worker(replace: _Worker | None = None) -> _Worker:
     """The process's worker, started on first use; ``replace``: one that stopped, started anew."""
     global _worker
     with _worker_lock:
-        if _worker is not None and (_worker is replace or _worker.proc.poll() is not None):
-            _worker.close()
+        worker = _worker
+        if worker is not None and (worker is replace or worker.proc.poll() is not None):
             _worker = None
-        if _worker is None:
-            _worker = _Worker()
-        return _worker
+            worker.close()  # (closing twice, if a release stopped it meanwhile, does nothing more)
+            worker = None
+        if worker is None:
+            worker = _worker = _Worker()  # (a release meanwhile finds no worker to stop)
+        return worker  # (a release may have stopped it since: its call finds it gone and starts one)
 
 
 _holders = 0  # environments holding the worker (hold_worker): the last to let go stops it
@@ -870,7 +875,7 @@ def hold_worker() -> Callable[[], None]:
             return
         released.append(True)
         with _worker_lock:
-            _holders = max(0, _holders - 1)
+            _holders = _holders - 1 if _holders > 0 else 0  # (no call: a release run in one is lost)
             last = _holders == 0
         if last:
             stop_recalc_worker()
@@ -891,7 +896,7 @@ def _forget_worker_after_fork() -> None:
     """A forked child starts its own worker; it closes its copy of the parent's channel, so the
     parent's worker still sees the end of its input when the parent goes."""
     global _worker, _worker_lock, _holders
-    worker, _worker, _worker_lock, _holders = _worker, None, threading.Lock(), 0
+    worker, _worker, _worker_lock, _holders = _worker, None, threading.RLock(), 0
     if worker is not None:
         worker.control.close()
 
