@@ -57,7 +57,7 @@ from benchmax_gym.core.sandbox import remove_tree
 
 from .channel import WorkerLost, _Channel, readable
 from .vector import WorkerVectorEnv, _env_fns
-from .worker import _worker_main, use_temp_root
+from .worker import _worker_main, driver_registrations, use_temp_root, with_registrations
 
 ENV_HOST_RESOURCE = "benchmax_env_host"  # the custom resource `benchmax-gym launch` gives each node
 DEFAULT_ENVS_PER_HOST = 16
@@ -123,60 +123,11 @@ class _Host:
             raise FrameRejected(f"env host on {self.ip}: {conn.rejected}")
 
 
-def _registrations(dumps: Callable[[Any], bytes], own_id: str | None) -> dict[str, bytes]:
-    """The ids registered in Python in this process (``register_tool_env``, ``gym.register`` with
-    a function or class), each pickled with cloudpickle: a forked worker inherits them, but a host
-    is a fresh process that knows only the ids its imports register, and tools, rubrics and
-    factories written in a script's ``__main__`` travel only by value. One that cannot travel is
-    sent as a stub that says why when made there (``own_id``, the vector env's own id: a TypeError
-    here)."""
-    from benchmax_gym.registry import _PARTS, ENVS
-
-    out = {}
-    for env_id, spec in gym.registry.items():
-        if isinstance(spec.entry_point, str):
-            continue  # (a module path: the host's imports register it, as this process's did)
-        try:
-            out[env_id] = dumps((spec, _PARTS.get(env_id), ENVS.get(env_id)))
-        except Exception as exc:
-            if env_id == own_id:
-                raise TypeError(f"env: {env_id!r}'s registration (its tools, tasks, rubric...) cannot be sent to an "
-                                f"env host (cloudpickle): {type(exc).__name__}: {exc}") from exc
-            out[env_id] = pickle.dumps(_cannot_travel(spec, f"{type(exc).__name__}: {exc}"))
-    return out
-
-
-def _cannot_travel(spec: gym.envs.registration.EnvSpec, reason: str) -> tuple:
-    """A registration whose making says why it is not on this host."""
-    stub = functools.partial(_unavailable, spec.id, reason)
-    return gym.envs.registration.EnvSpec(spec.id, entry_point=stub), None, None
-
-
-def _unavailable(env_id: str, reason: str, **kwargs: Any) -> gym.Env:
-    raise gym.error.Error(f"{env_id!r} is registered in the driver process, but its registration could not be "
-                          f"brought to this env host: {reason}")
-
-
 def _host_envs(payload: bytes) -> dict[int, Callable[[], gym.Env]]:
-    """A host's environment functions, once the driver's Python registrations are made here too
-    (those the host's own imports made stay)."""
-    from benchmax_gym.registry import _PARTS, ENVS
-
+    """A host's environment functions, once the driver's Python registrations
+    (:func:`~.worker.driver_registrations`) are made here too (those the host's own imports made stay)."""
     registrations, env_fns = pickle.loads(payload)
-    for env_id, blob in registrations.items():
-        if env_id in gym.registry:
-            continue
-        try:
-            spec, parts, entry = pickle.loads(blob)
-        except Exception as exc:  # (a module this node lacks)
-            spec, parts, entry = _cannot_travel(gym.envs.registration.EnvSpec(env_id, entry_point=None),
-                                                f"{type(exc).__name__}: {exc}")
-        gym.registry[env_id] = spec
-        if parts is not None:
-            _PARTS[env_id] = parts
-        if entry is not None:
-            ENVS[env_id] = entry
-    return env_fns
+    return with_registrations(registrations, env_fns)
 
 
 LIVENESS_CHECK_S = 1.0  # how often a silent wait asks Ray whether its hosts are still alive
@@ -644,7 +595,7 @@ class RayVectorEnv(WorkerVectorEnv):
         self._run = uuid.uuid4().hex[:8]
         self._generation = 0
         self._payloads: dict[int, bytes] = {}
-        self._registered: dict[str, bytes] | None = None  # (_registrations: made once, for every host)
+        self._registered: dict[str, bytes] | None = None  # (driver_registrations: made once, for every host)
         self._env_id = env if isinstance(env, str) else None
         self._cleanups: list = []  # workspace removals on killed hosts' nodes
         self._address = address  # joined in _start_all, once _setup has checked every argument
@@ -658,7 +609,7 @@ class RayVectorEnv(WorkerVectorEnv):
         if w not in self._payloads:
             dumps = self._ray.cloudpickle.dumps
             if self._registered is None:
-                self._registered = _registrations(dumps, self._env_id)
+                self._registered = driver_registrations(dumps, self._env_id, "an env host (cloudpickle)")
             try:
                 self._payloads[w] = dumps((self._registered, self._groups[w]))
             except Exception:

@@ -70,6 +70,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import cloudpickle
 import gymnasium as gym
 import multiprocess as mp
 import numpy as np
@@ -81,7 +82,8 @@ from benchmax_gym.core.outcomes import outcome_detail
 
 from .batching import _collections_paused, _stack, batch_infos, join_columns, unpack_columns
 from .channel import HEARS_CLOSE, WorkerLost, _Process, ended, readable
-from .worker import ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, result_arrays, unpack_results
+from .worker import (ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, driver_registrations, result_arrays, unpack_results,
+                     with_registrations)
 
 
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
@@ -841,7 +843,9 @@ class SubprocVectorEnv(WorkerVectorEnv):
             killed and restarted (``None``: no limit). ``call``/``get_attr``/``set_attr`` wait
             ``CALL_TIMEOUT`` (120 s), or ``step_timeout`` if longer, then restart the workers that
             did not answer (their envs end truncated) and raise ``WorkerTimeout``.
-        context: the multiprocess start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+        context: the multiprocess start method (``"fork"``, ``"forkserver"``, ``"spawn"``). A
+            spawned or forkserver worker gets the ids registered in this process in Python (a
+            script's ``register_tool_env``), their tools and rubrics by value (cloudpickle).
         info_keys: the keys of each environment's info to return, e.g. ``["reward_components",
             "error"]`` (default ``None``: all). The others never leave the workers: a training
             loop that reads a few keys gets a lighter batch (the transcript messages and tool
@@ -869,12 +873,25 @@ class SubprocVectorEnv(WorkerVectorEnv):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):
             raise ValueError(f"num_workers must be an int from 1 to num_envs={len(fns)}, got {num_workers!r}")
         self._ctx = mp.get_context(context)
+        self._env_id = env if isinstance(env, str) else None
+        self._registered: dict[str, bytes] | None = None  # (driver_registrations: made once, for every worker)
         self._setup(env, fns, num_workers, autoreset_mode, step_timeout, info_keys)
 
     _blocking_reads = True  # a pipe: a dead worker's end reads as EOF at once
 
     def _spawn(self, w: int, fresh: bool) -> _Process:
-        return _Process(self._ctx, self._groups[w], self.autoreset_mode, fresh, self.info_keys)
+        return _Process(self._ctx, self._worker_fns(w), self.autoreset_mode, fresh, self.info_keys)
+
+    def _worker_fns(self, w: int) -> Any:
+        """Worker ``w``'s environment functions. A forked worker inherits this process's registry;
+        a spawned or forkserver one is a fresh process, so the ids registered here in Python (in
+        a script's ``__main__``) go with them, by value (cloudpickle, as to a Ray host: dill, which
+        ``multiprocess`` sends the rest with, fails on a tool's argument model)."""
+        if self._ctx.get_start_method() == "fork":
+            return self._groups[w]
+        if self._registered is None:
+            self._registered = driver_registrations(cloudpickle.dumps, self._env_id, "a worker process (cloudpickle)")
+        return functools.partial(with_registrations, self._registered, self._groups[w])
 
     def _wait(self, ws: list[int], timeout: float | None) -> list[int]:
         ahead = [w for w in ws if self._workers[w].has_message()]  # (read already: the pipe does not show it)

@@ -564,6 +564,62 @@ def _in_own_tmp(tmp: str, *args) -> None:
     _worker_main(*args)
 
 
+def driver_registrations(dumps: Callable[[Any], bytes], own_id: str | None, to: str) -> dict[str, bytes]:
+    """The ids registered in Python in this process (``register_tool_env``, ``gym.register`` with
+    a function or class), each pickled with ``dumps``: a forked worker inherits them, but a
+    spawned worker or an env host is a fresh process that knows only the ids its imports register,
+    and tools, rubrics and factories written in a script's ``__main__`` travel only by value. One
+    that cannot travel is sent as a stub that says why when made there (``own_id``, the vector
+    env's own id: a TypeError here, naming where it could not go: ``to``)."""
+    from benchmax_gym.registry import _PARTS, ENVS
+
+    out = {}
+    for env_id, spec in gym.registry.items():
+        if isinstance(spec.entry_point, str):
+            continue  # (a module path: the other process's imports register it, as this process's did)
+        try:
+            out[env_id] = dumps((spec, _PARTS.get(env_id), ENVS.get(env_id)))
+        except Exception as exc:
+            if env_id == own_id:
+                raise TypeError(f"env: {env_id!r}'s registration (its tools, tasks, rubric...) cannot be sent to "
+                                f"{to}: {type(exc).__name__}: {exc}") from exc
+            out[env_id] = pickle.dumps(_cannot_travel(spec, f"{type(exc).__name__}: {exc}"))
+    return out
+
+
+def _cannot_travel(spec: gym.envs.registration.EnvSpec, reason: str) -> tuple:
+    """A registration whose making says why it is not in this process."""
+    stub = functools.partial(_unavailable, spec.id, reason)
+    return gym.envs.registration.EnvSpec(spec.id, entry_point=stub), None, None
+
+
+def _unavailable(env_id: str, reason: str, **kwargs: Any) -> gym.Env:
+    raise gym.error.Error(f"{env_id!r} is registered in the driver process, but its registration could not be "
+                          f"brought to this process (an env host or a spawned worker): {reason}")
+
+
+def with_registrations(registrations: dict[str, bytes],
+                       env_fns: dict[int, Callable[[], gym.Env]]) -> dict[int, Callable[[], gym.Env]]:
+    """``env_fns``, once the driver's Python registrations (:func:`driver_registrations`) are made
+    in this process too (those its own imports made stay)."""
+    from benchmax_gym.registry import _PARTS, ENVS
+
+    for env_id, blob in registrations.items():
+        if env_id in gym.registry:
+            continue
+        try:
+            spec, parts, entry = pickle.loads(blob)
+        except Exception as exc:  # (a module this node lacks)
+            spec, parts, entry = _cannot_travel(gym.envs.registration.EnvSpec(env_id, entry_point=None),
+                                                f"{type(exc).__name__}: {exc}")
+        gym.registry[env_id] = spec
+        if parts is not None:
+            _PARTS[env_id] = parts
+        if entry is not None:
+            ENVS[env_id] = entry
+    return env_fns
+
+
 YOUNG_WHILE_HANDLING = 100_000
 """The cyclic GC's young threshold while a worker handles a command (20,000 between them,
 ``fewer_collections``). A collection that falls due while the envs step then runs once their

@@ -35,7 +35,10 @@ Failed episodes (an outcome that is a failure: :mod:`benchmax_gym.core.outcomes`
 group: they are not members, their record comes back unchanged (reward ``None``). A component
 that raises :class:`~benchmax_gym.core.outcomes.RewardFailure` (a judge down) fails every member
 of that group with its outcome; any other exception scores 0 for that component, as in a
-:class:`~benchmax_gym.core.rubric.Rubric`, with ``group_errors`` saying why.
+:class:`~benchmax_gym.core.rubric.Rubric`, with ``group_errors`` saying why. Each function is
+bounded as a rubric's leaves are (``GroupRubric(..., timeout=60)``, a function's own
+``reward_timeout`` instead): past it, it scores 0 for every member with a ``reward_timeout``
+error (the members' texts are the model's, and a hung grader would hang whoever holds the group).
 
 Example::
 
@@ -58,7 +61,8 @@ from typing import Any
 
 from benchmax_gym.core.aio import run_sync
 from benchmax_gym.core.outcomes import RewardFailure, is_failure
-from benchmax_gym.core.rubric import _finite, _numbered, derived_name
+from benchmax_gym.core.rubric import (_UNSET, DEFAULT_TIMEOUT, _bounded, _check_timeout, _finite, _LeafTimeout,
+                                      _numbered, _timed_out, _within, derived_name)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class GroupFn:
     auto_name: str | None = field(default=None, repr=False)  # the derived name, numbered on a clash; None: the user's
     params: tuple[str, ...] = field(init=False)
     is_async: bool = field(init=False)
+    own_timeout: Any = field(init=False, repr=False)  # the function's ``reward_timeout``, when it carries one
 
     def __post_init__(self):
         sig = inspect.signature(self.fn)
@@ -91,6 +96,9 @@ class GroupFn:
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
             raise ValueError(f"weight of group reward function {self.name!r} must be a finite number, "
                              f"got {self.weight!r}")
+        self.own_timeout = getattr(self.fn, "reward_timeout", _UNSET)
+        if self.own_timeout is not _UNSET:
+            _check_timeout(f"reward_timeout of {self.name!r}", self.own_timeout)
 
 
 class GroupRubric:
@@ -99,12 +107,17 @@ class GroupRubric:
     Args:
         funcs: functions, ``(name, fn, weight)`` tuples or :class:`GroupFn`.
         combine: ``"add"`` (own reward + group scores) or ``"replace"`` (group scores only).
+        timeout: seconds each function may take (None: unbounded); past it, it scores 0 for every
+            member with a ``reward_timeout`` error in ``group_errors`` (module docstring).
     """
 
-    def __init__(self, funcs: Iterable[GroupFn | tuple | Callable[..., Any]], *, combine: str = "add"):
+    def __init__(self, funcs: Iterable[GroupFn | tuple | Callable[..., Any]], *, combine: str = "add",
+                 timeout: float | None = DEFAULT_TIMEOUT):
         if combine not in COMBINE:
             raise ValueError(f"combine must be one of {list(COMBINE)}, got {combine!r}")
+        _check_timeout("timeout", timeout)
         self.combine = combine
+        self.timeout = timeout
         self.funcs: list[GroupFn] = []
         for f in funcs:
             if isinstance(f, GroupFn):
@@ -166,10 +179,12 @@ class GroupRubric:
         totals = [0.0] * n
         errors: dict[str, str] = {}
         for gf in self.funcs:
+            timeout = self.timeout if gf.own_timeout is _UNSET else gf.own_timeout
             try:
-                value = gf.fn(**{p: context[p] for p in gf.params})
+                kwargs = {p: context[p] for p in gf.params}
+                value = gf.fn(**kwargs) if gf.is_async or timeout is None else _bounded(gf.fn, kwargs, timeout)
                 if gf.is_async or inspect.isawaitable(value):
-                    value = await value
+                    value = await _within(value, timeout)
                 if isinstance(value, (str, bytes, bytearray, Mapping)):  # (iterable, but not one score a member)
                     raise TypeError(f"returned a {type(value).__name__}, not one score per member")
                 value = list(value)
@@ -181,6 +196,9 @@ class GroupRubric:
                     out[i].update(reward=None, outcome=exc.outcome, reward_components={},
                                   error=f"group reward {gf.name!r}: {exc}")
                 return out
+            except _LeafTimeout:
+                _timed_out(gf.name, timeout, {}, errors)
+                value = [0.0] * n
             except Exception as exc:
                 log.warning("group reward %r raised; scored 0", gf.name, exc_info=exc)
                 errors[gf.name] = f"{type(exc).__name__}: {exc}"

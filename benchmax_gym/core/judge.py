@@ -365,6 +365,7 @@ class JudgeRubric:
             return self._parsed(self.parse_group, text, request, k)
 
         group.__name__ = f"{self.name}_group"
+        group.reward_timeout = None  # (bounded by its own timeouts, failing as RewardFailure)
         return group
 
     def _pairwise_fn(self) -> Callable[..., Any]:
@@ -393,6 +394,7 @@ class JudgeRubric:
             return [w / (orders * (k - 1)) for w in wins]
 
         pairwise.__name__ = f"{self.name}_pairwise"
+        pairwise.reward_timeout = None
         return pairwise
 
     # -- requests and the cache -----------------------------------------------------------------

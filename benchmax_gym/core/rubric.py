@@ -367,9 +367,22 @@ class Node:
         return new
 
     def map_leaves(self, fn: Callable[[RewardFn], RewardFn]) -> "Node":
-        """A copy of the tree with each leaf replaced by ``fn(leaf)``."""
-        children = [c.map_leaves(fn) if isinstance(c, Node) else fn(c) for c in self.children]
-        return self._rebuilt(children)
+        """A copy of the tree with each leaf replaced by ``fn(leaf)``. A name ``fn`` gives a leaf
+        is the user's: the names are checked again, as the constructor checks them (a clash of
+        two names the user gave is an error, a derived one taken is numbered)."""
+        return self._rebuilt(_unique_names(self._mapped(fn)))
+
+    def _mapped(self, fn: Callable[[RewardFn], RewardFn]) -> list[Child]:
+        out: list[Child] = []
+        for c in self.children:
+            if isinstance(c, Node):
+                out.append(c._rebuilt(c._mapped(fn)))
+                continue
+            leaf = fn(c)
+            if leaf.name != c.name and getattr(leaf, "auto_name", None) is not None:
+                leaf = leaf._copy(auto_name=None)  # (renamed: no longer the derived name, numbered back)
+            out.append(leaf)
+        return out
 
     def _rebuilt(self, children: list[Child]) -> "Node":
         new = self._copy(children=children)
