@@ -430,6 +430,13 @@ def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command
                 shown = f"[{host}]" if ":" in host else host
                 print(f"benchmax-gym {command}: listening on http://{shown}:{bound}{path}", file=sys.stderr, flush=True)
 
+        def handle_exit(self, sig, frame) -> None:
+            # from Ctrl-C on, a response cut short is the interrupt's doing (one may end before
+            # shutdown() begins: an MCP session's event stream); removed below
+            for name in _CUT_BY_SHUTDOWN:
+                logging.getLogger(name).addFilter(_not_cut_by_shutdown)
+            super().handle_exit(sig, frame)
+
         async def shutdown(self, sockets=None) -> None:
             for name in _CUT_BY_SHUTDOWN:  # (removed below)
                 logging.getLogger(name).addFilter(_not_cut_by_shutdown)
