@@ -1130,8 +1130,9 @@ class ToolEnv(gym.Env[str, str]):
             final, components, reward_errors = plan.score
             final = float(final)
             if plan.turn_score is not None:  # the final leaves and each per-turn leaf's episode total
-                components = {**components, **episode.turn_totals()}
-                reward_errors = {**info.get("reward_errors", {}), **reward_errors}
+                # (a name both passes wrote is numbered, as the rubric numbers names: never written over)
+                components, reward_errors = self.rubric.with_turn_totals(
+                    components, reward_errors, episode.turn_totals(), info.get("reward_errors", {}))
                 # shaping: the return is the final reward (this step pays what the earlier ones did not)
                 reward = final - (episode.turn_paid - reward) if self.rubric.shaping else final + reward
             else:

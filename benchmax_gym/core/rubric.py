@@ -43,6 +43,9 @@ the final reward plus the per-turn rewards. ``Rubric(..., shaping=True)`` asks f
 instead: the last step pays the final reward less what the per-turn leaves paid, so the return is
 the final reward and the per-turn leaves only move credit earlier. :func:`milestones` builds a
 per-turn leaf that cannot be farmed (each milestone pays once, the sum is capped by its weight).
+The last step's components are the final leaves' and each per-turn leaf's episode total; an entry
+key both a per-turn and a final function returned is numbered in the final's (``key#2``), so the
+per-turn name means at the last step what it meant at every step, and neither is written over.
 
 A component that raises :class:`~benchmax_gym.core.outcomes.RewardFailure` (it could not score,
 e.g. its judge is down) fails the episode with that outcome; any other exception scores 0, is
@@ -58,7 +61,8 @@ its own code in a sandbox: ``core.outcomes``); a leaf that can fail for reasons 
 (an endpoint) bounds itself and raises ``RewardFailure``, as the judge does. A function carrying
 ``reward_timeout`` (seconds, or None) has that bound instead (the judge's: None, its own
 timeouts). A sync leaf in the main thread runs inline under a ``SIGALRM`` deadline, armed once
-a minute at most rather than per call (a regex, a blocking read, a Python loop are all stopped);
+a minute at most rather than per call (a regex, a blocking read, a Python loop are all stopped;
+before each leaf it is armed again if the last leaf used SIGALRM itself and left the timer off);
 in another thread, or where SIGALRM is someone else's, it runs in a helper thread that is
 abandoned at the deadline (C code that holds the GIL cannot be stopped there). An async leaf
 is awaited under ``asyncio.wait_for``.
@@ -72,6 +76,7 @@ closed ``<answer>...</answer>`` of the final reply. A reply without one has no a
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import inspect
 import logging
@@ -547,8 +552,10 @@ class _Alarm:
     def ready(self, timeout: float) -> bool:
         """Whether the timer is ours and armed (arming it when SIGALRM is free)."""
         if self.fires_at is not None:
-            # (ours still, unless it should have fired by now or another handler took SIGALRM over)
-            if time.monotonic() < self.fires_at and _signal.getsignal(signal.SIGALRM) is self.handler:
+            # (ours still, unless it should have fired by now, another handler took SIGALRM over, or
+            # a leaf that used SIGALRM itself gave the handler back with the timer off: Math's check)
+            if (time.monotonic() < self.fires_at and _signal.getsignal(signal.SIGALRM) is self.handler
+                    and _signal.getitimer(signal.ITIMER_REAL)[0]):
                 return True
             self.fires_at = None
         if not _HAS_ALARM:
@@ -580,15 +587,6 @@ class _Alarm:
                 self.deadline = outer
         except _OutOfTime:
             raise _LeafTimeout from None
-        finally:
-            if time.monotonic() - start > 1e-3:
-                self._check()
-
-    def _check(self) -> None:
-        """After a slow leaf: is the timer still ours (the leaf may have used SIGALRM itself)?"""
-        if self.fires_at is not None and (signal.getsignal(signal.SIGALRM) is not self.handler
-                                          or not signal.getitimer(signal.ITIMER_REAL)[0]):
-            self.fires_at = None
 
     def _fired(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
@@ -643,6 +641,22 @@ def _after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
+
+
+def _at_exit() -> None:
+    """Our timer off and SIGALRM given back before the interpreter's teardown, which resets the
+    handler to the default: a timer still armed then ended the process ('Alarm clock', exit 142,
+    buffered output lost) once a teardown outlasted what the timer had left (sympy's can)."""
+    try:
+        if _ALARM.fires_at is not None and signal.getsignal(signal.SIGALRM) is _ALARM.handler:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, _ALARM.previous)
+        _ALARM.fires_at = None
+    except (ValueError, OSError):  # (not the main thread)
+        pass
+
+
+atexit.register(_at_exit)
 
 
 def _in_thread(fn: Callable[..., Any], kwargs: dict, timeout: float) -> Any:
@@ -793,6 +807,28 @@ class Rubric(Node):
             errors = errors or {}
             total = _checked_total(self.name, total, errors)
         return total, components, errors
+
+    def with_turn_totals(self, components: dict, errors: dict, totals: dict, turn_errors: dict) -> tuple[dict, dict]:
+        """The last step's ``(components, errors)``: the final leaves' beside each per-turn leaf's
+        episode total. A name both passes wrote (a per-turn and a final leaf's dicts with the same
+        key; numbered alike in each pass) is numbered in the final's (``name#2``), its error with it:
+        the per-turn name keeps what it meant at every step, and neither is written over."""
+        if not (components.keys() & totals.keys() or errors.keys() & turn_errors.keys()):
+            return {**components, **totals}, {**turn_errors, **errors}
+        merged: dict[str, float] = {}
+        renames: dict[str, str] = {}
+        for name, value in components.items():
+            if name in totals:
+                name = renames[name] = _numbered(name, totals, components, merged, self._taken)
+            merged[name] = value
+        merged.update(totals)
+        merged_errors = dict(turn_errors)
+        for name, message in errors.items():
+            name = renames.get(name, name)
+            if name in merged_errors:  # (an error of no component's: the rubric's own, a total past a float)
+                name = _numbered(name, merged_errors, errors, merged, self._taken)
+            merged_errors[name] = message
+        return merged, merged_errors
 
     async def ascore_turn(self, **context: Any):
         return await self._score(self.turn_funcs, context, None)

@@ -13,9 +13,9 @@ components until the rubric has ``all_of``; both are reported, weight 0):
 * ``state``: the final org equals the expected one: the target case's expected values, exactly
   the expected refund (amount) and no other row changed (the CRM-v0 collateral check);
 * ``statements``: every required statement was made to the customer (in an assistant reply
-  without tool calls): the refunded amount; the 30-day rule and the replacement; the case number
-  and its status (the number only when no other case's number is named: a list is a guess; the
-  status in a sentence, not a question, with the number or the word "status"); or that the
+  without tool calls), in a sentence that is not a question: the refunded amount; the 30-day rule
+  and the replacement; the case number and its status (the number only when no other case's number
+  is named: a list is a guess; the status with the number or the word "status"); or that the
   customer cannot be verified ("I cannot verify your identity", with no claim that they were).
 
 Task types: ``refund_request`` (within 30 days of the order: a refund of the item's price, else a
@@ -250,12 +250,17 @@ _CLAIMS_SUCCESS = re.compile(  # "I have verified your identity", "you are now v
     r"|\bissued\s+(?:you\s+)?(?:a|the|your)\s+refund", re.I)
 
 
+# an aside of up to three words, not a negation: ", unfortunately," "— at this time —"
+_ASIDE = re.compile(r"[,\u2013\u2014]\s*(?!(?:not|never|no)\b)\w+(?:\s+\w+){0,2}\s*[,\u2013\u2014]", re.I)
+
+
 def told_cannot_verify(text: str) -> bool:
     """Whether ``text`` tells the customer they cannot be verified ("I cannot verify your identity",
     "the email doesn't match") and nowhere claims the opposite (a hedge: "I could not verify you at
     first, but I have verified your identity"; "I have refunded 59.99"). The required statement was
-    the word "verify", which "Let me verify that for you" made."""
-    clauses = [c for s in told(text) for c in _CLAUSE.split(s)]
+    the word "verify", which "Let me verify that for you" made. An aside set off by commas or dashes
+    is read past ("I cannot, unfortunately, verify your identity" was not read as saying it)."""
+    clauses = [_ASIDE.sub(" ", c) for s in told(text) for c in _CLAUSE.split(s)]
     claimed = any(_CLAIMS_SUCCESS.search(c) and not _NEGATION.search(c) for c in clauses)
     return not claimed and any(_CANNOT_VERIFY.search(c) for c in clauses)
 
@@ -269,12 +274,13 @@ def status_told(status: str, number: str, text: str) -> bool:
 
 def statement_made(statement: str, statements: list[str], text: str) -> bool:
     """Whether one of a task's required ``statements`` was made in ``text`` (what the agent told the
-    customer)."""
+    customer): in a sentence that is not a question ("Would you like a replacement?" offers one, it
+    does not say one is on its way; "Would a refund of $59.99 work?" refunds nothing)."""
     if statement == "verify":  # (the unverified customer's: that they cannot be verified)
         return told_cannot_verify(text)
     if statement in CASE_STATUSES and len(statements) == 2:  # (a status task's: [number, status])
         return status_told(statement, statements[0], text)
-    return made(statement, text)
+    return made(statement, "\n".join(told(text)))
 
 
 def other_cases_named(con: sqlite3.Connection, text: str, allowed: set[str]) -> set[str]:

@@ -42,6 +42,7 @@ import math
 import re
 import signal
 import threading
+import time
 from decimal import Decimal
 from fractions import Fraction
 
@@ -804,7 +805,10 @@ def _verify_with_alarm(gold: str, predicted: str, timeout: float) -> bool:
     """In the main thread: the whole check under one ``SIGALRM`` deadline (a real timer: fractions
     of a second work), which stops Python code between bytecodes. Never inside an import: sympy
     half imported stays broken for the process (every later answer scored 0), so the first
-    import is done first and an alarm during a lazy one waits for it."""
+    import is done first and an alarm during a lazy one waits for it. A timer the caller had
+    armed (the rubric's bound on this leaf) is armed again for the time it had left, which a
+    check cannot overrun by more than ``timeout``: taken and left off, the rest of the caller's
+    pass ran unbounded (a backtracking regex in a later leaf hung the step)."""
     import math_verify  # noqa: F401 - sympy and the parser, imported before the timer starts
 
     def out_of_time(signum, frame):
@@ -816,9 +820,11 @@ def _verify_with_alarm(gold: str, predicted: str, timeout: float) -> bool:
         raise _OutOfTime
 
     previous = signal.signal(signal.SIGALRM, out_of_time)
+    outer: tuple[float, float] = (0.0, 0.0)
+    start = time.monotonic()
     try:
         try:
-            signal.setitimer(signal.ITIMER_REAL, timeout)
+            outer = signal.setitimer(signal.ITIMER_REAL, timeout)
             return _verify(gold, predicted)
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -826,6 +832,8 @@ def _verify_with_alarm(gold: str, predicted: str, timeout: float) -> bool:
         return False
     finally:
         signal.signal(signal.SIGALRM, previous)
+        if outer[0]:  # the caller's timer (a rubric's per-leaf bound): armed again for what it had left
+            signal.setitimer(signal.ITIMER_REAL, max(outer[0] - (time.monotonic() - start), 1e-6), outer[1])
 
 
 def _verify_in_thread(gold: str, predicted: str, timeout: float) -> bool:
