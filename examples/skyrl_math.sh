@@ -9,6 +9,7 @@ uv run --isolated --extra fsdp --with 'benchmax-gym[skyrl]' python "$(dirname "$
   data.train_data="['$DATA_DIR/train.parquet']" \
   data.val_data="['$DATA_DIR/validation.parquet']" \
   trainer.algorithm.advantage_estimator="grpo" \
+  trainer.algorithm.dynamic_sampling.type=filter \
   trainer.policy.model.path="Qwen/Qwen2.5-1.5B-Instruct" \
   trainer.placement.colocate_all=true \
   trainer.strategy=fsdp \

@@ -376,6 +376,21 @@ class ChatTemplate:
         return stops
 
 
+def users_words(env: Any, messages: list[dict[str, Any]]) -> set[int]:
+    """The indices of a step's messages that its simulated user said (:mod:`core.users`): their
+    markup is to be read as text, as a tool result's is. Where they cannot be told from the
+    engine's notes (a remote env, messages a wrapper changed), every user message is."""
+    episode = getattr(getattr(env, "unwrapped", env), "episode", None)
+    usage = getattr(episode, "user", None)
+    if usage is None:
+        return set()
+    first = len(episode.messages) - len(messages)
+    users = {j for j, m in enumerate(messages) if m.get("role") == "user"}
+    if not usage.turns or first < 0 or episode.messages[first:] != messages:
+        return users
+    return {j for j in users if first + j in usage.turns}
+
+
 def _special_ids(tokenizer: Any) -> set[int]:
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     return special | {i for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if t.special}
@@ -759,18 +774,8 @@ class TokenSession:
         return ids
 
     def _users_words(self, messages: list[dict[str, Any]]) -> set[int]:
-        """The indices of a step's messages that its simulated user said (:mod:`core.users`): their
-        markup is encoded as text, as a tool result's is. Where they cannot be told from the
-        engine's notes (a remote env, messages a wrapper changed), every user message is."""
-        episode = getattr(self.env.unwrapped, "episode", None)
-        usage = getattr(episode, "user", None)
-        if usage is None:
-            return set()
-        first = len(episode.messages) - len(messages)
-        users = {j for j, m in enumerate(messages) if m.get("role") == "user"}
-        if not usage.turns or first < 0 or episode.messages[first:] != messages:
-            return users
-        return {j for j in users if first + j in usage.turns}
+        """:func:`users_words` of this session's env."""
+        return users_words(self.env, messages)
 
     def _graded_as_it_stands(self) -> tuple:
         """The step that ends an episode the budget cut: an empty final reply. In an env with a

@@ -46,10 +46,11 @@ in the loss), ``reward_score`` NaN (``None`` would turn off the batch's ``rm_sco
 verl stacks them with the other trajectories'); ``extra_fields["outcome_detail"]`` says why, in a
 line ("" for the others). An env that failed before its prompt existed gets the row's
 ``raw_prompt`` through the template (one token if that does not fit ``prompt_length``; never
-empty, a row of the actor's batch that would attend to no token at all). What a row's env id
-or arguments get wrong (an unknown id, a ``TypeError`` or ``ValueError`` building it) still
-raises, as a prompt over ``prompt_length`` does: the dataset's error, the same for every such
-row. verl's
+empty, a row of the actor's batch that would attend to no token at all). A row's unknown env id
+or bad argument is such a failure too (``env_error``, the error naming it), as in the OpenRLHF and
+SkyRL adapters: raising it failed the batch of every other row. What still raises: a row naming
+no env at all, a prompt over ``prompt_length``, and a wrong env or argument in the agent loop
+config file (when verl builds the loop), which are the configuration's, not one row's. verl's
 own GRPO would average that NaN into the group, so train with the estimators registered here
 (``algorithm.adv_estimator=...``), verl's GRPO over each group's scored trajectories:
 
@@ -94,7 +95,6 @@ from collections import defaultdict
 from typing import Any
 from uuid import uuid4
 
-import gymnasium as gym
 import torch
 
 from benchmax_gym.adapters.tokens import ChatTemplate, TokenEpisode, TokenSession, amake_env, make_env, task_dataset
@@ -107,9 +107,6 @@ except ImportError:  # pragma: no cover - exercised by the missing-extra test in
     raise ImportError("the verl adapter needs verl: pip install 'benchmax-gym[verl]'") from None
 
 log = logging.getLogger(__name__)
-# what building a row's env raises for the row itself (an unknown id, a wrong or bad argument):
-# verl sees it, as it sees the agent loop config's at loop construction
-_CONFIGURATION_ERRORS = (gym.error.Error, TypeError, ValueError)
 
 
 # verl builds an agent loop per trajectory (AgentLoopWorker._run_agent_loop): what does not change
@@ -173,9 +170,7 @@ class BenchmaxAgentLoop(AgentLoopBase):
         options = {"task_index": int(task)} if task is not None else None
         try:
             env = await amake_env(env_id, {**self.env_kwargs, **(extra.get("env_kwargs") or {})})
-        except _CONFIGURATION_ERRORS:  # the row's env id or arguments: every such row fails alike
-            raise
-        except Exception as exc:  # (a server that would not start, a database copy that failed)
+        except Exception as exc:  # (a row's unknown id or bad argument, a server that would not start)
             return self._output(self._env_failed(kwargs, f"{env_id} task {task}: building the env", exc),
                                 sampling_params)
         session = TokenSession(env, self.chat, max_tokens=self.response_length)

@@ -102,13 +102,29 @@ def test_observations_are_openai_messages_the_template_renders():
     env.close()
 
 
-def test_bad_configuration_fails_when_skyrl_makes_the_env():
+def test_a_row_naming_no_env_raises_and_a_row_naming_a_wrong_one_fails_its_trajectory():
+    """No env_id at all is the dataset's format, raised when SkyRL makes the env; an unknown id or
+    a bad argument (one row's) is that trajectory's ``env_error``, naming it, as OpenRLHF's adapter does: SkyRL
+    gathers a batch without ``return_exceptions``, so raising ended the whole batch."""
+    import json
+    import math
+
     with pytest.raises(ValueError, match="env_id is missing.*env_id column"):
         skyrl_gym.make("benchmax", env_config=OmegaConf.create({}), extras={})
-    with pytest.raises(Exception, match="Mth"):
-        skyrl_gym.make("benchmax", env_config={"env_id": "benchmax/Mth-v0"}, extras={})
-    with pytest.raises(TypeError, match="max_turn"):
-        skyrl_gym.make("benchmax", env_config={"env_id": "benchmax/Math-v0", "env_kwargs": {"max_turn": 2}}, extras={})
+    env = skyrl_gym.make("benchmax", env_config={"env_id": "benchmax/Mth-v0"}, extras={})
+    prompt = [{"role": "user", "content": "What is 6*7?"}]
+    assert env.init(prompt)[0] == prompt  # the row's prompt: the model still gets one turn
+    out = env.step("42")
+    assert out["done"] and math.isnan(out["reward"]) and out["metadata"]["outcome"] == "env_error"
+    assert "Mth" in out["metadata"]["outcome_detail"]
+    env.close()
+    env = skyrl_gym.make("benchmax", env_config={}, extras={"env_id": "benchmax/Math-v0",
+                                                            "env_kwargs": json.dumps({"max_turn": 2})})
+    env.init(prompt)
+    out = env.step("42")
+    assert math.isnan(out["reward"]) and "TypeError" in out["metadata"]["outcome_detail"]
+    assert "max_turn" in out["metadata"]["outcome_detail"]
+    env.close()
 
 
 def test_a_mixed_dataset_plays_each_rows_env_and_skyrl_aggregates_the_metrics():

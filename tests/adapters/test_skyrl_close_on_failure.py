@@ -1,5 +1,5 @@
 """SkyRL: an env whose ``init`` or ``step`` raises, or whose episode ends failed, is closed at once
-by the adapter. SkyRL 0.4's generator closes an env only after an episode that ends without an
+by the adapter (and a raising one ends its trajectory ``env_error`` rather than SkyRL's batch). SkyRL 0.4's generator closes an env only after an episode that ends without an
 exception (no ``finally`` around its loop), so such an env kept its MCP server running and its
 workspace on disk until garbage collection. The env here is MCP-v0 with its bundled example
 server (a real stdio subprocess), driven as SkyRL's generator drives it (``test_skyrl._agent_loop``)."""
@@ -72,22 +72,44 @@ def _released(env):
     return env.servers and not any(map(_running, env.servers)) and not env.unwrapped._root.exists()
 
 
-@pytest.mark.parametrize("fail_at, error", [("init", ConnectionError), ("step", ConnectionResetError)])
-def test_an_env_raising_in_skyrls_loop_is_closed_before_the_error_goes_on(fail_at, error):
-    """init: its reset raises after its server started; step: its step raises. The error reaches
-    SkyRL's loop as it was, and by then the server is gone and the workspace removed (SkyRL never
-    closes this env)."""
+@pytest.mark.parametrize("fail_at, error", [("init", "ConnectionError: the task store at 10.0.0.7 is unreachable"),
+                                            ("step", "ConnectionResetError: the env's sandbox host reset the connection")])
+def test_an_env_raising_in_skyrls_loop_is_closed_and_its_trajectory_fails(fail_at, error):
+    """init: its reset raises after its server started; step: its step raises. SkyRL's loop gets
+    a trajectory that ends ``env_error`` (NaN, the error's own text in ``outcome_detail``), not
+    the exception (which failed SkyRL's whole batch), and by then the server is gone and the
+    workspace removed."""
     MADE.clear()
 
     async def main():
         with concurrent.futures.ThreadPoolExecutor(1) as executor:
             return await _agent_loop(executor, {}, _row(fail_at), lambda history: ANSWER)
 
-    with pytest.raises(error):
-        asyncio.run(main())
+    history, rewards, last, metrics = asyncio.run(main())
+    assert last["done"] and last["metadata"]["failed"] and last["metadata"]["outcome"] == "env_error"
+    assert error in last["metadata"]["outcome_detail"] and ENV_ID in last["metadata"]["outcome_detail"]
+    assert math.isnan(rewards[-1]) and metrics["env/outcome/env_error"] == 1.0
     [env] = MADE
     assert _released(env), "its MCP server or workspace outlived the error"
     assert env.closes == 1
+
+
+def test_an_interrupt_in_skyrls_loop_still_raises_with_the_env_closed():
+    """A KeyboardInterrupt (or a cancellation) in the env's step is no env failure: it goes on,
+    the env closed first."""
+    MADE.clear()
+    env = skyrl_gym.make("benchmax", env_config={}, extras={k: v for k, v in _row(None).items()
+                                                            if k not in ("prompt", "env_class")})
+    env.init([])
+    [inner] = MADE
+
+    def interrupted(action):
+        raise KeyboardInterrupt
+
+    inner.step = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        env.step(ANSWER)
+    assert _released(inner) and inner.closes == 1
 
 
 def test_a_failed_episode_is_closed_when_it_ends_and_skyrls_close_is_harmless():

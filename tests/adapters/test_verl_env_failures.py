@@ -151,11 +151,25 @@ def test_an_env_whose_close_raises_keeps_its_graded_trajectory_and_the_batch(qwe
     assert "OSError: the env's server would not stop" in caplog.text
 
 
-def test_a_row_naming_no_registered_env_still_fails_the_batch_naming_it(qwen_tokenizer, rows):
-    """A configuration error in a row (an unknown id) is the dataset's, the same for every such
-    row: verl sees it rather than a batch of failures that never train."""
-    rows[1] = {**rows[1], "extra_info": {**rows[1]["extra_info"], "env_id": "benchmax-test/VerlNoSuch-v0"}}
-    with pytest.raises(gym.error.Error, match="VerlNoSuch"):
+@pytest.mark.parametrize("wrong, said", [({"env_id": "benchmax-test/VerlNoSuch-v0"}, "VerlNoSuch"),
+                                         ({"env_kwargs": {"max_turnz": 2}}, "TypeError")])
+def test_a_row_naming_a_wrong_env_or_argument_fails_its_trajectory_not_the_batch(qwen_tokenizer, rows, wrong, said):
+    """One row's unknown env id or bad argument (it raised out of verl's gather: every other
+    row's trajectory was lost with the batch) is that trajectory's env_error, naming it, as in
+    the OpenRLHF and SkyRL adapters; the other rows score."""
+    rows[1] = {**rows[1], "extra_info": {**rows[1]["extra_info"], **wrong}}
+    outputs, batch = _verl_batch(qwen_tokenizer, rows)
+    assert [o.reward_score for o in outputs[::2]] == [1.0, 1.0]
+    failed = outputs[1]
+    assert math.isnan(failed.reward_score) and not any(failed.response_mask)
+    assert said in failed.extra_fields["outcome_detail"] and "building the env" in failed.extra_fields["outcome_detail"]
+    assert batch.non_tensor_batch["env/outcome/env_error"].tolist() == [0.0, 1.0, 0.0]
+
+
+def test_a_row_naming_no_env_at_all_still_fails_the_batch(qwen_tokenizer, rows):
+    """No env id anywhere (not in the row, not in the loop's config) is the dataset's format."""
+    rows[1] = {**rows[1], "extra_info": {k: v for k, v in rows[1]["extra_info"].items() if k != "env_id"}}
+    with pytest.raises(ValueError, match="env_id is missing"):
         _verl_batch(qwen_tokenizer, rows)
 
 
