@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from benchmax_gym.core.aio import frame_header
+from benchmax_gym.core.aio import LAST_WORD_LOST, frame_header
 from benchmax_gym.core.sandbox import remove_tree
 
 from .worker import _in_own_tmp
@@ -267,7 +267,12 @@ class _Process(_Channel):
                 self.exitcode = self.process.exitcode
         except ValueError:  # (killed meanwhile, by a close() in another thread)
             pass
-        return self.crashed or f"the worker process exited (code {self.exitcode})"
+        if self.crashed:
+            return self.crashed
+        if self.exitcode == LAST_WORD_LOST:
+            return (f"the worker process exited (code {self.exitcode}): its last message could not be "
+                    "delivered; see its stderr")
+        return f"the worker process exited (code {self.exitcode})"
 
     def fileno(self) -> int | None:
         return None if self.fd == -1 else self.fd

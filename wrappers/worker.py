@@ -14,6 +14,7 @@ from operator import itemgetter
 import pickle
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import traceback
@@ -25,7 +26,7 @@ from gymnasium.vector import AutoresetMode
 
 import numpy as np
 
-from benchmax_gym.core.aio import Outbox, OwnLoop
+from benchmax_gym.core.aio import LAST_WORD_LOST, Outbox, OwnLoop, say_last_word_lost
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.outcomes import outcome_detail
 
@@ -663,16 +664,23 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
         worker = _Worker(env_fns, AutoresetMode(mode_value), fresh, emit, loop, keep)
         worker.dumps = dumps
     except BaseException as exc:  # the parent raises this, not a bare EOFError
-        emit(("failed", origin + failure_text(exc)))
-        outbox.flush()
+        text = origin + failure_text(exc)
+        try:
+            outbox.flush(last_word=dumps(("failed", text)))
+        except OSError as lost:
+            _last_word_lost(f"could not start: {text}", lost, own_process)
         return
     gc.freeze()  # the envs just built (and the imports) are never garbage: collections skip them
 
+    crashed: list[str] = []  # the error that stopped it: said to the parent, else on stderr
+    unsaid: list[BaseException] = []  # why it could not be said
+
     def crash(exc: BaseException) -> None:
+        crashed.append(origin + failure_text(exc))
         try:
-            emit(("crashed", origin + failure_text(exc)))
-        except Exception:  # (the parent is gone, or the pipe broke: it sees the worker exit)
-            pass
+            emit(("crashed", crashed[-1]))
+        except Exception as lost:  # (the pipe broke): said on stderr as the worker exits
+            unsaid.append(lost)
         loop.stop()
 
     worker.crash = crash
@@ -709,9 +717,23 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
                 break
             except (SystemExit, KeyboardInterrupt):  # from a task an env's code started (an async
                 continue  # tool that calls sys.exit()): the task holds it, and the step awaiting it fails
-    outbox.flush()  # (a crash report, or results a closing parent may still read)
+    try:
+        outbox.flush()  # (a crash report, after the results before it)
+    except OSError as exc:  # (after a close nothing more goes to the parent: results it never reads)
+        unsaid.append(exc)
     worker.close()
     loop.close()
+    if crashed and unsaid:
+        _last_word_lost(f"crashed: {crashed[0]}", unsaid[0], own_process)
+
+
+def _last_word_lost(gist: str, why: BaseException, own_process: bool) -> None:
+    """The worker's last message could not reach its parent (not reading, or gone): its gist goes
+    to stderr, and a worker process exits ``LAST_WORD_LOST``, which the parent's error names
+    (it exited 0 and the parent said only that it ended). An env host's thread cannot exit."""
+    say_last_word_lost("a vector env worker", gist, why)
+    if own_process:
+        sys.exit(LAST_WORD_LOST)
 
 
 def _answer_close(conn) -> None:

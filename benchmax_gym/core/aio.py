@@ -22,6 +22,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -359,6 +360,28 @@ def frame_header(n: int) -> bytes:
     return struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
 
 
+LAST_WORD_LOST = 75
+"""A worker's exit status when its last message to the parent (the error that stopped it, its
+run's end) could not be delivered: the parent was not reading, or was gone. Its gist went to the
+worker's stderr instead; the parent says so rather than that the worker ended without a word."""
+
+
+class Undelivered(OSError):
+    """An ``Outbox`` could not write all it held (see :meth:`Outbox.flush`)."""
+
+
+def say_last_word_lost(who: str, gist: str, why: BaseException | str) -> None:
+    """One line on stderr: the last message ``who`` could not deliver, its gist, and why."""
+    first = gist.strip().splitlines()[0] if gist.strip() else "(empty)"
+    if len(first) > 500:
+        first = first[:500] + "..."
+    try:
+        os.write(2, f"{who} (pid {os.getpid()}): its last message to the parent could not be delivered "
+                    f"({why}): {first}\n".encode("utf-8", "replace"))
+    except OSError:  # (no stderr either)
+        pass
+
+
 class Outbox:
     """A worker's messages to its parent, written without ever blocking the worker's loop: what
     the connection cannot take now waits here and goes out as it drains, while the loop still
@@ -366,9 +389,10 @@ class Outbox:
     the parent blocks writing it a command, would wait for ever (a ready-first caller sending big
     actions while big results wait); an eval worker blocked on its records stalls every episode
     it holds. Frames are the connection's own (``multiprocessing``'s length prefix; a Ray host's
-    sealed frames)."""
+    sealed frames). ``loop`` may be None where only :meth:`flush` writes (a worker whose loop
+    never ran)."""
 
-    def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop):
+    def __init__(self, conn: Any, loop: asyncio.AbstractEventLoop | None):
         self.conn, self.loop = conn, loop
         self.seal = getattr(conn, "seal", None)
         self.left = bytearray()
@@ -380,14 +404,17 @@ class Outbox:
     def send(self, message: Any) -> None:
         self.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
+    def _frame(self, body: bytes) -> bytes:
+        if self.seal is not None:
+            body = self.seal(body)
+        return frame_header(len(body)) + body
+
     def send_bytes(self, body: bytes) -> None:
         """A message already pickled. ``OSError``: the parent is gone (found when nothing waits)."""
         if self.sock is None:
             self.conn.send_bytes(body)
             return
-        if self.seal is not None:
-            body = self.seal(body)
-        frame = frame_header(len(body)) + body
+        frame = self._frame(body)
         if self.left:
             self.left += frame
             self._drain()  # (what it takes now: a loop that seldom turns still moves its messages on)
@@ -411,22 +438,45 @@ class Outbox:
         if not self.left:
             self.loop.remove_writer(self.sock.fileno())
 
-    def flush(self, timeout: float = 10.0) -> None:
-        """Write what still waits, blocking up to ``timeout`` (the loop has stopped)."""
+    def flush(self, timeout: float = 10.0, last_word: bytes | None = None) -> None:
+        """Write what still waits, then ``last_word`` (a message already pickled) if given,
+        blocking up to ``timeout`` seconds in all (the loop has stopped), and let go of this
+        handle. ``Undelivered``: not all of it went (the parent did not read in time, or is
+        gone); the connection's write side is then shut down, so the parent reads the end of the
+        stream, never a frame torn here that a later write on the connection would go on with
+        (its bytes read as the rest of this one: garbage, or a wait for bytes never coming)."""
         if self.sock is None:
+            if last_word is not None:
+                try:
+                    self.conn.send_bytes(last_word)
+                except OSError as exc:
+                    raise Undelivered(f"the last message could not be written: {type(exc).__name__}: {exc}") from exc
             return
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_writer(self.sock.fileno())
+        if last_word is not None:
+            self.left += self._frame(last_word)
+        total, sent, failure = len(self.left), 0, None
         if self.left:
-            if not self.loop.is_closed():
-                self.loop.remove_writer(self.sock.fileno())
             blocking = os.get_blocking(self.sock.fileno())
+            deadline = time.monotonic() + timeout
             try:
-                self.sock.settimeout(timeout)
-                self.sock.sendall(self.left)
-            except OSError:
-                pass
+                with memoryview(self.left) as view:
+                    while sent < total:
+                        self.sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                        sent += self.sock.send(view[sent:])
+            except OSError as exc:  # (a timeout, or the parent gone)
+                failure = exc
             finally:  # (the timeout made the socket non-blocking, and the connection with it: they
                 # share one open file; the worker's last word, written to a parent not reading yet,
                 # failed (EAGAIN) and the parent saw the worker end "without a word")
                 os.set_blocking(self.sock.fileno(), blocking)
             self.left.clear()
-        self.sock.close()
+        try:
+            if failure is not None:
+                with contextlib.suppress(OSError):  # (the parent gone: nothing to end)
+                    self.sock.shutdown(socket.SHUT_WR)  # (the socket itself: the connection's too)
+                raise Undelivered(f"{total - sent} of {total} bytes to the parent could not be "
+                                  f"written within {timeout:g} s: {type(failure).__name__}: {failure}") from failure
+        finally:
+            self.sock.close()

@@ -111,16 +111,27 @@ def _critical(lock: Any):
     """``lock`` held; a sandbox close or pool release this thread meets meanwhile (a finalizer)
     waits until the outermost such lock is let go (:func:`_when_free`)."""
     depth = getattr(_HOLDING, "depth", 0)
-    with lock:
-        _HOLDING.depth = depth + 1
-        try:
+    # Raised before the lock is taken and put back once it is let go: a collection in between
+    # (as ``with`` acquires, or releases) found depth 0 and ran a close that took this same lock.
+    _HOLDING.depth = depth + 1
+    try:
+        with lock:
             yield
-        finally:
-            _HOLDING.depth = depth
-    if depth == 0:
-        later = getattr(_HOLDING, "later", None)
-        while later:
+    finally:
+        _HOLDING.depth = depth
+        if depth == 0:  # (also when the body raised: a close kept meanwhile is not lost)
+            _run_kept()
+
+
+def _run_kept() -> None:
+    """Run the closes kept while this thread held a sandbox lock; one that fails is logged (as
+    the collector would say it) and the others still run."""
+    later = getattr(_HOLDING, "later", None)
+    while later:
+        try:
             later.pop(0)()
+        except Exception:
+            log.exception("a sandbox close kept for when its thread let go of a lock failed")
 
 
 def _when_free(fn: Any) -> bool:
