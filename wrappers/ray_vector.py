@@ -457,9 +457,13 @@ class _RayHost(_Channel):
     # instance to serve the call, and the actors went with the old one anyway.
 
     def join(self, timeout: float) -> None:
-        if self.ray.is_initialized():
+        """Wait for a host that heard close to end. One never connected heard nothing: it waits in
+        ``serve`` for a parent (``ACCEPT_TIMEOUT``), so it is not waited on, only killed next
+        (where a closed connection does not show, without POLLRDHUP, close() waited out its whole
+        grace on it, 10 s)."""
+        if self.conn is not None and self.ray.is_initialized():
             done, _ = self.ray.wait([self.serving], timeout=timeout)
-            self.closed = bool(done) and self.conn is not None
+            self.closed = bool(done)
 
     def kill(self) -> None:
         """Kill the actor; unless it closed itself, remove its workspace with a task on its node."""
@@ -467,6 +471,13 @@ class _RayHost(_Channel):
             self.conn.close()
         if not self.ray.is_initialized():
             return
+        if not self.info:  # never connected: where its workspace is, if it said so already (nothing waits for it)
+            done, _ = self.ray.wait([self.located], timeout=0)
+            if done:
+                try:
+                    self.info = self.ray.get(self.located, timeout=0)
+                except self.ray.exceptions.RayError:
+                    pass
         self.ray.kill(self.actor, no_restart=True)
         if self.info and not self.closed:
             self.closed = True

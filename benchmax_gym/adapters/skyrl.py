@@ -40,8 +40,9 @@ sums into a batch's counts. Keeping the sample out of the loss: SkyRL's only way
 filter, ``trainer.algorithm.dynamic_sampling.type=filter``, which drops every group whose rewards'
 std is not above 0 (``skyrl/train/utils/trainer_utils.py``: ``handle_filter_sampling``), which a
 NaN's always is: the failed sample's whole group leaves the batch (so do groups whose samples all
-score the same: DAPO's filter). Train with it on when failures can happen; without it the NaN
-reaches the group's advantages (loud, never a fake 0). (``dynamic_sampling.type=replace`` keeps a
+score the same: DAPO's filter). It keeps every group where ``generator.n_samples_per_prompt`` is
+1, NaN and all: there the NaN reaches the loss. Train with it on when failures can happen; without
+it the NaN reaches the group's advantages (loud, never a fake 0). (``dynamic_sampling.type=replace`` keeps a
 NaN group: its std is neither above nor equal to 0.)
 
 SkyRL 0.4's generator closes an env only when its episode ends without an exception (no

@@ -46,7 +46,8 @@ are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_rewar
   ``compute_reward`` (the assistant text for the older form, else the transcript) and each other
   row field as a per-rollout list in ``kwargs``; a form naming ``messages_list``, ``tasks`` or
   ``termination_reasons`` gets the transcripts, the rows or the outcomes (``scored``/``truncated``).
-  Failed rollouts are never passed.
+  Failed rollouts are never passed. It is bounded as ``compute_reward`` is: ``gym.make``'s
+  ``reward_timeout`` (else the rubric's 60 s), past which it scores 0 with a ``reward_timeout`` error.
 * Tool calls are parsed by the engine's formats (hermes by default, as benchmax's prompt asks),
   and ``system_prompt`` gets the engine's tool listing rather than ``get_system_prompt(True)``'s.
 
@@ -306,7 +307,8 @@ class BenchmaxEnv(ToolEnv):
         group = getattr(benchmax_env, "compute_group_reward", None)
         if group is not None and inspect.iscoroutinefunction(group):
             group_reward_arguments(group, [])  # a signature it cannot be called with fails here
-            self.group_rubric = GroupRubric([GroupFn("benchmax_group", self._group_reward)])
+            # bounded as the env's rewards are: gym.make's reward_timeout, else the rubric's default
+            self.group_rubric = GroupRubric([GroupFn("benchmax_group", self._group_reward)], timeout=self.rubric.timeout)
 
     def _shutdown(self) -> None:
         """Shut the benchmax env down (sync or async ``shutdown``) if it is this env's own, once."""

@@ -39,7 +39,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from benchmax_gym.core.aio import Outbox, run_sync
+from benchmax_gym.core.aio import LAST_WORD_LOST, Outbox, run_sync, say_last_word_lost
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
@@ -48,7 +48,7 @@ from benchmax_gym.core.outcomes import (CANCELLED, ENV_ERROR, FAILURES, MODEL_ER
                                         TRUNCATED, is_failure)
 from benchmax_gym.core.tasks import task_digest
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
-from benchmax_gym.wrappers.worker import async_api
+from benchmax_gym.wrappers.worker import async_api, driver_registrations, with_registrations
 
 RUN_FORMAT = "benchmax-gym-eval/1"
 # what must match for a run directory to be resumed
@@ -758,10 +758,6 @@ def _dumps(message: Any) -> bytes:
         return bytes(ForkingPickler.dumps(message))
 
 
-def _send(conn: Any, message: Any) -> None:
-    conn.send_bytes(_dumps(message))
-
-
 def _receive(conn: Any) -> Any:
     return pickle.loads(conn.recv_bytes())
 
@@ -811,11 +807,14 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ=None) -> None:
+def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ=None, registrations=None) -> None:
     """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU.
     Ctrl-C is the parent's to handle: a worker ignores it, and the parent's SIGTERM cancels its
     run (its episodes in flight are sent as ``cancelled``). ``environ``: the parent's environment
     variables as they are now (a fork server's children would otherwise have those of its start).
+    ``registrations``: the ids the parent registered in Python (``driver_registrations``), made
+    here too: a worker is a fresh process, where a script's ``if __name__ == "__main__"`` block
+    (its ``register_tool_env``) never ran.
     ``pairs`` come pickled by the C pickler: a process's arguments go through dill's pure-Python
     one, ~7 us a pair (40,960 pairs over 16 workers held the last one's start back ~0.3 s)."""
     import signal
@@ -831,6 +830,7 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
     async def main() -> None:
         import benchmax_gym  # noqa: F401  (registers the ids)
 
+        with_registrations(registrations or {}, {})  # (after the package's own: those stay)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
 
         closing: list[Any] = [gym.make(env_id, **kwargs)]
@@ -849,12 +849,16 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
         message = ("done", None)
     except BaseException as exc:  # the parent raises it, with the worker's own message
         message = ("failed", policy.scrub(f"{type(exc).__name__}: {exc}"))
-    if sink:
-        sink[0].outbox.flush(timeout=60.0)  # the records still waiting, before the last word
+    # The records still waiting, then the last word, within a minute in all: one not delivered
+    # (the parent not reading, or gone) is said on stderr, and the exit status tells the parent
+    # (it exited 0 "without a word"; a last word written after a torn record read as garbage).
+    outbox = sink[0].outbox if sink else Outbox(conn, None)
     try:
-        _send(conn, message)
-    except OSError:  # (the parent is gone)
-        pass
+        outbox.flush(timeout=60.0, last_word=_dumps(message))
+    except OSError as exc:
+        kind, value = message
+        say_last_word_lost("an eval worker", kind if value is None else f"{kind}: {value}", exc)
+        sys.exit(LAST_WORD_LOST)
 
 
 # What a fork server imports once for all eval workers (those not installed are skipped).
@@ -881,7 +885,13 @@ def _worker_context() -> Any:
 async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, workers, sink) -> None:
     """Spread the pairs over ``workers`` processes (``concurrency`` split among them); the
     parent keeps the run directory and the progress bar. One process's event loop tops out at a
-    few hundred model calls per second (the HTTP client's CPU): more processes, more calls."""
+    few hundred model calls per second (the HTTP client's CPU): more processes, more calls.
+    The ids registered here in Python go to the workers by value (cloudpickle, as to a spawned
+    ``SubprocVectorEnv`` worker); one that cannot travel still works where the worker's import
+    of the script registers it, else its making there says why."""
+    import cloudpickle
+
+    registrations = driver_registrations(cloudpickle.dumps, None, "an eval worker process (cloudpickle)")
     ctx = _worker_context()
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
@@ -892,7 +902,11 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
             kind, value = _receive(conn)
         except (EOFError, OSError):
             proc.join(timeout=1.0)  # (its exit status, when it had one; its traceback went to stderr)
-            kind, value = "failed", f"an eval worker exited (status {proc.exitcode}) without a word"
+            if proc.exitcode == LAST_WORD_LOST:
+                kind, value = "failed", (f"an eval worker exited (status {proc.exitcode}): its last message "
+                                         "could not be delivered; see its stderr")
+            else:
+                kind, value = "failed", f"an eval worker exited (status {proc.exitcode}) without a word"
         if kind == "record":
             try:
                 sink.add(value)
@@ -924,7 +938,7 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, daemon=True, args=(
                 child, env_id, kwargs, policy, pickle.dumps(pending[w::workers], protocol=pickle.HIGHEST_PROTOCOL), seed,
-                split[w], dict(os.environ)))
+                split[w], dict(os.environ), registrations))
             with contextlib.nullcontext() if forked else _ctrl_c_blocked():
                 proc.start()
             child.close()
@@ -1033,8 +1047,9 @@ def evaluate(env_id: str, policy: Any = "solver", **kwargs: Any) -> EvalResult:
             them; never more workers than ``concurrency``). One process spends ~0.5 ms of CPU per
             model call (the env's share included), so it tops out near 2,000 calls per second;
             beyond that, more workers. They start from a clean process (a fork server's, where the
-            platform has one, else spawned), which imports your script: an id registered in it
-            must be registered when it is imported (not only under ``if __name__ == "__main__"``).
+            platform has one, else spawned), which imports your script; the ids you registered
+            in Python (``register_tool_env``, even under ``if __name__ == "__main__"``) go with
+            them, by value (cloudpickle).
 
     Example::
 

@@ -349,11 +349,11 @@ def test_a_worker_message_the_c_pickler_refuses_still_reaches_the_parent():
     (a function in a record) goes by dill, and the parent reads either."""
     import multiprocess as mp
 
-    from benchmax_gym.eval.runner import _receive, _send
+    from benchmax_gym.eval.runner import _dumps, _receive
 
     parent, child = mp.Pipe()
-    _send(child, ("record", {"reward": 1.0, "metadata": {"seen": [1, 2]}}))
-    _send(child, ("record", {"reward": 0.5, "metadata": {"f": lambda x: x + 1}}))
+    child.send_bytes(_dumps(("record", {"reward": 1.0, "metadata": {"seen": [1, 2]}})))
+    child.send_bytes(_dumps(("record", {"reward": 0.5, "metadata": {"f": lambda x: x + 1}})))
     assert _receive(parent) == ("record", {"reward": 1.0, "metadata": {"seen": [1, 2]}})
     kind, record = _receive(parent)
     assert kind == "record" and record["reward"] == 0.5 and record["metadata"]["f"](1) == 2
