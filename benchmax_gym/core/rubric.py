@@ -598,9 +598,28 @@ class _Alarm:
             self.fires_at = self.deadline
             signal.setitimer(signal.ITIMER_REAL, self.deadline - now)
             return
+        if now < self.deadline + IMPORT_GRACE and in_import(frame):
+            self.fires_at = now + 0.05
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
         self.fires_at = now + 0.5
         signal.setitimer(signal.ITIMER_REAL, 0.5)  # (again, should the leaf keep the exception)
         raise _OutOfTime
+
+
+IMPORT_GRACE = 30.0  # how long past its deadline a leaf's import may run on before it is cut anyway
+
+
+def in_import(frame: Any) -> bool:
+    """Whether ``frame`` runs inside an import. A signal's exception there leaves a package half
+    imported: the modules it had finished stay, the rest are dropped, and the package can stay
+    broken for the process (sympy did: every later Math answer scored 0). So a timeout waits for
+    the import to end; the leaf is cut just after it."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 _HAS_ALARM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")

@@ -55,3 +55,36 @@ def test_a_script_that_scored_and_exits_is_not_killed_by_the_leaf_timer():
     done = subprocess.run([sys.executable, "-c", SCORES_THEN_EXITS_SLOWLY], capture_output=True, text=True,
                           timeout=120)
     assert (done.returncode, done.stdout.split()) == (0, ["1.0"]), done.stderr[-2000:]
+
+
+LEAF_WHOSE_FIRST_IMPORT_OUTLASTS_ITS_TIMEOUT = r"""
+import pathlib
+import sys
+import tempfile
+
+folder = tempfile.mkdtemp()
+sys.path.insert(0, folder)
+pathlib.Path(folder, "slow_grader.py").write_text(
+    "import time\nend = time.monotonic() + 0.8\nwhile time.monotonic() < end:\n    pass\nREADY = 1.0\n")
+from benchmax_gym.core import Rubric
+
+def uses_a_slow_import(completion):
+    import slow_grader
+    return slow_grader.READY
+
+rubric = Rubric([uses_a_slow_import], timeout=0.2)
+rubric.score(completion="x")  # (its import outlasts the timeout: this pass may be cut just after it)
+for _ in range(2):
+    reward, components, errors = rubric.score(completion="x")
+    print(reward, sorted(errors))
+"""
+
+
+def test_a_leaf_cut_during_its_first_import_grades_once_the_import_is_done():
+    """The leaf timer never fires inside an import: a package half imported stays broken for the
+    process (sympy did: every later Math answer 0), and a module cut each time is slow each time,
+    so every later pass timed out too."""
+    done = subprocess.run([sys.executable, "-c", LEAF_WHOSE_FIRST_IMPORT_OUTLASTS_ITS_TIMEOUT],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["1.0 []"] * 2, done.stdout

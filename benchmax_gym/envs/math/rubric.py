@@ -46,7 +46,7 @@ import time
 from decimal import Decimal
 from fractions import Fraction
 
-from benchmax_gym.core.rubric import RewardFn, Rubric, answer_tags, final_answer
+from benchmax_gym.core.rubric import RewardFn, Rubric, answer_tags, final_answer, in_import
 
 # -- extracting the final answer -------------------------------------------------------------
 
@@ -812,11 +812,9 @@ def _verify_with_alarm(gold: str, predicted: str, timeout: float) -> bool:
     import math_verify  # noqa: F401 - sympy and the parser, imported before the timer starts
 
     def out_of_time(signum, frame):
-        while frame is not None:
-            if frame.f_code.co_filename.startswith("<frozen importlib"):
-                signal.setitimer(signal.ITIMER_REAL, 0.05)
-                return
-            frame = frame.f_back
+        if in_import(frame):
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            return
         raise _OutOfTime
 
     previous = signal.signal(signal.SIGALRM, out_of_time)
