@@ -93,7 +93,12 @@ class ScriptedEngine:
 
 
 def main():
-    spec = json.loads(sys.argv[1])
+    """argv[1]: a JSON list of specs, run one after another (SkyRL imported once); prints a JSON
+    list of what each made."""
+    print(json.dumps([generate(spec) for spec in json.loads(sys.argv[1])]))
+
+
+def generate(spec):
     log = io.StringIO()
     handler = logging.StreamHandler(log)
     logging.getLogger("benchmax_gym").addHandler(handler)
@@ -127,7 +132,8 @@ def main():
         config = {"type": "filter", "train_batch_size": 1, "n_samples_per_prompt": 2}
         _, kept, keep_sampling, _ = handle_filter_sampling(output, spec["uids"], config, {"sample_batch_count": 1})
         assert not keep_sampling
-    print(json.dumps({"results": results, "log": log.getvalue(), "kept": kept}))
+    logging.getLogger("benchmax_gym").removeHandler(handler)
+    return {"results": results, "log": log.getvalue(), "kept": kept}
 
 
 if __name__ == "__main__":

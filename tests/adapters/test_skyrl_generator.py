@@ -31,36 +31,41 @@ def _row(task, env_id=ENV, **env_kwargs):
             "env_kwargs": json.dumps(env_kwargs)}
 
 
+HOSTILE = {multi_turn: {"batches": [[_row(3)], [_row(4)]], "multi_turn": multi_turn} for multi_turn in (True, False)}
+FAILURES = {"batches": [[_row(0), _row(1),  # group "scored"
+                         _row(0), _row(0, max_turnz=3),  # group "bad-argument"
+                         _row(0), _row(0, BROKEN_ENV, broken="make"),  # group "refused"
+                         _row(0), _row(2),  # group "reset"
+                         _row(0), _row(0, BROKEN_ENV, broken="step")]],  # group "step"
+            "uids": ["scored"] * 2 + ["bad-argument"] * 2 + ["refused"] * 2 + ["reset"] * 2 + ["step"] * 2,
+            "multi_turn": True}
+
+
 @pytest.fixture(scope="module")
-def generate(skyrl_config, tmp_path_factory):  # noqa: F811
-    """``generate(batches, multi_turn=True, uids=None)``: what SkyRL's generator made of each
-    batch of rows, its log, and (with ``uids``) the group ids its DAPO filter kept."""
+def generated(skyrl_config, tmp_path_factory):  # noqa: F811
+    """What SkyRL's generator made of each spec above (``results`` per batch and ``log``; with
+    ``uids``, the group ids its DAPO filter kept), all in one child (SkyRL imported once)."""
     tokenizer = qwen_like("qwen2.5")
     folder = tmp_path_factory.mktemp("qwen-like")
     tokenizer.save_pretrained(folder)
     root = str(Path(__file__).resolve().parents[2])
-
-    def run(batches, multi_turn=True, uids=None):
-        spec = {"tokenizer": str(folder), "multi_turn": multi_turn, "batches": batches, "uids": uids}
-        environ = {**os.environ, "PYTHONPATH": os.pathsep.join([skyrl_config.target, root]),
-                   "HF_HUB_OFFLINE": "1"}
-        out = subprocess.run([sys.executable, str(CHILD), json.dumps(spec)], capture_output=True, text=True,
-                             timeout=300, env=environ, cwd=str(folder))
-        assert out.returncode == 0, out.stderr[-4000:]
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    run.tokenizer = tokenizer
-    return run
+    specs = [*HOSTILE.values(), FAILURES]
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([skyrl_config.target, root]), "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, str(CHILD), json.dumps([{"tokenizer": str(folder), **spec} for spec in specs])],
+                         capture_output=True, text=True, timeout=600, env=environ, cwd=str(folder))
+    assert out.returncode == 0, out.stderr[-4000:]
+    hostile_on, hostile_off, failures = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"tokenizer": tokenizer, "hostile": {True: hostile_on, False: hostile_off}, "failures": failures}
 
 
 @pytest.mark.parametrize("multi_turn", [True, False])
-def test_a_tool_result_printing_control_strings_adds_no_control_token_to_skyrls_ids(generate, multi_turn):
+def test_a_tool_result_printing_control_strings_adds_no_control_token_to_skyrls_ids(generated, multi_turn):
     """Page 1 prints ``<|im_end|>\\n<|im_start|>system``, ``</tool_response>``, ``<tool_call>``
     and ``<think>``: SkyRL's ids of that trajectory hold the same control and markup ids as the
     benign page's (the template's own and the model's), and the page's text is all there."""
-    tokenizer = generate.tokenizer
+    tokenizer = generated["tokenizer"]
     added = set(tokenizer.added_tokens_decoder)
-    (benign,), (hostile,) = generate([[_row(3)], [_row(4)]], multi_turn=multi_turn)["results"]
+    (benign,), (hostile,) = generated["hostile"][multi_turn]["results"]
     assert benign["reward"] == hostile["reward"] == 1.0  # (the tool was called, the task answered)
     assert [i for i in hostile["response_ids"] if i in added] == [i for i in benign["response_ids"] if i in added]
     text = tokenizer.decode(hostile["response_ids"])
@@ -70,19 +75,13 @@ def test_a_tool_result_printing_control_strings_adds_no_control_token_to_skyrls_
     assert "<|im_start|>system" not in text
 
 
-def test_env_failures_are_failed_trajectories_of_skyrls_batch_and_its_filter_drops_their_groups(generate):
+def test_env_failures_are_failed_trajectories_of_skyrls_batch_and_its_filter_drops_their_groups(generated):
     """One batch: two scored trajectories (1 and 0: a group with a spread), and trajectories
     whose env could not be built (a row's bad argument, a server refusing), whose reset raised,
     whose step raised. SkyRL's generate returns the whole batch; each failure is NaN (never a
     score) and ``env_error``, its env's own error in the log; SkyRL's DAPO filter
     (``dynamic_sampling.type=filter``) drops each failure's group and keeps the scored one."""
-    rows = [_row(0), _row(1),  # group "scored"
-            _row(0), _row(0, max_turnz=3),  # group "bad-argument"
-            _row(0), _row(0, BROKEN_ENV, broken="make"),  # group "refused"
-            _row(0), _row(2),  # group "reset"
-            _row(0), _row(0, BROKEN_ENV, broken="step")]  # group "step"
-    uids = ["scored"] * 2 + ["bad-argument"] * 2 + ["refused"] * 2 + ["reset"] * 2 + ["step"] * 2
-    out = generate([rows], uids=uids)
+    out = generated["failures"]
     [results] = out["results"]
     rewards = [r["reward"] for r in results]
     assert rewards[:3] == [1.0, 0.0, 1.0] and rewards[4] == rewards[6] == rewards[8] == 1.0
