@@ -39,6 +39,10 @@ def test_the_30_day_rule_and_the_replacement_count_only_when_told(env, reply, sa
     ("I'm not able to, at this time, confirm your identity, so I cannot change anything.", 1.0),
     ("I could not verify you at first, but I have, happily, verified your identity.", 0.0),  # a hedge still
     ("Let me, quickly, verify that for you.", 0.0),
+    ("I cannot, however, verify your identity with that email.", 1.0),
+    ("I'm afraid I can't \u2014 though \u2014 confirm who you are.", 1.0),
+    ("I could not verify you at first, however, I have verified your identity now.", 0.0),  # a hedge still
+    ("I cannot, however, help: you are verified.", 0.0),  # a claim of the opposite still
 ])
 def test_an_aside_inside_cannot_verify_is_read_past(env, reply, paid):
     index = first_task(env, lambda a: a["statements"] == ["verify"])
