@@ -229,10 +229,28 @@ _NUMBER = re.compile(r"(?<![\w.])\d+(?![\w]|\.\d)")  # a whole number, as :func:
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+|\n")  # (not the point of "59.99")
 
 
+# a closing offer tagged onto a statement: "I refunded $59.99, anything else?", "... - is there
+# anything else I can help with?" (the statement before it is told; the offer asks nothing of it)
+_CLOSING_OFFER = re.compile(
+    r"\s*[,;:\u2013\u2014-]\s*(?:(?:is|was)\s+there\s+|(?:can|could|may)\s+I\s+(?:help\s+(?:you\s+)?with|do)\s+"
+    r"|do\s+you\s+need\s+)?anything\s+else(?:\s+\w+){0,6}\s*\?\s*$", re.I)
+_ASKS = re.compile(  # a sentence that opens as a question ("Would you like a refund of $59.99, anything else?")
+    r"\s*(?:would|could|shall|should|can|do|does|did|is|are|was|were|will|may|might|have|has|what|how|why|when|"
+    r"where|which|who)\b", re.I)
+
+
 def told(text: str) -> list[str]:
     """The sentences of ``text`` that tell the customer something: a question asks ("Is this a new
-    case?", "Shall I check whether I can verify you?") and states nothing."""
-    return [s for s in _SENTENCE_END.split(text.replace("\u2019", "'")) if s.strip() and not s.rstrip().endswith("?")]
+    case?", "Shall I check whether I can verify you?") and states nothing; a statement that ends
+    in a closing offer ("I refunded $59.99, anything else?") is told, the offer left out."""
+    sentences = []
+    for sentence in _SENTENCE_END.split(text.replace("\u2019", "'")):
+        statement = _CLOSING_OFFER.sub("", sentence)
+        if statement != sentence and _ASKS.match(statement):
+            continue
+        if statement.strip() and not statement.rstrip().endswith("?"):
+            sentences.append(statement)
+    return sentences
 
 
 _CLAUSE = re.compile(r"[;:]|\b(?:but|however|although|though)\b", re.I)

@@ -47,3 +47,28 @@ def test_the_30_day_rule_and_the_replacement_count_only_when_told(env, reply, sa
 def test_an_aside_inside_cannot_verify_is_read_past(env, reply, paid):
     index = first_task(env, lambda a: a["statements"] == ["verify"])
     assert graded(env, index, reply) == {"resolved": paid, "state": 1.0, "statements": paid}
+
+
+@pytest.mark.parametrize("offer, said", [
+    (", anything else?", 1.0),
+    (" - is there anything else I can help you with today?", 1.0),
+    ("; can I help with anything else?", 1.0),
+])
+def test_a_statement_ending_in_a_closing_offer_is_told(env, offer, said):
+    """Agents close with an offer in the same sentence: "I refunded $59.99, anything else?" stated
+    the refund (it was read as a question, and a correct agent scored 0). A sentence that opens as
+    a question stays one: "Would a refund of $59.99 work, anything else?" refunds nothing."""
+    index = refund_task(env)
+    amount = env.unwrapped.tasks[index].answer["statements"][0]
+    assert graded(env, index, f"A refund of ${amount} is on its way{offer}")["statements"] == said
+    assert graded(env, index, f"Would a refund of ${amount} work for you{offer}")["statements"] == 0.0
+
+
+def test_a_refusal_ending_in_a_closing_offer_is_told():
+    """(Through the statement check itself: a reply ending in a question keeps the simulated
+    customer talking, so the episode is not graded at that turn.)"""
+    from benchmax_gym.envs.crm.service import statement_made
+
+    reply = "I'm sorry, I cannot verify your identity with that email, is there anything else I can do for you?"
+    assert statement_made("verify", ["verify"], reply)
+    assert not statement_made("verify", ["verify"], "Can I verify you with another email, anything else?")
