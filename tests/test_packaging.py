@@ -50,13 +50,34 @@ def source_files() -> set[str]:
     return found
 
 
+def clean_copy(dest: Path) -> None:
+    """Copy what a clean checkout holds: git's tracked and not-ignored files (links kept as links).
+    Walking the whole tree raced other tests that write ignored folders into it (the sky venv a
+    parallel worker installs under .venv-sky: a pip temp file vanished mid-copy and failed CI)."""
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, timeout=60)
+    if listed.returncode == 0:
+        for name in sorted(set(filter(None, listed.stdout.decode().split("\0")))):
+            src, dst = ROOT / name, dest / name
+            if not os.path.lexists(src):  # deleted in the work tree, not yet in the index
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                os.symlink(os.readlink(src), dst)
+            else:
+                shutil.copy2(src, dst)
+        return
+    # not a git checkout (an unpacked archive): leave out what .gitignore names, every .venv* above all
+    shutil.copytree(ROOT, dest, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache",
+        ".pip-target-*"))
+
+
 @pytest.mark.slow
 def test_wheel_in_a_fresh_venv(tmp_path):
     # from a clean copy: a build/ left in the checkout would put stale files in the wheel
     source = tmp_path / "source"
-    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis", ".pytest_cache",
-        ".pip-target-*"))
+    clean_copy(source)
     dist = tmp_path / "dist"
     build = subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)],
