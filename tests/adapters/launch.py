@@ -74,6 +74,101 @@ def stub_vllm():
             sys.modules.pop(name, None)
 
 
+class Rank:
+    """One launched process (:func:`start_ranks`): ``subprocess.Popen``'s ``poll``/``wait``/``kill``."""
+
+    def __init__(self, zygote, pid):
+        self.zygote, self.pid, self.returncode = zygote, pid, None
+
+    def poll(self):
+        if self.returncode is None:
+            self.returncode = self.zygote.status(self.pid)
+        return self.returncode
+
+    def wait(self, timeout=None):
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.1)
+        return self.returncode
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, 9)
+
+
+class _Zygote:
+    """``zygote.py``, started once per test process: it has imported torch and TRL, and forks the
+    ranks (the interpreter a rank would start with, imports done: ~5 s of CPU less per rank)."""
+
+    def __init__(self, env):
+        import socket
+
+        self.env = env
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with theirs:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py")),
+                                          str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                                         stdin=subprocess.DEVNULL, env=env)
+        self.control = ours
+        ours.settimeout(300)
+        if ours.recv(16) != b"ready":  # (its traceback is on this test's stderr)
+            raise RuntimeError(f"the TRL zygote did not start (exit status {self.proc.wait(30)})")
+
+    def _ask(self, request):
+        self.control.send(json.dumps(request).encode())
+        return json.loads(self.control.recv(1 << 16))
+
+    def start(self, argv, env, cwd, log):
+        return Rank(self, self._ask({"argv": [str(a) for a in argv], "env": env, "cwd": str(cwd), "log": str(log)}))
+
+    def status(self, pid):
+        return self._ask({"status": pid})
+
+    def close(self):
+        self.control.close()
+        self.proc.wait(30)
+
+
+_zygotes = {}
+_PER_LAUNCH = ("RANK", "LOCAL_RANK", "MASTER_PORT", "PYTEST_CURRENT_TEST")  # (set in each rank, not the zygote)
+
+
+def start_ranks(script, args, env, cwd, logs):
+    """``python script args...`` as ranks 0 and 1 (``RANK``/``LOCAL_RANK`` added to ``env``), each
+    writing to its file in ``logs``: forked from a warm interpreter (``zygote.py``) that has imported
+    torch and TRL under the same environment. A :class:`Rank` each."""
+    import atexit
+
+    shared = {k: v for k, v in env.items() if k not in _PER_LAUNCH}
+    key = json.dumps(shared, sort_keys=True)
+    if key not in _zygotes:
+        _zygotes[key] = _Zygote(shared)
+        atexit.register(_zygotes[key].close)
+    return [_zygotes[key].start([script, *args], {**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd, log)
+            for r, log in enumerate(logs)]
+
+
+def two_process_env(port=False):
+    """The environment of a two-process CPU group: gloo on the loopback interface only, this tree
+    first on the path; ``port``: a free ``MASTER_PORT``."""
+    import socket
+
+    root = Path(__file__).resolve().parents[2]
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": lo,
+           "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    if port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            env["MASTER_PORT"] = str(s.getsockname()[1])
+    return env
+
+
 def two_processes_raised(script, out, *args, port=False):
     """Run ``python script OUT ARGS...`` as ranks 0 and 1 of a two-process CPU group (gloo, loopback
     only; ``port``: a free MASTER_PORT, else the script's own store) and return what each wrote to
@@ -81,24 +176,11 @@ def two_processes_raised(script, out, *args, port=False):
     nothing new appears in ``out`` (a run starting or ending) for 120 s is stopped: the runs that
     never ended fail their tests. Each process's exit status is not what is tested (gloo's
     teardown after a failed collective aborted once in ~50 launches, results written)."""
-    import socket
     import time
 
     root = Path(__file__).resolve().parents[2]
-    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": lo,
-            "OMP_NUM_THREADS": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
-    if port:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base["MASTER_PORT"] = str(s.getsockname()[1])
     logs = [out / f"log{r}" for r in range(2)]
-    procs = []
-    for r, log in enumerate(logs):
-        with log.open("w") as stdout:
-            procs.append(subprocess.Popen([sys.executable, str(script), str(out), *args], cwd=root, stdout=stdout,
-                                          stderr=subprocess.STDOUT, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}))
+    procs = start_ranks(script, [out, *args], two_process_env(port), root, logs)
     try:
         seen, last = set(), time.monotonic()
         while any(p.poll() is None for p in procs):

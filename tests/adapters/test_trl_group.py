@@ -67,40 +67,24 @@ def test_environment_factory_reward_scores_each_run_of_one_task_together():
         trl_environment("benchmax/Math-v0", group_rubric=relative_rank)
 
 
-def _loopback_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _two_processes(tmp_path, *args):
     """``trl_two_processes.py tmp_path *args`` on two CPU processes (gloo, loopback only), both exiting 0."""
-    import os
-    import socket
-    import subprocess
-    import sys
     from pathlib import Path
 
+    from launch import start_ranks, two_process_env
+
     root = Path(__file__).resolve().parents[2]
-    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
-            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_loopback_port()), "GLOO_SOCKET_IFNAME": lo, "OMP_NUM_THREADS": "1",
-            "TRL_EXPERIMENTAL_SILENCE": "1"}
-    script = Path(__file__).with_name("trl_two_processes.py")
-    procs = [subprocess.Popen([sys.executable, str(script), str(tmp_path), *args], cwd=root, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
+    logs = [tmp_path / f"log{r}" for r in range(2)]
+    procs = start_ranks(Path(__file__).with_name("trl_two_processes.py"), [tmp_path, *args],
+                        two_process_env(port=True), root, logs)
     try:
-        logs = [p.communicate(timeout=240)[0] for p in procs]
+        codes = [p.wait(timeout=240) for p in procs]
     finally:
         for p in procs:  # one failed: the other waits at a collective call
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
 
 
 def test_rollout_func_decides_each_group_whole_when_trl_splits_it_over_two_processes(tmp_path):
