@@ -5,6 +5,7 @@ Runners (make_vec modes, CLI, mcp-serve) are covered by ``tests/test_matrix.py``
 """
 
 import asyncio
+import functools
 import subprocess
 import io
 import json
@@ -254,14 +255,17 @@ def _kwargs(env_id):
     return {"task_args": OFFLINE[env_id]} if env_id in OFFLINE else {}
 
 
+@functools.cache
 def _replies(env_id, task_index=0):
-    """The replies that solve ``task_index`` (envs are deterministic): a scripted model's."""
+    """The replies that solve ``task_index`` (envs are deterministic): a scripted model's. Played
+    once per id and process: four adapter tests replay them (an env made, an Excel recalculation
+    worker or an MCP server started, for each)."""
     env = make(env_id)
     played = play(env, policy_for(env), options={"task_index": task_index})
     actions = env.unwrapped.episode_record()["actions"]
     env.close()
     assert set(played.info["reward_components"].values()) == {1.0}
-    return actions
+    return tuple(actions)
 
 
 @pytest.mark.parametrize("style", ["qwen", "llama3", "plain", "qwen2.5", "llama3.1"])
@@ -278,8 +282,10 @@ def test_every_id_gives_token_exact_episodes_in_each_template_style(env_id, styl
     session.close()
 
 
+@functools.cache
 def _token_session(env_id, replies):
-    """The reference: the replies played through a TokenSession (checked token-exact above)."""
+    """The reference: the replies played through a TokenSession (checked token-exact above); once
+    per id and process, as :func:`_replies`."""
     from benchmax_gym.adapters import ChatTemplate, TokenSession
     from benchmax_gym.testing.tokenizers import model_ids, tiny_tokenizer
 
