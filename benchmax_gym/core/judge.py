@@ -35,7 +35,9 @@ request is shared evenly among its members. eval's summary totals them (``summar
 
 **Failures.** A judge that cannot answer (past its retries) or answers something ``parse``
 rejects raises :class:`~benchmax_gym.core.outcomes.RewardFailure`: the episode (or the group)
-ends ungraded with outcome ``model_error``, never a 0.
+ends ungraded with outcome ``model_error``, never a 0. So does a ``parse`` that returns no
+verdict (None, text, NaN or inf; for ``parse_group`` anything but ``k`` such numbers; for
+``parse_pair`` a share outside [0, 1]): a user's parser that missed is not a score of 0.
 
 The prompt is a template; ``{question}`` (the task's text), ``{answer}`` (the ground truth:
 the judge sees it, the model never does), ``{completion}`` (the final reply) and ``{transcript}``
@@ -44,7 +46,8 @@ The judged text is model-written and hostile: it is capped at ``max_judged_chars
 with its own runs of ``<<<`` and ``>>>`` broken (``> >>``) so that it cannot close the fence and
 write instructions outside it, and the default verdict tags in it broken (``< score>``), so that a
 judge quoting it is never read as scoring it. Only the judge's own words are parsed: a fenced block
-in its reply (an echo of a judged text) is left out, and a reply cut off at its token limit
+in its reply (an echo of a judged text) is left out, so is a reasoning judge's thinking (up to its
+last ``</think>``: a score drafted or quoted there is not its verdict), and a reply cut off at its token limit
 (``finish_reason`` ``length``) or by a content filter is unusable (its verdict never came).
 
 Example::
@@ -68,7 +71,7 @@ import re
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,9 +134,18 @@ Think briefly, then end with <winner>A</winner>, <winner>B</winner> or <winner>t
 
 
 _FENCE_RUN = re.compile(r"([<>])(?=\1\1)")  # a ``<`` or ``>`` that starts a run of three
-_VERDICT_TAG = re.compile(r"<(?=/?(?:scores?|winner)>)", re.I)  # the default parsers' tags
+_VERDICT_TAG = re.compile(r"<(?=/?(?:scores?|winner|think)>)", re.I)  # the default parsers' tags, and </think>
 _ECHO = re.compile(r"<<<.*?(?:>>>|\Z)", re.S)  # a fenced block (judged text never holds <<< or >>>)
+_THOUGHT = re.compile(r"\A.*</think>", re.S | re.I)  # a reasoning judge's thinking (the chat template may open it)
 _CUT_OFF = ("length", "content_filter")  # finish reasons of a reply that stopped before its end
+
+
+def _own_words(text: str) -> str:
+    """What a judge's reply says as its answer: its fenced blocks (echoes of judged text) left out,
+    and a reasoning judge's thinking (up to its last ``</think>``, as Qwen3 or DeepSeek-R1 write it
+    when the server does not split it off): a score it drafted or quoted while thinking is not its
+    verdict. (Judged text has its ``</think>`` broken, so a quote of it cannot end the thinking.)"""
+    return _ECHO.sub("", _THOUGHT.sub("", text))  # (thinking first: an echo it left unclosed ends there)
 
 
 def _last_tag(text: str, tag: str) -> str:
@@ -170,6 +182,38 @@ def parse_winner(text: str) -> float:
     if winner not in ("a", "b", "tie"):
         raise ValueError(f"winner {winner!r} is not A, B or tie")
     return {"a": 1.0, "b": 0.0, "tie": 0.5}[winner]
+
+
+def _verdict(value: Any, what: str = "parse") -> float:
+    """A parsed score as a float: a finite number of any numeric type (a bool is 0 or 1, as a
+    rubric leaf's is), else a ``ValueError``."""
+    if isinstance(value, (str, bytes, bytearray)):  # (float("1") would read a text as a score)
+        raise ValueError(f"{what} returned {type(value).__name__} {str(value)[:50]!r}, not a number")
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} returned {type(value).__name__}, not a number") from None
+    if not math.isfinite(score):
+        raise ValueError(f"{what} returned {score}, not a finite number")
+    return score
+
+
+def _verdicts(scores: Any, k: int) -> list[float]:
+    """A parsed group verdict: ``k`` finite numbers, one per reply, in order."""
+    if isinstance(scores, (str, bytes, bytearray, Mapping)) or not isinstance(scores, Iterable):
+        raise ValueError(f"parse_group returned {type(scores).__name__}, not a list of {k} scores")
+    scores = list(scores)
+    if len(scores) != k:
+        raise ValueError(f"parse_group returned {len(scores)} scores for {k} replies")
+    return [_verdict(s, "parse_group") for s in scores]
+
+
+def _share_of_win(value: Any) -> float:
+    """A parsed pairwise verdict: A's share of the win, in [0, 1] (B gets the rest)."""
+    share = _verdict(value, "parse_pair")
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"parse_pair returned {share}, not A's share of the win in [0, 1]")
+    return share
 
 
 def new_usage() -> dict[str, float]:
@@ -317,8 +361,8 @@ class JudgeRubric:
         """Model-written text as the judge reads it: capped, and with every run of three or more
         ``<`` or ``>`` broken (``>>>`` becomes ``> >>``), so it cannot close its fence and write
         instructions outside it (the default prompts fence with ``<<<REPLY`` ... ``REPLY>>>``),
-        and its verdict tags broken (``< score>``), so a judge that quotes it is not read as
-        giving the score the model wrote."""
+        and its verdict tags broken (``< score>``, and ``< /think>``), so a judge that quotes it is
+        not read as giving the score the model wrote, nor as ending its thinking there."""
         return _VERDICT_TAG.sub("< ", _FENCE_RUN.sub(r"\1 ", self._cap(text)))
 
     def _values(self, completion: Any, task: Any, messages: Any, prompt_text: str | None = None) -> dict[str, str]:
@@ -340,10 +384,14 @@ class JudgeRubric:
         _record(episode, usage)
         return self._parsed(self.parse, text, request)
 
-    def _parsed(self, parse: Callable[..., Any], text: str, request: Any, *args: Any) -> Any:
-        """``parse`` of the judge's own words: its fenced blocks (echoes of judged text) left out."""
+    def _parsed(self, parse: Callable[..., Any], text: str, request: Any, *args: Any,
+                check: Callable[[Any], Any] | None = None) -> Any:
+        """``parse`` of the judge's own words (:func:`_own_words`: no echoes, no thinking),
+        its value made a score by ``check`` (default :func:`_verdict`). A value that is no
+        verdict (None, text, NaN: a user's ``parse`` that missed) is an unusable reply, as a
+        ``ValueError`` is: never a score, and never cached."""
         try:
-            return parse(_ECHO.sub("", text), *args)
+            return (check or _verdict)(parse(_own_words(text), *args))
         except Exception as exc:
             self._forget(request)
             # (the reply may quote the reference answer: it is logged, and kept out of the
@@ -362,7 +410,7 @@ class JudgeRubric:
             request = self._messages(self.group_prompt, values)
             text, usage = await self.ask(request)
             _share(records, usage, k)
-            return self._parsed(self.parse_group, text, request, k)
+            return self._parsed(self.parse_group, text, request, k, check=lambda scores: _verdicts(scores, k))
 
         group.__name__ = f"{self.name}_group"
         group.reward_timeout = None  # (bounded by its own timeouts, failing as RewardFailure)
@@ -384,7 +432,7 @@ class JudgeRubric:
                                          {**base, "a": self._judged(completions[i]), "b": self._judged(completions[j])})
                 text, usage = await self.ask(request)
                 _share(records, usage, k)
-                return self._parsed(self.parse_pair, text, request)
+                return self._parsed(self.parse_pair, text, request, check=_share_of_win)
 
             wins = [0.0] * k
             for (i, j), a in zip(pairs, await asyncio.gather(*(one(i, j) for i, j in pairs))):
