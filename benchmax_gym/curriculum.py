@@ -151,6 +151,9 @@ class MemberLevels:
         self.episodes += 1
         before = self.level
         if self.schedule is not None:
+            # (its success rate is still the one to watch: it stayed NaN under a schedule)
+            if level == self.level:
+                self.recent.append(bool(success))
             self.level = self._scheduled(self.episodes)
         elif level == self.level and len(self.levels) > 1:  # (episodes begun before a move do not count)
             self.recent.append(bool(success))

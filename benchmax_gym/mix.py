@@ -30,7 +30,8 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   ``self.np_random``. Both are reproducible from the seed. ``options={"member": name}`` forces a
   member (then ``task_index`` is that member's); ``options={"task_index": i}`` alone names task
   ``i`` of the mixture's own task list (:class:`MixTasks`: position ``i`` of the unshifted
-  sequence, the k-th task of its member), the same whatever the seed (GRPO groups, eval).
+  sequence, the k-th task of its member, wrapped over its task count at the level played), the
+  same whatever the seed (GRPO groups, eval).
   Forced resets do not advance the sampler. ``options={"difficulty": level}`` plays that level
   (a GRPO group's k rollouts at one level, even if the controller moves meanwhile).
 * **Built at make**: each member with a weight is made by ``gym.make`` itself, at its starting
@@ -40,7 +41,8 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   at a reset, workbooks are made per episode); what one reads (a dataset, a corpus, an OpenEnv
   server's schema) that process would read at the member's first draw anyway. A member that fails
   at make for another reason than its arguments (a file, a server, the network) is made again at
-  its first draw, which raises its error, named, if it still fails. A member of weight 0 (played
+  its first draw, which raises its error, named, if it still fails (a warning at make names it
+  and its error). A member of weight 0 (played
   only when forced) and the other levels are made when first needed; each other level that sets
   more than task arguments (``max_turns`` as the knob, say) is made once at make and closed, and
   every level's task arguments are checked at make too (a bad knob value is an error there).
@@ -228,7 +230,15 @@ class MixTasks(TaskSource):
     def __len__(self) -> int:
         return INFINITE
 
-    def locate(self, index: int) -> tuple[str, int]:
+    def locate(self, index: int, level: int | None = None) -> tuple[str, int]:
+        """Task ``index`` as ``(member, its task index)``, among the member's tasks at ``level``
+        (default: its current one: the level it will play)."""
+        name, k = self.position(index)
+        level = self.mix._level_for(name) if level is None else level
+        return name, k % len(self.mix._member(name, level).core.tasks)
+
+    def position(self, index: int) -> tuple[str, int]:
+        """Task ``index`` as ``(member, k)``: the member's k-th task, before wrapping over its task count."""
         if index >= len(self._members):
             stop = max(2 * len(self._members), index + 1, 1024)
             members = self.mix._sampler.schedule(stop)
@@ -237,10 +247,7 @@ class MixTasks(TaskSource):
                 where = members == m
                 local[where] = np.arange(int(where.sum()))
             self._members, self._local = members, local
-        spec = self.mix.specs[int(self._members[index])]
-        local = int(self._local[index])
-        size = len(self.mix._member(spec.name, self.mix._level_for(spec.name)).core.tasks)
-        return spec.name, local % size
+        return self.mix.specs[int(self._members[index])].name, int(self._local[index])
 
     def get(self, index: int) -> Task:
         name, local = self.locate(index)
@@ -400,9 +407,14 @@ class MixEnv(gym.Env[str, str]):
                     overlay = levels[level]
                     where = f"curriculum[{s.name!r}] level {level} {overlay}" if overlay else f"members: {s.name}"
                     raise (TypeError if isinstance(exc, TypeError) else ValueError)(f"{where}: {says}") from exc
-                except Exception:
-                    if level == start:
-                        break  # (not its arguments: made again, and raising, at its first draw)
+                except Exception as exc:
+                    if level == start:  # (not its arguments: made again, and raising, at its first draw)
+                        # said now, naming it: in a vector env's worker its error reaches the
+                        # parent as an env_error whose text does not say which member failed
+                        log.warning("mixture member %r (%s) could not be made at make: %s: %s; it is made again "
+                                    "at its first draw, whose reset raises this if it still fails", s.name, s.env_id,
+                                    type(exc).__name__, exc)
+                        break
                 except BaseException:
                     self.close()
                     raise
@@ -546,6 +558,7 @@ class MixEnv(gym.Env[str, str]):
             self._pending_rng.clear()  # (a member made later is seeded from this seed, as a built one is)
         options = dict(options or {})
         name = options.pop("member", None)
+        mixed = None  # (a task of the mixture's own list: the member's k-th, wrapped at the level played)
         if name is not None:
             if name not in self._names:
                 raise ValueError(f"options['member'] must be one of {self._names}, got {name!r}")
@@ -553,7 +566,7 @@ class MixEnv(gym.Env[str, str]):
             index = options["task_index"]
             if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
                 raise ValueError(f"options['task_index'] must be a non-negative int, got {index!r}")
-            name, options["task_index"] = self.tasks.locate(int(index))
+            name, mixed = self.tasks.position(int(index))
         else:
             name = self._names[self._sampler.draw(self.np_random)]
         level = options.pop("difficulty", None)
@@ -563,6 +576,9 @@ class MixEnv(gym.Env[str, str]):
                 0 <= level < len(self.curriculum.members[name].levels)):
             raise ValueError(f"options['difficulty'] must be a level of {name} from 0 to "
                              f"{len(self.curriculum.members[name].levels) - 1}, got {level!r}")
+        if mixed is not None:  # (over the task count of the level played: over the current level's, a group
+            # pinned to one level played another task of it once the controller moved)
+            options["task_index"] = mixed % len(self._member(name, int(level)).core.tasks)
         member = self._member(name, int(level))
         member_seed = None
         if self._seed is not None and member.key not in self._seeded:  # each member seeded once per mixture seed
