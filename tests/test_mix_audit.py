@@ -83,3 +83,19 @@ def test_a_member_that_cannot_be_made_at_make_is_named_there(tmp_path, caplog):
     assert str(missing) in said[0] and "first draw" in said[0]
     assert mix.unwrapped.built_members == ["Math-v0@0"]
     mix.close()
+
+
+def test_a_vector_env_error_of_a_member_names_the_member(tmp_path):
+    """A member that cannot be built fails its draws in a worker as env_error episodes; the
+    mixture names the member in a note of the exception, which the worker's one-line error
+    dropped: the parent read the missing file's name, not which member it was."""
+    broken = ("broken", "benchmax/Math-v0", {"tasks": "hf", "task_args": {"dataset": str(tmp_path / "none.jsonl")}})
+    envs = gym.make_vec("benchmax/Mix-v0", num_envs=2, members=[("benchmax/Math-v0", 1.0), (broken, 1.0)],
+                        python_tool=False)  # (in worker processes)
+    try:
+        _, infos = envs.reset(seed=0, options={"member": "broken"})
+        errors = [e for e in infos["error"] if e]
+        assert len(errors) == 2 and all("mixture member 'broken'" in e and "none.jsonl" in e for e in errors), errors
+        assert all("mixture member 'broken'" in d for d in infos["outcome_detail"])
+    finally:
+        envs.close()

@@ -174,7 +174,7 @@ class _Worker:
             try:
                 obs, info = await self._reset(i, None, None)
             except ENV_FAULTS as again:  # (the env's own error stays the one reported; its next step resets it)
-                obs, info = "", {"error": f"{ENV_ERROR}: {type(again).__name__}: {again}"}
+                obs, info = "", {"error": f"{ENV_ERROR}: {_said(again)}"}
             return obs, math.nan, False, True, {"final_obs": "", "final_info": error, **info}
         return "", math.nan, False, True, error
 
@@ -791,7 +791,12 @@ def _raised(exc: BaseException) -> tuple:
     return "", math.nan, False, True, _env_error(exc)
 
 
+def _said(exc: BaseException) -> str:
+    """An exception as one line, with its notes (a mixture names its failing member in one)."""
+    return f"{type(exc).__name__}: {exc}" + "".join(f" [{note}]" for note in getattr(exc, "__notes__", ()))
+
+
 def _env_error(exc: BaseException) -> dict[str, Any]:
     """The info of an episode its env's exception ended (``outcome_detail``: the exception)."""
-    return {"error": f"{ENV_ERROR}: {type(exc).__name__}: {exc}", "outcome": ENV_ERROR,
-            "outcome_detail": outcome_detail(f"the env raised {type(exc).__name__}: {exc}")}
+    said = _said(exc)
+    return {"error": f"{ENV_ERROR}: {said}", "outcome": ENV_ERROR, "outcome_detail": outcome_detail(f"the env raised {said}")}
