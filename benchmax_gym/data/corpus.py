@@ -127,15 +127,21 @@ def _read(file: Path) -> list[Document]:
 def _decode(file: Path) -> str:
     """``file``'s text: UTF-8 (a byte-order mark dropped: it hid a Markdown title), or UTF-16 with
     its byte-order mark. Anything else is refused naming the byte: decoded with replacement
-    characters, its words went into the index and the questions silently garbled."""
+    characters, its words went into the index and the questions silently garbled. So is a
+    binary file (a NUL character), whatever its name."""
     data = file.read_bytes()
     try:
         if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            return data.decode("utf-16")
-        return data.decode("utf-8-sig")
+            text = data.decode("utf-16")
+        else:
+            text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{file}: not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}); "
                          "save it as UTF-8") from None
+    if "\x00" in text:  # a binary file named .txt decodes as UTF-8 when it is mostly zeros: its bytes were indexed
+        raise ValueError(f"{file}: binary, not text (a NUL character at {text.index(chr(0))}); "
+                         "remove it from the folder or save it as text")
+    return text
 
 
 _MD_HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")

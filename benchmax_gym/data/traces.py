@@ -15,7 +15,9 @@ Each kept trace becomes one task for the env:
   assistant reply (its last ``\\boxed{}`` or ``<answer>`` when it has one), or a field of the record
   (``answer_field``). ``keep`` is ``"all"``, ``"reward>=X"`` (also ``>``, ``<=``, ``<``, ``=``;
   the record's ``reward``), or ``"FIELD=VALUE"`` (a dotted path into the record, VALUE as JSON
-  when it parses: ``success=true``, ``metadata.label=good``). Traces not kept are counted.
+  when it parses: ``success=true``, ``metadata.label=good``). Traces not kept are counted, and
+  so is one whose prefix already holds an assistant reply giving that answer (the task would be
+  to repeat it).
 * every tool call of the trace (structured ``tool_calls``, or calls written in the env's format
   in the text) is checked against the env's tools: unknown tools and invalid arguments are
   reported with where they are; a trace whose *prefix* holds one is skipped (the env could not
@@ -64,12 +66,19 @@ class TraceReport:
 
 
 def trace_files(logs: str | os.PathLike) -> list[Path]:
-    """``logs`` itself, or the ``*.jsonl`` / ``*.json`` files under a folder (sorted)."""
+    """``logs`` itself, or the ``*.jsonl`` / ``*.json`` files under a folder (sorted); a file of
+    the folder that links outside it is refused."""
     path = Path(logs)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in (".jsonl", ".json") and p.is_file())
         if not files:
             raise ValueError(f"LOGS {str(logs)!r}: no .jsonl or .json files in the folder")
+        inside = path.resolve()
+        for file in files:  # (as for DOCS: a folder from elsewhere may link a file of this machine in)
+            target = file.resolve()
+            if not target.is_relative_to(inside):
+                raise ValueError(f"LOGS {str(logs)!r}: {file} links outside the folder (to {target}); copy that "
+                                 "file into the folder, or pass it as LOGS itself")
         return files
     if path.exists() and not path.is_file():  # a FIFO or a device: never opened (a FIFO would block)
         raise ValueError(f"LOGS {str(logs)!r}: not a regular file or folder")
@@ -263,6 +272,23 @@ def reference(messages: list[dict[str, Any]], record: Any, answer_field: str | N
     return None
 
 
+def _answer_given(prefix: list[dict[str, Any]], answer: Any) -> int | None:
+    """The index of an assistant message of ``prefix`` whose final answer is ``answer``, or None:
+    such a task scores whoever repeats what the conversation already says."""
+    if not isinstance(answer, str) or not answer.strip():
+        return None
+    from benchmax_gym.envs.math.rubric import extract_answer
+
+    want = " ".join(answer.split()).casefold()
+    for i, message in enumerate(prefix):
+        content = message.get("content")
+        if message.get("role") == "assistant" and isinstance(content, str) and content.strip():
+            said = extract_answer(content) or content.strip()
+            if " ".join(said.split()).casefold() == want:
+                return i
+    return None
+
+
 def tasks_from_traces(logs: str | os.PathLike, env: Any, *, keep: str = "all", turn: str | int = "last-user",
                       answer_field: str | None = None, allow_invalid_calls: bool = False,
                       ) -> tuple[list[dict[str, Any]], TraceReport]:
@@ -310,6 +336,12 @@ def tasks_from_traces(logs: str | os.PathLike, env: Any, *, keep: str = "all", t
         except ValueError as exc:
             report.skipped["malformed messages"] += 1
             report.problem(where, str(exc))
+            continue
+        given = _answer_given(prefix, answer)
+        if given is not None:  # ("are you sure?" after the answer: the task is to repeat it)
+            report.skipped["the reference already answered in the conversation"] += 1
+            report.problem(where, f"message {given} already gives the reference answer {str(answer)[:80]!r}; "
+                           "choose another --turn")
             continue
         source_id = record.get("task_id") if isinstance(record, dict) else None
         metadata = {"source": "traces", "trace": where}
