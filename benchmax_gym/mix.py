@@ -70,6 +70,11 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   (Gymnasium's ``sync``/``async`` modes: each env its own, ``envs.get_attr("curriculum")``). A
   seed restarts the sampler and the members' RNGs, not the curriculum (its levels are training
   progress): the same seed plays the same sequence from the same curriculum state.
+* **Through a trainer adapter** (:func:`share_curriculum`): SkyRL, verl and OpenRLHF make an env
+  per trajectory and TRL one per rollout slot, so a controller of each env's own would never see
+  more than one episode (its level never moved) or only its slot's (levels drifted apart within
+  a group). The adapters make every mixture env of one id and kwargs in a process follow one
+  controller of that process, fed by all of their episodes.
 
 Attributes the mixture does not define (``tool_schemas``, ``toolset``, ``rubric``, ``episode``,
 ``messages``...) are the current member's (before the first reset: the first member's with a
@@ -83,7 +88,9 @@ import contextlib
 import inspect
 import logging
 import math
+import json
 import numbers
+import threading
 import warnings
 import zlib
 from collections.abc import Mapping
@@ -687,7 +694,8 @@ class MixEnv(gym.Env[str, str]):
         score = float(final if graded and final is not None else reward)
         report = {"member": name, "level": level, "task_id": self._task_id, "reward": score,
                   "success": success, "outcome": outcome}
-        self.curriculum.record(name, level, self._task_id, score, success, outcome)
+        with _curriculum_lock:  # (shared by the envs of a trainer's rollout threads: share_curriculum)
+            self.curriculum.record(name, level, self._task_id, score, success, outcome)
         info["difficulty"] = level
         info["mix_episode"] = report
 
@@ -775,6 +783,23 @@ class MixEnv(gym.Env[str, str]):
         self.curriculum.set_levels(levels)
 
 
+_curriculum_lock = threading.Lock()
+_shared_curricula: dict[str, Curriculum] = {}
+
+
+def share_curriculum(env: gym.Env, env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> None:
+    """Make a mixture env whose curriculum has levels follow this process's one controller for
+    ``env_id`` and ``env_kwargs`` (the first such env's), fed by every such env's episodes. For
+    trainer adapters, which make an env per trajectory or per rollout slot: each with its own
+    controller, levels never moved or drifted apart. Any other env is left as it is."""
+    base = getattr(env, "unwrapped", env)
+    if not isinstance(base, MixEnv) or all(len(m.levels) == 1 for m in base.curriculum.members.values()):
+        return
+    key = f"{env_id}\x00{json.dumps(dict(env_kwargs or {}), sort_keys=True, default=repr)}"
+    with _curriculum_lock:
+        base.curriculum = _shared_curricula.setdefault(key, base.curriculum)
+
+
 def register_mix(env_id: str, members: Any, description: str = "", **kwargs: Any) -> str:
     """Register a named mixture, ``gym.make(env_id)`` being ``benchmax/Mix-v0`` with these
     ``members`` and options (checked now as make checks them, its members made and closed: a bad
@@ -793,4 +818,5 @@ def register_mix(env_id: str, members: Any, description: str = "", **kwargs: Any
     return register_parts(env_id, MixEnv, description or f"A mixture of {names}.", members=members, **kwargs)
 
 
-__all__ = ["DEFAULT_MEMBERS", "MemberSpec", "MixEnv", "MixSampler", "MixTasks", "parse_members", "register_mix"]
+__all__ = ["DEFAULT_MEMBERS", "MemberSpec", "MixEnv", "MixSampler", "MixTasks", "parse_members", "register_mix",
+           "share_curriculum"]

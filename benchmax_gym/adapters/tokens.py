@@ -821,15 +821,20 @@ def outcome_counts(episodes: list[TokenEpisode] | list[dict[str, float]]) -> dic
 
 
 def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
-    """``gym.make`` for adapters: an unknown id fails naming the registered benchmax ids."""
+    """``gym.make`` for adapters: an unknown id fails naming the registered benchmax ids. A
+    mixture with a curriculum follows the process's one controller for its id and kwargs
+    (:func:`benchmax_gym.mix.share_curriculum`): adapters make an env per trajectory or slot."""
     import benchmax_gym  # noqa: F401  (registers the benchmax/* ids)
+    from benchmax_gym.mix import share_curriculum
 
     try:
-        return gym.make(env_id, **(env_kwargs or {}))
+        env = gym.make(env_id, **(env_kwargs or {}))
     except (gym.error.NameNotFound, gym.error.NamespaceNotFound, gym.error.VersionNotFound) as exc:
         from benchmax_gym.registry import env_ids
 
         raise gym.error.Error(f"{exc} Registered benchmax ids: {', '.join(env_ids())}") from None
+    share_curriculum(env, env_id, env_kwargs)
+    return env
 
 
 async def amake_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
