@@ -46,9 +46,10 @@ from benchmax_gym.core.group import GroupRubric, ascore_groups, group_rubric_of
 from benchmax_gym.core.judge import judge_usage, total_usage
 from benchmax_gym.core.outcomes import (CANCELLED, ENV_ERROR, FAILURES, MODEL_ERROR, OUTCOMES, SCORED, SIGNAL,
                                         TRUNCATED, is_failure)
+from benchmax_gym.core.sandbox import remove_tree
 from benchmax_gym.core.tasks import task_digest
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
-from benchmax_gym.wrappers.worker import async_api, driver_registrations, with_registrations
+from benchmax_gym.wrappers.worker import async_api, driver_registrations, use_temp_root, with_registrations
 
 RUN_FORMAT = "benchmax-gym-eval/1"
 # what must match for a run directory to be resumed
@@ -807,7 +808,8 @@ async def _play_all(env_id, kwargs, first, policy, pending, seed, concurrency, s
         executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ=None, registrations=None) -> None:
+def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ=None, registrations=None,
+                 tmp=None) -> None:
     """A worker process (``workers > 1``): its share of the pairs on its own event loop and CPU.
     Ctrl-C is the parent's to handle: a worker ignores it, and the parent's SIGTERM cancels its
     run (its episodes in flight are sent as ``cancelled``). ``environ``: the parent's environment
@@ -816,7 +818,9 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
     here too: a worker is a fresh process, where a script's ``if __name__ == "__main__"`` block
     (its ``register_tool_env``) never ran.
     ``pairs`` come pickled by the C pickler: a process's arguments go through dill's pure-Python
-    one, ~7 us a pair (40,960 pairs over 16 workers held the last one's start back ~0.3 s)."""
+    one, ~7 us a pair (40,960 pairs over 16 workers held the last one's start back ~0.3 s).
+    ``tmp``: the worker's own temp root, made and removed by the parent (the workspaces of a
+    worker killed mid-episode, by the parent's Ctrl-C or the OOM killer, go with it)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -824,6 +828,8 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
     if environ is not None:
         os.environ.clear()
         os.environ.update(environ)
+    if tmp is not None:
+        use_temp_root(tmp)
 
     pairs = pickle.loads(pairs)
 
@@ -849,6 +855,8 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
         message = ("done", None)
     except BaseException as exc:  # the parent raises it, with the worker's own message
         message = ("failed", policy.scrub(f"{type(exc).__name__}: {exc}"))
+    if tmp is not None:  # (its envs closed: a worker whose parent is gone, as the parent would)
+        remove_tree(Path(tmp))
     # The records still waiting, then the last word, within a minute in all: one not delivered
     # (the parent not reading, or gone) is said on stderr, and the exit status tells the parent
     # (it exited 0 "without a word"; a last word written after a torn record read as garbage).
@@ -862,7 +870,8 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
 
 
 # What a fork server imports once for all eval workers (those not installed are skipped).
-_WORKER_PRELOAD = [__name__, "benchmax_gym.eval.policies", "openai", "httptools"]
+# (forkserver_exit: imported by the fork server alone, it removes the server's socket at its exit)
+_WORKER_PRELOAD = [__name__, "benchmax_gym.eval.policies", "openai", "httptools", "benchmax_gym.eval.forkserver_exit"]
 
 
 def _worker_context() -> Any:
@@ -895,7 +904,7 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
     ctx = _worker_context()
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
-    running, errors, procs = [workers], [], []
+    running, errors, procs, roots = [workers], [], [], []
 
     def on_message(conn, proc) -> None:
         try:
@@ -936,9 +945,12 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
                 forkserver.ensure_running()
         for w in range(workers):
             parent, child = ctx.Pipe()
+            tmp = tempfile.mkdtemp(prefix="benchmax-eval-worker-")  # removed once the worker has ended
+            roots.append(tmp)
+            os.chmod(tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
             proc = ctx.Process(target=_worker_main, daemon=True, args=(
                 child, env_id, kwargs, policy, pickle.dumps(pending[w::workers], protocol=pickle.HIGHEST_PROTOCOL), seed,
-                split[w], dict(os.environ), registrations))
+                split[w], dict(os.environ), registrations, tmp))
             with contextlib.nullcontext() if forked else _ctrl_c_blocked():
                 proc.start()
             child.close()
@@ -962,7 +974,10 @@ async def _play_in_workers(env_id, kwargs, policy, pending, seed, concurrency, w
                 proc.join(timeout=10 if completed else 0)
                 if proc.is_alive():
                     proc.kill()
+                    proc.join(timeout=10)
                 conn.close()
+            for tmp in roots:  # (what a killed worker's envs could not remove)
+                remove_tree(Path(tmp))
     if errors:
         raise RuntimeError(f"an eval worker failed: {errors[0]}")
 
