@@ -162,8 +162,8 @@ class _Process(_Channel):
         self.conn = parent
         self.tmp = tempfile.mkdtemp(prefix="benchmax-worker-")  # removed by kill()
         os.chmod(self.tmp, 0o711)  # a sandbox's unprivileged uid must reach its workspace inside
-        self.process = ctx.Process(target=_in_own_tmp, args=(self.tmp, child, env_fns, mode.value, fresh, keep),
-                                   daemon=True)
+        self.process = ctx.Process(target=_in_own_tmp, args=(self.tmp, os.getpid(), child, env_fns, mode.value, fresh,
+                                                             keep), daemon=True)
         self.process.start()
         self.pid = self.process.pid
         child.close()

@@ -12,6 +12,7 @@ import math
 import os
 from operator import itemgetter
 import pickle
+import select
 import signal
 import socket
 import sys
@@ -19,6 +20,7 @@ import tempfile
 import threading
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -29,6 +31,7 @@ import numpy as np
 from benchmax_gym.core.aio import LAST_WORD_LOST, Outbox, OwnLoop, say_last_word_lost
 from benchmax_gym.core.env import fewer_collections
 from benchmax_gym.core.outcomes import outcome_detail
+from benchmax_gym.core.sandbox import remove_tree
 
 from .batching import _pack_column, defer_columns, pack_columns
 
@@ -560,9 +563,40 @@ def use_temp_root(tmp: str) -> None:
     tempfile.tempdir = os.environ["TMPDIR"] = tmp
 
 
-def _in_own_tmp(tmp: str, *args) -> None:
+def _in_own_tmp(tmp: str, owner: int, *args) -> None:
+    """A worker process: its temp root, and its vector env's process (``owner``) watched. A
+    forked worker holds the parent's end of its own pipe (and its siblings'), so a parent killed
+    (SIGKILL, the OOM killer) never showed as the end of its input: the worker waited for ever,
+    its envs' servers and workspaces with it. Once the owner is gone the worker stops, closes its
+    envs and removes its temp root, as the owner would have."""
     use_temp_root(tmp)
-    _worker_main(*args)
+    owner_gone = _watch(owner)
+    _worker_main(*args, owner_gone=owner_gone)
+    if owner_gone():
+        remove_tree(Path(tmp))
+
+
+def _watch(pid: int) -> Callable[..., bool]:
+    """``gone()``: whether process ``pid`` has ended; ``gone.fd``: a descriptor readable once it has
+    (a pidfd), or None where the platform has none (then polled, ``gone.poll_s``)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # (no pidfd: not Linux 5.3+; or it has ended already)
+        fd = None
+
+    def gone() -> bool:
+        if fd is not None:
+            return bool(select.select([fd], [], [], 0)[0])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # (another user's by now: its pid was reused)
+            return True
+        return False
+
+    gone.fd, gone.poll_s = fd, 1.0
+    return gone
 
 
 def driver_registrations(dumps: Callable[[Any], bytes], own_id: str | None, to: str) -> dict[str, bytes]:
@@ -646,10 +680,11 @@ def emit_to(outbox: Outbox, dumps: Callable[[Any], bytes] = _Worker.dumps) -> Ca
 
 
 def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
-                 by_value: Callable[[Any], bytes] | None = None) -> None:
+                 by_value: Callable[[Any], bytes] | None = None, owner_gone: Any = None) -> None:
     """A worker (a process, or an env host's thread): commands come down the connection,
     messages go back up it. ``origin`` prefixes a failure to start (where it happened);
-    ``by_value`` (an env host's cloudpickle): for what pickle cannot send (:func:`_or_by_value`)."""
+    ``by_value`` (an env host's cloudpickle): for what pickle cannot send (:func:`_or_by_value`);
+    ``owner_gone`` (:func:`_watch`): its vector env's process, whose end stops it as a close does."""
     own_process = threading.current_thread() is threading.main_thread()  # (not an env host's thread)
     if own_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -710,6 +745,17 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
 
     emit(("ready", None))
     loop.add_reader(conn.fileno(), on_command)
+    if owner_gone is not None:
+        if owner_gone.fd is not None:
+            loop.add_reader(owner_gone.fd, loop.stop)
+        else:
+            def poll() -> None:
+                if owner_gone():
+                    loop.stop()
+                else:
+                    loop.call_later(owner_gone.poll_s, poll)
+
+            loop.call_later(owner_gone.poll_s, poll)
     with fewer_collections():
         while True:
             try:
