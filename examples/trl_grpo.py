@@ -50,6 +50,7 @@ def grpo_config(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
+    scratch = None
     try:
         from trl import GRPOConfig, GRPOTrainer
 
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> dict:
 
         tokenizer = tiny_tokenizer("qwen2.5")
         model = tiny_model(tokenizer)
-        config = dict(output_dir=tempfile.mkdtemp(prefix="trl-smoke-"), per_device_train_batch_size=4,
+        scratch = tempfile.TemporaryDirectory(prefix="trl-smoke-")  # (the trainer's output: removed at the end)
+        config = dict(output_dir=scratch.name, per_device_train_batch_size=4,
                       num_generations=2, max_completion_length=64, max_steps=1, use_cpu=True, report_to=[],
                       save_strategy="no", logging_steps=1)
         args.tasks = 8
@@ -79,10 +81,14 @@ def main(argv: list[str] | None = None) -> dict:
         rollout = TRLRollout(args.env_id, tokenizer, env_kwargs={"max_turns": 4})
     except (gym.error.Error, TypeError, ValueError) as exc:  # an unknown id, an argument the env refuses
         raise SystemExit(f"trl_grpo.py: --env-id {args.env_id}: {exc}") from None
-    trainer = GRPOTrainer(model=model, reward_funcs=rollout.reward, args=GRPOConfig(**config),
-                          train_dataset=rollout.dataset(args.tasks), rollout_func=rollout, processing_class=tokenizer)
-    trainer.train()
-    rollout.close()
+    try:
+        trainer = GRPOTrainer(model=model, reward_funcs=rollout.reward, args=GRPOConfig(**config),
+                              train_dataset=rollout.dataset(args.tasks), rollout_func=rollout, processing_class=tokenizer)
+        trainer.train()
+    finally:
+        rollout.close()
+        if scratch is not None:
+            scratch.cleanup()
     logs = trainer.state.log_history[0]
     print({k: v for k, v in logs.items() if k.startswith(("env/", "reward"))})
     return logs

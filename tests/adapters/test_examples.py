@@ -18,9 +18,14 @@ def run_example(name, argv=()):
     return module.main(list(argv))
 
 
-def test_trl_grpo_smoke_trains_a_step():
+def test_trl_grpo_smoke_trains_a_step(tmp_path, monkeypatch):
+    """It trains a step and leaves no output folder behind (each run left a trl-smoke-* in /tmp)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     logs = run_example("trl_grpo", ["--smoke"])
     assert logs["step"] == 1 and "env/reward" in logs and "env/reward/correct" in logs
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("trl-smoke-")]
 
 
 def test_skyrl_smoke_plays_real_generations():
