@@ -828,6 +828,19 @@ def default_workers(num_envs: int) -> int:
     return max(1, min(os.cpu_count() or 1, num_envs, num_envs // ENVS_PER_WORKER))
 
 
+def _preload_forkserver_exit(ctx: Any) -> None:
+    """Have the fork server (when it starts) import :mod:`.forkserver_exit`, besides what it
+    preloads already: a vector env's process killed left its ``pymp-*`` directory and socket."""
+    from multiprocess import forkserver
+
+    preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+    if FORKSERVER_EXIT not in preload:
+        ctx.set_forkserver_preload([*preload, FORKSERVER_EXIT])
+
+
+FORKSERVER_EXIT = "benchmax_gym.wrappers.forkserver_exit"
+
+
 class SubprocVectorEnv(WorkerVectorEnv):
     """Vectorised environments in worker processes.
 
@@ -873,6 +886,8 @@ class SubprocVectorEnv(WorkerVectorEnv):
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):
             raise ValueError(f"num_workers must be an int from 1 to num_envs={len(fns)}, got {num_workers!r}")
         self._ctx = mp.get_context(context)
+        if self._ctx.get_start_method() == "forkserver":
+            _preload_forkserver_exit(self._ctx)
         self._env_id = env if isinstance(env, str) else None
         self._registered: dict[str, bytes] | None = None  # (driver_registrations: made once, for every worker)
         self._setup(env, fns, num_workers, autoreset_mode, step_timeout, info_keys)

@@ -49,6 +49,7 @@ from benchmax_gym.core.outcomes import (CANCELLED, ENV_ERROR, FAILURES, MODEL_ER
 from benchmax_gym.core.sandbox import remove_tree
 from benchmax_gym.core.tasks import task_digest
 from benchmax_gym.eval.policies import PolicyError, Turn, as_policy
+from benchmax_gym.wrappers.vector import FORKSERVER_EXIT
 from benchmax_gym.wrappers.worker import async_api, driver_registrations, use_temp_root, with_registrations
 
 RUN_FORMAT = "benchmax-gym-eval/1"
@@ -871,7 +872,7 @@ def _worker_main(conn, env_id, kwargs, policy, pairs, seed, concurrency, environ
 
 # What a fork server imports once for all eval workers (those not installed are skipped).
 # (forkserver_exit: imported by the fork server alone, it removes the server's socket at its exit)
-_WORKER_PRELOAD = [__name__, "benchmax_gym.eval.policies", "openai", "httptools", "benchmax_gym.eval.forkserver_exit"]
+_WORKER_PRELOAD = [__name__, "benchmax_gym.eval.policies", "openai", "httptools", FORKSERVER_EXIT]
 
 
 def _worker_context() -> Any:

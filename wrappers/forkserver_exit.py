@@ -1,4 +1,4 @@
-"""Imported by eval's fork server alone (its preload): at the server's exit, its socket and the
+"""Imported by a fork server alone (eval's, a vector env's: their preload): at its exit, its socket and the
 ``pymp-*`` directory that held it go too.
 
 The parent that started the server removes that directory at its own exit, but a parent that was
