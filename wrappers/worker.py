@@ -567,12 +567,13 @@ def _in_own_tmp(tmp: str, owner: int, *args) -> None:
     """A worker process: its temp root, and its vector env's process (``owner``) watched. A
     forked worker holds the parent's end of its own pipe (and its siblings'), so a parent killed
     (SIGKILL, the OOM killer) never showed as the end of its input: the worker waited for ever,
-    its envs' servers and workspaces with it. Once the owner is gone the worker stops, closes its
-    envs and removes its temp root, as the owner would have."""
+    its envs' servers and workspaces with it. Once the owner is gone the worker stops and closes
+    its envs; whatever stopped it, it removes its temp root as it ends (its owner, if alive,
+    removes it again after a kill: a killed worker removes nothing)."""
     use_temp_root(tmp)
-    owner_gone = _watch(owner)
-    _worker_main(*args, owner_gone=owner_gone)
-    if owner_gone():
+    try:
+        _worker_main(*args, owner_gone=_watch(owner))
+    finally:
         remove_tree(Path(tmp))
 
 
