@@ -12,7 +12,6 @@ import math
 import os
 from operator import itemgetter
 import pickle
-import select
 import signal
 import socket
 import sys
@@ -572,32 +571,35 @@ def _in_own_tmp(tmp: str, owner: int, *args) -> None:
     removes it again after a kill: a killed worker removes nothing)."""
     use_temp_root(tmp)
     try:
-        _worker_main(*args, owner_gone=_watch(owner))
+        _worker_main(*args, owner=owner)
     finally:
         remove_tree(Path(tmp))
 
 
-def _watch(pid: int) -> Callable[..., bool]:
-    """``gone()``: whether process ``pid`` has ended; ``gone.fd``: a descriptor readable once it has
-    (a pidfd), or None where the platform has none (then polled, ``gone.poll_s``)."""
+OWNER_POLL_S = 1.0  # where there is no pidfd (not Linux 5.3+): how often a worker looks for its owner
+
+
+def _watch_owner(loop: asyncio.AbstractEventLoop, pid: int) -> int | None:
+    """Stop ``loop`` once process ``pid`` has ended: a pidfd in the loop, else a poll (which sees
+    it once reaped: a zombie still answers a signal). The pidfd (None: polled), for the caller to close."""
     try:
         fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # (no pidfd: not Linux 5.3+; or it has ended already)
+    except (AttributeError, OSError):  # (no pidfd; or it has ended already: the poll sees it)
         fd = None
+    if fd is not None:
+        loop.add_reader(fd, loop.stop)
+        return fd
 
-    def gone() -> bool:
-        if fd is not None:
-            return bool(select.select([fd], [], [], 0)[0])
+    def poll() -> None:
         try:
             os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # (another user's by now: its pid was reused)
-            return True
-        return False
+        except (ProcessLookupError, PermissionError):  # (PermissionError: its pid reused by another user)
+            loop.stop()
+            return
+        loop.call_later(OWNER_POLL_S, poll)
 
-    gone.fd, gone.poll_s = fd, 1.0
-    return gone
+    loop.call_later(OWNER_POLL_S, poll)
+    return None
 
 
 def driver_registrations(dumps: Callable[[Any], bytes], own_id: str | None, to: str) -> dict[str, bytes]:
@@ -681,11 +683,11 @@ def emit_to(outbox: Outbox, dumps: Callable[[Any], bytes] = _Worker.dumps) -> Ca
 
 
 def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
-                 by_value: Callable[[Any], bytes] | None = None, owner_gone: Any = None) -> None:
+                 by_value: Callable[[Any], bytes] | None = None, owner: int | None = None) -> None:
     """A worker (a process, or an env host's thread): commands come down the connection,
     messages go back up it. ``origin`` prefixes a failure to start (where it happened);
     ``by_value`` (an env host's cloudpickle): for what pickle cannot send (:func:`_or_by_value`);
-    ``owner_gone`` (:func:`_watch`): its vector env's process, whose end stops it as a close does."""
+    ``owner``: its vector env's process (:func:`_in_own_tmp`), whose end stops it as a close does."""
     own_process = threading.current_thread() is threading.main_thread()  # (not an env host's thread)
     if own_process:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
@@ -746,17 +748,7 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
 
     emit(("ready", None))
     loop.add_reader(conn.fileno(), on_command)
-    if owner_gone is not None:
-        if owner_gone.fd is not None:
-            loop.add_reader(owner_gone.fd, loop.stop)
-        else:
-            def poll() -> None:
-                if owner_gone():
-                    loop.stop()
-                else:
-                    loop.call_later(owner_gone.poll_s, poll)
-
-            loop.call_later(owner_gone.poll_s, poll)
+    owner_fd = _watch_owner(loop, owner) if owner is not None else None
     with fewer_collections():
         while True:
             try:
@@ -770,6 +762,8 @@ def _worker_main(conn, env_fns, mode_value, fresh, keep=None, origin: str = "",
         unsaid.append(exc)
     worker.close()
     loop.close()
+    if owner_fd is not None:
+        os.close(owner_fd)
     if crashed and unsaid:
         _last_word_lost(f"crashed: {crashed[0]}", unsaid[0], own_process)
 

@@ -55,3 +55,37 @@ def test_workers_of_a_killed_parent_stop_and_leave_no_workspace(tmp, context):
     while time.monotonic() < deadline and [p for p in tmp.iterdir() if p.name.startswith("benchmax-")]:
         time.sleep(0.1)
     assert not [p.name for p in tmp.iterdir()]  # (nor a fork server's pymp-* and its socket)
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polled (no pidfd)"])
+def test_a_workers_loop_stops_when_its_owner_ends(monkeypatch, pidfd):
+    """The watch itself, where the platform has a pidfd and where it has not (then polled): the
+    loop runs until the owner process ends, then stops."""
+    import asyncio
+
+    from benchmax_gym.wrappers import worker
+
+    if not pidfd:
+        def no_pidfd(pid):
+            raise OSError(38, "Function not implemented")
+
+        monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+        monkeypatch.setattr(worker, "OWNER_POLL_S", 0.05)
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    loop = asyncio.new_event_loop()
+    try:
+        fd = worker._watch_owner(loop, owner.pid)
+        assert (fd is not None) == pidfd
+        loop.call_later(0.3, lambda: (owner.kill(), owner.wait()))  # (running until then; reaped, as a
+        # dead vector env's process is by its own parent)
+        loop.call_later(30, loop.stop)  # (a hang guard)
+        started = time.monotonic()
+        loop.run_forever()
+        owner.wait()
+        assert time.monotonic() - started < 20, "the loop ran on after its owner ended"
+    finally:
+        owner.kill()
+        owner.wait()
+        loop.close()
+        if pidfd and fd is not None:
+            os.close(fd)
