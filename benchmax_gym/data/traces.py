@@ -237,7 +237,9 @@ def check_calls(messages: list[dict[str, Any]], env: Any, where: str, report: Tr
             tool = tools.get(name)
             if tool is None:
                 report.unknown_tools[name or "(no name)"] += 1
-                report.problem(where, f"message {i}: unknown tool {name!r} (the env has {', '.join(tools) or 'none'})")
+                report.problem(where, f"message {i}: unknown tool {name!r} (the env has {', '.join(tools) or 'none'})"
+                               if name else f"message {i}: a tool call with no function name (tool_calls must be a "
+                               'list of {"function": {"name": ..., "arguments": ...}})')
                 bad.append(i)
                 continue
             try:

@@ -106,3 +106,18 @@ def test_a_trace_whose_prefix_already_gives_the_answer_is_skipped_and_counted(tm
                "--turn", "first-user") == 0
     [task] = read_jsonl(str(out), "tasks")
     assert (task["messages"], task["answer"]) == ([{"role": "user", "content": "What is 2+3?"}], "5")
+
+
+@pytest.mark.parametrize("tool_calls", ["notalist", [{"name": "calculator"}], [{"function": {"arguments": "{}"}}]],
+                         ids=["not-a-list", "no-function", "no-name"])
+def test_a_malformed_tool_call_is_said_as_such_not_as_an_unknown_tool(tmp_path, capsys, tool_calls):
+    """A log whose tool_calls are not OpenAI's shape was reported as "unknown tool ''": the line
+    now says what the shape must be."""
+    logs = tmp_path / "logs.jsonl"
+    logs.write_text(json.dumps({"messages": [
+        {"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "", "tool_calls": tool_calls},
+        {"role": "user", "content": "Go on."}, {"role": "assistant", "content": "\\boxed{5}"}]}) + "\n")
+    assert cli("tasks", "from-traces", str(logs), "--env", "benchmax/Math-v0", "--out", str(tmp_path / "t.jsonl")) == 1
+    said = capsys.readouterr().out
+    assert "message 1: a tool call with no function name (tool_calls must be a list of" in said, said
+    assert "unknown tool ''" not in said
