@@ -62,7 +62,9 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**summary, "out": args.out if tasks else None}))
     else:
-        print(f"{report.traces} traces read, {report.kept} tasks written" + (f" to {args.out}" if tasks else ""))
+        kept_old = not tasks and os.path.exists(args.out)  # --overwrite with nothing to write replaces nothing
+        print(f"{report.traces} traces read, {report.kept} tasks written"
+              + (f" to {args.out}" if tasks else f" ({args.out} left as it was)" if kept_old else ""))
         for reason, count in summary["skipped"].items():
             print(f"  skipped {count}: {reason}")
         print(f"  tool calls checked: {report.calls_checked}; unknown tools: "
@@ -94,17 +96,19 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
         usage_error(exc)
     except OSError as exc:  # RUN cannot be read
         usage_error(os_error_text(exc))
-    try:
-        write_jsonl(out, rows)
-    except OSError as exc:
-        usage_error(f"--out {out}: {os_error_text(exc)}")
-    summary["out"] = out
+    if rows:  # nothing to export writes nothing (an empty file would train on nothing) and fails, as tasks' commands do
+        try:
+            write_jsonl(out, rows)
+        except OSError as exc:
+            usage_error(f"--out {out}: {os_error_text(exc)}")
+    summary["out"] = out if rows else None
     if args.json:
         print(json.dumps(summary))
     else:
         left = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items()) or "none"
-        print(f"{summary['exported']} of {summary['episodes']} episodes written to {out} (left out: {left})")
-    return 0
+        where = f"written to {out}" if rows else "written: nothing to export, no file made"
+        print(f"{summary['exported']} of {summary['episodes']} episodes {where} (left out: {left})")
+    return 0 if rows else 1
 
 
 def cmd_from_corpus(args: argparse.Namespace) -> int:

@@ -481,8 +481,9 @@ def generate_from_corpus(docs: str | os.PathLike, out: str | os.PathLike, *, mod
                          max_questions: int | None = None, chunk_chars: int = 1200, multi_hop: bool = True,
                          corpus_out: str | os.PathLike | None = None, seed: int = 0, progress: bool = False,
                          cache_dir: str | None = None) -> dict[str, Any]:
-    """Read ``docs``, generate and filter candidates, write the kept tasks to ``out``; returns the
-    summary (documents, chunks, candidates per kind, each filter's in/kept, kept, seconds)."""
+    """Read ``docs``, generate and filter candidates, write the kept tasks to ``out`` (nothing when none
+    is kept); returns the summary (documents, chunks, candidates per kind, each filter's in/kept, kept,
+    seconds)."""
     from benchmax_gym.data import write_jsonl
     from benchmax_gym.envs.wikipedia.backends import CorpusIndex, records_digest
 
@@ -507,16 +508,17 @@ def generate_from_corpus(docs: str | os.PathLike, out: str | os.PathLike, *, mod
     kept, steps = filter_candidates(candidates, model if model is not None and model.verify_model else None, progress)
     if max_questions is not None:
         kept = kept[:max_questions]
-    write_jsonl(out, [c.task(i) for i, c in enumerate(kept)])
-    if corpus_out:
-        write_jsonl(corpus_out, records)
+    if kept:  # nothing kept writes nothing: an empty --out (or one --overwrite emptied) is no task set
+        write_jsonl(out, [c.task(i) for i, c in enumerate(kept)])
+        if corpus_out:
+            write_jsonl(corpus_out, records)
     seconds = time.perf_counter() - start
     summary = {
         "documents": len(documents), "chunks": sum(len(c) for c in chunks.values()), "generator": generator,
         "candidates": dict(Counter(c.kind for c in candidates)) | {"total": len(candidates)},
         "filters": steps, "kept": len(kept), "kept_by_type": dict(Counter(c.kind for c in kept)),
         "seconds": round(seconds, 3), "seconds_per_1000_documents": round(seconds * 1000 / max(len(documents), 1), 2),
-        "out": os.fspath(out),
+        "out": os.fspath(out) if kept else None,
     }
     if unparsed is not None:
         summary["unparsed_replies"] = unparsed
@@ -533,5 +535,6 @@ def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
         print(f"  replies that were not a question/answer object: {summary['unparsed_replies']}", file=stream)
     for step in summary["filters"]:
         print(f"  {step['filter']:<24} kept {step['kept']} of {step['in']}", file=stream)
-    print(f"{summary['kept']} tasks written to {summary['out']} in {summary['seconds']:.2f} s "
+    where = f"to {summary['out']}" if summary["out"] else "(nothing kept: no file written)"
+    print(f"{summary['kept']} tasks written {where} in {summary['seconds']:.2f} s "
           f"({summary['seconds_per_1000_documents']:.1f} s per 1,000 documents)", file=stream)
