@@ -29,6 +29,25 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+RAY_CLUSTER_TESTS = "tests/wrappers/on_ray/"  # one Ray cluster for them all (its conftest.py)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's `load`, except that the tests on the shared Ray cluster are one unit of work: one
+    worker runs them one after another, so the cluster starts once, not on every worker that
+    happens to get one of them (each start costs ~7 s of CPU). xdist's own `loadgroup` would do this
+    with a mark, but it renames node ids, which pytest 9.2 no longer lets it do."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RayTestsTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return RAY_CLUSTER_TESTS if nodeid.startswith(RAY_CLUSTER_TESTS) else nodeid
+
+    return RayTestsTogether(config, log)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real benchmark samples in ../shared/data (never copied into the project)."""

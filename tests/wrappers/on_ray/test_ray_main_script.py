@@ -1,6 +1,6 @@
 """A driver script's own tools, rubrics, env classes and values (defined in its ``__main__``)
 reach RayVectorEnv's hosts, which are fresh processes: on the loopback cluster of
-``test_ray_vector`` (its fixture), with the script run as ``__main__`` in a process of its own."""
+this folder's conftest.py, with the script run as ``__main__`` in a process of its own."""
 
 import json
 import subprocess
@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from tests.wrappers.test_ray_vector import cluster  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.ray
 
@@ -90,7 +89,7 @@ print(json.dumps(out))
 '''
 
 
-def test_a_scripts_main_tools_rubric_classes_and_values_reach_the_hosts(cluster, tmp_path):  # noqa: F811
+def test_a_scripts_main_tools_rubric_classes_and_values_reach_the_hosts(cluster, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     run = subprocess.run([sys.executable, str(script), cluster.address], capture_output=True, text=True,

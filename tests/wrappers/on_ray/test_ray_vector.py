@@ -1,8 +1,8 @@
 """RayVectorEnv on a real multi-node Ray cluster on loopback: the vector contract, ready-first
 batches, host and node faults, and what close() leaves (nothing).
 
-One cluster per module (a head and two nodes with the env-host resource, everything on
-127.0.0.1). Environments defined here travel to the hosts by value (cloudpickle).
+On the loopback cluster of this folder's conftest.py. Environments defined here travel to the
+hosts by value (cloudpickle).
 """
 
 import os
@@ -28,11 +28,11 @@ import psutil  # noqa: E402
 import pytest  # noqa: E402
 import ray  # noqa: E402
 from gymnasium.vector import AutoresetMode, SyncVectorEnv  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
 
 import benchmax_gym  # noqa: E402
 from benchmax_gym import UnicodeText  # noqa: E402
 from benchmax_gym.wrappers import RayVectorEnv  # noqa: E402
+from tests.wrappers.on_ray.conftest import NODE  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -40,25 +40,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 HOST = {"num_cpus": 0, "resources": {"benchmax_env_host": 1}}
-NODE = {"num_cpus": 1, "resources": {"benchmax_env_host": 4}, "object_store_memory": 100 * 2**20,
-        "node_ip_address": "127.0.0.1"}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "object_store_memory": 100 * 2**20, "node_ip_address": "127.0.0.1",
-        "include_dashboard": False,
-        # a node that stops answering is declared dead within about two seconds
-        "_system_config": {"health_check_period_ms": 500, "health_check_failure_threshold": 3},
-    })
-    for _ in range(2):
-        cluster.add_node(**NODE)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="WARNING")
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
 
 
 def math_env():

@@ -2,7 +2,7 @@
 step for step (every autoreset mode, full and kept infos, envs that raise), failures that say the
 host's own error, and joining Ray (a wrong address fails in seconds; a bad argument starts no Ray).
 
-On the loopback cluster of ``test_ray_vector`` (its fixture, one cluster for this module).
+On the loopback cluster of this folder's conftest.py.
 """
 
 import os
@@ -20,7 +20,7 @@ from gymnasium.vector import AutoresetMode
 
 from benchmax_gym import UnicodeText
 from benchmax_gym.wrappers import RayVectorEnv, SubprocVectorEnv
-from tests.wrappers.test_ray_vector import HOST, _run, cluster, gone, our_actors  # noqa: F401 (cluster: a fixture)
+from tests.wrappers.on_ray.test_ray_vector import HOST, _run, gone, our_actors
 
 pytestmark = pytest.mark.ray
 

@@ -2,7 +2,7 @@
 start failed on another host first): that host heard no close and would wait in ``serve`` for a
 parent for minutes; it is killed at once, and no actor of it is left.
 
-On the loopback cluster of ``test_ray_vector`` (its fixture, one cluster for this module).
+On the loopback cluster of this folder's conftest.py.
 """
 
 import sys
@@ -13,7 +13,7 @@ import ray
 
 from benchmax_gym.wrappers import RayVectorEnv
 from benchmax_gym.wrappers import vector
-from tests.wrappers.test_ray_vector import HOST, Flaky, cannot_be_built, cluster, gone, our_actors  # noqa: F401
+from tests.wrappers.on_ray.test_ray_vector import HOST, Flaky, cannot_be_built, gone, our_actors
 
 pytestmark = pytest.mark.ray
 
