@@ -166,6 +166,7 @@ def test_rewards_examples_compose_gate_and_pay_a_milestone_once():
     finally:
         for env_id in ("me/Capitals-v0", "me/Geo-v1"):
             gym.registry.pop(env_id, None)
+            registry.ENVS.pop(env_id, None)
 
 
 # --- what a new user meets first: the id list, the eval example, the figures' sources, the family examples
