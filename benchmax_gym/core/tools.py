@@ -1,14 +1,21 @@
 """Tools: Python functions the model calls by writing text.
 
 ``@tool`` turns a function into a :class:`Tool` whose JSON schema (OpenAI function format) is
-built from the signature, type hints and the docstring's ``Args:`` section. Arguments are
+built from the signature, type hints and the docstring's argument descriptions (Google's
+``Args:``, NumPy's ``Parameters`` section or reST's ``:param x:``). Arguments are
 validated with pydantic before the call, so a wrong type or a missing argument becomes a tool
-error message, never an exception in the environment. Its lax conversions of strings that spell
+error message, never an exception in the environment. The tool gets its own types: an ``Enum``
+member, a ``tuple``, a ``set`` (a list's repeats dropped), a dataclass or pydantic model instance,
+a ``datetime`` from an ISO 8601 string (never from a number). A parameter whose default is
+``None`` takes ``null`` (``limit: int = None`` is ``int | None``); any other default must be a
+value of its type, and a type pydantic cannot read or show as JSON Schema (a plain class, a
+``Callable``), like ``*args``, ``**kwargs`` and positional-only parameters, fails where the tool
+is built (``register_tool_env``), naming the tool and the parameter. Its lax conversions of strings that spell
 the value exactly stay, since models send them (``"3"``, ``" 3 "`` or ``"3.0"`` for an int,
 ``"1e3"`` for a float, ``"true"``/``"yes"``/``"1"`` for a bool), as does a whole float for an int
 (``3.0``: JSON Schema's integer too); what is not exact is refused (``"3.5"`` or ``3.5`` for an
-int, ``"0x10"``). A boolean is never a number nor a number a boolean (in ``Annotated`` and
-``Literal`` too), and NaN and infinities are never a number (``json.loads`` reads ``NaN``; a
+int, ``"0x10"``). A boolean is never a number nor a number a boolean (in ``Annotated``,
+``Literal`` and ``Enum`` too), and NaN and infinities are never a number (``json.loads`` reads ``NaN``; a
 :meth:`Tool.from_schema` tool refuses them as well), as JSON Schema has it. The same rules hold
 in the fields of a pydantic model or ``TypedDict`` parameter, and of the models and TypedDicts in
 them; the tool still gets its own classes. Not in a dataclass's fields, nor where a model holds
@@ -46,6 +53,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import datetime
+import enum
 import functools
 import inspect
 import json
@@ -543,22 +552,39 @@ def tool(
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters)\s*:\s*$")
 _ARG_LINE = re.compile(r"^\s*(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
+_NUMPY_UNDERLINE = re.compile(r"^\s*-{3,}\s*$")
+_NUMPY_ARGS = frozenset({"Parameters", "Other Parameters", "Arguments", "Args", "Keyword Arguments"})
+_NUMPY_SECTIONS = _NUMPY_ARGS | {"Returns", "Yields", "Receives", "Raises", "Warns", "Warnings", "See Also", "Notes",
+                                 "References", "Examples", "Attributes", "Methods"}
+_NUMPY_ARG_LINE = re.compile(r"^(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)*)\s*(?::.*)?$")
+_REST_FIELD = re.compile(r"^\s*:(param|parameter|arg|argument|key|keyword|type|returns?|rtype|raises?|yields?)\b")
+_REST_ARG = re.compile(r"^\s*:(?:param|parameter|arg|argument|key|keyword)\s+(?:[^:]*\s)?(\*{0,2}\w+)\s*:\s*(.*)$")
 
 
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """Split a Google-style docstring into (description, {arg: description})."""
+    """Split a docstring into (description, {arg: description}): Google style (``Args:``),
+    NumPy style (``Parameters`` over a ``----------`` line) or reST fields (``:param x: ...``).
+    The description is the text before the arguments (or NumPy's first section, or the first
+    reST field)."""
     if not doc:
         return "", {}
     lines = inspect.cleandoc(doc).splitlines()
-    desc: list[str] = []
+    for i, line in enumerate(lines):
+        if _ARGS_HEADER.match(line):
+            return "\n".join(lines[:i]).strip(), _google_args(lines[i + 1:])
+        if line.strip() in _NUMPY_SECTIONS and i + 1 < len(lines) and _NUMPY_UNDERLINE.match(lines[i + 1]):
+            return "\n".join(lines[:i]).strip(), _numpy_args(lines[i:])
+        if _REST_FIELD.match(line):
+            return "\n".join(lines[:i]).strip(), _rest_args(lines[i:])
+    return "\n".join(lines).strip(), {}
+
+
+def _google_args(lines: list[str]) -> dict[str, str]:
+    """The ``Args:`` section's descriptions (``lines``: those after its header)."""
     args: dict[str, str] = {}
-    i = 0
-    while i < len(lines) and not _ARGS_HEADER.match(lines[i]):
-        desc.append(lines[i])
-        i += 1
     current = None
     indent = None
-    for line in lines[i + 1 :]:
+    for line in lines:
         if not line.strip():
             continue
         this_indent = len(line) - len(line.lstrip())
@@ -572,7 +598,45 @@ def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
             args[current] = m.group(3).strip()
         elif current:
             args[current] = (args[current] + " " + line.strip()).strip()
-    return "\n".join(desc).strip(), args
+    return args
+
+
+def _numpy_args(lines: list[str]) -> dict[str, str]:
+    """The descriptions in NumPy-style ``Parameters`` sections (``lines``: from the first
+    section's title): ``name : type`` at the section's indent, the description indented below."""
+    args: dict[str, str] = {}
+    current: list[str] = []
+    section = None
+    for i, line in enumerate(lines):
+        if i + 1 < len(lines) and line.strip() and _NUMPY_UNDERLINE.match(lines[i + 1]):
+            section, current = line.strip(), []
+            continue
+        if _NUMPY_UNDERLINE.match(line) or not line.strip() or section not in _NUMPY_ARGS:
+            continue
+        m = None if line[:1].isspace() else _NUMPY_ARG_LINE.match(line)
+        if m:
+            current = [n.strip().lstrip("*") for n in m.group(1).split(",")]
+            for n in current:
+                args[n] = ""
+        else:
+            for n in current:
+                args[n] = (args[n] + " " + line.strip()).strip()
+    return args
+
+
+def _rest_args(lines: list[str]) -> dict[str, str]:
+    """The ``:param [type] name: description`` fields, continued on the lines below them."""
+    args: dict[str, str] = {}
+    current = None
+    for line in lines:
+        if _REST_FIELD.match(line) or line.lstrip().startswith(":"):
+            m = _REST_ARG.match(line)
+            current = m.group(1).lstrip("*") if m else None
+            if current:
+                args[current] = m.group(2).strip()
+        elif current and line.strip():
+            args[current] = (args[current] + " " + line.strip()).strip()
+    return args
 
 
 def _strip_titles(schema: Any) -> Any:
@@ -598,7 +662,7 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
     try:
         hints = inspect.get_annotations(own, eval_str=True)
     except Exception as exc:  # a hint that cannot be resolved is a bug in the tool's module
-        raise TypeError(f"tool {name!r}: cannot resolve type hints: {exc}") from exc
+        raise TypeError(f"tool {name!r}: cannot resolve type hints: {_unresolved(own)}{exc}") from exc
     bound = _partial_keywords(fn)
     fields: dict[str, Any] = {}
     wants_episode = wants_state = False
@@ -610,13 +674,17 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
             wants_state = wants_state or pname == "state"
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            shown = {param.VAR_POSITIONAL: "*", param.VAR_KEYWORD: "**"}.get(param.kind, "") + pname
             raise TypeError(
-                f"tool {name!r}: *args, **kwargs and positional-only parameters cannot be called "
-                "with named JSON arguments"
+                f"tool {name!r}: parameter {shown!r}: *args, **kwargs and positional-only parameters cannot be "
+                "called with named JSON arguments"
             )
         annotation = hints.get(pname, Any)
+        if param.default is None and not _takes_none(annotation):  # ``limit: int = None``: None is its value too
+            annotation = typing.Optional[annotation]
         default = ... if param.default is param.empty else param.default
-        fields[pname] = (annotation, pydantic.Field(default, description=arg_docs.get(pname) or None))
+        described = {"description": arg_docs[pname]} if arg_docs.get(pname) else {}  # (else Annotated's Field's)
+        fields[pname] = (annotation, pydantic.Field(default, **described))
     try:
         model = pydantic.create_model(
             f"{name}_arguments", __config__=pydantic.ConfigDict(extra="forbid", allow_inf_nan=False),
@@ -624,7 +692,9 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
         )
         parameters = _strip_titles(model.model_json_schema())
     except pydantic.PydanticUserError as exc:  # (a type pydantic cannot validate, e.g. typing.TypedDict on 3.11)
-        raise TypeError(f"tool {name!r}: its parameters' types cannot be validated: {exc}".split("\n")[0]) from exc
+        where = _unreadable_parameter(name, fields)
+        raise TypeError(f"tool {name!r}: its parameters' types cannot be validated: {where}{exc}".split("\n")[0]) from exc
+    _check_defaults(name, fields, parameters)
     parameters.setdefault("properties", {})
     parameters.setdefault("required", [])
     parameters.pop("additionalProperties", None)
@@ -657,6 +727,70 @@ def _tool_from_function(fn: Callable[..., Any], *, name: str, inline: bool) -> T
     return made
 
 
+def _unresolved(fn: Callable[..., Any]) -> str:
+    """``parameter 'x': ``, the first of ``fn`` 's string hints that cannot be resolved alone
+    (as ``inspect.get_annotations`` resolves them: in the function's globals); "" when none."""
+    try:
+        raw = inspect.get_annotations(fn)
+    except Exception:
+        return ""
+    scope = getattr(inspect.unwrap(fn), "__globals__", None) if callable(fn) else None
+    for pname, hint in raw.items():
+        if isinstance(hint, str):
+            try:
+                eval(hint, scope if isinstance(scope, dict) else {}, None)  # noqa: S307 (what get_annotations does)
+            except Exception:
+                return f"{'the return type' if pname == 'return' else f'parameter {pname!r}'}: "
+    return ""
+
+
+def _takes_none(annotation: Any) -> bool:
+    """Whether ``annotation`` takes ``None`` already (``Optional``, ``Any``, ``Literal[None]``)."""
+    if annotation in (Any, object, None, type(None)):
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _takes_none(annotation.__origin__)
+    if origin in (typing.Union, types.UnionType):
+        return any(_takes_none(a) for a in args)
+    return origin is typing.Literal and None in args
+
+
+def _unreadable_parameter(name: str, fields: dict[str, Any]) -> str:
+    """``parameter 'x' (its type): ``, the first parameter whose type pydantic cannot read or
+    show as JSON Schema alone; "" when none does alone."""
+    for pname, (annotation, info) in fields.items():
+        try:
+            pydantic.create_model(f"{name}_{pname}", **{pname: (_json_kinds_kept(annotation), info)}).model_json_schema()
+        except pydantic.PydanticUserError:
+            return f"parameter {pname!r} ({_type_name(annotation)}): "
+        except Exception:
+            continue
+    return ""
+
+
+def _type_name(annotation: Any) -> str:
+    return annotation.__qualname__ if isinstance(annotation, type) else repr(annotation).replace("typing.", "")
+
+
+def _check_defaults(name: str, fields: dict[str, Any], parameters: dict[str, Any]) -> None:
+    """Each default the schema shows is a value of its parameter's type: ``count: int = "all"``
+    showed the model ``{"type": "integer", "default": "all"}``, a schema no call can follow, and
+    the function got ``"all"`` whenever the model left the argument out. A ``TypeError`` naming
+    the tool and the parameter (a default pydantic cannot show as JSON is not shown, nor checked)."""
+    properties = parameters.get("properties") or {}
+    for pname, (annotation, info) in fields.items():
+        prop = properties.get(pname)
+        if info.is_required() or not isinstance(prop, dict) or "default" not in prop:
+            continue
+        sub = {k: v for k, v in parameters.items() if k != "required"}
+        errors = list(jsonschema_validator(sub).iter_errors({pname: prop["default"]}))
+        if errors:
+            raise TypeError(f"tool {name!r}: parameter {pname!r}: its default {info.default!r:.80} is not a value of "
+                            f"its type {_type_name(annotation)} ({_jsonschema_message(errors[0])}); give a default of "
+                            "that type, or annotate the parameter with the default's type too")
+
+
 def _partial_keywords(fn: Callable[..., Any]) -> set[str]:
     """The parameters a ``functools.partial`` (or a chain of them) binds by keyword."""
     bound: set[str] = set()
@@ -680,6 +814,11 @@ def _json_kinds_kept(annotation: Any) -> Any:
         return typing.Annotated[annotation, pydantic.BeforeValidator(_not_a_boolean)]
     if isinstance(annotation, type) and (issubclass(annotation, pydantic.BaseModel) or _is_typeddict(annotation)):
         return _fields_kinds_kept(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):  # (an IntEnum took true as its 1)
+        check = _kinds_check(tuple(member.value for member in annotation))
+        return annotation if check is None else typing.Annotated[annotation, pydantic.BeforeValidator(check)]
+    if annotation in _TEXT_ONLY:  # (pydantic read a number as a Unix time, or seconds: the schema says a string)
+        return typing.Annotated[annotation, pydantic.BeforeValidator(_a_string)]
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:  # (constraints next to the type, so that the schema keeps "minimum")
         base = annotation.__origin__
@@ -690,12 +829,8 @@ def _json_kinds_kept(annotation: Any) -> Any:
             return typing.Annotated[(base, *annotation.__metadata__, *kept.__metadata__)]
         return typing.Annotated[(kept, *annotation.__metadata__)]
     if origin is typing.Literal:  # pydantic reads true as the literal 1 (True == 1), and 1 as True
-        booleans = any(type(a) is bool for a in args)
-        numbers = any(type(a) in (int, float) for a in args)
-        if numbers != booleans:
-            check = _not_a_boolean if numbers else _not_a_number
-            return typing.Annotated[annotation, pydantic.BeforeValidator(check)]
-        return annotation
+        check = _kinds_check(args)
+        return annotation if check is None else typing.Annotated[annotation, pydantic.BeforeValidator(check)]
     if not args:
         return annotation
     kept = tuple(_json_kinds_kept(a) if a is not Ellipsis else a for a in args)
@@ -778,6 +913,43 @@ def _typeddict_twin(cls: type) -> Any:
     if config is not None:
         namespace["__pydantic_config__"] = {**config, "allow_inf_nan": False}
     return type(cls)(cls.__name__, (), namespace)  # (its value is a dict, as the class's is)
+
+
+def _kinds_check(values: tuple[Any, ...]) -> Callable[[Any], Any] | None:
+    """The check that keeps booleans and numbers apart for a ``Literal`` or ``Enum`` of
+    ``values``; None where they hold neither. With both (``Literal["a", 1, True]``) a boolean must
+    be one of its booleans and a number one of its numbers (pydantic read ``1.0`` as ``True``)."""
+    booleans = tuple(v for v in values if type(v) is bool)
+    numbers = tuple(v for v in values if type(v) in (int, float))
+    if not booleans or not numbers:
+        return _not_a_boolean if numbers else _not_a_number if booleans else None
+    shown = ", ".join(json.dumps(v) if type(v) in (str, bool, int, float) or v is None else repr(v) for v in values)
+
+    def check(value: Any) -> Any:
+        if isinstance(value, bool):
+            if value in booleans:
+                return value
+            raise ValueError(f"expected one of {shown}, got the boolean {str(value).lower()}")
+        if isinstance(value, (int, float)):
+            for number in numbers:
+                if number == value:
+                    return number
+            raise ValueError(f"expected one of {shown}, got the number {value!r}")
+        return value
+
+    return check
+
+
+#: types JSON Schema shows as a string that pydantic also read from a number
+_TEXT_ONLY = (datetime.datetime, datetime.date, datetime.time, datetime.timedelta)
+
+
+def _a_string(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a string, got the boolean {str(value).lower()}")
+    if isinstance(value, (int, float)):
+        raise ValueError(f"expected a string, got the number {value!r}")
+    return value
 
 
 def _not_a_boolean(value: Any) -> Any:
@@ -871,7 +1043,7 @@ def _primitive_validator(fields: dict[str, Any], slow: Callable[[dict[str, Any]]
 def _pydantic_message(exc: pydantic.ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False)[:5]:
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(_readable_tag(str(p)) for p in err["loc"])
         kind = err["type"]
         if kind == "missing":
             parts.append(f"missing required argument '{loc}'")
@@ -880,6 +1052,21 @@ def _pydantic_message(exc: pydantic.ValidationError) -> str:
         else:
             parts.append(f"argument '{loc}': {err['msg'].removeprefix('Value error, ')}")
     return "; ".join(parts)
+
+
+_VALIDATOR_TAG = re.compile(r"function-(?:before|after|wrap|plain)\[\w+\(\), ((?:[^\[\]]|\[[^\[\]]*\])*)\]")
+
+
+def _readable_tag(part: str) -> str:
+    """A union member's name in an error's place as the type it is: pydantic names a member by
+    its schema, and the checks of :func:`_json_kinds_kept` showed there (``v.function-before[
+    _not_a_boolean(), int]`` for ``v.int``)."""
+    while "function-" in part:
+        shorter = _VALIDATOR_TAG.sub(r"\1", part)
+        if shorter == part:
+            break
+        part = shorter
+    return part
 
 
 def to_text(value: Any) -> str:
