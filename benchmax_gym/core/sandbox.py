@@ -58,9 +58,14 @@ What the code can and cannot do, at level ``bubblewrap`` (the default where it w
 * environment: scrubbed - no inherited variables, so no API keys or tokens.
 
 Levels: ``bubblewrap`` (bubblewrap from Debian's ``bubblewrap`` package, detected at run time);
-``rlimits`` (only the resource limits, the scrubbed environment and a private working directory:
-no file-system or network isolation, used only when asked for explicitly with
-``mode="rlimits"``); ``unavailable`` (no bubblewrap and no opt-in: model code is refused).
+``rlimits`` (only the resource limits, the scrubbed environment and a private working directory
+and ``TMPDIR``: no file-system or network isolation, used only when asked for explicitly with
+``mode="rlimits"``; on root hosts the code runs as the episode's own uid, and every process of
+that uid is killed after each call and when the episode ends, even one that left the call's
+session; on non-root hosts it runs as the host's own user: it can read the host process's
+environment (``/proc/PID/environ``: API keys), files and other episodes' workspaces, signal the
+host, and, where no cgroup holds the call, leave a process running past it); ``unavailable`` (no
+bubblewrap and no opt-in: model code is refused).
 ``benchmax-gym doctor`` prints the level this machine supports.
 """
 
@@ -93,7 +98,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmax_gym.core.sandbox_server import user_process_count
+from benchmax_gym.core.sandbox_server import kill_uid, user_process_count
 from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, tool
 
@@ -516,16 +521,32 @@ def resolve_level(mode: str) -> str:
 
 def _workspace_root() -> Path:
     """The parent of episode workspaces: traversable (the code's unprivileged uid must reach its
-    own workspace) but not listable; each workspace is itself closed to other users."""
+    own workspace) but not listable; each workspace is itself closed to other users. Anyone may
+    take its name in the temp dir first (another user, code at level ``rlimits``): a symlink or a
+    directory not this user's is refused (its owner could swap the pools made in it)."""
     root = Path(tempfile.gettempdir()) / f"benchmax-gym-{os.geteuid()}"
-    root.mkdir(mode=0o711, exist_ok=True)
-    os.chmod(root, 0o711)
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o711)
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise OSError(exc.errno, f"{root} is a symlink or not a directory: someone else made it "
+                      "(remove it, or set TMPDIR elsewhere)") from None
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise OSError(errno.EPERM, f"{root} belongs to uid {os.fstat(fd).st_uid}, not to this user: "
+                          "someone else made it (remove it, or set TMPDIR elsewhere)")
+        os.fchmod(fd, 0o711)
+    finally:
+        os.close(fd)
     return root
 
 
 # -- a tmpfs per episode: its size and entries are capped while the code writes ------------------
 
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_SHARED, _MNT_DETACH = 2, 4, 4096, 1 << 20, 2
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_SHARED, _MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 4, 4096, 1 << 20, 2, 8
 
 
 @functools.lru_cache(maxsize=1)
@@ -545,7 +566,8 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
 
 
 def _detach(path: str) -> bool:
-    return _libc().umount2(str(path).encode(), _MNT_DETACH) == 0
+    """Detach the mount at ``path``, never at where a symlink there points (a workspace's)."""
+    return _libc().umount2(str(path).encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW) == 0
 
 
 class _UserMounts:
@@ -1427,7 +1449,7 @@ def _walk(root: Path, visit=None, remove: bool = False) -> None:
                     stack[0][2].append(target)
                 continue
             if st.st_mode & 0o700 != 0o700:
-                _quietly(os.chmod, name, st.st_mode & 0o7777 | 0o700, dir_fd=fd)
+                _chmod_directory(fd, name, st.st_mode & 0o7777 | 0o700)
             try:
                 child = os.open(name, flags, dir_fd=fd)
             except OSError:
@@ -1436,6 +1458,20 @@ def _walk(root: Path, visit=None, remove: bool = False) -> None:
     finally:
         for fd, _, _ in stack:
             os.close(fd)
+
+
+def _chmod_directory(dir_fd: int, name: str, mode: int) -> None:
+    """Set the mode of the directory ``name`` in ``dir_fd``, never of what a symlink put there
+    since it was looked at points to: ``chmod`` follows one, and code swapping the directory for
+    a link to a host file just after the host's look had the host (root) open that file up."""
+    try:
+        handle = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        _quietly(os.chmod, f"/proc/self/fd/{handle}", mode)
+    finally:
+        os.close(handle)
 
 
 def _listdir(fd: int) -> list[str]:
@@ -1601,6 +1637,8 @@ class Sandbox:
             server.cancel({"cancel": self.name})
         with self._lock:  # run() returns as soon as the server says the call ended (or, not yet
             pass  # sent, it ends it itself, or sends none: see sent() in run())
+        if self.uid is not None and self._pool.level == RLIMITS:  # a cancelled call's monitor was
+            kill_uid(self.uid)  # killed, sweeping nothing: what the code left running goes before its files
         self._pool.forget(self.name)
         if self.tmpfs:
             self._pool.detach(self._mountpoint)  # its pages go with the last mount of it (a call's copy)

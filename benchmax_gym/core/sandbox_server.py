@@ -193,6 +193,39 @@ def user_process_count(uid):
     return count
 
 
+def kill_uid(uid):
+    """Kill every process running as ``uid`` (an episode's own: no other process has it) until a
+    look finds none not yet killed. Where no PID namespace or cgroup holds a call (level
+    ``rlimits`` on a root host without cgroups), this is what ends a process that left the
+    call's session (a double fork with ``setsid``): it outlived the call and the episode, raced
+    the host's walks of the workspace, and could read the files of a later episode given that uid.
+    Each process is signalled through a pidfd opened before its owner is read: a pid reused
+    meanwhile is never signalled."""
+    killed = set()
+    for _ in range(1000):
+        found = False
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) in killed or int(entry.name) == os.getpid():
+                continue
+            try:
+                handle = os.pidfd_open(int(entry.name))
+            except OSError:
+                continue
+            try:
+                with open(f"/proc/{entry.name}/status") as f:
+                    ids = next((line.split()[1:5] for line in f if line.startswith("Uid:")), [])
+                if str(uid) in ids:
+                    signal.pidfd_send_signal(handle, signal.SIGKILL)
+                    killed.add(int(entry.name))
+                    found = True
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(handle)
+        if not found:
+            return
+
+
 # -- the code's process ------------------------------------------------------------------------
 
 
@@ -250,6 +283,9 @@ def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=Fals
             set_dumpable(1)  # the channel is closed; the code may see its own /proc entries
         os.chdir("/workspace" if ISOLATED else os.path.join(EPISODES, "ep-" + request["episode"], "workspace"))
         os.environ["HOME"] = os.getcwd()
+        if not ISOLATED:  # the episode's own /tmp (bubblewrap mounts it at /tmp): temp files made at
+            # level rlimits landed in the host's /tmp, outlived the episode and were there for the next
+            os.environ["TMPDIR"] = os.path.join(EPISODES, "ep-" + request["episode"], "tmp")
         sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stdin = open(0, "r", closefd=False)
@@ -584,6 +620,8 @@ def monitor(request, nproc, cgroup=None):
                                    or time.monotonic() - ended_at > 0.05):
             break
     kill_all(child)
+    if not ISOLATED and request.get("uid") is not None:  # no PID namespace ends what left the session
+        kill_uid(request["uid"])
     sel.close()
     for fd in (*buffers, read_status, exit_fd):
         os.close(fd)
