@@ -10,14 +10,16 @@ and a customer who holds facts the model must ask for. An env made with ``user=`
                      -> or the simulator is done (a stop token, ``None``, or ``UserReply(done=True)``):
                         the rubric grades the episode, terminated=True
     turn limit       -> graded as it stands, truncated=True (as in every env)
-    simulator fails  -> (its endpoint down past retries) outcome ``model_error``: ungraded,
-                        reward NaN, truncated=True; a failure, never a reward (``deadline`` when
-                        the episode's ``episode_timeout`` passes while it answers)
+    simulator fails  -> (its endpoint down past retries; a reply cut off, holding a tool call,
+                        a refusal, no text) outcome ``model_error``: ungraded, reward NaN,
+                        truncated=True; a failure, never a reward (``deadline`` when the
+                        episode's ``episode_timeout`` passes while it answers)
 
 **The rule**: a reply without a tool call is addressed to the user; a reply with calls (or one
 that tried and failed to parse) goes to the tools, text and all, and the user never sees it. So
 in an env with a user the model cannot end the episode by answering: the user ends it (or the
-turn limit; a terminal tool, where the env has one). A scripted simulator that raises ends the
+turn limit; a terminal tool, where the env has one). A scripted simulator that raises, or
+returns what is not text or says nothing without ending the conversation (``""``), ends the
 episode with ``env_error`` (the environment broke, not the model).
 
 What a port of a tau-bench-style benchmark still cannot say: a user with tools of their own
@@ -52,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmax_gym.core.checks import positive_int
+from benchmax_gym.core.formats import split_reasoning
 from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, MODEL_ERROR
 from benchmax_gym.core.tools import truncate
 
@@ -107,25 +110,39 @@ def conversation(messages: list[dict[str, Any]], turns: set[int] | frozenset[int
     talk = [{"role": messages[i]["role"], "content": str(messages[i].get("content") or "")} for i in sorted(turns)]
     for message in talk:
         if message["role"] == "assistant":
-            message["content"] = message["content"].replace(STOP, _BROKEN_STOP)
+            message["content"] = break_stop(message["content"])
     return talk
+
+
+def break_stop(text: str) -> str:
+    """``text`` with every stop token broken (``### STOP ###``), those that breaking one would
+    make too: in ``###STOP###STOP###`` the first token's closing ``###`` and the rest are a token."""
+    while STOP in text:  # (each pass breaks a "###STOP" that no later pass can make again)
+        text = text.replace(STOP, _BROKEN_STOP)
+    return text
 
 
 def user_reply(value: Any) -> UserReply:
     """A simulator's return value as a :class:`UserReply`: ``None`` or a text holding
-    :data:`STOP` ends the conversation (the text before the token is said)."""
+    :data:`STOP` ends the conversation (the text before the token is said). Anything else that
+    says nothing (``""``, ``UserReply(None)``) or is not text fails (``env_error``)."""
     if isinstance(value, UserReply):
         reply = value
     elif value is None:
         return UserReply(None, True)
     elif isinstance(value, str):
         reply = UserReply(value, False)
-    else:
-        raise UserFailure(f"the user simulator returned {type(value).__name__}, not text, None or a UserReply")
+    else:  # (the environment's simulator broke, as when it raises: not an endpoint's failure)
+        raise UserFailure(f"the user simulator returned {type(value).__name__}, not text, None or a UserReply",
+                          ENV_ERROR)
     text = reply.content
+    if text is not None and not isinstance(text, str):
+        raise UserFailure(f"the user simulator's UserReply content is {type(text).__name__}, not text", ENV_ERROR)
     if text is not None and STOP in text:
         text, reply = text.split(STOP, 1)[0].strip(), UserReply(None, True)
         reply.content = text or None
+    if not reply.done and not (text and text.strip()):  # (an empty turn: the model would answer nothing)
+        raise UserFailure("the user simulator's reply has no text (and does not end the conversation)", ENV_ERROR)
     return reply
 
 
@@ -223,7 +240,10 @@ class LLMUser(UserSimulator):
 
     A request that fails past its retries, or a reply cut off before its end (``finish_reason``
     ``length``, at ``max_tokens``, or ``content_filter``), ends the episode with ``model_error``
-    (:class:`UserFailure`): half a turn may have lost what the user meant to say, or its stop.
+    (:class:`UserFailure`): half a turn may have lost what the user meant to say, or its stop. So
+    does a reply that holds a tool call (a simulated user has none), a refusal (its text in the
+    outcome's detail) or nothing but reasoning: reasoning in the text (``<think>...</think>``, a
+    model served without a reasoning parser) is never said, nor read for a stop token.
     """
 
     model: str = ""
@@ -283,9 +303,9 @@ class LLMUser(UserSimulator):
 
         policy = self._policy
         loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            client = self._clients[loop] = policy.client(aiohttp=False)
+        lease = self._clients.get(loop)
+        if lease is None:
+            lease = self._clients[loop] = _Lease(policy.client(aiohttp=False))
         body: dict[str, Any] = {"model": self.model, "messages": self.messages(conversation, task)}
         for key in ("temperature", "max_tokens"):
             if getattr(self, key) is not None:
@@ -293,8 +313,12 @@ class LLMUser(UserSimulator):
         body.update(self.extra_body or {})
         start = time.perf_counter()
         usage.calls += 1
+        lease.busy += 1
         try:
-            response = await client.post("/chat/completions", body=body, cast_to=object)
+            try:
+                response = await lease.client.post("/chat/completions", body=body, cast_to=object)
+            finally:
+                await lease.leave()
             message, finish, counts = _reply_parts(response, policy.scrub)
         except openai.OpenAIError as exc:
             detail = _message(exc) if isinstance(exc, openai.APIStatusError) else str(exc.__cause__ or exc)
@@ -311,12 +335,22 @@ class LLMUser(UserSimulator):
         usage.completion_tokens += completion
         if self.price is not None:
             usage.cost = (usage.cost or 0.0) + (prompt * self.price[0] + completion * self.price[1]) / 1e6
-        content = message.get("content")
-        if not isinstance(content, str) or not content.strip():
-            raise UserFailure("the user simulator's reply has no text")
+        if message.get("tool_calls"):  # (it was offered none: what it meant to do would be lost)
+            names = ", ".join(str(c.get("function", {}).get("name")) for c in message["tool_calls"])
+            raise UserFailure(policy.scrub(f"the user simulator's reply holds a tool call ({names:.200}): "
+                                           "a simulated user has no tools"))
         if finish in _CUT_OFF:  # half a turn: what it was about to say (or its stop token) never came
             raise UserFailure(f"the user simulator's reply was cut off (finish_reason {finish!r}"
                               + (f"; LLMUser(max_tokens={self.max_tokens}) may be too low)" if finish == "length" else ")"))
+        content = message.get("content")
+        # a reasoning model served without a reasoning parser thinks in the text: its thoughts (the
+        # private facts, a stop token it only considered) are neither said nor read for a stop
+        content = split_reasoning(content)[1] if isinstance(content, str) else content
+        if not isinstance(content, str) or not content.strip():
+            refusal = message.get("refusal")
+            if isinstance(refusal, str) and refusal.strip():
+                raise UserFailure(policy.scrub(f"the user simulator refused: {truncate(refusal, 500)}"))
+            raise UserFailure("the user simulator's reply has no text")
         said, stop, _ = policy.scrub(content).partition(STOP)  # (what follows a stop token is never said)
         return truncate(said, self.max_reply_chars) + stop
 
@@ -330,10 +364,32 @@ class LLMUser(UserSimulator):
         return asyncio.run(once())
 
     async def aclose(self) -> None:
-        """Close the running loop's client (a simulator shared by envs keeps the others')."""
-        client = self._clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.close()
+        """Close the running loop's client (a simulator shared by envs keeps the others'): at once,
+        or, while another env's request on this loop still uses it, when the last such request
+        ends (a vector worker's envs share its loop; one closing must not cut the others' off).
+        The loop's next request opens a new client."""
+        lease = self._clients.pop(asyncio.get_running_loop(), None)
+        if lease is not None:
+            lease.closing = True
+            if not lease.busy:
+                await lease.client.close()
+
+
+class _Lease:
+    """One loop's client and the requests using it: closed by the last of them once ``closing``."""
+
+    __slots__ = ("client", "busy", "closing")
+
+    def __init__(self, client: Any):
+        self.client, self.busy, self.closing = client, 0, False
+
+    async def leave(self) -> None:
+        self.busy -= 1
+        if self.closing and not self.busy:
+            try:
+                await self.client.close()
+            except Exception:  # noqa: BLE001  (the reply is in hand; a close that fails loses nothing)
+                log.debug("closing the user simulator's client failed", exc_info=True)
 
 
 def hear(user: UserSimulator, episode: Any, run_coroutine: Callable[[Any], Any]) -> UserReply | UserFailure:

@@ -12,11 +12,12 @@ components until the rubric has ``all_of``; both are reported, weight 0):
 
 * ``state``: the final org equals the expected one: the target case's expected values, exactly
   the expected refund (amount) and no other row changed (the CRM-v0 collateral check);
-* ``statements``: every required statement was made to the customer (in an assistant reply
-  without tool calls), in a sentence that is not a question: the refunded amount; the 30-day rule
-  and the replacement; the case number and its status (the number only when no other case's number
-  is named: a list is a guess; the status with the number or the word "status"); or that the
-  customer cannot be verified ("I cannot verify your identity", with no claim that they were).
+* ``statements``: every required statement was made to the customer (in an assistant reply the
+  customer heard: without tool calls, parsed, not cut for its length), in a sentence that is not
+  a question: the refunded amount; the 30-day rule and the replacement; the case number and its
+  status (the number only when no other case's number is named: a list is a guess; the status
+  with the number or the word "status"); or that the customer cannot be verified ("I cannot
+  verify your identity", with no claim that they were).
 
 Task types: ``refund_request`` (within 30 days of the order: a refund of the item's price, else a
 replacement; a fifth of the customers give an email that is not the order's: say you cannot verify
@@ -199,10 +200,13 @@ def _refunds(con: sqlite3.Connection, case_id: str) -> list[str]:
                                       "'Refund' ORDER BY rowid", (case_id,))]
 
 
-def said_to_customer(messages: list[dict[str, Any]]) -> str:
-    """What the agent wrote to the customer: its replies without tool calls."""
-    return "\n".join(str(m.get("content") or "") for m in messages
-                     if m.get("role") == "assistant" and not m.get("tool_calls"))
+def said_to_customer(messages: list[dict[str, Any]], heard: set[int] | None = None) -> str:
+    """What the agent wrote to the customer: its replies the customer heard (``heard``: the indices
+    of the conversation, ``episode.user.turns``), else its replies without tool calls. A reply that
+    failed to parse as a call, or was cut for its length, has no ``tool_calls`` and never reached
+    the customer: a refund "told" only there was not told."""
+    return "\n".join(str(m.get("content") or "") for i, m in enumerate(messages)
+                     if m.get("role") == "assistant" and not m.get("tool_calls") and (heard is None or i in heard))
 
 
 _DIGIT_GROUP = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")  # the comma of "1,196.97"
@@ -333,7 +337,8 @@ def service_grade(episode: Any, messages: list[dict[str, Any]]) -> dict[str, flo
         for case_id, columns in expected_cases.items() for column, value in columns.items())
     refunds_hold = all(_refunds(db.con, case_id) == ([answer["refunds"][case_id]] if case_id in answer["refunds"] else [])
                        for case_id in set(db.touched) | set(answer["refunds"]))
-    text = said_to_customer(messages)
+    user = getattr(episode, "user", None)
+    text = said_to_customer(messages, getattr(user, "turns", None))
     said = all(statement_made(s, answer["statements"], text) for s in answer["statements"])
     if said and set(answer["statements"]) & set(CASE_STATUSES):
         said = not statuses_listed(text)  # "New, Working or Escalated" names the status too: a guess

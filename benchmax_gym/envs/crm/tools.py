@@ -594,7 +594,8 @@ def issue_refund(case_id: str, amount: float, episode) -> str:
                   (case["OrderItemId__c"],))
     if item is None or item["total"] is None:
         raise ToolError(f"case {case['CaseNumber']} has no order item to refund")
-    if not (isinstance(amount, (int, float)) and 0 < amount <= item["total"] + 0.005):
+    # (checked as it is logged, in cents: 0.004 passed as more than 0, then was a refund of 0.00)
+    if not (isinstance(amount, (int, float)) and 0 < round(amount, 2) <= item["total"]):
         raise ToolError(f"amount must be more than 0 and at most {item['total']:.2f} (the item's price), got {amount!r}")
     refund = f"{round(float(amount), 2):.2f}"
     _write_case(db, case, {"Status": "Closed", "Resolution__c": "Refund issued"}, (("Refund", None, refund),))
