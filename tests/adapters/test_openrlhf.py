@@ -230,7 +230,9 @@ def test_a_failed_sample_drops_its_group_through_openrlhfs_dynamic_filtering(qwe
     assert [o["reward"] for o in outputs[:3]] == [1.0, 0.0, 1.0] and math.isnan(outputs[3]["scores"])
     assert [o["extra_logs"]["env/outcome/tool_unavailable"] for o in outputs] == [0.0, 0.0, 0.0, 1.0]
     assert all(o["extra_logs"].keys() == outputs[0]["extra_logs"].keys() for o in outputs)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    # a Ray of its own on loopback ("local"): ray.init() would join a cluster another test runs on this machine
+    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=1, include_dashboard=False, log_to_driver=False,
+             ignore_reinit_error=True)
     try:
         generator = SamplesGenerator.__new__(SamplesGenerator)
         generator.args = SimpleNamespace(algo=SimpleNamespace(dynamic_filtering_range=(0.0, 1.0)))

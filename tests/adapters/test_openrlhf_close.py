@@ -181,7 +181,9 @@ def test_an_env_whose_reset_or_step_raises_is_a_failed_sample_openrlhfs_generate
     assert 'raise ConnectionResetError("the env' in caplog.text and 'raise RuntimeError("the env' in caplog.text
     _, batch = _experiences([played, stepped, reset], 4096)
     assert batch.sequences.shape[0] == 3 and batch.info["env/outcome/env_error"].tolist() == [0.0, 1.0, 1.0]
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    # a Ray of its own on loopback ("local"): ray.init() would join a cluster another test runs on this machine
+    ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=1, include_dashboard=False, log_to_driver=False,
+             ignore_reinit_error=True)
     try:
         generator = SamplesGenerator.__new__(SamplesGenerator)
         generator.args = SimpleNamespace(algo=SimpleNamespace(dynamic_filtering_range=(0.0, 1.0)))
