@@ -181,15 +181,14 @@ def _groups(records: Sequence[Mapping[str, Any]], keys: Sequence[str] | None, re
     records' own, in their order. One pass over the records per key, the means by ``bincount``."""
     metadata = [r.get("metadata") or {} for r in records]
     if keys is None:
-        absent = object()
         keys = []
         for key in set().union(*metadata):
-            try:
-                seen = {m.get(key, absent) for m in metadata}
-            except TypeError:  # a list, a dict: not a category
-                continue
-            seen.discard(absent)
-            if 1 < len(seen) <= MAX_GROUPS and all(isinstance(v, (str, int, bool)) or v is None for v in seen):
+            present = [m[key] for m in metadata if key in m]
+            if not all(isinstance(v, (str, int, bool)) or v is None for v in present):
+                continue  # a list, a dict, a float: not a category
+            # counted as the groups are labelled: 1 and True are one value to a set but two groups,
+            # 1 and "1" two values but one group "1"
+            if 1 < len({str(v) for v in present}) <= MAX_GROUPS:
                 keys.append(key)
     out: dict[str, dict[str, Any]] = {}
     for key in sorted(keys):
