@@ -140,6 +140,33 @@ def _newcombe(p: float, q: float, n: int, m: int, confidence: float) -> tuple[fl
     return float(d - math.hypot(p - lp, uq - q)), float(d + math.hypot(up - p, q - lq))
 
 
+def _tango_paired(x: np.ndarray, y: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The interval of ``mean(x) - mean(y)`` for paired 0/1 outcomes (one per task and run): Tango's
+    score interval (1998), the differences ``D`` whose score statistic, with the discordant cells'
+    restricted maximum likelihood, is within the normal quantile. Where the tasks that differ all
+    differ one way no bootstrap resample crosses 0, and the percentile interval stopped at 0 exactly
+    (a 95% interval held the truth 86% of the time at 10 tasks; this one 97%, and 95% at 50)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    n = len(x)
+    b, c = int(((x == 1) & (y == 0)).sum()), int(((x == 0) & (y == 1)).sum())
+    z, estimate = float(norm.ppf(0.5 + confidence / 2)), (b - c) / n
+
+    def score(d: float) -> float:
+        if d == estimate:
+            return 0.0
+        w = -b - c + (2 * n - b + c) * d
+        q = (math.sqrt(w * w + 8 * n * c * d * (1 - d)) - w) / (4 * n)  # the cell (0, 1)'s restricted MLE
+        variance = n * (2 * q + d * (1 - d))
+        return (b - c - n * d) / math.sqrt(variance) if variance > 0 else math.copysign(math.inf, b - c - n * d)
+
+    edge = 1 - 1e-12
+    low = -1.0 if score(-edge) <= z else brentq(lambda d: score(d) - z, -edge, estimate)
+    high = 1.0 if score(edge) >= -z else brentq(lambda d: score(d) + z, estimate, edge)
+    return float(low), float(high)
+
+
 def _units(owner: np.ndarray, clusters: int) -> tuple[np.ndarray, str | None]:
     """What a bootstrap resamples, for items (episodes) owned by ``clusters`` tasks (``owner``:
     each one's task, sorted): the tasks when there are 2 or more (a cluster bootstrap); with one
@@ -490,7 +517,8 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
     the tasks differently, and two runs alike on every task could differ (a note says so). Each
     run's ``mean_difference`` from ``baseline`` (default: the first run) is the difference of those
     means, with a paired cluster bootstrap CI: a resample draws tasks, the same for both runs, and
-    weighs them as the means do, so the difference lies in its CI. The probability of
+    weighs them as the means do, so the difference lies in its CI (with one 0/1 reward per task and
+    run, Tango's score interval for paired proportions instead: see :func:`_tango_paired`). The probability of
     improvement is rliable's: per task, P(X > Y) + P(X = Y) / 2 over the two runs' episodes,
     averaged over tasks (each task once), its CI from the same resamples. ``per_task`` and
     ``tasks_better`` / ``tasks_worse`` / ``tasks_tied`` are over each task's mean reward.
@@ -574,6 +602,10 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
                 return out.reshape(2, *picked.shape[:-1])
 
             diff_ci, poi_ci = _intervals(len(shared), statistic, **options)
+        pairs = over == "tasks" and all(len(v) == 1 and v[0] in (0.0, 1.0) for run in (name, baseline)
+                                        for v in rewards[run])
+        if pairs:  # one 0/1 outcome per task and run: paired proportions (the bootstrap's interval was too narrow)
+            diff_ci = _tango_paired(np.concatenate(rewards[name]), np.concatenate(rewards[baseline]), confidence)
         if diff_ci[0] is not None and diff_ci[0] == diff_ci[1]:  # every resample the same: no spread shown
             units = [len(shared)] * 2 if over == "tasks" else [int(sizes[name][0]), int(sizes[baseline][0])]
             binary = all(np.isin(v, (0.0, 1.0)).all() for run in (name, baseline) for v in rewards[run])
