@@ -599,6 +599,18 @@ def _parses(formulas: Any, formula: Any) -> bool:
     return True
 
 
+def _drop_unreadable_names(formulas: Any, wb: openpyxl.Workbook) -> None:
+    """Leave out of the copy ``formulas`` computes the defined names it cannot parse (a table
+    reference, ``tblStaff[NAME]``, common in real workbooks: SpreadsheetBench 31202): one such
+    name made it answer ``#REF!`` for every formula of the workbook, used or not, so a right
+    formula graded 0 (upstream's LibreOffice computes it) and ``read_range`` showed ``#REF!``. A
+    formula that does use the name still fails alone, and takes its cached value."""
+    for names in (wb.defined_names, *(ws.defined_names for ws in wb.worksheets)):
+        for name, defined in list(names.items()):
+            if not _parses(formulas, defined.attr_text or ""):
+                del names[name]
+
+
 def _formulas_values(
     data: bytes, keys: set[CellKey], time_limit: float | None = None, workdir: str | None = None
 ) -> tuple[dict[CellKey, Any], list[str]]:
@@ -618,6 +630,7 @@ def _formulas_values(
         with formulas_fixes.deadline(time_limit):  # from the start, as the caller's
             wb = _open(data, data_only=False, read_only=False)
             _bound_whole_references(wb)
+            _drop_unreadable_names(formulas, wb)
             own = tempfile.TemporaryDirectory(prefix="benchmax-excel-") if workdir is None else None
             with own or contextlib.nullcontext(workdir) as tmp:
                 path = Path(tmp) / "book.xlsx"

@@ -854,10 +854,33 @@ def _verify_in_thread(gold: str, predicted: str, timeout: float) -> bool:
     return bool(result and result[0])
 
 
+MAX_STATED_ANSWERS = 3
+"""Distinct final answers a reply may state and still be graded (each must be right): past it, 0."""
+
+
+def stated_answers(text: str) -> list[str]:
+    """Every final answer the reply states, cleaned: each complete ``\\boxed{}``, and each
+    ``<answer>`` that holds no box (the answers :func:`well_formed` counts)."""
+    if not isinstance(text, str):
+        return []
+    answers = [_clean(b) for b in _boxed_contents(text)]
+    return answers + [_clean(t) for t in answer_tags(text) if not _BOXED.search(t)]
+
+
 def correct(completion: str, answer: str) -> float:
-    """1.0 when the final answer is mathematically equivalent to the gold answer."""
+    """1.0 when the final answer is mathematically equivalent to the gold answer, and so is every
+    other answer the reply states: a hedge (``\\boxed{7} or \\boxed{12}``, a box and a different
+    ``<answer>``) scores 0 whichever comes last, where MATH's last-box rule would pay it. The
+    same answer stated twice stands. The equivalence checks share one timeout."""
     predicted = extract_answer(completion or "")
-    return float(predicted is not None and is_equivalent(str(answer), predicted))
+    if predicted is None:
+        return 0.0
+    key = " ".join(predicted.split())
+    others = list(dict.fromkeys(a for a in (" ".join(s.split()) for s in stated_answers(completion)) if a != key))
+    if len(others) >= MAX_STATED_ANSWERS:
+        return 0.0
+    timeout = 5.0 / (1 + len(others))
+    return float(all(is_equivalent(str(answer), a, timeout) for a in [predicted, *others]))
 
 
 def answer_format(completion: str) -> float:
