@@ -9,7 +9,9 @@ limits and info, and :func:`register_benchmax_env` registers it under a Gymnasiu
 
 * ``compute_reward(rollout_id, messages, task, **kw)`` - the transcript and the dataset row;
 * ``compute_reward(rollout_id, completion, ground_truth, **kw)`` - the older form: the assistant
-  text and ``row["ground_truth"]`` (other row fields arrive as keyword arguments); where
+  text and ``row["ground_truth"]`` (other row fields arrive as keyword arguments: those it names,
+  or all but the prompt's with ``**kwargs``; never one its first three parameters fill, and one
+  it requires that a row lacks fails ``gym.make``); where
   ``completion`` is annotated as a list (the package's ``Completion = List[Dict]`` since 2026-03,
   whose reward functions read ``completion[-1]["content"]``), the transcript from the model's first
   reply on (:func:`completion_messages`).
@@ -17,7 +19,16 @@ limits and info, and :func:`register_benchmax_env` registers it under a Gymnasiu
 Rows are ``{"prompt": str, "ground_truth": ...}`` or ``{"messages": [...], ...}`` (or a ``prompt``
 that is a list of messages, as the package's ``StandardizedExample`` allows), optionally with
 ``init_rollout_args`` passed to ``init_rollout``. An environment's ``dataset_preprocess(row)`` (the
-real package's hook that turns a raw dataset row into that shape) is applied to every row first.
+real package's hook that turns a raw dataset row into that shape) is applied to every row first;
+an empty ``prompt`` (what the package's default hook gives a row without one) is none: the row's
+``messages`` are the task, and a row with neither fails ``gym.make``, naming the hook.
+
+The environment's own failures name its class and method (:class:`BenchmaxEnvError`,
+``MyEnv.init_rollout raised KeyError: ...``): ``list_tools`` raising or returning what is not a
+list of tools fails ``gym.make``; ``init_rollout`` raising fails the reset (a vector env's
+``env_error``, its ``outcome_detail``); ``compute_reward`` raising or returning what is not a
+dict or a number scores 0 with that error in ``info["reward_errors"]``, as any reward
+function that raises. ``run_tool``'s exceptions are the model's tool errors, as any tool's.
 
 Classes of the real ``benchmax`` package (``benchmax.envs.base_env.BaseEnv``) are accepted as they
 are, as is any class with async ``list_tools``, ``run_tool`` and ``compute_reward``. What differs:
@@ -81,6 +92,7 @@ from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv, _Teardown
 from benchmax_gym.core.group import GroupFn, GroupRubric, completion_of
+from benchmax_gym.core.outcomes import RewardFailure
 from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.tasks import ListTasks, Task
 from benchmax_gym.core.tools import Tool, Toolset
@@ -138,6 +150,39 @@ class BaseEnv(ABC):
 
 
 _CONTRACT = ("list_tools", "run_tool", "compute_reward")
+
+
+class BenchmaxEnvError(RuntimeError):
+    """A benchmax environment's own method raised, or returned what its contract does not allow;
+    the message names the class and the method (``MyEnv.init_rollout raised KeyError: ...``), as
+    ``reset``'s error, a vector env's ``outcome_detail`` or a reward's ``reward_errors`` show it."""
+
+
+def _named(env: Any, method: str, exc: BaseException) -> BenchmaxEnvError:
+    """``exc`` from ``env``'s ``method``, as an error that names them (raise it ``from exc``)."""
+    return BenchmaxEnvError(f"{type(env).__name__}.{method} raised {type(exc).__name__}: {exc}")
+
+
+def _tool_definitions(env: Any, definitions: Any) -> list[tuple[str, str, Any]]:
+    """``list_tools``' result as ``(name, description, input_schema)``: the package's
+    ``ToolDefinition`` (or ours), an MCP ``Tool``, or a dict with those keys (``input_schema``, or
+    ``inputSchema`` as MCP's JSON has it: an env listing an MCP server's tools may return
+    either); anything else is an error naming the method."""
+    where = f"{type(env).__name__}.list_tools"
+    if isinstance(definitions, (str, bytes, Mapping)) or not isinstance(definitions, Sequence):
+        raise BenchmaxEnvError(f"{where} returned {type(definitions).__name__}, not a list of ToolDefinition")
+    out = []
+    for i, d in enumerate(definitions):
+        get = d.get if isinstance(d, Mapping) else functools.partial(getattr, d)
+        name = get("name", None)
+        if not isinstance(name, str) or not name:
+            raise BenchmaxEnvError(f"{where} returned {type(d).__name__} at [{i}], not a ToolDefinition "
+                                   f"(name, description, input_schema): {d!r:.120}")
+        schema = get("input_schema", None)
+        if schema is None:
+            schema = get("inputSchema", None)
+        out.append((name, get("description", None) or "", schema))
+    return out
 
 
 def _keeps_the_contract(obj: Any) -> bool:
@@ -202,14 +247,16 @@ def completion_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str,
     return [dict(m) for m in messages[start:]]
 
 
-def _preprocessed(preprocess, row: Any, index: int) -> dict[str, Any]:
-    """``dataset_preprocess`` on a copy of the row (the package's default pops keys from it)."""
+def _preprocessed(preprocess, row: Any, index: int, owner: str = "") -> dict[str, Any]:
+    """``dataset_preprocess`` on a copy of the row (the package's default pops keys from it);
+    ``owner``: the environment's class name, for the errors."""
+    where = f"{owner}.dataset_preprocess" if owner else "dataset_preprocess"
     try:
         out = preprocess(dict(row) if isinstance(row, Mapping) else row)
     except Exception as exc:
-        raise ValueError(f"dataset_preprocess failed on rows[{index}]: {type(exc).__name__}: {exc}") from exc
+        raise ValueError(f"{where} failed on rows[{index}]: {type(exc).__name__}: {exc}") from exc
     if not isinstance(out, Mapping):
-        raise ValueError(f"dataset_preprocess must return a dict, got {type(out).__name__} for rows[{index}]")
+        raise ValueError(f"{where} must return a dict, got {type(out).__name__} for rows[{index}]")
     out = dict(out)
     out["init_rollout_args"] = out.get("init_rollout_args") or {}  # the package's default gives ""
     return out
@@ -223,19 +270,30 @@ def _row_messages(row: Mapping[str, Any]) -> Any:
     return prompt if isinstance(prompt, list) else row.get("messages", row.get("prompt_messages"))
 
 
-def _row_to_task(row: Mapping[str, Any], index: int) -> Task:
+def _text_prompt(row: Mapping[str, Any]) -> str | None:
+    """A row's ``prompt`` when it is text. An empty one is none: the package's default
+    ``dataset_preprocess`` gives ``""`` to a row without the key (a ``messages`` row, or a raw
+    dataset row whose question is under another name)."""
+    prompt = row.get("prompt")
+    return prompt if isinstance(prompt, str) and prompt.strip() else None
+
+
+def _row_to_task(row: Mapping[str, Any], index: int, owner: str | bool = False) -> Task:
+    """``owner``: the class whose ``dataset_preprocess`` made the row, for the error."""
     if not isinstance(row, Mapping):
         raise ValueError(f"rows[{index}] must be a dict, got {type(row).__name__}")
     messages = _row_messages(row)
-    if isinstance(row.get("prompt"), str):
+    if _text_prompt(row) is not None:
         prompt = row["prompt"]
     elif isinstance(messages, list) and messages:
         if not all(isinstance(m, Mapping) for m in messages):
             raise ValueError(f"rows[{index}]: its messages must be dicts with 'role' and 'content'")
         prompt = "\n\n".join(str(m.get("content", "")) for m in messages if m.get("role") == "user")
     else:
-        raise ValueError(f"rows[{index}] needs a 'prompt' (a string or a list of messages) or a 'messages' list; "
-                         f"it has {sorted(row)}")
+        made = (f" as {owner}.dataset_preprocess made it (a raw dataset's fields need a dataset_preprocess that "
+                f"maps them to 'prompt', 'ground_truth' and 'init_rollout_args')" if owner else "")
+        raise ValueError(f"rows[{index}] needs a 'prompt' (a non-empty string or a list of messages) or a 'messages' "
+                         f"list; it has {sorted(row)}{made}")
     # The whole row is the rubric's data (it holds the ground truth); it is never shown.
     return Task(id=str(row.get("id", index)), prompt=prompt, answer=dict(row), metadata={"source": "benchmax"})
 
@@ -286,19 +344,24 @@ class BenchmaxEnv(ToolEnv):
     def _build(self, benchmax_env: Any, rows: Sequence[Mapping[str, Any]], engine_kwargs: dict[str, Any]) -> None:
         preprocess = getattr(benchmax_env, "dataset_preprocess", None)
         if preprocess is not None:
-            rows = [_preprocessed(preprocess, row, i) for i, row in enumerate(rows)]
+            rows = [_preprocessed(preprocess, row, i, type(benchmax_env).__name__) for i, row in enumerate(rows)]
         self._legacy_reward = _uses_legacy_reward(benchmax_env)
         self._completion_messages = self._legacy_reward and _completion_is_messages(benchmax_env.compute_reward)
-        definitions = self.aio.run(benchmax_env.list_tools())
+        self._reward_params = _reward_parameters(benchmax_env, rows) if self._legacy_reward else None
+        try:
+            listed = self.aio.run(benchmax_env.list_tools())
+        except Exception as exc:
+            raise _named(benchmax_env, "list_tools", exc) from exc
         tools = [
             Tool.from_schema(
-                d.name, d.description, d.input_schema, functools.partial(self._call_tool, d.name), wants_episode=False,
+                name, description, schema, functools.partial(self._call_tool, name), wants_episode=False,
                 wants_state=False, lenient=self.lenient_schemas,
             )
-            for d in definitions
+            for name, description, schema in _tool_definitions(benchmax_env, listed)
         ]
         super().__init__(
-            tasks=ListTasks([_row_to_task(r, i) for i, r in enumerate(rows)]),
+            tasks=ListTasks([_row_to_task(r, i, preprocess is not None and type(benchmax_env).__name__)
+                             for i, r in enumerate(rows)]),
             toolset=Toolset(tools),
             rubric=Rubric([RewardFn("benchmax", self._reward)]),
             system_prompt=benchmax_env.system_prompt or "",
@@ -336,11 +399,22 @@ class BenchmaxEnv(ToolEnv):
     async def _reward(self, task: Task, messages: Messages, episode: Episode) -> dict[str, float]:
         row = task.answer
         env = self.benchmax_env
-        if self._legacy_reward:
-            extra = {k: v for k, v in row.items() if k not in _ROW_PROMPT_KEYS}
-            completion = completion_messages(messages) if self._completion_messages else extract_completion_text(messages)
-            return await env.compute_reward(episode.rollout_id, completion, row.get("ground_truth"), **extra)
-        return await env.compute_reward(episode.rollout_id, messages, row)
+        try:
+            if self._legacy_reward:
+                extra = _reward_keywords(row, *self._reward_params)
+                completion = (completion_messages(messages) if self._completion_messages
+                              else extract_completion_text(messages))
+                out = await env.compute_reward(episode.rollout_id, completion, row.get("ground_truth"), **extra)
+            else:
+                out = await env.compute_reward(episode.rollout_id, messages, row)
+        except RewardFailure:  # (it could not score: the episode fails, as the rubric's own leaves do)
+            raise
+        except Exception as exc:
+            raise _named(env, "compute_reward", exc) from exc
+        if not isinstance(out, (Mapping, int, float)):
+            raise BenchmaxEnvError(f"{type(env).__name__}.compute_reward returned {type(out).__name__} "
+                                   f"({out!r:.80}), not a dict of reward names to numbers")
+        return out
 
     async def _group_reward(self, records: list[dict[str, Any]]) -> list[dict[str, float]]:
         """The benchmax env's ``compute_group_reward`` over one group's records."""
@@ -354,7 +428,7 @@ class BenchmaxEnv(ToolEnv):
     def task_messages(self, task: Task) -> Messages:
         row = task.answer
         messages = _row_messages(row)
-        if isinstance(row.get("prompt"), str) or not isinstance(messages, list):
+        if _text_prompt(row) is not None or not isinstance(messages, list):
             return super().task_messages(task)
         messages = [dict(m) for m in messages]
         if self.system_prompt and not any(m.get("role") == "system" for m in messages):
@@ -373,9 +447,12 @@ class BenchmaxEnv(ToolEnv):
             episode.state["_rollout_release"] = once
             episode.resources.callback(once)
         args = episode.task.answer.get("init_rollout_args") or {}
-        done = self.benchmax_env.init_rollout(episode.rollout_id, **args)
-        if inspect.isawaitable(done):  # (sync in the package's LocalMCPEnv, as its cleanup_rollout)
-            await done
+        try:
+            done = self.benchmax_env.init_rollout(episode.rollout_id, **args)
+            if inspect.isawaitable(done):  # (sync in the package's LocalMCPEnv, as its cleanup_rollout)
+                await done
+        except Exception as exc:  # reset raises it (a vector env: the episode's env_error), naming the method
+            raise _named(self.benchmax_env, "init_rollout", exc) from exc
 
     async def aclose_episode(self, episode: Episode) -> None:
         """Release the episode's rollout (``release_rollout`` or ``cleanup_rollout``), unless a
@@ -389,6 +466,34 @@ class BenchmaxEnv(ToolEnv):
 
     def close_episode(self, episode: Episode) -> None:
         self.aio.run(self.aclose_episode(episode))
+
+
+def _reward_parameters(env: Any, rows: Sequence[Mapping[str, Any]]) -> tuple[frozenset, frozenset, bool]:
+    """How the older ``compute_reward(rollout_id, completion, ground_truth, ...)`` takes a row's
+    other fields: ``(taken, named, open)``: the names its three positional arguments fill, the
+    other names it has, whether it has ``**kwargs``. A field it requires that a row lacks fails
+    here, naming it: called each episode, it would have scored every one 0."""
+    params = list(_parameters(env.compute_reward).values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)][:3]
+    taken = frozenset(p.name for p in positional)
+    named = frozenset(p.name for p in params
+                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in taken)
+    for name in (p.name for p in params if p.name in named and p.default is p.empty):
+        for i, row in enumerate(rows):
+            if name not in row:
+                raise TypeError(f"{type(env).__name__}.compute_reward asks for {name!r}, a field rows[{i}] does not "
+                                f"have (it has {sorted(row)}); benchmax_gym passes (rollout_id, completion, "
+                                f"ground_truth) and each other field of the row by name")
+    return taken, named, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _reward_keywords(row: Mapping[str, Any], taken: frozenset, named: frozenset, open_: bool) -> dict[str, Any]:
+    """A row's fields for the older ``compute_reward``'s keywords: those it names, and with
+    ``**kwargs`` every other one but the prompt's; never one its positional arguments already fill
+    (a row's ``id`` to a method without ``**kwargs``, or a field named ``completion``, was a
+    TypeError that scored every episode 0)."""
+    return {k: v for k, v in row.items()
+            if k not in taken and (k in named or (open_ and k not in _ROW_PROMPT_KEYS))}
 
 
 def _rollout_release(env: Any) -> Any:
