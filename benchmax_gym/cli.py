@@ -6,12 +6,14 @@
     benchmax-gym run benchmax/Math-v0 --policy random --episodes 5 --seed 1 --jsonl out.jsonl
     benchmax-gym run benchmax/Math-v0 --env-arg tasks=gsm8k --env-arg task_args.dataset=train.jsonl -k 4
     benchmax-gym eval benchmax/Math-v0 --model Qwen/Qwen3-8B --base-url http://localhost:8000/v1 --tasks 100 -k 4 --out runs/qwen3
+    benchmax-gym eval benchmax/Math-v0 --policy solver --tasks 100 --out runs/solver
     benchmax-gym compare runs/qwen3 runs/solver
     benchmax-gym mcp-serve benchmax/Excel-v0 --transport http --port 8000
+    benchmax-gym launch --nodes 4 --infra k8s --print-yaml
     benchmax-gym launch --nodes 4 --infra k8s --sky-python ~/.venv-sky/bin/python
     benchmax-gym openenv-serve benchmax/Excel-v0 --port 8000
     benchmax-gym tasks from-corpus docs/ --out tasks.jsonl
-    benchmax-gym tasks from-traces runs/qwen3/rollouts.jsonl --env benchmax/Math-v0 --out tasks.jsonl --keep success=true
+    benchmax-gym tasks from-traces runs/qwen3/rollouts.jsonl --env benchmax/Math-v0 --keep success=true --out traces.jsonl
     benchmax-gym export-sft runs/qwen3 --out sft.jsonl
     benchmax-gym new acme-weather
 """
@@ -175,12 +177,15 @@ def usage_error(message: Any) -> NoReturn:
     raise SystemExit(2)
 
 
-def cannot_make(env_id: str, exc: BaseException) -> str:
+def cannot_make(env_id: str | None, exc: BaseException) -> str:
     """Why ``gym.make(env_id)`` failed, as the env said it: without the suffix Gymnasium adds to a
     TypeError (``... was raised from the environment creator for ID with kwargs (...)``), which
-    repeats the arguments, secrets among them."""
-    said = re.sub(r" was raised from the environment creator for .* with kwargs \(.*\)\Z", "", str(exc), flags=re.S)
-    return f"cannot make {env_id}: {said}"
+    repeats the arguments, secrets among them. ``env_id`` None: the one that suffix names (an id
+    read from a run), else none."""
+    suffix = re.search(r" was raised from the environment creator for (.*?) with kwargs \(.*\)\Z", str(exc), flags=re.S)
+    said = str(exc)[:suffix.start()] if suffix else str(exc)
+    env_id = env_id or (suffix[1] if suffix else None)
+    return f"cannot make {env_id}: {said}" if env_id else said
 
 
 def runtime_error(message: Any) -> NoReturn:
@@ -498,6 +503,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         print(format_summary(result.summary))
         print(f"run directory: {result.out}")
+    episodes, scored = result.summary.get("episodes"), result.summary.get("scored_episodes")
+    if episodes and not scored:  # ran, and produced no score: exit 1, as the data commands with nothing to write
+        print(f"benchmax-gym: error: none of the {episodes} episodes was scored (their errors are in "
+              f"{os.path.join(result.out, 'rollouts.jsonl')}; --retry-failed runs them again)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -864,6 +874,11 @@ class PlainHelpFormatter(argparse.HelpFormatter):
     def format_help(self) -> str:
         return plain_text(super().format_help())
 
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:\n"):  # an example per line, as one types it (not wrapped)
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
 
 def _stdout_gone() -> bool:
     """Whether stdout is a pipe nobody reads any more (poll says POLLERR)."""
@@ -877,10 +892,50 @@ def _stdout_gone() -> bool:
         return False
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, saying which command, choice or option a mistyped one most likely meant
+    (argparse 3.11 lists every choice, and names no option at all), and an unknown option with the
+    usage of the command it was given to (argparse showed the top level's)."""
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = self
+            while parser._subparsers is not None:  # the command, then its subcommand, that they were given to
+                action = next(a for a in parser._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
+                chosen = getattr(parsed, action.dest, None)
+                if chosen not in action.choices:
+                    break
+                parser = action.choices[chosen]
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{parser._close_options(extras)}")
+        return parsed
+
+    def _close_options(self, extras: list[str]) -> str:
+        """``; --epsiodes: did you mean --episodes?`` for each unknown option close to one of this parser's."""
+        import difflib
+
+        known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        said = []
+        for extra in extras:
+            flag = extra.partition("=")[0]
+            if flag.startswith("--") and (close := difflib.get_close_matches(flag, known, n=1, cutoff=0.6)):
+                said.append(f"{flag}: did you mean {close[0]}?")
+        return "; " + "; ".join(said) if said else ""
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's usage and one-line error (exit status 2), with the close choice named."""
+        import difflib
+
+        if found := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)\Z", message):
+            choices = re.findall(r"'([^']*)'", found[2]) or found[2].split(", ")  # (3.12.8 on: unquoted)
+            if close := difflib.get_close_matches(found[1], choices, n=1, cutoff=0.6):
+                message = f"{message}: did you mean {close[0]}?"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``benchmax-gym`` command line: every subcommand, each with its ``func``."""
-    parser = argparse.ArgumentParser(prog="benchmax-gym", description=__doc__.split("\n")[0],
-                                     formatter_class=PlainHelpFormatter)
+    parser = Parser(prog="benchmax-gym", description=__doc__.split("\n")[0], formatter_class=PlainHelpFormatter)
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it registers your own environment ids); repeatable")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -891,15 +946,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("env_id", help="an id from `benchmax-gym list`, e.g. benchmax/Math-v0")
     run.add_argument("--policy", choices=("solver", "random"), default="solver",
                      help="solver (default): the reference solver (reads the solution); random: random text actions")
-    run.add_argument("--episodes", type=int, help="play N episodes on tasks drawn at random, with replacement "
-                     "(default: each task once when the task list is finite, else 10 such episodes)")
+    run.add_argument("--episodes", type=int, metavar="N", help="play N episodes on tasks drawn at random, with "
+                     "replacement (default: each task once when the task list is finite, else 10 such episodes)")
     run.add_argument("-k", "--rollouts-per-task", type=int, metavar="K",
                      help="run each task K times, in order (no --episodes); the summary adds pass@k")
     run.add_argument("--first-tasks", type=int, metavar="N", help="only the first N tasks (needed with -k when "
                      "the task list is unbounded, as the generated default is)")
-    run.add_argument("--seed", type=int, default=0, help="episode i is reset with seed SEED+i")
-    run.add_argument("--jsonl", help="write each episode's messages and rewards to this JSON Lines file "
-                     "(an existing file is refused unless --append or --overwrite)")
+    run.add_argument("--seed", type=int, default=0, help="episode i is reset with seed SEED+i (default: 0)")
+    run.add_argument("--jsonl", metavar="FILE", help="write each episode's messages and rewards to this JSON Lines "
+                     "file (an existing file is refused unless --append or --overwrite)")
     run.add_argument("--append", action="store_true", help="--jsonl: add to an existing file")
     run.add_argument("--overwrite", action="store_true", help="--jsonl: replace an existing file")
     run.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
@@ -984,7 +1039,8 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--auth-token", default=None,
                      help="http: require 'Authorization: Bearer TOKEN' (401 without it); "
                           "prefer the BENCHMAX_GYM_MCP_TOKEN variable, which `ps` does not show")
-    mcp.add_argument("--seed", type=int, default=0, help="each session's environment is reset with this seed")
+    mcp.add_argument("--seed", type=int, default=0,
+                     help="each session's environment is reset with this seed (default: 0)")
     mcp.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
                      "task_args.FIELD=VALUE sets one argument of the task source")
@@ -1009,9 +1065,27 @@ def build_parser() -> argparse.ArgumentParser:
                     help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
                     "task_args.FIELD=VALUE sets one argument of the task source")
     oe.set_defaults(func=cmd_openenv_serve)
-    for command in sub.choices.values():
-        command.formatter_class = PlainHelpFormatter
+    _finish_help(parser)
     return parser
+
+
+EXAMPLES = [line.strip() for line in __doc__.splitlines() if line.startswith("    benchmax-gym ")]
+
+
+def _finish_help(parser: argparse.ArgumentParser, words: tuple[str, ...] = ()) -> None:
+    """Each command's --help as plain text that says what the command does (the line the list of
+    commands shows; it said nothing) and ends with the module docstring's examples: all of them
+    for ``benchmax-gym --help``, a command's own for ``benchmax-gym COMMAND --help``."""
+    mine = [line for line in EXAMPLES if tuple(line.split()[1:1 + len(words)]) == words]
+    if mine:
+        parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in mine)
+    parser.formatter_class = PlainHelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                command = action.choices[choice.dest]
+                command.description = command.description or choice.help
+                _finish_help(command, (*words, choice.dest))
 
 
 def console() -> NoReturn:

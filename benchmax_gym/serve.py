@@ -449,7 +449,9 @@ def run_http_app(app: Any, host: str, port: int, auth_token: str | None, command
     if sockets is None:
         sockets = listen(host, port)
     try:
-        Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)).run(sockets=sockets)
+        colors = False if os.environ.get("NO_COLOR") else None  # (None: uvicorn's, on a terminal; NO_COLOR: none)
+        Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning", http=http,
+                                  use_colors=colors)).run(sockets=sockets)
     finally:
         for name in _CUT_BY_SHUTDOWN:
             logging.getLogger(name).removeFilter(_not_cut_by_shutdown)

@@ -28,11 +28,18 @@ def _refuse_existing(out: str, overwrite: bool) -> None:
         usage_error(f"--out {out}: cannot create a file in {folder}")
 
 
+def _nothing_written(said: str) -> int:
+    """A data command that ran and has nothing to write: one line on stderr (after its summary on
+    stdout, the JSON one with --json) and exit status 1, as eval when it scored no episode."""
+    print(f"benchmax-gym: error: {said}", file=sys.stderr)
+    return 1
+
+
 def cmd_from_traces(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import benchmax_gym  # noqa: F401  (registers the ids)
-    from benchmax_gym.cli import _parse_env_args, env_id_error, os_error_text, usage_error
+    from benchmax_gym.cli import _parse_env_args, cannot_make, env_id_error, os_error_text, runtime_error, usage_error
     from benchmax_gym.data import write_jsonl
     from benchmax_gym.data.traces import tasks_from_traces
 
@@ -41,12 +48,15 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
         env = gym.make(args.env, **_parse_env_args(args.env_arg))
     except gym.error.Error as exc:
         env_id_error(exc, args.env, "--env: ")
-    except (TypeError, ValueError, OSError, ImportError) as exc:
-        usage_error(f"cannot make {args.env}: {exc}")
+    except (TypeError, ValueError, OSError, ImportError) as exc:  # (without Gymnasium's suffix: it repeats secrets)
+        usage_error(cannot_make(args.env, exc))
     try:
         base = env.unwrapped
         if not len(base.toolset):  # an MCP env learns its tools at its first reset
-            env.reset(seed=0)
+            try:
+                env.reset(seed=0)
+            except RuntimeError as exc:  # it cannot start (an MCP server that fails to), as run and mcp-serve say
+                runtime_error(f"cannot start {args.env}: {exc}")
         tasks, report = tasks_from_traces(args.logs, base, keep=args.keep, turn=args.turn,
                                           answer_field=args.answer_field, allow_invalid_calls=args.allow_invalid_calls)
     except (ValueError, OSError) as exc:  # OSError: a trace file that cannot be read
@@ -71,13 +81,13 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
               f"{dict(report.unknown_tools) or 'none'}; invalid arguments: {dict(report.invalid_arguments) or 'none'}")
         for line in report.examples:
             print(f"  {line}")
-    return 0 if tasks else 1
+    return 0 if tasks else _nothing_written(f"no task kept of {report.traces} traces; --out {args.out} not written")
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
-    from benchmax_gym.cli import _parse_env_args, env_id_error, os_error_text, usage_error
+    from benchmax_gym.cli import _parse_env_args, cannot_make, env_id_error, os_error_text, runtime_error, usage_error
     from benchmax_gym.data import write_jsonl
     from benchmax_gym.data.sft import export_sft
     from benchmax_gym.eval import EvalError
@@ -92,10 +102,17 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
                                    tools=not args.no_tools)
     except gym.error.Error as exc:  # --env, or the run's env id, unknown here
         env_id_error(exc, args.env or "", "--env: " if args.env else "")
-    except (EvalError, ValueError, TypeError, ImportError) as exc:  # ImportError: the env's extra is missing
+    except TypeError as exc:  # a mistyped --env-arg (without Gymnasium's suffix: it repeats secrets)
+        usage_error(cannot_make(args.env, exc))
+    except (EvalError, ValueError, ImportError) as exc:  # ImportError: the env's extra is missing
         usage_error(exc)
     except OSError as exc:  # RUN cannot be read
         usage_error(os_error_text(exc))
+    except RuntimeError as exc:  # the tools' env cannot start (an MCP server that fails to), as run says
+        from benchmax_gym.data.sft import read_run
+
+        runtime_error(f"cannot start {args.env or read_run(args.run)[0].get('env_id')} for its tool schemas "
+                      f"(--no-tools exports without them): {exc}")
     if rows:  # nothing to export writes nothing (an empty file would train on nothing) and fails, as tasks' commands do
         try:
             write_jsonl(out, rows)
@@ -108,7 +125,7 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
         left = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items()) or "none"
         where = f"written to {out}" if rows else "written: nothing to export, no file made"
         print(f"{summary['exported']} of {summary['episodes']} episodes {where} (left out: {left})")
-    return 0 if rows else 1
+    return 0 if rows else _nothing_written(f"no episode to export of {summary['episodes']}; --out {out} not written")
 
 
 def cmd_from_corpus(args: argparse.Namespace) -> int:
@@ -146,7 +163,7 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         print_summary(summary, sys.stdout)
-    return 0 if summary["kept"] else 1
+    return 0 if summary["kept"] else _nothing_written(f"no question kept; --out {args.out} not written")
 
 
 def add_commands(sub: Any) -> None:
