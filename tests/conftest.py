@@ -29,33 +29,6 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
-RAY_CLUSTER_TESTS = "tests/wrappers/on_ray/"  # one Ray cluster for them all (its conftest.py)
-# modules whose module-scoped fixture is a whole run (two-process TRL training, SkyRL's generator,
-# the learning example, a plugin site, an eval run): set up once per worker that runs one of their
-# tests, and again each time the worker comes back to the module
-WHOLE_MODULES = ("tests/adapters/test_trl_", "tests/adapters/test_skyrl", "tests/test_learn.py",
-                 "tests/registry/test_plugins.py", "tests/test_cli_errors.py")
-
-
-def pytest_xdist_make_scheduler(config, log):
-    """xdist's `load`, except that the tests on the shared Ray cluster are one unit of work, and
-    each module of WHOLE_MODULES one: one worker runs a unit's tests one after another, so the
-    cluster (each start costs ~7 s of CPU) and those fixtures are set up once, not on every worker
-    that happens to get one of their tests. xdist's own `loadgroup` would do this with a mark, but
-    it renames node ids, which pytest 9.2 no longer lets it do."""
-    if config.getvalue("dist") != "load":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Units(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(RAY_CLUSTER_TESTS):
-                return RAY_CLUSTER_TESTS
-            return nodeid.split("::", 1)[0] if nodeid.startswith(WHOLE_MODULES) else nodeid
-
-    return Units(config, log)
-
-
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The real benchmark samples in ../shared/data (never copied into the project)."""

@@ -1,7 +1,7 @@
-"""One real multi-node Ray cluster on loopback for every module here (a head and two nodes with the
-env-host resource, everything on 127.0.0.1; tests/conftest.py keeps Ray on loopback), started once:
-the tests here are one unit of xdist work (tests/conftest.py), so one worker runs them one after
-another, and the cluster ends as that worker leaves this package."""
+"""One real multi-node Ray cluster on loopback for the modules here (a head and two nodes with the
+env-host resource, everything on 127.0.0.1; tests/conftest.py keeps Ray on loopback), shared by
+them: an xdist worker starts it with the first of these tests it runs and stops it as it leaves
+this package."""
 
 import pytest
 import ray
