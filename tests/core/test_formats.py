@@ -641,7 +641,11 @@ def test_round_trip_property(name, calls):
     assert names_and_args(parsed) == [(n, a) for n, a in calls]
 
 
-xml_safe_text = st.text(st.characters(blacklist_characters="<>", blacklist_categories=("Cs",)), max_size=20)
+# A parameter reading "null" (any case) is JSON's null even for a string parameter, on purpose
+# (XmlFormat._convert, as vLLM's qwen3_coder parser): such text cannot round-trip as a string.
+xml_safe_text = st.text(st.characters(blacklist_characters="<>", blacklist_categories=("Cs",)), max_size=20).filter(
+    lambda s: s.strip().lower() != "null"
+)
 xml_names = st.text(st.characters(whitelist_categories=("Ll", "Lu", "Nd"), whitelist_characters="_."), min_size=1, max_size=10)
 
 
