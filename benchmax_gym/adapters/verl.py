@@ -63,7 +63,13 @@ own GRPO would average that NaN into the group, so train with the estimators reg
 Group rewards (:mod:`benchmax_gym.core.group`): an agent loop plays one trajectory and never
 sees its ``rollout.n`` siblings; the group first meets in the advantage step, over scores.
 :func:`register_group_estimator` registers an estimator that applies a reward-only
-``GroupRubric`` (a rank, best-of-k) there, then GRPO as ``benchmax_grpo``.
+``GroupRubric`` (a rank, best-of-k) there, then GRPO as ``benchmax_grpo``. A group its rubric
+fails (a function that raises, times out or returns no finite score: ``group_errors``; a
+``RewardFailure``) is a failure, never a reward: its trajectories get advantage 0, and each
+step's metrics (verl's ``compute_data_metrics``, which the estimator's registration extends in its
+process) count them, ``benchmax/group_errors`` (trajectories) and ``benchmax/group_errors/groups``,
+with a warning naming the errors. (verl hands an estimator tensors and ``uid`` only, and reads no
+metrics from it: the counts wait for the step's metrics in the process that computes advantages.)
 
 verl computes advantages in its TaskRunner, a Ray worker that imports nothing of this package,
 so the estimators exist there only when verl imports this module itself: name it in verl's
@@ -87,9 +93,11 @@ turns before the last paid.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
+import sys
 import weakref
 from collections import defaultdict
 from typing import Any
@@ -297,7 +305,8 @@ def register_group_estimator(name: str, group_rubric: Any, *, drop: bool = False
     ``benchmax_grpo_drop``). verl's agent loops play one trajectory each; the group first meets
     at the advantage step, which sees scores and ``uid`` only, so ``group_rubric``'s functions may
     ask for ``rewards`` alone (``relative_rank``, ``best_of_k``); one that reads transcripts is
-    refused here. Register in the driver process (the one that runs the trainer)."""
+    refused here. Register in the driver process (the one that runs the trainer). A group the rubric
+    fails gets advantage 0, counted in the step's metrics as ``benchmax/group_errors`` (module docstring)."""
     from benchmax_gym.core.group import GroupRubric
 
     if not isinstance(group_rubric, GroupRubric):
@@ -317,12 +326,60 @@ def register_group_estimator(name: str, group_rubric: Any, *, drop: bool = False
         records = [{"task_id": str(key), "reward": None if math.isnan(s) else s,
                     "outcome": "env_error" if math.isnan(s) else "scored"} for key, s in zip(keys, raw.tolist())]
         scored = score_groups(records, group_rubric)
-        scores = torch.tensor([math.nan if r["reward"] is None else r["reward"] for r in scored],
-                              dtype=raw.dtype, device=raw.device)
+        # a group its rubric failed is a failure (advantage 0), never the 0 its component scored
+        failed = [i for i, (before, after) in enumerate(zip(records, scored))
+                  if before["reward"] is not None and (after["reward"] is None or after.get("group_errors"))]
+        _report_group_errors(name, [keys[i] for i in failed],
+                             {str(keys[i]): scored[i].get("group_errors") or scored[i].get("error") for i in failed})
+        out = set(failed)
+        scores = torch.tensor([math.nan if r["reward"] is None or i in out else r["reward"]
+                               for i, r in enumerate(scored)], dtype=raw.dtype, device=raw.device)
         return _grpo_over_scored(token_level_rewards, response_mask, keys, config, drop, scores=scores)
 
     estimator.__name__ = name
+    _count_in_step_metrics()
     return name
+
+
+GROUP_ERRORS = "benchmax/group_errors"
+"""The step metric: trajectories of the step whose group rubric failed (advantage 0); with
+``/groups``, the groups."""
+_PENDING: dict[str, float] = {}  # the last advantage step's counts, until verl computes that step's metrics
+
+
+def _report_group_errors(name: str, failed_keys: list[Any], errors: dict[str, Any]) -> None:
+    """Count this advantage step's failed groups for the step's metrics, and say why in a warning."""
+    _PENDING.update({GROUP_ERRORS: float(len(failed_keys)), f"{GROUP_ERRORS}/groups": float(len(errors))})
+    if errors:
+        shown = "; ".join(f"uid {key}: {why}" for key, why in list(errors.items())[:5])
+        log.warning("%s: the group rubric failed %d group(s), %d trajectories, given advantage 0: %s%s",
+                    name, len(errors), len(failed_keys), shown, " ..." if len(errors) > 5 else "")
+
+
+def _with_group_errors(compute_data_metrics: Any) -> Any:
+    @functools.wraps(compute_data_metrics)
+    def with_group_errors(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        metrics = compute_data_metrics(*args, **kwargs)
+        metrics.update(_PENDING)
+        _PENDING.clear()
+        return metrics
+
+    with_group_errors.benchmax_group_errors = True
+    return with_group_errors
+
+
+def _count_in_step_metrics() -> None:
+    """Make verl's ``compute_data_metrics`` (its trainer's per-step metrics) carry the last advantage
+    step's :data:`GROUP_ERRORS`: in ``metric_utils``, which ``ray_trainer`` imports it from, and in
+    ``ray_trainer`` itself when that is imported already. Once per process."""
+    from verl.trainer.ppo import metric_utils
+
+    if not getattr(metric_utils.compute_data_metrics, "benchmax_group_errors", False):
+        metric_utils.compute_data_metrics = _with_group_errors(metric_utils.compute_data_metrics)
+    trainer = sys.modules.get("verl.trainer.ppo.ray_trainer")
+    bound = getattr(trainer, "compute_data_metrics", None)
+    if trainer is not None and not getattr(bound, "benchmax_group_errors", False):
+        trainer.compute_data_metrics = metric_utils.compute_data_metrics
 
 
 def task_rows(env_id: str, n: int | None = None, **env_kwargs: Any) -> list[dict[str, Any]]:

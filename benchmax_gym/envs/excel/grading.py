@@ -11,6 +11,10 @@ things the upstream scorer leaves to the caller are handled here:
   the common all-values case costs one fast read of each workbook.
 * a model may corrupt or delete its workbook: :func:`grade` then scores 0 with a note and
   never raises (configuration mistakes, such as a bad ``recalc``, still raise).
+* a model may write the workbook's XML itself, cached values included: the output's formula
+  cells are graded by the values computed here. One that cannot be computed matches nothing (a
+  note names the functions ``formulas`` lacks), unless the answer workbook holds the same formula
+  and cached value in that cell; the answer workbook's cached values are trusted (it is the task's).
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from benchmax_gym.envs.excel.recalc import (
     _iter_range,
     _open,
     RecalcUnavailable,
+    Unverified,
+    _formulas_and_cached,
     _read_bytes,
     check_workbook,
     run_in_process,
@@ -350,10 +356,33 @@ def _read_output(
     values, formats, renamed, missing, epoch = cells or _output_cells(data, ranges)
     notes: list[str] = []
     if formats:
-        computed, notes = _compute(data, method, formats, epoch, time_limit=time_limit, in_call=in_call)
+        # the model's workbook: a formula the grader cannot compute has no value (never the one cached in
+        # the file, which the model can write itself) and matches nothing
+        computed, notes = _compute(data, method, formats, epoch, time_limit=time_limit, in_call=in_call,
+                                   trust_cache=False)
         for (real, coordinate) in formats:
             values[renamed[real], coordinate] = computed.get((real, coordinate))
     return values, notes, missing
+
+
+def _answers_own(got: dict[CellKey, Any], answer: bytes, notes: list[str] | None = None) -> None:
+    """Where the output's formula could not be computed (:class:`.recalc.Unverified`) but is the
+    formula the answer workbook holds in that cell, with the same value cached, that value is the
+    cell's: Excel computed it for the task (the answer graded against itself, a formula of the
+    task's input the model left alone). Anywhere else the model's cached value stays untaken."""
+    pending = {key: value for key, value in got.items() if isinstance(value, Unverified)}
+    if not pending:
+        return
+    ours = _formulas_and_cached(answer, set(pending))  # the task's own file: read here
+    taken = 0
+    for key, value in pending.items():
+        formula, cached = ours.get(key, ("", None))
+        if formula and formula == value.formula and normalize(cached) == normalize(value.cached):
+            got[key] = value.cached
+            taken += 1
+    if taken and notes is not None:
+        notes.append(f"{taken} formula cell(s) not recalculated hold the answer workbook's own formula and "
+                     "cached value: graded by that value")
 
 
 def expected_values(answer: Workbook, position: str, recalc: str = "auto") -> list[tuple[str, str, Any]]:
@@ -381,7 +410,8 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
         OSError, zipfile.BadZipFile, ...: the answer workbook itself cannot be read (a task bug).
     """
     method = _check_recalc(recalc)
-    ranges, expected, answer_notes = _expected_cells(_read_bytes(answer), position, method)
+    answer_data = _read_bytes(answer)
+    ranges, expected, answer_notes = _expected_cells(answer_data, position, method)
     notes = list(answer_notes)
     total = len(expected)
     try:
@@ -393,6 +423,7 @@ def grade(output: Workbook, answer: Workbook, position: str, recalc: str = "auto
         notes.append(f"output workbook could not be read ({type(exc).__name__}: {str(exc)[:200]})")
         return GradeResult(cells=0.0, solved=False, total=total, correct=0, notes=notes)
     notes.extend(output_notes)
+    _answers_own(got, answer_data, notes)
 
     correct = 0
     mismatches: list[tuple[str, str, Any, Any]] = []
@@ -418,12 +449,14 @@ def correct_cells(output: Workbook, answer: Workbook, position: str, recalc: str
     """The answer cells ``output`` already holds right, ``(sheet, cell)``, and how many there are:
     :func:`grade`'s comparison, cell by cell (Excel's dense signal). An unreadable output holds none."""
     method = _check_recalc(recalc)
-    ranges, expected, _ = _expected_cells(_read_bytes(answer), position, method)
+    answer_data = _read_bytes(answer)
+    ranges, expected, _ = _expected_cells(answer_data, position, method)
     try:
         data = _read_bytes(output)
         got, _ = _output_values(data, ranges, method, time_limit)
     except Exception:  # noqa: BLE001 - the model's workbook: deleted, truncated, not a zip
         return set(), len(expected)
+    _answers_own(got, answer_data)
     right = set()
     for sheet, coordinate, want in expected:
         value = got.get((sheet, coordinate))

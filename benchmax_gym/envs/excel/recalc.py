@@ -1336,6 +1336,82 @@ def _cached_values_within(data: bytes, keys: set[CellKey], time_limit: float) ->
 _UNCOMPUTABLE = ("#NAME?", "#REF!")  # what ``formulas`` answers for what it cannot evaluate
 
 
+class Unverified:
+    """The value of a formula cell of the model's workbook that the grader could not compute
+    (a function ``formulas`` lacks, a formula it cannot parse, a recalculation that failed): it
+    equals nothing, so the cell does not match. ``formula`` is its text, ``cached`` the value saved
+    with it in the file, which is not its value: the model can write any
+    (``<f>NOSUCHFN()</f><v>42</v>``), and nobody computed it (the grader uses it only where the
+    task's own answer workbook holds that formula and that value: :func:`.grading.grade`)."""
+
+    __slots__ = ("formula", "cached")
+
+    def __init__(self, formula: Any = None, cached: Any = None):
+        self.formula = _formula_text(formula)
+        self.cached = cached
+
+    def __repr__(self) -> str:
+        return f"<no value computed for {self.formula or 'the formula'}>"
+
+    def __reduce__(self) -> tuple:  # (made in a call's process: sent back by pickle)
+        return Unverified, (self.formula, self.cached)
+
+
+def _formula_text(formula: Any) -> str:
+    text = getattr(formula, "text", formula)  # ArrayFormula keeps its formula in .text
+    if not isinstance(text, str):
+        return ""
+    return text if text.startswith("=") else "=" + text
+
+
+def _functions_named(formula: Any) -> list[str]:
+    """The functions a formula calls, as written (``_xlfn.`` prefixes dropped), in order, once each."""
+    text = _formula_text(formula)
+    names: list[str] = []
+    try:
+        items = Tokenizer(text).items if text else []
+    except Exception:  # noqa: BLE001 - a formula openpyxl cannot tokenize: none named
+        items = []
+    for token in items:
+        if token.type == Token.FUNC and token.subtype == Token.OPEN:
+            name = token.value[:-1].upper()
+            for prefix in ("_XLFN._XLWS.", "_XLFN.", "_XLWS."):
+                name = name.removeprefix(prefix)
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
+def _formulas_and_cached(data: bytes, keys: set[CellKey]) -> dict[CellKey, tuple[str, Any]]:
+    """``{key: (formula text, value cached in the file)}`` for the cells ``keys`` (``""`` for a
+    cell without a formula; plain data: it may come from a call's process)."""
+    wb = _open(data, data_only=False)
+    try:
+        texts = {key: _formula_text(value) for key, value in _read_values(wb, keys).items()}
+    finally:
+        wb.close()
+    cached = _cached_values(data, keys)
+    return {key: (texts.get(key, ""), cached.get(key)) for key in keys}
+
+
+def _unverified_note(failed: dict[CellKey, str], method: str) -> str:
+    """One note for the model's formula cells left without a value, naming the functions
+    ``formulas`` lacks (else the first formula)."""
+    known = set(_formulas_module().get_functions()) if method in ("auto", "formulas") else set()
+    lacking: list[str] = []
+    for key in sorted(failed):
+        lacking += [n for n in _functions_named(failed[key]) if known and n not in known and n not in lacking]
+    first = min(failed)
+    where = f"{first[0]}!{first[1]}" + (f" (+{len(failed) - 1} more)" if len(failed) > 1 else "")
+    if lacking:
+        why = f"the function(s) {', '.join(lacking)} cannot be computed with {method!r}"
+    else:
+        why = f"{failed[first] or 'its formula'} could not be computed with {method!r}"
+    return (f"{len(failed)} formula cell(s) of the output workbook have no computed value ({where}): {why}; "
+            "the values the model's workbook caches for them are not taken: they match only where the answer "
+            "workbook holds the same formula and value")
+
+
 def _compute(
     data: bytes,
     method: str,
@@ -1345,6 +1421,7 @@ def _compute(
     trust_empty_cache: bool = False,
     time_limit: float | None = None,
     in_call: bool = False,
+    trust_cache: bool = True,
 ) -> tuple[dict[CellKey, Any], list[str]]:
     """Values for the formula cells ``formats`` (cell -> number format), and notes.
 
@@ -1359,13 +1436,27 @@ def _compute(
     formula it cannot parse, such as a table reference) and the file has a cached value. With
     ``trust_empty_cache`` an empty cache counts too: Excel-saved answer files store a formula
     that yields ``""`` as an empty value, which openpyxl cannot tell from no value.
+
+    ``trust_cache=False`` (the model's workbook, graded): no fallback. A formula cell without a
+    computed value gets :class:`Unverified` (it matches nothing), with a note naming the functions
+    ``formulas`` lacks: the model can write any cached value itself. ``method="none"`` still reads
+    the cached values (asked for: upstream's rule).
     """
     keys = set(formats)
     notes: list[str] = []
     if time_limit is not None and not in_call:  # the model's file: parsed again within the deadline
         cached_values = functools.partial(_cached_values_within, time_limit=time_limit)
+        formulas_and_cached = functools.partial(run_in_process, _formulas_and_cached, time_limit=time_limit,
+                                                what="reading the workbook's formulas")
     else:
         cached_values = _cached_values
+        formulas_and_cached = None
+
+    def unverified(failed: Iterable[CellKey]) -> dict[CellKey, Unverified]:
+        failed = set(failed)
+        read = formulas_and_cached(args=(data, failed)) if formulas_and_cached else _formulas_and_cached(data, failed)
+        notes.append(_unverified_note({key: read[key][0] for key in failed}, method))
+        return {key: Unverified(*read[key]) for key in failed}
     if method == "none":
         return cached_values(data, keys), notes
     try:
@@ -1385,6 +1476,9 @@ def _compute(
     except Exception as exc:
         if in_call and isinstance(exc, MemoryError):  # the call's process's limit: its caller says so
             raise
+        if not trust_cache:
+            notes.append(f"recalculation with {method!r} failed ({type(exc).__name__}: {str(exc)[:200]})")
+            return unverified(keys), notes
         notes.append(
             f"recalculation with {method!r} failed ({type(exc).__name__}: {str(exc)[:200]}); "
             "used the values cached in the file"
@@ -1403,7 +1497,9 @@ def _compute(
                 pass
 
     failed = [key for key in keys if key not in values or values[key] in _UNCOMPUTABLE]
-    if failed:
+    if failed and not trust_cache:
+        values.update(unverified(failed))
+    elif failed:
         cached = cached_values(data, set(failed))
         used = [key for key in failed if trust_empty_cache or cached.get(key) is not None]
         for key in used:

@@ -324,8 +324,8 @@ def test_unparsable_formula_falls_back_without_raising():
     answer = openpyxl.Workbook()
     answer.active["A2"] = 4
     result = grade(_to_bytes(wb), _to_bytes(answer), "A1:A2")
-    assert result.solved  # A1: no value either way; A2 still recalculated
-    assert result.notes
+    assert result.correct == 1 and not result.solved  # A2 still recalculated; A1 has no computed value: no match
+    assert any("Table1[Amount]" in note for note in result.notes), result.notes
 
 
 def test_mismatches_are_capped_and_normalized():
