@@ -1,7 +1,9 @@
 """The ``benchmax-gym`` command: list and play environments, evaluate models on them, compare runs, serve them over MCP or OpenEnv, make tasks, launch remote workers.
 
     benchmax-gym list
+    benchmax-gym list --json
     benchmax-gym doctor
+    benchmax-gym doctor --json
     benchmax-gym run benchmax/Math-v0 --policy solver --episodes 20
     benchmax-gym run benchmax/Math-v0 --policy random --episodes 5 --seed 1 --jsonl out.jsonl
     benchmax-gym run benchmax/Math-v0 --env-arg tasks=gsm8k --env-arg task_args.dataset=train.jsonl -k 4
@@ -60,36 +62,58 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
     return kwargs
 
 
-def cmd_list(args: argparse.Namespace) -> int:
+def list_report() -> dict[str, Any]:
+    """What ``list`` shows, as ``list --json`` prints it: each registered id with its description,
+    its entry point (``module:attribute``; None for an id registered in Python) and the plugin
+    that declares it (``package version``; None for a built-in or one registered in Python), and
+    one line per plugin that could not be registered."""
     from benchmax_gym import registry
-
     from benchmax_gym.registry.plugins import PLUGINS, PROBLEMS
 
-    ids = registry.env_ids()
-    width = max(len(i) for i in ids)
-    for env_id in ids:
-        origin = f"  [{PLUGINS[env_id].origin}]" if env_id in PLUGINS else ""
-        print(f"{env_id:<{width}}  {registry.describe(env_id)}{origin}")
-    for problem in PROBLEMS:
+    environments = []
+    for env_id in registry.env_ids():
+        entry_point = registry.ENVS[env_id].entry_point
+        plugin = PLUGINS.get(env_id)
+        environments.append({
+            "id": env_id, "description": registry.describe(env_id),
+            "entry_point": plugin.value if plugin else entry_point if isinstance(entry_point, str) else None,
+            "plugin": plugin.origin if plugin else None})
+    return {"environments": environments, "broken_plugins": list(PROBLEMS)}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    report = list_report()
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    width = max(len(e["id"]) for e in report["environments"])
+    for entry in report["environments"]:
+        origin = f"  [{entry['plugin']}]" if entry["plugin"] else ""
+        print(f"{entry['id']:<{width}}  {entry['description']}{origin}")
+    for problem in report["broken_plugins"]:
         print(f"broken plugin: {problem}")
     return 0
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
-    """What this machine gives benchmax-gym: versions, and the isolation level for model code."""
-    import os
+def doctor_report() -> dict[str, Any]:
+    """What ``doctor`` shows, as ``doctor --json`` prints it: ``python`` (version, executable),
+    ``packages`` (name: version, None when not installed), ``sandbox`` (``level``, the line
+    ``summary``, and with bubblewrap its ``details``: memory, disk, network, mountinfo, uid),
+    ``environments`` (the ids), ``plugins`` (id: ``package version``), ``broken_plugins`` (lines)
+    and ``extras`` (name: ``installed``, ``missing`` requirements, the line ``state``)."""
     import platform
     from importlib import metadata
 
     from benchmax_gym import registry
     from benchmax_gym.core.sandbox import BUBBLEWRAP, bubblewrap_status, isolation_report, resolve_level, seccomp_filter
+    from benchmax_gym.registry.plugins import PLUGINS, check_plugins
 
-    rows = [("python", f"{platform.python_version()} ({sys.executable})")]
+    packages: dict[str, str | None] = {}
     for dist in ("benchmax-gym", "gymnasium", "numpy", "datasets", "math-verify", "mcp", "openpyxl"):
         try:
-            rows.append((dist, metadata.version(dist)))
+            packages[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
-            rows.append((dist, "not installed"))
+            packages[dist] = None
     level = resolve_level("auto")
     ok, detail = bubblewrap_status()
     if level == BUBBLEWRAP:
@@ -101,16 +125,34 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         sandbox = (f"{level}: {detail}. Tools that run model code are left out; install bubblewrap, "
                    "or opt in to resource limits only with sandbox='rlimits'")
-    rows.append(("sandbox", sandbox))
-    if level == BUBBLEWRAP:
-        rows += isolation_report()
-    rows.append(("environments", ", ".join(registry.env_ids())))
-    from benchmax_gym.registry.plugins import PLUGINS, check_plugins
+    details = {k.removeprefix("sandbox "): v for k, v in isolation_report()} if level == BUBBLEWRAP else {}
+    return {
+        "python": {"version": platform.python_version(), "executable": sys.executable},
+        "packages": packages,
+        "sandbox": {"level": level, "summary": sandbox, "details": details},
+        "environments": registry.env_ids(),
+        "plugins": {p.env_id: p.origin for p in PLUGINS.values()},
+        "broken_plugins": check_plugins(),
+        "extras": extras_status(),
+    }
 
-    if PLUGINS:
-        rows.append(("plugins", ", ".join(f"{p.env_id} ({p.origin})" for p in PLUGINS.values())))
-    rows += [("broken plugin", line) for line in check_plugins()]
-    rows += extras_rows()
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """What this machine gives benchmax-gym: versions, and the isolation level for model code."""
+    report = doctor_report()
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    python, sandbox = report["python"], report["sandbox"]
+    rows = [("python", f"{python['version']} ({python['executable']})")]
+    rows += [(dist, version or "not installed") for dist, version in report["packages"].items()]
+    rows.append(("sandbox", sandbox["summary"]))
+    rows += [(f"sandbox {k}", v) for k, v in sandbox["details"].items()]
+    rows.append(("environments", ", ".join(report["environments"])))
+    if report["plugins"]:
+        rows.append(("plugins", ", ".join(f"{env_id} ({origin})" for env_id, origin in report["plugins"].items())))
+    rows += [("broken plugin", line) for line in report["broken_plugins"]]
+    rows += [(f"extra {extra}", status["state"]) for extra, status in report["extras"].items()]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     return 0
@@ -139,13 +181,19 @@ def extras_requirements() -> dict[str, list[str]]:
 
 
 def extras_rows() -> list[tuple[str, str]]:
-    """``doctor``'s line per extra: installed, or what is missing and the pip command. Read from
-    package metadata (importlib.metadata): nothing heavy is imported."""
+    """``doctor``'s line per extra: installed, or what is missing and the pip command."""
+    return [(f"extra {extra}", status["state"]) for extra, status in extras_status().items()]
+
+
+def extras_status() -> dict[str, dict[str, Any]]:
+    """Each extra: ``installed`` (every requirement for this platform there, at a version it
+    allows), the ``missing`` requirements, and ``state``, ``doctor``'s line. Read from package
+    metadata (importlib.metadata): nothing heavy is imported."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
 
-    rows = []
+    statuses = {}
     for extra, requirements in extras_requirements().items():
         have, missing = [], []
         for requirement in map(Requirement, requirements):
@@ -167,8 +215,8 @@ def extras_rows() -> list[tuple[str, str]]:
         else:
             state = (f"missing {', '.join(missing)}" + (f" ({len(have)} of {len(have) + len(missing)} there)" if have
                                                         else "") + f": pip install 'benchmax-gym[{extra}]'")
-        rows.append((f"extra {extra}", state))
-    return rows
+        statuses[extra] = {"installed": not missing, "missing": missing, "state": state}
+    return statuses
 
 
 def usage_error(message: Any) -> NoReturn:
@@ -188,10 +236,17 @@ def cannot_make(env_id: str | None, exc: BaseException) -> str:
     return f"cannot make {env_id}: {said}" if env_id else said
 
 
+class CommandFailed(SystemExit):
+    """A command that ran and failed (:func:`runtime_error`): :func:`main` returns its status, 1,
+    as it returns a command's own 1 (eval that scored nothing, a data command with nothing to
+    write); a SystemExit elsewhere (a command's function called directly), so the status still ends
+    the process."""
+
+
 def runtime_error(message: Any) -> NoReturn:
     """A failure while running (an environment that cannot start): one line on stderr, exit status 1."""
     print(f"benchmax-gym: error: {' '.join(str(message).split())}", file=sys.stderr)
-    raise SystemExit(1)
+    raise CommandFailed(1)
 
 
 def os_error_text(exc: OSError) -> str:
@@ -763,8 +818,10 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
         usage_error(exc)
     except gym.error.Error as exc:
         env_id_error(exc, args.env_id)
-    except (TypeError, ValueError, OSError) as exc:
+    except (TypeError, ValueError, OSError) as exc:  # a bad --env-arg (a missing file, say)
         usage_error(cannot_make(args.env_id, exc))
+    except RuntimeError as exc:  # its environment failed to start (an MCP server), made once before serving
+        runtime_error(f"cannot start {args.env_id}: {exc}")
     finally:
         for sock in sockets:
             sock.close()
@@ -939,9 +996,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (it registers your own environment ids); repeatable")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list the registered environments").set_defaults(func=cmd_list)
-    sub.add_parser("doctor", help="versions, and the sandbox level for model code on this machine").set_defaults(
-        func=cmd_doctor)
+    ls = sub.add_parser("list", help="list the registered environments")
+    ls.add_argument("--json", action="store_true",
+                    help='print one JSON object for scripts: {"environments": [{"id", "description", "entry_point", '
+                    '"plugin"}, ...], "broken_plugins": [line, ...]}')
+    ls.set_defaults(func=cmd_list)
+    doc = sub.add_parser("doctor", help="versions, and the sandbox level for model code on this machine")
+    doc.add_argument("--json", action="store_true",
+                     help='print one JSON object for scripts: "python" {"version", "executable"}, "packages" '
+                     '{name: version or null}, "sandbox" {"level", "summary", "details"}, "environments", '
+                     '"plugins", "broken_plugins", "extras" {name: {"installed", "missing", "state"}}')
+    doc.set_defaults(func=cmd_doctor)
     run = sub.add_parser("run", help="play episodes with a built-in policy and print a summary")
     run.add_argument("env_id", help="an id from `benchmax-gym list`, e.g. benchmax/Math-v0")
     run.add_argument("--policy", choices=("solver", "random"), default="solver",
@@ -1097,10 +1162,13 @@ def console() -> NoReturn:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command in this process and return its exit status (``benchmax-gym ARGS`` is
-    ``main(ARGS)``). Ctrl-C whenever it comes (the parser being built, ``--import``, the command's
-    imports, gym.make, its work) is one line on stderr and status 130, as a shell shows for an
-    interrupted command (:func:`interrupted`). The caller's own Ctrl-C handling is back when it
-    returns: a notebook's next Ctrl-C interrupts its cell, where it ended the whole process."""
+    ``main(ARGS)``): 0 done, 1 it ran and failed (said in one line on stderr), 130 interrupted, 141
+    its reader left. A usage error (a bad command line or option value, said in one line) raises
+    ``SystemExit(2)``, as argparse does, and ``--help`` ``SystemExit(0)``. Ctrl-C whenever it
+    comes (the parser being built, ``--import``, the command's imports, gym.make, its work) is
+    one line on stderr and status 130, as a shell shows for an interrupted command
+    (:func:`interrupted`). The caller's own Ctrl-C handling is back when it returns: a
+    notebook's next Ctrl-C interrupts its cell, where it ended the whole process."""
     global _said_interrupted
     handler = signal.getsignal(signal.SIGINT)  # (None: one not set from Python, which cannot be put back)
     unraisable = sys.unraisablehook
@@ -1127,6 +1195,8 @@ def _run(argv: list[str] | None) -> int:
         try:
             _import_modules(args.imports)
             return args.func(args)
+        except CommandFailed as exc:  # (returned, as a command's own failure status is)
+            return exc.code
         except BrokenPipeError:  # the reader left (`| head`): stop quietly, as other commands do
             if not _stdout_gone():  # another pipe (an MCP server's, say): a real failure
                 raise

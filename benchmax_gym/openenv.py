@@ -309,7 +309,8 @@ def __getattr__(name: str) -> Any:
 def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessions: int = 64,
               idle_timeout: float = 600.0) -> Any:
     """OpenEnv's FastAPI app (``create_app``) serving ``env_id``, one environment per WebSocket
-    session. The id is made once first, so a bad id or argument fails here, not in a session."""
+    session. The env is made and reset once first, as ``mcp-serve`` does: a bad id or argument,
+    or an env that cannot start (an MCP server that exits), fails here, not in a client's session."""
     if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
         raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
     positive_number("idle_timeout", idle_timeout)
@@ -320,7 +321,11 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sess
     import benchmax_gym  # noqa: F401  (registers the ids)
 
     env_kwargs = dict(env_kwargs or {})
-    gym.make(env_id, **env_kwargs).close()
+    probe = gym.make(env_id, **env_kwargs)
+    try:
+        probe.reset()  # (its servers and sandbox start at the first reset)
+    finally:
+        probe.close()
     live: weakref.WeakSet = weakref.WeakSet()
     app = create_app(functools.partial(kinds.GymEnvironment, env_id, env_kwargs, live), kinds.BenchmaxGymAction,
                      kinds.BenchmaxGymObservation, env_name=env_id, concurrency_config=ConcurrencyConfig(

@@ -308,12 +308,16 @@ def listen(host: str, port: int) -> list[Any]:
     ``create_server``) binds them: bound here so that a port in use is a :class:`ListenError`
     naming ``--port`` (uvicorn logs a message of its own that names no option, and exits 3), and
     listening at once: a socket only bound (SO_REUSEADDR) let another server take the port while
-    the environment was made, and uvicorn's own listen then failed with a traceback."""
+    the environment was made, and uvicorn's own listen then failed with a traceback. An empty
+    ``host`` is refused: it listened on every interface (a ``--host "$HOST"`` with the variable unset)."""
     import errno
     import socket
 
+    if not host.strip():  # ("$HOST" unset: the wildcard, every interface, with no word of it)
+        raise ListenError(f"--host {host!r}: name an address to listen on (127.0.0.1, this machine only; 0.0.0.0 "
+                          "or :: for every interface)")
     try:
-        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise ListenError(f"--host {host}: cannot listen there ({exc.strerror})") from None
     sockets: list[socket.socket] = []
