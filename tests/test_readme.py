@@ -491,24 +491,28 @@ def test_evaluate_a_model_with_the_scripted_model_then_compare(tmp_path):
     assert "baseline solver-math" in out and re.search(r"^qwen3-8b-math\s+\d", out, re.M), out
 
 
-COMMAND_LINE = [  # each finite command of the Command line block, and what its output shows
-    ("list", "benchmax/Math-v0 "),
-    ("doctor", "sandbox "),
+COMMAND_LINE = [  # each finite command of the Command line block ("$": where its command ends), and what its output shows
+    ("list$", "benchmax/Math-v0 "),
+    ("list --json$", '"id": "benchmax/Math-v0"'),
+    ("doctor$", "sandbox "),
+    ("doctor --json$", '"sandbox": {'),
     ("--jsonl episodes.jsonl", "episodes      20 (sampled"),
     ("--policy random --episodes 5", "episodes      5 (sampled"),
-    ("train.jsonl  ", "episodes      500 (each task once;"),  # "each task once"
+    ("train.jsonl$", "episodes      500 (each task once;"),  # "each task once"
     ("-k 8", "episodes      4000 (each task 8 times;"),  # "8 rollouts per task"
 ]
 
 
-@pytest.mark.parametrize(("line", "says"), COMMAND_LINE, ids=[c[0].strip() for c in COMMAND_LINE])
+@pytest.mark.parametrize(("line", "says"), COMMAND_LINE, ids=[c[0].strip("$ ") for c in COMMAND_LINE])
 def test_each_finite_command_line_example_does_what_its_comment_says(line, says, tmp_path, shared_data):
     """`list`, `doctor` and the `run` lines, as written, in a folder holding the `train.jsonl` they name."""
     shutil.copy(shared_data / "gsm8k" / "train_sample500.jsonl", tmp_path / "train.jsonl")
     block = re.search(r"```bash\n(.*?)```", _section("Command line"), re.DOTALL).group(1)
-    (text,) = [x for x in block.splitlines() if line in x]
+    (text,) = [x for x in block.splitlines() if line in x.split("#")[0].rstrip() + "$"]
     out = _cli([*BENCHMAX_GYM, *shlex.split(text, comments=True)[1:]], tmp_path, timeout=300).stdout
     assert says in out, out
+    if "--json" in text.split():
+        json.loads(out)
     if "--jsonl" in text:
         assert len((tmp_path / "episodes.jsonl").read_text().splitlines()) == 20
 
