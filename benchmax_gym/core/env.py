@@ -69,7 +69,8 @@ from benchmax_gym.core.sandbox import UNAVAILABLE, Sandbox, SandboxConfig, Sandb
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import FailedResult, ToolResult, Toolset, run_direct_text, truncate
-from benchmax_gym.core.users import UserFailure, UserReply, UserUsage, addressed_to_user, ahear, as_user, hear
+from benchmax_gym.core.users import (UserFailure, UserReply, UserSeeds, UserUsage, addressed_to_user, ahear, as_user,
+                                     hear)
 
 log = logging.getLogger(__name__)
 THINK_TAGS = ("<think>", "</think>")  # reasoning_tags' default
@@ -284,6 +285,7 @@ class ToolEnv(gym.Env[str, str]):
                              f"got {reasoning_tags!r}")
         self.reasoning_tags = None if reasoning_tags is None else tuple(reasoning_tags)
         self.user = as_user(user)
+        self._user_seeds = UserSeeds()  # the simulator's seed per episode, from reset(seed=...)
         if not isinstance(tasks, TaskSource):
             raise TypeError(f"tasks must be a TaskSource, got {type(tasks).__name__}")
         if not isinstance(toolset, Toolset):
@@ -440,6 +442,7 @@ class ToolEnv(gym.Env[str, str]):
             self._np_random_seed = seed
         else:
             super().reset(seed=seed)
+        self._user_seeds.reseed(seed)
 
     @property
     def _np_random(self) -> Any:  # (Gymnasium's attribute, read by its np_random and check_env)
@@ -680,7 +683,7 @@ class ToolEnv(gym.Env[str, str]):
         messages = self.task_messages(episode.task)
         if self.user is not None:  # the opening user messages are the user's own words
             episode.user = UserUsage(turns={i for i, m in enumerate(messages, len(episode.messages))
-                                                       if m.get("role") == "user"})
+                                                       if m.get("role") == "user"}, seed=self._user_seeds.next())
         episode.messages.extend(messages)
         text = (self._conversation_text(messages) if episode.task.messages
                 else "\n\n".join(str(m.get("content") or "") for m in messages))

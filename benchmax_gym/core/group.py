@@ -302,14 +302,20 @@ def group_rubric_of(env: Any) -> GroupRubric | None:
     return getattr(getattr(env, "unwrapped", env), "group_rubric", None)
 
 
-def score_vector_group(envs: Any, group_rubric: GroupRubric | None = None) -> list[dict[str, Any]]:
+def score_vector_group(envs: Any, group_rubric: GroupRubric | None = None,
+                       tasks: Callable[[Mapping[str, Any]], Any] | None = None) -> list[dict[str, Any]]:
     """Group-score the episodes a vector env's environments just finished (one record each,
     ``envs.call("episode_record")``), grouped by task index. Call it once every episode of the
     group has ended and before the next step (``autoreset_mode`` NEXT_STEP, Gymnasium's default:
     an env resets on its next step). ``group_rubric`` defaults to the envs' own when they live in
     this process (gymnasium's ``SyncVectorEnv``, ``make_vec(..., vectorization_mode="sync")``); an
     env's own rubric in a worker process stays there (it may hold the env itself, a benchmax
-    env's ``compute_group_reward``): pass one, or use a sync vector env or eval."""
+    env's ``compute_group_reward``): pass one, or use a sync vector env or eval.
+
+    Group functions get ``task`` and ``answer`` as an env's own rubric does: the task each env
+    just played (``env.unwrapped.episode.task``: read in this process, or sent from a worker when
+    a group function asks for ``task``, ``answer`` or ``prompt``), or ``tasks(record) -> Task``
+    when given (eval's :func:`score_groups` takes the same)."""
     if group_rubric is None:
         local = getattr(envs, "envs", None)  # SyncVectorEnv's own envs, in this process
         group_rubric = group_rubric_of(local[0]) if local else None
@@ -320,7 +326,26 @@ def score_vector_group(envs: Any, group_rubric: GroupRubric | None = None) -> li
     unfinished = [i for i, r in enumerate(records) if not r.get("outcome")]
     if unfinished:
         raise ValueError(f"envs {unfinished} have not finished their episode: score a group once all have ended")
-    return score_groups(records, group_rubric)
+    if tasks is None and any(p in ("task", "answer", "prompt") for gf in group_rubric.funcs for p in gf.params):
+        played = dict(zip(map(id, records), _played_tasks(envs)))
+        tasks = lambda record: played.get(id(record))  # noqa: E731  (ascore_groups asks with these records)
+    return score_groups(records, group_rubric, tasks)
+
+
+def _played_tasks(envs: Any) -> list[Any]:
+    """The task each env of ``envs`` just played (None where it has no episode of its own: a
+    mixture), read in this process or sent from the workers."""
+    local = getattr(envs, "envs", None)
+    if local is not None:
+        episodes = [getattr(getattr(env, "unwrapped", env), "episode", None) for env in local]
+    else:
+        try:
+            episodes = list(envs.get_attr("episode"))
+        except Exception as exc:  # noqa: BLE001  (an episode holding what cannot be sent: no task)
+            log.warning("score_vector_group: the envs' tasks could not be read (%s: %s); group functions get "
+                        "task=None: pass tasks=", type(exc).__name__, exc)
+            return [None] * getattr(envs, "num_envs", 0)
+    return [getattr(e, "task", None) for e in episodes]
 
 
 # -- ready-made group functions ---------------------------------------------------------------

@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.outcomes import MODEL_ERROR, RewardFailure
+from benchmax_gym.core.rubric import finite_score
 
 log = logging.getLogger(__name__)
 
@@ -185,17 +186,11 @@ def parse_winner(text: str) -> float:
 
 
 def _verdict(value: Any, what: str = "parse") -> float:
-    """A parsed score as a float: a finite number of any numeric type (a bool is 0 or 1, as a
-    rubric leaf's is), else a ``ValueError``."""
-    if isinstance(value, (str, bytes, bytearray)):  # (float("1") would read a text as a score)
-        raise ValueError(f"{what} returned {type(value).__name__} {str(value)[:50]!r}, not a number")
-    try:
-        score = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} returned {type(value).__name__}, not a number") from None
-    if not math.isfinite(score):
-        raise ValueError(f"{what} returned {score}, not a finite number")
-    return score
+    """A parsed score as a float, as a rubric leaf's value is read
+    (:func:`~benchmax_gym.core.rubric.finite_score`: a finite number of any numeric type, a bool
+    0 or 1), else an error that names ``what`` and never quotes the value (the judge's reply it
+    came from may quote the reference answer)."""
+    return finite_score(value, what)
 
 
 def _verdicts(scores: Any, k: int) -> list[float]:

@@ -232,14 +232,30 @@ def _check_timeout(what: str, timeout: Any) -> None:
         raise ValueError(f"{what} must be a positive number of seconds or None (no bound), got {timeout!r}")
 
 
-def _finite(name: str, raw: Any, errors: dict) -> float:
+def finite_score(raw: Any, what: str = "") -> float:
+    """A grader's raw value (a reward function's, a group function's, a judge's ``parse``) as a
+    score: a finite number of any numeric type (numpy, Decimal; a bool is 0 or 1), else a
+    ``TypeError`` (not a number) or a ``ValueError`` (NaN, inf). Text is never a number
+    (``float("5")`` would pay a returned answer "5" as 5.0), and the error never quotes the
+    value: it may be the answer, or a judge's reply quoting the reference answer."""
+    returned = f"{what} returned" if what else "returned"
+    if isinstance(raw, (str, bytes, bytearray)):
+        raise TypeError(f"{returned} {type(raw).__name__}, not a number")
     try:
-        if isinstance(raw, (str, bytes, bytearray)):  # float("5") would pay a returned answer "5" as 5.0
-            raise TypeError(f"returned {type(raw).__name__}, not a number")  # (not its text: it may be an answer)
         score = float(raw)
-        if not math.isfinite(score):
-            raise ValueError(f"reward is not finite: {score}")
-        return score
+    except OverflowError:  # (an int past a float's range)
+        raise ValueError(f"{returned} an {type(raw).__name__} too large for a float, not a finite number") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"{returned} {type(raw).__name__}, not a number") from None
+    if not math.isfinite(score):
+        raise ValueError(f"{returned} {score}, not a finite number (NaN and inf are not finite)")
+    return score
+
+
+def _finite(name: str, raw: Any, errors: dict) -> float:
+    """A leaf's value as a score (:func:`finite_score`); one that is no score is 0, the reason in ``errors``."""
+    try:
+        return finite_score(raw)
     except Exception as exc:
         errors[name] = f"{type(exc).__name__}: {exc}"
         log.warning("reward component %r returned %r; scored 0", name, raw)

@@ -31,11 +31,15 @@ observation, ``info`` or the episode record, except what the simulator itself ch
 Two simulators:
 
 * :class:`ScriptedUser` - a function ``fn(conversation, task) -> str | None | UserReply``,
-  deterministic: for tests and generated tasks.
+  deterministic: for tests and generated tasks. Its turn is cut to ``max_reply_chars``
+  (:data:`MAX_REPLY_CHARS`), with a marker, as an LLM user's is.
 * :class:`LLMUser` - a model over any OpenAI-compatible endpoint, through eval's client
   (:class:`~benchmax_gym.eval.policies.ChatPolicy`: retries with backoff, a whole-reply timeout,
   a size cap, the API key never written). Its system prompt is its own instructions plus the
   task's ``task.private["user"]``; its calls, tokens and cost are counted in ``info["user"]``.
+  In an episode of a seeded env (``reset(seed=...)``, and the episodes reset after it) each
+  request carries a ``seed`` made from the env's seed, the episode and the request's number
+  (:class:`UserSeeds`): a server that honours it (vLLM, SGLang) replays the same user.
 
 A plain function passed as ``user=`` is a :class:`ScriptedUser`.
 """
@@ -43,6 +47,7 @@ A plain function passed as ``user=`` is a :class:`ScriptedUser`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import json
 import logging
@@ -54,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmax_gym.core.checks import positive_int
-from benchmax_gym.core.formats import split_reasoning
+from benchmax_gym.core.formats import split_reasoning, utf8_safe
 from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, MODEL_ERROR
 from benchmax_gym.core.tools import truncate
 
@@ -64,6 +69,8 @@ log = logging.getLogger(__name__)
 STOP = "###STOP###"
 _BROKEN_STOP = "### STOP ###"  # the stop token as a simulator sees it in the model's words
 _CUT_OFF = ("length", "content_filter")  # finish reasons of a reply that stopped before its end
+#: a simulator's turn is cut to this many characters (with a marker) before it enters the transcript
+MAX_REPLY_CHARS = 8_000
 
 
 class UserFailure(Exception):
@@ -92,6 +99,8 @@ class UserUsage:
     completion_tokens: int = 0
     cost: float | None = None  # in the currency of the prices given (LLMUser(price=...)); None: no price
     seconds: float = 0.0
+    #: the episode's seed for the simulator (:class:`UserSeeds`); None: the env was never seeded, none is sent
+    seed: int | None = None
     #: indices in episode.messages of the conversation: the user's words and the replies addressed to them
     turns: set[int] = field(default_factory=set)
 
@@ -122,10 +131,15 @@ def break_stop(text: str) -> str:
     return text
 
 
-def user_reply(value: Any) -> UserReply:
+def user_reply(value: Any, max_chars: int = MAX_REPLY_CHARS) -> UserReply:
     """A simulator's return value as a :class:`UserReply`: ``None`` or a text holding
     :data:`STOP` ends the conversation (the text before the token is said). Anything else that
-    says nothing (``""``, ``UserReply(None)``) or is not text fails (``env_error``)."""
+    says nothing (``""``, ``UserReply(None)``) or is not text fails (``env_error``). What is said
+    is cut to ``max_chars`` with a marker saying so (:func:`~benchmax_gym.core.tools.truncate`,
+    as a tool's output is): it enters the observation, ``info["messages"]``, the transcript and
+    every later request to the simulator, and a scripted function may return megabytes. Its lone
+    surrogates (an endpoint's ``"\\ud800"`` escape) become U+FFFD, as in a tool's output
+    (:func:`~benchmax_gym.core.formats.utf8_safe`: no tokenizer takes one)."""
     if isinstance(value, UserReply):
         reply = value
     elif value is None:
@@ -143,11 +157,51 @@ def user_reply(value: Any) -> UserReply:
         reply.content = text or None
     if not reply.done and not (text and text.strip()):  # (an empty turn: the model would answer nothing)
         raise UserFailure("the user simulator's reply has no text (and does not end the conversation)", ENV_ERROR)
+    if reply.content is not None:
+        said = utf8_safe(reply.content)
+        said = said if len(said) <= max_chars else truncate(said, max_chars)
+        if said is not reply.content:
+            reply = UserReply(said, reply.done)
     return reply
 
 
+def derived_seed(*parts: Any) -> int:
+    """A seed in ``[0, 2**31)`` made from ``parts``: the same parts, the same seed, in any process
+    (not Python's ``hash``, which is salted per process)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
+class UserSeeds:
+    """The seeds an env gives its simulated user, one per episode: after ``reset(seed=s)``, the
+    k-th episode (0: the seeded one; then those reset without a seed, as a vector env's autoreset
+    does) gets ``derived_seed(s, k)``, so a seeded env replays its user's requests, seeds included;
+    an env never seeded gets None (and :class:`LLMUser` sends no seed)."""
+
+    __slots__ = ("base", "episodes")
+
+    def __init__(self) -> None:
+        self.base: int | None = None
+        self.episodes = 0
+
+    def reseed(self, seed: int | None) -> None:
+        """``reset(seed=...)``'s seed (None: the episodes go on from the last seed, if any)."""
+        if seed is not None:
+            self.base, self.episodes = int(seed), 0
+
+    def next(self) -> int | None:
+        """The next episode's seed (None when never seeded)."""
+        if self.base is None:
+            return None
+        self.episodes += 1
+        return derived_seed(self.base, self.episodes - 1)
+
+
 class UserSimulator:
-    """The third party. Subclasses implement :meth:`reply` (or :meth:`areply` for I/O)."""
+    """The third party. Subclasses implement :meth:`reply` (or :meth:`areply` for I/O). A turn
+    longer than ``max_reply_chars`` is cut to it, with a marker, before it enters the transcript."""
+
+    max_reply_chars: int = MAX_REPLY_CHARS
 
     @property
     def is_async(self) -> bool:
@@ -186,10 +240,11 @@ class ScriptedUser(UserSimulator):
         register_tool_env("me/Support-v0", tools=[...], tasks=[...], rubric=..., user=customer)
     """
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], max_reply_chars: int = MAX_REPLY_CHARS):
         if not callable(fn):
             raise TypeError(f"user must be a UserSimulator or a function fn(conversation, task), got {fn!r}")
         self.fn = fn
+        self.max_reply_chars = positive_int("ScriptedUser: max_reply_chars", max_reply_chars)
 
     @property
     def is_async(self) -> bool:
@@ -209,7 +264,7 @@ class ScriptedUser(UserSimulator):
         return {"kind": "scripted", "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"}
 
     def __reduce__(self):  # a picklable function stays picklable wrapped (vector workers)
-        return (ScriptedUser, (self.fn,))
+        return (ScriptedUser, (self.fn, self.max_reply_chars))
 
 
 LLM_USER_PROMPT = (
@@ -256,7 +311,7 @@ class LLMUser(UserSimulator):
     max_retries: int = 4
     extra_body: dict[str, Any] | None = None
     price: tuple[float, float] | None = None
-    max_reply_chars: int = 8_000
+    max_reply_chars: int = MAX_REPLY_CHARS
     is_async = True
 
     def __post_init__(self):
@@ -310,6 +365,8 @@ class LLMUser(UserSimulator):
         for key in ("temperature", "max_tokens"):
             if getattr(self, key) is not None:
                 body[key] = getattr(self, key)
+        if usage.seed is not None:  # a seeded episode: one seed a request (a seed in extra_body wins)
+            body["seed"] = derived_seed(usage.seed, usage.calls)
         body.update(self.extra_body or {})
         start = time.perf_counter()
         usage.calls += 1
@@ -400,8 +457,10 @@ def hear(user: UserSimulator, episode: Any, run_coroutine: Callable[[Any], Any])
     try:
         talk = conversation(episode.messages, usage.turns)
         if user.is_async:
-            return user_reply(run_coroutine(_before_deadline(user.areply(talk, episode.task, usage), episode)))
-        return user_reply(user.reply(talk, episode.task, usage))
+            said = run_coroutine(_before_deadline(user.areply(talk, episode.task, usage), episode))
+        else:
+            said = user.reply(talk, episode.task, usage)
+        return user_reply(said, _cap_of(user))
     except Exception as exc:  # noqa: BLE001  (the simulator's failure is an outcome, never a raise)
         return _failed(exc)
 
@@ -413,9 +472,15 @@ async def ahear(user: UserSimulator, episode: Any) -> UserReply | UserFailure:
     try:
         talk = conversation(episode.messages, usage.turns)
         reply = user.areply(talk, episode.task, usage)
-        return user_reply(await (_before_deadline(reply, episode) if user.is_async else reply))
+        return user_reply(await (_before_deadline(reply, episode) if user.is_async else reply), _cap_of(user))
     except Exception as exc:  # noqa: BLE001
         return _failed(exc)
+
+
+def _cap_of(user: UserSimulator) -> int:
+    """The simulator's ``max_reply_chars``; the default when it set none that is a positive int."""
+    cap = getattr(user, "max_reply_chars", MAX_REPLY_CHARS)
+    return cap if type(cap) is int and cap > 0 else MAX_REPLY_CHARS
 
 
 async def _before_deadline(reply: Any, episode: Any) -> Any:
@@ -456,5 +521,5 @@ def as_user(user: Any) -> UserSimulator | None:
     raise TypeError(f"user must be None, a UserSimulator or a function fn(conversation, task), got {user!r}")
 
 
-__all__ = ["LLMUser", "STOP", "ScriptedUser", "UserFailure", "UserReply", "UserSimulator", "UserUsage", "ahear", "as_user",
-           "conversation", "hear", "user_reply"]
+__all__ = ["LLMUser", "MAX_REPLY_CHARS", "STOP", "ScriptedUser", "UserFailure", "UserReply", "UserSeeds",
+           "UserSimulator", "UserUsage", "ahear", "as_user", "conversation", "derived_seed", "hear", "user_reply"]
