@@ -7,19 +7,7 @@ import benchmax_gym  # noqa: F401
 from benchmax_gym import register_tool_env
 from benchmax_gym.core.users import LLMUser
 from benchmax_gym.testing.openai_server import FakeChatServer
-
-
-def lookup(city: str) -> str:
-    """Look up a city's country.
-
-    Args:
-        city: the city's English name
-    """
-    return "Peru"
-
-
-def answered(messages) -> float:
-    return float(any(m["role"] == "assistant" and "Peru" in str(m.get("content")) for m in messages))
+from tests.core.test_users_judges_leftovers import answered, lookup
 
 
 def customer(body):
