@@ -166,15 +166,20 @@ class ListTasks(TaskSource):
         return self.tasks[index]
 
 
-def check_unique_ids(tasks: Sequence[Task], where: str = "") -> None:
+def check_unique_ids(tasks: Sequence[Task], where: str = "", place: Callable[[int], str] | None = None) -> None:
     """Refuse two tasks with one id: eval's records and statistics tell tasks apart by id, so
     two tasks sharing one were pooled as one task (an explicit id ``"2"`` and a task without an
-    id at index 2, or the ids ``1`` and ``"1"``)."""
+    id at index 2, or the ids ``1`` and ``"1"``). ``place(i)`` says where a file holds task ``i``
+    (``"dataset 'F' line 7"``): what the error names instead of the tasks' indices."""
     seen: dict[str, int] = {}
     for i, task in enumerate(tasks):
         first = seen.setdefault(task.id, i)
         if first != i:
-            raise ValueError(f"{where}tasks[{first}] and tasks[{i}] share the id {task.id!r}: give each "
+            both = f"tasks[{first}] and tasks[{i}]"
+            if place is not None:  # ("tasks 'F' line 2 and line 5" when both are in one file)
+                one, other = place(first).rsplit(" ", 2), place(i).rsplit(" ", 2)
+                both = " ".join(one) + " and " + " ".join(other[1:] if other[0] == one[0] else other)
+            raise ValueError(f"{where}{both} share the id {task.id!r}: give each "
                              "task its own id (eval's records and statistics tell tasks apart by it)")
 
 
@@ -225,21 +230,23 @@ def check_messages(messages: Any, where: str = "messages") -> list[dict[str, Any
     return out
 
 
-def task_from_dict(record: Mapping[str, Any], index: int) -> Task:
+def task_from_dict(record: Mapping[str, Any], index: int, where: str | None = None) -> Task:
     """``{"prompt" or "messages", "answer", "id", "solution", "metadata", ...}`` -> Task; a clear
-    error names the index.
+    error names the index (``tasks[1]``), or ``where`` the record is when given (a file's
+    ``"tasks 'F' line 3"``: a line's index among the records is not its line).
 
     Only ``prompt`` and ``messages`` are shown to the model and only ``metadata`` (and ``id``)
     appear in ``info``; every other key (``expected_state``, say) is grader-only, in ``task.private``.
     """
+    here = f"tasks[{index}]" if where is None else f"{where}: task"
     has_messages = isinstance(record, Mapping) and record.get("messages") is not None
     if not isinstance(record, Mapping) or not (isinstance(record.get("prompt"), str)
                                                or (has_messages and record.get("prompt") is None)):
-        raise ValueError(f"tasks[{index}] must be a Task or a dict with a 'prompt' string or 'messages', "
+        raise ValueError(f"{here} must be a Task or a dict with a 'prompt' string or 'messages', "
                          f"got {record!r}")
     metadata = record.get("metadata", {})
     if not isinstance(metadata, Mapping):
-        raise ValueError(f"tasks[{index}]['metadata'] must be a dict (it is shown in info), got {metadata!r}")
+        raise ValueError(f"{here}['metadata'] must be a dict (it is shown in info), got {metadata!r}")
     return Task(
         id=str(record.get("id", index)),
         prompt=record.get("prompt") or "",
@@ -247,7 +254,7 @@ def task_from_dict(record: Mapping[str, Any], index: int) -> Task:
         solution=record.get("solution"),
         metadata=dict(metadata),
         private={k: v for k, v in record.items() if k not in _TASK_KEYS},
-        messages=tuple(check_messages(record["messages"], f"tasks[{index}]['messages']")) if has_messages else (),
+        messages=tuple(check_messages(record["messages"], f"{here}['messages']")) if has_messages else (),
     )
 
 
@@ -340,16 +347,20 @@ class DatasetTasks(TaskSource):
                                               or _first_jsonl_rows(path, split, load_kwargs, limit))
         if records is None:
             records = load_records(path, split=split, name=name, **load_kwargs)
-        tasks = []
+        tasks, indices = [], []
         for i, record in enumerate(_decoded(records, path)):
             task = to_task(record, i)
             if task is not None:
                 tasks.append(task)
+                indices.append(i)
                 if len(tasks) == limit:  # (not a record more: past them a file may not even be read)
                     break
         if not tasks:
             raise ValueError(f"no usable tasks in {path!r} (split={split!r})")
-        check_unique_ids(tasks, f"dataset {path!r}: ")
+        try:
+            check_unique_ids(tasks)
+        except ValueError:  # said again naming the two records' places (found only now: a failure)
+            check_unique_ids(tasks, place=lambda k: record_where(path, indices[k]))
         self.tasks = tasks
         # what the records are (datasets' fingerprint: the files or hub revision and the loading
         # settings) and how they became tasks: the key of the content hash's cache on disk
@@ -402,8 +413,62 @@ def _decoded(records: Any, path: Any):
             count += 1
     except UnicodeDecodeError as exc:
         files = _local_files(path)
-        why = _unreadable(files, exc) if files else f"{type(exc).__name__}: {exc}"
-        raise ValueError(f"path {path!r}: record {count}: {why}") from None
+        if files:  # (_unreadable names the file and line)
+            raise ValueError(f"path {path!r}: {_unreadable(files, exc)}") from None
+        raise ValueError(f"{record_where(path, count)}: {type(exc).__name__}: {exc}") from None
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def record_where(path: Any, index: int, what: str = "dataset") -> str:
+    """Where the ``index``-th record (counted from 0, in the order ``datasets`` and
+    :class:`DatasetTasks` read them) of ``path`` is, as a user finds it: ``"dataset 'F' line N"``
+    in a JSON Lines file (N as an editor numbers lines, blank lines counted: ``datasets`` skips
+    them, so the record's index is not its line), ``"dataset 'F' record N"`` (N counted from 1)
+    in a JSON array, Parquet or CSV file, or a hub dataset. ``F`` is the file of several that
+    holds it. Read only for an error: it scans the files again."""
+    try:
+        files = _local_files(path)
+    except (OSError, ValueError):
+        files = None
+    name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+    if not files:
+        return f"{what} {name!r} record {index + 1}"
+    left = index
+    try:
+        for f in files:
+            if os.path.splitext(f)[1] in (".json", ".jsonl") and not starts_json_array(f):
+                with open(f, "rb") as lines:
+                    for number, line in enumerate(lines, 1):
+                        if (line.removeprefix(_BOM) if number == 1 else line).strip():
+                            if left == 0:
+                                return f"{what} {f!r} line {number}"
+                            left -= 1
+                continue
+            if len(files) == 1:
+                return f"{what} {f!r} record {index + 1}"
+            count = _record_count(f)
+            if count is None:
+                break
+            if left < count:
+                return f"{what} {f!r} record {left + 1}"
+            left -= count
+    except (OSError, ValueError, RecursionError):
+        pass
+    return f"{what} {name!r} record {index + 1}"
+
+
+def _record_count(file: str) -> int | None:
+    """How many records a JSON array or Parquet file holds; None for another kind."""
+    if file.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(file).metadata.num_rows
+    if file.endswith((".json", ".jsonl")):
+        data = json.loads(Path(file).read_bytes())
+        return len(data) if isinstance(data, list) else 1
+    return None
 
 
 def numbered_jsonl(path: str | os.PathLike, what: str, limit: int | None = None) -> list[tuple[int, Any]]:

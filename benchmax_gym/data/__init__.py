@@ -15,7 +15,7 @@ import json
 import os
 from typing import Any
 
-from benchmax_gym.core.tasks import ListTasks, numbered_jsonl, task_from_dict
+from benchmax_gym.core.tasks import ListTasks, check_unique_ids, numbered_jsonl, task_from_dict
 
 
 def read_jsonl(path: str | os.PathLike, what: str = "file") -> list[dict[str, Any]]:
@@ -30,16 +30,10 @@ def load_tasks(path: str | os.PathLike) -> ListTasks:
     records = numbered_jsonl(path, "tasks")
     if not records:
         raise ValueError(f"tasks {os.fspath(path)!r} holds no tasks")
-    tasks = []
-    for i, (number, record) in enumerate(records):
-        try:
-            tasks.append(task_from_dict(record, i))
-        except ValueError as exc:
-            raise ValueError(f"tasks {os.fspath(path)!r} line {number}: {exc}") from None
-    try:
-        return ListTasks(tasks)
-    except ValueError as exc:  # two tasks with one id
-        raise ValueError(f"tasks {os.fspath(path)!r}: {exc}") from None
+    where = [f"tasks {os.fspath(path)!r} line {number}" for number, _ in records]
+    tasks = [task_from_dict(record, i, where[i]) for i, (_, record) in enumerate(records)]
+    check_unique_ids(tasks, place=where.__getitem__)  # (two lines with one id: named by their lines)
+    return ListTasks(tasks)
 
 
 def write_jsonl(path: str | os.PathLike, records: list[dict[str, Any]]) -> None:

@@ -7,7 +7,9 @@ and JSON Lines or JSON arrays of ``{title, text}`` (a HotpotQA file too); PDF wh
 extra (``pypdf``) is installed. Text is UTF-8 (or UTF-16 with its byte-order mark); a file in
 another encoding is refused naming it. Sub-headings become ``== Heading ==`` lines, the section
 convention of the Wikipedia family's backend, so ``get_article`` can read a section at a time.
-A title seen twice gets `` (2)``, `` (3)``...: the index keeps one article per title. A
+A document seen twice (one title, one text: a file copied into two folders, a record given twice)
+is kept once; another document of a title seen before gets `` (2)``, `` (3)``...: the index keeps
+one article per title (a JSON file's own records of one title and different texts are refused). A
 file of a folder that links outside it is refused (a folder from elsewhere could otherwise put
 any file of this machine into the index and the questions).
 
@@ -73,18 +75,32 @@ def document_files(path: str | os.PathLike) -> list[Path]:
 
 def load_documents(path: str | os.PathLike) -> list[Document]:
     """Every document under ``path`` (see the module docstring), titles made unique."""
+    return read_documents(path)[0]
+
+
+def read_documents(path: str | os.PathLike) -> tuple[list[Document], int]:
+    """:func:`load_documents`'s documents, and how many duplicates (one title, one text) it
+    dropped: indexed twice, as "X" and "X (2)", search returned the same text twice."""
     documents: list[Document] = []
+    dropped = 0
     for file in document_files(path):
         if file.stat().st_size > MAX_DOCUMENT_BYTES:
             raise ValueError(f"{file}: larger than {MAX_DOCUMENT_BYTES >> 20} MiB; split it")
-        documents += _read(file)
+        read, duplicates = _read(file)
+        documents += read
+        dropped += duplicates
     seen: dict[str, int] = {}
     taken: set[str] = set()  # (a suffixed title may be another document's own: "X (2)" twice loses one)
+    texts: set[tuple[str, str]] = set()  # (title key, text) of each document kept
     unique = []
     for doc in documents:
         if not doc.text.strip():
             continue
         key = " ".join(doc.title.split()).casefold()
+        if (key, doc.text.strip()) in texts:
+            dropped += 1
+            continue
+        texts.add((key, doc.text.strip()))
         title = doc.title
         while " ".join(title.split()).casefold() in taken:
             seen[key] = seen.get(key, 1) + 1
@@ -93,27 +109,28 @@ def load_documents(path: str | os.PathLike) -> list[Document]:
         unique.append(Document(title, doc.text, doc.source))
     if not unique:
         raise ValueError(f"DOCS {str(path)!r}: the documents hold no text")
-    return unique
+    return unique, dropped
 
 
 def _stem_title(file: Path) -> str:
     return " ".join(re.sub(r"[_]+", " ", file.stem).split()) or file.name
 
 
-def _read(file: Path) -> list[Document]:
+def _read(file: Path) -> tuple[list[Document], int]:
+    """The documents of ``file`` and how many duplicates a JSON corpus file held (dropped)."""
     suffix = file.suffix.lower()
     if suffix in JSON_SUFFIXES:
-        from benchmax_gym.envs.wikipedia.tasks import load_corpus
+        from benchmax_gym.envs.wikipedia.tasks import read_corpus
 
         try:
-            records, _ = load_corpus(file)
+            records, _, dropped = read_corpus(file)
         except RecursionError:  # json.loads of a hostile or broken file
             raise ValueError(f"{file}: JSON nested too deeply to read") from None
         except UnicodeDecodeError as exc:  # (its message alone did not say which file)
             raise ValueError(f"{file}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-        return [Document(r["title"], r["text"], str(file)) for r in records]
+        return [Document(r["title"], r["text"], str(file)) for r in records], dropped
     if suffix == ".pdf":
-        return [Document(_stem_title(file), _pdf_text(file), str(file))]
+        return [Document(_stem_title(file), _pdf_text(file), str(file))], 0
     raw = _decode(file)
     if suffix in MARKDOWN_SUFFIXES:
         title, text = _markdown(raw)
@@ -121,7 +138,7 @@ def _read(file: Path) -> list[Document]:
         title, text = _html(raw)
     else:
         title, text = None, raw
-    return [Document(title or _stem_title(file), text.strip(), str(file))]
+    return [Document(title or _stem_title(file), text.strip(), str(file))], 0
 
 
 def _decode(file: Path) -> str:

@@ -38,7 +38,7 @@ from typing import Any, Iterable, TextIO
 
 import numpy as np
 
-from benchmax_gym.data.corpus import Chunk, Document, chunk_document, corpus_records, load_documents, sentences
+from benchmax_gym.data.corpus import Chunk, Document, chunk_document, corpus_records, read_documents, sentences
 from benchmax_gym.envs.wikipedia.rubric import exact_match, f1_score, normalize_answer
 
 FILTERS = ("answer_in_support", "question_free_of_answer", "unique", "verified")
@@ -492,7 +492,7 @@ def generate_from_corpus(docs: str | os.PathLike, out: str | os.PathLike, *, mod
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:  # (numpy's error did not name it)
         raise ValueError(f"--seed must be a non-negative int, got {seed!r}")
     start = time.perf_counter()
-    documents = load_documents(docs)
+    documents, duplicates = read_documents(docs)  # (duplicates: one title and text twice, kept once)
     chunks = {d.title: chunk_document(d, chunk_chars) for d in documents}
     documents = [d for d in documents if chunks[d.title]]
     records = corpus_records(documents)
@@ -514,7 +514,8 @@ def generate_from_corpus(docs: str | os.PathLike, out: str | os.PathLike, *, mod
             write_jsonl(corpus_out, records)
     seconds = time.perf_counter() - start
     summary = {
-        "documents": len(documents), "chunks": sum(len(c) for c in chunks.values()), "generator": generator,
+        "documents": len(documents), "duplicates_dropped": duplicates, "chunks": sum(len(c) for c in chunks.values()),
+        "generator": generator,
         "candidates": dict(Counter(c.kind for c in candidates)) | {"total": len(candidates)},
         "filters": steps, "kept": len(kept), "kept_by_type": dict(Counter(c.kind for c in kept)),
         "seconds": round(seconds, 3), "seconds_per_1000_documents": round(seconds * 1000 / max(len(documents), 1), 2),
@@ -528,7 +529,9 @@ def generate_from_corpus(docs: str | os.PathLike, out: str | os.PathLike, *, mod
 
 def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
     candidates = summary["candidates"]
-    print(f"{summary['documents']} documents, {summary['chunks']} chunks; generator {summary['generator']}: "
+    dropped = summary.get("duplicates_dropped")
+    same = f" ({dropped} dropped: the same title and text as another)" if dropped else ""
+    print(f"{summary['documents']} documents{same}, {summary['chunks']} chunks; generator {summary['generator']}: "
           f"{candidates['total']} candidates (" + ", ".join(f"{k} {candidates.get(k, 0)}" for k in KINDS) + ")",
           file=stream)
     if "unparsed_replies" in summary:

@@ -57,7 +57,7 @@ def test_a_question_that_is_not_text_is_refused_naming_the_field(tmp_path, quest
     """(A list became the prompt "['a']", null the prompt "None".)"""
     path = tmp_path / "odd.jsonl"
     path.write_text('{"question": "q1", "answer": "1"}\n{"question": ' + question + ', "answer": "2"}\n')
-    with pytest.raises(ValueError, match=f"dataset 'odd' record 1: the question field 'question' must be text, got {got}$"):
+    with pytest.raises(ValueError, match=f"odd.jsonl' line 2: the question field 'question' must be text, got {got}$"):
         make_hf(path)
 
 @pytest.mark.parametrize("in_folder", [False, True])

@@ -112,11 +112,11 @@ def test_a_corpus_file_linking_outside_the_folder_is_refused_naming_it(tmp_path,
     docs.mkdir()
     (docs / "good.md").write_text("# Good\n\nThe good document was written in 1999.\n")
     (docs / "notes.txt").symlink_to(secret)
-    (docs / "same.md").symlink_to(docs / "good.md")  # (a link inside the folder is its own document)
+    (docs / "same.md").symlink_to(docs / "good.md")  # (a link inside the folder is read: the same document, once)
     with pytest.raises(ValueError, match=r"notes\.txt links outside the folder"):
         load_documents(docs)
     assert from_corpus(tmp_path, docs) == 2
     assert "hunter2" not in capsys.readouterr().err
     (docs / "notes.txt").unlink()
-    assert sorted(d.title for d in load_documents(docs)) == ["Good", "Good (2)"]
+    assert sorted(d.title for d in load_documents(docs)) == ["Good"]
     assert [d.text for d in load_documents(secret.rename(tmp_path / "secret.txt"))][0].startswith("The password")

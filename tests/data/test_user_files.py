@@ -50,7 +50,7 @@ def test_a_dataset_row_with_a_blank_answer_is_refused_at_make(tmp_path):
     path = tmp_path / "qa.jsonl"
     path.write_text('{"question": "q1", "answer": "1"}\n{"question": "q2", "answer": ""}\n')
     # refused naming the row: by the family's loader, or else at make (require_answers)
-    with pytest.raises(ValueError, match=r"record 1: the answer field 'answer' is blank|id 'qa-1'\) has no answer"):
+    with pytest.raises(ValueError, match=r"line 2: the answer field 'answer' is blank|id 'qa-1'\) has no answer"):
         make_hf(path)
 
 
@@ -93,9 +93,10 @@ def test_a_csv_dataset_keeps_its_cells_as_the_text_they_hold(tmp_path):
     env.close()
 
 
-@pytest.mark.parametrize("ids, clash", [([1, "1"], r"tasks\[0\] and tasks\[1\] share the id '1'"),
-                                        (["a", "b", None, "2"], r"tasks\[2\] and tasks\[3\] share the id '2'")])
-def test_two_tasks_with_one_id_are_refused_at_make(tmp_path, ids, clash):
+@pytest.mark.parametrize("ids, clash, lines", [
+    ([1, "1"], r"tasks\[0\] and tasks\[1\] share the id '1'", r"jsonl' line 1 and line 2 share the id '1'"),
+    (["a", "b", None, "2"], r"tasks\[2\] and tasks\[3\] share the id '2'", r"jsonl' line 3 and line 4 share the id '2'")])
+def test_two_tasks_with_one_id_are_refused_at_make(tmp_path, ids, clash, lines):
     """Eval's records and statistics tell tasks apart by id: two tasks sharing one (1 and "1", or a
     task without an id at index 2 and an explicit "2") were pooled as one task."""
     tasks = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i), **({"id": t} if t is not None else {})}
@@ -104,5 +105,5 @@ def test_two_tasks_with_one_id_are_refused_at_make(tmp_path, ids, clash):
         gym.make(MATH, tasks=tasks)
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    with pytest.raises(ValueError, match=clash):
+    with pytest.raises(ValueError, match=lines):
         load_tasks(path)

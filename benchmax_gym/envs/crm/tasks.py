@@ -14,11 +14,12 @@ Every task has ``metadata = {"source", "type", "reward_metric"}``; ``reward_metr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from benchmax_gym.core.checks import boolean, optional, path_or_id, positive_int
 from benchmax_gym.core.sources import GeneratedSource, SourceConfig, arg
 from benchmax_gym.core.sqlite_heap import outside_query_bounds
 from benchmax_gym.core.tasks import (
-    GeneratedTasks, ListTasks, Task, load_records, numbered_jsonl, pick, rand_int, starts_json_array,
+    GeneratedTasks, ListTasks, Task, check_unique_ids, load_records, numbered_jsonl, pick, rand_int, record_where,
+    starts_json_array,
 )
 from benchmax_gym.envs.crm.org import CATEGORIES, HIGH_PRIORITY_RESPONSE_HOURS, MAX_TRANSFERS, REFUND_WINDOW_DAYS
 from benchmax_gym.envs.crm.rubric import normalize
@@ -449,23 +451,32 @@ def crmarena_tasks(path: str | os.PathLike, *, limit: int | None = None) -> List
     when present, is context the agent must see (CRMArena's convention) and is added to the prompt,
     as is ``metadata["optional"]`` (definitions of quarters and seasons, say)."""
     path = os.fspath(path)
+    where: Callable[[int], str]
     if Path(path).suffix in (".json", ".jsonl") and Path(path).is_file():
         if starts_json_array(path):
             try:
                 records = json.loads(Path(path).read_bytes().removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
             except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
                 raise ValueError(f"tasks {path!r}: not a JSON array of tasks ({type(exc).__name__}: {exc})") from None
+            where = lambda i: f"tasks {path!r} record {i + 1}"  # noqa: E731
         else:  # JSON Lines, read only as far as the limit: a bad line is named by its number
-            records = [record for _, record in numbered_jsonl(path, "tasks", limit=limit)]
+            numbered = numbered_jsonl(path, "tasks", limit=limit)
+            records = [record for _, record in numbered]
+            where = lambda i: f"tasks {path!r} line {numbered[i][0]}"  # noqa: E731
     else:  # other local formats, or a hub id (Salesforce/CRMArena keeps its tasks in the "test" split)
         records = list(load_records(path, split=None if os.path.exists(path) else "test"))
+        where = lambda i: record_where(path, i, "tasks")  # noqa: E731
     tasks = []
     for i, record in enumerate(records):
         if limit is not None and len(tasks) >= limit:
             break
-        tasks.append(_crmarena_task(record, i, path))
+        tasks.append(_crmarena_task(record, i, functools.partial(where, i)))
     if not tasks:
         raise ValueError(f"no tasks in {path!r}")
+    try:
+        check_unique_ids(tasks)
+    except ValueError:  # said naming the two records' places (two records with one idx)
+        check_unique_ids(tasks, place=where)
     return ListTasks(tasks)
 
 
@@ -492,21 +503,30 @@ def crmarena_gold(answer: Any, where: str) -> str | list[str]:
     return golds if isinstance(answer, (list, tuple)) else golds[0]
 
 
-def _crmarena_task(record: Any, i: int, path: str) -> Task:
-    where = f"{path!r} record {i}"
+def _crmarena_task(record: Any, i: int, place: Callable[[], str]) -> Task:
+    """The task of ``record``; ``place()`` says where it is (worked out for an error only: for a
+    folder of files it reads them again)."""
     if not isinstance(record, Mapping):
-        raise ValueError(f"{where}: expected an object, got {type(record).__name__}")
+        raise ValueError(f"{place()}: expected an object, got {type(record).__name__}")
     missing = [k for k in ("query", "answer", "reward_metric") if k not in record]
     task_type = record.get("type", record.get("task"))
     if missing or task_type is None:
-        raise ValueError(f"{where}: missing field(s) {missing + (['type'] if task_type is None else [])}")
+        raise ValueError(f"{place()}: missing field(s) {missing + (['type'] if task_type is None else [])}")
     metric = record["reward_metric"]
     if metric not in METRICS:
-        raise ValueError(f"{where}: reward_metric must be one of {METRICS}, got {metric!r}")
-    answer = crmarena_gold(record["answer"], where)
+        raise ValueError(f"{place()}: reward_metric must be one of {METRICS}, got {metric!r}")
+    try:
+        answer = crmarena_gold(record["answer"], "")
+    except ValueError as exc:  # (its message is ": why")
+        raise ValueError(f"{place()}{exc}") from None
     metadata = record.get("metadata") or {}
     if isinstance(metadata, str):
-        metadata = json.loads(metadata) if metadata.strip().startswith("{") else {"required": metadata}
+        try:
+            metadata = json.loads(metadata) if metadata.strip().startswith("{") else {"required": metadata}
+        except (ValueError, RecursionError) as exc:  # (a bare JSONDecodeError named neither file nor record)
+            raise ValueError(f"{place()}: metadata is text that starts as a JSON object but is not one ({exc})") from None
+    if not isinstance(metadata, Mapping):  # (a list failed as an AttributeError)
+        raise ValueError(f"{place()}: metadata must be an object or text, got {type(metadata).__name__}")
     prompt = str(record["query"])
     for part in ("required", "optional"):  # context CRMArena shows the agent (optional: quarter/season definitions)
         if metadata.get(part):

@@ -10,7 +10,7 @@ from typing import Any
 
 from benchmax_gym.core.checks import boolean, optional, path_or_id, positive_int, text
 from benchmax_gym.core.sources import SourceConfig, arg
-from benchmax_gym.core.tasks import DatasetTasks, Task
+from benchmax_gym.core.tasks import DatasetTasks, Task, record_where
 
 
 _GSM8K_MARK = re.compile(r"<<([^<>]*)>>")
@@ -170,7 +170,7 @@ def _answered(value: Any, field: str, index: int, path: Any) -> None:
     """A record's answer is there: null (what ``datasets`` fills in for a missing key) or blank
     would become the gold text ``"None"`` or ``""``, which a reply could match."""
     if value is None or (isinstance(value, str) and not value.strip()):
-        raise ValueError(f"dataset {_label(path)!r} record {index}: the answer field {field!r} is "
+        raise ValueError(f"{record_where(path, index)}: the answer field {field!r} is "
                          f"{'null' if value is None else 'blank'}; every task needs an answer")
 
 
@@ -179,7 +179,7 @@ def _question(value: Any, field: str, index: int, path: Any) -> str:
     blank would become a prompt such as ``"['a']"`` or ``"None"``."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not str(value).strip():
         got = "null" if value is None else "blank" if isinstance(value, str) else type(value).__name__
-        raise ValueError(f"dataset {_label(path)!r} record {index}: the question field {field!r} must be "
+        raise ValueError(f"{record_where(path, index)}: the question field {field!r} must be "
                          f"text, got {got}")
     return str(value)
 

@@ -296,7 +296,7 @@ def test_crmarena_none_answers_are_the_gold_none_and_missing_answers_are_refused
         assert env.step(reply)[1] == expected, reply
     for answer in (None, [], [""], ["ka0Ws000000QriDIAS", " "], "", "the", ["..."]):
         path.write_text(json.dumps(dict(record, answer=["None"])) + "\n" + json.dumps(dict(record, answer=answer)))
-        with pytest.raises(ValueError, match=r"tasks.jsonl' record 1: the answer .*every task needs an answer"):
+        with pytest.raises(ValueError, match=r"tasks.jsonl' line 2: the answer .*every task needs an answer"):
             gym.make("benchmax/CRM-v0", tasks="crmarena", task_args={"dataset": str(path)}, org_db=str(org))
 
 

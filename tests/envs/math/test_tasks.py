@@ -316,6 +316,6 @@ def test_a_record_with_a_null_or_blank_answer_is_refused_naming_it(tmp_path, ans
     path = tmp_path / "mine.jsonl"
     rows = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": answer}]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(ValueError, match=f"dataset 'mine' record 1: the answer field 'answer' is {said}"):
+    with pytest.raises(ValueError, match=f"mine.jsonl' line 2: the answer field 'answer' is {said}"):
         tasks = hf_tasks(str(path))
         [tasks[i] for i in range(len(tasks))]

@@ -207,7 +207,7 @@ def test_bamboogle_numbers_are_graded_as_text_and_empty_aliases_refused(tmp_path
     finally:
         env.close()
     path.write_text(json.dumps({"Question": "When was Vorsa founded?", "Answer": []}) + "\n")
-    with pytest.raises(ValueError, match="record 0 has no answer"):
+    with pytest.raises(ValueError, match="record 1: has no answer"):
         bamboogle_tasks(path)
 
 

@@ -14,9 +14,9 @@ WIKI = "benchmax/Wikipedia-v0"
 
 
 @pytest.mark.parametrize("text, says", [
-    ("null", "record 1's 'text' must be text, got null"),
-    ('["a", "b"]', "record 1's 'text' must be text, got list"),
-    ('{"p": "a"}', "record 1's 'text' must be text, got dict"),
+    ("null", "line 2: 'text' must be text, got null"),
+    ('["a", "b"]', "line 2: 'text' must be text, got list"),
+    ('{"p": "a"}', "line 2: 'text' must be text, got dict"),
 ], ids=["null", "list", "object"])
 def test_a_record_without_text_is_refused_naming_it(tmp_path, text, says):
     """(null was indexed as the article text "None", a list as its repr.)"""
@@ -30,7 +30,7 @@ def test_a_record_without_text_is_refused_naming_it(tmp_path, text, says):
 def test_a_null_title_is_refused_naming_the_record(tmp_path):
     path = tmp_path / "corpus.jsonl"
     path.write_text('{"title": null, "text": "Alpha."}\n')
-    with pytest.raises(ValueError, match=r"record 0's 'title' must be text, got null"):
+    with pytest.raises(ValueError, match=r"record 1: 'title' must be text, got null"):
         load_corpus(path)
 
 
@@ -59,8 +59,8 @@ def test_a_bad_line_is_named_by_its_own_line_number(tmp_path, content, says):
 
 
 @pytest.mark.parametrize("line, says", [
-    ("5", r"record 0 is not a HotpotQA question \(a JSON object\), got int"),
-    ('{"question": "Q?", "answer": "A", "supporting_facts": [["A"]]}', r"record 0's supporting_facts must be"),
+    ("5", r"record 1: not a HotpotQA question \(a JSON object\), got int"),
+    ('{"question": "Q?", "answer": "A", "supporting_facts": [["A"]]}', r"record 1: supporting_facts must be"),
 ], ids=["not-object", "bad-supporting-facts"])
 def test_a_misshapen_hotpotqa_question_is_refused_naming_the_record(tmp_path, line, says):
     path = tmp_path / "hotpot.jsonl"
@@ -73,7 +73,7 @@ def test_a_misshapen_hotpotqa_question_is_refused_naming_the_record(tmp_path, li
 def test_a_misshapen_hotpotqa_context_is_refused_naming_the_record(tmp_path):
     path = tmp_path / "hotpot.jsonl"
     path.write_text('{"context": [["A", ["Alpha."]]]}\n{"context": [["B", null]]}\n')
-    with pytest.raises(ValueError, match=r"record 1's context must be \[title, \[sentences\]\] pairs"):
+    with pytest.raises(ValueError, match=r"line 2: context must be \[title, \[sentences\]\] pairs"):
         load_corpus(path)
 
 
