@@ -42,12 +42,18 @@ import gymnasium as gym
 
 def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs (VALUE as JSON when it parses); ``task_args.dataset=x`` sets a key of a
-    dict argument."""
+    dict argument. A key given twice is refused (the first was silently lost)."""
     kwargs: dict[str, Any] = {}
+    given: dict[str, str] = {}  # each dotted key -> the pair that set it (a repeat kept only the last)
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key or key.startswith(".") or key.endswith("."):
             usage_error(f"--env-arg expects KEY=VALUE or KEY.FIELD=VALUE, got {pair!r}")
+        clash = next((given[k] for k in given if k == key or k.startswith(key + ".")), None)
+        if clash is not None:
+            usage_error(f"--env-arg {pair!r}: {key} is already set by --env-arg {clash!r}; "
+                        "give each argument once")
+        given[key] = pair
         try:
             value = json.loads(raw)
         except ValueError:  # (text; Python's True/False/None as JSON's: "False" turned python_tool on)

@@ -85,6 +85,11 @@ def test_env_args_reach_gym_make(shared_data):
         (("run", "benchmax/Math-v0", "--env-arg", "task_args.=3"), "KEY.FIELD=VALUE"),
         (("run", "benchmax/Math-v0", "--env-arg", "task_args=3", "--env-arg", "task_args.limit=2"),
          "task_args is already set to a value that is not a dict"),
+        # a repeated key kept only the last, silently
+        (("run", "benchmax/Math-v0", "--env-arg", "max_turns=2", "--env-arg", "max_turns=3"),
+         "--env-arg 'max_turns=3': max_turns is already set by --env-arg 'max_turns=2'; give each argument once"),
+        (("run", "benchmax/Math-v0", "--env-arg", "task_args.num_tasks=3", "--env-arg", "task_args={}"),
+         "task_args is already set by --env-arg 'task_args.num_tasks=3'"),
         (("run", "benchmax/Math-v0", "--env-arg", "task_args.num_task=3"),
          "unknown task_args key 'num_task' (did you mean 'num_tasks'?)"),
     ],
