@@ -820,6 +820,9 @@ def _json_kinds_kept(annotation: Any) -> Any:
     if annotation in _TEXT_ONLY:  # (pydantic read a number as a Unix time, or seconds: the schema says a string)
         return typing.Annotated[annotation, pydantic.BeforeValidator(_a_string)]
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation in (set, frozenset) or origin in (set, frozenset):  # (pydantic dropped a repeat silently)
+        base = origin[_json_kinds_kept(args[0])] if args else annotation
+        return typing.Annotated[base, pydantic.BeforeValidator(_no_repeats)]
     if origin is typing.Annotated:  # (constraints next to the type, so that the schema keeps "minimum")
         base = annotation.__origin__
         kept = _json_kinds_kept(base)
@@ -942,6 +945,22 @@ def _kinds_check(values: tuple[Any, ...]) -> Callable[[Any], Any] | None:
 
 #: types JSON Schema shows as a string that pydantic also read from a number
 _TEXT_ONLY = (datetime.datetime, datetime.date, datetime.time, datetime.timedelta)
+
+
+def _no_repeats(value: Any) -> Any:
+    """A set parameter's array holds each item once, as its schema's ``uniqueItems`` says (and a
+    schema tool checks): pydantic kept one of ``[3, 3]``, so ``add(ids=[3, 3])`` ran as one.
+    Items compare as JSON's do (``1`` and ``1.0`` alike, ``1``, ``true`` and ``"1"`` apart)."""
+    if isinstance(value, (list, tuple)):
+        seen = set()
+        for item in value:
+            key = (type(item) is bool, item) if isinstance(item, (bool, int, float, str)) else json.dumps(
+                item, sort_keys=True, default=repr)
+            if key in seen:
+                raise ValueError(f"items must be unique (it is a set), {json.dumps(item, default=repr)[:80]} is "
+                                 "given more than once")
+            seen.add(key)
+    return value
 
 
 def _a_string(value: Any) -> Any:

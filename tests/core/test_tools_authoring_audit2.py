@@ -295,3 +295,38 @@ def test_numpy_rest_and_field_descriptions_reach_the_schema_and_the_sections_sta
         assert props["days"]["description"] == "How many days ahead.", function
     refused(*call(env, "field_described", city="Lima", days=0), "days", "greater than or equal to 1")
     env.close()
+
+
+# -- sets: each item once, as the schema's uniqueItems says ------------------------------------
+
+def tag(ids: set[int], names: Optional[frozenset[str]] = None) -> str:
+    """Tag items (each tagged once, whatever the list says).
+
+    Args:
+        ids: the items to tag
+        names: labels to add
+    """
+    return repr((sorted(ids), type(ids).__name__, sorted(names or ()), type(names).__name__))
+
+
+@pytest.mark.parametrize("arguments, argument, repeated", [
+    ({"ids": [3, 3]}, "ids", "3"),
+    ({"ids": [1, 2, 1.0]}, "ids", "1.0"),  # (JSON Schema's 1.0 is 1)
+    ({"ids": [1], "names": ["a", "b", "a"]}, "names", '"a"'),
+])
+def test_a_set_parameter_given_an_item_twice_is_refused_as_its_schema_says(arguments, argument, repeated):
+    """pydantic kept one of [3, 3] without a word, so the model's two meant one; the schema it
+    is shown says uniqueItems, which a schema tool (MCP) enforces."""
+    env = make(tag)
+    schema = parameters(env, "tag")
+    assert schema["properties"]["ids"]["uniqueItems"] is True
+    with pytest.raises(jsonschema.ValidationError, match="non-unique"):
+        jsonschema.validate(arguments, schema)
+    refused(*call(env, "tag", **arguments), argument, f"items must be unique (it is a set), {repeated} is given more than once")
+
+
+def test_a_set_parameter_takes_distinct_items_and_keeps_json_kinds_apart():
+    env = make(tag)
+    obs, info = call(env, "tag", ids=[2, 1], names=["1", "a"])
+    assert info["error"] is None and "([1, 2], 'set', ['1', 'a'], 'frozenset')" in obs, obs
+    refused(*call(env, "tag", ids=[1, True]), "ids.1", "expected a number, got the boolean true")  # (not "given twice")
