@@ -28,7 +28,9 @@ Group rewards (:mod:`benchmax_gym.core.group`): OpenRLHF's engine plays a prompt
 ``n_samples_per_prompt`` samples together on one event loop, so with
 ``make_executor(..., group_size=N, group_rubric=...)`` (N = ``--rollout.n_samples_per_prompt``)
 the samples wait for each other and are scored together before they return (a failed sample is
-not a member; one that raises or is late past ``group_timeout`` leaves the rest to go on).
+not a member; one that raises or is late past ``group_timeout`` leaves the rest to go on). A group
+its rubric fails (a function that raises, times out or gives no finite score) is failed samples:
+their ``scores`` NaN, as below, never the 0 the function scored.
 
 Per-turn rewards (a rubric's per-turn components, ``dense_rewards=True``; issue 30): OpenRLHF's own
 multi-turn executor sums its steps' rewards into one ``reward`` per sample, and so does this one:
@@ -73,7 +75,7 @@ from typing import Any
 from benchmax_gym.adapters.tokens import (ChatTemplate, TokenEpisode, TokenSession, amake_env, make_env,
                                           task_dataset)
 from benchmax_gym.core import outcomes
-from benchmax_gym.core.group import GroupRubric, group_rubric_of
+from benchmax_gym.core.group import GroupRubric, group_failed, group_rubric_of
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +122,10 @@ class _Rendezvous:
             rubric, task = slot["rubric"], slot["task"]
             try:
                 scored = await rubric.ascore(slot["records"], task=task) if rubric else slot["records"]
-            except BaseException as exc:  # a bug in a group function: every member keeps its own reward
+            except BaseException as exc:  # the group fails (never a reward), its members still let go
                 log.exception("group reward failed: %s", exc)
-                scored = slot["records"]
+                scored = [{**r, "reward": None, "group_errors": {"group": f"{type(exc).__name__}: {exc}"}}
+                          for r in slot["records"]]
             slot["done"].set_result(scored)
         if not wait:
             return record
@@ -253,8 +256,7 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                     arrived = True
                     record = await self._groups.arrive(key, record, rubric,
                                                        getattr(session.env.unwrapped.episode, "task", None))
-                    reward = math.nan if outcomes.is_failure(record.get("outcome")) or record["reward"] is None \
-                        else record["reward"]
+                    reward = math.nan if group_failed(record) else record["reward"]  # (its rubric's error too)
             except BaseException:
                 if self._groups is not None and not arrived:  # it raised: its siblings must not wait for it
                     await self._groups.arrive(key, {"reward": None, "outcome": outcomes.ENV_ERROR}, None, None,

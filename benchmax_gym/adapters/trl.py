@@ -61,6 +61,10 @@ sampler spreads a group over processes (2 samples a prompt, 3 a process: ``[a, a
 need from every process (``accelerate``'s ``gather_object``) and decide on the whole group, the
 same on each; each process applies the decision to its own samples.
 
+A group rubric that fails its group (raises, times out, or gives no finite score) makes each
+member's reward ``None`` as a failed episode's, and each batch's logged ``env/group_errors``
+counts such samples (0 on a clean batch), from ``rollout_func`` and ``Env.reward`` alike.
+
 With ``environment_factory`` TRL owns the loop and the mask: ``Env.reward`` gives a failed
 episode ``None`` (out of the baseline, advantage 0). TRL calls ``Env.reward`` on each process's
 own samples; its group rubric gathers a split group's members the same way (its groups: runs of
@@ -130,9 +134,12 @@ from benchmax_gym.adapters.tokens import (
     task_dataset,
 )
 from benchmax_gym.core import outcomes
-from benchmax_gym.core.group import GroupRubric, group_rubric_of
+from benchmax_gym.core.group import GroupRubric, group_failed, group_rubric_of
 
 FAILED_GROUP = ("renormalise", "drop")
+#: samples a batch's group rubric failed (raised, timed out, no finite score: reward None), logged
+#: each batch a group rubric grades (0 on a clean one): such a sample is out of the loss, not 0
+GROUP_ERRORS = "env/group_errors"
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +238,10 @@ class TRLRollout:
         self._log(trainer, episodes)
         have_logprobs = all(e.logprobs is not None for e in episodes)
         masks, rewards = [e.loss_mask for e in episodes], [e.reward for e in episodes]
-        self._score_groups(groups, sessions, episodes, masks, rewards)
+        group_errors = self._score_groups(groups, sessions, episodes, masks, rewards)
+        if group_errors is not None and getattr(trainer, "_metrics", None) is not None:
+            mode = "train" if getattr(trainer.model, "training", True) else "eval"
+            trainer._metrics[mode][GROUP_ERRORS].append(group_errors)  # (0 on a clean batch)
         return {
             "prompt_ids": [e.prompt_ids for e in episodes],
             "completion_ids": [e.completion_ids for e in episodes],
@@ -283,24 +293,27 @@ class TRLRollout:
             self._turn(trainer, active, lockstep=(most - len(active), None if None in wanted else max(wanted)))
 
     def _score_groups(self, groups: _Groups, sessions: list[TokenSession], episodes: list[Any],
-                      masks: list[list[int]], rewards: list[float | None]) -> None:
+                      masks: list[list[int]], rewards: list[float | None]) -> int | None:
         """The group rubric and ``failed_group``, each over a whole group (:meth:`_Groups.score`:
-        on whichever processes it is), in place on this process's ``masks`` and ``rewards``."""
+        on whichever processes it is), in place on this process's ``masks`` and ``rewards``; how
+        many of this process's samples their group rubric failed (None: no group rubric)."""
         def record(i: int) -> dict[str, Any]:
             e = episodes[i]
             return {**e.record, "reward": e.reward, "outcome": e.outcome,
                     "reward_components": dict(e.reward_components)}
 
+        rubrics = [self.group_rubric or group_rubric_of(s.env) for s in sessions]
         verdicts = groups.score(
             "TRLRollout", labels=[None] * len(sessions),  # a group: one of the layout's, whole
             failed=[bool(e.failed or r is None) for e, r in zip(episodes, rewards)],
-            rubrics=[self.group_rubric or group_rubric_of(s.env) for s in sessions], record=record,
+            rubrics=rubrics, record=record,
             task=lambda i: getattr(sessions[i].env.unwrapped.episode, "task", None))
         for i, (score, lost) in enumerate(verdicts):
             if score is not None:
                 rewards[i] = None if score[1] else score[0]
             if (score is not None and score[1]) or (lost and self.failed_group == "drop"):
                 masks[i], rewards[i] = [0] * len(masks[i]), None
+        return sum(bool(score and score[1]) for score, _ in verdicts) if any(rubrics) else None
 
     @staticmethod
     def _log(trainer: Any, episodes: list[Any]) -> None:
@@ -504,7 +517,7 @@ class _Groups:
                 log.warning("group rubric %r raised; its group fails", rubric, exc_info=exc)
                 scored = [{"reward": None, "outcome": outcomes.ENV_ERROR} for _ in members]
             for s, out in zip(members, scored):
-                scores[s.pos] = (out.get("reward"), outcomes.is_failure(out.get("outcome")))
+                scores[s.pos] = (out.get("reward"), group_failed(out))  # (its rubric's error: no reward)
         if any(m[0].scored and m[0].pos // size != m[-1].pos // size for m in groups.values()):
             for shared in self.gather(scores):  # a scored group is split: its scores to every process
                 scores.update(shared)
@@ -1058,6 +1071,8 @@ class _EnvReward:
                 rubrics=[None if task is None else rubric for task in tasks],
                 record=lambda i: {**environments[i].env.unwrapped.episode_record(), "reward": rewards[i]},
                 task=lambda i: environments[i].env.unwrapped.episode.task)
+        if callable(kwargs.get("log_metric")):  # (TRL's: averaged over the logging step)
+            kwargs["log_metric"](GROUP_ERRORS, sum(bool(score and score[1]) for score, _ in verdicts))
         return [r if score is None else None if score[1] else score[0] for r, (score, _) in zip(rewards, verdicts)]
 
     def unscored(self, trainer: Any, environments: list[Any], kept: str | None = None) -> None:

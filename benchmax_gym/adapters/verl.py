@@ -319,7 +319,7 @@ def register_group_estimator(name: str, group_rubric: Any, *, drop: bool = False
     @register_adv_est(name)
     def estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any = None,
                   config: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        from benchmax_gym.core.group import score_groups
+        from benchmax_gym.core.group import group_failed, score_groups
 
         raw = token_level_rewards.sum(dim=-1)
         keys = list(index) if index is not None else [0] * len(raw)
@@ -328,7 +328,7 @@ def register_group_estimator(name: str, group_rubric: Any, *, drop: bool = False
         scored = score_groups(records, group_rubric)
         # a group its rubric failed is a failure (advantage 0), never the 0 its component scored
         failed = [i for i, (before, after) in enumerate(zip(records, scored))
-                  if before["reward"] is not None and (after["reward"] is None or after.get("group_errors"))]
+                  if before["reward"] is not None and group_failed(after)]
         _report_group_errors(name, [keys[i] for i in failed],
                              {str(keys[i]): scored[i].get("group_errors") or scored[i].get("error") for i in failed})
         out = set(failed)

@@ -230,6 +230,13 @@ def _failed(record: Mapping[str, Any]) -> bool:
     return is_failure(record.get("outcome")) or reward is None or reward != reward  # (NaN, of any numeric type)
 
 
+def group_failed(record: Mapping[str, Any]) -> bool:
+    """Whether a group-scored record is a failure for a trainer, never a reward: its episode
+    failed, or its group's rubric did (a function that raised, timed out or gave no finite score
+    scored 0 with ``group_errors``: learning from that 0 teaches the model a grader's bug)."""
+    return _failed(record) or bool(record.get("group_errors"))
+
+
 def completion_of(record: Mapping[str, Any]) -> str:
     """A record's final assistant text: its last action, else its last assistant message."""
     actions = record.get("actions")
@@ -379,5 +386,5 @@ def diversity_penalty(completions: list[str]) -> list[float]:
     return [-(normal.count(t) - 1) / (n - 1) for t in normal]
 
 
-__all__ = ["GroupFn", "GroupRubric", "ascore_groups", "best_of_k", "completion_of", "diversity_penalty",
+__all__ = ["GroupFn", "GroupRubric", "ascore_groups", "best_of_k", "completion_of", "diversity_penalty", "group_failed",
            "group_rubric_of", "relative_rank", "score_groups", "score_vector_group"]
