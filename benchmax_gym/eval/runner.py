@@ -684,6 +684,12 @@ async def aevaluate(
             summary["judge"] = judged
         if group_rubric is not None:
             summary["group_rubric"] = repr(group_rubric)
+            erred = sum(1 for r in records if r.get("group_errors"))
+            if erred:  # (scored 0 for the function that raised, as a rubric's leaf: said, never silent)
+                summary["group_errors"] = erred
+                summary.setdefault("notes", []).append(
+                    f"{erred} episodes' group rubric raised or gave no finite score: that component scored 0 "
+                    "(group_errors in group_rewards.jsonl); a trainer leaves such groups out")
         run = {**(run_dir.run if run_dir else run), "ended": _now(),
                "usage": {**{key: _token_total(records, key) for key in ("prompt_tokens", "completion_tokens")},
                          **_user_usage(records)}}

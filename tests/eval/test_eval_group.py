@@ -36,3 +36,24 @@ def test_without_a_group_rubric_records_are_unchanged():
     result = evaluate("benchmax/Math-v0", policy, env_kwargs={"python_tool": False}, tasks=1, k=2, preflight=False)
     assert all("group_size" not in r and "individual_reward" not in r for r in result.records)
     assert "group_rubric" not in result.summary and "judge" not in result.summary
+
+
+def test_a_group_rubric_that_raises_is_said_in_the_summary_not_averaged_in_silently(tmp_path):
+    """Task 1's group function raises: its component scores 0 (a rubric leaf's rule), and the
+    summary says how many episodes that was (it read as a plain mean of 0.5)."""
+    def fussy(rewards, task):
+        if task.id == "gen-1":
+            raise KeyError("difficulty")
+        return [1.0] * len(rewards)
+
+    result = evaluate("benchmax/Math-v0", "solver", env_kwargs={"python_tool": False}, tasks=2, k=2,
+                      out=tmp_path / "run", group_rubric=GroupRubric([("fussy", fussy)], combine="replace"),
+                      preflight=False)
+    assert [r["reward"] for r in result.records] == [1.0, 1.0, 0.0, 0.0]
+    assert result.summary["group_errors"] == 2
+    assert any(n.startswith("2 episodes' group rubric raised") for n in result.summary["notes"])
+    grouped = [json.loads(line) for line in (tmp_path / "run" / "group_rewards.jsonl").read_text().splitlines()]
+    assert [g["group_errors"] for g in grouped[2:]] == [{"fussy": "KeyError: 'difficulty'"}] * 2
+    clean = evaluate("benchmax/Math-v0", "solver", env_kwargs={"python_tool": False}, tasks=1, k=2,
+                     group_rubric=GroupRubric([("fussy", fussy)], combine="replace"), preflight=False)
+    assert "group_errors" not in clean.summary
