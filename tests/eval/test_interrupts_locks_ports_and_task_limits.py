@@ -237,7 +237,7 @@ def test_tasks_n_builds_only_the_first_n_tasks_of_a_file_the_same_ones(tmp_path)
 
     whole = gym.make(ENV, **qa_file(tmp_path / "clean.jsonl", 200)).unwrapped.tasks
     kwargs = qa_file(tmp_path / "qa.jsonl", 200, blank=150)
-    with pytest.raises(ValueError, match="record 150"):
+    with pytest.raises(ValueError, match="qa.jsonl' line 151: "):
         gym.make(ENV, **kwargs)  # the whole file builds task 150
     result = evaluate(ENV, "solver", env_kwargs=kwargs, tasks=5, concurrency=2, workers=2, out=tmp_path / "run")
     assert [r["task_id"] for r in result.records] == [whole[i].id.replace("clean", "qa") for i in range(5)] \
@@ -250,7 +250,7 @@ def test_tasks_n_builds_only_the_first_n_tasks_of_a_file_the_same_ones(tmp_path)
     limited = {**kwargs, "task_args": {**kwargs["task_args"], "limit": 3}}
     with pytest.raises(EvalError, match="within the 3 tasks"):
         evaluate(ENV, "solver", env_kwargs=limited, tasks=5)
-    with pytest.raises(ValueError, match="record 150"):
+    with pytest.raises(ValueError, match="qa.jsonl' line 151: "):
         evaluate(ENV, "solver", env_kwargs=kwargs, tasks="all")  # every task: built, as before
 
 
