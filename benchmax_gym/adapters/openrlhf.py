@@ -28,7 +28,8 @@ Group rewards (:mod:`benchmax_gym.core.group`): OpenRLHF's engine plays a prompt
 ``n_samples_per_prompt`` samples together on one event loop, so with
 ``make_executor(..., group_size=N, group_rubric=...)`` (N = ``--rollout.n_samples_per_prompt``)
 the samples wait for each other and are scored together before they return (a failed sample is
-not a member; one that raises or is late past ``group_timeout`` leaves the rest to go on). A group
+not a member; one that raises leaves the rest to go on; those still waiting for a member later
+than ``group_timeout`` fail, NaN: their group cannot be scored whole). A group
 its rubric fails (a function that raises, times out or gives no finite score) is failed samples:
 their ``scores`` NaN, as below, never the 0 the function scored.
 
@@ -101,7 +102,8 @@ class _Rendezvous:
     prompt's ``n_samples_per_prompt`` samples together (``generate_responses``: one
     ``asyncio.gather`` on one engine, one executor), so they meet on one event loop; samples of
     the same prompt and label form groups in arrival order. A member that waits past
-    ``timeout`` keeps its own reward (logged): a group never deadlocks training."""
+    ``timeout`` fails (NaN, logged; its own reward would sit among its siblings' group scores):
+    a group never deadlocks training."""
 
     def __init__(self, size: int, timeout: float):
         self.size, self.timeout = size, timeout
@@ -131,10 +133,10 @@ class _Rendezvous:
             return record
         try:
             return (await asyncio.wait_for(asyncio.shield(slot["done"]), self.timeout))[index]
-        except TimeoutError:
-            log.warning("group of %r: %d of %d samples arrived within %g s; this one keeps its own reward",
-                        key[:80], len(slot["records"]), self.size, self.timeout)
-            return record
+        except TimeoutError:  # its group cannot be scored whole: a failed group (NaN), not its own reward
+            why = f"{len(slot['records'])} of {self.size} samples arrived within {self.timeout:g} s"
+            log.warning("group of %r: %s; this sample's group fails", key[:80], why)
+            return {**record, "reward": None, "group_errors": {"group": why}}
 
 
 def _env_failed(session: TokenSession, what: str, exc: Exception) -> None:

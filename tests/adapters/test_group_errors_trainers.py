@@ -145,3 +145,20 @@ def test_openrlhf_gives_a_group_its_rubric_failed_nan_scores(qwen_tokenizer, bro
         assert [o["reward"] for o in out[2:]] == [1.0, 1.0]
     else:  # (the rubric fails every group)
         assert all(math.isnan(o["reward"]) for o in out)
+
+
+def test_openrlhf_a_sample_left_waiting_past_group_timeout_fails_rather_than_keep_its_own_reward(qwen_tokenizer):
+    """group_size=2, a rank that replaces the reward: the sibling never comes. The sample that
+    waited kept its own 1.0, a value on another scale than its group's ranks; now NaN (its group
+    cannot be scored whole; OpenRLHF's dynamic filtering drops it)."""
+    from benchmax_gym.core.group import relative_rank
+    from test_openrlhf import ScriptedEngine, _params
+
+    from benchmax_gym.adapters.openrlhf import make_executor, task_rows
+
+    executor = make_executor(MATH, group_size=2, group_timeout=0.5,
+                             group_rubric=GroupRubric([("rank", relative_rank)], combine="replace"))()
+    row = task_rows(MATH, 1)[0]
+    solver = ScriptedEngine(qwen_tokenizer, lambda ids, turn: "\\boxed{1}")
+    out = asyncio.run(executor.execute(row["prompt"], row["label"], _params(), 16384, qwen_tokenizer, solver))
+    assert math.isnan(out["reward"]) and math.isnan(out["scores"])
