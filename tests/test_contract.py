@@ -1,12 +1,12 @@
 """One contract for every environment: each registered id, and each way a user builds one
 (``tests/matrix_envs.py``), keeps the same promises. A new family meets the bar by being registered.
 
-Runners (make_vec modes, CLI, mcp-serve) are covered by ``tests/test_matrix.py``.
+Every id runs here through each make_vec mode, the CLI, mcp-serve, eval and each trainer adapter;
+``tests/test_matrix.py`` runs the custom builds (register_tool_env, BaseEnv, MCP configs) through the runners.
 """
 
 import asyncio
 import functools
-import subprocess
 import io
 import json
 import os
@@ -60,6 +60,38 @@ def test_every_registered_id_makes_offline_with_no_argument_or_its_sample():
     assert set(OFFLINE) <= set(BUILTIN)
 
 
+@pytest.fixture(scope="module")
+def _recalc_claim():
+    """This module's claim on the process's Excel recalculation worker (``hold_worker``), taken
+    by :func:`_keep_recalc_worker`: ``{"release": callable or None}``."""
+    claim = {"release": None}
+    yield claim
+    if claim["release"] is not None:
+        claim["release"]()
+
+
+@pytest.fixture(autouse=True)
+def _keep_recalc_worker(_recalc_claim):
+    """Every case here keeps the Excel recalculation worker running between its envs, as a trainer
+    holding envs does: its start (an interpreter, ~1 CPU-s) is paid once per test process, not per
+    Excel env made and closed. Each recalculation still runs in a fresh process forked from it.
+    (Its start and stop with an env's make and close are checked with the claim let go: see
+    :func:`no_kept_recalc_worker`.)"""
+    from benchmax_gym.envs.excel.recalc import hold_worker
+
+    if _recalc_claim["release"] is None:
+        _recalc_claim["release"] = hold_worker()
+
+
+@pytest.fixture
+def no_kept_recalc_worker(_recalc_claim, _keep_recalc_worker):
+    """The module's claim let go (the worker stopped, if it ran): an env's close must stop the worker
+    its episodes started."""
+    release, _recalc_claim["release"] = _recalc_claim["release"], None
+    if release is not None:
+        release()
+
+
 def scripted(env_id):
     """A policy for envs without a reference solver: the matrix's tool call, then the right answer."""
     kwargs, call, _, _, _ = CASES[env_id]
@@ -75,14 +107,17 @@ def policy_for(env):
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
 def test_same_seed_and_actions_give_the_same_transcript_sync_and_async(env_id):
+    """Twice sync on one env (a second episode repeats the first), then async on another env (a
+    second instance repeats the first's)."""
     transcripts = []
-    for runner in ("sync", "sync", "async"):
+    for runners in (("sync", "sync"), ("async",)):
         env = make(env_id)
-        if runner == "sync":
-            played = play(env, policy_for(env), seed=3)
-        else:
-            played = asyncio.run(aplay(env, policy_for(env), seed=3))
-        transcripts.append((played.observations, json.dumps(env.unwrapped.messages, default=str), played.reward))
+        for runner in runners:
+            if runner == "sync":
+                played = play(env, policy_for(env), seed=3)
+            else:
+                played = asyncio.run(aplay(env, policy_for(env), seed=3))
+            transcripts.append((played.observations, json.dumps(env.unwrapped.messages, default=str), played.reward))
         env.close()
     assert transcripts[0] == transcripts[1] == transcripts[2]
 
@@ -158,7 +193,7 @@ def test_a_mistyped_argument_fails_at_make_naming_it(env_id):
 
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
-def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id, monkeypatch):
+def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id, monkeypatch, no_kept_recalc_worker):
     from gymnasium.utils.env_checker import check_env
 
     # A temp root of this test's own: other processes on the machine may use /tmp meanwhile.
@@ -215,11 +250,16 @@ def test_every_id_runs_in_every_make_vec_mode(env_id, mode):
 
 
 @pytest.mark.parametrize("env_id", BUILTIN)
-def test_every_id_runs_from_the_cli_with_its_solver(env_id):
-    done = subprocess.run([*CLI, "run", env_id, "--policy", "solver", "--episodes", "1", "--json", "--quiet",
-                           *_env_args(env_id)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1])["mean_reward"] == pytest.approx(1.0)
+def test_every_id_runs_from_the_cli_with_its_solver(env_id, capsys):
+    """In this process (``main`` is the command's whole work): the command itself, a new
+    interpreter, runs in tests/test_cli.py (``run benchmax/Math-v0``, ``benchmax/MCP-v0``,
+    ``--env-arg task_args...``) and in test_every_id_serves_its_tools_over_mcp below."""
+    from benchmax_gym.cli import main
+
+    status = main(["run", env_id, "--policy", "solver", "--episodes", "1", "--json", "--quiet", *_env_args(env_id)])
+    out, err = capsys.readouterr()
+    assert status == 0, err[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["mean_reward"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("env_id", ONE_TOOLSET)
@@ -239,9 +279,7 @@ def test_every_id_serves_its_tools_over_mcp(env_id):
 def test_every_id_evaluates_with_its_own_policy(env_id):
     from benchmax_gym.eval import evaluate
 
-    env = make(env_id)
     policy = scripted(env_id) if env_id in CUSTOM else "solver"
-    env.close()
     kwargs = {"task_args": OFFLINE[env_id]} if env_id in OFFLINE else {}
     result = evaluate(env_id, policy, env_kwargs=kwargs, tasks=1, k=2, concurrency=2)
     assert [r["error"] for r in result.records] == [None, None]
@@ -256,16 +294,29 @@ def _kwargs(env_id):
 
 
 @functools.cache
-def _replies(env_id, task_index=0):
-    """The replies that solve ``task_index`` (envs are deterministic): a scripted model's. Played
-    once per id and process: four adapter tests replay them (an env made, an Excel recalculation
-    worker or an MCP server started, for each)."""
+def _reference(env_id):
+    """Task 0 of ``env_id`` solved (envs are deterministic), once per id and process, on one env (an
+    MCP server started once): the replies that solve it, a scripted model's, which four adapter
+    tests replay; then those replies played through a TokenSession (checked token-exact above),
+    the episode the adapters' must equal."""
+    from benchmax_gym.adapters import ChatTemplate, TokenSession
+    from benchmax_gym.testing.tokenizers import model_ids, tiny_tokenizer
+
     env = make(env_id)
-    played = play(env, policy_for(env), options={"task_index": task_index})
-    actions = env.unwrapped.episode_record()["actions"]
-    env.close()
+    played = play(env, policy_for(env), options={"task_index": 0})
+    replies = tuple(env.unwrapped.episode_record()["actions"])
     assert set(played.info["reward_components"].values()) == {1.0}
-    return tuple(actions)
+    chat = ChatTemplate(tiny_tokenizer("qwen"))
+    session = TokenSession(env, chat)
+    session.reset(options={"task_index": 0})
+    for reply in replies:
+        session.step(model_ids(chat, reply))
+    session.close()
+    return replies, session.episode
+
+
+def _replies(env_id):
+    return _reference(env_id)[0]
 
 
 @pytest.mark.parametrize("style", ["qwen", "llama3", "plain", "qwen2.5", "llama3.1"])
@@ -280,22 +331,6 @@ def test_every_id_gives_token_exact_episodes_in_each_template_style(env_id, styl
     assert set(session.episode.reward_components.values()) == {1.0}
     assert_token_exact(session, last)
     session.close()
-
-
-@functools.cache
-def _token_session(env_id, replies):
-    """The reference: the replies played through a TokenSession (checked token-exact above); once
-    per id and process, as :func:`_replies`."""
-    from benchmax_gym.adapters import ChatTemplate, TokenSession
-    from benchmax_gym.testing.tokenizers import model_ids, tiny_tokenizer
-
-    chat = ChatTemplate(tiny_tokenizer("qwen"))
-    session = TokenSession(make(env_id), chat)
-    session.reset(options={"task_index": 0})
-    for reply in replies:
-        session.step(model_ids(chat, reply))
-    session.close()
-    return session.episode
 
 
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
@@ -331,7 +366,7 @@ def test_every_id_trains_through_openrlhfs_own_multi_turn_executor(env_id):
     executor = make_executor(env_id, **_kwargs(env_id))()
     engine = ScriptedEngine(tokenizer, lambda prompt_ids, turn: replies[turn])
     out = asyncio.run(executor.execute("(the dataset's prompt)", "0", _SamplingParams(), 8192, tokenizer, engine))
-    reference = _token_session(env_id, replies)
+    reference = _reference(env_id)[1]
     assert out["observation_tokens"] == reference.prompt_ids + reference.completion_ids
     offset = len(reference.prompt_ids)
     assert out["action_ranges"] == [(offset + a, offset + b) for a, b in reference.turns]
@@ -386,7 +421,7 @@ def test_every_id_rolls_out_through_trls_rollout_func(env_id, grpo_trainer):
     prompts = list(rollout.dataset(1)["prompt"]) * 2  # one task, two generations
     out = rollout(prompts, grpo_trainer)
     rollout.close()
-    reference = _token_session(env_id, replies)
+    reference = _reference(env_id)[1]
     assert out["prompt_ids"] == [reference.prompt_ids] * 2
     assert out["completion_ids"] == [reference.completion_ids] * 2
     assert out["env_mask"] == [reference.loss_mask] * 2
@@ -425,7 +460,7 @@ def test_every_id_runs_as_a_verl_agent_loop(env_id):
         return await loop.run({}, extra_info={"task_index": 0})
 
     out = asyncio.run(trajectory())
-    reference = _token_session(env_id, _replies(env_id))
+    reference = _reference(env_id)[1]
     assert (out.prompt_ids, out.response_ids, out.response_mask) == (
         reference.prompt_ids, reference.completion_ids, reference.loss_mask)
     assert out.reward_score == reference.reward
