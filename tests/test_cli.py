@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -14,6 +15,9 @@ import benchmax_gym  # noqa: F401
 from benchmax_gym.testing import play
 
 CLI = [sys.executable, "-m", "benchmax_gym.cli"]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_in_process import run_in_process  # noqa: E402  (error and --help tests: the command's status and words)
 
 
 def run(*args, check=True):
@@ -24,14 +28,14 @@ def run(*args, check=True):
 
 
 def test_list_shows_ids_and_descriptions():
-    out = run("list").stdout
+    out = run_in_process("list").stdout
     assert "benchmax/Math-v0" in out and "calculator" in out
 
 
 def test_doctor_reports_the_sandbox_level():
     from benchmax_gym.core.sandbox import resolve_level
 
-    out = run("doctor").stdout
+    out = run_in_process("doctor").stdout
     line = next(x for x in out.splitlines() if x.startswith("sandbox"))
     assert resolve_level("auto") in line
     assert "gymnasium" in out and "benchmax/Math-v0" in out
@@ -95,7 +99,7 @@ def test_env_args_reach_gym_make(shared_data):
     ],
 )
 def test_bad_input_is_a_clear_error(args, says):
-    out = run(*args, check=False)
+    out = run_in_process(*args)
     assert out.returncode != 0 and says in out.stderr
     assert "Traceback" not in out.stderr
 
@@ -176,25 +180,25 @@ def test_jsonl_refuses_an_existing_file_unless_append_or_overwrite(tmp_path):
     path = tmp_path / "e.jsonl"
     path.write_text("keep me\n")
     base = ("run", "benchmax/Math-v0", "--episodes", "2", "--quiet", "--jsonl", str(path))
-    _one_line_error(run(*base, check=False), "exists", "--append", "--overwrite")
+    _one_line_error(run_in_process(*base), "exists", "--append", "--overwrite")
     assert path.read_text() == "keep me\n"
-    run(*base, "--append")
+    assert run_in_process(*base, "--append").returncode == 0
     lines = path.read_text().splitlines()
     assert lines[0] == "keep me" and len(lines) == 3
-    run(*base, "--overwrite")
+    assert run_in_process(*base, "--overwrite").returncode == 0
     assert [r["seed"] for r in _records(path)] == [0, 1]
-    _one_line_error(run(*base, "--append", "--overwrite", check=False), "--append", "--overwrite")
+    _one_line_error(run_in_process(*base, "--append", "--overwrite"), "--append", "--overwrite")
 
 
 @pytest.mark.parametrize("where", ["missing/dir/e.jsonl", "."])
 def test_jsonl_bad_path_is_one_line_exit_2(tmp_path, where):
     path = tmp_path / where
-    _one_line_error(run("run", "benchmax/Math-v0", "--episodes", "1", "--jsonl", str(path), check=False), "--jsonl")
+    _one_line_error(run_in_process("run", "benchmax/Math-v0", "--episodes", "1", "--jsonl", str(path)), "--jsonl")
     assert not (tmp_path / "missing").exists()
 
 
 def test_misspelt_env_arg_suggests_the_argument():
-    _one_line_error(run("run", "benchmax/Math-v0", "--env-arg", "task=gsm8k", check=False), "did you mean 'tasks'")
+    _one_line_error(run_in_process("run", "benchmax/Math-v0", "--env-arg", "task=gsm8k"), "did you mean 'tasks'")
     with pytest.raises(TypeError, match="did you mean 'max_turns'"):
         gym.make("benchmax/CRM-v0", max_turn=3)
     with pytest.raises(TypeError, match=r"did you mean task_args=\{'difficulty': ...\}"):
@@ -215,7 +219,7 @@ def test_misspelt_env_arg_suggests_the_argument():
     ],
 )
 def test_episode_selection_errors_are_one_line(args, says):
-    _one_line_error(run("run", "benchmax/Math-v0", *args, check=False), says)
+    _one_line_error(run_in_process("run", "benchmax/Math-v0", *args), says)
 
 
 # -- a hub dataset while offline or unreachable: one line, at once -------------------------------
@@ -330,7 +334,7 @@ def test_openenv_id_without_the_extra_names_the_install_in_one_line():
      "--max-sessions must be at least 1"),
 ])
 def test_launch_and_mcp_serve_errors_are_standard_usage_errors(args, says):
-    out = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = run_in_process(*args)
     _one_line_error(out, "benchmax-gym: error: ", says)
 
 
@@ -344,7 +348,7 @@ def _extras_in_setup_cfg():
 
 
 def test_doctor_lists_every_extra_of_setup_cfg_and_whether_it_is_installed():
-    lines = run("doctor").stdout.splitlines()
+    lines = run_in_process("doctor").stdout.splitlines()
     for extra in _extras_in_setup_cfg():
         line = next((x for x in lines if x.split()[:2] == ["extra", extra]), None)
         assert line is not None, (extra, lines)
@@ -375,7 +379,7 @@ def test_doctor_names_what_an_extra_misses_and_the_pip_command(monkeypatch):
 def test_help_has_no_restructuredtext_markup(command):
     import re
 
-    out = run(*command.split(), "--help").stdout
+    out = run_in_process(*command.split(), "--help").stdout
     assert "usage:" in out
     assert not re.search(r"``|:[a-z]+:`", out), out
 
@@ -407,9 +411,8 @@ def test_an_mcp_server_that_fails_to_start_is_one_line_exit_1(tmp_path, command)
 @pytest.mark.parametrize("command", ["run", "mcp-serve"])
 def test_a_missing_env_arg_file_is_one_line_exit_2(tmp_path, command):
     missing = tmp_path / "missing.jsonl"
-    out = subprocess.run([*CLI, command, "benchmax/Math-v0", "--env-arg", "tasks=gsm8k", "--env-arg",
-                          f"task_args.dataset={missing}"], capture_output=True, text=True, timeout=120,
-                         stdin=subprocess.DEVNULL)
+    out = run_in_process(command, "benchmax/Math-v0", "--env-arg", "tasks=gsm8k", "--env-arg",
+                         f"task_args.dataset={missing}")
     _one_line_error(out, "cannot make benchmax/Math-v0", str(missing))
 
 
@@ -424,7 +427,7 @@ def test_a_missing_env_arg_file_is_one_line_exit_2(tmp_path, command):
 ])
 def test_bad_numbers_are_one_line_exit_2(tmp_path, args, says):
     extra = ("--out", str(tmp_path / "run")) if args[0] == "eval" else ()
-    out = subprocess.run([*CLI, *args, *extra], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = run_in_process(*args, *extra)
     _one_line_error(out, "benchmax-gym: error: ", says)
     assert not (tmp_path / "run").exists()
 
@@ -434,7 +437,6 @@ def test_bad_numbers_are_one_line_exit_2(tmp_path, args, says):
 def test_a_bad_port_is_refused_at_argument_parsing(command, port):
     """Port 0 (any free one) is served by the tests of both servers; 70000 used to wrap round to 4464."""
     extra = ("--transport", "http") if command == "mcp-serve" else ()
-    out = subprocess.run([*CLI, command, "benchmax/Math-v0", *extra, f"--port={port}"], capture_output=True,
-                         text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = run_in_process(command, "benchmax/Math-v0", *extra, f"--port={port}")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "listening" not in out.stderr, out.stderr
     assert "error: argument --port: " in out.stderr.splitlines()[-1], out.stderr

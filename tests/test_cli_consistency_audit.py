@@ -20,6 +20,9 @@ import pytest
 SCRIPT = Path(sys.executable).with_name("benchmax-gym")  # the installed console script
 CLI = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "benchmax_gym"]
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_in_process import run_in_process  # noqa: E402  (a usage error's status and words; the script: below)
+
 FAILING_MCP = """
 import sys
 import gymnasium as gym
@@ -70,7 +73,7 @@ def episodes(tmp_path_factory):
 def test_a_mistyped_command_choice_or_option_names_the_close_one(args, usage, says, tmp_path):
     """argparse listed every choice and, for an option, said only "unrecognized arguments" under the
     top level's usage; now the close one is named, under the usage of the command it was given to."""
-    out = cli(*args, cwd=tmp_path)
+    out = run_in_process(*args, cwd=tmp_path)
     line = error_line(out, 2)
     assert says in line, line
     assert out.stderr.startswith(f"usage: benchmax-gym{usage} ["), out.stderr
@@ -89,7 +92,7 @@ def test_the_data_commands_say_a_mistyped_env_argument_without_repeating_the_arg
     """As run and eval do: Gymnasium's suffix ("was raised from the environment creator for ID with
     kwargs {...}") repeated every argument, an API key among them, on the terminal and in CI logs."""
     args = [a.format(tmp=tmp_path, episodes=episodes) for a in command]
-    out = cli(*args, "--env-arg", "max_turn=3", "--env-arg", 'api_key="sk-secret"')
+    out = run_in_process(*args, "--env-arg", "max_turn=3", "--env-arg", 'api_key="sk-secret"')
     line = error_line(out, 2)
     assert "cannot make benchmax/Math-v0: MathEnv got an unexpected keyword argument" in line, line
     assert "(did you mean 'max_turns'?)" in line
@@ -151,7 +154,7 @@ def test_a_data_command_with_nothing_to_write_says_so_on_stderr(command, says, t
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text("Hello there.\n")  # no fact to ask about
     args = [a.format(episodes=episodes) for a in command]
-    out = cli(*args, "--json", cwd=tmp_path)
+    out = run_in_process(*args, "--json", cwd=tmp_path)
     assert error_line(out, 1) == f"benchmax-gym: error: {says}"
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert json.loads(out.stdout)["out"] is None
@@ -188,7 +191,7 @@ def test_every_command_help_says_what_it_does_and_each_options_default():
             if action.option_strings and default not in (None, False, [], argparse.SUPPRESS):
                 shown = f"{default:g}" if isinstance(default, float) else str(default)
                 assert "default" in action.help or shown in action.help, (words, action.option_strings, action.help)
-    listing = cli("list", "--help").stdout
+    listing = run_in_process("list", "--help").stdout
     assert "list the registered environments" in listing, listing
 
 

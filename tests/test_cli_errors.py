@@ -8,10 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 CLI = [sys.executable, "-m", "benchmax_gym"]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_in_process import run_in_process  # noqa: E402  (errors said before any work: the status and the line)
 
 
 def cli(*args, cwd=None):
@@ -68,7 +72,7 @@ def episodes(tmp_path_factory):
 ])
 def test_an_unknown_id_names_the_registered_one_it_is_close_to(args, tmp_path, episodes):
     args = [a.format(tmp=tmp_path, episodes=episodes) for a in args]
-    line = one_line_error(cli(*args), "did you mean benchmax/")
+    line = one_line_error(run_in_process(*args), "did you mean benchmax/")
     assert ("Excel-v0?" if "xcel" in " ".join(args) else "benchmax/Math-v0?") in line
     assert not any(tmp_path.iterdir())
 
@@ -79,12 +83,12 @@ def test_an_unknown_id_names_the_registered_one_it_is_close_to(args, tmp_path, e
 def test_output_folders_that_are_files_are_named_with_their_flag(tmp_path, eval_run):
     a_file = tmp_path / "a-file"
     a_file.write_text("not a folder\n")
-    one_line_error(cli("new", "acme-x", "--dir", str(a_file)), f"--dir {a_file}", "Not a directory")
-    one_line_error(cli("compare", str(eval_run), str(eval_run), "--plots-dir", str(a_file)),
+    one_line_error(run_in_process("new", "acme-x", "--dir", str(a_file)), f"--dir {a_file}", "Not a directory")
+    one_line_error(run_in_process("compare", str(eval_run), str(eval_run), "--plots-dir", str(a_file)),
                    f"--plots-dir {a_file}: not a folder")
-    one_line_error(cli("compare", str(eval_run), str(eval_run), "--plots-dir", str(a_file / "plots")),
+    one_line_error(run_in_process("compare", str(eval_run), str(eval_run), "--plots-dir", str(a_file / "plots")),
                    f"--plots-dir {a_file / 'plots'}", "Not a directory")
-    line = one_line_error(cli("eval", "benchmax/Math-v0", "--policy", "solver", "--tasks", "2", "--out",
+    line = one_line_error(run_in_process("eval", "benchmax/Math-v0", "--policy", "solver", "--tasks", "2", "--out",
                               str(a_file / "run")), f"--out {a_file / 'run'}", "Not a directory")
     assert "cannot make benchmax/Math-v0" not in line  # (the env was fine)
     assert a_file.read_text() == "not a folder\n"
@@ -161,7 +165,7 @@ def test_unreadable_input_and_read_only_output_are_one_line(unprivileged, episod
     (("--import", "./envs/mymodule.py", "list"), "--import mymodule,"),
 ])
 def test_flags_that_would_do_nothing_or_mislead_are_refused(args, says):
-    one_line_error(cli(*args), says)
+    one_line_error(run_in_process(*args), says)
 
 
 # -- Ctrl-C, a closed pipe, two evals into one run ---------------------------------------------------
@@ -221,8 +225,8 @@ def test_a_second_eval_into_a_run_being_written_is_refused(tmp_path):
 
 def test_an_eval_refused_before_it_starts_leaves_no_folder(tmp_path):
     out = tmp_path / "new" / "run"
-    one_line_error(cli("eval", "benchmax/Math-v0", "--policy", "solver", "--tasks", "abc", "--out", str(out)),
-                   "--tasks")
+    one_line_error(run_in_process("eval", "benchmax/Math-v0", "--policy", "solver", "--tasks", "abc", "--out",
+                                  str(out)), "--tasks")
     assert not any(tmp_path.iterdir())
 
 
@@ -239,7 +243,8 @@ def test_a_mistyped_env_argument_is_the_envs_own_line_without_gymnasiums_suffix(
     ID with kwargs (...)" added, which repeated every argument (an API key among them) after the
     env's own message and suggestion."""
     extra = ["--policy", "solver", "--tasks", "1", "--out", str(tmp_path / "run")] if command == "eval" else []
-    out = cli(command, "benchmax/Math-v0", *extra, "--env-arg", "max_turn=3", "--env-arg", 'api_key="sk-secret"')
+    out = run_in_process(command, "benchmax/Math-v0", *extra, "--env-arg", "max_turn=3", "--env-arg",
+                         'api_key="sk-secret"')
     line = one_line_error(out, "cannot make benchmax/Math-v0: MathEnv got an unexpected keyword argument",
                           "(did you mean 'max_turns'?)")
     assert "was raised from" not in line and "sk-secret" not in line

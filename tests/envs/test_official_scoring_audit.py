@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import functools
 import io
 import json
 import re
@@ -113,6 +114,17 @@ def sb_recalc(formula: str, sheet) -> object:
 def sb_values(data: bytes, position: str, gt_sheetnames: list[str], computed=None) -> dict:
     """``{(sheet, cell): value}`` as upstream reads them (``data_only``, formulas recalculated first):
     a formula saved without a value gets :func:`sb_recalc`'s, or ``computed``'s."""
+    if computed is None:  # the answer workbook, read again for each variant scored against it
+        return dict(_sb_values(data, position, tuple(gt_sheetnames)))
+    return _sb_values_uncached(data, position, gt_sheetnames, computed)
+
+
+@functools.lru_cache(maxsize=64)
+def _sb_values(data: bytes, position: str, gt_sheetnames: tuple[str, ...]) -> dict:
+    return _sb_values_uncached(data, position, list(gt_sheetnames))
+
+
+def _sb_values_uncached(data: bytes, position: str, gt_sheetnames: list[str], computed=None) -> dict:
     wb = openpyxl.load_workbook(io.BytesIO(data), data_only=True)
     formulas = openpyxl.load_workbook(io.BytesIO(data))
     values = {}
@@ -130,7 +142,7 @@ def sb_values(data: bytes, position: str, gt_sheetnames: list[str], computed=Non
 
 def sb_official(gt: bytes, proc: bytes, position: str, computed=None) -> bool:
     """SpreadsheetBench's pass/fail of one test case (a missing sheet fails, as upstream's KeyError)."""
-    names = openpyxl.load_workbook(io.BytesIO(gt), read_only=True).sheetnames
+    names = sheet_names(gt)
     want = sb_values(gt, position, names)
     have = sb_values(proc, position, names, computed)
     return all(k in have and sb_cell_equal(v, have[k]) for k, v in want.items())
@@ -155,6 +167,11 @@ def workbook_reward(env, index: int, data: bytes) -> float:
     return reward
 
 
+@functools.lru_cache(maxsize=64)
+def sheet_names(data: bytes) -> tuple[str, ...]:
+    return tuple(openpyxl.load_workbook(io.BytesIO(data), read_only=True).sheetnames)
+
+
 def read(path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -164,25 +181,44 @@ def edited(data: bytes, edit) -> bytes:
     """The workbook as values (a formula's cached value, else :func:`sb_recalc`'s) after
     ``edit(workbook)``, saved by openpyxl: what a model that pasted values would leave."""
     wb = openpyxl.load_workbook(io.BytesIO(data), data_only=True)
-    formulas = openpyxl.load_workbook(io.BytesIO(data))
-    for ws in formulas.worksheets:
-        for row in ws.iter_rows():
-            for cell in row:
-                if cell.data_type == "f" and wb[ws.title][cell.coordinate].value is None:
-                    try:
-                        wb[ws.title][cell.coordinate].value = sb_recalc(cell.value, wb[ws.title])
-                    except NotImplementedError:
-                        pass  # outside the answer positions (they are checked when read)
+    touched, recalculated = _recalculated(data)
+    for sheet, row, column in touched:
+        wb[sheet].cell(row=row, column=column)
+    for sheet, coordinate, value in recalculated:
+        wb[sheet][coordinate].value = value
     edit(wb)
     out = io.BytesIO()
     wb.save(out)
     return out.getvalue()
 
 
+@functools.lru_cache(maxsize=64)
+def _recalculated(data: bytes) -> tuple[tuple, tuple]:
+    """The cells the recalculation reads (openpyxl creates each one it is asked for: they are saved too)
+    and the ``(sheet, cell, value)`` it sets, in order (one reads the cells set before it): worked out
+    once per workbook, as each answer is edited many times."""
+    wb = openpyxl.load_workbook(io.BytesIO(data), data_only=True)
+    formulas = openpyxl.load_workbook(io.BytesIO(data))
+    existing = {ws.title: set(ws._cells) for ws in wb.worksheets}
+    done = []
+    for ws in formulas.worksheets:
+        for row in ws.iter_rows():
+            for cell in row:
+                if cell.data_type == "f" and wb[ws.title][cell.coordinate].value is None:
+                    try:
+                        value = sb_recalc(cell.value, wb[ws.title])
+                    except NotImplementedError:
+                        continue  # outside the answer positions (they are checked when read)
+                    wb[ws.title][cell.coordinate].value = value
+                    done.append((ws.title, cell.coordinate, value))
+    touched = [(ws.title, row, column) for ws in wb.worksheets
+               for row, column in set(ws._cells) - existing[ws.title]]
+    return tuple(touched), tuple(done)
+
+
 def answer_cells(data: bytes, position: str):
     """``[(sheet, cell, value)]`` at the answer position, as upstream reads the answer."""
-    names = openpyxl.load_workbook(io.BytesIO(data), read_only=True).sheetnames
-    return [(s, c, v) for (s, c), v in sb_values(data, position, names).items()]
+    return [(s, c, v) for (s, c), v in sb_values(data, position, sheet_names(data)).items()]
 
 
 def test_every_sample_case_answer_scores_one_and_input_as_official(sb_env):
@@ -249,7 +285,7 @@ def _perturbations(answer: bytes, position: str):
 
     def reorder(wb):  # the first sheet last: cells are found by the answer's sheet names
         wb.move_sheet(wb.sheetnames[0], offset=len(wb.sheetnames) - 1)
-    if len(openpyxl.load_workbook(io.BytesIO(answer), read_only=True).sheetnames) > 1:
+    if len(sheet_names(answer)) > 1:
         yield "sheets reordered", edited(answer, reorder), None
 
 
