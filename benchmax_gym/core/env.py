@@ -650,6 +650,13 @@ class ToolEnv(gym.Env[str, str]):
                 "reward_components": dict(episode.reward_components),
                 **({"user": episode.user.as_info()} if episode.user is not None else {})}
 
+    def episode_task(self) -> Task | None:
+        """The task of the current (or just finished) episode, None before the first reset: what
+        :func:`~benchmax_gym.core.group.score_vector_group` reads from a worker process
+        (``envs.call("episode_task")``), where the whole :class:`Episode` carried its transcript
+        over the pipe and could not be sent at all when it held a lock or a connection."""
+        return self.episode.task if self.episode is not None else None
+
     # -- internals ------------------------------------------------------------------------------
 
     def _choose_task(self, options: Any) -> tuple[int, Task, dict[str, Any]]:

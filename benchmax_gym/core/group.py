@@ -341,18 +341,31 @@ def score_vector_group(envs: Any, group_rubric: GroupRubric | None = None,
 
 def _played_tasks(envs: Any) -> list[Any]:
     """The task each env of ``envs`` just played (None where it has no episode of its own: a
-    mixture), read in this process or sent from the workers."""
+    mixture), read in this process or sent from the workers: only the task (``episode_task()``),
+    not the whole :class:`~benchmax_gym.core.env.Episode`, which carried its transcript over the
+    pipe and could not be sent at all where it holds what cannot be pickled (a tool's lock, a
+    database connection: Math, Excel and CRM episodes do), every group function then given
+    ``task=None``. An env without the method (one of your own) still sends its episode."""
     local = getattr(envs, "envs", None)
     if local is not None:
         episodes = [getattr(getattr(env, "unwrapped", env), "episode", None) for env in local]
-    else:
-        try:
-            episodes = list(envs.get_attr("episode"))
-        except Exception as exc:  # noqa: BLE001  (an episode holding what cannot be sent: no task)
-            log.warning("score_vector_group: the envs' tasks could not be read (%s: %s); group functions get "
-                        "task=None: pass tasks=", type(exc).__name__, exc)
-            return [None] * getattr(envs, "num_envs", 0)
+        return [getattr(e, "task", None) for e in episodes]
+    try:  # (asked first: Gymnasium's AsyncVectorEnv shuts down a worker whose call raised)
+        if all(envs.call("has_wrapper_attr", "episode_task")):
+            return list(envs.call("episode_task"))
+    except Exception as exc:  # noqa: BLE001  (a task holding what cannot be sent: no task)
+        return _no_tasks(envs, exc)
+    try:  # an env of its own without the method: its whole episode, as before
+        episodes = list(envs.get_attr("episode"))
+    except Exception as exc:  # noqa: BLE001  (an episode holding what cannot be sent: no task)
+        return _no_tasks(envs, exc)
     return [getattr(e, "task", None) for e in episodes]
+
+
+def _no_tasks(envs: Any, exc: Exception) -> list[None]:
+    log.warning("score_vector_group: the envs' tasks could not be read (%s: %s); group functions get "
+                "task=None: pass tasks=", type(exc).__name__, exc)
+    return [None] * getattr(envs, "num_envs", 0)
 
 
 # -- ready-made group functions ---------------------------------------------------------------
