@@ -39,6 +39,8 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
+from benchmax_gym.core.checks import COUNT_MAX, RETRIES_MAX
+
 
 def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs (VALUE as JSON when it parses); ``task_args.dataset=x`` sets a key of a
@@ -286,14 +288,44 @@ def env_id_error(exc: Exception, env_id: str, flag: str = "") -> NoReturn:
 
 
 def port_number(text: str) -> int:
-    """argparse type of a server's ``--port``: 0 (any free one) to 65535; uvicorn would wrap 70000 round."""
+    """argparse type of a server's ``--port``: 0 (any free one) to 65535; uvicorn would wrap 70000 round.
+    Refused in one line (argparse's words, without its usage above them), as the other integer
+    options are (:func:`whole_number`)."""
     try:
         port = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid port number: {text!r}") from None
+        usage_error(f"argument --port: invalid port number: {text[:40]!r}")
     if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0 (any free port) to 65535, got {port}")
+        usage_error(f"argument --port: must be 0 (any free port) to 65535, got {text[:40]}")
     return port
+
+
+def whole_number(flag: str, high: int | None = None) -> Callable[[str], int]:
+    """argparse type of an integer option: ``3.0``, ``1e20``, ``nan`` and a value past ``high``
+    refused in one line naming ``flag`` (argparse printed its usage above ``invalid int value``,
+    and took ``100000000000000000000`` as it came). A value below the option's least is left to
+    the command's own check, which says it."""
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # (a number past Python's 4300 digits too)
+            usage_error(f"{flag} must be a whole number, got {text[:40]!r}")
+        if high is not None and value > high:
+            usage_error(f"{flag} must be at most {high:,}, got {text[:40]}")
+        return value
+    return check
+
+
+def given(flag: str, what: str) -> Callable[[str], str]:
+    """argparse type of an option (or argument) that names a path, a variable or a token: an
+    empty one, what an unset ``"$OUT"`` gives, is refused in one line naming ``flag``, as ``--host
+    ""`` is (it read as the current folder, as the option left out, or failed later saying
+    something else)."""
+    def check(text: str) -> str:
+        if not text:
+            usage_error(f"{flag} is empty (an unset variable?): give {what}")
+        return text
+    return check
 
 
 def _check_seed(seed: int) -> None:
@@ -497,6 +529,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.model is not None and args.policy is not None:
         usage_error("--model and --policy exclude each other")
     _check_seed(args.seed)
+    _check_task_count(args.tasks)
     if not 0 < args.timeout < float("inf"):
         usage_error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     if args.max_retries < 0:
@@ -570,6 +603,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
               f"{os.path.join(result.out, 'rollouts.jsonl')}; --retry-failed runs them again)", file=sys.stderr)
         return 1
     return 0
+
+
+def _check_task_count(tasks: str) -> None:
+    """Refuse ``--tasks N`` or ``i:j`` past :data:`COUNT_MAX` tasks: ``--tasks 100000000000000000000``
+    ended in an OverflowError traceback, and a few billion on an unbounded task list built its plan
+    until memory ran out. (The rest of its form is the run's to check.)"""
+    left, colon, right = tasks.partition(":")
+    try:
+        count = int(right) - int(left or 0) if colon and right else None if colon else int(tasks)
+    except ValueError:
+        return
+    if count is not None and count > COUNT_MAX:
+        usage_error(f"--tasks {tasks[:60]}: at most {COUNT_MAX:,} tasks in one run (all takes every task of a "
+                    "finite list)")
 
 
 def _check_base_url(url: str, where: str) -> None:
@@ -909,15 +956,19 @@ def _launch(args: argparse.Namespace, launch: Any) -> int:
 
 def _add_launch(sub) -> None:
     la = sub.add_parser("launch", help="provision a Ray cluster of CPU nodes for RayVectorEnv with SkyPilot")
-    la.add_argument("--nodes", type=int, default=2, help="nodes, the Ray head included (default 2)")
+    la.add_argument("--nodes", type=whole_number("--nodes", COUNT_MAX),
+                    default=2, help="nodes, the Ray head included (default 2)")
     la.add_argument("--cpus", default="4+", help="CPUs per node, in SkyPilot's notation (default 4+)")
     la.add_argument("--infra", help="where: aws, gcp, k8s, ... (default: SkyPilot's choice)")
     la.add_argument("--name", default="benchmax-envs", help="the cluster's name (default benchmax-envs)")
-    la.add_argument("--env-host-slots", type=int, help="benchmax_env_host resource per node (default: its CPUs)")
-    la.add_argument("--port", type=int, default=6379, help="the Ray head's port (default 6379)")
+    la.add_argument("--env-host-slots", type=whole_number("--env-host-slots", COUNT_MAX),
+                    help="benchmax_env_host resource per node (default: its CPUs)")
+    la.add_argument("--port", type=whole_number("--port"),
+                    default=6379, help="the Ray head's port (default 6379)")
     la.add_argument("--print-yaml", action="store_true", help="print the SkyPilot task and launch nothing (offline)")
     la.add_argument("--down", action="store_true", help="tear the cluster down")
-    la.add_argument("--sky-python", help="the python of a venv with SkyPilot (its click pin needs a venv of its "
+    la.add_argument("--sky-python", type=given("--sky-python", "the python of a venv with SkyPilot (or leave it out)"),
+                    help="the python of a venv with SkyPilot (its click pin needs a venv of its "
                     "own); default: $BENCHMAX_GYM_SKY_PYTHON, else this interpreter")
     la.set_defaults(func=cmd_launch)
 
@@ -1017,13 +1068,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("env_id", help="an id from `benchmax-gym list`, e.g. benchmax/Math-v0")
     run.add_argument("--policy", choices=("solver", "random"), default="solver",
                      help="solver (default): the reference solver (reads the solution); random: random text actions")
-    run.add_argument("--episodes", type=int, metavar="N", help="play N episodes on tasks drawn at random, with "
+    run.add_argument("--episodes", type=whole_number("--episodes", COUNT_MAX),
+                     metavar="N", help="play N episodes on tasks drawn at random, with "
                      "replacement (default: each task once when the task list is finite, else 10 such episodes)")
-    run.add_argument("-k", "--rollouts-per-task", type=int, metavar="K",
+    run.add_argument("-k", "--rollouts-per-task", type=whole_number("-k/--rollouts-per-task", COUNT_MAX),
+                     metavar="K",
                      help="run each task K times, in order (no --episodes); the summary adds pass@k")
-    run.add_argument("--first-tasks", type=int, metavar="N", help="only the first N tasks (needed with -k when "
+    run.add_argument("--first-tasks", type=whole_number("--first-tasks", COUNT_MAX),
+                     metavar="N", help="only the first N tasks (needed with -k when "
                      "the task list is unbounded, as the generated default is)")
-    run.add_argument("--seed", type=int, default=0, help="episode i is reset with seed SEED+i (default: 0)")
+    run.add_argument("--seed", type=whole_number("--seed"),
+                     default=0, help="episode i is reset with seed SEED+i (default: 0)")
     run.add_argument("--jsonl", metavar="FILE", help="write each episode's messages and rewards to this JSON Lines "
                      "file (an existing file is refused unless --append or --overwrite)")
     run.add_argument("--append", action="store_true", help="--jsonl: add to an existing file")
@@ -1036,35 +1091,44 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     ev = sub.add_parser("eval", help="score a model endpoint (OpenAI-compatible) or a baseline on an environment")
     ev.add_argument("env_id", help="an id from `benchmax-gym list`")
-    ev.add_argument("--model", help="the served model's name (with --base-url)")
+    ev.add_argument("--model", type=given("--model", "the served model's name"),
+                    help="the served model's name (with --base-url)")
     ev.add_argument("--base-url", help="an OpenAI-compatible endpoint, with its /v1, e.g. http://localhost:8000/v1 "
                     "(vLLM, SGLang) (default: $OPENAI_BASE_URL, else the OpenAI API)")
-    ev.add_argument("--api-key-env", metavar="VAR", help="the environment variable holding the API key, never "
+    ev.add_argument("--api-key-env", metavar="VAR", type=given("--api-key-env", "a variable's name"),
+                    help="the environment variable holding the API key, never "
                     "written to the run (default: OPENAI_API_KEY)")
     ev.add_argument("--policy", choices=("solver", "random", "empty"), help="a baseline instead of a model")
     ev.add_argument("--tool-mode", choices=("native", "text"), default="native",
                     help="native: tools as schemas, the model's tool_calls; text: calls written in the env's format "
                     "(default: native)")
-    ev.add_argument("-k", type=int, default=1, help="samples per task, pass@k for every k up to this (default: 1)")
+    ev.add_argument("-k", type=whole_number("-k", COUNT_MAX),
+                    default=1, help="samples per task, pass@k for every k up to this (default: 1)")
     ev.add_argument("--tasks", default="all", help="all, N (the first N) or i:j (default: all)")
-    ev.add_argument("--concurrency", type=int, default=64, help="episodes in flight (default: 64)")
-    ev.add_argument("--workers", type=int, default=1, help="processes to spread episodes over (concurrency is "
+    ev.add_argument("--concurrency", type=whole_number("--concurrency", COUNT_MAX),
+                    default=64, help="episodes in flight (default: 64)")
+    ev.add_argument("--workers", type=whole_number("--workers", COUNT_MAX),
+                    default=1, help="processes to spread episodes over (concurrency is "
                     "split among them): one process tops out at a few hundred model calls per second (default: 1)")
     ev.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
     ev.add_argument("--top-p", type=float, help="nucleus sampling (default: the server's)")
-    ev.add_argument("--max-tokens", type=int, help="tokens per model turn (default: the server's)")
+    ev.add_argument("--max-tokens", type=whole_number("--max-tokens", COUNT_MAX),
+                    help="tokens per model turn (default: the server's)")
     ev.add_argument("--timeout", type=float, default=120.0, help="seconds per model request, the whole reply "
                     "included (default: 120)")
-    ev.add_argument("--max-retries", type=int, default=4, help="retries per request on 429/5xx/timeouts "
+    ev.add_argument("--max-retries", type=whole_number("--max-retries", RETRIES_MAX),
+                    default=4, help="retries per request on 429/5xx/timeouts "
                     "(with backoff, honouring Retry-After) (default: 4)")
     ev.add_argument("--transport", choices=("lean", "sdk"), default="lean",
                     help="lean: the openai SDK's requests, retries and errors over a lean HTTP path (~0.1 ms of "
                          "CPU a request); sdk: every request through the SDK itself (default: lean)")
-    ev.add_argument("--seed", type=int, default=0, help="the run's seed: each episode's reset and sampling seed "
+    ev.add_argument("--seed", type=whole_number("--seed"),
+                    default=0, help="the run's seed: each episode's reset and sampling seed "
                     "derives from it (default: 0)")
     ev.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="keyword argument for gym.make, as for run; repeatable")
-    ev.add_argument("--out", required=True, help="the run directory (run again with the same one to resume)")
+    ev.add_argument("--out", required=True, type=given("--out", "the run directory"),
+                    help="the run directory (run again with the same one to resume)")
     ev.add_argument("--retry-failed", action="store_true", help="run again exactly the failed episodes (model or "
                     "env errors) of the run in --out, same seeds and settings, replacing their records; nothing "
                     "else runs")
@@ -1073,10 +1137,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--quiet", action="store_true", help="no progress bars (nor those of `datasets` loading one)")
     ev.set_defaults(func=cmd_eval)
     cmp = sub.add_parser("compare", help="compare eval runs on the tasks they share (paired)")
-    cmp.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
-    cmp.add_argument("--baseline", help="the run the others are compared with (default: the first)")
-    cmp.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
-    cmp.add_argument("--plots-dir", help="write comparison PNGs here (default: none)")
+    cmp.add_argument("runs", nargs="+", metavar="RUN", type=given("RUN", "a run directory"),
+                     help="run directories")
+    cmp.add_argument("--baseline", type=given("--baseline", "one of the runs compared"),
+                     help="the run the others are compared with (default: the first)")
+    cmp.add_argument("--seed", type=whole_number("--seed"), default=0, help="bootstrap seed (default: 0)")
+    cmp.add_argument("--plots-dir", type=given("--plots-dir", "a folder for the PNGs (or leave it out)"),
+                     help="write comparison PNGs here (default: none)")
     cmp.add_argument("--max-failure-gap", type=float, default=0.05, metavar="RATE",
                      help="refuse runs whose failure rates (failed episodes / episodes) differ by more than this: "
                      "their means are over different episodes (default: 0.05)")
@@ -1091,7 +1158,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "test, entry point) that passes its own tests")
     new.add_argument("name", help="the package's name, e.g. acme-weather (its folder, distribution and, with - as _, "
                      "import package)")
-    new.add_argument("--dir", default=".", help="where to create the NAME folder (default: here)")
+    new.add_argument("--dir", default=".", type=given("--dir", "the folder to create the package in"),
+                     help="where to create the NAME folder (default: here)")
     new.add_argument("--id", help="the env id (default: PACKAGE/CamelName-v0)")
     new.set_defaults(func=cmd_new)
     mcp = sub.add_parser("mcp-serve", help="serve an environment's tools as an MCP server (one workspace per session)")
@@ -1105,12 +1173,13 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--idle-timeout", type=float, metavar="SECONDS",
                      help="http: a session with no request in flight this long is closed with its environment "
                      "(default: 600)")
-    mcp.add_argument("--max-sessions", type=int,
+    mcp.add_argument("--max-sessions", type=whole_number("--max-sessions", COUNT_MAX),
                      help="http: sessions open at once; one more gets HTTP 503 until one ends (default: 64)")
     mcp.add_argument("--auth-token", default=None,
+                     type=given("--auth-token", "a token (or leave it out for BENCHMAX_GYM_MCP_TOKEN)"),
                      help="http: require 'Authorization: Bearer TOKEN' (401 without it); "
                           "prefer the BENCHMAX_GYM_MCP_TOKEN variable, which `ps` does not show")
-    mcp.add_argument("--seed", type=int, default=0,
+    mcp.add_argument("--seed", type=whole_number("--seed"), default=0,
                      help="each session's environment is reset with this seed (default: 0)")
     mcp.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument for gym.make (VALUE parsed as JSON when it can be); "
@@ -1125,11 +1194,12 @@ def build_parser() -> argparse.ArgumentParser:
     oe.add_argument("env_id", help="an id from `benchmax-gym list` (or yours, with --import MODULE)")
     oe.add_argument("--host", default="127.0.0.1", help="the address to listen on (loopback by default)")
     oe.add_argument("--port", type=port_number, default=8000, help="the port, 8000 by default (0: any free one; the URL is printed)")
-    oe.add_argument("--max-sessions", type=int, default=64,
+    oe.add_argument("--max-sessions", type=whole_number("--max-sessions", COUNT_MAX), default=64,
                     help="WebSocket sessions open at once (64); one more gets CAPACITY_REACHED until one ends")
     oe.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
                     help="a session with no message this long (600 s) is closed with its environment")
     oe.add_argument("--auth-token", default=None,
+                    type=given("--auth-token", "a token (or leave it out for BENCHMAX_GYM_OPENENV_TOKEN)"),
                     help="require 'Authorization: Bearer TOKEN' on every request and WebSocket handshake (401 "
                          "without it); prefer the BENCHMAX_GYM_OPENENV_TOKEN variable, which `ps` does not show")
     oe.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",

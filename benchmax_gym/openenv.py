@@ -46,7 +46,7 @@ from urllib.parse import urlsplit
 import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.checks import positive_int, positive_number, seconds
+from benchmax_gym.core.checks import COUNT_MAX, positive_int, positive_number, seconds
 from benchmax_gym.core.env import ACTION_TOO_LONG, Episode, ToolEnv, utf8_safe
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.outcomes import (ENV_ERROR, SCORED, TOOL_TIMEOUT, TOOL_UNAVAILABLE, failed_reward, is_failure,
@@ -311,8 +311,8 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sess
     """OpenEnv's FastAPI app (``create_app``) serving ``env_id``, one environment per WebSocket
     session. The env is made and reset once first, as ``mcp-serve`` does: a bad id or argument,
     or an env that cannot start (an MCP server that exits), fails here, not in a client's session."""
-    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
-        raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or not 0 < max_sessions <= COUNT_MAX:
+        raise ValueError(f"max_sessions must be a positive int up to {COUNT_MAX:,}, got {max_sessions!r}")
     positive_number("idle_timeout", idle_timeout)
     kinds = _classes()
     from openenv.core.env_server.http_server import create_app

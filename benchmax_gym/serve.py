@@ -45,6 +45,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from mcp.server.lowlevel import Server
 
 import benchmax_gym  # noqa: F401  (registers the ids)
+from benchmax_gym.core.checks import COUNT_MAX
 from benchmax_gym.core.outcomes import ENV_ERROR, FAILURES
 
 TOKEN_ENV = "BENCHMAX_GYM_MCP_TOKEN"
@@ -191,8 +192,8 @@ def serve(env_id: str, transport: str = "stdio", *, host: str = "127.0.0.1", por
     """
     if transport not in ("stdio", "http"):
         raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
-    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
-        raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
+    if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or not 0 < max_sessions <= COUNT_MAX:
+        raise ValueError(f"max_sessions must be a positive int up to {COUNT_MAX:,}, got {max_sessions!r}")
     if not isinstance(idle_timeout, (int, float)) or not 0 < idle_timeout < float("inf"):
         raise ValueError(f"idle_timeout must be a positive number of seconds, got {idle_timeout!r}")
     auth_token = auth_token if auth_token is not None else os.environ.get(TOKEN_ENV) or None

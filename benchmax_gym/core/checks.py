@@ -20,6 +20,18 @@ from typing import Any
 Check = Callable[[str, Any], Any]
 
 
+#: the most a count (episodes, samples, sessions, workers, requests in flight, tokens of a reply)
+#: may be, on the command line and for a server's ``max_sessions``: each counts things held at once
+#: or planned in a list in one process, and a million is past a machine's file-descriptor ceiling
+#: (Linux's nr_open, 1,048,576 by default: a session, a worker or a request holds one at least) and
+#: past any model's reply; a larger one is a typo (or ``10**20``), which built a plan until memory
+#: ran out, served with no limit at all, or failed every model request
+COUNT_MAX = 1_000_000
+#: the most retries of one model request: the SDK backs off up to 8 s between them, so 100 already
+#: waits some 13 minutes on a server that is down; more only hangs the run
+RETRIES_MAX = 100
+
+
 def arg(default: Any = None, check: Check | None = None) -> Any:
     """A field of a :class:`Checked` dataclass with its check (which may normalise the value)."""
     return field(default=default, metadata={"check": check} if check else {})

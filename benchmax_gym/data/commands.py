@@ -168,29 +168,42 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Add ``tasks from-corpus``, ``tasks from-traces`` and ``export-sft`` to the CLI's subparsers."""
+    from benchmax_gym.cli import COUNT_MAX, RETRIES_MAX, given, whole_number
+
     tasks = sub.add_parser("tasks", help="make tasks from your documents or your agents' traces")
     which = tasks.add_subparsers(dest="tasks_command", required=True)
 
     fc = which.add_parser("from-corpus", help="question/answer tasks over your documents, for benchmax/Wikipedia-v0's "
                           "local backend (offline templates, or a model endpoint with model-free filters)")
-    fc.add_argument("docs", help="a file or folder of documents: .txt, .md, .html, .jsonl of {title, text}")
-    fc.add_argument("--out", required=True, help="the tasks file to write (JSON Lines)")
-    fc.add_argument("--corpus-out", help="also write the chunked corpus here as {title, text} JSON Lines "
+    fc.add_argument("docs", type=given("DOCS", "a file or folder of documents"),
+                    help="a file or folder of documents: .txt, .md, .html, .jsonl of {title, text}")
+    fc.add_argument("--out", required=True, type=given("--out", "the tasks file to write"),
+                    help="the tasks file to write (JSON Lines)")
+    fc.add_argument("--corpus-out", type=given("--corpus-out", "a file for the corpus (or leave it out)"),
+                    help="also write the chunked corpus here as {title, text} JSON Lines "
                     "(default: none; the local backend reads DOCS itself)")
-    fc.add_argument("--model", help="generate with this model (with --base-url) instead of the offline templates")
+    fc.add_argument("--model", type=given("--model", "the model's name (or leave it out for the templates)"),
+                    help="generate with this model (with --base-url) instead of the offline templates")
     fc.add_argument("--base-url", help="an OpenAI-compatible endpoint with its /v1 (default: $OPENAI_BASE_URL)")
-    fc.add_argument("--api-key-env", metavar="VAR", help="the variable holding the API key (default: OPENAI_API_KEY); "
+    fc.add_argument("--api-key-env", metavar="VAR", type=given("--api-key-env", "a variable's name"),
+                    help="the variable holding the API key (default: OPENAI_API_KEY); "
                     "the key is never written")
-    fc.add_argument("--verify-model", help="a second model that answers each candidate from its chunks; kept only "
+    fc.add_argument("--verify-model", type=given("--verify-model", "the second model's name (or leave it out)"),
+                    help="a second model that answers each candidate from its chunks; kept only "
                     "if it agrees (same endpoint)")
-    fc.add_argument("--max-questions", type=int, help="stop after this many kept questions")
-    fc.add_argument("--chunk-chars", type=int, default=1200, help="characters per chunk (default: 1200)")
+    fc.add_argument("--max-questions", type=whole_number("--max-questions", COUNT_MAX),
+                    help="stop after this many kept questions")
+    fc.add_argument("--chunk-chars", type=whole_number("--chunk-chars", COUNT_MAX),
+                    default=1200, help="characters per chunk (default: 1200)")
     fc.add_argument("--single-hop-only", action="store_true", help="no multi-hop (bridge, comparison) questions")
-    fc.add_argument("--concurrency", type=int, default=16, help="model requests in flight (default: 16)")
+    fc.add_argument("--concurrency", type=whole_number("--concurrency", COUNT_MAX),
+                    default=16, help="model requests in flight (default: 16)")
     fc.add_argument("--timeout", type=float, default=120.0, help="seconds per model request (default: 120)")
-    fc.add_argument("--max-retries", type=int, default=4, help="retries per request (default: 4)")
+    fc.add_argument("--max-retries", type=whole_number("--max-retries", RETRIES_MAX),
+                    default=4, help="retries per request (default: 4)")
     fc.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
-    fc.add_argument("--seed", type=int, default=0, help="which facts the templates pick (default: 0)")
+    fc.add_argument("--seed", type=whole_number("--seed"),
+                    default=0, help="which facts the templates pick (default: 0)")
     fc.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     fc.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     fc.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -198,9 +211,11 @@ def add_commands(sub: Any) -> None:
 
     ft = which.add_parser("from-traces", help="tasks for an env from agent traces in the OpenAI chat format "
                           "(eval's rollouts.jsonl, gateway logs)")
-    ft.add_argument("logs", help="a JSON Lines file of traces, or a folder of them")
+    ft.add_argument("logs", type=given("LOGS", "a traces file or folder"),
+                    help="a JSON Lines file of traces, or a folder of them")
     ft.add_argument("--env", required=True, metavar="ENV_ID", help="the env the tasks are for (its tools check the calls)")
-    ft.add_argument("--out", required=True, help="the tasks file to write (JSON Lines)")
+    ft.add_argument("--out", required=True, type=given("--out", "the tasks file to write"),
+                    help="the tasks file to write (JSON Lines)")
     ft.add_argument("--keep", default="all", help="which traces' final answers are trusted as references: all, "
                     "reward>=X (>, <=, <, =) or FIELD=VALUE, e.g. success=true (default: all)")
     ft.add_argument("--turn", default="last-user", help="where the task's conversation ends: last-user (default), "
@@ -217,8 +232,10 @@ def add_commands(sub: Any) -> None:
 
     sft = sub.add_parser("export-sft", help="write a run's successful scored episodes as chat JSON Lines for TRL's "
                          "SFTTrainer, with the env's tool schemas")
-    sft.add_argument("run", help="an eval run directory, or a `run --jsonl` file")
-    sft.add_argument("--out", help="the file to write (default: RUN/sft.jsonl for a run directory)")
+    sft.add_argument("run", type=given("RUN", "an eval run directory or a run --jsonl file"),
+                     help="an eval run directory, or a `run --jsonl` file")
+    sft.add_argument("--out", type=given("--out", "the file to write (or leave it out for RUN/sft.jsonl)"),
+                     help="the file to write (default: RUN/sft.jsonl for a run directory)")
     sft.add_argument("--min-reward", type=float, help="keep scored episodes with at least this reward (default: "
                      "those that succeeded: full reward)")
     sft.add_argument("--env", metavar="ENV_ID", help="the env whose tools to write (default: the run's)")
