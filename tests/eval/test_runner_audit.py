@@ -139,10 +139,20 @@ def test_replies_cut_short_fail_every_sample_as_model_error_and_the_run_finishes
 
 
 def test_retry_after_as_an_http_date_is_honoured_on_both_transports():
-    with FakeChatServer(answer) as server:
+    sent = []
+
+    def first_refused(body):
+        """The first request of each run gets a date 1-2 s (whole seconds) after it arrived (made
+        as it arrives: a date made before the run's setup could be past by then, on a loaded machine)."""
+        if sent:
+            return None
+        sent.append(1)
+        return {"status": 429, "headers": {"retry-after": formatdate(time.time() + 2, usegmt=True)}}
+
+    with FakeChatServer(answer, fault_for=first_refused) as server:
         for transport in ("lean", "sdk"):
-            date = formatdate(time.time() + 2, usegmt=True)  # whole seconds: 1-2 s from now
-            server.faults, server.arrivals[:] = [{"status": 429, "headers": {"retry-after": date}}], []
+            sent.clear()
+            server.arrivals[:] = []
             result = evaluate(ENV, ChatPolicy("test-model", base_url=server.url, transport=transport),
                               env_kwargs=ENV_KWARGS, tasks=1, preflight=False)
             assert result.records[0]["outcome"] == "scored" and len(server.arrivals) == 2
