@@ -351,6 +351,34 @@ def test_episodes_on_hosts_keep_their_own_state_and_tear_it_down_once(cluster):
     assert len(setups) >= 4 and sorted(rid for what, rid in lines if what == "teardown") == sorted(setups)
 
 
+def test_group_functions_get_the_tasks_played_on_the_hosts(cluster):
+    """score_vector_group over Ray hosts: a CRM episode holds its sqlite connection and cannot be
+    sent, so each host sends back only the task its env just played (``episode_task()``)."""
+    from benchmax_gym.core.group import GroupRubric, score_vector_group
+
+    local = gym.make("benchmax/CRM-v0")
+    local.reset(seed=0, options={"task_index": 2})
+    expected = local.unwrapped.episode.task
+    local.close()
+    seen = []
+
+    def look(rewards, task, answer):
+        seen.append((task, answer))
+        return [0.0] * len(rewards)
+
+    envs = RayVectorEnv("benchmax/CRM-v0", 3, num_hosts=2, actor_options=HOST)
+    try:
+        envs.reset(seed=0, options=[{"task_index": 2}] * 3)
+        _, _, terminated, _, _ = envs.step(["The answer is nobody"] * 3)
+        assert terminated.all()
+        out = score_vector_group(envs, GroupRubric([("look", look)]))
+    finally:
+        envs.close()
+    assert len(out) == 3 and len(seen) == 1
+    task, answer = seen[0]
+    assert task is not None and task.id == expected.id and answer == expected.answer
+
+
 @pytest.mark.timeout(120, func_only=True)  # a hang guard, for hosts that would be waited on forever
 def test_host_that_cannot_build_its_envs_says_why(cluster):
     with pytest.raises(RuntimeError, match="could not build.*ModuleNotFoundError: No module named 'not_installed_on"):
