@@ -568,3 +568,71 @@ def test_openenv_serve_then_the_clients_the_section_shows(tmp_path):
             for name in ("env", "envs"):
                 if name in namespace:
                     namespace[name].close()
+
+
+# --- what a new user meets past the blocks above (helper 171's read in a fresh venv)
+
+def test_the_layout_names_only_files_that_are_where_it_says():
+    """Each row's path exists, and each file a row's text names lies in it (a folder row) or beside
+    it (a file row): a reader looking for `benchmax-gym new`'s code opens the file the Layout names."""
+    block = re.search(r"```\n(.*?)```", _section("Layout"), re.DOTALL).group(1)
+    rows: list[list[str]] = []
+    for line in block.splitlines():
+        if line.startswith(" "):
+            rows[-1][1] += line
+        else:
+            rows.append(list(line.partition(" ")[::2]))
+    missing = []
+    for path, text in rows:
+        where = ROOT / path
+        folder = where if path.endswith("/") else where.parent
+        missing += [path] if not where.exists() else []
+        missing += [f"{path}: {name}" for name in re.findall(r"\b(\w+\.py)\b", text) if not (folder / name).exists()]
+    assert len(rows) > 10 and not missing, missing
+
+
+def test_the_math_family_has_the_length_the_readme_gives_it():
+    """'see benchmax_gym/envs/math/ (env.py, N lines)': the size a reader expects of a family."""
+    (shown,) = re.findall(r"\(`env\.py`,\s+(\d+) lines\)", README.read_text())
+    assert int(shown) == len((ROOT / "benchmax_gym" / "envs" / "math" / "env.py").read_text().splitlines())
+
+
+TRAINERS = re.search(r"make_dataset\.py \{([\w|]+)\}", _section("Train with a trainer")).group(1).split("|")
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_make_dataset_in_a_base_install_names_the_trainers_extra(trainer, tmp_path):
+    """`python examples/make_dataset.py TRAINER ENV_ID DIR` where neither the trainers nor torch
+    import (the base install): one line naming the extra, not a module the user never asked for
+    (verl's rows said only "No module named 'torch'")."""
+    from tests.test_examples_audit import without
+
+    out = without(["torch", "transformers", "trl", "skyrl_gym", "openrlhf", "verl", "ray"], "make_dataset.py",
+                  trainer, "benchmax/Math-v0", str(tmp_path / "out"), cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert lines[0].startswith(f"make_dataset.py {trainer}: ") and f"pip install 'benchmax-gym[{trainer}]'" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_live_wikipedia_example_plays_against_a_mediawiki_api(tmp_path, monkeypatch):
+    """The Environments line for the live backend with Bamboogle-style questions, as written, with
+    a loopback MediaWiki API at the address it names and a questions.jsonl in its layout."""
+    from benchmax_gym.testing.mediawiki import MediaWikiStub
+
+    (line,) = [x for x in _code_block("Environments", 'gym.make("benchmax/Math-v0"').splitlines() if 'backend="live"' in x]
+    shown_url = re.search(r'"api_url": "([^"]+)"', line).group(1)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BENCHMAX_GYM_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "questions.jsonl").write_text(json.dumps({"Question": "Who founded Lima?", "Answer": "Francisco Pizarro"}) + "\n")
+    with MediaWikiStub([{"title": "Lima", "text": "Lima was founded by Francisco Pizarro in 1535."}]) as server:
+        env = eval(line.split("  #")[0].replace(shown_url, server.api_url), {"gym": gym})  # noqa: S307
+        try:
+            obs, _ = env.reset(seed=0)
+            assert obs.rstrip().endswith("Who founded Lima?")
+            obs, *_ = env.step('<tool_call>{"name": "search", "arguments": {"query": "Lima"}}</tool_call>')
+            assert "Francisco Pizarro" in obs and server.requests
+            _, reward, terminated, *_ = env.step("<answer>Francisco Pizarro</answer>")
+            assert terminated and reward == 1.0
+        finally:
+            env.close()

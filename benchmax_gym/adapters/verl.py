@@ -103,16 +103,15 @@ from collections import defaultdict
 from typing import Any
 from uuid import uuid4
 
-import torch
-
 from benchmax_gym.adapters.tokens import ChatTemplate, TokenEpisode, TokenSession, amake_env, make_env, task_dataset
 from benchmax_gym.core import outcomes
 
-try:
+try:  # torch too: a base install has neither, and the extra brings both
+    import torch
     from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
     from verl.trainer.ppo.core_algos import register_adv_est
-except ImportError:  # pragma: no cover - exercised by the missing-extra test in a bare venv
-    raise ImportError("the verl adapter needs verl: pip install 'benchmax-gym[verl]'") from None
+except ImportError as exc:  # pragma: no cover - exercised by the missing-extra test in a bare venv
+    raise ImportError(f"the verl adapter needs verl: pip install 'benchmax-gym[verl]' ({exc})") from None
 
 log = logging.getLogger(__name__)
 
