@@ -39,6 +39,7 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
+from benchmax_gym.core import checks
 from benchmax_gym.core.checks import COUNT_MAX, RETRIES_MAX
 
 
@@ -316,6 +317,23 @@ def whole_number(flag: str, high: int | None = None) -> Callable[[str], int]:
     return check
 
 
+def real_number(flag: str, check: checks.Check = checks.finite_number) -> Callable[[str], float]:
+    """argparse type of a float option: text that is no number, ``nan``, ``inf`` and what ``check``
+    (one of :mod:`benchmax_gym.core.checks`) refuses, in one line naming ``flag`` (argparse took
+    ``nan`` as it came: ``export-sft --min-reward nan`` kept nothing, ``compare --max-failure-gap
+    nan`` refused every pair of runs, a timeout of ``1e300`` overflowed where it was waited on)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            usage_error(f"{flag} must be a number, got {text[:40]!r}")
+        try:
+            return check(flag, value)
+        except ValueError as exc:
+            usage_error(exc)
+    return parse
+
+
 def given(flag: str, what: str) -> Callable[[str], str]:
     """argparse type of an option (or argument) that names a path, a variable or a token: an
     empty one, what an unset ``"$OUT"`` gives, is refused in one line naming ``flag``, as ``--host
@@ -530,17 +548,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         usage_error("--model and --policy exclude each other")
     _check_seed(args.seed)
     _check_task_count(args.tasks)
-    if not 0 < args.timeout < float("inf"):
-        usage_error(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     if args.max_retries < 0:
         usage_error(f"--max-retries must be 0 or more, got {args.max_retries}")
     if args.max_tokens is not None and args.max_tokens < 1:
         usage_error(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    # (nan and inf cannot be sent as JSON, and servers refuse the others: every episode failed)
-    if args.temperature is not None and not 0 <= args.temperature < float("inf"):
-        usage_error(f"--temperature must be a number, 0 or more, got {args.temperature:g}")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        usage_error(f"--top-p must be within (0, 1], got {args.top_p:g}")
     if args.policy is not None:  # (they were silently ignored: a baseline run that looked like a sampled one)
         given = [flag for flag, value in (("--base-url", args.base_url), ("--api-key-env", args.api_key_env),
                                           ("--temperature", args.temperature), ("--top-p", args.top_p),
@@ -831,8 +842,6 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
             setattr(args, name, default)
     if args.max_sessions < 1:
         usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
-    if not 0 < args.idle_timeout < float("inf"):
-        usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
     _check_seed(args.seed)
     try:
         serve(args.env_id, args.transport, host=args.host, port=args.port,
@@ -853,8 +862,6 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
     """Serve an environment to OpenEnv clients (see :mod:`benchmax_gym.openenv`)."""
     if args.max_sessions < 1:
         usage_error(f"--max-sessions must be at least 1, got {args.max_sessions}")
-    if not 0 < args.idle_timeout < float("inf"):
-        usage_error(f"--idle-timeout must be a positive number of seconds, got {args.idle_timeout:g}")
     from benchmax_gym.serve import ListenError, listen
 
     sockets = []
@@ -1110,11 +1117,15 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--workers", type=whole_number("--workers", COUNT_MAX),
                     default=1, help="processes to spread episodes over (concurrency is "
                     "split among them): one process tops out at a few hundred model calls per second (default: 1)")
-    ev.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
-    ev.add_argument("--top-p", type=float, help="nucleus sampling (default: the server's)")
+    # (nan and inf cannot be sent as JSON, and servers refuse the others: every episode failed)
+    ev.add_argument("--temperature", type=real_number("--temperature", checks.at_least(0)),
+                    help="sampling temperature (default: the server's)")
+    ev.add_argument("--top-p", type=real_number("--top-p", checks.positive_up_to(1)),
+                    help="nucleus sampling (default: the server's)")
     ev.add_argument("--max-tokens", type=whole_number("--max-tokens", COUNT_MAX),
                     help="tokens per model turn (default: the server's)")
-    ev.add_argument("--timeout", type=float, default=120.0, help="seconds per model request, the whole reply "
+    ev.add_argument("--timeout", type=real_number("--timeout", checks.seconds), default=120.0,
+                    help="seconds per model request, the whole reply "
                     "included (default: 120)")
     ev.add_argument("--max-retries", type=whole_number("--max-retries", RETRIES_MAX),
                     default=4, help="retries per request on 429/5xx/timeouts "
@@ -1144,7 +1155,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--seed", type=whole_number("--seed"), default=0, help="bootstrap seed (default: 0)")
     cmp.add_argument("--plots-dir", type=given("--plots-dir", "a folder for the PNGs (or leave it out)"),
                      help="write comparison PNGs here (default: none)")
-    cmp.add_argument("--max-failure-gap", type=float, default=0.05, metavar="RATE",
+    cmp.add_argument("--max-failure-gap", type=real_number("--max-failure-gap", checks.number_between(0, 1)),
+                     default=0.05, metavar="RATE",
                      help="refuse runs whose failure rates (failed episodes / episodes) differ by more than this: "
                      "their means are over different episodes (default: 0.05)")
     cmp.add_argument("--allow-failure-gap", action="store_true",
@@ -1160,7 +1172,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "import package)")
     new.add_argument("--dir", default=".", type=given("--dir", "the folder to create the package in"),
                      help="where to create the NAME folder (default: here)")
-    new.add_argument("--id", help="the env id (default: PACKAGE/CamelName-v0)")
+    new.add_argument("--id", type=given("--id", "the env id (or leave it out for PACKAGE/CamelName-v0)"),
+                     help="the env id (default: PACKAGE/CamelName-v0)")
     new.set_defaults(func=cmd_new)
     mcp = sub.add_parser("mcp-serve", help="serve an environment's tools as an MCP server (one workspace per session)")
     mcp.add_argument("env_id", help="an id from `benchmax-gym list`")
@@ -1170,7 +1183,7 @@ def build_parser() -> argparse.ArgumentParser:
     mcp.add_argument("--host", help="http: the address to listen on (default: 127.0.0.1, loopback)")
     mcp.add_argument("--port", type=port_number,
                      help="http: the port (default: 8000; 0: any free one; the URL is printed)")
-    mcp.add_argument("--idle-timeout", type=float, metavar="SECONDS",
+    mcp.add_argument("--idle-timeout", type=real_number("--idle-timeout", checks.seconds), metavar="SECONDS",
                      help="http: a session with no request in flight this long is closed with its environment "
                      "(default: 600)")
     mcp.add_argument("--max-sessions", type=whole_number("--max-sessions", COUNT_MAX),
@@ -1196,7 +1209,8 @@ def build_parser() -> argparse.ArgumentParser:
     oe.add_argument("--port", type=port_number, default=8000, help="the port, 8000 by default (0: any free one; the URL is printed)")
     oe.add_argument("--max-sessions", type=whole_number("--max-sessions", COUNT_MAX), default=64,
                     help="WebSocket sessions open at once (64); one more gets CAPACITY_REACHED until one ends")
-    oe.add_argument("--idle-timeout", type=float, default=600.0, metavar="SECONDS",
+    oe.add_argument("--idle-timeout", type=real_number("--idle-timeout", checks.seconds), default=600.0,
+                    metavar="SECONDS",
                     help="a session with no message this long (600 s) is closed with its environment")
     oe.add_argument("--auth-token", default=None,
                     type=given("--auth-token", "a token (or leave it out for BENCHMAX_GYM_OPENENV_TOKEN)"),

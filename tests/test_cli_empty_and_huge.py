@@ -45,6 +45,7 @@ EMPTY = [  # (argv with "" where the flag's value goes, the flag named)
     (["compare", "a", "--baseline", ""], "--baseline"),
     (["compare", "a", "--plots-dir", ""], "--plots-dir"),
     (["new", "acme-weather", "--dir", ""], "--dir"),
+    (["new", "acme-weather", "--id", ""], "--id"),
     (["mcp-serve", MATH, "--transport", "http", "--port", "0", "--auth-token", ""], "--auth-token"),
     (["openenv-serve", MATH, "--port", "0", "--auth-token", ""], "--auth-token"),
     (["launch", "--print-yaml", "--sky-python", ""], "--sky-python"),
@@ -110,9 +111,8 @@ def test_every_integer_option_takes_a_whole_number_within_its_bounds(before, fla
     and `eval -k` that many (a plan built until memory ran out), and said `1e20`, `3.0` or `nan`
     under a screenful of usage; now each is one line naming the option."""
     line = refused(capsys, [a.format(doc=here / "doc.md") for a in before] + [flag, value] + after)
-    name = "chunk_chars" if flag == "--chunk-chars" and value in ("0", "-1") else flag  # (the corpus's own check)
-    assert f"error: {name} " in line or f"error: -k/--rollouts-per-task " in line and flag == "-k" \
-        or f"error: argument {name}: " in line and flag == "--port", line  # (a server's --port: argparse's words)
+    assert f"error: {flag} " in line or f"error: -k/--rollouts-per-task " in line and flag == "-k" \
+        or f"error: argument {flag}: " in line and flag == "--port", line  # (a server's --port: argparse's words)
     if value == HUGE:
         assert f"at most {COUNT_MAX:,}" in line or "at most 100," in line or "0 (any free port) to 65535" in line \
             or "must be a port number" in line, line
@@ -144,3 +144,37 @@ def test_the_servers_python_api_refuses_a_max_sessions_past_the_bound(api):
         from benchmax_gym.openenv import serve as start
     with pytest.raises(ValueError, match=f"max_sessions must be a positive int up to {COUNT_MAX:,}"):
         start(MATH, **({"transport": "http"} if api == "serve" else {}), port=0, max_sessions=10**20)
+
+
+FLOATS = [  # (argv before the flag, the flag, the values it refuses besides text that is no number, nan and inf)
+    (["eval", MATH, "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--out", "o"], "--temperature", "-1"),
+    (["eval", MATH, "--model", "m", "--base-url", "http://127.0.0.1:9/v1", "--out", "o"], "--top-p", "0 1.5 -1"),
+    (["eval", MATH, "--policy", "solver", "--out", "o"], "--timeout", "0 -1 1e300"),
+    (["compare", "a"], "--max-failure-gap", "-0.1 1.5"),
+    (["mcp-serve", MATH, "--transport", "http"], "--idle-timeout", "0 -1 1e300"),
+    (["openenv-serve", MATH], "--idle-timeout", "0 -1 1e300"),
+    (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl", "--model", "m"], "--timeout", "0 -1 1e300"),
+    (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl", "--model", "m"], "--temperature", "-1"),
+    (["export-sft", "{doc}", "--out", "sft.jsonl"], "--min-reward", ""),
+]
+BAD_FLOATS = [pytest.param(before, flag, value, id=f"{' '.join(before[:2])} {flag} {value}")
+              for before, flag, also in FLOATS for value in ["nan", "inf", "-inf", "abc", "", *also.split()]]
+
+
+@pytest.mark.parametrize("before, flag, value", BAD_FLOATS)
+def test_every_float_option_refuses_nan_inf_and_values_out_of_its_range(before, flag, value, here, capsys):
+    """argparse took `nan` and `inf` as they came: `export-sft --min-reward nan` kept no episode,
+    `compare --max-failure-gap nan` refused every pair of runs, a model request was sent with
+    `temperature: NaN` (not JSON), a timeout past threading's bound overflowed where it was waited
+    on; and `--timeout abc` was said under a screenful of usage. Now each is one line naming the
+    option, before anything is made."""
+    line = refused(capsys, [a.format(doc=here / "doc.md") for a in before] + [f"{flag}={value}"])
+    assert line.startswith(f"benchmax-gym: error: {flag} must be "), line
+    assert not any(here.joinpath("work").iterdir())
+
+
+def test_a_negative_min_reward_is_a_bar_not_refused(here, capsys):
+    """Rewards may be negative (a penalty), so `--min-reward -0.5` is a bar like any finite one:
+    the run is read (here: not one) rather than the value refused."""
+    line = refused(capsys, ["export-sft", str(here / "nowhere"), "--out", "sft.jsonl", "--min-reward=-0.5"])
+    assert "--min-reward" not in line and "nowhere" in line, line

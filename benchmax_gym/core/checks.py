@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import sys
 import threading
@@ -80,6 +81,23 @@ def positive_number(name: str, value: Any) -> float:
     if not _is_number(value) or not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def finite_number(name: str, value: Any) -> float:
+    """Any number but NaN and inf: a bar compared with (``reward >= nan`` kept nothing, ``-inf``
+    everything, as if the bar were left out)."""
+    if not _is_number(value) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def at_least(low: float, unit: str = "") -> Check:
+    """A finite number ``low`` or more (a sampling temperature: NaN and inf cannot be sent as JSON)."""
+    def check(name: str, value: Any) -> float:
+        if not _is_number(value) or not low <= value < math.inf:
+            raise ValueError(f"{name} must be a finite number, {low:g}{unit} or more, got {value!r}")
+        return float(value)
+    return check
 
 
 def positive_up_to(high: float, unit: str = "") -> Check:

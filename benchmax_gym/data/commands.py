@@ -134,9 +134,10 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
     from benchmax_gym.eval.policies import PolicyError
 
     _refuse_existing(args.out, args.overwrite)
-    for flag, value in (("--concurrency", args.concurrency), ("--timeout", args.timeout)):
-        if not value > 0:
-            usage_error(f"{flag} must be a positive number, got {value}")
+    if args.concurrency < 1:
+        usage_error(f"--concurrency must be a positive number, got {args.concurrency}")
+    if args.chunk_chars < 200:  # (chunk_document's least, said naming the flag, not its argument)
+        usage_error(f"--chunk-chars must be at least 200, got {args.chunk_chars}")
     if args.max_retries < 0:
         usage_error(f"--max-retries must be 0 or more, got {args.max_retries}")
     if args.verify_model and not args.model:
@@ -168,7 +169,8 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
 
 def add_commands(sub: Any) -> None:
     """Add ``tasks from-corpus``, ``tasks from-traces`` and ``export-sft`` to the CLI's subparsers."""
-    from benchmax_gym.cli import COUNT_MAX, RETRIES_MAX, given, whole_number
+    from benchmax_gym.cli import COUNT_MAX, RETRIES_MAX, given, real_number, whole_number
+    from benchmax_gym.core import checks
 
     tasks = sub.add_parser("tasks", help="make tasks from your documents or your agents' traces")
     which = tasks.add_subparsers(dest="tasks_command", required=True)
@@ -198,10 +200,12 @@ def add_commands(sub: Any) -> None:
     fc.add_argument("--single-hop-only", action="store_true", help="no multi-hop (bridge, comparison) questions")
     fc.add_argument("--concurrency", type=whole_number("--concurrency", COUNT_MAX),
                     default=16, help="model requests in flight (default: 16)")
-    fc.add_argument("--timeout", type=float, default=120.0, help="seconds per model request (default: 120)")
+    fc.add_argument("--timeout", type=real_number("--timeout", checks.seconds), default=120.0,
+                    help="seconds per model request (default: 120)")
     fc.add_argument("--max-retries", type=whole_number("--max-retries", RETRIES_MAX),
                     default=4, help="retries per request (default: 4)")
-    fc.add_argument("--temperature", type=float, help="sampling temperature (default: the server's)")
+    fc.add_argument("--temperature", type=real_number("--temperature", checks.at_least(0)),
+                    help="sampling temperature (default: the server's)")
     fc.add_argument("--seed", type=whole_number("--seed"),
                     default=0, help="which facts the templates pick (default: 0)")
     fc.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -236,7 +240,8 @@ def add_commands(sub: Any) -> None:
                      help="an eval run directory, or a `run --jsonl` file")
     sft.add_argument("--out", type=given("--out", "the file to write (or leave it out for RUN/sft.jsonl)"),
                      help="the file to write (default: RUN/sft.jsonl for a run directory)")
-    sft.add_argument("--min-reward", type=float, help="keep scored episodes with at least this reward (default: "
+    sft.add_argument("--min-reward", type=real_number("--min-reward"),
+                     help="keep scored episodes with at least this reward (default: "
                      "those that succeeded: full reward)")
     sft.add_argument("--env", metavar="ENV_ID", help="the env whose tools to write (default: the run's)")
     sft.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",

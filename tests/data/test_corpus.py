@@ -150,7 +150,7 @@ def test_the_model_path_filters_bad_candidates_and_never_writes_the_key(tmp_path
 @pytest.mark.parametrize("args, says", [
     (["--model", "m", "--concurrency", "0"], "--concurrency must be a positive number"),
     (["--verify-model", "m"], "give --model too"),
-    (["--chunk-chars", "50"], "chunk_chars must be at least 200"),
+    (["--chunk-chars", "50"], "--chunk-chars must be at least 200"),
     (["--max-questions", "0"], "--max-questions must be a positive number"),
     (["--seed", "-1"], "--seed must be a non-negative int"),  # (numpy's "expected non-negative integer" alone)
 ])
