@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import os
 import sys
 import weakref
@@ -55,6 +56,8 @@ from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import Task
 from benchmax_gym.core.tools import truncate
 from benchmax_gym.core.users import UserUsage
+
+log = logging.getLogger(__name__)
 
 EXTRA = "pip install 'benchmax-gym[openenv]'"
 TOKEN_ENV = "BENCHMAX_GYM_OPENENV_TOKEN"
@@ -184,7 +187,10 @@ def _classes() -> SimpleNamespace:
                 raise ValueError(f"episode_id must be a string, got {type(episode_id).__name__}")
             if self.env is None:
                 self.env = gym.make(self.env_id, **self.env_kwargs)
-            obs, info = self.env.reset(seed=seed, options=options or None)
+            try:
+                obs, info = self.env.reset(seed=seed, options=options or None)
+            except Exception as exc:  # the client is told what the env said; the session goes on
+                raise _reset_failed(self.env_id, exc) from exc
             # (the state carries it: UTF-8 safe, else every state request fails)
             self.episode_id = utf8_safe(episode_id or self.env.unwrapped.episode.rollout_id)
             info = _jsonable(info)
@@ -295,6 +301,23 @@ class ServerError(RuntimeError):
         super().__init__(f"{data.get('message', 'error')}{': ' + details if details else ''} (code: {self.code})")
 
 
+class ResetFailed(RuntimeError):
+    """A session's environment raised in its reset: OpenEnv sends the message to a WebSocket
+    client (``EXECUTION_ERROR``), and :func:`build_app` answers HTTP ``/reset`` with it."""
+
+
+def _reset_failed(env_id: str, exc: Exception) -> ResetFailed:
+    """What the server says of a reset that raised, to the client and in one line of its log (the
+    traceback at debug level): the env's own message and, when that is no plain one, its type
+    (a KeyError's bare key, a MemoryError's nothing; HTTP /reset was a 500 with a traceback)."""
+    from benchmax_gym.serve import error_line
+
+    said = error_line(exc)
+    log.warning("benchmax-gym openenv-serve: %s: a session's reset failed: %s", env_id, said,
+                exc_info=log.isEnabledFor(logging.DEBUG))
+    return ResetFailed(f"the environment failed to reset: {said}")
+
+
 def __getattr__(name: str) -> Any:
     """``BenchmaxGymAction``, ``BenchmaxGymObservation``, ``BenchmaxGymState``, ``GymEnvironment``
     and ``Client`` come from the extra, on first use."""
@@ -320,10 +343,16 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sess
 
     import benchmax_gym  # noqa: F401  (registers the ids)
 
+    from benchmax_gym.serve import start_failure
+
     env_kwargs = dict(env_kwargs or {})
     probe = gym.make(env_id, **env_kwargs)
     try:
         probe.reset()  # (its servers and sandbox start at the first reset)
+    except Exception as exc:  # (a plugin's KeyError or own exception class: named, not a traceback)
+        if (said := start_failure(exc)) is exc:
+            raise
+        raise said from exc
     finally:
         probe.close()
     live: weakref.WeakSet = weakref.WeakSet()
@@ -336,6 +365,13 @@ def build_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sess
             await asyncio.to_thread(environment.close)
 
     app.router.on_shutdown.append(close_sessions)
+
+    async def reset_failed(request: Any, exc: ResetFailed) -> Any:  # (handled here: no traceback logged)
+        from starlette.responses import JSONResponse
+
+        return JSONResponse({"detail": str(exc)}, status_code=500)
+
+    app.add_exception_handler(ResetFailed, reset_failed)
     from mcp.server.transport_security import RequestBodyLimitMiddleware
 
     return _QuietDisconnects(RequestBodyLimitMiddleware(app, MAX_REQUEST_BYTES))

@@ -52,6 +52,35 @@ TOKEN_ENV = "BENCHMAX_GYM_MCP_TOKEN"
 #: the ``_meta`` key of a tool result that failed for a reason not the model's (core.outcomes)
 OUTCOME_META = "benchmax/outcome"
 _ENV_KEY = "benchmax_gym.env"  # where a session's environment (a future of it) lives in its connection state
+log = logging.getLogger(__name__)
+
+#: exceptions whose message says what failed by itself (ours, and the ones an env raises to say it
+#: cannot start); any other is named with its type
+_PLAIN = (RuntimeError, ValueError, TypeError, OSError, ImportError, gym.error.Error)
+
+
+def error_line(exc: BaseException) -> str:
+    """What an environment raised, as one line for a client and the server's log: its message, led
+    by its type's name unless it is a plain start failure (a KeyError said only ``'task'``, quoted;
+    a MemoryError or a bare ``raise Boom()`` said nothing at all)."""
+    message = str(exc.args[0]) if isinstance(exc, KeyError) and len(exc.args) == 1 else str(exc)
+    message = " ".join(message.split())
+    plain = type(exc).__module__.startswith("benchmax_gym") or (
+        isinstance(exc, _PLAIN) and not isinstance(exc, RecursionError)
+        and type(exc).__module__ in ("builtins", "gymnasium.error"))
+    if plain and message:
+        return message
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def start_failure(exc: Exception) -> Exception:
+    """The first environment a server makes (its probe) failed: what it raised as it is when it is
+    a plain start failure (the CLI says a bad argument or an env that cannot start by its type),
+    else a RuntimeError naming it (a plugin's KeyError or its own exception class ended the CLI in
+    a traceback)."""
+    if isinstance(exc, _PLAIN) and not isinstance(exc, RecursionError):
+        return exc
+    return RuntimeError(error_line(exc))
 
 
 class SessionEnvs:
@@ -142,7 +171,12 @@ def _connection(ctx: Any) -> Any:
 def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: int | None = 0) -> Server:
     """A low-level MCP server exposing ``env_id``'s tools, one environment per session."""
     sessions = SessionEnvs(env_id, dict(env_kwargs or {}), seed)
-    probe = sessions.make()  # what the tools are (MCP-v0 only knows once its servers are up)
+    try:
+        probe = sessions.make()  # what the tools are (MCP-v0 only knows once its servers are up)
+    except Exception as exc:
+        if (said := start_failure(exc)) is exc:
+            raise
+        raise said from exc
     base = probe.unwrapped
     tools = [
         types.Tool(name=s["function"]["name"], description=s["function"]["description"],
@@ -158,10 +192,13 @@ def build_server(env_id: str, env_kwargs: dict[str, Any] | None = None, seed: in
     async def on_call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         try:
             made = await sessions.for_request(ctx)
-        except Exception as exc:  # its environment failed to start: say why (not "Internal server error")
-            outcome = getattr(exc, "outcome", None)
+        except Exception as exc:  # its environment failed to start: say why (not "Internal server error"),
+            outcome = getattr(exc, "outcome", None)  # and log one line (the traceback at debug level)
+            said = error_line(exc)
+            log.warning("benchmax-gym mcp-serve: %s: a session's environment failed to start: %s", env_id, said,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
             return types.CallToolResult(
-                content=[types.TextContent(type="text", text=f"the environment failed to start: {exc}")],
+                content=[types.TextContent(type="text", text=f"the environment failed to start: {said}")],
                 is_error=True, meta={OUTCOME_META: outcome if outcome in FAILURES else ENV_ERROR})
         env = made.unwrapped
         async with sessions.turn(made):

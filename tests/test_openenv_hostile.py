@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import httpx
 import pytest
 from openenv.core.generic_client import GenericEnvClient
@@ -146,3 +147,37 @@ def test_a_client_gone_mid_step_is_freed_without_a_server_traceback(serve_cli):
     with httpx.Client(timeout=30) as http:  # the server goes on (and has logged what it would)
         assert http.post(server.url + "/reset", json={"seed": 0}).status_code == 200
     assert not until(lambda: "Traceback" in "".join(server.lines), 2), "".join(server.lines)[-3000:]
+
+
+def test_a_reset_that_raises_the_unexpected_is_named_to_the_client_and_the_session_goes_on(serve_cli):
+    """A plugin env's reset raising a KeyError (test_serve_hostile's ResetRaises: every other
+    reset) reached a WebSocket client as `'task_index 7 ...'` (a MemoryError or a bare `raise
+    Boom()`: as an empty message), and HTTP /reset as `Internal Server Error` with a traceback in
+    the server's log; now each names the env's error, the session plays on, and the server logs
+    one line per failed reset."""
+    tests = Path(__file__).resolve().parent
+    server = serve_cli("openenv-serve", "test_serve_hostile:hostile/ResetRaises-v0",
+                       env={"PYTHONPATH": f"{tests}:{tests.parent}"})  # (its first reset, the probe, plays)
+    error = "KeyError: task_index 7 is not in the table"
+    said = f"the environment failed to reset: {error}"
+
+    async def main():
+        async with connect(ws_url(server.url)) as socket:
+            failed = await ask(socket, json.dumps({"type": "reset", "data": {"seed": 0}}))
+            again = await ask(socket, json.dumps({"type": "reset", "data": {"seed": 0}}))  # the same session
+            return failed, again
+
+    failed, again = asyncio.run(main())
+    assert failed == {"type": "error", "data": {"message": said, "code": "EXECUTION_ERROR"}}
+    assert again["type"] == "observation" and "math problem" in again["data"]["observation"]["text"]
+    http = httpx.post(server.url + "/reset", json={"seed": 0, "task_index": 99}, timeout=30)
+    assert http.status_code == 500 and http.json() == {"detail": said}
+    env = gym.make("benchmax/OpenEnv-v0", base_url=server.url)
+    with pytest.raises(RuntimeError, match=said):
+        env.reset(seed=0, options={"task_index": 99})
+    env.close()
+    logged = lambda: [line for line in server.lines if "reset failed" in line]  # noqa: E731
+    assert until(lambda: len(logged()) == 3), "".join(server.lines)[-3000:]
+    assert all(f"test_serve_hostile:hostile/ResetRaises-v0: a session's reset failed: {error}" in line
+               for line in logged()), logged()
+    assert "Traceback" not in "".join(server.lines)
