@@ -80,3 +80,92 @@ def test_an_eval_worker_killed_mid_episode_leaves_no_workspace(tmp_path, tmp):
     assert "an eval worker failed" in out.stdout and "exited (status -9)" in out.stdout, out.stdout + out.stderr[-3000:]
     assert [p.name for p in tmp.rglob("*") if p.name.startswith("benchmax-")
             and not p.name.startswith("benchmax-gym-")] == []
+
+
+HELD_EPISODE_SCRIPT = """
+import sys
+
+import gymnasium as gym
+
+import benchmax_gym  # noqa: F401
+
+env = gym.make("benchmax/Excel-v0", python_tool=False)  # (no sandbox: its workbook copied to a temp folder)
+env.reset(seed=0)
+print("open", flush=True)
+if sys.argv[1] == "hold":
+    sys.stdin.readline()  # an episode open until this process is killed
+env.close()
+"""
+
+
+def _excel_workspaces(tmp):
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("benchmax-excel-"))
+
+
+def test_an_excel_process_killed_mid_episode_leaves_its_workspace_only_until_the_next_one(tmp_path, tmp):
+    """A process with an Excel episode open SIGKILLed (the OOM killer, a timed-out job's kill)
+    left its `benchmax-excel-*/workbook.xlsx` for good, one more per kill; now the next process
+    to open an episode removes it, and leaves a live process's workspace alone."""
+    script = tmp_path / "held.py"
+    script.write_text(HELD_EPISODE_SCRIPT)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    held = [subprocess.Popen([sys.executable, str(script), "hold"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env) for _ in range(2)]
+    try:
+        for proc in held:
+            assert proc.stdout.readline() == "open\n"
+        before = _excel_workspaces(tmp)
+        assert len(before) == 2, before
+        held[0].kill()
+        held[0].wait()
+        assert _excel_workspaces(tmp) == before  # (nothing of the killed process removes it)
+        out = subprocess.run([sys.executable, str(script), "once"], capture_output=True, text=True, env=env,
+                             timeout=240)
+        assert out.returncode == 0, out.stderr[-3000:]
+        live = [name for name in before if f"-p{held[1].pid}-" in name]
+        assert _excel_workspaces(tmp) == live and len(live) == 1, (_excel_workspaces(tmp), before)
+    finally:
+        for proc in held:
+            proc.kill()
+            proc.wait()
+
+
+KILLED_RECALC_WORKER_SCRIPT = """
+import os, signal, tempfile, threading, time
+
+from benchmax_gym.envs.excel import recalc
+
+failed = []
+
+
+def call():
+    try:
+        recalc.run_in_process(time.sleep, (120,), 240, "a long call")
+    except Exception as exc:
+        failed.append(exc)
+
+
+thread = threading.Thread(target=call)
+thread.start()
+while recalc._worker is None or not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("benchmax-excel-")]:
+    time.sleep(0.05)  # (the call's own folder, made as its process is forked: the worker's start has one of its own)
+os.kill(recalc._worker.proc.pid, signal.SIGKILL)  # the worker killed mid-call (the OOM killer)
+thread.join()
+print(type(failed[0]).__name__, failed[0])
+print(recalc.run_in_process(abs, (-3,), 60, "the next call"))
+recalc.stop_recalc_worker()
+"""
+
+
+def test_a_recalculation_worker_killed_mid_call_leaves_no_folder(tmp_path, tmp):
+    """The recalculation worker makes a folder per call and removes it as it reaps the call; the
+    worker SIGKILLed mid-call (its calls die with it) left that folder for good. Now its caller,
+    which started it, removes what it owned once it has reaped it; the next call runs as ever."""
+    script = tmp_path / "killed_worker.py"
+    script.write_text(KILLED_RECALC_WORKER_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "TMPDIR": str(tmp)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["RecalcUnavailable the recalculation worker stopped during a long call", "3"], \
+        out.stdout + out.stderr[-3000:]
+    assert _excel_workspaces(tmp) == []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,7 +18,8 @@ from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.generator import GeneratedSheets
 from benchmax_gym.envs.excel.grading import correct_cells, grade
-from benchmax_gym.envs.excel.recalc import RECALC_MODES, RecalcUnavailable, hold_worker, soffice_executable
+from benchmax_gym.envs.excel.recalc import (RECALC_MODES, RecalcUnavailable, hold_worker, owned_tempdir,
+                                            soffice_executable)
 from benchmax_gym.envs.excel.solver import ExcelSolver
 from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
 from benchmax_gym.envs.excel.tools import WORKBOOK, WorkbookFile, describe_workbook, list_sheets, read_range, write_cells
@@ -119,7 +119,7 @@ class ExcelEnv(ToolEnv):
                 box.put_file(name, source)
             workspace = box.workspace
         else:
-            workspace = Path(tempfile.mkdtemp(prefix="benchmax-excel-"))
+            workspace = owned_tempdir()  # (a process killed mid-episode: the next one removes it)
             episode.resources.callback(shutil.rmtree, workspace, ignore_errors=True)
             for name, source in episode.task.files.items():
                 target = workspace / name

@@ -779,6 +779,65 @@ _BOOT = (
 )
 
 
+#: a workspace's name: its owner's pid and pid namespace (a directory of a process that is gone,
+#: killed with no chance to remove it, is removed by the next one to look; see :func:`owned_tempdir`)
+_OWNED = re.compile(r"benchmax-excel-p(\d+)-n(\d+)-")
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (0: unknown): a pid means a process only within its own."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+def _owner_prefix(pid: int) -> str:
+    return f"benchmax-excel-p{pid}-n{_pid_namespace()}-"
+
+
+def remove_owned(pid: int | None = None) -> None:
+    """Remove the workspaces in the temp directory whose owner has ended: process ``pid``'s (the
+    caller knows it ended: a recalculation worker it reaped), else every one whose owner is gone
+    (a process of this pid namespace, by this user, with no ``/proc/PID``). A folder only, never
+    followed through a link; another namespace's or another user's are left as they are."""
+    namespace = _pid_namespace()
+    if not namespace:
+        return
+    root = tempfile.gettempdir()
+    try:
+        entries = os.scandir(root)
+    except OSError:
+        return
+    with entries:
+        for entry in entries:
+            match = _OWNED.match(entry.name)
+            if match is None or int(match[2]) != namespace:
+                continue
+            owner = int(match[1])
+            if owner == os.getpid() or (owner != pid if pid is not None else os.path.exists(f"/proc/{owner}")):
+                continue
+            try:
+                if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+_swept: set[int] = set()  # the processes that have removed what dead owners left (once each)
+
+
+def owned_tempdir() -> Path:
+    """A new workspace in the temp directory, named for this process: one it leaves when it is
+    killed (SIGKILL, the OOM killer: an episode's workbook copy, a recalculation's file) is removed
+    by the next process that makes one (each process looks once), where each kill left one for good."""
+    if os.getpid() not in _swept:
+        _swept.add(os.getpid())
+        remove_owned()
+    return Path(tempfile.mkdtemp(prefix=_owner_prefix(os.getpid())))
+
+
 class _Worker:
     """The caller's side of the worker: its process and its control socket (a fork per call)."""
 
@@ -847,6 +906,8 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.returncode != 0:  # killed (SIGKILL, the OOM killer): its calls' files are left
+            remove_owned(self.proc.pid)
 
 
 _worker: _Worker | None = None
@@ -1118,7 +1179,7 @@ def _serve(fd: int, idle_s: float) -> None:
                 return  # the caller is gone
             command, _, arg = message.partition(b" ")
             if command == b"fork" and len(fds) == 1:
-                tmp = tempfile.mkdtemp(prefix="benchmax-excel-")
+                tmp = str(owned_tempdir())  # (removed when the call is reaped; the worker killed: by the caller)
                 pid = os.fork()
                 if pid == 0:
                     status = 1
