@@ -796,8 +796,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except ValueError as exc:
         usage_error(f"cannot compare: {exc}")
     if args.plots_dir:
-        from benchmax_gym.eval.plots import plot_compare
+        from benchmax_gym.eval.plots import plot_compare, plots_available
 
+        if not plots_available():  # (before a folder is made; it was a traceback)
+            usage_error("--plots-dir: plots need matplotlib: pip install 'benchmax-gym[plots]'")
         try:
             os.makedirs(args.plots_dir, exist_ok=True)
             plot_compare(result, args.plots_dir, infos)

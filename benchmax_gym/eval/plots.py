@@ -6,11 +6,20 @@ only, with the Agg backend, so nothing needs a display.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+
+def plots_available() -> bool:
+    """Whether matplotlib (the ``plots`` extra) is installed, without importing it."""
+    try:
+        return importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _pyplot():

@@ -675,6 +675,7 @@ async def aevaluate(
                 item.close()
             if hasattr(policy, "aclose"):
                 await policy.aclose()
+        from benchmax_gym.eval.plots import plots_available
         from benchmax_gym.eval.stats import summarize
 
         records.sort(key=lambda r: (r["task_index"], r["sample"]))
@@ -690,6 +691,9 @@ async def aevaluate(
                 summary.setdefault("notes", []).append(
                     f"{erred} episodes' group rubric raised or gave no finite score: that component scored 0 "
                     "(group_errors in group_rewards.jsonl); a trainer leaves such groups out")
+        if run_dir and plots and not plots_available():  # (said, not silently skipped)
+            summary.setdefault("notes", []).append(
+                "no PNGs: plots need matplotlib (pip install 'benchmax-gym[plots]'; --no-plots asks for none)")
         run = {**(run_dir.run if run_dir else run), "ended": _now(),
                "usage": {**{key: _token_total(records, key) for key in ("prompt_tokens", "completion_tokens")},
                          **_user_usage(records)}}

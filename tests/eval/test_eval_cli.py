@@ -125,3 +125,33 @@ def test_a_killed_worker_is_one_line_saying_how_to_resume(tmp_path):
     assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert "an eval worker failed: an eval worker exited (status -9)" in lines[0]
     assert lines[0].endswith(f"the episodes done are kept in {out}: rerun the same command to resume")
+
+
+NO_MATPLOTLIB = ("import sys\n"
+                 "class Missing:\n"
+                 "    def find_spec(self, name, path=None, target=None):\n"
+                 "        if name.split('.')[0] == 'matplotlib':\n"
+                 "            raise ModuleNotFoundError(\"No module named 'matplotlib'\", name=name)\n"
+                 "sys.meta_path.insert(0, Missing())\n"
+                 "from benchmax_gym.cli import main\n"
+                 "sys.exit(main(sys.argv[1:]))\n")
+
+
+def test_without_the_plots_extra_eval_says_it_made_no_pngs_and_compare_is_one_line(tmp_path):
+    """A base install has no matplotlib: eval wrote its run with no PNGs and said nothing (a user
+    looked for plots the README promised), and `compare --plots-dir` was a traceback."""
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, *args], capture_output=True, text=True,
+                              timeout=300, env=clean_env(), cwd=tmp_path)
+
+    for name, policy in (("a", "solver"), ("b", "random")):
+        out = cli("eval", ENV, "--policy", policy, "--tasks", "3", "--out", name, "--env-arg", "python_tool=false")
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert not list((tmp_path / name).glob("*.png"))
+        notes = json.loads((tmp_path / name / "summary.json").read_text())["notes"]
+        assert any("pip install 'benchmax-gym[plots]'" in note for note in notes)
+        assert "no PNGs" in out.stdout
+    out = cli("compare", "a", "b", "--plots-dir", "p")
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1 and "pip install 'benchmax-gym[plots]'" in out.stderr
+    assert not (tmp_path / "p").exists()

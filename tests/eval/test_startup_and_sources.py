@@ -111,11 +111,11 @@ def assert_one_line(out, says):
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--temperature", "nan"], "--temperature must be a number, 0 or more, got nan"),
-    (["--temperature", "inf"], "--temperature must be a number, 0 or more, got inf"),
-    (["--temperature", "-0.5"], "--temperature must be a number, 0 or more, got -0.5"),
-    (["--top-p", "0"], "--top-p must be within (0, 1], got 0"),
-    (["--top-p", "1.5"], "--top-p must be within (0, 1], got 1.5"),
+    (["--temperature", "nan"], "--temperature must be a finite number, 0 or more, got nan"),
+    (["--temperature", "inf"], "--temperature must be a finite number, 0 or more, got inf"),
+    (["--temperature", "-0.5"], "--temperature must be a finite number, 0 or more, got -0.5"),
+    (["--top-p", "0"], "--top-p must be a positive number up to 1, got 0"),
+    (["--top-p", "1.5"], "--top-p must be a positive number up to 1, got 1.5"),
 ])
 def test_sampling_settings_a_server_cannot_take_are_refused_naming_the_flag(tmp_path, flags, says):
     """nan and inf cannot be sent as JSON: every episode of the run failed as a model error (exit 0);
