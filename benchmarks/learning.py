@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _bench import need
 
-need("trl", "trl", "transformers", "tokenizers", "torch")
+need("trl", "trl", "transformers", "tokenizers", "torch", load=False)  # (learn.py imports them, not this)
 
 LEARN = Path(__file__).resolve().parents[1] / "examples" / "learn" / "learn.py"
 

@@ -224,6 +224,21 @@ LEARN_TOY = ["--train-tasks", "48", "--eval-tasks", "8", "--vocab", "300", "--hi
              "--group", "2", "--max-tokens", "48", "--turn-tokens", "16"]
 
 
+def test_learning_checks_its_extra_without_importing_it():
+    """The parent only starts learn.py per seed: importing trl, transformers and torch to check
+    they are there cost each run ~2.4 s and 250 MB held for its whole length."""
+    pytest.importorskip("trl")
+    code = ("import runpy, sys\n"
+            f"sys.path.insert(0, {str(BENCHMARKS)!r}); sys.argv = ['learning.py', '--seeds', 'none']\n"
+            "try:\n"
+            f"    runpy.run_path({str(BENCHMARKS / 'learning.py')!r}, run_name='__main__')\n"
+            "finally:\n"
+            "    print(sorted({'trl', 'transformers', 'tokenizers', 'torch'} & set(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--seeds must be comma-separated integers" in out.stderr, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 def test_learning_runs_seeds_in_parallel_and_reports_each_before_and_after():
     """benchmarks/learning.py at toy size (issue 34): two seeds as two processes, each seed's
     held-out figures, paired difference, tool use, stage times; a seed whose run fails is named."""

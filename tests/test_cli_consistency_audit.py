@@ -228,8 +228,8 @@ def test_the_examples_in_help_run_as_written(tmp_path):
             ran += 1
     assert ran >= 12
     assert (tmp_path / "traces.jsonl").is_file() and (tmp_path / "sft.jsonl").is_file()
-    for command in ("run", "tasks", "tasks from-traces", "launch"):
-        shown = _examples(cli(*command.split(), "--help").stdout)
+    for command in ("run", "tasks", "tasks from-traces", "launch"):  # (argparse's text: in this process)
+        shown = _examples(run_in_process(*command.split(), "--help").stdout)
         assert shown and all(e[1:1 + len(command.split())] == command.split() for e in shown), (command, shown)
         assert all(e in examples for e in shown)
 

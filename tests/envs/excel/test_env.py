@@ -42,12 +42,14 @@ def test_solver_solves_bigger_multi_sheet_tasks():
         assert reward == 1.0, seed
 
 
-def test_solver_solves_every_shared_spreadsheetbench_case(sb_dir):
+@pytest.mark.parametrize("part", range(3))
+def test_solver_solves_every_shared_spreadsheetbench_case(sb_dir, part):
+    """Every task, a third of them per case (every third task: xdist runs the thirds at once)."""
     env = gym.make("benchmax/Excel-v0", tasks="spreadsheetbench", task_args={"dataset": sb_dir}, python_tool=False)
     tasks = env.unwrapped.tasks
     assert len(tasks) >= 60
     solver = env.unwrapped.reference_solver()
-    for i in range(len(tasks)):
+    for i in range(part, len(tasks), 3):
         p = play(env, solver, options={"task_index": i})
         reward, info = p.reward, p.info
         assert reward == 1.0, tasks[i].id
@@ -55,19 +57,21 @@ def test_solver_solves_every_shared_spreadsheetbench_case(sb_dir):
     assert scores["soft"] == 1.0 and scores["hard"] == 1.0
 
 
-def test_doing_nothing_scores_zero_when_the_answer_differs(sb_dir):
-    for kwargs in ({}, {"tasks": "spreadsheetbench", "task_args": {"dataset": sb_dir}}):
-        env = gym.make("benchmax/Excel-v0", python_tool=False, **kwargs)
-        n = len(env.unwrapped.tasks) if kwargs else 30
-        for i in range(n):
-            env.reset(options={"task_index": i})
-            task = env.unwrapped.episode.task
-            untouched = grade(task.files["workbook.xlsx"], task.answer["workbook"], task.answer["position"])
-            _, reward, terminated, _, info = env.step("I'm done.")
-            assert terminated
-            assert reward == float(untouched.solved)
-            if not kwargs:
-                assert reward == 0.0  # generated answers always differ from their input
+@pytest.mark.parametrize("tasks, part", [("generated", 0), ("spreadsheetbench", 0), ("spreadsheetbench", 1)])
+def test_doing_nothing_scores_zero_when_the_answer_differs(sb_dir, tasks, part):
+    """30 generated tasks, and every SpreadsheetBench task (half of them per case: xdist runs the halves at once)."""
+    kwargs = {"tasks": "spreadsheetbench", "task_args": {"dataset": sb_dir}} if tasks == "spreadsheetbench" else {}
+    env = gym.make("benchmax/Excel-v0", python_tool=False, **kwargs)
+    n = len(env.unwrapped.tasks) if kwargs else 30
+    for i in range(part, n, 2 if kwargs else 1):
+        env.reset(options={"task_index": i})
+        task = env.unwrapped.episode.task
+        untouched = grade(task.files["workbook.xlsx"], task.answer["workbook"], task.answer["position"])
+        _, reward, terminated, _, info = env.step("I'm done.")
+        assert terminated
+        assert reward == float(untouched.solved)
+        if not kwargs:
+            assert reward == 0.0  # generated answers always differ from their input
 
 
 def test_reset_observation_describes_the_workbook_and_hides_the_answer():
