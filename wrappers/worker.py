@@ -603,21 +603,24 @@ def _watch_owner(loop: asyncio.AbstractEventLoop, pid: int) -> int | None:
 
 
 def driver_registrations(dumps: Callable[[Any], bytes], own_id: str | None, to: str) -> dict[str, bytes]:
-    """The ids registered in Python in this process (``register_tool_env``, ``gym.register`` with
-    a function or class), each pickled with ``dumps``: a forked worker inherits them, but a
-    spawned worker or an env host is a fresh process that knows only the ids its imports register,
-    and tools, rubrics and factories written in a script's ``__main__`` travel only by value. One
-    that cannot travel is sent as a stub that says why when made there (``own_id``, the vector
-    env's own id: a TypeError here, naming where it could not go: ``to``)."""
+    """The ids registered in this process (``register_tool_env``, ``gym.register``), each pickled
+    with ``dumps``: a forked worker inherits them, but a spawned worker or an env host is a fresh
+    process that knows only the ids its imports register, and tools, rubrics and factories written
+    in a script's ``__main__`` travel only by value. Those with a module path for an entry point go
+    too: a user's ``gym.register("my/MCP-v0", entry_point="benchmax_gym.envs.mcp.env:MCPEnv",
+    kwargs=...)`` is no import's, and was unknown there (``NameNotFound``); the other process
+    keeps its own for an id its imports registered. One that cannot travel is sent as a stub that
+    says why when made there (``own_id``, the vector env's own id: a TypeError here, naming where
+    it could not go: ``to``)."""
     from benchmax_gym.registry import _PARTS, ENVS
 
     out = {}
     for env_id, spec in gym.registry.items():
-        if isinstance(spec.entry_point, str):
-            continue  # (a module path: the other process's imports register it, as this process's did)
         try:
             out[env_id] = dumps((spec, _PARTS.get(env_id), ENVS.get(env_id)))
         except Exception as exc:
+            if isinstance(spec.entry_point, str):
+                continue  # (a module path: as before, the other process's imports may register it)
             if env_id == own_id:
                 raise TypeError(f"env: {env_id!r}'s registration (its tools, tasks, rubric...) cannot be sent to "
                                 f"{to}: {type(exc).__name__}: {exc}") from exc
