@@ -239,3 +239,18 @@ def test_an_mcp_config_registered_in_a_scripts_main_reaches_fresh_worker_process
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out == {"shown": [True], "rewards": [1.0], "eval": [[1.0, None], [1.0, None]]}
+
+
+def test_a_trainers_fresh_process_makes_a_users_id_by_module_and_id():
+    """The README's way to hand an env of your own to a trainer's fresh worker process (verl's,
+    OpenRLHF's): ``module:id``, which imports the module that registers it before making it."""
+    code = ("import sys\n"
+            "from benchmax_gym.adapters.tokens import make_env\n"
+            "assert 'matrix_envs' not in sys.modules\n"
+            "env = make_env('matrix_envs:matrix/Geo-v0')\n"
+            "env.reset(seed=0, options={'task_index': 0})\n"
+            "print(type(env.unwrapped).__name__, [s['function']['name'] for s in env.unwrapped.toolset.schemas])\n"
+            "env.close()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=TESTS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[0] == "ToolEnv" and "country" in out.stdout
