@@ -67,6 +67,10 @@ def _parse_env_args(pairs: list[str]) -> dict[str, Any]:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
                 usage_error(f"--env-arg {pair!r}: {part} is already set to a value that is not a dict")
+        if last in target:  # set inside a whole dict an earlier pair gave (task_args='{"limit": 5}')
+            clash = next(given[k] for k in given if key.startswith(k + "."))
+            usage_error(f"--env-arg {pair!r}: {key} is already set by --env-arg {clash!r}; "
+                        "give each argument once")
         target[last] = value
     return kwargs
 

@@ -94,6 +94,9 @@ def test_env_args_reach_gym_make(shared_data):
          "--env-arg 'max_turns=3': max_turns is already set by --env-arg 'max_turns=2'; give each argument once"),
         (("run", "benchmax/Math-v0", "--env-arg", "task_args.num_tasks=3", "--env-arg", "task_args={}"),
          "task_args is already set by --env-arg 'task_args.num_tasks=3'"),
+        # a field a whole dict already set: the field's value won, silently
+        (("run", "benchmax/Math-v0", "--env-arg", 'task_args={"num_tasks": 5}', "--env-arg", "task_args.num_tasks=3"),
+         "task_args.num_tasks is already set by --env-arg 'task_args={\"num_tasks\": 5}'"),
         (("run", "benchmax/Math-v0", "--env-arg", "task_args.num_task=3"),
          "unknown task_args key 'num_task' (did you mean 'num_tasks'?)"),
     ],
@@ -102,6 +105,15 @@ def test_bad_input_is_a_clear_error(args, says):
     out = run_in_process(*args)
     assert out.returncode != 0 and says in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_field_adds_to_a_whole_dict_that_lacks_it():
+    """``task_args='{...}'`` then ``task_args.FIELD=...``: one dict with both (only a field
+    given twice is refused, above)."""
+    from benchmax_gym.cli import _parse_env_args
+
+    assert _parse_env_args(['task_args={"dataset": "x.jsonl"}', "task_args.limit=3", "a.b.c=1", "a.b.d=2"]) == {
+        "task_args": {"dataset": "x.jsonl", "limit": 3}, "a": {"b": {"c": 1, "d": 2}}}
 
 
 def test_python_dash_m_benchmax_gym_is_the_command():

@@ -43,16 +43,20 @@ def env_args(kwargs):
     return [a for k, v in kwargs.items() for a in ("--env-arg", f"{k}={json.dumps(v)}")]
 
 
-@pytest.mark.parametrize("env_id", IDS)
-def test_gym_make(env_id):
+def play_case(env, env_id):
+    """The case's tool call shows its output; its final reply earns the case's reward."""
     kwargs, call, shows, _, reward = CASES[env_id]
-    env = gym.make(env_id, **kwargs)
     env.reset(options={"task_index": 0})
     obs, _, terminated, _, info = env.step(call)
     assert shows in obs and not terminated and info["error"] is None
     _, got, terminated, _, _ = env.step(final_reply(env_id, kwargs))
     assert terminated and got == reward
     env.close()
+
+
+@pytest.mark.parametrize("env_id", IDS)
+def test_gym_make(env_id):
+    play_case(gym.make(env_id, **CASES[env_id][0]), env_id)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "subprocess"])
@@ -153,16 +157,9 @@ def test_cli_eval_against_a_model_endpoint_and_a_baseline(env_id, tmp_path):
 @pytest.mark.parametrize("env_id", IDS)
 def test_openenv_serve(env_id):
     """The served id played through ``benchmax/OpenEnv-v0`` (OpenEnv's client underneath)."""
-    kwargs, call, shows, _, reward = CASES[env_id]
-    server = Served("--import", "matrix_envs", "openenv-serve", env_id, *env_args(kwargs), cwd=TESTS)
+    server = Served("--import", "matrix_envs", "openenv-serve", env_id, *env_args(CASES[env_id][0]), cwd=TESTS)
     try:
-        env = gym.make("benchmax/OpenEnv-v0", base_url=server.url)
-        env.reset(options={"task_index": 0})
-        obs, _, terminated, _, info = env.step(call)
-        assert shows in obs and not terminated and info["error"] is None
-        _, got, terminated, _, _ = env.step(final_reply(env_id, kwargs))
-        assert terminated and got == reward
-        env.close()
+        play_case(gym.make("benchmax/OpenEnv-v0", base_url=server.url), env_id)
     finally:
         server.close()
 
