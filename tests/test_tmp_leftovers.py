@@ -1,6 +1,7 @@
 """What the library leaves in the temp directory after faults it claims to handle."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,3 +170,44 @@ def test_a_recalculation_worker_killed_mid_call_leaves_no_folder(tmp_path, tmp):
     assert out.stdout.splitlines() == ["RecalcUnavailable the recalculation worker stopped during a long call", "3"], \
         out.stdout + out.stderr[-3000:]
     assert _excel_workspaces(tmp) == []
+
+
+KILLED_INSIDE_SCRIPT = """
+import os, signal, sys
+
+import openpyxl, io
+from benchmax_gym.envs.excel import recalc
+
+if sys.argv[1] == "sweep":
+    print(recalc.owned_tempdir().name)
+    raise SystemExit
+die = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)  # (the OOM killer, mid-work)
+wb = openpyxl.Workbook()
+wb.active["A1"] = "=1+1"
+buffer = io.BytesIO()
+wb.save(buffer)
+if sys.argv[1] == "formulas":  # the recalculation in this process: the worker's warm-up, a trusted file
+    recalc._solve = die
+    recalc._formulas_values(buffer.getvalue(), {("Sheet", "A1")})
+else:  # LibreOffice's recalculation
+    recalc.soffice_executable = lambda: "/bin/true"
+    recalc._run_soffice = die
+    recalc._libreoffice_values(buffer.getvalue(), {("Sheet", "A1")})
+"""
+
+
+@pytest.mark.parametrize("where", ["formulas", "libreoffice"])
+def test_a_process_killed_inside_a_recalculations_own_folder_leaves_it_only_until_the_next_one(tmp_path, tmp, where):
+    """The worker's warm-up and a recalculation in the caller's own process (``formulas``), and
+    LibreOffice's, worked in a ``TemporaryDirectory``: a kill inside it left the folder for good.
+    Now it is named for its process, and the next process to make one removes it."""
+    script = tmp_path / "killed_inside.py"
+    script.write_text(KILLED_INSIDE_SCRIPT)
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    killed = subprocess.run([sys.executable, str(script), where], capture_output=True, text=True, env=env, timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    left = _excel_workspaces(tmp)
+    assert len(left) == 1, left  # (the killed process's; nothing of it removes it)
+    sweep = subprocess.run([sys.executable, str(script), "sweep"], capture_output=True, text=True, env=env, timeout=240)
+    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    assert _excel_workspaces(tmp) == [sweep.stdout.strip()]

@@ -631,7 +631,7 @@ def _formulas_values(
             wb = _open(data, data_only=False, read_only=False)
             _bound_whole_references(wb)
             _drop_unreadable_names(formulas, wb)
-            own = tempfile.TemporaryDirectory(prefix="benchmax-excel-") if workdir is None else None
+            own = owned_workspace() if workdir is None else None
             with own or contextlib.nullcontext(workdir) as tmp:
                 path = Path(tmp) / "book.xlsx"
                 wb.save(path)
@@ -836,6 +836,18 @@ def owned_tempdir() -> Path:
         _swept.add(os.getpid())
         remove_owned()
     return Path(tempfile.mkdtemp(prefix=_owner_prefix(os.getpid())))
+
+
+@contextlib.contextmanager
+def owned_workspace() -> Iterator[Path]:
+    """:func:`owned_tempdir`, removed when done: a process killed inside it (the worker's warm-up,
+    a LibreOffice run) leaves it only until the next process makes one, where a
+    ``TemporaryDirectory`` stayed for good."""
+    path = owned_tempdir()
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class _Worker:
@@ -1318,7 +1330,7 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
     def bounded(fn: Callable[..., Any], *args: Any, what: str) -> Any:
         return fn(*args) if time_limit is None else run_in_process(fn, args, time_limit, what)
 
-    with tempfile.TemporaryDirectory(prefix="benchmax-excel-lo-") as tmp:
+    with owned_workspace() as tmp:
         source, outdir = Path(tmp) / "in" / "book.xlsx", Path(tmp) / "out"
         source.parent.mkdir()
         outdir.mkdir()
