@@ -245,6 +245,18 @@ def test_every_id_runs_in_every_make_vec_mode(env_id, mode):
         assert len(obs) == 2 and all(isinstance(o, str) and o for o in obs)
         obs, reward, terminated, truncated, info = envs.step(["I am done.", "I am done."])  # a final reply, graded
         assert terminated.all() and len(reward) == 2
+        if mode == "subprocess":  # ready-first (send / recv): each env goes on as soon as it is back
+            envs.send(["", ""], [0, 1])  # (NEXT_STEP: this step resets the two finished episodes)
+            obs, _, terminated, _, _, ids = envs.recv(min_ready=2)
+            assert sorted(ids) == [0, 1] and not terminated.any() and all(isinstance(o, str) and o for o in obs)
+            for i in (1, 0):
+                envs.send(["I am done."], [i])
+            back = []
+            while len(back) < 2:
+                _, reward, terminated, _, info, ids = envs.recv(min_ready=1)
+                assert terminated.all() and len(reward) == len(ids) and info["scored"].all(), info
+                back += [int(i) for i in ids]
+            assert sorted(back) == [0, 1]
     finally:
         envs.close()
 
