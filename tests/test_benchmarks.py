@@ -219,8 +219,10 @@ def test_eval_throughput_prints_cpu_per_call_for_each_transport_and_worker_count
         assert 0 < run["fraction_of_ideal"] <= 1.5
 
 
-LEARN_TOY = ["--train-tasks", "48", "--eval-tasks", "8", "--vocab", "300", "--hidden", "16", "--layers", "1",
-             "--heads", "2", "--sft-steps", "6", "--sft-batch", "8", "--rl-steps", "2", "--rl-batch", "4",
+# (the smallest run with every stage: this checks the parent's report, not learning; each seed's
+# process still spends ~7 CPU-s importing torch, transformers and TRL)
+LEARN_TOY = ["--train-tasks", "16", "--eval-tasks", "8", "--vocab", "300", "--hidden", "16", "--layers", "1",
+             "--heads", "2", "--sft-steps", "2", "--sft-batch", "4", "--rl-steps", "1", "--rl-batch", "2",
              "--group", "2", "--max-tokens", "48", "--turn-tokens", "16"]
 
 

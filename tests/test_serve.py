@@ -24,6 +24,7 @@ CLI = [sys.executable, "-m", "benchmax_gym.cli"]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import snooping  # noqa: E402
+from cli_in_process import run_in_process  # noqa: E402
 
 
 def text(result):
@@ -414,9 +415,9 @@ def test_http_auth_token_flag_and_bad_options(serve):
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code == 401
     for bad, says in ((["--max-sessions", "0"], "--max-sessions"), (["--idle-timeout", "-1"], "--idle-timeout")):
-        out = subprocess.run([*CLI, "mcp-serve", "benchmax/Math-v0", "--transport", "http", *bad],
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr
+        # (the CLI's main in this process: the words and status; a fresh process's are test_unknown_env_id's)
+        out = run_in_process("mcp-serve", "benchmax/Math-v0", "--transport", "http", *bad)
+        assert out.returncode != 0 and says in out.stderr and "Traceback" not in out.stderr, (bad, out.stderr)
 
 
 def test_a_failure_that_is_not_the_models_travels_as_its_outcome(tmp_path):
