@@ -129,7 +129,8 @@ def test_eval_counts_only_scored_episodes_and_a_retry_gives_the_clean_run(tmp_pa
     from benchmax_gym.testing.openai_server import FakeChatServer
 
     pairs = {episode_seed(0, t, s): (t, s) for t in range(TASKS) for s in range(2)}
-    faults = {(0, 1): {"status": 500}, (3, 0): {"status": 500}, (2, 1): {"delay": 3.0}, (5, 0): {"delay": 3.0}}
+    # the client's timeout and the tools' (5 s each, run below): room for 16 episodes at once on a loaded machine
+    faults = {(0, 1): {"status": 500}, (3, 0): {"status": 500}, (2, 1): {"delay": 8.0}, (5, 0): {"delay": 8.0}}
     hangs = {(1, 0), (6, 1)}
 
     def episode(pair, inject):
@@ -151,8 +152,9 @@ def test_eval_counts_only_scored_episodes_and_a_retry_gives_the_clean_run(tmp_pa
         inject[0] = faulty
         server.fault_for = (lambda body: faults.get(pairs.get(body.get("seed")))) if faulty else None
         policy = ChatPolicy("test-model", base_url=server.url, api_key="sk-test-chaos-0123456789", native_tools=False,
-                            timeout=1.0, max_retries=0)
-        return evaluate(chaos.CHAOS_ID, policy, tasks=TASKS, k=2, concurrency=16, out=out, retry_failed=retry_failed)
+                            timeout=5.0, max_retries=0)
+        return evaluate(chaos.CHAOS_ID, policy, env_kwargs={"tool_timeout": 5.0},  # (its 0.5 s: too tight for 16 at once)
+                        tasks=TASKS, k=2, concurrency=16, out=out, retry_failed=retry_failed)
 
     keys = ("reward", "reward_components", "messages", "actions", "turns", "outcome", "seed")
     with FakeChatServer(reply) as server:

@@ -373,7 +373,7 @@ def test_a_tool_given_a_new_function_is_called_through_it():
         """Twice n."""
         return str(2 * n)
 
-    assert double.invoke is not None and double.invoke(double, {"n": 4}, 1.0, 100) == "8"
+    assert double.invoke is not None and double.invoke(double, {"n": 4}, 30.0, 100) == "8"
     double.fn = lambda *, n: str(3 * n)  # keyword-only: called by position it would fail
     assert double.invoke is None
-    assert Toolset([double]).run("double", {"n": 4}, timeout=1.0, max_chars=100).content == "12"
+    assert Toolset([double]).run("double", {"n": 4}, timeout=30.0, max_chars=100).content == "12"

@@ -106,8 +106,10 @@ def answered(body):
 ])
 def test_a_refusal_no_choice_or_no_answer_fails_the_episode_never_a_score(fault, says, tmp_path):
     with FakeChatServer(judge_model, models=["judge"], fault_for=lambda body: fault) as server:
+        # 0.5 s only where the reply comes past it (else a loaded machine's slow reply would be timed out first)
+        timeout = 0.5 if "delay" in fault else 30.0
         reward, terminated, truncated, info = judged(JudgeRubric("judge", server.url, cache_dir=tmp_path,
-                                                                 timeout=0.5, max_retries=0))
+                                                                 timeout=timeout, max_retries=0))
     assert math.isnan(reward) and truncated and not terminated and info["outcome"] == "model_error"
     assert says in info["outcome_detail"]
 

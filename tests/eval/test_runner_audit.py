@@ -88,7 +88,7 @@ def test_a_resume_with_other_settings_names_the_flag_and_a_longer_timeout_may_re
             evaluate(ENV, policy(), env_kwargs=ENV_KWARGS, tasks=3, out=out, seed=4, preflight=False)
         with pytest.raises(EvalError, match=r'--env-arg \{"python_tool": false\} then, \{\} now'):
             evaluate(ENV, policy(), tasks=3, out=out, preflight=False)
-        retried = evaluate(ENV, policy(timeout=5.0), env_kwargs=ENV_KWARGS, tasks=3, out=out, retry_failed=True,
+        retried = evaluate(ENV, policy(timeout=30.0), env_kwargs=ENV_KWARGS, tasks=3, out=out, retry_failed=True,
                            preflight=False)
     assert [r["outcome"] for r in retried.records] == ["scored"] * 3
     assert [r["outcome"] for r in records_of(out)] == ["scored"] * 3

@@ -48,9 +48,11 @@ def open_fds():
 
 
 # Threads that live as long as the process, started by whichever call needs them first: the
-# finalizer porter, the pool that runs async code off an event loop (core/aio.py), and the reward
-# runner each of that pool's threads keeps for its sync leaves (core/rubric.py).
-PROCESS_LIVED = ("benchmax-gym-finalizers", "benchmax-gym-loop", "benchmax-reward")
+# finalizer porter, the pool that runs async code off an event loop (core/aio.py), the reward
+# runner each of that pool's threads keeps for its sync leaves (core/rubric.py), and the thread
+# that detaches the sandbox's tmpfs mounts (core/sandbox.py; a test that was first in its process
+# to close an episode's sandbox found it "left")
+PROCESS_LIVED = ("benchmax-gym-finalizers", "benchmax-gym-loop", "benchmax-reward", "benchmax-sandbox-detach")
 
 
 def new_threads(before: set[int]) -> list[str]:
@@ -337,6 +339,7 @@ def test_a_worker_that_blocks_in_a_call_is_restarted_and_the_next_calls_answer(m
                                                        rf"'(block|stall)' within 1 s .*envs \[0, 1\]"):
             envs.call("block", pid) if command == "call" else envs.set_attr("stall", pid)
         assert envs.faults == 1 and envs.worker_pids[0] != pid
+        monkeypatch.setattr(vector, "CALL_TIMEOUT", 120.0)  # (the calls below: room on a loaded machine)
         obs, rewards, terminated, truncated, info = envs.step(["a"] * 4)
         assert truncated.tolist() == [True, True, False, False] and obs[2:] == ("echo a", "echo a")
         assert "did not answer" in info["error"][0] and list(info["outcome"][:2]) == ["env_error"] * 2

@@ -369,7 +369,8 @@ def test_env_that_raises_is_rebuilt_and_the_others_go_on():
 
 @pytest.mark.timeout(120)  # a hang guard: without the step timeout, step waits for the 1000 s hang
 def test_step_timeout_restarts_a_hung_worker():
-    envs = SubprocVectorEnv([Flaky] * 4, num_workers=2, step_timeout=1.0)
+    # 3 s: the hang (1000 s) passes it; the other worker's steps, on a loaded machine, must not
+    envs = SubprocVectorEnv([Flaky] * 4, num_workers=2, step_timeout=3.0)
     envs.reset(seed=0)
     hung = envs.worker_pids[1]
     obs, rewards, terminated, truncated, info = envs.step(["a", "b", "hang", "c"])

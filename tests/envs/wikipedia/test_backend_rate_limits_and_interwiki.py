@@ -62,7 +62,7 @@ def test_a_retry_after_longer_than_the_tool_waits_fails_the_call_at_once_as_rate
     the client slept what the server said. The episode ends ``tool_unavailable`` (not the
     model's doing), with no retry sent, and the next episode's call goes through."""
     with MediaWikiStub(RECORDS) as server:
-        env = live_env(server, http_timeout=1.0, max_retries=2, retry_wait=0.01)
+        env = live_env(server, http_timeout=30.0, max_retries=2, retry_wait=0.01)  # (a 429 fails at once: no wait)
         try:
             env.reset(seed=0)
             server.fail_next = [(429, {"Retry-After": far_date() if retry_after == "far date" else retry_after})]

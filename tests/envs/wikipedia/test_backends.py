@@ -118,7 +118,8 @@ def test_rate_limit_is_retried_with_backoff(mediawiki, monkeypatch):
 
 def test_a_server_that_hangs_past_the_retries_ends_the_episode_with_tool_unavailable(mediawiki):
     """Wikipedia unreachable is not the model's mistake (issue 29): the episode ends ungraded."""
-    env = live_env(mediawiki, backend_args={"http_timeout": 0.2, "max_retries": 0})
+    # 1 s: room for the next episode's call on a loaded machine (the stall outlasts it; the stub's close waits it out)
+    env = live_env(mediawiki, backend_args={"http_timeout": 1.0, "max_retries": 0})
     env.reset(seed=0)
     mediawiki.stall_next = [2.0]
     obs, reward, terminated, truncated, info = env.step(env.unwrapped.format.render_calls([("search", {"query": "Limmat"})]))

@@ -260,7 +260,8 @@ def test_ready_first_and_one_host_overlaps_its_envs_io(cluster, tmp_path):
 
 @pytest.mark.timeout(120, func_only=True)  # a hang guard: without the step timeout, step waits for the 1000 s hang
 def test_env_that_raises_is_rebuilt_and_a_stuck_host_is_replaced(cluster):
-    envs = RayVectorEnv([Flaky] * 4, num_hosts=2, step_timeout=1.0, actor_options=HOST)
+    # 5 s: the hang (1000 s) passes it; the other host's steps (Ray calls, on a loaded machine) must not
+    envs = RayVectorEnv([Flaky] * 4, num_hosts=2, step_timeout=5.0, actor_options=HOST)
     envs.reset(seed=0)
     obs, rewards, terminated, truncated, info = envs.step(["a", "raise", "b", "c"])
     assert truncated.tolist() == [False, True, False, False] and "the tool exploded" in info["error"][1]
@@ -531,6 +532,7 @@ def test_a_host_takes_only_a_parent_that_holds_its_key(monkeypatch):
     assert len(rv._read_exactly(silent, 32)) == 32 and silent.recv(1) == b""  # dropped after the timeout
     silent.close()
 
+    monkeypatch.setattr(rv, "HANDSHAKE_TIMEOUT", 30.0)  # (the parent's own handshake: room on a loaded machine)
     parent = socket.create_connection(address)
     conn = rv._connection(parent, rv._authenticate(parent, key, b"parent"))
     host.join(60)
