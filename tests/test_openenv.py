@@ -8,7 +8,6 @@ import json
 import os
 import queue
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -85,13 +84,15 @@ def served():
 
 
 class Served:
-    """A process: `benchmax-gym openenv-serve ... --port 0`, its URL read from stderr."""
+    """A process: `benchmax-gym openenv-serve ... --port 0` (or ``command`` with ``url``, the
+    pattern of the line that names its URL), its URL read from stderr."""
 
     URL = re.compile(r"benchmax-gym openenv-serve: listening on (http://127\.0\.0\.1:\d+)")
 
-    def __init__(self, *args, env=None, cwd=None, timeout=120):
-        self.proc = subprocess.Popen([*CLI, *args, "--port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **(env or {})}, cwd=cwd)
+    def __init__(self, *args, env=None, cwd=None, timeout=120, command=None, url=None):
+        self.URL = url or self.URL
+        self.proc = subprocess.Popen(command or [*CLI, *args, "--port", "0"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}, cwd=cwd)
         self.lines, self.urls = [], queue.Queue()
         threading.Thread(target=self._drain, daemon=True).start()
         try:
@@ -569,19 +570,15 @@ def test_without_the_extra_the_base_install_works_and_says_what_to_install():
 
 @pytest.fixture
 def connect4():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port",
-                             str(port)], cwd=TESTS / "openenv_connect4", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+    """OpenEnv's example as OpenEnv runs it, on a port uvicorn picks (a port found free and closed
+    first could be a parallel test's by the time uvicorn bound it)."""
+    server = Served(command=[sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1", "--port", "0"],
+                    url=re.compile(r"Uvicorn running on (http://127\.0\.0\.1:\d+)"), cwd=TESTS / "openenv_connect4")
     try:
-        assert until(lambda: _healthy(url) or proc.poll() is not None, 120) and proc.poll() is None, \
-            proc.stderr.read().decode()[-3000:] if proc.poll() is not None else "no answer"
-        yield url
+        assert until(lambda: _healthy(server.url), 120), "no answer"
+        yield server.url
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        server.close()
 
 
 def _healthy(url):
