@@ -137,6 +137,9 @@ import os, signal, tempfile, threading, time
 from benchmax_gym.envs.excel import recalc
 
 failed = []
+started = threading.Event()  # the call's process forked and its pid answered: a kill from here on is mid-call
+start = recalc._Worker.start
+recalc._Worker.start = lambda worker: (start(worker), started.set())[0]
 
 
 def call():
@@ -148,8 +151,8 @@ def call():
 
 thread = threading.Thread(target=call)
 thread.start()
-while recalc._worker is None or not [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("benchmax-excel-")]:
-    time.sleep(0.05)  # (the call's own folder, made as its process is forked: the worker's start has one of its own)
+started.wait()  # (a kill before the worker answers the fork is a worker gone idle: the call starts a fresh one)
+assert [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("benchmax-excel-")]  # the call's own folder
 os.kill(recalc._worker.proc.pid, signal.SIGKILL)  # the worker killed mid-call (the OOM killer)
 thread.join()
 print(type(failed[0]).__name__, failed[0])
