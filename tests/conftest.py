@@ -37,30 +37,58 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+def _listens_on(proc: subprocess.Popen, port: int) -> bool:
+    """Whether ``proc`` (or a process it started) is what listens on loopback ``port``: a port
+    found free and let go may be taken by another test's server before ``proc`` binds it."""
+    import psutil
+
+    try:
+        ours = psutil.Process(proc.pid)
+        for process in (ours, *ours.children(recursive=True)):
+            for conn in process.net_connections(kind="tcp"):
+                if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
+                    return True
+    except psutil.Error:
+        pass
+    return False
+
+
 @pytest.fixture
 def http_server():
-    """Start ``command(port)`` on a free loopback port; returns its MCP URL once it accepts
-    connections. The process is killed at the end of the test."""
+    """Start ``command(port)`` on a free loopback port; returns its MCP URL once it listens there
+    (another port, if another process took that one first). The process is killed at the end of
+    the test; one that ends before it listens fails the test with what it said."""
+    import tempfile
+
     started = []
 
     def start(command, timeout=60):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        started.append(subprocess.Popen(command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
+        for _ in range(3):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            said = tempfile.TemporaryFile()
+            proc = subprocess.Popen(command(port), stdout=subprocess.DEVNULL, stderr=said)
+            started.append((proc, said))
+            deadline = time.monotonic() + timeout
+            while not _listens_on(proc, port):
+                if proc.poll() is not None:
+                    said.seek(0)
+                    error = said.read().decode(errors="replace")[-3000:]
+                    if "in use" in error:
+                        break  # (the port was taken meanwhile: another one)
+                    raise AssertionError(f"the server ended ({proc.returncode}) before it listened: {error}")
+                assert time.monotonic() < deadline, f"the server did not listen on {port} within {timeout} s"
                 time.sleep(0.1)
-        return f"http://127.0.0.1:{port}/mcp"
+            else:
+                return f"http://127.0.0.1:{port}/mcp"
+        raise AssertionError("three ports were taken before the server could listen on them")
 
     yield start
-    for proc in started:
+    for proc, said in started:
         proc.kill()
         proc.wait()
+        said.close()
 
 
 @pytest.fixture(scope="session")
