@@ -47,17 +47,17 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_resumed_run_equals_an_uni
     def small_disk():
         resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
 
-    full = subprocess.run([*CLI, *args, "--out", str(out)], capture_output=True, text=True, timeout=120,
+    full = subprocess.run([*CLI, *args, "--out", str(out)], capture_output=True, text=True, timeout=300,
                           preexec_fn=small_disk)
     assert full.returncode == 2 and "Traceback" not in full.stderr, full.stderr[-3000:]
     assert full.stderr.strip() == (f"benchmax-gym: error: --out {out}: cannot write the run there "
                                    f"({out / 'rollouts.jsonl'}: File too large)")
     written = records_of(out)
     assert 0 < len(written) < 60 and not (out / "summary.json").exists()
-    resumed = subprocess.run([*CLI, *args, "--out", str(out)], capture_output=True, text=True, timeout=120)
+    resumed = subprocess.run([*CLI, *args, "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     fresh = subprocess.run([*CLI, *args, "--out", str(tmp_path / "fresh")], capture_output=True, text=True,
-                           timeout=120)
+                           timeout=300)
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     pairs = sorted((r["task_index"], r["sample"]) for r in records_of(out))
     assert pairs == [(i, s) for i in range(30) for s in range(2)]  # each once: none lost, none twice
