@@ -170,7 +170,7 @@ def test_gym_make_takes_the_bound_and_names_a_bad_one():
 
     env_id = register_tool_env("test143/Stuck-v0", tools=[add], tasks=[{"prompt": "Say 42.", "answer": "42"}],
                                rubric=[stuck, correct])
-    env = gym.make(env_id, reward_timeout=0.5)
+    env = gym.make(env_id, reward_timeout=2)
     env.reset(seed=0)
     _, reward, terminated, _, info = env.step("42")
     env.close()
