@@ -64,8 +64,8 @@ def test_a_vector_env_loses_only_the_episodes_its_faults_hit():
     before = {p.pid for p in children()}
     episodes = chaos.plan(24, tasks=TASKS, kill=0.1, tool_timeout=0.1, model_error=0.1, seed=1)
     answer = chaos.answers(TASKS)
-    faulty = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2)
-    clean = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, inject=False)
+    faulty = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, tool_timeout=2.0)
+    clean = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, inject=False, tool_timeout=2.0)
     kills = {e for e, ep in enumerate(episodes) if ep.fault == "kill"}
     assert kills and all(faulty["expected"][e] == "env_error" for e in kills)
     assert sum(o == "env_error" for o in faulty["expected"].values()) > len(kills)  # their neighbours too
@@ -224,8 +224,8 @@ def test_trl_rollouts_lose_only_the_faulted_episodes_and_grpo_leaves_them_out(to
     if not isolated:  # at rlimits, code that kills its sandbox server is the model's doing: no kill here
         episodes = [chaos.Episode(e.task_index, e.seed, e.right, None if e.fault == "kill" else e.fault)
                     for e in episodes]
-    faulty = chaos.run_trl(episodes, answer, tokenizer, batch=9)
-    clean = chaos.run_trl(episodes, answer, tokenizer, batch=9, inject=False)
+    faulty = chaos.run_trl(episodes, answer, tokenizer, batch=9, tool_timeout=2.0)
+    clean = chaos.run_trl(episodes, answer, tokenizer, batch=9, inject=False, tool_timeout=2.0)
     check_against_clean(faulty, clean, ("outcome", "reward", "completion_ids", "env_mask", "components"))
     for index, result in faulty["results"].items():
         if result["outcome"] in FAILURES:

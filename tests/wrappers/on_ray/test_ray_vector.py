@@ -823,8 +823,8 @@ def test_chaos_a_killed_host_loses_only_the_episodes_it_held(cluster):
 
     episodes = chaos.plan(12, tasks=6, kill=0.1, tool_timeout=0.1, model_error=0.1, seed=3)
     answer = chaos.answers(6)
-    faulty = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, vector=ray_envs)
-    clean = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, vector=ray_envs, inject=False)
+    faulty = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, vector=ray_envs, tool_timeout=2.0)
+    clean = chaos.run_vector(episodes, answer, num_envs=4, num_workers=2, vector=ray_envs, inject=False, tool_timeout=2.0)
     assert set(faulty["results"]) == set(clean["results"]) == set(range(12))
     assert faulty["restarts"] == sum(e.fault == "kill" for e in episodes) >= 1
     assert {e for e, o in faulty["expected"].items() if o == "env_error"} > {
