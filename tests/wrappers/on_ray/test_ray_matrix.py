@@ -73,8 +73,8 @@ def other_ids_on_hosts(cluster):
     # (only "error" of the infos: the families' task_metadata differ, which one batch refuses)
     envs = RayVectorEnv(fns, num_hosts=2, actor_options=HOST, info_keys=["error"])
     try:
-        obs, _ = envs.reset(seed=0)
-        yield envs, obs
+        obs, info = envs.reset(seed=0)
+        yield envs, obs, info.get("error")
     finally:
         envs.close()
 
@@ -83,9 +83,9 @@ def other_ids_on_hosts(cluster):
 def test_every_registered_id_runs_on_ray_hosts(other_ids_on_hosts, env_id):
     """As test_contract's make_vec modes: a reset, then a final reply, graded on a host (the id
     path, ``gym.make_vec(ID, vector_backend="ray")``, runs above and in test_ray_vector.py)."""
-    envs, obs = other_ids_on_hosts
+    envs, obs, errors = other_ids_on_hosts
     index = OTHERS.index(env_id)
-    assert isinstance(obs[index], str) and obs[index]
+    assert isinstance(obs[index], str) and obs[index], errors[index] if errors is not None else None
     envs.send(["I am done."], env_ids=[index])
     _, rewards, terminated, _, info, ids = envs.recv(min_ready=1)
     assert ids.tolist() == [index] and terminated[0] and not np.isnan(rewards[0]), info.get("error")
