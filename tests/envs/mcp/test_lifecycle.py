@@ -276,17 +276,17 @@ def test_close_kills_the_servers_daemons_and_nothing_else(server):
 
 
 def test_a_timed_out_call_returns_soon_after_its_timeout_and_the_next_episode_gets_a_fresh_server(server, tmp_path):
-    env = make(server, tool_timeout=1)
+    env = make(server, tool_timeout=3)  # (3 s: room for each bump on a loaded machine)
     env.reset(seed=0)
     connection = env.unwrapped.connections["server"]
     assert "1" in env.step(call("bump"))[0]
     assert "2" in env.step(call("bump"))[0]
     old = list(connection.pids)
     mark = tmp_path / "the nap ended"
-    # 2.5 s: past the timeout, within the 2 s grace a closing server gets (from 1 s to 3 s)
-    obs, reward, terminated, truncated, info = env.step(call("nap_then_mark", seconds=2.5, path=str(mark)))
+    # 4.5 s: past the timeout, within the 2 s grace a closing server gets (from 3 s to 5 s)
+    obs, reward, terminated, truncated, info = env.step(call("nap_then_mark", seconds=4.5, path=str(mark)))
     assert info["outcome"] == "tool_timeout" and math.isnan(reward) and truncated and not terminated
-    assert "timed out after 1 s" in obs
+    assert "timed out after 3 s" in obs
     assert gone_within(old)  # the stuck server is gone at once
     # killed at the timeout, not left the grace period to finish its call, nor restarted while the step waited
     assert not mark.exists(), "the timed-out call's server ran on past its timeout"
