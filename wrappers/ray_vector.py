@@ -133,6 +133,7 @@ def _host_envs(payload: bytes) -> dict[int, Callable[[], gym.Env]]:
 LIVENESS_CHECK_S = 1.0  # how often a silent wait asks Ray whether its hosts are still alive
 ACCEPT_TIMEOUT = 300.0  # a host nobody connects to within it gives up (its parent is gone)
 HANDSHAKE_TIMEOUT = 10.0  # for one connection's whole handshake (not per byte)
+LOST_REASON_WAIT_S = 2.0  # how long a lost host's error waits for Ray's word on its end (ActorDiedError...)
 MAX_HANDSHAKES = 64  # connections a host handshakes at once; a new one beyond drops the oldest
 TAG_BYTES = 32
 
@@ -412,7 +413,7 @@ class _RayHost(_Channel):
         if self.crashed:
             return self.crashed
         if self.gone is None:
-            done, _ = self.ray.wait([self.serving], timeout=2.0)
+            done, _ = self.ray.wait([self.serving], timeout=LOST_REASON_WAIT_S)
             self.gone = "its connection closed"
             if done:
                 try:

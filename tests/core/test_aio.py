@@ -232,11 +232,20 @@ def ctrl_c_raises():
 
 def test_ctrl_c_cancels_the_abandoned_call_and_the_loop_goes_on(ctrl_c_raises):
     own = OwnLoop()
-    cancelled = threading.Event()
+    cancelled, started = threading.Event(), threading.Event()
 
-    threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    def interrupt_once_asleep():  # (a fixed delay could fire before the call runs, on a loaded machine)
+        if started.wait(60):
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    async def call():
+        started.set()
+        await sleep_until_cancelled(cancelled)
+
+    threading.Thread(target=interrupt_once_asleep, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        own.run(sleep_until_cancelled(cancelled))
+        own.run(call())
     assert cancelled.is_set()  # not left to run on at the next call
     assert own.run(where_and_what(5))[1] == 5
     own.close()
