@@ -45,7 +45,7 @@ def _listens_on(proc: subprocess.Popen, port: int) -> bool:
     try:
         ours = psutil.Process(proc.pid)
         for process in (ours, *ours.children(recursive=True)):
-            for conn in process.net_connections(kind="tcp"):
+            for conn in (getattr(process, "net_connections", None) or process.connections)(kind="tcp"):  # (psutil < 6)
                 if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port:
                     return True
     except psutil.Error:
