@@ -7,7 +7,8 @@ bootstrap (from ``TYPED_UNITS`` tasks on: counts of distinct tasks drawn from a 
 with scipy's index bootstrap (``indexed``: what every size used before), in this process: CPU
 seconds (all threads: numpy's matrix products may run on every core) and wall seconds of each, and
 their mean-reward intervals side by side (the same bootstrap: they agree to the resampling's
-noise). A 1,024-slot eval of 40 episodes per slot is 40,960 one-episode tasks.
+noise). A 1,024-slot eval of 40 episodes per slot is 40,960 one-episode tasks. ``compare``: the
+paired comparison of two such runs (``benchmax-gym compare``), the same tasks with other rewards.
 
     python benchmarks/eval_summary.py [--tasks 40960] [--samples 1] [--rounds 3]
 """
@@ -23,8 +24,8 @@ import time
 import benchmax_gym.eval.stats as stats
 
 
-def records(tasks: int, samples: int) -> list[dict]:
-    rng = random.Random(0)
+def records(tasks: int, samples: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
     out = []
     for t in range(tasks):
         for s in range(samples):
@@ -51,6 +52,18 @@ def timed(rows: list[dict], rounds: int, indexed: bool) -> dict:
             "mean_reward": summary["mean_reward"]}
 
 
+def timed_compare(runs: dict[str, list[dict]], rounds: int) -> dict:
+    cpu, wall = [], []
+    for _ in range(rounds):
+        c, w = time.process_time(), time.perf_counter()
+        result = stats.compare(runs)
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - w)
+    (row,) = result["against_baseline"].values()
+    return {"cpu_s": round(statistics.median(cpu), 3), "wall_s": round(statistics.median(wall), 3),
+            "mean_difference": row["mean_difference"], "probability_of_improvement": row["probability_of_improvement"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=40960)
@@ -60,7 +73,8 @@ def main() -> None:
     rows = records(args.tasks, args.samples)
     stats.summarize(rows[:100])  # (scipy's imports, once)
     result = {"benchmark": "eval_summary", "tasks": args.tasks, "samples": args.samples, "rounds": args.rounds,
-              "counted": timed(rows, args.rounds, indexed=False), "indexed": timed(rows, args.rounds, indexed=True)}
+              "counted": timed(rows, args.rounds, indexed=False), "indexed": timed(rows, args.rounds, indexed=True),
+              "compare": timed_compare({"a": rows, "b": records(args.tasks, args.samples, seed=1)}, args.rounds)}
     print(json.dumps(result))
 
 

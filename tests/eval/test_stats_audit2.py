@@ -98,6 +98,21 @@ def test_paired_difference_intervals_hold_the_truth_at_50_tasks(kind):
     assert 0.90 <= held / runs <= 0.99
 
 
+def test_probability_of_improvement_per_task_is_mann_whitneys_when_tasks_have_unequal_sample_counts():
+    """Tasks played different numbers of times (failures left out) are scored one scipy call per
+    pair of counts: each task's value must still be its own Mann-Whitney U / (n m)."""
+    rng = np.random.default_rng(5)
+    counts = [(1, 1), (2, 3), (3, 2), (4, 4), (1, 4), (2, 3), (4, 1), (3, 3)] * 3
+    x = [rng.choice([0.0, 0.25, 1.0], size=n) for n, _ in counts]
+    y = [rng.choice([0.0, 0.5, 1.0], size=m) for _, m in counts]
+    runs = {name: [record(t, s, v) for t, row in enumerate(rows) for s, v in enumerate(row)]
+            for name, rows in (("x", x), ("y", y))}
+    result = compare(runs)
+    per_task = [stats.mannwhitneyu(y[t], x[t]).statistic / (len(y[t]) * len(x[t])) for t in range(len(counts))]
+    assert result["against_baseline"]["y"]["probability_of_improvement"]["value"] == pytest.approx(np.mean(per_task))
+    assert result["shared_tasks"] == len(counts)
+
+
 def test_probability_of_improvement_is_mann_whitney_per_task_averaged():
     rng = np.random.default_rng(3)
     x = rng.choice([0.0, 0.5, 1.0], size=(12, 5))
