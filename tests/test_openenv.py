@@ -22,12 +22,14 @@ import psutil
 import pytest
 import uvicorn
 from gymnasium.utils.env_checker import check_env
-from openenv.core.generic_client import GenericEnvClient
 
 import benchmax_gym  # noqa: F401  (registers the ids)
 from benchmax_gym.eval import aevaluate
-from benchmax_gym.openenv import Client, build_app
+from benchmax_gym.openenv import Client, _require, build_app
 from benchmax_gym.testing import play
+
+_require()  # openenv.core as benchmax-gym loads it: without its Gradio web UI (~3 s of every test process's collection)
+from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))

@@ -11,9 +11,12 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from openenv.core.generic_client import GenericEnvClient
 
 import benchmax_gym  # noqa: F401  (registers the ids)
+from benchmax_gym.openenv import _require
+
+_require()  # openenv.core as benchmax-gym loads it: without its Gradio web UI (~3 s of every test process's collection)
+from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_openenv import CALC, call, serve_cli, served  # noqa: E402, F401  (fixtures)

@@ -10,12 +10,12 @@ from pathlib import Path
 import gymnasium as gym
 import httpx
 import pytest
-from openenv.core.generic_client import GenericEnvClient
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_openenv import CALC, _workspaces, call, serve_cli, served, until  # noqa: E402, F401  (fixtures)
+from openenv.core.generic_client import GenericEnvClient  # noqa: E402  (after test_openenv: without its web UI)
 
 
 def ws_url(url):
