@@ -93,8 +93,10 @@ def http_server():
 
 def _install(uv_args: list[str], pip_command: list[str]) -> None:
     """Run ``uv <uv_args>`` (the test extra's uv: SkyPilot's venv in ~10 s and 3 CPU-s where pip
-    took ~200 s and 70 CPU-s on 2 cores, its bytecode compiled on import instead of all at once),
-    or ``pip_command`` where uv fails (it reads none of pip's configuration: indexes, certificates)."""
+    took ~200 s and 70 CPU-s on 2 cores), or ``pip_command`` where uv fails (it reads none of pip's
+    configuration: indexes, certificates). Installs compile their bytecode, as pip's do: a Ray head
+    started from a venv without it, its processes each compiling Ray's modules, once missed Ray's
+    own 30 s limit for its node to register in a CI run (the likely cause; not shown)."""
     import sys
 
     from uv import find_uv_bin
@@ -124,7 +126,7 @@ def cached_venv():
                 shutil.rmtree(venv, ignore_errors=True)
                 _install(["venv", "-q", "--python", sys.executable, str(venv)], [sys.executable, "-m", "venv", str(venv)])
                 python = str(venv / "bin" / "python")
-                _install(["pip", "install", "-q", "--python", python, requirement],
+                _install(["pip", "install", "-q", "--compile-bytecode", "--python", python, requirement],
                          [sys.executable, "-m", "pip", "--python", python, "install", "-q", requirement])
                 marker.write_text(requirement)
         return str(venv / "bin" / "python")
@@ -150,7 +152,8 @@ def cached_target():
         with FileLock(str(target) + ".lock"):
             if not (marker.is_file() and marker.read_text() == wanted):
                 shutil.rmtree(target, ignore_errors=True)
-                _install(["pip", "install", "-q", "--python", sys.executable, "--target", str(target), *pip_args],
+                _install(["pip", "install", "-q", "--compile-bytecode", "--python", sys.executable, "--target",
+                          str(target), *pip_args],
                          [sys.executable, "-m", "pip", "install", "-q", "--target", str(target), *pip_args])
                 marker.write_text(wanted)
         return str(target)

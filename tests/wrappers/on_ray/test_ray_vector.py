@@ -18,6 +18,7 @@ import pickle  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -478,10 +479,24 @@ def test_ray_version_mismatch_is_reported_as_such(cached_venv):
         "sys.stdin.read()\n"
         "c.shutdown()\n"
     )
-    proc = subprocess.Popen([other, "-c", head], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    for _ in range(2):  # (Ray's own limit for a node to register, 30 s, may pass on a loaded machine: once more)
+        said = tempfile.TemporaryFile()
+        proc = subprocess.Popen([other, "-c", head], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=said,
+                                text=True, start_new_session=True)
         address = proc.stdout.readline().strip()
+        if address:
+            break
+        proc.communicate(timeout=60)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # what the failed head had started
+        except ProcessLookupError:
+            pass
+        said.seek(0)
+        error = said.read().decode(errors="replace")[-3000:]
+        said.close()
+    else:
+        raise AssertionError(f"the Ray 2.59 head did not start, twice: {error}")
+    try:
         out = _run(f"from benchmax_gym.wrappers import RayVectorEnv\nRayVectorEnv('benchmax/Math-v0', 2, address={address!r})")
         assert "RuntimeError: Ray version mismatch between this process (ray 2.60.0" in out.stderr
         assert "The cluster was started with: Ray: 2.59.0" in out.stderr and address in out.stderr
@@ -492,6 +507,7 @@ def test_ray_version_mismatch_is_reported_as_such(cached_venv):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        said.close()
 
 
 def test_a_host_takes_only_a_parent_that_holds_its_key(monkeypatch):
