@@ -36,32 +36,32 @@ def records(tasks: int, samples: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def medians(call, rounds: int) -> tuple[dict, object]:
+    """Median CPU and wall seconds of ``rounds`` calls of ``call()``, and its last result."""
+    cpu, wall = [], []
+    for _ in range(rounds):
+        c, w = time.process_time(), time.perf_counter()
+        result = call()
+        cpu.append(time.process_time() - c)
+        wall.append(time.perf_counter() - w)
+    return {"cpu_s": round(statistics.median(cpu), 3), "wall_s": round(statistics.median(wall), 3)}, result
+
+
 def timed(rows: list[dict], rounds: int, indexed: bool) -> dict:
     saved = stats.TYPED_UNITS
     stats.TYPED_UNITS = 10**12 if indexed else saved
     try:
-        cpu, wall = [], []
-        for _ in range(rounds):
-            c, w = time.process_time(), time.perf_counter()
-            summary = stats.summarize(rows)
-            cpu.append(time.process_time() - c)
-            wall.append(time.perf_counter() - w)
+        times, summary = medians(lambda: stats.summarize(rows), rounds)
     finally:
         stats.TYPED_UNITS = saved
-    return {"cpu_s": round(statistics.median(cpu), 3), "wall_s": round(statistics.median(wall), 3),
-            "mean_reward": summary["mean_reward"]}
+    return {**times, "mean_reward": summary["mean_reward"]}
 
 
 def timed_compare(runs: dict[str, list[dict]], rounds: int) -> dict:
-    cpu, wall = [], []
-    for _ in range(rounds):
-        c, w = time.process_time(), time.perf_counter()
-        result = stats.compare(runs)
-        cpu.append(time.process_time() - c)
-        wall.append(time.perf_counter() - w)
+    times, result = medians(lambda: stats.compare(runs), rounds)
     (row,) = result["against_baseline"].values()
-    return {"cpu_s": round(statistics.median(cpu), 3), "wall_s": round(statistics.median(wall), 3),
-            "mean_difference": row["mean_difference"], "probability_of_improvement": row["probability_of_improvement"]}
+    return {**times, "mean_difference": row["mean_difference"],
+            "probability_of_improvement": row["probability_of_improvement"]}
 
 
 def main() -> None:
