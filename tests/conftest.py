@@ -37,6 +37,15 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture
+def refused_port() -> int:
+    """A loopback port that refuses connections for the whole test: bound here and never listened
+    on (a port found free and let go could be taken by another test's server meanwhile)."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield held.getsockname()[1]
+
+
 def _listens_on(proc: subprocess.Popen, port: int) -> bool:
     """Whether ``proc`` (or a process it started) is what listens on loopback ``port``: a port
     found free and let go may be taken by another test's server before ``proc`` binds it."""

@@ -1,7 +1,6 @@
 """The benchmax-gym command, run as a user runs it."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -244,10 +243,8 @@ def test_hub_dataset_while_offline_fails_fast_in_one_line():
     assert time.perf_counter() - start < 60
 
 
-def test_hub_dataset_with_an_unreachable_endpoint_fails_fast_in_one_line(tmp_path):
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def test_hub_dataset_with_an_unreachable_endpoint_fails_fast_in_one_line(tmp_path, refused_port):
+    port = refused_port
     env = {k: v for k, v in __import__("os").environ.items() if not k.endswith("_OFFLINE")}
     env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf"))
     script = (  # counts the TCP connects to the hub's port: datasets alone retries them for ~25 s

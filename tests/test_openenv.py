@@ -8,7 +8,6 @@ import json
 import os
 import queue
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -514,10 +513,8 @@ def test_eval_scores_a_policy_through_the_consumer(served):
     assert result.records[0]["task_id"] == gym.make("matrix/Geo-v0").reset(seed=0)[1]["task_id"]
 
 
-def test_a_bad_base_url_fails_at_make_naming_it(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
+def test_a_bad_base_url_fails_at_make_naming_it(tmp_path, refused_port):
+    closed = refused_port
     with pytest.raises(ConnectionError, match=rf"no OpenEnv server answers at base_url='http://127.0.0.1:{closed}'"):
         gym.make("benchmax/OpenEnv-v0", base_url=f"http://127.0.0.1:{closed}")
     with pytest.raises(ValueError, match="base_url must be"):

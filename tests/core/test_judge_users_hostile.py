@@ -78,12 +78,6 @@ def cut_server():
         listener.close()
 
 
-def refused_url():
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-
-
 # -- the judge ---------------------------------------------------------------------------------
 
 
@@ -151,9 +145,10 @@ def short_only_to_drip(says: str) -> float:
     ("refused", None, "APIConnectionError"),
     ("cut", None, "closed the connection before the whole reply"),
 ])
-def test_a_failing_judge_endpoint_fails_the_episode_with_its_own_message(endpoint, fault, says, tmp_path):
+def test_a_failing_judge_endpoint_fails_the_episode_with_its_own_message(endpoint, fault, says, tmp_path,
+                                                                        refused_port):
     with FakeChatServer(judge_model, models=["judge"], fault_for=lambda body: fault) as server, cut_server() as cut:
-        url = {"fake": server.url, "refused": refused_url(), "cut": cut}[endpoint]
+        url = {"fake": server.url, "refused": f"http://127.0.0.1:{refused_port}/v1", "cut": cut}[endpoint]
         reward, terminated, truncated, info = judged(
             JudgeRubric("judge", url, cache_dir=tmp_path, timeout=short_only_to_drip(says), max_retries=1))
     assert math.isnan(reward) and truncated and not terminated and info["outcome"] == "model_error"
@@ -259,9 +254,10 @@ def test_the_model_cannot_end_the_conversation_by_writing_the_users_stop_token()
     ("refused", None, "APIConnectionError"),
     ("cut", None, "peer closed connection"),
 ])
-def test_a_failing_user_endpoint_ends_the_episode_as_model_error_with_its_own_message(endpoint, fault, says):
+def test_a_failing_user_endpoint_ends_the_episode_as_model_error_with_its_own_message(endpoint, fault, says,
+                                                                                     refused_port):
     with FakeChatServer(parrot, fault_for=lambda body: fault) as server, cut_server() as cut:
-        url = {"fake": server.url, "refused": refused_url(), "cut": cut}[endpoint]
+        url = {"fake": server.url, "refused": f"http://127.0.0.1:{refused_port}/v1", "cut": cut}[endpoint]
         env = user_env("hostile-users/Down-v0",
                        LLMUser(model="test-model", base_url=url, timeout=short_only_to_drip(says), max_retries=1))
         env.reset(seed=0)

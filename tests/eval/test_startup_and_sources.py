@@ -58,10 +58,20 @@ def test_a_server_holds_its_port_from_the_start_another_cannot_take_it_while_the
     in use only after making everything. Now it listens from the start."""
     (tmp_path / "gated_env.py").write_text(GATED_ENV)
     gate = tmp_path / "gate"
-    port = free_port()
-    proc = subprocess.Popen([*CLI, "--import", "gated_env", *command, "--port", str(port)], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**os.environ, "GATE": str(gate), "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])})
+    for _ in range(3):  # (a port found free and let go may be taken by another test's server first)
+        port = free_port()
+        proc = subprocess.Popen([*CLI, "--import", "gated_env", *command, "--port", str(port)],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                cwd=tmp_path, env={**os.environ, "GATE": str(gate),
+                                                   "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])})
+        deadline = time.monotonic() + 120  # (only stops a hung test)
+        while not os.path.exists(f"{gate}.making") and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if proc.poll() is None:
+            break
+        said = proc.stderr.read()
+        assert "the port is in use" in said, f"the server ended before the env was made: {said[-3000:]}"
+    assert proc.poll() is None, "three ports were taken before the server could listen on them"
     lines: queue.Queue = queue.Queue()
     try:
         wait_for(lambda: os.path.exists(f"{gate}.making"), "the env is being made", proc)
