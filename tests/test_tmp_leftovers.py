@@ -1,4 +1,5 @@
 """What the library leaves in the temp directory after faults it claims to handle."""
+import json
 import os
 import shutil
 import signal
@@ -84,13 +85,13 @@ def test_an_eval_worker_killed_mid_episode_leaves_no_workspace(tmp_path, tmp):
 
 
 HELD_EPISODE_SCRIPT = """
-import sys
+import json, sys
 
 import gymnasium as gym
 
 import benchmax_gym  # noqa: F401
 
-env = gym.make("benchmax/Excel-v0", python_tool=False)  # (no sandbox: its workbook copied to a temp folder)
+env = gym.make(sys.argv[2], **json.loads(sys.argv[3]))  # (no sandbox: its workspace is a temp folder)
 env.reset(seed=0)
 print("open", flush=True)
 if sys.argv[1] == "hold":
@@ -99,32 +100,37 @@ env.close()
 """
 
 
-def _excel_workspaces(tmp):
-    return sorted(p.name for p in tmp.iterdir() if p.name.startswith("benchmax-excel-"))
+def _workspaces(tmp, kind="excel"):
+    return sorted(p.name for p in tmp.iterdir() if p.name.startswith(f"benchmax-{kind}-"))
 
 
-def test_an_excel_process_killed_mid_episode_leaves_its_workspace_only_until_the_next_one(tmp_path, tmp):
-    """A process with an Excel episode open SIGKILLed (the OOM killer, a timed-out job's kill)
-    left its `benchmax-excel-*/workbook.xlsx` for good, one more per kill; now the next process
-    to open an episode removes it, and leaves a live process's workspace alone."""
+@pytest.mark.parametrize("env_id, kwargs, kind", [("benchmax/Excel-v0", {"python_tool": False}, "excel"),
+                                                  ("benchmax/MCP-v0", {}, "mcp")], ids=["excel", "mcp"])
+def test_a_process_killed_mid_episode_leaves_its_workspace_only_until_the_next_one(tmp_path, tmp, env_id, kwargs,
+                                                                                    kind):
+    """A process with an Excel or MCP-v0 episode open SIGKILLed (the OOM killer, a timed-out job's
+    kill) left its `benchmax-excel-*/workbook.xlsx` or `benchmax-mcp-*/workspace` for good, one more
+    per kill; now the next process to open an episode removes it, and leaves a live process's
+    workspace alone."""
     script = tmp_path / "held.py"
     script.write_text(HELD_EPISODE_SCRIPT)
     env = {**os.environ, "TMPDIR": str(tmp)}
-    held = [subprocess.Popen([sys.executable, str(script), "hold"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, env=env) for _ in range(2)]
+    args = [sys.executable, str(script), "hold", env_id, json.dumps(kwargs)]
+    held = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
     try:
         for proc in held:
             assert proc.stdout.readline() == "open\n"
-        before = _excel_workspaces(tmp)
+        before = _workspaces(tmp, kind)
         assert len(before) == 2, before
         held[0].kill()
         held[0].wait()
-        assert _excel_workspaces(tmp) == before  # (nothing of the killed process removes it)
-        out = subprocess.run([sys.executable, str(script), "once"], capture_output=True, text=True, env=env,
-                             timeout=240)
+        assert _workspaces(tmp, kind) == before  # (nothing of the killed process removes it)
+        args[2] = "once"
+        out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=240)
         assert out.returncode == 0, out.stderr[-3000:]
         live = [name for name in before if f"-p{held[1].pid}-" in name]
-        assert _excel_workspaces(tmp) == live and len(live) == 1, (_excel_workspaces(tmp), before)
+        assert _workspaces(tmp, kind) == live and len(live) == 1, (_workspaces(tmp, kind), before)
     finally:
         for proc in held:
             proc.kill()
@@ -135,6 +141,7 @@ KILLED_RECALC_WORKER_SCRIPT = """
 import os, signal, tempfile, threading, time
 
 from benchmax_gym.envs.excel import recalc
+from benchmax_gym.core.tempdirs import owned_tempdir
 
 failed = []
 started = threading.Event()  # the call's process forked and its pid answered: a kill from here on is mid-call
@@ -174,7 +181,7 @@ def test_a_recalculation_worker_killed_mid_call_leaves_no_folder(tmp_path, tmp):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines() == ["RecalcUnavailable the recalculation worker stopped during a long call", "0", "3"], \
         out.stdout + out.stderr[-3000:]
-    assert _excel_workspaces(tmp) == []
+    assert _workspaces(tmp) == []
 
 
 KILLED_INSIDE_SCRIPT = """
@@ -182,9 +189,10 @@ import os, signal, sys
 
 import openpyxl, io
 from benchmax_gym.envs.excel import recalc
+from benchmax_gym.core.tempdirs import owned_tempdir
 
 if sys.argv[1] == "sweep":
-    print(recalc.owned_tempdir().name)
+    print(owned_tempdir("excel").name)
     raise SystemExit
 die = lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGKILL)  # (the OOM killer, mid-work)
 wb = openpyxl.Workbook()
@@ -211,8 +219,8 @@ def test_a_process_killed_inside_a_recalculations_own_folder_leaves_it_only_unti
     env = {**os.environ, "TMPDIR": str(tmp)}
     killed = subprocess.run([sys.executable, str(script), where], capture_output=True, text=True, env=env, timeout=240)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    left = _excel_workspaces(tmp)
+    left = _workspaces(tmp)
     assert len(left) == 1, left  # (the killed process's; nothing of it removes it)
     sweep = subprocess.run([sys.executable, str(script), "sweep"], capture_output=True, text=True, env=env, timeout=240)
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    assert _excel_workspaces(tmp) == [sweep.stdout.strip()]
+    assert _workspaces(tmp) == [sweep.stdout.strip()]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import weakref
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from benchmax_gym.core.env import Episode, ToolEnv
@@ -14,12 +13,12 @@ from benchmax_gym.core.rubric import RewardFn, Rubric
 from benchmax_gym.core.sandbox import sandboxed_python
 from benchmax_gym.core.checks import boolean, mapping, one_of, optional, seconds
 from benchmax_gym.core.sources import SourceConfig, task_source
+from benchmax_gym.core.tempdirs import owned_tempdir
 from benchmax_gym.core.tasks import Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.generator import GeneratedSheets
 from benchmax_gym.envs.excel.grading import correct_cells, grade
-from benchmax_gym.envs.excel.recalc import (RECALC_MODES, RecalcUnavailable, hold_worker, owned_tempdir,
-                                            soffice_executable)
+from benchmax_gym.envs.excel.recalc import RECALC_MODES, RecalcUnavailable, hold_worker, soffice_executable
 from benchmax_gym.envs.excel.solver import ExcelSolver
 from benchmax_gym.envs.excel.spreadsheetbench import SpreadsheetBench
 from benchmax_gym.envs.excel.tools import WORKBOOK, WorkbookFile, describe_workbook, list_sheets, read_range, write_cells
@@ -119,7 +118,7 @@ class ExcelEnv(ToolEnv):
                 box.put_file(name, source)
             workspace = box.workspace
         else:
-            workspace = owned_tempdir()  # (a process killed mid-episode: the next one removes it)
+            workspace = owned_tempdir("excel")  # (a process killed mid-episode: the next one removes it)
             episode.resources.callback(shutil.rmtree, workspace, ignore_errors=True)
             for name, source in episode.task.files.items():
                 target = workspace / name

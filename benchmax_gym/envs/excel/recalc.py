@@ -52,6 +52,7 @@ from openpyxl.utils.datetime import from_excel
 from openpyxl.worksheet._read_only import ReadOnlyWorksheet
 from openpyxl.worksheet._reader import WorkSheetParser
 
+from benchmax_gym.core.tempdirs import owned_tempdir, owned_workspace, remove_owned
 from benchmax_gym.envs.excel import formulas_fixes
 
 __all__ = [
@@ -631,7 +632,7 @@ def _formulas_values(
             wb = _open(data, data_only=False, read_only=False)
             _bound_whole_references(wb)
             _drop_unreadable_names(formulas, wb)
-            own = owned_workspace() if workdir is None else None
+            own = owned_workspace("excel") if workdir is None else None
             with own or contextlib.nullcontext(workdir) as tmp:
                 path = Path(tmp) / "book.xlsx"
                 wb.save(path)
@@ -777,77 +778,6 @@ _BOOT = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
     "from benchmax_gym.envs.excel.recalc import _serve; _serve(int(sys.argv[2]), float(sys.argv[3]))"
 )
-
-
-#: a workspace's name: its owner's pid and pid namespace (a directory of a process that is gone,
-#: killed with no chance to remove it, is removed by the next one to look; see :func:`owned_tempdir`)
-_OWNED = re.compile(r"benchmax-excel-p(\d+)-n(\d+)-")
-
-
-def _pid_namespace() -> int:
-    """This process's pid namespace (0: unknown): a pid means a process only within its own."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
-
-
-def _owner_prefix(pid: int) -> str:
-    return f"benchmax-excel-p{pid}-n{_pid_namespace()}-"
-
-
-def remove_owned(pid: int | None = None) -> None:
-    """Remove the workspaces in the temp directory whose owner has ended: process ``pid``'s (the
-    caller knows it ended: a recalculation worker it reaped), else every one whose owner is gone
-    (a process of this pid namespace, by this user, with no ``/proc/PID``). A folder only, never
-    followed through a link; another namespace's or another user's are left as they are."""
-    namespace = _pid_namespace()
-    if not namespace:
-        return
-    root = tempfile.gettempdir()
-    try:
-        entries = os.scandir(root)
-    except OSError:
-        return
-    with entries:
-        for entry in entries:
-            match = _OWNED.match(entry.name)
-            if match is None or int(match[2]) != namespace:
-                continue
-            owner = int(match[1])
-            if owner == os.getpid() or (owner != pid if pid is not None else os.path.exists(f"/proc/{owner}")):
-                continue
-            try:
-                if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
-                    continue
-            except OSError:
-                continue
-            shutil.rmtree(entry.path, ignore_errors=True)
-
-
-_swept: set[int] = set()  # the processes that have removed what dead owners left (once each)
-
-
-def owned_tempdir() -> Path:
-    """A new workspace in the temp directory, named for this process: one it leaves when it is
-    killed (SIGKILL, the OOM killer: an episode's workbook copy, a recalculation's file) is removed
-    by the next process that makes one (each process looks once), where each kill left one for good."""
-    if os.getpid() not in _swept:
-        _swept.add(os.getpid())
-        remove_owned()
-    return Path(tempfile.mkdtemp(prefix=_owner_prefix(os.getpid())))
-
-
-@contextlib.contextmanager
-def owned_workspace() -> Iterator[Path]:
-    """:func:`owned_tempdir`, removed when done: a process killed inside it (the worker's warm-up,
-    a LibreOffice run) leaves it only until the next process makes one, where a
-    ``TemporaryDirectory`` stayed for good."""
-    path = owned_tempdir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class _Worker:
@@ -1191,7 +1121,7 @@ def _serve(fd: int, idle_s: float) -> None:
                 return  # the caller is gone
             command, _, arg = message.partition(b" ")
             if command == b"fork" and len(fds) == 1:
-                tmp = str(owned_tempdir())  # (removed when the call is reaped; the worker killed: by the caller)
+                tmp = str(owned_tempdir("excel"))  # (removed when the call is reaped; the worker killed: by the caller)
                 pid = os.fork()
                 if pid == 0:
                     status = 1
@@ -1330,7 +1260,7 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
     def bounded(fn: Callable[..., Any], *args: Any, what: str) -> Any:
         return fn(*args) if time_limit is None else run_in_process(fn, args, time_limit, what)
 
-    with owned_workspace() as tmp:
+    with owned_workspace("excel") as tmp:
         source, outdir = Path(tmp) / "in" / "book.xlsx", Path(tmp) / "out"
         source.parent.mkdir()
         outdir.mkdir()

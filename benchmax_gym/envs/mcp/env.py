@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from benchmax_gym.core.checks import boolean, positive_number, positive_up_to
 from benchmax_gym.core.env import Episode, ToolEnv
 from benchmax_gym.core.rubric import Rubric
 from benchmax_gym.core.tasks import Task, TaskSource
+from benchmax_gym.core.tempdirs import owned_tempdir
 from benchmax_gym.core.tools import Toolset, truncate
 from benchmax_gym.envs.mcp.rubric import ServerClient, example_progress, example_rubric, user_rubric
 from benchmax_gym.envs.mcp.solver import MCPSolver
@@ -133,7 +133,7 @@ class MCPEnv(ToolEnv):
         self.connections = {spec.name: Connection(spec, init_timeout, self.aio, max_message_bytes) for spec in specs}
         # An environment dropped without close() takes its servers with it when collected.
         weakref.finalize(self, kill_servers, tuple(self.connections.values()))
-        self._root = Path(tempfile.mkdtemp(prefix="benchmax-mcp-"))
+        self._root = owned_tempdir("mcp")  # (a process killed with it: the next one to make one removes it)
         weakref.finalize(self, _remove_in, os.getpid(), self._root)  # close() does it; so does dropping the env
         self.workspace = self._root / "workspace"
         self._started = False
