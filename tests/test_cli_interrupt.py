@@ -213,7 +213,7 @@ class ServerInUse:
         return alive
 
     def workspaces(self):
-        return [p for p in self.tmp.rglob("*") if p.name.startswith(("sandbox-", "ep-"))]
+        return [p for p in self.tmp.rglob("*") if p.name.startswith(("benchmax-sandbox-", "ep-"))]
 
     def ctrl_c(self):
         os.killpg(self.proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole group

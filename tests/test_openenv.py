@@ -354,7 +354,7 @@ def _workspaces(pid):
     """The episode workspaces process `pid` holds (other tests, run alongside, hold theirs)."""
     from benchmax_gym.core.sandbox import _workspace_root
 
-    pattern = f"sandbox-{pid}-*/ep-*"  # an episode: its workspace and /tmp
+    pattern = f"benchmax-sandbox-p{pid}-*/ep-*"  # an episode: its workspace and /tmp
     for _ in range(20):
         try:
             return set(_workspace_root().glob(pattern))

@@ -102,6 +102,7 @@ from typing import Any
 
 from benchmax_gym.core.sandbox_server import kill_uid, user_process_count
 from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, TOOL_UNAVAILABLE
+from benchmax_gym.core.tempdirs import owned_tempdir
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, tool
 
 log = logging.getLogger(__name__)
@@ -747,7 +748,7 @@ def _share_pool_dir(path: Path, mounts: _UserMounts | None = None) -> bool:
         return False
 
 
-_POOL_MOUNT = re.compile(r"^(.*/benchmax-gym-\d+/sandbox-(\d+)-[^/]+)(/|$)")
+_POOL_MOUNT = re.compile(r"^(.*/benchmax-gym-\d+/benchmax-sandbox-p(\d+)-[^/]+)(/|$)")  # (tempdirs names it)
 
 
 def _sweep_stale_pools() -> None:
@@ -1387,7 +1388,9 @@ class _Pool:
         root = _workspace_root()
         if os.geteuid() == 0:
             _sweep_stale_pools()
-        self.dir = Path(tempfile.mkdtemp(prefix=f"sandbox-{os.getpid()}-", dir=root))
+        # (named for this process: the pool of one killed unmounted, or with no tmpfs at all, holding
+        # its episodes' files, is removed by the next process to make a pool here)
+        self.dir = owned_tempdir("sandbox", dir=root)
         os.chmod(self.dir, 0o711)  # the episodes' own uids (root hosts) must reach their workspaces
         # non-root hosts mount in a user namespace of their own, and reach the files through it
         self.mounts = _user_mounts() if tmpfs and os.geteuid() != 0 else None

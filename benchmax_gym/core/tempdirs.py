@@ -1,6 +1,6 @@
 """Temp folders named for the process that owns them, so a process killed with no chance to
 clean up (SIGKILL, the OOM killer, a timed-out job) leaves its episode workspaces only until the
-next benchmax-gym process makes one: that process removes every folder whose owner is gone.
+next benchmax-gym process makes one there: that process removes every folder whose owner is gone.
 
 A name is ``benchmax-<kind>-p<pid>-n<pid namespace>-<random>``: a pid means a process only within
 its own namespace, so another namespace's (a container sharing ``/tmp``) and another user's folders
@@ -20,7 +20,7 @@ from pathlib import Path
 __all__ = ["owned_tempdir", "owned_workspace", "remove_owned"]
 
 _OWNED = re.compile(r"benchmax-([a-z]+)-p(\d+)-n(\d+)-")
-_swept: set[int] = set()  # the processes that have removed what dead owners left (once each)
+_swept: set[tuple[int, str]] = set()  # (process, folder): each process sweeps each folder once
 
 
 def _pid_namespace() -> int:
@@ -31,16 +31,19 @@ def _pid_namespace() -> int:
         return 0
 
 
-def remove_owned(pid: int | None = None) -> None:
-    """Remove the owned folders in the temp directory whose owner has ended: process ``pid``'s (the
-    caller knows it ended: a worker it reaped), else every one whose owner is gone (a process of
-    this pid namespace, by this user, with no ``/proc/PID``). A folder only, never followed through
-    a link; another namespace's or another user's are left as they are."""
+def remove_owned(pid: int | None = None, dir: str | os.PathLike | None = None) -> None:
+    """Remove the owned folders in ``dir`` (the temp directory) whose owner has ended: process
+    ``pid``'s (the caller knows it ended: a worker it reaped), else every one whose owner is gone
+    (a process of this pid namespace, by this user, with no ``/proc/PID``). A folder only, never
+    followed through a link (whatever is inside: model code's closed modes and deep trees too);
+    another namespace's or another user's are left as they are."""
+    from benchmax_gym.core.sandbox import remove_tree  # (it makes its pools with this module)
+
     namespace = _pid_namespace()
     if not namespace:
         return
     try:
-        entries = os.scandir(tempfile.gettempdir())
+        entries = os.scandir(tempfile.gettempdir() if dir is None else dir)
     except OSError:
         return
     with entries:
@@ -56,18 +59,20 @@ def remove_owned(pid: int | None = None) -> None:
                     continue
             except OSError:
                 continue
-            shutil.rmtree(entry.path, ignore_errors=True)
+            remove_tree(Path(entry.path))
 
 
-def owned_tempdir(kind: str) -> Path:
-    """A new folder in the temp directory named for this process and ``kind`` (``excel``, ``mcp``:
-    lower-case letters). The first one a process makes removes what dead owners left."""
+def owned_tempdir(kind: str, dir: str | os.PathLike | None = None) -> Path:
+    """A new folder in ``dir`` (the temp directory) named for this process and ``kind`` (``excel``,
+    ``mcp``: lower-case letters). The first one a process makes in a folder removes what dead
+    owners left there."""
     if not re.fullmatch(r"[a-z]+", kind):
         raise ValueError(f"kind must be lower-case letters, got {kind!r}")
-    if os.getpid() not in _swept:
-        _swept.add(os.getpid())
-        remove_owned()
-    return Path(tempfile.mkdtemp(prefix=f"benchmax-{kind}-p{os.getpid()}-n{_pid_namespace()}-"))
+    where = os.fspath(tempfile.gettempdir() if dir is None else dir)
+    if (os.getpid(), where) not in _swept:
+        _swept.add((os.getpid(), where))
+        remove_owned(dir=where)
+    return Path(tempfile.mkdtemp(prefix=f"benchmax-{kind}-p{os.getpid()}-n{_pid_namespace()}-", dir=where))
 
 
 @contextlib.contextmanager

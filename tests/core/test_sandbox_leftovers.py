@@ -9,6 +9,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -226,3 +227,50 @@ def test_a_sandbox_the_collector_closes_while_this_thread_holds_a_sandbox_lock_c
     assert not worker.is_alive(), "the close waited for the lock its own thread held"
     assert seen == {"closed while held": False, "closed after": True}
     assert box.uid is None or box.uid not in sandbox_module._UIDS.held  # its uid given back
+
+
+# A pool without a tmpfs (where none can be mounted) holds its episodes' files in its own folder:
+# this process writes some, closing a directory's modes as model code may, and is killed.
+KILLED_WITH_A_POOL = r"""
+import os, signal, sys
+from benchmax_gym.core.sandbox import BUBBLEWRAP, Sandbox, SandboxLimits, _Pool
+pool = _Pool(BUBBLEWRAP, (), tmpfs=False)
+if sys.argv[1] == "sweep":
+    print(pool.dir, flush=True)
+    pool.shut_down()
+    raise SystemExit
+box = Sandbox(limits=SandboxLimits(timeout=60), pool=pool)
+result = box.run("import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x' * 1000)\nos.chmod('a', 0)\nprint('ok')")
+assert result.stdout == "ok\n", result
+print(pool.dir, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("user", ["host", "nobody"])
+def test_a_process_killed_with_a_pool_leaves_its_folder_only_until_the_next_pool(bubblewrap, user):
+    """A process killed with a sandbox pool (SIGKILL, the OOM killer) left its ``sandbox-*`` folder
+    in the temp root for good, with its episodes' files where no tmpfs held them (one more per kill;
+    the sweep saw only pools still mounted). Now the next process to make a pool there removes it."""
+    prefix = _as_nobody() if user == "nobody" else []
+    temp = Path(tempfile.mkdtemp(prefix="bmx-"))  # (not under pytest's folder: the sandbox's user must reach it)
+    os.chmod(temp, 0o777)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TMPDIR": str(temp),
+           "PYTHONPATH": os.path.dirname(os.path.dirname(benchmax_gym.__file__))}
+
+    def run(kind):
+        return subprocess.run([*prefix, sys.executable, "-c", KILLED_WITH_A_POOL, kind], capture_output=True,
+                              text=True, env=env, cwd="/", timeout=240)
+
+    try:
+        killed = run("kill")
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        left = Path(killed.stdout.strip())
+        assert left.parent.parent == temp and left.name.startswith("benchmax-sandbox-p")
+        assert left.is_dir() and os.listdir(left)  # (its episode's folder: nothing of the killed process removes it)
+        sweep = run("sweep")
+        assert sweep.returncode == 0, sweep.stderr[-3000:]
+        assert not left.exists()
+        assert os.listdir(left.parent) == []  # (the sweeping pool's own folder went at its shut-down)
+    finally:
+        sandbox_module.remove_tree(temp)

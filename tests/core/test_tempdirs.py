@@ -74,3 +74,20 @@ def test_a_kind_is_lower_case_letters(temp_root, kind):
     with pytest.raises(ValueError, match="kind must be lower-case letters"):
         tempdirs.owned_tempdir(kind)
     assert list(temp_root.iterdir()) == []
+
+
+def test_each_folder_is_swept_once_a_process_and_only_that_folder(temp_root):
+    ns = tempdirs._pid_namespace()
+    dead = dead_pid()
+    inner = temp_root / "benchmax-gym-0"
+    inner.mkdir()
+    top, nested = temp_root / f"benchmax-mcp-p{dead}-n{ns}-a", inner / f"benchmax-sandbox-p{dead}-n{ns}-b"
+    for folder in (top, nested):
+        folder.mkdir()
+    made = tempdirs.owned_tempdir("sandbox", dir=inner)
+    assert made.parent == inner and not nested.exists() and top.exists()  # (only the folder it makes one in)
+    nested.mkdir()
+    tempdirs.owned_tempdir("sandbox", dir=inner)
+    assert nested.exists()  # (once a process per folder)
+    tempdirs.owned_tempdir("mcp")
+    assert not top.exists()
