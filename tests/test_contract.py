@@ -396,7 +396,7 @@ class _SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def grpo_trainer():
+def grpo_trainer(tmp_path_factory):
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trl import GRPOConfig, GRPOTrainer
 
@@ -405,7 +405,7 @@ def grpo_trainer():
 
     tokenizer = tiny_tokenizer("qwen")
     rollout = TRLRollout("benchmax/Math-v0", tokenizer)
-    args = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=2, num_generations=2,
+    args = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")), per_device_train_batch_size=2, num_generations=2,
                       max_completion_length=4096, max_steps=1, report_to=[], use_cpu=True, save_strategy="no")
     trainer = GRPOTrainer(model=tiny_model(tokenizer), reward_funcs=rollout.reward, args=args,
                           train_dataset=rollout.dataset(4), rollout_func=rollout, processing_class=tokenizer)

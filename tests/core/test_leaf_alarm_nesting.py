@@ -60,9 +60,8 @@ def test_a_script_that_scored_and_exits_is_not_killed_by_the_leaf_timer():
 LEAF_WHOSE_FIRST_IMPORT_OUTLASTS_ITS_TIMEOUT = r"""
 import pathlib
 import sys
-import tempfile
 
-folder = tempfile.mkdtemp()
+folder = sys.argv[1]
 sys.path.insert(0, folder)
 pathlib.Path(folder, "slow_grader.py").write_text(
     "import time\nend = time.monotonic() + 0.8\nwhile time.monotonic() < end:\n    pass\nREADY = 1.0\n")
@@ -80,11 +79,11 @@ for _ in range(2):
 """
 
 
-def test_a_leaf_cut_during_its_first_import_grades_once_the_import_is_done():
+def test_a_leaf_cut_during_its_first_import_grades_once_the_import_is_done(tmp_path):
     """The leaf timer never fires inside an import: a package half imported stays broken for the
     process (sympy did: every later Math answer 0), and a module cut each time is slow each time,
     so every later pass timed out too."""
-    done = subprocess.run([sys.executable, "-c", LEAF_WHOSE_FIRST_IMPORT_OUTLASTS_ITS_TIMEOUT],
+    done = subprocess.run([sys.executable, "-c", LEAF_WHOSE_FIRST_IMPORT_OUTLASTS_ITS_TIMEOUT, str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["1.0 []"] * 2, done.stdout
