@@ -300,8 +300,8 @@ def run_child(request, nproc, write_out, write_err, write_status, in_cgroup=Fals
         status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
-    except BaseException as exc:
-        traceback.print_exc()
+    except BaseException as exc:  # (as `python file.py` shows it: from the code's own frames, not this one)
+        traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next)
         status = 1
         if isinstance(exc, MemoryError):
             status = EXIT_MEMORY

@@ -58,6 +58,18 @@ def test_normal_call_and_workspace_persistence(env):
     assert "kept\nFalse" in obs  # files persist between calls, Python state does not
 
 
+def test_the_codes_traceback_shows_its_own_frames_as_python_file_py_would(env):
+    """The model read the sandbox server's own frame first (``File "/sandbox/server.py", line 298,
+    in run_child``) in every traceback: noise, and a glimpse of the runner. A syntax error shows
+    no traceback at all, as Python shows it."""
+    obs, info = run_python(env, "def f():\n    return 1 / 0\nf()")
+    assert "exit code 1" in obs and "server.py" not in obs and "run_child" not in obs, obs
+    assert 'Traceback (most recent call last):\n  File "<code>", line 3, in <module>\n' in obs, obs
+    assert 'File "<code>", line 2, in f' in obs and "ZeroDivisionError: division by zero" in obs
+    obs, info = run_python(env, "def f(:\n    pass")
+    assert "Traceback" not in obs and 'File "<code>", line 1' in obs and "SyntaxError" in obs, obs
+
+
 def test_cannot_read_files_outside_the_workspace(env, tmp_path):
     secret = tmp_path / "answer.txt"
     secret.write_text("THE-GROUND-TRUTH")
