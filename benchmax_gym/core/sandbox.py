@@ -94,7 +94,6 @@ import sysconfig
 import tempfile
 import threading
 import time
-import warnings
 import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -104,6 +103,7 @@ from benchmax_gym.core.sandbox_server import kill_uid, user_process_count
 from benchmax_gym.core.outcomes import DEADLINE, ENV_ERROR, TOOL_UNAVAILABLE
 from benchmax_gym.core.tempdirs import owned_tempdir
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, tool
+from benchmax_gym.core.warn import warn
 
 log = logging.getLogger(__name__)
 
@@ -2018,9 +2018,7 @@ def sandboxed_python(
     config = SandboxConfig(mode=mode, limits=SandboxLimits.from_dict({"timeout": timeout, **(limits or {})}),
                            preload=preload)
     if config.level == UNAVAILABLE:
-        warnings.warn(
-            f"{env_id}: the {name} tool is left out: {bubblewrap_status()[1]}. Install bubblewrap, "
-            "or pass sandbox='rlimits' to run model code with resource limits only.", stacklevel=3,
-        )
+        warn(f"{env_id}: the {name} tool is left out: {bubblewrap_status()[1]}. Install bubblewrap, "
+             "or pass sandbox='rlimits' to run model code with resource limits only.")
         return [], config
     return [python_tool(name, description)], config

@@ -14,13 +14,13 @@ An argument the chosen source does not take fails at ``gym.make`` naming the one
 from __future__ import annotations
 
 import difflib
-import warnings
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 from benchmax_gym.core.checks import Checked, arg, non_negative_int, optional, positive_size
 from benchmax_gym.core.tasks import DatasetTasks, GeneratedTasks, ListTasks, Task, TaskSource, given_tasks
+from benchmax_gym.core.warn import warn
 
 
 __all__ = ["GeneratedSource", "SourceConfig", "arg", "choose", "task_source"]
@@ -120,9 +120,9 @@ def choose(
                 why.append(f"unknown {args_name} key {k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ValueError(f"{'; '.join(why)}; {_takes(cls, what)}")
     if flat:
-        warnings.warn(f"passing {', '.join(flat)} to the environment directly is deprecated; "
-                      f"use {args_name}={{{', '.join(repr(k) + ': ...' for k in flat)}}}",
-                      DeprecationWarning, stacklevel=4)
+        warn(f"passing {', '.join(flat)} to the environment directly is deprecated; "
+             f"use {args_name}={{{', '.join(repr(k) + ': ...' for k in flat)}}} "
+             f"(on the command line: {' '.join(f'--env-arg {args_name}.{k}=...' for k in flat)})", DeprecationWarning)
     missing = [k for k in cls.required() if k not in given]
     if missing:
         raise ValueError(f"{what}={cls.name!r} needs {args_name} {', '.join(missing)}; {_takes(cls, what)}")

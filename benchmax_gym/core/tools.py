@@ -66,7 +66,6 @@ import threading
 import time
 import types
 import typing
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -74,6 +73,7 @@ from typing import Any, ClassVar
 import pydantic
 
 from benchmax_gym.core.outcomes import FAILURES
+from benchmax_gym.core.warn import warn
 
 INJECTED = ("episode", "state")
 
@@ -433,8 +433,7 @@ def check_schema(name: str, parameters: Any, *, lenient: bool = False) -> dict[s
         mapped: list[str] = []
         params = _map_aliases(params, "", mapped)
         if mapped:
-            warnings.warn(f"tool {name!r}: non-standard schema types read leniently: {', '.join(mapped)}",
-                          stacklevel=3)
+            warn(f"tool {name!r}: non-standard schema types read leniently: {', '.join(mapped)}")
     kind = params.get("type", "object")
     if kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise ToolSchemaError(f"tool {name!r}: parameters schema at '/type' must be \"object\" (tool arguments "

@@ -3,6 +3,7 @@ arguments name what the source takes; the flat form of 0.1 still works, with a w
 
 import contextlib
 import sqlite3
+import sys
 import warnings
 from pathlib import Path
 
@@ -50,8 +51,10 @@ def test_by_name_by_instance_and_by_id_give_the_same_tasks():
 
 
 def test_the_flat_form_still_works_with_a_deprecation_warning():
-    with pytest.warns(DeprecationWarning, match=r"use task_args=\{'dataset': ..., 'limit': ...\}"):
+    with pytest.warns(DeprecationWarning, match=r"use task_args=\{'dataset': ..., 'limit': ...\} \(on the command "
+                      r"line: --env-arg task_args.dataset=... --env-arg task_args.limit=...\)") as caught:
         flat = gym.make("benchmax/Math-v0", tasks="gsm8k", dataset=str(GSM8K_FILE), limit=5)
+    assert (caught[0].filename, caught[0].lineno) == (__file__, sys._getframe().f_lineno - 1)  # (the line above)
     typed = gym.make("benchmax/Math-v0", tasks="gsm8k", task_args={"dataset": str(GSM8K_FILE), "limit": 5})
     assert first_tasks(flat) == first_tasks(typed)
     with pytest.warns(DeprecationWarning, match="difficulty"):
