@@ -20,8 +20,10 @@ also names one (``"me/Train-v0"``), for the CLI or to keep a training mixture un
   of ``(id, kwargs, weight)``; or a list of ``{"id", "weight", "kwargs", "name"}`` dicts (the
   JSON form, for the CLI). A
   member's name defaults to its id without the namespace (``"Math-v0"``); two members of one id
-  need names. Engine options given to ``gym.make`` itself (``tool_format``, ``max_turns``...)
-  reach every member whose class takes them; a member's own kwargs win.
+  need names. A member is a text env (Text observation and action spaces, as every benchmax id;
+  ``CartPole-v1`` is refused at make). Engine options given to ``gym.make`` itself
+  (``tool_format``, ``max_turns``...) reach every member whose class takes them; a member's own
+  kwargs win.
 * **Sampling**: each reset draws a member. ``sampling="stratified"`` (default): a golden-ratio
   (Kronecker) sequence through the cumulative weights, its phase drawn from the env's seed (with
   none, from its entropy-seeded RNG: each env of a vector env its own), so
@@ -99,6 +101,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from benchmax_gym.core.checks import positive_int
 from benchmax_gym.core.spaces import UnicodeText
 from benchmax_gym.core.tasks import INFINITE, Task, TaskSource
 from benchmax_gym.curriculum import Curriculum, MemberLevels, apply_level, member_levels
@@ -373,9 +376,8 @@ class MixEnv(gym.Env[str, str]):
                 raise ValueError(f"curriculum[{s.name!r}]: a knob's path starts with {wrong}, not an argument of "
                                  f"{s.env_id} (e.g. 'task_args.difficulty.digits')")
             self._check_task_args(s, classes[s.env_id])
-        widest = lambda key, default: max(int(kw.get(key, default)) for kw in self._kwargs.values())  # noqa: E731
-        self.observation_space = UnicodeText(widest("max_observation_chars", 1_000_000))
-        self.action_space = UnicodeText(widest("max_action_chars", 32_000))
+        self.observation_space = UnicodeText(self._widest("max_observation_chars", 1_000_000))
+        self.action_space = UnicodeText(self._widest("max_action_chars", 32_000))
         self._built: dict[tuple[str, int], _Member] = {}
         self._current: _Member | None = None
         self._episode_step = self._no_episode  # (the playing episode's step: _started)
@@ -387,6 +389,17 @@ class MixEnv(gym.Env[str, str]):
         self.tasks = MixTasks(self)
         self._levels = self.curriculum.levels()  # (as the built members were chosen: see _release_retired)
         self._build_drawn()
+
+    def _widest(self, key: str, default: int) -> int:
+        """The largest ``key`` of the members, each checked as the engine checks it (``int("abc")``
+        or ``int(nan)`` raised before any member was made, naming nothing)."""
+        sizes = []
+        for s in self.specs:
+            try:
+                sizes.append(positive_int(key, self._kwargs[s.name].get(key, default)))
+            except ValueError as exc:
+                raise ValueError(f"members: {s.name}: {exc}" if key in s.kwargs else str(exc)) from None
+        return max(sizes)
 
     def _build_drawn(self) -> None:
         """Make every member that draws can reach, at its starting level, now (and kept), and each
@@ -510,8 +523,19 @@ class MixEnv(gym.Env[str, str]):
         kwargs = apply_level(self._kwargs[name], self.curriculum.members[name].levels[level])
         with _naming(name, spec.env_id, level):
             if self.render_mode:
-                return gym.make(spec.env_id, render_mode=self.render_mode, disable_env_checker=True, **kwargs)
-            return gym.make(spec.env_id, disable_env_checker=True, **kwargs)
+                env = gym.make(spec.env_id, render_mode=self.render_mode, disable_env_checker=True, **kwargs)
+            else:
+                env = gym.make(spec.env_id, disable_env_checker=True, **kwargs)
+            spaces = (env.observation_space, env.action_space)
+            if not all(isinstance(space, gym.spaces.Text) for space in spaces):
+                # (CartPole made fine, then its reset returned an array and its step refused the
+                # text action: the mixture's spaces are Text, its actions strings)
+                env.close()
+                raise ValueError(
+                    f"{spec.env_id} is not a text environment (its observation and action spaces are "
+                    f"{type(spaces[0]).__name__} and {type(spaces[1]).__name__}): a mixture's members take text "
+                    "actions and return text observations (Text spaces), as every benchmax id does")
+        return env
 
     @property
     def built_members(self) -> list[str]:

@@ -63,3 +63,51 @@ def test_numpy_ints_are_ints_for_the_curriculum_and_its_state_stays_json():
     assert json.loads(json.dumps(state))["members"]["Math-v0"]["level"] == 1
     assert env.unwrapped.curriculum.group_size == 4 and env.unwrapped.curriculum.members["Math-v0"].window == 8
     env.close()
+
+
+@pytest.mark.parametrize("key", ["max_observation_chars", "max_action_chars"])
+@pytest.mark.parametrize("value", ["abc", float("nan"), float("inf"), None, [1], 0, True])
+def test_a_bad_size_limit_fails_at_make_naming_it_as_the_engine_does(key, value):
+    """(It went into int() first: "invalid literal for int()", "cannot convert float NaN", an
+    OverflowError or a TypeError, naming nothing.)"""
+    with pytest.raises(ValueError, match=rf"^{key} must be a positive int, got "):
+        gym.make(MIX, **{key: value})
+    with pytest.raises(ValueError, match=rf"^members: Math-v0: {key} must be a positive int, got "):
+        gym.make(MIX, members=[("benchmax/Math-v0", {key: value}, 1.0)])
+
+
+def test_the_widest_size_limit_of_the_members_bounds_the_spaces():
+    env = gym.make(MIX, members=[("benchmax/Math-v0", {"max_action_chars": 5000}, 0.5),
+                                 ("benchmax/Wikipedia-v0", {"max_action_chars": 700}, 0.5)], max_observation_chars=9000)
+    assert (env.observation_space.max_length, env.action_space.max_length) == (9000, 5000)
+    env.close()
+
+
+def test_a_member_that_is_no_text_env_fails_at_make_naming_it():
+    """CartPole made, then its reset returned an array and its step failed on the text action."""
+    says = r"members: CartPole-v1: CartPole-v1 is not a text environment \(its observation and action spaces are " \
+           r"Box and Discrete\): a mixture's members take text actions and return text observations"
+    with pytest.raises(ValueError, match=says):
+        gym.make(MIX, members={"CartPole-v1": 1})
+    # one of weight 0 is made when first forced: refused there, named
+    env = gym.make(MIX, members={"CartPole-v1": 0, "benchmax/Math-v0": 1})
+    with pytest.raises(ValueError, match="CartPole-v1 is not a text environment") as raised:
+        env.reset(seed=0, options={"member": "CartPole-v1"})
+    assert raised.value.__notes__ == ["mixture member 'CartPole-v1' (CartPole-v1 at level 0)"]
+    env.close()
+
+
+@pytest.mark.parametrize("arg, says", [
+    ("max_observation_chars=abc", "max_observation_chars must be a positive int, got 'abc'"),
+    ('members={"CartPole-v1": 1}', "members: CartPole-v1: CartPole-v1 is not a text environment"),
+])
+def test_the_cli_says_a_bad_mixture_in_one_line(arg, says):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cli_in_process import run_in_process
+
+    out = run_in_process("run", MIX, "--env-arg", arg)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("benchmax-gym: error: ") and says in out.stderr
