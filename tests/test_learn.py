@@ -107,6 +107,9 @@ def test_eval_compare_and_run_record(run_dir):
     assert set(run["stages"]) == {"1_data", "2_tokenizer_model", "3_sft", "5a_eval_sft", "4_rl", "5b_eval_rl",
                                   "6_plots"}
     assert all(s["seconds"] >= 0 and s["peak_rss_mb"] > 0 for s in run["stages"].values())
+    better, worse, tied = run["results"]["tasks_better_worse_tied"]
+    assert better + worse + tied == 8  # the printed table, as the README shows it:
+    assert f"; tasks better/worse/tied {better}/{worse}/{tied}\n" in _learn().table(run["results"], run)
     figures = json.loads((run_dir / "plots" / "figures.json").read_text())
     assert len(figures["rl_steps"]) == 2 and set(figures["eval"]) == {"sft", "rl"}
     try:

@@ -713,10 +713,11 @@ def table(result: dict[str, Any], run: dict[str, Any]) -> str:
             ("tool errors per turn", f"{tu['sft']['tool_errors_per_turn']:.3f}",
              f"{tu['rl']['tool_errors_per_turn']:.3f}")]
     head = f"{run['env_id']} ({result['heldout_tasks']} held-out tasks, seed {run['config']['seed']})"
+    counts = "/".join(map(str, result["tasks_better_worse_tied"]))
     lines = [f"| {head} | SFT | SFT + GRPO |",
              "|---|---|---|", *(f"| {a} | {b} | {c} |" for a, b, c in rows),
              f"\nRL - SFT (paired, 95% CI): {ci(result['rl_minus_sft'])}; probability of improvement "
-             f"{ci(result['probability_of_improvement'])}; tasks better/worse/tied {result['tasks_better_worse_tied']}",
+             f"{ci(result['probability_of_improvement'])}; tasks better/worse/tied {counts}",
              "time per stage: " + ", ".join(f"{k} {v['seconds']:.0f}s" for k, v in run["stages"].items())
              + f"; peak RSS {max(v['peak_rss_mb'] for v in run['stages'].values()):.0f} MB"]
     return "\n".join(lines)
