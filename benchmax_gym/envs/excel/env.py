@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import weakref
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ from benchmax_gym.core.sandbox import sandboxed_python
 from benchmax_gym.core.checks import boolean, mapping, one_of, optional, seconds
 from benchmax_gym.core.sources import SourceConfig, task_source
 from benchmax_gym.core.tempdirs import owned_tempdir
-from benchmax_gym.core.tasks import Task, TaskSource
+from benchmax_gym.core.tasks import DatasetTasks, ListTasks, Task, TaskSource
 from benchmax_gym.core.tools import Toolset
 from benchmax_gym.envs.excel.generator import GeneratedSheets
 from benchmax_gym.envs.excel.grading import correct_cells, grade
@@ -44,6 +45,36 @@ RUN_PYTHON_DOC = (
 
 
 TASK_SOURCES = (GeneratedSheets, SpreadsheetBench)
+TASK_SHAPE = ("each Excel-v0 task needs files={'workbook.xlsx': <input xlsx: bytes or a path>} and "
+              "answer={'workbook': <answer xlsx: bytes or a path>, 'position': <answer cells, e.g. \"'Sheet1'!B2:B9\">} "
+              "(a task dict cannot carry files: give benchmax_gym.Task objects)")
+
+
+def _workbook_problem(what: str, value: Any) -> str | None:
+    """Why ``value`` cannot be a workbook (bytes, or the path of an existing file), or None."""
+    if isinstance(value, (bytes, bytearray)):
+        return None if value else f"{what} is empty bytes"
+    if isinstance(value, (str, os.PathLike)):
+        return None if os.path.isfile(value) else f"{what} is not an existing file: {os.fspath(value)!r}"
+    return f"{what} must be bytes or a path, got {type(value).__name__}"
+
+
+def check_task(task: Task, where: str) -> None:
+    """Refuse a task Excel-v0 cannot play or grade (no input workbook, an answer that is not
+    ``{'workbook', 'position'}``): else its reset failed as the model's tool error, or its grade
+    was a TypeError scored 0."""
+    files, answer = task.files, task.answer
+    if not isinstance(files, Mapping) or WORKBOOK not in files:
+        problem = f"it has no files[{WORKBOOK!r}] (files: {sorted(files) if isinstance(files, Mapping) else files!r})"
+    elif not isinstance(answer, Mapping) or not {"workbook", "position"} <= set(answer):
+        problem = f"its answer is {answer!r:.120}"
+    elif not isinstance(answer["position"], str) or not answer["position"].strip():
+        problem = f"its answer['position'] must be a non-empty string, got {answer['position']!r:.80}"
+    else:
+        problem = (_workbook_problem(f"files[{WORKBOOK!r}]", files[WORKBOOK])
+                   or _workbook_problem("answer['workbook']", answer["workbook"]))
+    if problem:
+        raise ValueError(f"{where} (id {task.id!r}): {problem}; {TASK_SHAPE}")
 # imported once in the warm sandbox, so the model's own `import` costs nothing (a missing one is skipped)
 PRELOAD = ("openpyxl", "numpy", "pandas")
 
@@ -86,6 +117,9 @@ class ExcelEnv(ToolEnv):
                              "PATH (Debian: apt-get install libreoffice-calc-nogui); recalc='auto' computes "
                              "formulas with the formulas package")
         source = task_source(self, tasks, task_args, TASK_SOURCES, engine_kwargs)
+        if isinstance(source, (ListTasks, DatasetTasks)):  # (held in memory: all checked now; others at reset)
+            for i, task in enumerate(source.tasks):
+                check_task(task, f"tasks[{i}]")
         python, sandbox_config = sandboxed_python(
             "benchmax/Excel-v0", enabled=boolean("python_tool", python_tool), mode=sandbox,
             limits=optional(mapping)("sandbox_limits", sandbox_limits),
@@ -112,6 +146,7 @@ class ExcelEnv(ToolEnv):
     # -- episode state ------------------------------------------------------------------------
 
     def open_episode(self, episode: Episode, options: dict[str, Any]) -> None:
+        check_task(episode.task, f"task {episode.index}")  # (a lazy source's: the env's error, never the model's)
         box = episode.state.get("sandbox")
         if box is not None:
             for name, source in episode.task.files.items():

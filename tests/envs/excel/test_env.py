@@ -210,3 +210,46 @@ def test_a_sandbox_server_killed_during_a_call_ends_the_episode_with_tool_unavai
     assert info["outcome"] == "tool_unavailable" and math.isnan(reward) and truncated and not terminated
     assert env.unwrapped.episode_record()["reward"] is None and env.unwrapped.episode_record()["outcome"] == "tool_unavailable"
     env.close()
+
+
+def _workbooks(tmp_path):
+    wb = openpyxl.Workbook()
+    wb.active.title = "Sheet1"
+    wb.save(tmp_path / "in.xlsx")
+    wb.active["A1"] = 1
+    wb.save(tmp_path / "answer.xlsx")
+    return str(tmp_path / "in.xlsx"), str(tmp_path / "answer.xlsx")
+
+
+@pytest.mark.parametrize("bad", ["dict", "string answer", "no position", "missing input file", "no files"])
+def test_a_task_excel_cannot_play_or_grade_fails_at_make_naming_it(tmp_path, bad):
+    """A task dict (no files), a string answer, ...: refused at make naming the task and the shape
+    Excel needs (they failed at reset as the model's ToolError, or were graded 0 by a TypeError)."""
+    given, answer = _workbooks(tmp_path)
+    good = dict(answer={"workbook": answer, "position": "A1"}, files={"workbook.xlsx": given})
+    wrong = {"string answer": {"answer": "1"}, "no position": {"answer": {"workbook": answer}},
+             "missing input file": {"files": {"workbook.xlsx": str(tmp_path / "gone.xlsx")}},
+             "no files": {"files": {}}}
+    tasks = [benchmax_gym.Task("fine", "p", **good)]
+    if bad == "dict":
+        tasks.append({"id": "mine", "prompt": "x", "answer": "y"})
+    else:
+        tasks.append(benchmax_gym.Task("mine", "p", **{**good, **wrong[bad]}))
+    with pytest.raises(ValueError, match=r"tasks\[1\] \(id 'mine'\).*files=\{'workbook.xlsx'.*'position'"):
+        gym.make("benchmax/Excel-v0", tasks=tasks, python_tool=False)
+
+
+def test_a_lazy_source_task_excel_cannot_grade_fails_its_reset_as_the_envs_error(tmp_path):
+    given, _ = _workbooks(tmp_path)
+
+    class Lazy(benchmax_gym.TaskSource):
+        def __len__(self):
+            return 1
+
+        def get(self, index):
+            return benchmax_gym.Task("lazy", "p", answer="1", files={"workbook.xlsx": given})
+
+    env = gym.make("benchmax/Excel-v0", tasks=Lazy(), python_tool=False)
+    with pytest.raises(ValueError, match=r"task 0 \(id 'lazy'\): its answer is '1'"):
+        env.reset(seed=0)
+    env.close()
