@@ -833,10 +833,11 @@ def register_mix(env_id: str, members: Any, description: str = "", **kwargs: Any
         register_mix("me/Train-v0", [("benchmax/Math-v0", 0.7), ("benchmax/Wikipedia-v0", 0.3)], curriculum=True)
         envs = gym.make_vec("me/Train-v0", num_envs=64)
     """
-    from benchmax_gym.registry import register_parts
+    from benchmax_gym.registry import _check_not_builtin, register_parts
 
     if not isinstance(env_id, str) or "-v" not in env_id:
         raise ValueError(f"env_id must look like 'namespace/Name-v0', got {env_id!r}")
+    _check_not_builtin(env_id)  # (before its members are made)
     MixEnv(members, **kwargs).close()  # every check of make, now
     names = ", ".join(s.name for s in parse_members(members))
     return register_parts(env_id, MixEnv, description or f"A mixture of {names}.", members=members, **kwargs)

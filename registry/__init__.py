@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +100,9 @@ ENVS: dict[str, EnvEntry] = {
                  {"tasks": "hotpotqa"}),
     )
 }
+#: the ids benchmax-gym itself registers: :func:`register_tool_env` (and ``register_mix``,
+#: ``register_benchmax_env``) refuse to replace one, for every ``gym.make`` of it in the process
+BUILTIN_IDS = frozenset(ENVS)
 
 
 # What user-registered ids are built from (toolsets, task sources, rubrics, classes, rows). These
@@ -131,11 +135,20 @@ class RegisteredFactory:
 def register_parts(env_id: str, factory: Callable[..., gym.Env], description: str,
                    defaults: Mapping[str, Any] | None = None, **parts: Any) -> str:
     """Register ``env_id`` as ``factory(**parts, **kwargs)`` with a picklable entry point."""
+    _check_not_builtin(env_id)
     _PARTS[env_id] = (factory, parts)
     entry = EnvEntry(env_id, RegisteredFactory(env_id), description)
     ENVS[env_id] = entry
     _register(entry, defaults)
     return env_id
+
+
+def _check_not_builtin(env_id: str) -> None:
+    """A user's registration must not replace a built-in id (Gymnasium only warns): ``gym.make``
+    of ``benchmax/Math-v0`` was then a plain ToolEnv. Re-registering one's own id is fine."""
+    if env_id in BUILTIN_IDS:
+        raise ValueError(f"env_id {env_id!r} is a benchmax-gym built-in id, which this would replace for every "
+                         "gym.make in the process: choose another id (e.g. 'me/Name-v0')")
 
 
 @dataclass(frozen=True)
@@ -212,7 +225,8 @@ def register_tool_env(
         env_id: e.g. ``"myteam/Weather-v0"``.
         tools: functions (documented, typed) or :class:`~benchmax_gym.core.tools.Tool` objects.
         tasks: a TaskSource, a list of :class:`~benchmax_gym.core.tasks.Task`, or a list of
-            dicts with ``prompt`` and ``answer`` (optional ``id``, ``metadata``).
+            dicts with ``prompt`` and ``answer`` (optional ``id``, ``metadata``); a JSON Lines
+            file's: ``benchmax_gym.data.load_tasks(path)``.
         rubric: a :class:`~benchmax_gym.core.rubric.Rubric`, one reward function, or a list of them.
         system_prompt: instructions for the model (the tool-calling convention is added).
         solver: the reference solver, ``solver(env) -> policy`` where ``policy(obs, info)``
@@ -248,11 +262,15 @@ def register_tool_env(
 
     if not isinstance(env_id, str) or "-v" not in env_id:
         raise ValueError(f"env_id must look like 'namespace/Name-v0', got {env_id!r}")
+    _check_not_builtin(env_id)
     if isinstance(tools, (str, bytes)) or not isinstance(tools, Iterable):
         raise TypeError(f"tools must be a list of tools (functions or Tool objects) or a Toolset, got {tools!r:.80}")
     toolset = tools if isinstance(tools, Toolset) else Toolset(tools)
     for t in toolset:  # a Tool built by hand with a schema from elsewhere is refused here, not at its first call
         check_schema(t.name, t.parameters)
+    if isinstance(tasks, (str, bytes, os.PathLike)):  # (a path was iterated: "tasks[0] ... got 't'")
+        raise ValueError(f"tasks must be a TaskSource or a non-empty list of Tasks or task dicts, got the path "
+                         f"{tasks!r}: read a JSON Lines file with tasks=benchmax_gym.data.load_tasks(path)")
     try:
         source = given_tasks(list(tasks) if not hasattr(tasks, "get") else tasks)
     except TypeError:  # (not iterable: None, a number)

@@ -1,7 +1,9 @@
 """Registration with Gymnasium: ids, make, make_vec, check_env, user-registered environments."""
 
+import contextlib
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -65,6 +67,10 @@ def test_bad_make_argument_is_named():
     ({"tools": [5]}, TypeError, "a tool must be a Tool or a typed, documented function, got 5"),
     ({"tasks": None}, ValueError, "tasks must be a TaskSource"),
     ({"tasks": 3}, ValueError, "tasks must be a TaskSource"),
+    # a path was iterated as tasks: "tasks[0] must be a Task or a dict ... got 't'"
+    ({"tasks": "tasks.jsonl"}, ValueError, r"got the path 'tasks.jsonl': read a JSON Lines file with "
+                                           r"tasks=benchmax_gym.data.load_tasks\(path\)"),
+    ({"tasks": Path("tasks.jsonl")}, ValueError, "tasks must be a TaskSource .* got the path PosixPath"),
 ])
 def test_register_tool_env_names_the_bad_argument(kwargs, error, names):
     def lookup(city: str) -> str:
@@ -110,6 +116,54 @@ def test_register_tool_env_in_one_call():
     _, reward, terminated, _, _ = env.step("It is in Peru.")
     assert terminated and reward == 1.0
     assert gym.make(env_id, max_turns=7).unwrapped.max_turns == 7  # defaults stay overridable
+
+
+def test_a_tasks_file_is_read_by_load_tasks_as_the_refusal_says(tmp_path):
+    from benchmax_gym.data import load_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"prompt": "Say hi.", "answer": "hi"}\n')
+    env_id = benchmax_gym.register_tool_env("testing/FromFile-v0", tools=[], tasks=load_tasks(path),
+                                            rubric=lambda completion: 0.0)
+    try:
+        env = gym.make(env_id)
+        assert "Say hi." in env.reset(seed=0)[0]
+        env.close()
+    finally:
+        gym.registry.pop(env_id, None)
+
+
+@pytest.mark.parametrize("register", ["register_tool_env", "register_mix"])
+@pytest.mark.parametrize("env_id", ["benchmax/Math-v0", "benchmax/Mix-v0", "benchmax/Math-GSM8K-v0"])
+def test_a_builtin_id_is_not_replaced_by_a_registration(env_id, register):
+    """(register_tool_env("benchmax/Math-v0", ...) only had Gymnasium warn, and every gym.make of
+    it was then a plain ToolEnv.)"""
+    from benchmax_gym.mix import register_mix
+
+    entry_point = gym.spec(env_id).entry_point
+    with pytest.raises(ValueError, match=f"env_id '{env_id}' is a benchmax-gym built-in id.*choose another id"):
+        if register == "register_tool_env":
+            benchmax_gym.register_tool_env(env_id, tools=[], tasks=[{"prompt": "p", "answer": "a"}],
+                                           rubric=lambda completion: 0.0)
+        else:
+            register_mix(env_id, {"benchmax/Math-v0": 1.0})
+    assert gym.spec(env_id).entry_point == entry_point == registry.ENVS[env_id].entry_point
+    assert entry_point.startswith("benchmax_gym.")
+
+
+def test_a_users_own_id_may_be_registered_again():
+    """(A notebook cell run twice.)"""
+    try:
+        for answer in ("a", "b"):
+            with pytest.warns(UserWarning, match="Overriding") if answer == "b" else contextlib.nullcontext():
+                benchmax_gym.register_tool_env("testing/Again-v0", tools=[], tasks=[{"prompt": "p", "answer": answer}],
+                                               rubric=lambda completion: 0.0)
+        env = gym.make("testing/Again-v0")
+        env.reset(seed=0)
+        assert env.unwrapped.episode.task.answer == "b"
+        env.close()
+    finally:
+        gym.registry.pop("testing/Again-v0", None)
 
 
 def test_register_tool_env_rejects_bad_tasks():
