@@ -30,6 +30,12 @@ _ENDED = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR | sel
 HEARS_CLOSE = hasattr(select, "POLLRDHUP")
 
 
+#: the longest wait a vector env's argument may ask (``step_timeout``, ``recv``'s ``timeout``...):
+#: poll(2) takes an int of milliseconds, at most 2**31 - 1 (about 24.8 days), and a longer wait
+#: raised OverflowError at the first one (inf and ``10**30`` too); rounded down to about 23 days
+WAIT_MAX_S = 2_000_000.0
+
+
 def ended(fds: list[int], timeout: float) -> set[int]:
     """The descriptors among ``fds`` whose peer ended its side (a worker that heard ``close``:
     ``worker._answer_close``) or is gone, within ``timeout`` seconds: nothing is read, so another

@@ -56,7 +56,7 @@ from multiprocess.connection import Connection
 from benchmax_gym.core.sandbox import remove_tree
 
 from .channel import WorkerLost, _Channel, readable
-from .vector import WorkerVectorEnv, _env_fns
+from .vector import WorkerVectorEnv, _env_fns, seconds_arg
 from .worker import _worker_main, driver_registrations, use_temp_root, with_registrations
 
 ENV_HOST_RESOURCE = "benchmax_env_host"  # the custom resource `benchmax-gym launch` gives each node
@@ -563,7 +563,7 @@ class RayVectorEnv(WorkerVectorEnv):
             down again by :meth:`close`).
         autoreset_mode, step_timeout, info_keys: as :class:`SubprocVectorEnv` (a host past ``step_timeout``
             is killed and replaced).
-        start_timeout: seconds to get a host placed and running, retries included.
+        start_timeout: seconds to get a host placed and running, retries included (at most 2,000,000).
         **env_kwargs: ``gym.make`` keyword arguments, with an id.
     """
 
@@ -588,8 +588,7 @@ class RayVectorEnv(WorkerVectorEnv):
         ray = import_ray()
         fns = _env_fns(env, num_envs, env_kwargs, type(self))
         num_hosts = _host_count(len(fns), num_hosts, envs_per_host)
-        if not isinstance(start_timeout, (int, float)) or start_timeout <= 0:
-            raise ValueError(f"start_timeout must be a positive number of seconds, got {start_timeout!r}")
+        start_timeout = seconds_arg("start_timeout", start_timeout)
         if actor_options is not None and not isinstance(actor_options, dict):
             raise ValueError(f"actor_options must be a dict of Ray actor options, got {actor_options!r}")
         if set(actor_options or ()) & set(_OURS):

@@ -78,16 +78,32 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector.utils import batch_space
 
+from benchmax_gym.core.checks import COUNT_MAX, int_between, one_of
 from benchmax_gym.core.outcomes import outcome_detail
 
 from .batching import _collections_paused, _stack, batch_infos, join_columns, unpack_columns
-from .channel import HEARS_CLOSE, WorkerLost, _Process, ended, readable
+from .channel import HEARS_CLOSE, WAIT_MAX_S, WorkerLost, _Process, ended, readable
 from .worker import (ENV_ERROR, MIX_INFO_KEYS, WORKER_RESTARTED, driver_registrations, result_arrays, unpack_results,
                      with_registrations)
 
 
+def seconds_arg(name: str, value: Any, *, none: str | None = None, zero: bool = False) -> float | None:
+    """A vector env's wait in seconds (``zero``: 0 allowed; ``none``: what ``None`` means, if
+    allowed). Up to :data:`WAIT_MAX_S`, and no bool: inf or ``10**30`` passed a bare check and
+    failed at the first wait with OverflowError, ``True`` meant 1 s."""
+    if value is None and none is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            (0 <= value if zero else 0 < value) and value <= WAIT_MAX_S):
+        raise ValueError(f"{name} must be a {'non-negative' if zero else 'positive'} number of seconds up to "
+                         f"{WAIT_MAX_S:.0f}{f' or None ({none})' if none is not None else ''}, got {value!r}")
+    return float(value)
+
+
 def _env_fns(env: str | Callable | Sequence[Callable], num_envs: int | None, env_kwargs: dict,
              owner: type | None = None) -> list[Callable]:
+    if num_envs is not None:  # (0 or "2" failed later naming num_workers or with a bare TypeError; True made 1)
+        int_between(1, COUNT_MAX)("num_envs", num_envs)
     if isinstance(env, str):
         if num_envs is None:
             raise ValueError("num_envs is required when the environment is given by id")
@@ -182,9 +198,7 @@ class WorkerVectorEnv(VectorEnv):
             raise ValueError(
                 f"autoreset_mode must be one of {[m.value for m in AutoresetMode]}, got {autoreset_mode!r}"
             ) from None
-        if step_timeout is not None and not (isinstance(step_timeout, (int, float)) and step_timeout > 0):
-            raise ValueError(f"step_timeout must be a positive number of seconds or None, got {step_timeout!r}")
-        self.step_timeout = step_timeout
+        self.step_timeout = seconds_arg("step_timeout", step_timeout, none="no limit")
         if info_keys is not None:
             if isinstance(info_keys, str) or not all(isinstance(k, str) for k in info_keys):
                 raise ValueError(f"info_keys must be a list of info key names or None, got {info_keys!r}")
@@ -441,8 +455,9 @@ class WorkerVectorEnv(VectorEnv):
         """
         self._check_open()
         outstanding = len(self._pending) + len(self._ready)
-        if not 1 <= min_ready <= max(outstanding, 1):
-            raise ValueError(f"min_ready must be from 1 to the {outstanding} environments in flight, got {min_ready}")
+        if isinstance(min_ready, bool) or not isinstance(min_ready, int) or not 1 <= min_ready <= max(outstanding, 1):
+            raise ValueError(f"min_ready must be an int from 1 to the {outstanding} environments in flight, got {min_ready!r}")
+        timeout = seconds_arg("timeout", timeout, none="wait for them", zero=True)
         self._gather(min_ready, timeout)
         ids = sorted(self._ready)
         results = [self._ready.pop(i) for i in ids]
@@ -853,7 +868,7 @@ class SubprocVectorEnv(WorkerVectorEnv):
         autoreset_mode: ``NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (an
             :class:`~gymnasium.vector.AutoresetMode` or its value).
         step_timeout: seconds an environment may take for one step or reset before its worker is
-            killed and restarted (``None``: no limit). ``call``/``get_attr``/``set_attr`` wait
+            killed and restarted (``None``: no limit; at most ``WAIT_MAX_S``, 2,000,000). ``call``/``get_attr``/``set_attr`` wait
             ``CALL_TIMEOUT`` (120 s), or ``step_timeout`` if longer, then restart the workers that
             did not answer (their envs end truncated) and raise ``WorkerTimeout``.
         context: the multiprocess start method (``"fork"``, ``"forkserver"``, ``"spawn"``). A
@@ -885,6 +900,7 @@ class SubprocVectorEnv(WorkerVectorEnv):
             num_workers = default_workers(len(fns))
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or not 1 <= num_workers <= len(fns):
             raise ValueError(f"num_workers must be an int from 1 to num_envs={len(fns)}, got {num_workers!r}")
+        one_of(None, *mp.get_all_start_methods())("context", context)  # (mp's own error named no argument)
         self._ctx = mp.get_context(context)
         if self._ctx.get_start_method() == "forkserver":
             _preload_forkserver_exit(self._ctx)

@@ -3,7 +3,9 @@
 import asyncio
 import gc
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -290,6 +292,53 @@ def test_ready_first_returns_the_fast_ones_first(tmp_path):
     with pytest.raises(RuntimeError, match="in flight"):
         envs.send([CALC], [0]) or envs.send([CALC], [0])
     envs.recv(min_ready=1)
+    envs.close()
+
+
+STEP_TIMEOUT_SAYS = "step_timeout must be a positive number of seconds up to 2000000 or None (no limit), got "
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"num_envs": 0}, "num_envs must be an int from 1 to 1000000, got 0"),
+    ({"num_envs": -1}, "num_envs must be an int from 1 to 1000000, got -1"),
+    ({"num_envs": "2"}, "num_envs must be an int from 1 to 1000000, got '2'"),
+    ({"num_envs": True}, "num_envs must be an int from 1 to 1000000, got True"),
+    ({"num_envs": 2, "context": "nosuch"}, "context must be one of (None, 'fork', 'spawn', 'forkserver'), got 'nosuch'"),
+    ({"num_envs": 2, "step_timeout": math.inf}, STEP_TIMEOUT_SAYS + "inf"),
+    ({"num_envs": 2, "step_timeout": 10**30}, STEP_TIMEOUT_SAYS + str(10**30)),
+    ({"num_envs": 2, "step_timeout": True}, STEP_TIMEOUT_SAYS + "True"),
+    ({"num_envs": 2, "vector_backend": "ray", "step_timeout": math.inf}, STEP_TIMEOUT_SAYS + "inf"),
+    ({"num_envs": 2, "vector_backend": "ray", "start_timeout": math.inf},
+     "start_timeout must be a positive number of seconds up to 2000000, got inf"),
+    ({"num_envs": 2, "vector_backend": "ray", "start_timeout": True},
+     "start_timeout must be a positive number of seconds up to 2000000, got True"),
+    ({"num_envs": 0, "vector_backend": "ray"}, "num_envs must be an int from 1 to 1000000, got 0"),
+])
+def test_make_vec_refuses_a_bad_count_context_or_wait_naming_it(kwargs, says):
+    """At make_vec, before any worker (or Ray) starts: 0 envs named num_workers, "2" raised a bare
+    TypeError, True made one env, an unknown context named no argument, and a timeout of inf or
+    10**30 raised OverflowError at the first reset (True meant 1 s)."""
+    ray = pytest.importorskip("ray")
+    before = {p.pid for p in children()}
+    with pytest.raises(ValueError) as raised:
+        gym.make_vec("benchmax/Math-v0", **kwargs)
+    assert str(raised.value) == says
+    assert {p.pid for p in children()} == before and not ray.is_initialized()
+
+
+def test_the_longest_step_timeout_steps_and_recv_refuses_a_bad_wait():
+    envs = gym.make_vec("benchmax/Math-v0", num_envs=2, num_workers=1, step_timeout=2_000_000)
+    envs.reset(seed=0)
+    envs.step(["1", "2"])  # (the longest allowed waits: poll takes up to 2**31 - 1 ms)
+    envs.send(["1", "2"])
+    for kwargs, says in [({"timeout": math.inf}, "timeout must be a non-negative number of seconds up to 2000000 "
+                                                 "or None (wait for them), got inf"),
+                         ({"timeout": -1}, "timeout must be a non-negative number"),
+                         ({"timeout": True}, "timeout must be a non-negative number"),
+                         ({"min_ready": True}, "min_ready must be an int from 1 to the 2 environments in flight")]:
+        with pytest.raises(ValueError, match=re.escape(says)):
+            envs.recv(**kwargs)
+    assert envs.recv(min_ready=2)[-1].tolist() == [0, 1]  # (the refused calls took nothing)
     envs.close()
 
 
