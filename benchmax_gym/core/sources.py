@@ -103,8 +103,11 @@ def choose(
     cls = next((o for o in options if isinstance(value, str) and o.name == value), None)
     if cls is None:
         if isinstance(value, str):
-            raise ValueError(f"{what} must be one of {_names(options)}, a config instance or your own tasks, "
-                             f"got {value!r}")
+            close = difflib.get_close_matches(value, [o.name for o in options], n=1)
+            raise ValueError(f"{what} must be one of {_names(options)}"
+                             + (", a config instance or your own tasks" if what == "tasks" else " or a config instance")
+                             + f", got {value!r}"
+                             + (f" (did you mean {close[0]!r}?)" if close else ""))
         if given:
             raise ValueError(f"{', '.join(given)} " + ("applies" if len(given) == 1 else "apply")
                              + f" only to {what} given by name ({_names(options)})")

@@ -78,12 +78,20 @@ def test_the_flat_form_still_works_with_a_deprecation_warning():
         ({"tasks": "gsm8k", "task_args": {"limit": 0}}, "limit must be a positive int"),
         ({"tasks": "generated", "task_args": {"difficulty": {"digits": 20}}}, "digits must be an int from 1 to 9"),
         ({"tasks": "generated", "task_args": {"task_seed": -1}}, "task_seed must be a non-negative int"),
-        ({"tasks": "nope"}, "tasks must be one of 'generated', 'gsm8k', 'math500', 'hf'"),
+        ({"tasks": "nope"}, "tasks must be one of 'generated', 'gsm8k', 'math500', 'hf', a config instance or "
+                            "your own tasks, got 'nope'$"),
+        ({"tasks": "gsm8k8"}, r"got 'gsm8k8' \(did you mean 'gsm8k'\?\)$"),
     ],
 )
 def test_a_misplaced_argument_fails_at_make_naming_what_the_source_takes(kwargs, says):
     with pytest.raises(ValueError, match=says):
         gym.make("benchmax/Math-v0", **kwargs)
+
+
+def test_a_misspelt_backend_is_named_with_the_close_one_and_no_talk_of_tasks():
+    with pytest.raises(ValueError, match=r"^backend must be one of 'generated', 'local', 'live' or a config "
+                                         r"instance, got 'lcoal' \(did you mean 'local'\?\)$"):
+        gym.make("benchmax/Wikipedia-v0", backend="lcoal")
 
 
 def test_every_family_declares_typed_sources_with_checked_fields():
