@@ -132,8 +132,9 @@ def _sky():
         raise SystemExit(
             "benchmax-gym launch needs SkyPilot, which cannot share this environment (its click pin "
             "conflicts): install it in a venv of its own, e.g. python3 -m venv ~/.venv-sky && "
-            f"~/.venv-sky/bin/pip install '{SKYPILOT}' (pip install 'benchmax-gym[skypilot]' names the "
-            "same pin), and pass --sky-python ~/.venv-sky/bin/python (or set BENCHMAX_GYM_SKY_PYTHON)"
+            f"~/.venv-sky/bin/pip install '{SKYPILOT.replace('==', '[kubernetes]==')}' (the extra of your "
+            "infra: [kubernetes] for --infra k8s, [aws], [gcp]...; 'benchmax-gym[skypilot]' names the same pin), "
+            "and pass --sky-python ~/.venv-sky/bin/python (or set BENCHMAX_GYM_SKY_PYTHON)"
         ) from None
     return sky
 

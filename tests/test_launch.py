@@ -63,6 +63,7 @@ def test_launch_without_skypilot_names_the_fix():
                          env={**os.environ, "BENCHMAX_GYM_SKY_PYTHON": ""})
     assert out.returncode == 2 and out.stderr.startswith("benchmax-gym: error: ") and out.stderr.count("\n") == 1
     assert "needs SkyPilot" in out.stderr and "benchmax-gym[skypilot]" in out.stderr and "--sky-python" in out.stderr
+    assert "pip install 'skypilot[kubernetes]==0.14.1'" in out.stderr  # (as the README installs it: k8s support)
 
 
 def _free_port() -> int:

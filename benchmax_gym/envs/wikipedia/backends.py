@@ -45,7 +45,8 @@ from typing import Any, Protocol
 import httpx
 
 from benchmax_gym.core.cache import cache_root, cached_file, whole_sqlite
-from benchmax_gym.core.checks import int_between, number_between, optional, positive_number, seconds, text
+from benchmax_gym.core.checks import (http_url, int_between, number_between, optional, positive_number, seconds,
+                                      text)
 from benchmax_gym.core.sources import SourceConfig, arg
 from benchmax_gym.core.outcomes import TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import ToolError, ToolFailure
@@ -468,6 +469,12 @@ def _is_json(content: bytes) -> bool:
     return True
 
 
+#: another MediaWiki's ``api.php``: an http(s) URL with a host and a port from 1 to 65535 (``ftp://``
+#: and ``notaurl`` made fine, a port ``:abc`` raised httpx's InvalidURL; where it answers is
+#: known at the first call)
+mediawiki_url = optional(http_url("http(s)://HOST[:PORT]/w/api.php, e.g. http://localhost:8080/w/api.php"))
+
+
 class LiveBackend:
     """Wikipedia through the MediaWiki API, with ``wikipedia-api`` as the client.
 
@@ -486,6 +493,7 @@ class LiveBackend:
                  timeout: float = 10.0, max_retries: int = 3, retry_wait: float = 0.5, cache_size: int = 4096):
         import wikipediaapi  # imported here: offline backends never need it
 
+        self.api_url = mediawiki_url("api_url", api_url)
         self._errors = wikipediaapi.WikipediaException
         self._rate_limited = wikipediaapi.WikiRateLimitError
         self.transport = CachingTransport(api_url=api_url, max_entries=cache_size, max_retry_after=timeout,
@@ -523,7 +531,12 @@ class LiveBackend:
         if isinstance(exc, self._rate_limited):
             return ToolFailure(f"{what} is rate-limiting this client (HTTP 429 on every retry); try again later",
                                TOOL_UNAVAILABLE)
-        return ToolFailure(f"{what} is unavailable ({exc})", TOOL_UNAVAILABLE)
+        # (the client's error names the URL it built, https://{language}.wikipedia.org/..., not the
+        # api_url the requests went to; its cause says why: a refused connection, a timeout)
+        where = self.api_url or getattr(exc, "url", None) or exc
+        status, cause = getattr(exc, "status_code", None), exc.__cause__
+        why = f"HTTP {status}" if status else f"{type(cause).__name__}: {cause}" if cause else type(exc).__name__
+        return ToolFailure(f"{what} is unavailable ({where}: {why})", TOOL_UNAVAILABLE)
 
     def close(self) -> None:
         """Shared by every episode of an environment; :meth:`shutdown` releases it."""
@@ -557,7 +570,7 @@ class LiveWikipedia(SourceConfig):
     :class:`LiveBackend` for the retry policy."""
 
     name = "live"
-    api_url: str | None = arg(None, optional(text))
+    api_url: str | None = arg(None, mediawiki_url)
     language: str = arg("en", text)
     user_agent: str = arg(USER_AGENT, text)
     http_timeout: float = arg(10.0, seconds)  # (inf was reported as tool_timeout's)

@@ -70,10 +70,10 @@ class WikipediaEnv(ToolEnv):
         config = choose(tasks, task_args, TASK_SOURCES, engine_kwargs)
         if backend is None:
             backend = DEFAULT_BACKEND[config.name] if config is not None else "generated"
-        backend = choose(backend, backend_args, BACKENDS, engine_kwargs, what="backend")
-        if backend is None:
+        given, backend = backend, choose(backend, backend_args, BACKENDS, engine_kwargs, what="backend")
+        if backend is None:  # (what was given, not choose's None: "got None" for backend=5)
             raise ValueError(f"backend must be one of {tuple(b.name for b in BACKENDS)} or a backend config, "
-                             f"got {backend!r}")
+                             f"got {given!r:.80}")
         if config is not None and (config.name == "generated") != (backend.name == "generated"):
             raise ValueError(
                 f"backend={backend.name!r} does not fit tasks={config.name!r}: generated questions are about "

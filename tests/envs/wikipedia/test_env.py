@@ -221,6 +221,15 @@ def test_check_env_on_the_live_backend(mediawiki):
         ({"difficulty": {"colour": "red"}}, "difficulty.*colour"),
         ({"difficulty": {"entities": 5}}, "entities"),
         ({"api_url": "http://127.0.0.1:1/w/api.php"}, "api_url"),
+        ({"backend": 5}, "backend must be one of .* got 5$"),  # (it said "got None")
+        ({"tasks": ListTasks([benchmax_gym.core.tasks.Task("t", "q", "a")]), "backend": "live",
+          "backend_args": {"api_url": "ftp://x/api.php"}}, r"api_url 'ftp://x/api.php': expected http\(s\)://HOST\[:PORT\]/w/api.php"),
+        ({"tasks": ListTasks([benchmax_gym.core.tasks.Task("t", "q", "a")]), "backend": "live",
+          "backend_args": {"api_url": "notaurl"}}, "api_url 'notaurl': expected http"),
+        ({"tasks": ListTasks([benchmax_gym.core.tasks.Task("t", "q", "a")]), "backend": "live",
+          "backend_args": {"api_url": "http://127.0.0.1:abc/w/api.php"}}, r"api_url .*: not a valid URL \(its port is not a number\)"),
+        ({"tasks": ListTasks([benchmax_gym.core.tasks.Task("t", "q", "a")]), "backend": "live",
+          "backend_args": {"api_url": "http://127.0.0.1:70000/w/api.php"}}, r"api_url .*: not a valid URL \(Port out of range"),
         ({"corpus": "x.jsonl"}, "corpus"),
         ({"tasks": ListTasks([benchmax_gym.core.tasks.Task("t", "q", "a")]), "backend": "local"}, "corpus"),
         ({"tasks": ListTasks([benchmax_gym.core.tasks.Task("t", "q", "a")]), "backend": "local", "corpus": "/no/c.jsonl"}, "corpus: no such file"),
@@ -232,3 +241,18 @@ def test_check_env_on_the_live_backend(mediawiki):
 def test_bad_configuration_fails_at_make(kwargs, names):
     with pytest.raises(ValueError, match=names):
         gym.make("benchmax/Wikipedia-v0", **kwargs)
+
+
+def test_an_unreachable_api_url_is_named_in_the_tool_failure(refused_port):
+    """A valid api_url that does not answer makes fine (the network is checked at use), and the
+    failure names it: it named the default https://en.wikipedia.org/w/api.php, not the one set."""
+    from benchmax_gym.envs.wikipedia.backends import LiveBackend
+    from benchmax_gym.core.tools import ToolFailure
+
+    url = f"http://127.0.0.1:{refused_port}/w/api.php"
+    backend = LiveBackend(api_url=url, max_retries=0)
+    for ask in (lambda: backend.search("Lima", 3), lambda: backend.article("Lima")):
+        with pytest.raises(ToolFailure, match=f"is unavailable \\({url}: ConnectError") as failed:
+            ask()
+        assert "wikipedia.org" not in str(failed.value)
+    backend.shutdown()
