@@ -190,7 +190,8 @@ class ToolEnv(gym.Env[str, str]):
         max_observation_chars: the observation space's length bound.
         tools_in_prompt: render tool schemas into the system prompt (turn off when a trainer's
             chat template renders ``info["tools"]`` itself).
-        reward_weights: override rubric component weights, e.g. ``{"format": 0.1}``.
+        reward_weights: override rubric component weights, e.g. ``{"format": 0.1}`` (negative
+            ones are penalties; some must stay positive: a maximum of 0 is refused).
         reward_timeout: seconds each reward function may take (``None``: unbounded); past it, it
             scores 0 with a ``reward_timeout`` error in ``info["reward_errors"]`` (the model's text
             must not hang its grader). Default ``"rubric"``: the rubric's own (60 s unless set).
@@ -311,6 +312,10 @@ class ToolEnv(gym.Env[str, str]):
             if not isinstance(reward_weights, dict):
                 raise TypeError(f"reward_weights must be a dict of component -> weight, got {reward_weights!r}")
             rubric = rubric.with_weights(reward_weights)
+            if not rubric.max_reward > 0:  # (every episode, the solver's too, scored 0 or less: nothing to learn)
+                raise ValueError(f"reward_weights leave the reward no positive maximum ({rubric.max_reward:g}): give "
+                                 f"some component a positive weight; components are {rubric.names}, got "
+                                 f"{reward_weights!r}")
         if reward_timeout != "rubric":
             rubric = rubric.with_timeout(reward_timeout)  # (a ValueError naming reward_timeout)
         if dense_rewards:  # (checked as weighed: reward_weights may change either side)

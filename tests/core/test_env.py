@@ -365,3 +365,27 @@ def test_render_ansi_shows_the_transcript():
     env.step(call("add", a=1, b=2))
     text = env.render()
     assert "[system]" in text and "-> add(" in text and "[tool]\n3" in text
+
+
+@pytest.mark.parametrize("weights", [{"exact": 0}, {"exact": 0, "short": 0}, {"exact": -1.0, "short": 0.0}])
+def test_reward_weights_that_leave_no_positive_weight_fail_at_make(weights):
+    """(Accepted: the max reward was 0 and every episode, the solver's too, scored 0.)"""
+    def short(completion):
+        return len(completion) < 50
+
+    with pytest.raises(ValueError, match=r"reward_weights leave the reward no positive maximum \(0\): give some "
+                                         r"component a positive weight; components are \['exact', 'short'\]"):
+        make_env(rubric=Rubric([exact, ("short", short, 0.0)]), reward_weights=weights)
+    with pytest.raises(ValueError, match="reward_weights leave the reward no positive maximum"):
+        gym.make("benchmax/Math-v0", reward_weights={"correct": 0, "format": 0})
+
+
+def test_a_negative_reward_weight_is_a_penalty_beside_a_positive_one():
+    def long(completion):
+        return len(completion) >= 5
+
+    env = make_env(rubric=Rubric([exact, ("long", long, 0.0)]), reward_weights={"long": -0.25})
+    assert env.unwrapped.rubric.max_reward == 1.0
+    env.reset(seed=0)
+    _, reward, *_ = env.step(SECRET)
+    assert reward == 0.75
