@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmax_gym.core.tasks import GeneratedTasks, Task, TaskSource, given_tasks, pick, rand_int
+from benchmax_gym.core.tasks import (GeneratedTasks, Task, TaskSource, check_unique_ids, given_tasks, numbered_jsonl,
+                                     pick, rand_int, task_from_dict)
 
 _TOPICS = ("groceries", "meeting", "travel", "garden", "books", "recipes", "budget", "music")
 _WORDS = ("apples", "Tuesday", "passport", "tomatoes", "chapter 4", "flour", "rent", "piano", "milk", "train")
@@ -52,17 +53,41 @@ def user_tasks(tasks: str | os.PathLike | Sequence[Any] | TaskSource) -> TaskSou
     if isinstance(tasks, TaskSource):
         return tasks
     if isinstance(tasks, (str, os.PathLike)):
-        path = Path(tasks)
-        if not path.is_file():
-            raise ValueError(f"tasks: no such file {str(path)!r}")
-        text = path.read_text(encoding="utf-8")
-        try:
-            records = json.loads(text) if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x.strip()]
-        except ValueError as exc:
-            raise ValueError(f"tasks: {path} is not valid JSON/JSON Lines: {exc}") from None
-    else:
-        records = list(tasks)
-    source = given_tasks(records)
+        return _file_tasks(tasks)
+    if isinstance(tasks, (Mapping, bytes, bytearray)):  # (a dict's keys were read as its tasks)
+        raise ValueError(f"tasks must be a list of task dicts, a JSON/JSONL file or a TaskSource, "
+                         f"got a {type(tasks).__name__}: {tasks!r:.80}")
+    source = given_tasks(list(tasks))
     if source is None:
         raise ValueError("tasks must not be empty")
     return source
+
+
+def _file_tasks(file: str | os.PathLike) -> TaskSource:
+    """The tasks of a JSON array or JSON Lines file; any fault names ``tasks``, the file and, in
+    JSON Lines, the line."""
+    name = os.fspath(file)
+    if os.path.isdir(file):
+        raise ValueError(f"tasks {name!r} is a directory, not a JSON/JSONL file of tasks")
+    if not os.path.exists(file):
+        raise ValueError(f"tasks: no such file {name!r}")
+    if Path(file).suffix != ".json":
+        records = numbered_jsonl(file, "tasks")  # (not a regular file, not UTF-8, not JSON: named, with its line)
+        where = [f"tasks {name!r} line {number}" for number, _ in records]
+        tasks = [task_from_dict(record, i, where[i]) for i, (_, record) in enumerate(records)]
+        check_unique_ids(tasks, place=where.__getitem__)  # (two lines with one id: named by their lines)
+    else:
+        if not os.path.isfile(file):  # a FIFO or a device: opening it blocked, or never ended
+            raise ValueError(f"tasks {name!r} is not a regular file")
+        try:
+            tasks = json.loads(Path(file).read_bytes().decode("utf-8-sig"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"tasks {name!r}: not UTF-8 text (byte {exc.start}); save the file as UTF-8") from None
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"tasks {name!r} is not valid JSON: {exc}") from None
+        if not isinstance(tasks, list):
+            raise ValueError(f"tasks {name!r} must hold a JSON array of task dicts (or be JSON Lines, .jsonl), "
+                             f"got a JSON {type(tasks).__name__}")
+    if not tasks:
+        raise ValueError(f"tasks {name!r} holds no tasks")
+    return given_tasks(tasks)

@@ -534,3 +534,36 @@ def test_a_servers_own_error_answer_with_a_reserved_code_is_a_tool_error(tmp_pat
         assert str(n) in env.step(call("bump"))[0]  # the same server, its state kept
     assert conn.starts == 1
     env.close()
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ("dir", r"tasks '.*' is a directory"),
+        ("binary.jsonl", r"tasks '.*binary.jsonl' line 1: not UTF-8"),
+        ("binary.json", r"tasks '.*binary.json': not UTF-8"),
+        ("object.json", r"tasks '.*object.json' must hold a JSON array of task dicts.*got a JSON dict"),
+        ("dict", r"tasks must be a list of task dicts, a JSON/JSONL file or a TaskSource, got a dict"),
+        ("twice.jsonl", r"tasks '.*twice.jsonl' line 1 and line 2 share the id 'a'"),
+    ],
+)
+def test_a_bad_tasks_file_or_type_names_tasks_and_what_is_wrong(tmp_path, given, says):
+    """(A non-UTF-8 file was a bare UnicodeDecodeError, a directory "no such file", a dict's keys
+    read as its tasks.)"""
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe{}\n")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe[]")
+    (tmp_path / "object.json").write_text('{"prompt": "x"}')
+    (tmp_path / "twice.jsonl").write_text('{"id": "a", "prompt": "x"}\n{"id": "a", "prompt": "y"}\n')
+    tasks = {"dir": str(tmp_path), "dict": {"prompt": "x"}}.get(given, str(tmp_path / given))
+    with pytest.raises(ValueError, match=says):
+        gym.make("benchmax/MCP-v0", server={"url": "http://x"}, tasks=tasks, reward=len)
+
+
+def test_a_tasks_file_of_json_lines_or_a_json_array_is_read(tmp_path):
+    (tmp_path / "t.jsonl").write_text('{"id": "a", "prompt": "x"}\n\n{"id": "b", "prompt": "y"}\n')
+    (tmp_path / "t.json").write_text('[{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}]')
+    for name in ("t.jsonl", "t.json"):
+        env = gym.make("benchmax/MCP-v0", server={"url": "http://x"}, tasks=str(tmp_path / name),
+                       reward=lambda completion: 0.0)
+        assert [t.id for t in env.unwrapped.tasks.tasks] == ["a", "b"]
+        env.close()
