@@ -636,16 +636,11 @@ def _check_task_count(tasks: str) -> None:
 
 def _check_base_url(url: str, where: str) -> None:
     """Refuse an endpoint that is not an http(s) URL the client can connect to: a malformed one
-    (``http://[::1/v1``, a port past 65535) failed deep in the HTTP client with a traceback."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  (it checks the port)
-    except ValueError as exc:
-        usage_error(f"{where} {url}: not a valid URL ({exc})")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        usage_error(f"{where} {url}: expected http(s)://HOST[:PORT]/v1, e.g. http://localhost:8000/v1")
+    (``http://[::1/v1``, a port past 65535) failed deep in the HTTP client with a traceback.
+    The rule is :func:`~benchmax_gym.core.checks.url_fault`, as for ``ChatPolicy(base_url=...)``."""
+    fault = checks.url_fault(url, shape=checks.ENDPOINT_SHAPE)
+    if fault is not None:
+        usage_error(f"{where} {url}: {fault}")
 
 
 def eval_interrupted(args: argparse.Namespace) -> int:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import ipaddress
 import math
 import os
+import re
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 Check = Callable[[str, Any], Any]
 
@@ -149,6 +152,55 @@ def number_between(low: float, high: float, unit: str = "") -> Check:
             raise ValueError(f"{name} must be a number from {low} to {high}{unit}, got {value!r}")
         return float(value)
     return check
+
+
+#: the schemes of an HTTP(S) endpoint
+HTTP_SCHEMES = ("http", "https")
+_DOTTED_QUAD = re.compile(r"[0-9]+(\.[0-9]+){3}")
+
+
+def url_fault(value: Any, schemes: tuple[str, ...] = HTTP_SCHEMES, shape: str | None = None) -> str | None:
+    """Why ``value`` is no URL a client can connect to, or None where it is one: a string whose
+    scheme is one of ``schemes``, with a host (printable, no spaces; four dotted numbers an IPv4
+    address) and, where it names a port, one from 1 to 65535. A bad port or host passed a check of
+    the scheme alone and failed at the first request (httpx's ``InvalidURL``, ``connect(): port
+    must be 0-65535``), naming no argument. The reason says what was expected (``shape``, by
+    default ``http(s)://HOST[:PORT]``) and never quotes the URL: it may hold a credential."""
+    shape = shape or f"{'http(s)' if schemes == HTTP_SCHEMES else '/'.join(schemes)}://HOST[:PORT]"
+    if not isinstance(value, str):
+        return f"expected {shape}"
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname
+        if host and _DOTTED_QUAD.fullmatch(host):
+            ipaddress.IPv4Address(host)
+    except ValueError as exc:  # (an unclosed IPv6 bracket, an IPv4 address past 255)
+        return f"not a valid URL ({exc})"
+    try:
+        port = parts.port
+    except ValueError as exc:  # (Python's message quotes a port that is no number: "http://user:secret")
+        return f"not a valid URL ({exc if 'out of range' in str(exc) else 'its port is not a number'})"
+    if port == 0:
+        return "not a valid URL (port 0: a port is 1-65535)"
+    if parts.scheme not in schemes or not host or not host.isprintable() or any(c.isspace() for c in host):
+        return f"expected {shape}"
+    return None
+
+
+def http_url(shape: str | None = None) -> Check:
+    """An http(s) URL with a valid host and port (:func:`url_fault`); ``shape`` what to write
+    (e.g. ``http(s)://HOST[:PORT]/v1, e.g. http://localhost:8000/v1``)."""
+    def check(name: str, value: Any) -> str:
+        fault = url_fault(value, HTTP_SCHEMES, shape)
+        if fault is not None:
+            raise ValueError(f"{name} {value!r}: {fault}")
+        return value
+    return check
+
+
+#: what an OpenAI-compatible endpoint's URL looks like (a model's, a simulated user's, a judge's)
+ENDPOINT_SHAPE = "http(s)://HOST[:PORT]/v1, e.g. http://localhost:8000/v1"
+endpoint_url = http_url(ENDPOINT_SHAPE)
 
 
 def one_of(*choices: Any) -> Check:

@@ -149,6 +149,7 @@ def test_sampling_flags_with_a_policy_are_refused_not_ignored(tmp_path):
     ("http://[::1/v1", "--base-url http://[::1/v1: not a valid URL"),
     ("http://127.0.0.1:99999/v1", "--base-url http://127.0.0.1:99999/v1: not a valid URL (Port out of range"),
     ("ftp://127.0.0.1/v1", "--base-url ftp://127.0.0.1/v1: expected http(s)://HOST[:PORT]/v1"),
+    ("http://127.0.0.1:0/v1", "--base-url http://127.0.0.1:0/v1: not a valid URL (port 0: a port is 1-65535)"),
 ])
 def test_a_malformed_base_url_is_one_line_naming_the_flag(tmp_path, url, says):
     """An unclosed IPv6 bracket or a port past 65535 raised in the HTTP client (InvalidURL,
