@@ -290,9 +290,13 @@ class JudgeRubric:
                  cache_dir: str | os.PathLike | None = None,
                  price_per_token: float | tuple[float, float] | None = None, max_judged_chars: int = 32_000):
         from benchmax_gym.core.cache import cache_root
+        from benchmax_gym.eval.policies import check_client_args
 
         if not isinstance(model, str) or not model:
             raise ValueError(f"model must be the judge's model name, got {model!r}")
+        # (its client is made at the first request: a bad one failed every episode, not here)
+        check_client_args(base_url=base_url, api_key=api_key, temperature=temperature, max_tokens=max_tokens,
+                          timeout=timeout, max_retries=max_retries, extra_body=extra_body)
         if not (isinstance(max_concurrency, int) and max_concurrency > 0):
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}")
         if price_per_token is None:

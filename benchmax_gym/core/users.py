@@ -315,10 +315,17 @@ class LLMUser(UserSimulator):
     is_async = True
 
     def __post_init__(self):
-        from benchmax_gym.eval.policies import ChatPolicy
+        from benchmax_gym.eval.policies import ChatPolicy, check_client_args
 
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"LLMUser: model must name the served model, got {self.model!r}")
+        # (each failed every episode, not the make: a TypeError, the SDK's or httpx's errors)
+        check_client_args("LLMUser: ", base_url=self.base_url, api_key=self.api_key, temperature=self.temperature,
+                          max_tokens=self.max_tokens, timeout=self.timeout, max_retries=self.max_retries,
+                          extra_body=self.extra_body)
+        if not isinstance(self.instructions, str):
+            raise ValueError(f"LLMUser: instructions must be text (the simulator's system prompt), "
+                             f"got {self.instructions!r:.80}")
         if self.price is not None and not (isinstance(self.price, (tuple, list)) and len(self.price) == 2
                                            and all(isinstance(p, (int, float)) and p >= 0 for p in self.price)):
             raise ValueError(f"LLMUser: price must be (prompt, completion) per million tokens, got {self.price!r}")

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmax_gym.core.checks import (COUNT_MAX, RETRIES_MAX, Check, at_least, boolean, endpoint_url, int_between,
+                                      mapping, optional, positive_int, positive_up_to, seconds, text)
 from benchmax_gym.core.formats import _ENCODER  # (json.dumps(..., ensure_ascii=False) builds one per call)
 
 BASELINES = ("solver", "random", "empty")
@@ -124,6 +126,40 @@ class Turn:
 SECRET_MIN_CHARS = 8
 
 
+def _api_key(name: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, str):  # (its value is never shown: it may be a key)
+        raise ValueError(f"{name} must be a string (None: $OPENAI_API_KEY), got {type(value).__name__}")
+    return value
+
+
+#: the rule of each argument of an endpoint's client (:class:`ChatPolicy`'s, and
+#: :class:`~benchmax_gym.core.users.LLMUser`'s and :class:`~benchmax_gym.core.judge.JudgeRubric`'s,
+#: which make one), as ``eval``'s flags of the same names have them. A bad one made fine and failed
+#: every episode (``timeout="x"`` a TypeError, ``max_retries=-3`` the SDK's ValueError,
+#: ``base_url=5`` httpx's "Invalid type for url"; a NaN temperature, sent, read as a reply that
+#: is not JSON). A temperature above OpenAI's 2 is left to the server (vLLM's and SGLang's take one).
+CLIENT_ARGS: dict[str, Check] = {
+    "model": text,
+    "base_url": optional(endpoint_url),
+    "api_key": _api_key,
+    "temperature": optional(at_least(0)),
+    "top_p": optional(positive_up_to(1)),
+    "max_tokens": optional(int_between(1, COUNT_MAX)),
+    "timeout": optional(seconds),  # (None: the SDK's "no timeout")
+    "max_retries": int_between(0, RETRIES_MAX),
+    "extra_body": optional(mapping),
+    "native_tools": boolean,
+    "max_reply_bytes": positive_int,
+}
+
+
+def check_client_args(owner: str = "", **values: Any) -> None:
+    """Refuse a bad client argument among ``values`` (by :data:`CLIENT_ARGS`) with a ValueError
+    naming it, after ``owner`` (``"LLMUser: "``); the values are left as given."""
+    for key, value in values.items():
+        CLIENT_ARGS[key](f"{owner}{key}", value)
+
+
 @dataclass
 class ChatPolicy:
     """A model behind an OpenAI-compatible Chat Completions endpoint (OpenAI, vLLM, SGLang, a proxy),
@@ -164,6 +200,7 @@ class ChatPolicy:
     def __post_init__(self):
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        check_client_args(**{key: getattr(self, key) for key in CLIENT_ARGS})
         extra = self.extra_body or {}
         # (a streamed reply is server-sent events, not the JSON reply eval reads: every episode
         # failed as malformed; n > 1 had the server make n completions a turn, all but the first

@@ -141,7 +141,7 @@ class CRMServiceEnv(CRMEnv):
             deterministic), ``"llm"`` (an :class:`~benchmax_gym.core.users.LLMUser` made with
             ``user_args``: ``model``, ``base_url``, ``api_key``, ``price``...), or your own
             simulator or function ``fn(conversation, task)``.
-        user_args: the ``"llm"`` simulator's arguments.
+        user_args: the ``"llm"`` simulator's arguments (checked at make: a bad one is named, ``user_args: timeout ...``).
         **kwargs: as :class:`CRMEnv` (``org_seed``, ``org_size``, ``max_turns``...).
     """
 
@@ -164,8 +164,8 @@ class CRMServiceEnv(CRMEnv):
                     raise ValueError("user='llm' needs user_args={'model': ..., 'base_url': ...} (an OpenAI-compatible endpoint)")
                 try:
                     user = LLMUser(**user_args)
-                except TypeError as exc:
-                    raise ValueError(f"user_args: {exc}") from None
+                except (TypeError, ValueError) as exc:  # (an unknown key; a bad value, named)
+                    raise ValueError(f"user_args: {str(exc).removeprefix('LLMUser: ')}") from None
             else:
                 user = scripted_customer
         elif user_args:

@@ -202,6 +202,44 @@ def test_bad_arguments_fail_at_make_naming_them(kwargs, match):
         gym.make(ID, **kwargs)
 
 
+ENDPOINT = {"model": "m", "base_url": "http://127.0.0.1:9/v1"}
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("timeout", "x", "timeout must be a positive number up to .* seconds, got 'x'"),
+    ("timeout", -1, "timeout must be a positive number up to .* seconds, got -1"),
+    ("max_retries", -3, "max_retries must be an int from 0 to 100, got -3"),
+    ("base_url", 5, r"base_url 5: expected http\(s\)://HOST\[:PORT\]/v1"),
+    ("base_url", "not a url", r"base_url 'not a url': expected http\(s\)://HOST\[:PORT\]/v1"),
+    ("base_url", "http://127.0.0.1:abc/v1", r"base_url .*: not a valid URL \(its port is not a number\)"),
+    ("instructions", 5, "instructions must be text"),
+    ("temperature", math.nan, "temperature must be a finite number, 0 or more, got nan"),
+    ("extra_body", 5, "extra_body must be a dict, got 5"),
+])
+def test_bad_llm_user_arguments_fail_at_make_naming_user_args_and_the_key(key, value, says):
+    """Each made fine and failed every episode (env_error/model_error, a traceback logged):
+    a TypeError, the SDK's ValueError, httpx's "Invalid type for url"; a NaN temperature as "the
+    user simulator's reply is not valid JSON"; extra_body=5 a bare AttributeError at make."""
+    with pytest.raises(ValueError, match=f"^user_args: {says}"):
+        gym.make(ID, user="llm", user_args={**ENDPOINT, key: value})
+
+
+def test_the_cli_names_a_bad_user_arg_in_one_line():
+    """It printed a traceback for every episode and exited 0 with "errors 0"."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from cli_in_process import run_in_process
+
+    out = run_in_process("run", ID, "--env-arg", "user=llm", "--env-arg",
+                         'user_args={"model":"m","base_url":"http://127.0.0.1:9/v1","timeout":"x"}')
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"benchmax-gym: error: cannot make {ID}: user_args: timeout must be a positive number up to "
+        f"{__import__('threading').TIMEOUT_MAX:g} seconds, got 'x'"]
+
+
 def test_an_llm_customer_answers_in_vector_workers():
     """The simulator travels to worker processes (pickled, the key with it, never its clients)."""
     with FakeChatServer(_llm_customer) as server:
