@@ -471,6 +471,28 @@ def _check_jsonl(args: argparse.Namespace) -> None:
         usage_error(f"--jsonl {path}: cannot create a file in {folder}")
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two spellings name one file (``./x``, a symlink, a hard link), existing or not."""
+    try:
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+    except (OSError, ValueError):  # (one of them does not exist yet; a NUL in one)
+        return False
+
+
+def _refuse_writing_an_env_file(flag: str, out: str, env_args: Any, key: str = "") -> None:
+    """Refuse ``out`` when an ``--env-arg`` names that same file (a tasks file, a dataset): the
+    episodes written there replaced what the env reads."""
+    if isinstance(env_args, dict):
+        for k, v in env_args.items():
+            _refuse_writing_an_env_file(flag, out, v, f"{key}.{k}" if key else str(k))
+    elif isinstance(env_args, list):
+        for i, v in enumerate(env_args):
+            _refuse_writing_an_env_file(flag, out, v, f"{key}[{i}]")
+    elif isinstance(env_args, str) and env_args and same_file(env_args, out):
+        usage_error(f"{flag} {out} is the file of --env-arg {key}={env_args}, which the env reads: "
+                    "write the episodes elsewhere")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import benchmax_gym  # noqa: F401  (registers the ids)
     from benchmax_gym.core.tasks import INFINITE
@@ -481,13 +503,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if value is not None and value <= 0:
             usage_error(f"{flag} must be a positive number, got {value}")
     _check_seed(args.seed)
+    env_args = _parse_env_args(args.env_arg)
     if args.jsonl is not None:
+        _refuse_writing_an_env_file("--jsonl", args.jsonl, env_args)
         _check_jsonl(args)
     elif args.append or args.overwrite:
         flag = "--append" if args.append else "--overwrite"
         usage_error(f"{flag} applies to --jsonl FILE: give one, or leave it out")
     try:
-        env = gym.make(args.env_id, **_parse_env_args(args.env_arg))
+        env = gym.make(args.env_id, **env_args)
     except gym.error.Error as exc:
         env_id_error(exc, args.env_id)
     except (TypeError, ValueError, OSError, ImportError) as exc:  # ImportError: a missing extra, named

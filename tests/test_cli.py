@@ -201,6 +201,18 @@ def test_jsonl_refuses_an_existing_file_unless_append_or_overwrite(tmp_path):
     _one_line_error(run_in_process(*base, "--append", "--overwrite"), "--append", "--overwrite")
 
 
+def test_jsonl_that_is_a_file_the_env_reads_is_refused(tmp_path, monkeypatch):
+    """(--jsonl over the env's own dataset, --overwrite: the tasks were replaced by the episodes.)"""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text('{"question": "1+1?", "answer": "#### 2"}\n')
+    (tmp_path / "link.jsonl").symlink_to(dataset)
+    monkeypatch.chdir(tmp_path)
+    out = run_in_process("run", "benchmax/Math-v0", "--env-arg", "tasks=gsm8k", "--env-arg",
+                         "task_args.dataset=./train.jsonl", "--jsonl", "link.jsonl", "--overwrite", "--quiet")
+    _one_line_error(out, "--jsonl link.jsonl is the file of --env-arg task_args.dataset=./train.jsonl")
+    assert dataset.read_text() == '{"question": "1+1?", "answer": "#### 2"}\n'
+
+
 @pytest.mark.parametrize("where", ["missing/dir/e.jsonl", "."])
 def test_jsonl_bad_path_is_one_line_exit_2(tmp_path, where):
     path = tmp_path / where

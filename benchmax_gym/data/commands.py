@@ -13,19 +13,32 @@ import os
 import sys
 from typing import Any
 
+# What an eval run directory holds and export-sft may read (its --out must be none of them)
+RUN_FILES = ("run.json", "rollouts.jsonl", "summary.json", "group_rewards.jsonl")
 
-def _refuse_existing(out: str, overwrite: bool) -> None:
+
+def _refuse_existing(out: str, overwrite: bool, flag: str = "--out") -> None:
     from benchmax_gym.cli import usage_error
 
     if os.path.isdir(out):
-        usage_error(f"--out {out}: is a directory")
+        usage_error(f"{flag} {out}: is a directory")
     if os.path.exists(out) and not overwrite:
-        usage_error(f"--out {out} exists: pass --overwrite to replace it")
+        usage_error(f"{flag} {out} exists: pass --overwrite to replace it")
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
-        usage_error(f"--out {out}: no such directory: {folder}")
+        usage_error(f"{flag} {out}: no such directory: {folder}")
     if not os.access(folder, os.W_OK):  # before the work, which a model's calls may have paid for
-        usage_error(f"--out {out}: cannot create a file in {folder}")
+        usage_error(f"{flag} {out}: cannot create a file in {folder}")
+
+
+def _refuse_reading_what_it_writes(flag: str, out: str, inputs: list[tuple[str, Any]]) -> None:
+    """Refuse an output that is one of the command's inputs ``(what, path)``: it replaced what it
+    read (export-sft's --out RUN/rollouts.jsonl, from-corpus's --out DOCS/a.txt), before any work."""
+    from benchmax_gym.cli import same_file, usage_error
+
+    for what, path in inputs:
+        if same_file(out, path):
+            usage_error(f"{flag} {out} is {what} ({path}), which this reads: write it elsewhere")
 
 
 def _nothing_written(said: str) -> int:
@@ -41,8 +54,13 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
     import benchmax_gym  # noqa: F401  (registers the ids)
     from benchmax_gym.cli import _parse_env_args, cannot_make, env_id_error, os_error_text, runtime_error, usage_error
     from benchmax_gym.data import write_jsonl
-    from benchmax_gym.data.traces import tasks_from_traces
+    from benchmax_gym.data.traces import tasks_from_traces, trace_files
 
+    try:
+        logs = trace_files(args.logs)
+    except (ValueError, OSError):  # (said as it is below, where the traces are read)
+        logs = []
+    _refuse_reading_what_it_writes("--out", args.out, [("the traces file", f) for f in logs])
     _refuse_existing(args.out, args.overwrite)
     try:
         env = gym.make(args.env, **_parse_env_args(args.env_arg))
@@ -95,6 +113,11 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
     out = args.out or (os.path.join(args.run, "sft.jsonl") if os.path.isdir(args.run) else None)
     if not out:
         usage_error("--out is needed when RUN is a file")
+    if args.no_tools and (args.env or args.env_arg):  # (they name the env whose tool schemas are written)
+        usage_error(f"{'--env' if args.env else '--env-arg'}: for the tools' schemas only (--no-tools writes none)")
+    run_files = [os.path.join(args.run, name) for name in RUN_FILES] if os.path.isdir(args.run) else [args.run]
+    _refuse_reading_what_it_writes("--out", out, [("RUN's " + os.path.basename(f) if f != args.run else "RUN", f)
+                                                  for f in run_files])
     _refuse_existing(out, args.overwrite)
     try:
         rows, summary = export_sft(args.run, min_reward=args.min_reward, env_id=args.env,
@@ -129,11 +152,33 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_from_corpus(args: argparse.Namespace) -> int:
-    from benchmax_gym.cli import os_error_text, usage_error
+    from benchmax_gym.cli import os_error_text, same_file, usage_error
+    from benchmax_gym.data.corpus import document_files
     from benchmax_gym.data.questions import generate_from_corpus, print_summary
     from benchmax_gym.eval.policies import PolicyError
 
+    try:
+        documents = document_files(args.docs)
+    except (ValueError, OSError):  # (said as it is below, where the documents are read)
+        documents = []
+    inputs = [("a document of DOCS", d) for d in documents]
+    if args.corpus_out:
+        if same_file(args.out, args.corpus_out):
+            usage_error(f"--out {args.out} and --corpus-out {args.corpus_out} are one file: give each its own")
+        _refuse_reading_what_it_writes("--corpus-out", args.corpus_out, inputs)
+        _refuse_existing(args.corpus_out, args.overwrite, "--corpus-out")
+    _refuse_reading_what_it_writes("--out", args.out, inputs)
     _refuse_existing(args.out, args.overwrite)
+    if not args.model:  # (they were accepted and did nothing: the templates call no model)
+        given = [flag for flag, value in (("--base-url", args.base_url), ("--api-key-env", args.api_key_env),
+                                          ("--temperature", args.temperature), ("--timeout", args.timeout),
+                                          ("--max-retries", args.max_retries), ("--concurrency", args.concurrency))
+                 if value is not None]
+        if given:
+            usage_error(f"{', '.join(given)}: for --model only (the offline templates call no model)")
+    args.concurrency = 16 if args.concurrency is None else args.concurrency
+    args.timeout = 120.0 if args.timeout is None else args.timeout
+    args.max_retries = 4 if args.max_retries is None else args.max_retries
     if args.concurrency < 1:
         usage_error(f"--concurrency must be a positive number, got {args.concurrency}")
     if args.chunk_chars < 200:  # (chunk_document's least, said naming the flag, not its argument)
@@ -199,16 +244,16 @@ def add_commands(sub: Any) -> None:
                     default=1200, help="characters per chunk (default: 1200)")
     fc.add_argument("--single-hop-only", action="store_true", help="no multi-hop (bridge, comparison) questions")
     fc.add_argument("--concurrency", type=whole_number("--concurrency", COUNT_MAX),
-                    default=16, help="model requests in flight (default: 16)")
-    fc.add_argument("--timeout", type=real_number("--timeout", checks.seconds), default=120.0,
+                    help="model requests in flight (default: 16)")
+    fc.add_argument("--timeout", type=real_number("--timeout", checks.seconds),
                     help="seconds per model request (default: 120)")
     fc.add_argument("--max-retries", type=whole_number("--max-retries", RETRIES_MAX),
-                    default=4, help="retries per request (default: 4)")
+                    help="retries per request (default: 4)")
     fc.add_argument("--temperature", type=real_number("--temperature", checks.at_least(0)),
                     help="sampling temperature (default: the server's)")
     fc.add_argument("--seed", type=whole_number("--seed"),
                     default=0, help="which facts the templates pick (default: 0)")
-    fc.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    fc.add_argument("--overwrite", action="store_true", help="replace an existing --out (and --corpus-out)")
     fc.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     fc.add_argument("--quiet", action="store_true", help="no progress bar")
     fc.set_defaults(func=cmd_from_corpus)
@@ -243,7 +288,8 @@ def add_commands(sub: Any) -> None:
     sft.add_argument("--min-reward", type=real_number("--min-reward"),
                      help="keep scored episodes with at least this reward (default: "
                      "those that succeeded: full reward)")
-    sft.add_argument("--env", metavar="ENV_ID", help="the env whose tools to write (default: the run's)")
+    sft.add_argument("--env", metavar="ENV_ID", help="the env whose tools to write, for a run that does not name "
+                     "its env (default: the run's)")
     sft.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="gym.make argument for the tools' env (default: the run's env_kwargs)")
     sft.add_argument("--no-tools", action="store_true", help="no tools column (the system prompt already describes "

@@ -7,7 +7,8 @@ Each line is ``{"messages": [...], "tools": "<JSON list of the env's tool schema
 tool results with their ``name``), ``tools`` a JSON string, as TRL accepts it (one type for every
 row: tools of different shapes never meet in one Arrow column). A run is an eval run directory
 (``run.json`` + ``rollouts.jsonl``: its env and ``env_kwargs`` give the tools) or a ``run --jsonl``
-file (its records' ``env_id``; ``env_id=`` / ``env_kwargs=`` override).
+file (its records' ``env_id``); ``env_id=`` names the env of a run that does not name it (one that
+names another is refused), ``env_kwargs=`` override the run's.
 
 Kept: episodes whose outcome is ``scored`` (not truncated, not a failure) and that succeeded:
 eval's ``success`` (full reward), else ``reward >= 1``; ``min_reward`` sets another bar.
@@ -70,6 +71,14 @@ def read_run(run: str | os.PathLike) -> tuple[dict[str, Any], list[dict[str, Any
     return {"env_id": ids.pop() if len(ids) == 1 else None, "env_kwargs": {}}, records
 
 
+def _registered(env_id: str) -> bool:
+    import gymnasium as gym
+
+    import benchmax_gym  # noqa: F401  (registers the ids)
+
+    return env_id in gym.registry
+
+
 def tool_schemas(env_id: str, env_kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """The env's tool schemas (after a reset: an MCP env learns its tools from its server)."""
     import gymnasium as gym
@@ -93,8 +102,14 @@ def export_sft(run: str | os.PathLike, *, min_reward: float | None = None, env_i
     (the env's system prompt already describes the tools in text, as in its episodes, and a
     template given ``tools`` would describe them a second time)."""
     info, records = read_run(run)
-    env_id = env_id or info.get("env_id")
-    if not env_id:
+    recorded = info.get("env_id")
+    # (a Math run was written with Wikipedia's tool schemas; an unknown id is gym.make's error below,
+    # which names the registered id it is close to)
+    if env_id and recorded and env_id != recorded and _registered(env_id):
+        raise ValueError(f"--env {env_id}: RUN {str(run)!r} is a run of {recorded}, whose tools its transcripts "
+                         "call; leave --env out (it is for a run that does not name its env)")
+    env_id = env_id or recorded
+    if not env_id and tools:
         raise ValueError(f"RUN {str(run)!r} does not name its env (records of several or none): pass --env ENV_ID")
     kwargs = info.get("env_kwargs") or {} if env_kwargs is None else env_kwargs
     schemas = json.dumps(tool_schemas(env_id, dict(kwargs)), ensure_ascii=False) if tools else None

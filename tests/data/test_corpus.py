@@ -261,3 +261,55 @@ def test_a_text_without_sentence_ends_is_still_chunked_to_size(tmp_path):
 def load_documents_from(folder, text):
     (folder / "doc.txt").write_text(text)
     return load_documents(folder / "doc.txt")
+
+
+def _copy_of_the_corpus(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for file in CORPUS.rglob("*.md"):
+        (docs / file.name).write_bytes(file.read_bytes())
+    return docs
+
+
+@pytest.mark.parametrize("case", ["out is corpus-out", "out is a document", "out links to a document",
+                                  "corpus-out is a document"])
+def test_an_output_that_is_another_output_or_an_input_is_refused_up_front(tmp_path, capsys, monkeypatch, case):
+    """(--out t.jsonl --corpus-out t.jsonl said "2 tasks written" over a file holding only the corpus;
+    --out docs/a.txt --overwrite replaced a document.)"""
+    docs = _copy_of_the_corpus(tmp_path)
+    document = sorted(docs.iterdir())[0]
+    (tmp_path / "link.txt").symlink_to(document)
+    monkeypatch.chdir(tmp_path)
+    args, says = {
+        "out is corpus-out": (["--out", "t.jsonl", "--corpus-out", "./t.jsonl"],
+                              "--out t.jsonl and --corpus-out ./t.jsonl are one file"),
+        "out is a document": (["--out", f"docs/{document.name}"], f"--out docs/{document.name} is a document of DOCS"),
+        "out links to a document": (["--out", "link.txt"], "--out link.txt is a document of DOCS"),
+        "corpus-out is a document": (["--out", "t.jsonl", "--corpus-out", str(document)], "--corpus-out"),
+    }[case]
+    before = document.read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "from-corpus", "docs", *args, "--overwrite", "--quiet"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert document.read_bytes() == before and not (tmp_path / "t.jsonl").exists()
+
+
+def test_an_existing_corpus_out_is_replaced_only_with_overwrite(tmp_path, capsys):
+    corpus_out = tmp_path / "corpus.jsonl"
+    corpus_out.write_text("mine\n")
+    with pytest.raises(SystemExit):
+        from_corpus(capsys, "--out", str(tmp_path / "t.jsonl"), "--corpus-out", str(corpus_out))
+    assert "--corpus-out" in capsys.readouterr().err and corpus_out.read_text() == "mine\n"
+    code, _ = from_corpus(capsys, "--out", str(tmp_path / "t.jsonl"), "--corpus-out", str(corpus_out), "--overwrite")
+    assert code == 0 and corpus_out.read_text() != "mine\n"
+
+
+@pytest.mark.parametrize("flag, value", [("--temperature", "0.5"), ("--timeout", "3"), ("--max-retries", "2"),
+                                         ("--concurrency", "2"), ("--base-url", "http://127.0.0.1:9/v1")])
+def test_a_model_option_without_model_is_refused(tmp_path, capsys, flag, value):
+    """(They were accepted and did nothing; eval refuses the same.)"""
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "from-corpus", str(CORPUS), "--out", str(tmp_path / "t.jsonl"), "--quiet", flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"{flag}: for --model only" in err and len(err.strip().splitlines()) == 1

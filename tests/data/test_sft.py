@@ -124,3 +124,55 @@ def test_tool_call_arguments_nested_too_deeply_are_kept_as_text_not_a_crash(tmp_
     assert json.loads(capsys.readouterr().out)["exported"] == 2
     rows = [json.loads(line) for line in open(out)]
     assert [r["messages"][1]["tool_calls"][0]["function"]["arguments"] for r in rows] == [deep, deep]
+
+
+def _refused(capsys, *args):
+    with pytest.raises(SystemExit) as exit_:
+        main(["export-sft", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("name", ["rollouts.jsonl", "run.json"])
+def test_out_that_is_the_run_it_reads_is_refused_and_the_run_kept(run_dir, capsys, name):
+    """(--out RUN/rollouts.jsonl --overwrite replaced the run with its export: compare and
+    export-sft then failed with 'rollouts.jsonl line 1 is corrupt'.)"""
+    before = (run_dir / name).read_bytes()
+    spelled = os.path.join(str(run_dir), ".", name)
+    err = _refused(capsys, str(run_dir), "--out", spelled, "--overwrite")
+    assert f"--out {spelled} is RUN's {name}" in err
+    assert (run_dir / name).read_bytes() == before
+
+
+def test_out_that_is_the_run_file_it_reads_is_refused_through_a_symlink(run_dir, tmp_path, capsys):
+    episodes = tmp_path / "episodes.jsonl"
+    episodes.write_bytes((run_dir / "rollouts.jsonl").read_bytes())
+    (tmp_path / "link.jsonl").symlink_to(episodes)
+    before = episodes.read_bytes()
+    assert "is RUN" in _refused(capsys, str(episodes), "--out", str(tmp_path / "link.jsonl"), "--overwrite")
+    assert episodes.read_bytes() == before
+
+
+def test_env_other_than_the_runs_and_env_with_no_tools_are_refused(run_dir, tmp_path, capsys):
+    """(A Math run was written with Wikipedia's tool schemas; --no-tools ignored --env.)"""
+    out = str(tmp_path / "sft.jsonl")
+    err = _refused(capsys, str(run_dir), "--out", out, "--env", "benchmax/Wikipedia-v0")
+    assert f"--env benchmax/Wikipedia-v0: RUN {str(run_dir)!r} is a run of {ENV}" in err
+    assert "--env: for the tools' schemas only" in _refused(capsys, str(run_dir), "--out", out, "--no-tools", "--env", ENV)
+    assert "--env-arg: for the tools' schemas only" in _refused(capsys, str(run_dir), "--out", out, "--no-tools",
+                                                                   "--env-arg", "python_tool=false")
+    assert not os.path.exists(out)
+    assert main(["export-sft", str(run_dir), "--out", out, "--env", ENV, "--json"]) == 0  # its own env: fine
+    assert json.loads(capsys.readouterr().out)["exported"] == 2
+
+
+def test_no_tools_exports_a_run_that_names_no_env(tmp_path, capsys):
+    record = {"outcome": "scored", "reward": 1.0, "task_id": "t",
+              "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\\boxed{1}"}]}
+    episodes = tmp_path / "episodes.jsonl"
+    episodes.write_text(json.dumps(record) + "\n")
+    out = tmp_path / "sft.jsonl"
+    assert "pass --env" in _refused(capsys, str(episodes), "--out", str(out))
+    assert main(["export-sft", str(episodes), "--out", str(out), "--no-tools", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["exported"] == 1

@@ -83,6 +83,21 @@ def test_eval_rollouts_become_tasks_that_replay_the_logged_question(tmp_path, ca
     env.close()
 
 
+@pytest.mark.parametrize("given", ["file", "folder"])
+def test_out_that_is_a_traces_file_it_reads_is_refused(tmp_path, capsys, given):
+    """(--out LOGS --overwrite replaced the traces it read with the tasks.)"""
+    (tmp_path / "logs").mkdir()
+    log = write_log(tmp_path / "logs" / "gateway.jsonl")
+    before = log.read_bytes()
+    logs = str(log) if given == "file" else str(tmp_path / "logs")
+    spelled = str(tmp_path / "logs" / "." / "gateway.jsonl")
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "from-traces", logs, "--env", ENV, "--out", spelled, "--overwrite"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"--out {spelled} is the traces file" in err and len(err.strip().splitlines()) == 1
+    assert log.read_bytes() == before
+
+
 def test_a_gateway_log_is_cut_filtered_and_its_bad_calls_reported(tmp_path, capsys):
     log = write_log(tmp_path / "gateway.jsonl")
     out = tmp_path / "tasks.jsonl"
