@@ -129,6 +129,10 @@ class RegisteredFactory:
             raise gym.error.Error(
                 f"{self.env_id!r} was registered in Python in another process; import the module that "
                 "registers it before making it here (the CLI takes --import MODULE)") from None
+        clash = [name for name in kwargs if name in bound]
+        if clash:  # (Python's "got multiple values for keyword argument 'rubric'" named neither the id nor why)
+            raise TypeError(f"{self.env_id} was registered with its own {', '.join(clash)}, so gym.make does not take "
+                            f"{'it' if len(clash) == 1 else 'them'}: register another id with the ones you want")
         return factory(**bound, **kwargs)
 
 

@@ -192,6 +192,20 @@ def test_a_mistyped_argument_fails_at_make_naming_it(env_id):
         make(env_id, max_turnz=3)
 
 
+# (MCP's system_prompt is its own argument: the others set it themselves)
+SETS_ITSELF = [(env_id, name) for env_id in BUILTIN + CUSTOM for name in ("rubric", "toolset", "system_prompt")
+               if not (name == "system_prompt" and env_id in ("benchmax/MCP-v0", "matrix/MCPConfig-v0"))]
+
+
+@pytest.mark.parametrize("env_id, name", SETS_ITSELF)
+def test_an_argument_the_env_sets_itself_fails_at_make_naming_it(env_id, name):
+    """(Python's "ToolEnv.__init__() got multiple values for keyword argument 'system_prompt'".)"""
+    with pytest.raises(TypeError, match=rf"(sets {name} itself|was registered with its own {name}), so gym.make "
+                                        r"does not take it") as raised:
+        make(env_id, **{name: object()})
+    assert "multiple values" not in str(raised.value)
+
+
 @pytest.mark.parametrize("env_id", BUILTIN + CUSTOM)
 def test_check_env_and_close_leave_no_process_or_temporary_directory(env_id, monkeypatch, no_kept_recalc_worker):
     from gymnasium.utils.env_checker import check_env

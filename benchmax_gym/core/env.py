@@ -38,6 +38,7 @@ at ``gym.make``) with a message naming the argument.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import copy
@@ -50,6 +51,7 @@ import logging
 import marshal
 import time
 import os
+import textwrap
 import uuid
 import weakref
 from collections.abc import Mapping
@@ -163,6 +165,56 @@ def unknown_arguments_message(cls: type, unknown: dict[str, Any], also: type | N
     return f"{(also or cls).__name__} got an unexpected keyword {noun} {', '.join(parts)}"
 
 
+_SET_ITSELF: dict[type, frozenset[str]] = {}
+#: a family's own argument that sets an engine argument (MCP-v0's reward= makes its rubric)
+_OWN_INSTEAD = {"rubric": "reward", "toolset": "server"}
+#: else what to pass instead of an engine argument a family sets itself, where there is something
+_INSTEAD = {
+    "rubric": "reweigh its components with reward_weights=, or register your own env with "
+              "register_tool_env(..., rubric=...)",
+    "toolset": "register your own env with register_tool_env(..., tools=...)",
+    "system_prompt": "register your own env with register_tool_env(..., system_prompt=...) for other instructions",
+}
+
+
+def arguments_set_itself(cls: type) -> frozenset[str]:
+    """The engine arguments a subclass passes :class:`ToolEnv` itself and does not take
+    (``system_prompt=SYSTEM_PROMPT``): given to ``gym.make`` too, they were Python's "got multiple
+    values for keyword argument". Read from the ``super().__init__(...)`` calls in the source of
+    the classes between ``cls`` and ToolEnv; ToolEnv's required arguments (``tasks``, ``toolset``,
+    ``rubric``) count whether or not the source can be read."""
+    found = _SET_ITSELF.get(cls)
+    if found is None:
+        engine = inspect.signature(ToolEnv.__init__).parameters
+        passed = {n for n, p in engine.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty}
+        taken: set[str] = set()
+        for klass in cls.__mro__:
+            if klass is ToolEnv or not issubclass(klass, ToolEnv):
+                break
+            if "__init__" in vars(klass):
+                taken |= set(inspect.signature(vars(klass)["__init__"]).parameters)
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+            except (OSError, TypeError, SyntaxError):  # (made in a REPL, no source shipped)
+                continue
+            passed |= {k.arg for node in ast.walk(tree) if isinstance(node, ast.Call)
+                       and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
+                       and isinstance(node.func.value, ast.Call) and getattr(node.func.value.func, "id", None) == "super"
+                       for k in node.keywords if k.arg is not None}
+        found = _SET_ITSELF[cls] = frozenset(n for n in passed - taken if n in engine)
+    return found
+
+
+def set_itself_message(cls: type, names: list[str]) -> str:
+    """``"MathEnv sets system_prompt itself, so gym.make does not take it: ..."``."""
+    parts = []
+    for name in names:
+        own = _OWN_INSTEAD.get(name)
+        hint = f"give its own {own}= instead" if own in known_arguments(cls) else _INSTEAD.get(name)
+        parts.append(f"{cls.__name__} sets {name} itself, so gym.make does not take it" + (f" ({hint})" if hint else ""))
+    return "; ".join(parts)
+
+
 class ToolEnv(gym.Env[str, str]):
     """A multi-turn, tool-using text environment.
 
@@ -243,6 +295,15 @@ class ToolEnv(gym.Env[str, str]):
 
     # render_fps only quiets Gymnasium's checker: a transcript has no frame rate (toy_text uses 4 too)
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # an engine argument the family sets itself, given too, fails here naming it (a subclass's
+        # own super().__init__ call raised Python's "got multiple values" TypeError first)
+        if cls is not ToolEnv:
+            clash = [name for name in kwargs if name in arguments_set_itself(cls)]
+            if clash:
+                raise TypeError(set_itself_message(cls, clash))
+        return super().__new__(cls)
 
     def __init__(
         self,

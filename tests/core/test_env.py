@@ -389,3 +389,52 @@ def test_a_negative_reward_weight_is_a_penalty_beside_a_positive_one():
     env.reset(seed=0)
     _, reward, *_ = env.step(SECRET)
     assert reward == 0.75
+
+
+class _PassesThrough(ToolEnv):
+    """A subclass that sets its tasks, tools and rubric and passes every other engine argument on."""
+
+    def __init__(self, **kwargs):
+        super().__init__(tasks=ListTasks([Task("t", "Say the code.", SECRET)]), toolset=Toolset([add]),
+                         rubric=Rubric([exact]), **kwargs)
+
+
+class _SetsItsPrompt(_PassesThrough):
+    def __init__(self, *, max_turns: int = 3, **kwargs):
+        super().__init__(system_prompt="Be brief.", max_turns=max_turns, **kwargs)
+
+
+def test_an_engine_argument_a_subclass_sets_itself_is_refused_naming_it_and_the_others_pass():
+    """(Python's "got multiple values for keyword argument 'system_prompt'" named no class.)"""
+    assert _PassesThrough(system_prompt="Mine.", max_turns=2)._family_prompt == "Mine."  # not set by it: passed on
+    env = _SetsItsPrompt(max_turns=2)  # its own argument, though it passes it on itself
+    assert env.max_turns == 2 and env._family_prompt == "Be brief."
+    for name in ("system_prompt", "rubric", "toolset", "tasks"):
+        with pytest.raises(TypeError, match=rf"^_SetsItsPrompt sets {name} itself, so gym.make does not take it"):
+            _SetsItsPrompt(**{name: None})
+    with pytest.raises(TypeError, match=r"sets rubric itself, so gym.make does not take it \(reweigh its components "
+                                        r"with reward_weights=, or register your own env with register_tool_env"):
+        _PassesThrough(rubric=None)
+
+
+def test_without_its_source_a_subclass_still_refuses_the_required_arguments_it_sets():
+    namespace = {"ToolEnv": ToolEnv, "ListTasks": ListTasks, "Task": Task, "Toolset": Toolset, "Rubric": Rubric,
+                 "exact": exact}
+    exec("class Made(ToolEnv):\n    def __init__(self, **kw):\n        super().__init__(tasks=ListTasks([Task('t', "
+         "'p', 'a')]), toolset=Toolset([]), rubric=Rubric([exact]), system_prompt='s', **kw)\n", namespace)
+    with pytest.raises(TypeError, match="Made sets rubric itself"):
+        namespace["Made"](rubric=None)
+    namespace["Made"](max_turns=2).close()
+
+
+def test_make_vec_and_the_cli_name_an_argument_the_family_sets_itself():
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from cli_in_process import run_in_process
+
+    with pytest.raises(TypeError, match="MathEnv sets system_prompt itself"):
+        gym.make_vec("benchmax/Math-v0", num_envs=2, system_prompt="Be terse.")
+    with pytest.raises(TypeError, match="members: Math-v0: MathEnv sets rubric itself"):
+        gym.make("benchmax/Mix-v0", rubric=None)
+    out = run_in_process("run", "benchmax/Math-v0", "--env-arg", "system_prompt=Be terse.")
+    assert out.returncode == 2 and out.stderr.startswith("benchmax-gym: error: ") and out.stderr.count("\n") == 1
+    assert "MathEnv sets system_prompt itself, so gym.make does not take it" in out.stderr
