@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 import gymnasium as gym
 
 from benchmax_gym.core.aio import OwnLoop
-from benchmax_gym.core.checks import COUNT_MAX, positive_int, positive_number, seconds
+from benchmax_gym.core.checks import COUNT_MAX, positive_int, positive_number, seconds, url_fault
 from benchmax_gym.core.env import ACTION_TOO_LONG, Episode, ToolEnv, utf8_safe
 from benchmax_gym.core.formats import PARSE_ERROR
 from benchmax_gym.core.outcomes import (ENV_ERROR, SCORED, TOOL_TIMEOUT, TOOL_UNAVAILABLE, failed_reward, is_failure,
@@ -507,10 +507,12 @@ class OpenEnvEnv(gym.Env[str, str]):
                    "ENV_ID --env-arg KEY=VALUE)"
             raise TypeError(f"OpenEnvEnv got unexpected keyword arguments {sorted(unknown)}{hint}")
         _require()  # before base_url: a missing extra is the first thing to fix
-        parts = urlsplit(base_url) if isinstance(base_url, str) else None
-        if parts is None or parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
-            raise ValueError(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {base_url!r} "
-                             "(the CLI: --env-arg base_url=http://HOST:PORT)")
+        # (a port that is no number or past 65535 passed, and failed in httpx naming no argument)
+        fault = url_fault(base_url, ("http", "https", "ws", "wss"))
+        if fault is not None:
+            raise ValueError(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {base_url!r}"
+                             + ("" if fault.startswith("expected") else f": {fault}")
+                             + " (the CLI: --env-arg base_url=http://HOST:PORT)")
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         self.base_url, self.render_mode = base_url.rstrip("/"), render_mode

@@ -513,6 +513,25 @@ def test_eval_scores_a_policy_through_the_consumer(served):
     assert result.records[0]["task_id"] == gym.make("matrix/Geo-v0").reset(seed=0)[1]["task_id"]
 
 
+@pytest.mark.parametrize("url, says", [
+    ("http://127.0.0.1:abc", "not a valid URL (its port is not a number)"),
+    ("ws://127.0.0.1:70000", "not a valid URL (Port out of range 0-65535)"),
+    ("http://127.0.0.1:0", "not a valid URL (port 0: a port is 1-65535)"),
+])
+def test_a_base_url_with_a_bad_port_fails_at_make_naming_it(url, says):
+    """It passed (a scheme and a host) and failed in httpx with ``InvalidURL: Invalid port: 'abc'``,
+    naming no argument: a 52-line traceback on the command line."""
+    with pytest.raises(ValueError) as raised:
+        gym.make("benchmax/OpenEnv-v0", base_url=url)
+    assert str(raised.value).startswith(f"base_url must be an OpenEnv server's http:// or ws:// URL, got {url!r}: {says}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from cli_in_process import run_in_process
+
+    out = run_in_process("run", "benchmax/OpenEnv-v0", "--env-arg", f"base_url={url}")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert len(out.stderr.strip().splitlines()) == 1 and says in out.stderr, out.stderr
+
+
 def test_a_bad_base_url_fails_at_make_naming_it(tmp_path, refused_port):
     closed = refused_port
     with pytest.raises(ConnectionError, match=rf"no OpenEnv server answers at base_url='http://127.0.0.1:{closed}'"):

@@ -38,7 +38,6 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import mcp_types as types
 from mcp import Client
@@ -48,6 +47,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from benchmax_gym.core.aio import OwnLoop
+from benchmax_gym.core.checks import url_fault
 from benchmax_gym.core.outcomes import FAILURES, TOOL_TIMEOUT, TOOL_UNAVAILABLE
 from benchmax_gym.core.tools import Tool, ToolError, ToolFailure, ToolSchemaError, truncate
 from benchmax_gym.envs.mcp.http_transport import (
@@ -125,15 +125,14 @@ _HTTP_TYPES = ("http", "streamable-http", "streamable_http", "streamableHttp")
 
 
 def _url(name: str, url: Any, declared: tuple[str, ...] = ()) -> str:
-    """A streamable-HTTP URL, checked at make: anything else fails only when the server starts."""
-    try:
-        parsed = urlparse(url) if isinstance(url, str) else None
-        host = parsed and parsed.hostname
-    except ValueError:  # (a malformed IPv6 host, a port that is not a number)
-        parsed = host = None
-    if parsed is None or parsed.scheme not in ("http", "https") or not host:
+    """A streamable-HTTP URL, checked at make (:func:`~benchmax_gym.core.checks.url_fault`: a
+    host, a port from 1 to 65535): anything else failed only when the server started (a port
+    past 65535 as ``connect(): port must be 0-65535``). Shown with its credentials hidden."""
+    fault = url_fault(url)
+    if fault is not None:
         shown = repr(shown_url(url, declared)) if isinstance(url, str) else type(url).__name__
-        raise ValueError(f"server {name!r}: 'url' must be an http:// or https:// URL with a host, got {shown}")
+        raise ValueError(f"server {name!r}: 'url' must be an http:// or https:// URL with a host, got {shown}"
+                         + ("" if fault.startswith("expected") else f": {fault}"))
     return url
 
 

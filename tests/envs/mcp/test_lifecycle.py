@@ -226,10 +226,14 @@ def _bad_configs(tmp_path):
         ({**python, "type": "http"}, "type 'http' does not fit its command"),
         ({"url": "ftp://127.0.0.1/mcp"}, "'url' must be an http:// or https:// URL"),
         ({"url": "http://"}, "'url' must be an http:// or https:// URL"),
+        # (each made fine and failed at reset: "connect(): port must be 0-65535", InvalidURL)
+        ({"url": "http://127.0.0.1:99999/mcp"}, r"'url' must be .*: not a valid URL \(Port out of range 0-65535\)"),
+        ({"url": "http://127.0.0.1:abc/mcp"}, r"'url' must be .*: not a valid URL \(its port is not a number\)"),
+        ({"url": "http://127.0.0.1:0/mcp"}, r"'url' must be .*: not a valid URL \(port 0: a port is 1-65535\)"),
     ]
 
 
-@pytest.mark.parametrize("case", range(13))
+@pytest.mark.parametrize("case", range(16))
 def test_a_bad_server_configuration_fails_at_make_naming_the_server_and_argument(tmp_path, case):
     entry, says = _bad_configs(tmp_path)[case]
     with pytest.raises(ValueError, match=says) as raised:

@@ -303,6 +303,7 @@ def assert_no_secret(text):
     ({"url": "ftp://user:pw-s3cret-1@127.0.0.1/mcp?access_token=tok-s3cret-2&page=2"},
      "'ftp://user:***@127.0.0.1/mcp?access_token=***&page=2'"),
     ("ftp://user:pw-s3cret-1@127.0.0.1/mcp", "'ftp://user:***@127.0.0.1/mcp'"),
+    ("http://user:pw-s3cret-1@127.0.0.1:99999/mcp", "'http://user:***@127.0.0.1:99999/mcp': not a valid URL"),
 ])
 def test_a_bad_url_fails_at_make_naming_it_without_its_credentials(server, shown):
     with pytest.raises(ValueError) as raised:
