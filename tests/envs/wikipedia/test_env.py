@@ -246,8 +246,8 @@ def test_bad_configuration_fails_at_make(kwargs, names):
 def test_an_unreachable_api_url_is_named_in_the_tool_failure(refused_port):
     """A valid api_url that does not answer makes fine (the network is checked at use), and the
     failure names it: it named the default https://en.wikipedia.org/w/api.php, not the one set."""
-    from benchmax_gym.envs.wikipedia.backends import LiveBackend
     from benchmax_gym.core.tools import ToolFailure
+    from benchmax_gym.envs.wikipedia.backends import LiveBackend
 
     url = f"http://127.0.0.1:{refused_port}/w/api.php"
     backend = LiveBackend(api_url=url, max_retries=0)
