@@ -638,10 +638,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"run directory: {result.out}")
     episodes, scored = result.summary.get("episodes"), result.summary.get("scored_episodes")
     if episodes and not scored:  # ran, and produced no score: exit 1, as the data commands with nothing to write
-        print(f"benchmax-gym: error: none of the {episodes} episodes was scored (their errors are in "
-              f"{os.path.join(result.out, 'rollouts.jsonl')}; --retry-failed runs them again)", file=sys.stderr)
+        print(f"benchmax-gym: error: none of the {episodes} episodes was scored{_commonest_error(result.records)} "
+              f"(their errors are in {os.path.join(result.out, 'rollouts.jsonl')}; --retry-failed runs them again)",
+              file=sys.stderr)
         return 1
     return 0
+
+
+def _commonest_error(records: list[dict[str, Any]], width: int = 300) -> str:
+    """``": OUTCOME: ERROR"``, the most common error of ``records`` on one line, its middle cut past
+    ``width`` (a server's own last words, ``FATAL: missing API_KEY``, end it): where only the run
+    directory was named, the terminal never showed why (``run`` does)."""
+    errors = Counter((r.get("outcome"), " ".join(str(r["error"]).split())) for r in records
+                     if isinstance(r, dict) and r.get("error"))
+    if not errors:
+        return ""
+    (outcome, text), count = errors.most_common(1)[0]
+    if len(text) > width:
+        text = text[: width // 2 - 2] + " ... " + text[-(width // 2 - 3):]
+    share = f" (in {count} of {len(records)} episodes)" if len(errors) > 1 else ""
+    return f": {outcome}: {text}{share}"
 
 
 def _check_task_count(tasks: str) -> None:

@@ -461,3 +461,14 @@ def test_a_bad_port_is_refused_at_argument_parsing(command, port):
     out = run_in_process(command, "benchmax/Math-v0", *extra, f"--port={port}")
     assert out.returncode == 2 and "Traceback" not in out.stderr and "listening" not in out.stderr, out.stderr
     assert "error: argument --port: " in out.stderr.splitlines()[-1], out.stderr
+
+
+def test_an_eval_that_scored_nothing_shows_its_commonest_error_on_one_bounded_line():
+    from benchmax_gym.cli import _commonest_error
+
+    long = "the env's reset raised RuntimeError: " + "x" * 2000 + "\nits stderr ended with:\nFATAL: missing API_KEY"
+    said = _commonest_error([{"outcome": "env_error", "error": long}] * 3
+                            + [{"outcome": "model_error", "error": "HTTP 500"}])
+    assert said.startswith(": env_error: the env's reset raised RuntimeError: xxx") and "\n" not in said
+    assert said.endswith("FATAL: missing API_KEY (in 3 of 4 episodes)") and len(said) < 360, said
+    assert _commonest_error([{"outcome": "model_error", "error": "HTTP 500"}]) == ": model_error: HTTP 500"

@@ -127,8 +127,11 @@ def test_an_eval_that_scored_no_episode_exits_1_with_its_summary(json_flag, tmp_
     out = cli("--import", "nokey", "eval", "me/NoKey-v0", "--policy", "solver", "--out", "run", "--quiet",
               "--no-plots", *flags, cwd=tmp_path)
     line = error_line(out, 1)
-    assert line == ("benchmax-gym: error: none of the 1 episodes was scored (their errors are in "
-                    f"{os.path.join('run', 'rollouts.jsonl')}; --retry-failed runs them again)"), line
+    # the server's own last words on the terminal, not only in the run directory (run shows them too)
+    assert re.fullmatch(r"benchmax-gym: error: none of the 1 episodes was scored: env_error: the env's reset raised "
+                        r"RuntimeError: MCP server .* API_KEY not set \(their errors are in "
+                        + re.escape(os.path.join('run', 'rollouts.jsonl')) + r"; --retry-failed runs them again\)",
+                        line), line
     if json_flag:
         summary = json.loads(out.stdout)
         assert summary["scored_episodes"] == 0 and summary["outcomes"] == {"env_error": 1}
