@@ -98,6 +98,10 @@ def shown_url(url: str, declared: tuple[str, ...] = ()) -> str:
     ``***``: what failed stays visible."""
     scheme, userinfo, rest, query = _split(url)
     rest = _hidden_path(rest, declared)
+    host, slash, path = rest.partition("/")
+    name, colon, port = host.rpartition(":")
+    if colon and "]" not in port and not port.isdigit():  # (``user:password`` whose ``@host`` was left out)
+        rest = f"{name}:{HIDDEN}{slash}{path}"
     if userinfo:
         user, colon, _ = userinfo.partition(":")
         rest = f"{user}:{HIDDEN}@{rest}" if colon else f"{HIDDEN}@{rest}"

@@ -304,6 +304,7 @@ def assert_no_secret(text):
      "'ftp://user:***@127.0.0.1/mcp?access_token=***&page=2'"),
     ("ftp://user:pw-s3cret-1@127.0.0.1/mcp", "'ftp://user:***@127.0.0.1/mcp'"),
     ("http://user:pw-s3cret-1@127.0.0.1:99999/mcp", "'http://user:***@127.0.0.1:99999/mcp': not a valid URL"),
+    ("http://user:pw-s3cret-1/mcp", "'http://user:***/mcp': not a valid URL"),  # (its @host left out: no port)
 ])
 def test_a_bad_url_fails_at_make_naming_it_without_its_credentials(server, shown):
     with pytest.raises(ValueError) as raised:
