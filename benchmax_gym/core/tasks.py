@@ -475,10 +475,12 @@ def numbered_jsonl(path: str | os.PathLike, what: str, limit: int | None = None)
     """``(line number, value)`` for each non-blank line of a JSON Lines file, the first ``limit``
     of them only when given (the lines after those are never read: a bad one cannot fail the
     load); a line that is not UTF-8 JSON is an error naming the file and line (a byte-order mark
-    is read as the mark)."""
+    is read as the mark); a missing file is a FileNotFoundError saying so, naming ``what``."""
     name = os.fspath(path)
     if os.path.isdir(path):
-        raise ValueError(f"{what} {name!r} is a folder, not a JSON Lines file")
+        raise ValueError(f"{what} {name!r} is a directory, not a JSON Lines file")
+    if not os.path.exists(path):  # (said as MCP-v0's tasks= says it; still an OSError for callers)
+        raise FileNotFoundError(f"{what}: no such file {name!r}")
     if os.path.exists(path) and not os.path.isfile(path):  # a FIFO or a device: opening it blocked, or never ended
         raise ValueError(f"{what} {name!r} is not a regular file")
     records: list[tuple[int, Any]] = []

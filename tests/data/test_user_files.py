@@ -3,6 +3,7 @@ the file and line (not a traceback from inside ``datasets``), and a task without
 at make, never scored against nothing."""
 
 import json
+import re
 
 import gymnasium as gym
 import pytest
@@ -73,8 +74,20 @@ def test_load_tasks_names_the_file_and_line_of_a_bad_record(tmp_path):
     path.write_text(json.dumps(calls) + "\n")
     with pytest.raises(ValueError, match=r"line 1: .*\['tool_calls'\] must be a list of calls, got int"):
         load_tasks(path)
-    with pytest.raises(ValueError, match=r"is a folder"):
+    with pytest.raises(ValueError, match=r"is a directory, not a JSON Lines file"):
         load_tasks(tmp_path)
+
+
+def test_a_missing_tasks_file_is_said_to_be_one_naming_what_it_is(tmp_path):
+    """A raw ``[Errno 2] No such file or directory`` named the file but not that it was the tasks;
+    the error is still an OSError (callers that catch one keep working)."""
+    from benchmax_gym.core.tasks import numbered_jsonl
+
+    missing = tmp_path / "tasks.jsonl"
+    with pytest.raises(FileNotFoundError, match=rf"^tasks: no such file '{re.escape(str(missing))}'$"):
+        load_tasks(missing)
+    with pytest.raises(FileNotFoundError, match=r"^RUN: no such file '.*nope\.jsonl'$"):
+        numbered_jsonl(tmp_path / "nope.jsonl", "RUN")
 
 
 def test_a_csv_dataset_keeps_its_cells_as_the_text_they_hold(tmp_path):
