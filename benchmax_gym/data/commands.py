@@ -189,8 +189,13 @@ def cmd_from_corpus(args: argparse.Namespace) -> int:
         usage_error("--verify-model checks a model's questions: give --model too")
     model = None
     if args.model:
+        from benchmax_gym.cli import _check_base_url
         from benchmax_gym.data.questions import ModelGenerator
 
+        if args.base_url is not None:  # (as eval checks it: named with its flag, before any work)
+            _check_base_url(args.base_url, "--base-url")
+        elif os.environ.get("OPENAI_BASE_URL"):  # (the SDK's default then)
+            _check_base_url(os.environ["OPENAI_BASE_URL"], "$OPENAI_BASE_URL")
         key = os.environ.get(args.api_key_env or "OPENAI_API_KEY") or None
         if args.api_key_env and not key:
             usage_error(f"--api-key-env {args.api_key_env}: the variable is not set")

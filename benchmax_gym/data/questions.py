@@ -309,6 +309,16 @@ class ModelGenerator:
     temperature: float | None = None
     errors: Counter = field(default_factory=Counter)
 
+    def __post_init__(self):
+        # (its ChatPolicy is made at the first request: a bad argument failed there, past the work before it)
+        from benchmax_gym.core import checks
+        from benchmax_gym.eval.policies import CLIENT_ARGS, check_client_args
+
+        check_client_args(model=self.model, base_url=self.base_url, api_key=self.api_key, timeout=self.timeout,
+                          max_retries=self.max_retries, temperature=self.temperature)
+        checks.optional(CLIENT_ARGS["model"])("verify_model", self.verify_model)
+        checks.positive_int("concurrency", self.concurrency)
+
     @property
     def name(self) -> str:
         return f"model:{self.model}"

@@ -170,6 +170,42 @@ def test_an_unreachable_endpoint_fails_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "t.jsonl").exists()
 
 
+@pytest.mark.parametrize("url, env, says", [
+    ("http://127.0.0.1:abc/v1", None, "--base-url http://127.0.0.1:abc/v1: not a valid URL (its port is not a number)"),
+    (None, "ftp://127.0.0.1/v1", "$OPENAI_BASE_URL ftp://127.0.0.1/v1: expected http(s)://"),
+])
+def test_a_malformed_endpoint_is_named_by_its_flag_before_any_work(tmp_path, capsys, monkeypatch, url, env, says):
+    """It was named ``base_url`` (ModelGenerator's field, met at the first request), as eval names it."""
+    if env is None:
+        monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("OPENAI_BASE_URL", env)
+    with pytest.raises(SystemExit) as exit_:
+        main(["tasks", "from-corpus", str(CORPUS), "--out", str(tmp_path / "t.jsonl"), "--model", "m", "--quiet",
+              *(["--base-url", url] if url else [])])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"benchmax-gym: error: {says}"), err
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"base_url": "http://127.0.0.1:abc/v1"}, "base_url 'http://127.0.0.1:abc/v1': not a valid URL"),
+    ({"timeout": 0}, "timeout must be a positive number"),
+    ({"max_retries": -1}, "max_retries must be an int from 0"),
+    ({"temperature": True}, "temperature must be a finite number"),
+    ({"concurrency": 0}, "concurrency must be a positive int"),
+    ({"verify_model": ""}, "verify_model must be a non-empty string"),
+    ({"api_key": 5}, "api_key must be a string"),
+])
+def test_model_generator_checks_its_client_arguments_when_made(kwargs, says):
+    """Its ChatPolicy is made at the first request: a bad argument failed there, after the corpus work."""
+    from benchmax_gym.data.questions import ModelGenerator
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        ModelGenerator("m", **kwargs)
+
+
 def minimal_pdf(lines):
     """A one-page PDF whose text is ``lines`` (Helvetica), written by hand: no PDF writer needed."""
     stream = "BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({line}) '" for line in lines) + " ET"
