@@ -62,6 +62,7 @@ transport differs between this class (a pipe per worker process) and ``RayVector
 from __future__ import annotations
 
 import atexit
+import difflib
 import functools
 import math
 import os
@@ -147,7 +148,14 @@ def _check_env_kwargs(env_id: str, env_kwargs: dict, owner: type) -> None:
     known = known_arguments(creator) | _GYM_MAKE_ARGS
     unknown = {k: v for k, v in env_kwargs.items() if k not in known}
     if unknown:
-        raise TypeError(unknown_arguments_message(creator, unknown, also=owner))
+        # The suggestions come from both classes; the one named is the vector env only where every
+        # name is closest to one of its own options (num_worker), else the env, as gym.make names it
+        # (max_turn is MathEnv's)
+        own = known_arguments(owner) - known
+        message = unknown_arguments_message(creator, unknown, also=owner)
+        if not all(set(difflib.get_close_matches(name, sorted(known | own), n=1)) & own for name in unknown):
+            message = creator.__name__ + message.removeprefix(owner.__name__)
+        raise TypeError(message)
 
 
 CLOSE_GRACE_S = 10.0  # seconds close() gives workers to close their envs (MCP servers, sandboxes) before killing them

@@ -149,8 +149,16 @@ def test_make_vec_returns_it_with_gymnasium_spaces():
      "SubprocVectorEnv got an unexpected keyword argument 'step_timeot' (did you mean 'step_timeout'"),
     (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, vector_backend="ray", num_host=2),
      "RayVectorEnv got an unexpected keyword argument 'num_host' (did you mean 'num_hosts'"),
+    # the env's own argument names the env, as gym.make does (it named SubprocVectorEnv)
     (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, max_turn=3),
-     "SubprocVectorEnv got an unexpected keyword argument 'max_turn' (did you mean 'max_turns'"),
+     "MathEnv got an unexpected keyword argument 'max_turn' (did you mean 'max_turns'"),
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, max_turn=3, vector_backend="ray"),
+     "MathEnv got an unexpected keyword argument 'max_turn' (did you mean 'max_turns'"),
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, colour="red"),
+     "MathEnv got an unexpected keyword argument 'colour'"),
+    (lambda: gym.make_vec("benchmax/Math-v0", num_envs=2, num_worker=2, max_turn=3),
+     "MathEnv got an unexpected keyword arguments 'num_worker' (did you mean 'num_workers'?), 'max_turn' (did you "
+     "mean 'max_turns'"),
 ])
 def test_a_misspelt_option_fails_in_the_parent_with_a_did_you_mean(make, expected):
     """Before any worker (or Ray) starts: one line naming the argument, not a traceback per worker."""
