@@ -73,8 +73,8 @@ import os
 from copy import deepcopy
 from typing import Any
 
-from benchmax_gym.adapters.tokens import (ChatTemplate, TokenEpisode, TokenSession, amake_env, make_env,
-                                          task_dataset)
+from benchmax_gym.adapters.tokens import (ChatTemplate, TokenEpisode, TokenSession, amake_env, check_chat_kwargs,
+                                          make_env, task_dataset)
 from benchmax_gym.core import outcomes
 from benchmax_gym.core.group import GroupRubric, group_failed, group_rubric_of
 
@@ -177,7 +177,8 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
                   group_rubric: GroupRubric | None = None, group_size: int | None = None,
                   group_timeout: float = 600.0, **env_kwargs: Any) -> type:
     """An ``AgentExecutor`` class (no-argument constructor, as OpenRLHF makes it) for ``env_id``
-    (``None``: each row's label names its env).
+    (``None``: each row's label names its env). ``chat_kwargs``: :class:`ChatTemplate` options
+    (``tool_role``, ``chat_template``, template variables), checked here as the env's arguments are.
 
     Group rewards: with ``group_size`` (set it to ``--rollout.n_samples_per_prompt``), each
     prompt's samples wait for each other and are scored together by ``group_rubric`` (default:
@@ -192,6 +193,8 @@ def make_executor(env_id: str | None = None, *, chat_kwargs: dict[str, Any] | No
         raise ValueError(f"group_size must be a positive integer (--rollout.n_samples_per_prompt), got {group_size!r}")
     if isinstance(group_timeout, bool) or not isinstance(group_timeout, (int, float)) or not group_timeout > 0:
         raise ValueError(f"group_timeout must be a positive number of seconds, got {group_timeout!r}")
+    if chat_kwargs is not None:  # (checked here, as the env's arguments: the template is built at the first sample)
+        chat_kwargs = check_chat_kwargs("chat_kwargs", chat_kwargs)
     if env_id is not None:
         make_env(env_id, env_kwargs).close()  # a wrong id or argument fails when OpenRLHF loads the file
 

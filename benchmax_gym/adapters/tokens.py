@@ -61,13 +61,15 @@ import operator
 import re
 import threading
 import weakref
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 
 from benchmax_gym.core import outcomes
+from benchmax_gym.core.checks import mapping, positive_int
+from benchmax_gym.core.tasks import INFINITE
 
 _SENTINEL = "BENCHMAX_SENTINEL_7f3a"
 log = logging.getLogger(__name__)
@@ -77,6 +79,43 @@ _BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
 
 class TemplateError(ValueError):
     """The tokenizer or its chat template cannot give exact token episodes (the message says how to fix it)."""
+
+
+#: what :meth:`ChatTemplate.render` passes the template itself (``apply_chat_template`` its
+#: conversation and ``tokenize``): a template variable of one of these names raised TypeError at
+#: every render
+_RENDER_ARGS = ("messages", "conversation", "add_generation_prompt", "tokenize")
+
+
+def _check_template_options(chat_template: Any, tools: Any, tool_role: Any, template_kwargs: dict[str, Any]) -> None:
+    """:class:`ChatTemplate`'s own options, checked without a tokenizer (:func:`check_chat_kwargs`)."""
+    if tool_role not in ("tool", "user"):
+        raise TemplateError(f"tool_role must be 'tool' or 'user', got {tool_role!r}")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise TemplateError(f"chat_template must be a Jinja chat template string or None, got {chat_template!r:.80}")
+    if tools is not None and (not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools)):
+        raise TemplateError(f"tools must be a list of tool schemas (dicts) or None, got {tools!r:.80}")
+    reserved = sorted(set(template_kwargs) & set(_RENDER_ARGS))
+    if reserved:
+        raise TemplateError(f"template variables may not be named {reserved}: the template is rendered with them")
+
+
+def check_chat_kwargs(name: str, value: Any) -> dict[str, Any]:
+    """A dict of :class:`ChatTemplate` keyword arguments, checked by its constructor's rules for
+    an adapter that builds its template only at its first rollout (when the tokenizer comes):
+    a bad option fails where the adapter is configured, naming ``name``, not at every rollout."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a dict of ChatTemplate options (tool_role, chat_template, tools, "
+                         f"template variables), got {value!r:.80}")
+    if not all(isinstance(key, str) for key in value):
+        raise ValueError(f"{name}: option names must be strings, got {sorted(map(repr, value))}")
+    options = dict(value)
+    try:
+        _check_template_options(options.pop("chat_template", None), options.pop("tools", None),
+                                options.pop("tool_role", "tool"), options)
+    except TemplateError as exc:
+        raise TemplateError(f"{name}: {exc}") from None
+    return dict(value)
 
 
 class ChatTemplate:
@@ -104,8 +143,7 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None, tools: list[dict] | None = None,
                  tool_role: str = "tool", **template_kwargs: Any):
-        if tool_role not in ("tool", "user"):
-            raise TemplateError(f"tool_role must be 'tool' or 'user', got {tool_role!r}")
+        _check_template_options(chat_template, tools, tool_role, template_kwargs)
         self.tokenizer = tokenizer
         self.chat_template = chat_template or getattr(tokenizer, "chat_template", None)
         if not self.chat_template:
@@ -827,6 +865,8 @@ def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env:
     import benchmax_gym  # noqa: F401  (registers the benchmax/* ids)
     from benchmax_gym.mix import share_curriculum
 
+    if env_kwargs is not None:  # (a list raised "argument after ** must be a mapping", naming nothing)
+        mapping("env_kwargs", env_kwargs)
     try:
         env = gym.make(env_id, **(env_kwargs or {}))
     except (gym.error.NameNotFound, gym.error.NamespaceNotFound, gym.error.VersionNotFound) as exc:
@@ -869,10 +909,15 @@ def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any
     ``task_index``. ``n`` caps the rows (generated sources have no end: the default is 1,000)."""
     import datasets
 
+    if n is not None:  # (0 or -1 gave an empty dataset, "3" a bare TypeError)
+        positive_int("n", n)
+
     env = make_env(env_id, env_kwargs)
     try:
         base = env.unwrapped
         size = len(base.tasks) if hasattr(base.tasks, "__len__") else 1000
+        if size >= INFINITE:  # (an endless generated source says 2**62: n=None built rows until memory ran out)
+            size = 1000
         rows = []
         for index in range(min(size, n) if n is not None else size):
             env.reset(options={"task_index": index})  # a task's prompt may describe its files (Excel)
@@ -886,5 +931,5 @@ def task_dataset(env_id: str, n: int | None = None, *, env_kwargs: dict[str, Any
     return datasets.Dataset.from_list(rows)
 
 
-__all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "amake_env", "make_env",
-           "outcome_counts", "task_dataset"]
+__all__ = ["ChatTemplate", "TemplateError", "TokenEpisode", "TokenSession", "amake_env", "check_chat_kwargs",
+           "make_env", "outcome_counts", "task_dataset"]
