@@ -129,11 +129,13 @@ from benchmax_gym.adapters.tokens import (
     TASK_KEY,
     ChatTemplate,
     TokenSession,
+    check_chat_kwargs,
     make_env,
     outcome_counts,
     task_dataset,
 )
 from benchmax_gym.core import outcomes
+from benchmax_gym.core.checks import mapping
 from benchmax_gym.core.group import GroupRubric, group_failed, group_rubric_of
 
 FAILED_GROUP = ("renormalise", "drop")
@@ -187,9 +189,11 @@ class TRLRollout:
         if failed_group not in FAILED_GROUP:
             raise ValueError(f"failed_group must be one of {FAILED_GROUP}, got {failed_group!r}")
         self.failed_group = failed_group
+        if env_kwargs is not None:  # (a list of pairs was taken as a dict)
+            mapping("env_kwargs", env_kwargs)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         make_env(env_id, self.env_kwargs).close()  # a wrong id or argument fails here, not mid-training
-        self.chat = ChatTemplate(tokenizer, **(chat_kwargs or {}))
+        self.chat = ChatTemplate(tokenizer, **check_chat_kwargs("chat_kwargs", chat_kwargs or {}))
         self._own_backend = generate is None  # the trainer's generation: in lock-step on several processes
         self.generate = generate or (lambda trainer, sessions: generate_turn(
             trainer, [s.input_ids for s in sessions], sessions[0].budget))

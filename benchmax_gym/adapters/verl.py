@@ -104,6 +104,7 @@ from typing import Any
 from uuid import uuid4
 
 from benchmax_gym.adapters.tokens import ChatTemplate, TokenEpisode, TokenSession, amake_env, make_env, task_dataset
+from benchmax_gym.core.checks import mapping
 from benchmax_gym.core import outcomes
 
 try:  # torch too: a base install has neither, and the extra brings both
@@ -155,6 +156,8 @@ class BenchmaxAgentLoop(AgentLoopBase):
 
     def __init__(self, *args: Any, env_id: str | None = None, env_kwargs: dict[str, Any] | None = None,
                  **kwargs: Any):
+        if env_kwargs is not None:  # (a list of pairs was taken as a dict)
+            mapping("env_kwargs", env_kwargs)
         super().__init__(*args, **kwargs)
         self.env_id = env_id
         self.env_kwargs = dict(env_kwargs or {})

@@ -78,3 +78,21 @@ def test_openrlhf_takes_good_chat_options_and_template_variables(qwen_tokenizer)
     chat_kwargs = {"tool_role": "user", "enable_thinking": False, "tools": [{"type": "function"}]}
     assert make_executor(ENV, chat_kwargs=chat_kwargs, **FAST)
     assert ChatTemplate(qwen_tokenizer, **chat_kwargs).template_kwargs == {"enable_thinking": False}
+
+
+def test_trl_and_verl_refuse_env_kwargs_that_are_not_a_dict_and_trl_bad_chat_options():
+    """TRL's rollout and verl's agent loop took a list of pairs as a dict (``dict(...)``), and
+    TRL's ``chat_kwargs=5`` raised a bare "argument after ** must be a mapping"."""
+    from benchmax_gym.adapters.trl import TRLRollout
+    from benchmax_gym.adapters.verl import BenchmaxAgentLoop
+    from benchmax_gym.testing.tokenizers import tiny_tokenizer
+
+    pairs = [("max_turns", 3)]
+    with pytest.raises(ValueError, match=r"^env_kwargs must be a dict, got \[\('max_turns', 3\)\]$"):
+        TRLRollout(ENV, tiny_tokenizer("qwen"), env_kwargs=pairs)
+    with pytest.raises(ValueError, match=r"^env_kwargs must be a dict, got \[\('max_turns', 3\)\]$"):
+        BenchmaxAgentLoop(env_id=ENV, env_kwargs=pairs)
+    with pytest.raises(ValueError, match="^chat_kwargs must be a dict of ChatTemplate options"):
+        TRLRollout(ENV, tiny_tokenizer("qwen"), env_kwargs=FAST, chat_kwargs=5)
+    with pytest.raises(TemplateError, match="^chat_kwargs: tool_role must be 'tool' or 'user', got 'assistant'$"):
+        TRLRollout(ENV, tiny_tokenizer("qwen"), env_kwargs=FAST, chat_kwargs={"tool_role": "assistant"})
