@@ -38,7 +38,6 @@ at ``gym.make``) with a message naming the argument.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import contextlib
 import copy
@@ -51,10 +50,10 @@ import logging
 import marshal
 import time
 import os
-import textwrap
+import re
 import uuid
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,7 +164,6 @@ def unknown_arguments_message(cls: type, unknown: dict[str, Any], also: type | N
     return f"{(also or cls).__name__} got an unexpected keyword {noun} {', '.join(parts)}"
 
 
-_SET_ITSELF: dict[type, frozenset[str]] = {}
 #: a family's own argument that sets an engine argument (MCP-v0's reward= makes its rubric)
 _OWN_INSTEAD = {"rubric": "reward", "toolset": "server"}
 #: else what to pass instead of an engine argument a family sets itself, where there is something
@@ -175,34 +173,29 @@ _INSTEAD = {
     "toolset": "register your own env with register_tool_env(..., tools=...)",
     "system_prompt": "register your own env with register_tool_env(..., system_prompt=...) for other instructions",
 }
+_CLASH = re.compile(r"got multiple values for keyword argument '(\w+)'")
 
 
-def arguments_set_itself(cls: type) -> frozenset[str]:
-    """The engine arguments a subclass passes :class:`ToolEnv` itself and does not take
-    (``system_prompt=SYSTEM_PROMPT``): given to ``gym.make`` too, they were Python's "got multiple
-    values for keyword argument". Read from the ``super().__init__(...)`` calls in the source of
-    the classes between ``cls`` and ToolEnv; ToolEnv's required arguments (``tasks``, ``toolset``,
-    ``rubric``) count whether or not the source can be read."""
-    found = _SET_ITSELF.get(cls)
-    if found is None:
-        engine = inspect.signature(ToolEnv.__init__).parameters
-        passed = {n for n, p in engine.items() if p.kind is p.KEYWORD_ONLY and p.default is p.empty}
-        taken: set[str] = set()
-        for klass in cls.__mro__:
-            if klass is ToolEnv or not issubclass(klass, ToolEnv):
-                break
-            if "__init__" in vars(klass):
-                taken |= set(inspect.signature(vars(klass)["__init__"]).parameters)
-            try:
-                tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-            except (OSError, TypeError, SyntaxError):  # (made in a REPL, no source shipped)
-                continue
-            passed |= {k.arg for node in ast.walk(tree) if isinstance(node, ast.Call)
-                       and isinstance(node.func, ast.Attribute) and node.func.attr == "__init__"
-                       and isinstance(node.func.value, ast.Call) and getattr(node.func.value.func, "id", None) == "super"
-                       for k in node.keywords if k.arg is not None}
-        found = _SET_ITSELF[cls] = frozenset(n for n in passed - taken if n in engine)
-    return found
+def _naming_clashes(init: Callable[..., None]) -> Callable[..., None]:
+    """A subclass's ``__init__`` that names an engine argument the family sets itself and was
+    given too (``gym.make("benchmax/Math-v0", system_prompt=...)``): Python's "ToolEnv.__init__()
+    got multiple values for keyword argument", raised where one of the env's own methods calls
+    ``super().__init__``, named neither the family nor why."""
+
+    @functools.wraps(init)
+    def __init__(self: ToolEnv, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except TypeError as exc:
+            match, tb = _CLASH.search(str(exc)), exc.__traceback__
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            if not (match and match[1] in kwargs and match[1] in inspect.signature(ToolEnv.__init__).parameters
+                    and tb is not None and tb.tb_frame.f_locals.get("self") is self):
+                raise
+            raise TypeError(set_itself_message(type(self), [match[1]])) from None
+
+    return __init__
 
 
 def set_itself_message(cls: type, names: list[str]) -> str:
@@ -296,14 +289,10 @@ class ToolEnv(gym.Env[str, str]):
     # render_fps only quiets Gymnasium's checker: a transcript has no frame rate (toy_text uses 4 too)
     metadata = {"render_modes": ["ansi", "human"], "render_fps": 4}
 
-    def __new__(cls, *args: Any, **kwargs: Any):
-        # an engine argument the family sets itself, given too, fails here naming it (a subclass's
-        # own super().__init__ call raised Python's "got multiple values" TypeError first)
-        if cls is not ToolEnv:
-            clash = [name for name in kwargs if name in arguments_set_itself(cls)]
-            if clash:
-                raise TypeError(set_itself_message(cls, clash))
-        return super().__new__(cls)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__init__" in vars(cls):  # (an engine argument the family sets itself, given too, is named)
+            cls.__init__ = _naming_clashes(vars(cls)["__init__"])
 
     def __init__(
         self,

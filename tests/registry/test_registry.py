@@ -131,6 +131,7 @@ def test_a_tasks_file_is_read_by_load_tasks_as_the_refusal_says(tmp_path):
         env.close()
     finally:
         gym.registry.pop(env_id, None)
+        registry.ENVS.pop(env_id, None)
 
 
 @pytest.mark.parametrize("register", ["register_tool_env", "register_mix"])
@@ -164,6 +165,7 @@ def test_a_users_own_id_may_be_registered_again():
         env.close()
     finally:
         gym.registry.pop("testing/Again-v0", None)
+        registry.ENVS.pop("testing/Again-v0", None)
 
 
 def test_register_tool_env_rejects_bad_tasks():
