@@ -92,7 +92,7 @@ INTS = [  # (argv before the flag, the flag, argv after, the values that are ref
     (["launch", "--print-yaml"], "--port", [], "0 -1"),
     (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl"], "--max-questions", [], "0 -1"),
     (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl", "--model", "m"], "--concurrency", [], "0 -1"),
-    (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl"], "--max-retries", [], "-1"),
+    (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl", "--model", "m"], "--max-retries", [], "-1"),
     (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl"], "--seed", [], "-1"),
     (["tasks", "from-corpus", "{doc}", "--out", "t.jsonl"], "--chunk-chars", [], "0 -1"),
 ]
