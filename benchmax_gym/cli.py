@@ -113,7 +113,8 @@ def doctor_report() -> dict[str, Any]:
     ``packages`` (name: version, None when not installed), ``sandbox`` (``level``, the line
     ``summary``, and with bubblewrap its ``details``: memory, disk, network, mountinfo, uid),
     ``environments`` (the ids), ``plugins`` (id: ``package version``), ``broken_plugins`` (lines)
-    and ``extras`` (name: ``installed``, ``missing`` requirements, the line ``state``)."""
+    and ``extras`` (name: ``installed``, ``missing`` requirements, the line ``state``, and
+    ``cpu_install``: for an extra that installs only on a GPU machine, its CPU smoke test's install)."""
     import platform
     from importlib import metadata
 
@@ -198,10 +199,21 @@ def extras_rows() -> list[tuple[str, str]]:
     return [(f"extra {extra}", status["state"]) for extra, status in extras_status().items()]
 
 
+#: extras that install only on a GPU machine (they build flash-attn, deepspeed, vLLM...): their
+#: smoke script and its CPU install, as README.md's "Train with a trainer" table gives them
+GPU_EXTRAS = {
+    "openrlhf": ("openrlhf_smoke.py", "pip install 'benchmax-gym[trl]' aiohttp pylatexenc && "
+                 "pip install --no-deps openrlhf==0.11.2"),
+    "verl": ("verl_smoke.py", "pip install 'benchmax-gym[trl]' ray==2.60.0 hydra-core tensordict codetiming orjson "
+             "cachetools fastapi pandas pillow && pip install --no-deps verl==0.9.1"),
+}
+
+
 def extras_status() -> dict[str, dict[str, Any]]:
     """Each extra: ``installed`` (every requirement for this platform there, at a version it
-    allows), the ``missing`` requirements, and ``state``, ``doctor``'s line. Read from package
-    metadata (importlib.metadata): nothing heavy is imported."""
+    allows), the ``missing`` requirements, ``state``, ``doctor``'s line, and ``cpu_install``: for
+    an extra that installs only on a GPU machine, the install of its CPU smoke test (else None).
+    Read from package metadata (importlib.metadata): nothing heavy is imported."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -228,7 +240,12 @@ def extras_status() -> dict[str, dict[str, Any]]:
         else:
             state = (f"missing {', '.join(missing)}" + (f" ({len(have)} of {len(have) + len(missing)} there)" if have
                                                         else "") + f": pip install 'benchmax-gym[{extra}]'")
-        statuses[extra] = {"installed": not missing, "missing": missing, "state": state}
+            if extra in GPU_EXTRAS:  # (on CPU that pip fails building them: say what does install)
+                script, line = GPU_EXTRAS[extra]
+                state += (f" on a GPU machine (it does not install on CPU); for {script} on CPU: {line} "
+                          "(README.md, Train with a trainer)")
+        statuses[extra] = {"installed": not missing, "missing": missing, "state": state,
+                           "cpu_install": GPU_EXTRAS[extra][1] if extra in GPU_EXTRAS else None}
     return statuses
 
 
@@ -285,11 +302,22 @@ def _closest_env_id(env_id: str) -> str | None:
     return keys[close[0]] if close else None
 
 
-def env_id_error(exc: Exception, env_id: str, flag: str = "") -> NoReturn:
-    """gym.make refused ``env_id``: say which registered id is close, else where the ids are listed."""
-    if env_id not in gym.registry and (close := _closest_env_id(env_id)):
-        usage_error(f"{flag}no environment {env_id!r}: did you mean {close}? (`benchmax-gym list` shows every id)")
-    usage_error(f"{flag}{exc} Run `benchmax-gym list` for the available ids.")
+def env_id_error(exc: Exception, env_id: str, flag: str = "", command: str = "") -> NoReturn:
+    """gym.make refused ``env_id``: say which registered id is close, else where the ids are listed;
+    an id not registered may be one a user's module registers, which ``command`` sees only with
+    the global ``--import`` (before the command)."""
+    if env_id in gym.registry:  # (found, and refused for another reason)
+        usage_error(f"{flag}{exc} Run `benchmax-gym list` for the available ids.")
+    own = f"an id your own module registers needs it imported first: benchmax-gym --import MODULE {command} ..."
+    if close := _closest_env_id(env_id):
+        usage_error(f"{flag}no environment {env_id!r}: did you mean {close}? (`benchmax-gym list` shows every id; "
+                    f"{own})")
+    usage_error(f"{flag}{exc} Run `benchmax-gym list` for the available ids; {own}")
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 distinct task"``, ``"2 distinct tasks"``: a count and its noun, plural unless one."""
+    return f"{count} {noun if count == 1 else noun + 's'}"
 
 
 def port_number(text: str) -> int:
@@ -381,6 +409,11 @@ def episode_plan(args: argparse.Namespace, num_tasks: int | None) -> tuple[str, 
     return ("each task once" if k == 1 else f"each task {k} times"), plan
 
 
+class ResetFailed(RuntimeError):
+    """``play``'s reset raised what a bad task raises (a lazily loaded one the env refuses): an
+    env error at run time, said in one line (eval records it as the episode's ``env_error``)."""
+
+
 def play(env: gym.Env, policy: str, plan: list[tuple[int, int | None]], seed: int,
          progress: bool = True) -> list[dict[str, Any]]:
     """Play one episode per ``(seed, task_index)`` of ``plan`` (``task_index`` None: the seed picks)."""
@@ -404,7 +437,10 @@ def play(env: gym.Env, policy: str, plan: list[tuple[int, int | None]], seed: in
                                          disable=not progress, unit="ep"):
         start = time.perf_counter()
         options = None if task_index is None else {"task_index": task_index}
-        obs, info = env.reset(seed=episode_seed, options=options)
+        try:
+            obs, info = env.reset(seed=episode_seed, options=options)
+        except (ValueError, TypeError, LookupError) as exc:  # a task the env refuses, met at reset (a lazy source's)
+            raise ResetFailed(f"the env's reset raised {type(exc).__name__}: {exc}") from exc
         reward, terminated, truncated = 0.0, False, False
         errors: Counter[str] = Counter()
         while not (terminated or truncated):
@@ -513,7 +549,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         env = gym.make(args.env_id, **env_args)
     except gym.error.Error as exc:
-        env_id_error(exc, args.env_id)
+        env_id_error(exc, args.env_id, command="run")
     except (TypeError, ValueError, OSError, ImportError) as exc:  # ImportError: a missing extra, named
         usage_error(cannot_make(args.env_id, exc))
     tasks = getattr(env.unwrapped, "tasks", None)
@@ -545,7 +581,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         rows = [
             ("environment", args.env_id),
             ("policy", args.policy),
-            ("episodes", f"{summary['episodes']} ({mode}; {summary['tasks']} distinct tasks)"),
+            ("episodes", f"{summary['episodes']} ({mode}; {counted(summary['tasks'], 'distinct task')})"),
             ("mean reward", f"{summary['mean_reward']:.3f}"),
             ("success rate", f"{summary['success_rate']:.1%}"),
         ]
@@ -618,7 +654,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             concurrency=args.concurrency, workers=args.workers, seed=args.seed, out=args.out, progress=not args.quiet,
             plots=not args.no_plots, extra_run_info=extra, retry_failed=args.retry_failed))
     except gym.error.Error as exc:
-        env_id_error(exc, args.env_id)
+        env_id_error(exc, args.env_id, command="eval")
     except (EvalError, PolicyError) as exc:
         usage_error(exc)
     except OSError as exc:
@@ -638,9 +674,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"run directory: {result.out}")
     episodes, scored = result.summary.get("episodes"), result.summary.get("scored_episodes")
     if episodes and not scored:  # ran, and produced no score: exit 1, as the data commands with nothing to write
-        print(f"benchmax-gym: error: none of the {episodes} episodes was scored{_commonest_error(result.records)} "
-              f"(their errors are in {os.path.join(result.out, 'rollouts.jsonl')}; --retry-failed runs them again)",
-              file=sys.stderr)
+        none, their, them = (("the one episode was not scored", "its error is", "it") if episodes == 1 else
+                             (f"none of the {episodes} episodes was scored", "their errors are", "them"))
+        print(f"benchmax-gym: error: {none}{_commonest_error(result.records)} ({their} in "
+              f"{os.path.join(result.out, 'rollouts.jsonl')}; --retry-failed runs {them} again)", file=sys.stderr)
         return 1
     return 0
 
@@ -891,7 +928,7 @@ def cmd_mcp_serve(args: argparse.Namespace) -> int:
     except ListenError as exc:  # the port in use, named with --port
         usage_error(exc)
     except gym.error.Error as exc:
-        env_id_error(exc, args.env_id)
+        env_id_error(exc, args.env_id, command="mcp-serve")
     except (TypeError, ValueError, ImportError, OSError) as exc:  # a bad --env-arg (a missing file, say), found
         usage_error(cannot_make(args.env_id, exc))  # when the first environment is made
     except RuntimeError as exc:  # its first environment failed to start (an MCP server)
@@ -918,7 +955,7 @@ def cmd_openenv_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         usage_error(exc)
     except gym.error.Error as exc:
-        env_id_error(exc, args.env_id)
+        env_id_error(exc, args.env_id, command="openenv-serve")
     except (TypeError, ValueError, OSError) as exc:  # a bad --env-arg (a missing file, say)
         usage_error(cannot_make(args.env_id, exc))
     except RuntimeError as exc:  # its environment failed to start (an MCP server), made once before serving
@@ -995,7 +1032,7 @@ def _launch(args: argparse.Namespace, launch: Any) -> int:
         print(yaml.dump(config, Dumper=Dumper, sort_keys=False, width=100), end="")
         return 0
     out = launch.run_sky("up", {"name": args.name, "config": config}, args.sky_python)
-    print(f"Ray cluster {args.name!r} ({args.nodes} nodes) is starting; inside its network:\n"
+    print(f"Ray cluster {args.name!r} ({counted(args.nodes, 'node')}) is starting; inside its network:\n"
           f"  RayVectorEnv(..., address='{out['head_ip']}:{out['port']}', "
           "actor_options={'resources': {'benchmax_env_host': 1}})\n"
           f"  `sky logs {args.name}` shows the nodes joining; `benchmax-gym launch --down --name {args.name}` ends it")

@@ -394,6 +394,34 @@ def test_doctor_names_what_an_extra_misses_and_the_pip_command(monkeypatch):
     assert rows["extra ray"].startswith("missing ray 0.0.1 (wants ==") and "benchmax-gym[ray]" in rows["extra ray"]
 
 
+def test_doctor_says_the_gpu_only_extras_need_a_gpu_machine_and_gives_the_readmes_cpu_install(monkeypatch):
+    """``pip install 'benchmax-gym[openrlhf]'`` (and ``[verl]``) was the hint, which fails on CPU building
+    flash-attn, deepspeed, vLLM: README.md's CPU table installs their smoke tests otherwise."""
+    from importlib import metadata
+
+    from benchmax_gym import cli
+
+    real = metadata.version
+
+    def version(name):
+        if name in ("openrlhf", "verl", "openai"):
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", version)
+    status = cli.extras_status()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for extra, script in (("openrlhf", "openrlhf_smoke.py"), ("verl", "verl_smoke.py")):
+        line = status[extra]["cpu_install"]
+        assert status[extra]["state"] == (f"missing {extra}: pip install 'benchmax-gym[{extra}]' on a GPU machine (it "
+                                          f"does not install on CPU); for {script} on CPU: {line} (README.md, Train "
+                                          "with a trainer)")
+        assert f"| {extra.replace('openrlhf', 'OpenRLHF')} (`{script}`) | `{line}` |" in readme  # the table's row
+        assert not status[extra]["installed"]
+    assert status["eval"]["cpu_install"] is None
+    assert status["eval"]["state"].endswith(": pip install 'benchmax-gym[eval]'")
+
+
 @pytest.mark.parametrize("command", ["", "list", "doctor", "run", "eval", "compare", "mcp-serve", "launch",
                                      "openenv-serve", "new", "tasks", "tasks from-corpus", "tasks from-traces",
                                      "export-sft"])

@@ -109,12 +109,19 @@ def test_the_data_commands_say_a_mistyped_env_argument_without_repeating_the_arg
 def test_an_env_that_cannot_start_is_one_line_exit_1_in_the_data_commands(command, says, tmp_path, episodes):
     """As run and mcp-serve say it (exit 1: it ran and failed); these printed the MCP client's traceback."""
     (tmp_path / "nokey.py").write_text(FAILING_MCP)
+    if command[0] == "export-sft":  # a run that names no env (export-sft refuses --env naming another than the run's)
+        unnamed = tmp_path / "unnamed" / "episodes.jsonl"
+        unnamed.parent.mkdir()
+        unnamed.write_text("".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "env_id"}) + "\n"
+                                   for line in episodes.read_text().splitlines()))
+        episodes = unnamed
     args = [a.format(episodes=episodes) for a in command]
     out = cli("--import", "nokey", *args, cwd=tmp_path)
     line = error_line(out, 1)
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert line.startswith("benchmax-gym: error: " + says) and "API_KEY not set" in line, line
-    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".py" and p.name != "__pycache__") == []
+    left = [p.name for p in tmp_path.iterdir() if p.suffix != ".py" and p.name not in ("__pycache__", "unnamed")]
+    assert left == []
 
 
 @pytest.mark.parametrize("json_flag", [False, True])
@@ -128,10 +135,10 @@ def test_an_eval_that_scored_no_episode_exits_1_with_its_summary(json_flag, tmp_
               "--no-plots", *flags, cwd=tmp_path)
     line = error_line(out, 1)
     # the server's own last words on the terminal, not only in the run directory (run shows them too)
-    assert re.fullmatch(r"benchmax-gym: error: none of the 1 episodes was scored: env_error: the env's reset raised "
-                        r"RuntimeError: MCP server .* API_KEY not set \(their errors are in "
-                        + re.escape(os.path.join('run', 'rollouts.jsonl')) + r"; --retry-failed runs them again\)",
-                        line), line
+    assert re.fullmatch(r"benchmax-gym: error: the one episode was not scored: env_error: the env's reset raised "
+                        r"RuntimeError: MCP server .* API_KEY not set \(its error is in "
+                        + re.escape(os.path.join('run', 'rollouts.jsonl')) + r"; --retry-failed runs it again\)",
+                        line), line  # (it said "none of the 1 episodes was scored ... their errors")
     if json_flag:
         summary = json.loads(out.stdout)
         assert summary["scored_episodes"] == 0 and summary["outcomes"] == {"env_error": 1}

@@ -282,3 +282,65 @@ def test_quiet_in_process_leaves_the_callers_progress_bar_settings_as_they_were(
         assert not datasets.is_progress_bar_enabled()  # (off before: off after)
     finally:
         datasets.enable_progress_bars()
+
+
+# -- an id a user's module registers, and a bad task met at run time -------------------------------
+
+
+@pytest.mark.parametrize("args, command", [
+    (("run", "me/GeoUnregistered-v0", "--episodes", "1"), "run"),
+    (("eval", "me/GeoUnregistered-v0", "--policy", "random", "--out", "{tmp}/run"), "eval"),
+    (("mcp-serve", "me/GeoUnregistered-v0"), "mcp-serve"),
+    (("openenv-serve", "me/GeoUnregistered-v0", "--port", "0"), "openenv-serve"),
+    (("tasks", "from-traces", "{episodes}", "--env", "me/GeoUnregistered-v0", "--out", "{tmp}/t.jsonl"),
+     "tasks from-traces"),
+    (("export-sft", "{episodes}", "--env", "me/GeoUnregistered-v0", "--out", "{tmp}/sft.jsonl"), "export-sft"),
+])
+def test_an_id_not_found_says_how_to_import_the_module_that_registers_it(args, command, tmp_path, episodes):
+    """Gymnasium's "Namespace me not found. Have you installed the proper package for me?" was all:
+    an id of the user's own module is found only with the global --import, before the command."""
+    args = [a.format(tmp=tmp_path, episodes=episodes) for a in args]
+    line = one_line_error(run_in_process(*args), "Namespace me not found", "`benchmax-gym list`")
+    assert line.endswith(f"needs it imported first: benchmax-gym --import MODULE {command} ..."), line
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_id_found_through_import_still_runs(tmp_path):
+    (tmp_path / "geo_hint_module.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('me/GeoHint-v0', entry_point='benchmax_gym.envs.math.env:MathEnv')\n")
+    done = run_in_process("--import", "geo_hint_module", "run", "me/GeoHint-v0", "--episodes", "1", "--quiet",
+                          cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert "episodes      1 (sampled; 1 distinct task)\n" in done.stdout, done.stdout  # (not "1 distinct tasks")
+
+
+LAZY_BAD_TASKS = """
+import gymnasium as gym
+from benchmax_gym.core.tasks import Task, TaskSource
+
+
+class Lazy(TaskSource):  # each task made when played: Excel-v0 checks it at reset, not at make
+    def __len__(self):
+        return 2
+
+    def get(self, index):
+        return Task(id=f"t{index}", prompt="fix the sheet", answer={"workbook": b"x", "position": "A1"})
+
+
+gym.register("me/LazyBadExcel-v0", entry_point=lambda **kw: gym.make("benchmax/Excel-v0", tasks=Lazy(), **kw))
+"""
+
+
+def test_a_bad_task_of_a_lazy_source_is_one_line_exit_1_in_run(tmp_path):
+    """A ValueError at reset (Excel-v0's check of a task made when played) was a traceback: run caught
+    only RuntimeError and OSError there. It is an env error at run time, exit 1, as eval records it
+    as the episode's env_error."""
+    (tmp_path / "lazy_bad_tasks.py").write_text(LAZY_BAD_TASKS)
+    done = run_in_process("--import", "lazy_bad_tasks", "run", "me/LazyBadExcel-v0", "--episodes", "1", "--quiet",
+                          cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("benchmax-gym: error: me/LazyBadExcel-v0: the env's reset raised "
+                                                   "ValueError: task "), lines
+    assert "needs files={'workbook.xlsx'" in lines[0]

@@ -450,9 +450,10 @@ def test_tasks_from_traces_load_tasks_and_export_sft_as_the_section_runs_them(tm
     (tmp_path / "runs").mkdir()
     _cli([*BENCHMAX_GYM, "eval", "benchmax/Math-v0", "--policy", "solver", "--tasks", "5", "-k", "2",
           "--out", "runs/qwen3", "--no-plots", "--quiet"], tmp_path)
-    for argv, traces in zip(_commands("Tasks from traces", "from-traces"), (20, 10)):
+    # (the eval's -k 2 holds each of its 5 tasks twice: each written once)
+    for argv, traces, written in zip(_commands("Tasks from traces", "from-traces"), (20, 10), (20, 5)):
         (tasks := tmp_path / "tasks.jsonl").unlink(missing_ok=True)  # both write it; --out never overwrites
-        assert f"{traces} traces read, {traces} tasks written to tasks.jsonl" in _cli(argv, tmp_path).stdout
+        assert f"{traces} traces read, {written} tasks written to tasks.jsonl" in _cli(argv, tmp_path).stdout
     namespace: dict = {"gym": gym}
     monkeypatch.chdir(tmp_path)
     exec(compile(_code_block("Tasks from traces", "load_tasks("), str(README), "exec"), namespace)  # noqa: S102
@@ -460,7 +461,7 @@ def test_tasks_from_traces_load_tasks_and_export_sft_as_the_section_runs_them(tm
     played = play(env, seed=0)
     env.close()
     assert played.reward == 1.0
-    assert len(tasks.read_text().splitlines()) == 10
+    assert len(tasks.read_text().splitlines()) == 5
     (export,) = _commands("Tasks from traces", "export-sft")
     assert "10 of 10 episodes written to sft.jsonl" in _cli(export, tmp_path).stdout
     row = json.loads((tmp_path / "sft.jsonl").read_text().splitlines()[0])

@@ -52,7 +52,8 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
     import gymnasium as gym
 
     import benchmax_gym  # noqa: F401  (registers the ids)
-    from benchmax_gym.cli import _parse_env_args, cannot_make, env_id_error, os_error_text, runtime_error, usage_error
+    from benchmax_gym.cli import (_parse_env_args, cannot_make, counted, env_id_error, os_error_text, runtime_error,
+                                  usage_error)
     from benchmax_gym.data import write_jsonl
     from benchmax_gym.data.traces import tasks_from_traces, trace_files
 
@@ -65,7 +66,7 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
     try:
         env = gym.make(args.env, **_parse_env_args(args.env_arg))
     except gym.error.Error as exc:
-        env_id_error(exc, args.env, "--env: ")
+        env_id_error(exc, args.env, "--env: ", "tasks from-traces")
     except (TypeError, ValueError, OSError, ImportError) as exc:  # (without Gymnasium's suffix: it repeats secrets)
         usage_error(cannot_make(args.env, exc))
     try:
@@ -91,15 +92,18 @@ def cmd_from_traces(args: argparse.Namespace) -> int:
         print(json.dumps({**summary, "out": args.out if tasks else None}))
     else:
         kept_old = not tasks and os.path.exists(args.out)  # --overwrite with nothing to write replaces nothing
-        print(f"{report.traces} traces read, {report.kept} tasks written"
-              + (f" to {args.out}" if tasks else f" ({args.out} left as it was)" if kept_old else ""))
+        same = (f" ({counted(report.duplicates, 'duplicate')} left out: the same messages and answer as an "
+                "earlier trace's)" if report.duplicates else "")
+        print(f"{counted(report.traces, 'trace')} read, {counted(report.kept, 'task')} written"
+              + (f" to {args.out}" if tasks else f" ({args.out} left as it was)" if kept_old else "") + same)
         for reason, count in summary["skipped"].items():
             print(f"  skipped {count}: {reason}")
         print(f"  tool calls checked: {report.calls_checked}; unknown tools: "
               f"{dict(report.unknown_tools) or 'none'}; invalid arguments: {dict(report.invalid_arguments) or 'none'}")
         for line in report.examples:
             print(f"  {line}")
-    return 0 if tasks else _nothing_written(f"no task kept of {report.traces} traces; --out {args.out} not written")
+    return 0 if tasks else _nothing_written(f"no task kept of {counted(report.traces, 'trace')}; "
+                                            f"--out {args.out} not written")
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:
@@ -124,7 +128,7 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
                                    env_kwargs=_parse_env_args(args.env_arg) if args.env_arg else None,
                                    tools=not args.no_tools)
     except gym.error.Error as exc:  # --env, or the run's env id, unknown here
-        env_id_error(exc, args.env or "", "--env: " if args.env else "")
+        env_id_error(exc, args.env or "", "--env: " if args.env else "", "export-sft")
     except TypeError as exc:  # a mistyped --env-arg (without Gymnasium's suffix: it repeats secrets)
         usage_error(cannot_make(args.env, exc))
     except (EvalError, ValueError, ImportError) as exc:  # ImportError: the env's extra is missing

@@ -538,16 +538,18 @@ def generate_from_corpus(docs: str | os.PathLike, out: str | os.PathLike, *, mod
 
 
 def print_summary(summary: dict[str, Any], stream: TextIO) -> None:
+    from benchmax_gym.cli import counted
+
     candidates = summary["candidates"]
     dropped = summary.get("duplicates_dropped")
     same = f" ({dropped} dropped: the same title and text as another)" if dropped else ""
-    print(f"{summary['documents']} documents{same}, {summary['chunks']} chunks; generator {summary['generator']}: "
-          f"{candidates['total']} candidates (" + ", ".join(f"{k} {candidates.get(k, 0)}" for k in KINDS) + ")",
-          file=stream)
+    print(f"{counted(summary['documents'], 'document')}{same}, {counted(summary['chunks'], 'chunk')}; generator "
+          f"{summary['generator']}: {counted(candidates['total'], 'candidate')} ("
+          + ", ".join(f"{k} {candidates.get(k, 0)}" for k in KINDS) + ")", file=stream)
     if "unparsed_replies" in summary:
         print(f"  replies that were not a question/answer object: {summary['unparsed_replies']}", file=stream)
     for step in summary["filters"]:
         print(f"  {step['filter']:<24} kept {step['kept']} of {step['in']}", file=stream)
     where = f"to {summary['out']}" if summary["out"] else "(nothing kept: no file written)"
-    print(f"{summary['kept']} tasks written {where} in {summary['seconds']:.2f} s "
+    print(f"{counted(summary['kept'], 'task')} written {where} in {summary['seconds']:.2f} s "
           f"({summary['seconds_per_1000_documents']:.1f} s per 1,000 documents)", file=stream)

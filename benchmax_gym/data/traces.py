@@ -22,6 +22,10 @@ Each kept trace becomes one task for the env:
   in the text) is checked against the env's tools: unknown tools and invalid arguments are
   reported with where they are; a trace whose *prefix* holds one is skipped (the env could not
   have produced that conversation) unless ``allow_invalid_calls``.
+
+A trace that gives the same task as an earlier one (the same messages and answer: a run of ``-k 4``
+holds each task's conversation four times) is left out and counted in ``duplicates``: each
+distinct task is written once, by :func:`~benchmax_gym.core.tasks.task_digest`'s identity.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from benchmax_gym.core.tasks import check_messages
+from benchmax_gym.core.tasks import Task, check_messages, task_digest
 
 TURNS = ("last-user", "first-user", "final")
 _COMPARE = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
@@ -49,6 +53,7 @@ class TraceReport:
 
     traces: int = 0
     kept: int = 0
+    duplicates: int = 0  # traces whose task (messages and answer) an earlier trace gave: left out
     skipped: Counter = field(default_factory=Counter)
     unknown_tools: Counter = field(default_factory=Counter)
     invalid_arguments: Counter = field(default_factory=Counter)
@@ -60,7 +65,7 @@ class TraceReport:
             self.examples.append(f"{where}: {message}")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"traces": self.traces, "kept": self.kept, "skipped": dict(self.skipped),
+        return {"traces": self.traces, "kept": self.kept, "duplicates": self.duplicates, "skipped": dict(self.skipped),
                 "calls_checked": self.calls_checked, "unknown_tools": dict(self.unknown_tools),
                 "invalid_arguments": dict(self.invalid_arguments), "examples": self.examples}
 
@@ -306,6 +311,7 @@ def tasks_from_traces(logs: str | os.PathLike, env: Any, *, keep: str = "all", t
         raise ValueError(f"--turn N counts assistant messages from 1, got {turn}")
     _cut([], turn)  # a bad turn fails before any trace is read
     report, tasks = TraceReport(), []
+    seen: set[bytes] = set()
     system = (env.system_prompt or "").strip()
     for where, record in read_traces(logs):
         report.traces += 1
@@ -345,6 +351,13 @@ def tasks_from_traces(logs: str | os.PathLike, env: Any, *, keep: str = "all", t
             report.problem(where, f"message {given} already gives the reference answer {str(answer)[:80]!r}; "
                            "choose another --turn")
             continue
+        # the same task as an earlier trace's: what the model sees and the answer (a task's identity
+        # without its id and metadata, which only say where it came from)
+        digest = task_digest(Task(id="", prompt="", messages=prefix, answer=answer))
+        if digest in seen:
+            report.duplicates += 1
+            continue
+        seen.add(digest)
         source_id = record.get("task_id") if isinstance(record, dict) else None
         metadata = {"source": "traces", "trace": where}
         if source_id is not None:

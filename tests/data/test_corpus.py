@@ -349,3 +349,15 @@ def test_a_model_option_without_model_is_refused(tmp_path, capsys, flag, value):
         main(["tasks", "from-corpus", str(CORPUS), "--out", str(tmp_path / "t.jsonl"), "--quiet", flag, value])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and f"{flag}: for --model only" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_summary_counts_one_document_chunk_and_task_in_the_singular(tmp_path, capsys):
+    doc = tmp_path / "tower.txt"
+    doc.write_text("The Eiffel Tower is in Paris. It was built in 1889 by Gustave Eiffel for the World Fair. "
+                   "It is 330 metres tall and made of wrought iron.\n")
+    out = tmp_path / "t.jsonl"
+    assert main(["tasks", "from-corpus", str(doc), "--out", str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("1 document, 1 chunk; generator template: "), lines  # (it said "1 documents, 1 chunks")
+    kept = len(out.read_text().splitlines())
+    assert lines[-1].startswith(f"{kept} task{'' if kept == 1 else 's'} written to {out} in "), lines

@@ -195,7 +195,8 @@ def test_a_byte_order_mark_loses_no_trace(tmp_path, capsys):
     (tmp_path / "logs" / "lines.jsonl").write_text(f"{json.dumps(trace)}\r\n{json.dumps(trace)}\r\n", encoding="utf-8-sig")
     (tmp_path / "logs" / "array.json").write_text(json.dumps([trace, trace]), encoding="utf-8-sig")
     code, report = from_traces(capsys, str(tmp_path / "logs"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
-    assert code == 0 and report["traces"] == 4 and report["kept"] == 4 and report["skipped"] == {}
+    assert code == 0 and report["traces"] == 4 and report["skipped"] == {}
+    assert report["kept"] == 1 and report["duplicates"] == 3  # (one task, four times: written once)
 
 
 def test_an_unreadable_line_is_reported_with_its_file_line_and_why_and_the_rest_still_read(tmp_path, capsys):
@@ -215,7 +216,7 @@ def test_an_unreadable_line_is_reported_with_its_file_line_and_why_and_the_rest_
         latin + b'\xe9?"}]}\n' + b"[" * 100_000 + b"]" * 100_000 + b"\n" + good + b"\n")
     (tmp_path / "logs" / "tuesday" / "log.jsonl").write_text(json.dumps(hostile) + "\n" + good.decode() + "\n")
     code, report = from_traces(capsys, str(tmp_path / "logs"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
-    assert code == 0 and report["traces"] == 5 and report["kept"] == 2
+    assert code == 0 and report["traces"] == 5 and report["kept"] == 1 and report["duplicates"] == 1  # (good twice)
     assert report["skipped"] == {"not a chat trace": 2, "a bad tool call in the prefix": 1}
     assert report["examples"][:2] == [f"monday/log.jsonl:1: not UTF-8 text (byte {len(latin)} of the line); save the file as UTF-8",
                                       "monday/log.jsonl:2: JSON nested too deeply to read"]
@@ -231,3 +232,39 @@ def test_a_fifo_as_logs_is_refused_without_opening_it(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["tasks", "from-traces", str(fifo), "--env", ENV, "--out", str(tmp_path / "t.jsonl")])
     assert exit_.value.code == 2 and "not a regular file or folder" in capsys.readouterr().err
+
+
+def test_the_same_task_from_several_traces_is_written_once_and_counted(tmp_path, capsys):
+    """A run of -k 4 holds each task's conversation four times: all were written, trace-0 and trace-1
+    the same task, without a word. A task is its messages and answer (task_digest's identity without
+    the id and the metadata saying where it came from): the same messages with another answer, or
+    another conversation with the same answer, are tasks of their own."""
+    question = [{"role": "user", "content": "What is 7 * 6?"}]
+    record = {"request": {"messages": question}, "reward": 1.0,
+              "response": {"choices": [{"message": {"role": "assistant", "content": "\\boxed{42}"}}]}}
+    other_answer = json.loads(json.dumps(record))
+    other_answer["response"]["choices"][0]["message"]["content"] = "\\boxed{43}"
+    other_question = json.loads(json.dumps(record))
+    other_question["request"]["messages"] = [{"role": "user", "content": "What is 6 * 7?"}]
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in [record, record, other_answer, record, other_question,
+                                                          {**record, "task_id": "again"}]))
+    out = tmp_path / "tasks.jsonl"
+    code, report = from_traces(capsys, str(log), "--env", ENV, "--out", str(out))
+    assert code == 0 and report["traces"] == 6 and report["kept"] == 3 and report["duplicates"] == 3
+    tasks = load_tasks(out).tasks
+    assert [(t.messages[-1]["content"], t.answer) for t in tasks] == [
+        ("What is 7 * 6?", "42"), ("What is 7 * 6?", "43"), ("What is 6 * 7?", "42")]
+    assert [t.metadata["trace"] for t in tasks] == ["log.jsonl:1", "log.jsonl:3", "log.jsonl:5"]  # the first kept
+    assert main(["tasks", "from-traces", str(log), "--env", ENV, "--out", str(out), "--overwrite"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"6 traces read, 3 tasks written to {out} (3 duplicates left out: the same messages and answer as an "
+        "earlier trace's)")
+
+
+def test_the_summary_counts_one_trace_and_one_task_in_the_singular(tmp_path, capsys):
+    log = tmp_path / "one.jsonl"
+    log.write_text(json.dumps({"messages": [{"role": "user", "content": "What is 7 * 6?"},
+                                            {"role": "assistant", "content": "\\boxed{42}"}]}) + "\n")
+    assert main(["tasks", "from-traces", str(log), "--env", ENV, "--out", str(tmp_path / "t.jsonl")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"1 trace read, 1 task written to {tmp_path / 't.jsonl'}"
