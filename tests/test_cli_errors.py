@@ -288,19 +288,20 @@ def test_quiet_in_process_leaves_the_callers_progress_bar_settings_as_they_were(
 
 
 @pytest.mark.parametrize("args, command", [
-    (("run", "me/GeoUnregistered-v0", "--episodes", "1"), "run"),
-    (("eval", "me/GeoUnregistered-v0", "--policy", "random", "--out", "{tmp}/run"), "eval"),
-    (("mcp-serve", "me/GeoUnregistered-v0"), "mcp-serve"),
-    (("openenv-serve", "me/GeoUnregistered-v0", "--port", "0"), "openenv-serve"),
-    (("tasks", "from-traces", "{episodes}", "--env", "me/GeoUnregistered-v0", "--out", "{tmp}/t.jsonl"),
+    (("run", "unimported/Geo-v0", "--episodes", "1"), "run"),
+    (("eval", "unimported/Geo-v0", "--policy", "random", "--out", "{tmp}/run"), "eval"),
+    (("mcp-serve", "unimported/Geo-v0"), "mcp-serve"),
+    (("openenv-serve", "unimported/Geo-v0", "--port", "0"), "openenv-serve"),
+    (("tasks", "from-traces", "{episodes}", "--env", "unimported/Geo-v0", "--out", "{tmp}/t.jsonl"),
      "tasks from-traces"),
-    (("export-sft", "{episodes}", "--env", "me/GeoUnregistered-v0", "--out", "{tmp}/sft.jsonl"), "export-sft"),
+    (("export-sft", "{episodes}", "--env", "unimported/Geo-v0", "--out", "{tmp}/sft.jsonl"), "export-sft"),
 ])
 def test_an_id_not_found_says_how_to_import_the_module_that_registers_it(args, command, tmp_path, episodes):
     """Gymnasium's "Namespace me not found. Have you installed the proper package for me?" was all:
-    an id of the user's own module is found only with the global --import, before the command."""
+    an id of the user's own module is found only with the global --import, before the command.
+    (A namespace no test registers: Gymnasium words an id of a known namespace otherwise.)"""
     args = [a.format(tmp=tmp_path, episodes=episodes) for a in args]
-    line = one_line_error(run_in_process(*args), "Namespace me not found", "`benchmax-gym list`")
+    line = one_line_error(run_in_process(*args), "Namespace unimported not found", "`benchmax-gym list`")
     assert line.endswith(f"needs it imported first: benchmax-gym --import MODULE {command} ..."), line
     assert not any(tmp_path.iterdir())
 
