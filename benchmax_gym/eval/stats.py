@@ -305,6 +305,10 @@ def _iqm_of_counts(counts: np.ndarray, values: np.ndarray) -> np.ndarray:
     return kept @ values / (high - low)
 
 
+def _all_failed(n: int) -> str:
+    return "the one episode failed" if n == 1 else f"all {n} episodes failed"
+
+
 def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence: float = 0.95,
               resamples: int = 2000, by: Sequence[str] | None = None) -> dict[str, Any]:
     """The statistics of one run's episode records (see :func:`benchmax_gym.eval.runner.play_episode`).
@@ -330,7 +334,8 @@ def summarize(records: Sequence[Mapping[str, Any]], *, seed: int = 0, confidence
     if not records:
         return {"episodes": len(everything), "scored_episodes": 0, "failed_episodes": failed, "tasks": 0,
                 **accounting, "confidence": confidence,
-                "notes": [f"all {failed} episodes failed (their errors are in rollouts.jsonl)" if failed
+                "notes": [_all_failed(failed) + (" (its error is in rollouts.jsonl)" if failed == 1 else
+                                                  " (their errors are in rollouts.jsonl)") if failed
                           else "no episodes"]}
     ids, task_of = _codes([str(r["task_id"]) for r in records])
     # every episode once, grouped by task in ``ids`` order (each task's in the records' order);
@@ -715,7 +720,7 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             rows.append((f"member {name}", f"reward {_ci(member['mean_reward'])}  success {_ci(member['success_rate'])}"
                                            f"  (n={member['scored_episodes']}{failed})"))
         elif member.get("failed_episodes"):
-            rows.append((f"member {name}", f"all {member['failed_episodes']} episodes failed"))
+            rows.append((f"member {name}", _all_failed(member["failed_episodes"])))
     rows += [("note", n) for n in summary.get("notes", [])]
     return _table(rows)
 

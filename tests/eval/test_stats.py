@@ -131,7 +131,9 @@ def test_failed_episodes_are_left_out_and_said_so():
     assert s["mean_reward"]["value"] == 1.0 and s["tasks"] == 2  # not 2/3: a failure is no zero
     assert "1 failed, left out" in format_summary(s)
     everything_failed = summarize([{**rec("t0", 0, 0.0), "reward": None, "error": "x"}])
-    assert "all 1 episodes failed" in format_summary(everything_failed)
+    assert "the one episode failed (its error is in rollouts.jsonl)" in format_summary(everything_failed)
+    two_failed = summarize([{**rec(t, 0, 0.0), "reward": None, "error": "x"} for t in ("t0", "t1")])
+    assert "all 2 episodes failed (their errors are in rollouts.jsonl)" in format_summary(two_failed)
     assert compare({"a": records, "b": [rec("t0", 0, 0.0), rec("t1", 0, 0.0), rec("t2", 0, 0.0)]})["shared_tasks"] == 2
 
 
