@@ -231,6 +231,11 @@ def test_misspelt_env_arg_suggests_the_argument():
         gym.make("benchmax/Excel-v0", task_args={"dificulty": {"rows": 5}})
     with pytest.raises(TypeError, match="unexpected keyword argument 'zzz' was"):
         gym.make("benchmax/Wikipedia-v0", zzz=1)
+    # a knob of a source's own config, one level down (a new user's digits=3 got no suggestion)
+    with pytest.raises(TypeError, match=r"'digits' \(did you mean task_args=\{'difficulty': \{'digits': ...\}\}\?\)"):
+        gym.make("benchmax/Math-v0", digits=3)
+    with pytest.raises(TypeError, match=r"'min_hop' \(did you mean task_args=\{'difficulty': \{'min_hops': ...\}\}"):
+        gym.make("benchmax/Wikipedia-v0", min_hop=2)
 
 
 @pytest.mark.parametrize(

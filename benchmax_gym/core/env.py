@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import difflib
 import functools
 import gc
@@ -51,6 +52,7 @@ import marshal
 import time
 import os
 import re
+import typing
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
@@ -146,6 +148,17 @@ def known_arguments(cls: type) -> set[str]:
             if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
+def _config_fields(option: type) -> dict[str, tuple[str, ...]]:
+    """The fields of ``option`` (a source config) that are themselves configs, with their fields
+    (``{"difficulty": ("digits", ...)}``)."""
+    try:
+        hints = typing.get_type_hints(option)
+    except Exception:  # (a name the annotations use that cannot be resolved here: no suggestions from it)
+        return {}
+    return {name: tuple(f.name for f in dataclasses.fields(hint)) for name, hint in hints.items()
+            if isinstance(hint, type) and dataclasses.is_dataclass(hint)}
+
+
 def unknown_arguments_message(cls: type, unknown: dict[str, Any], also: type | None = None) -> str:
     """``"MathEnv got an unexpected keyword argument 'task' (did you mean 'tasks'?)"``: the
     suggestions come from the arguments of ``cls`` and of the classes it passes the rest to, and
@@ -155,6 +168,11 @@ def unknown_arguments_message(cls: type, unknown: dict[str, Any], also: type | N
     known = known_arguments(cls) | (known_arguments(also) if also is not None else set())
     nested = {name: f"{args_name}={{{name!r}: ...}}" for args_name, options in getattr(cls, "choices", {}).items()
               for option in options for name in option.arg_names()}
+    for args_name, options in getattr(cls, "choices", {}).items():  # a knob one level down: difficulty's digits
+        for option in options:
+            for name, inner in _config_fields(option).items():
+                for knob in inner:
+                    nested.setdefault(knob, f"{args_name}={{{name!r}: {{{knob!r}: ...}}}}")
     parts = []
     for name in unknown:
         close = difflib.get_close_matches(name, sorted(known | set(nested)), n=3)
