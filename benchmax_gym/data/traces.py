@@ -70,12 +70,25 @@ class TraceReport:
                 "invalid_arguments": dict(self.invalid_arguments), "examples": self.examples}
 
 
+#: an eval run's files that hold no conversation (its rollouts.jsonl does): skipped in a LOGS folder
+EVAL_RUN_RECORDS = ("run.json", "summary.json", "group_rewards.jsonl")
+
+
+def _eval_run_record(file: Path) -> bool:
+    """Whether ``file`` is one of :data:`EVAL_RUN_RECORDS` beside an eval run's ``run.json`` and
+    ``rollouts.jsonl`` (each was reported as "not a chat trace")."""
+    folder = file.parent
+    return (file.name in EVAL_RUN_RECORDS and (folder / "run.json").is_file()
+            and (folder / "rollouts.jsonl").is_file())
+
+
 def trace_files(logs: str | os.PathLike) -> list[Path]:
-    """``logs`` itself, or the ``*.jsonl`` / ``*.json`` files under a folder (sorted); a file of
-    the folder that links outside it is refused."""
+    """``logs`` itself, or the ``*.jsonl`` / ``*.json`` files under a folder (sorted; an eval run's
+    records other than its rollouts left out); a file of the folder that links outside it is refused."""
     path = Path(logs)
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in (".jsonl", ".json") and p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.suffix in (".jsonl", ".json") and p.is_file()
+                       and not _eval_run_record(p))
         if not files:
             raise ValueError(f"LOGS {str(logs)!r}: no .jsonl or .json files in the folder")
         inside = path.resolve()

@@ -83,6 +83,16 @@ def test_eval_rollouts_become_tasks_that_replay_the_logged_question(tmp_path, ca
     env.close()
 
 
+def test_an_eval_run_folder_reads_its_rollouts_and_reports_no_skipped_records(tmp_path, capsys):
+    """(run.json and summary.json of the folder were each reported as "not a chat trace".)"""
+    evaluate(ENV, "solver", tasks=2, out=tmp_path / "run")
+    (tmp_path / "run" / "notes.json").write_text(json.dumps({"by": "me"}))  # a file of the user's own: reported
+    code, report = from_traces(capsys, str(tmp_path / "run"), "--env", ENV, "--out", str(tmp_path / "t.jsonl"))
+    assert code == 0 and report["traces"] == 3 and report["kept"] == 2
+    assert report["skipped"] == {"not a chat trace": 1} and report["examples"] == [
+        "notes.json[1]: not a chat trace (no messages)"]
+
+
 @pytest.mark.parametrize("given", ["file", "folder"])
 def test_out_that_is_a_traces_file_it_reads_is_refused(tmp_path, capsys, given):
     """(--out LOGS --overwrite replaced the traces it read with the tasks.)"""
