@@ -35,6 +35,17 @@ def pytest_configure(config):
         compileall.compile_dir(ROOT / folder, quiet=2)
 
 
+RAY_CLUSTER_TESTS = "tests/wrappers/on_ray/"  # one Ray cluster for them all (its conftest.py)
+
+
+def pytest_collection_modifyitems(items):
+    """The tests on the shared Ray cluster run first. xdist's worksteal deals the collection to
+    the workers in contiguous chunks and steals from a chunk's end, so they all stay with the first
+    worker and the cluster (a head and two nodes: ~7 CPU-s to start, and worker processes of its
+    own) starts once, not on each worker that ends up with some of them (all four, in a full run)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(RAY_CLUSTER_TESTS))
+
+
 def pytest_collection_finish(session):
     """What collection imported (torch, transformers, Ray...: ~800k objects) lives for the whole
     run: frozen, the collector never walks it again, so a test's gc.collect() (the leftover checks
