@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import copy
 import glob
+import os
 import tempfile
 
 import pytest
@@ -67,7 +68,7 @@ def test_concurrent_trajectories_from_worker_threads_each_play_their_own_task(en
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     rows = task_rows(env_id, 6)
     cfg = _config(env_id)
-    before = set(glob.glob(f"{tempfile.gettempdir()}/benchmax-*"))
+    before = _workspaces()
 
     async def main():
         with concurrent.futures.ThreadPoolExecutor(4) as executor:
@@ -81,7 +82,17 @@ def test_concurrent_trajectories_from_worker_threads_each_play_their_own_task(en
         assert metrics["turns"] == len(rewards) and metrics["tool_errors"] == 0
     aggregated = BenchmaxTextEnv.aggregate_metrics([m for *_, m in results])
     assert all(aggregated[f"reward/{k}"] == 1.0 for k in results[0][2]["metadata"]["reward_components"])
-    assert set(glob.glob(f"{tempfile.gettempdir()}/benchmax-*")) <= before  # every workspace removed
+    assert _workspaces() <= before  # every workspace removed
+
+
+def _workspaces() -> set[str]:
+    """The episodes' folders in the temp dir: the Excel workbooks' (``benchmax-excel-*``) and the
+    sandboxes' pools. These live inside ``benchmax-gym-UID``, the sandbox's parent folder, which
+    stays; this process makes it in the temp dir of the moment whenever it starts a pool, before
+    or during the test, depending on whether an earlier test's env still holds a pool."""
+    found = set(glob.glob(f"{tempfile.gettempdir()}/benchmax-*"))
+    parent = f"{tempfile.gettempdir()}/benchmax-gym-{os.geteuid()}"
+    return (found - {parent}) | set(glob.glob(f"{parent}/*"))
 
 
 def test_observations_are_openai_messages_the_template_renders():
