@@ -980,6 +980,8 @@ def _import_modules(names: list[str]) -> None:
         try:
             importlib.import_module(name)
         except Exception as exc:
+            if _from_ctrl_c(exc):
+                raise
             usage_error(f"--import {name}: {type(exc).__name__}: {exc}")
 
 
@@ -1373,12 +1375,32 @@ def _run(argv: list[str] | None) -> int:
         finally:
             if undo is not None:
                 undo()
-    except (KeyboardInterrupt, BaseExceptionGroup) as exc:  # (a task group's: the MCP stdio server's wraps it)
-        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
+    except BaseException as exc:
+        if isinstance(exc, SystemExit) or not _from_ctrl_c(exc):
             raise
         if args is not None and args.func is cmd_eval:
             return eval_interrupted(args)
         return interrupted()
+
+
+def _from_ctrl_c(exc: BaseException) -> bool:
+    """Whether Ctrl-C is behind ``exc``: a KeyboardInterrupt, a task group holding one (the MCP
+    stdio server's), or an error raised because of one. Libraries turn Ctrl-C into other errors
+    where it lands in their code: Python 3.11 re-raises one from a ``__set_name__`` (a dataclass
+    field's, as a class is made) as RuntimeError, and a bare ``except:`` around an import
+    (multiprocess's, dill's) raises ImportError while handling it."""
+    pending, seen = [exc], set()
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        pending += [exc.__cause__, exc.__context__]
+    return False
 
 
 class _CtrlCInFinalizers:

@@ -82,6 +82,43 @@ def test_ctrl_c_while_a_command_starts_is_one_line_and_status_130(tmp_path, comm
     assert len(said) == 1 and said[0].startswith("interrupted"), said[-40:]
 
 
+# Ctrl-C landing in a library's code that turns it into another error, as a user's module (or
+# the command's own imports) can meet it: Python 3.11 re-raises a KeyboardInterrupt from a
+# ``__set_name__`` (a dataclass field's) as RuntimeError; multiprocess and dill import their
+# version with a bare ``except:`` whose fallback fails with ImportError while handling it.
+TURNED_INTO_ANOTHER_ERROR = {
+    "__set_name__": """
+import os, signal
+
+class Field:
+    def __set_name__(self, owner, name):
+        os.kill(os.getpid(), signal.SIGINT)  # (raised at the next line of Python: here)
+
+class Record:
+    value = Field()
+""",
+    "bare except": """
+import os, signal, time
+
+try:
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)
+except:  # noqa: E722
+    import a_fallback_module_that_is_not_there  # noqa: F401
+""",
+}
+
+
+@pytest.mark.skipif(not os.path.isfile(SCRIPT), reason="benchmax-gym is not installed beside this python")
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("library", sorted(TURNED_INTO_ANOTHER_ERROR))
+def test_ctrl_c_a_library_turned_into_another_error_is_still_one_line_and_status_130(tmp_path, command, library):
+    args = [*COMMANDS[command], *(["--out", str(tmp_path / "run")] if command == "eval" else [])]
+    (tmp_path / "ctrl_c_in_a_library.py").write_text(TURNED_INTO_ANOTHER_ERROR[library])
+    code, said = interrupted(tmp_path, ["--import", "ctrl_c_in_a_library", *args])
+    assert code == 130 and len(said) == 1 and said[0].startswith("interrupted"), (code, said[-40:])
+
+
 # -- the servers, and a second Ctrl-C while the first one's cleanup runs ----------------------------
 
 # An environment whose close takes a while once the test has pressed Ctrl-C (the flag file exists,
