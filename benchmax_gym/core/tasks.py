@@ -481,7 +481,7 @@ def numbered_jsonl(path: str | os.PathLike, what: str, limit: int | None = None)
         raise ValueError(f"{what} {name!r} is a directory, not a JSON Lines file")
     if not os.path.exists(path):  # (said as MCP-v0's tasks= says it; still an OSError for callers)
         raise FileNotFoundError(f"{what}: no such file {name!r}")
-    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO or a device: opening it blocked, or never ended
+    if not os.path.isfile(path):  # a FIFO or a device: opening it blocked, or never ended
         raise ValueError(f"{what} {name!r} is not a regular file")
     records: list[tuple[int, Any]] = []
     with open(path, "rb") as f:
