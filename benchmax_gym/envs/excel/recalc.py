@@ -1221,6 +1221,50 @@ def external_reference(formula: str) -> str | None:
     return None
 
 
+#: Functions newer than the file format's first version, which Excel stores with an ``_xlfn.``
+#: prefix (and ``_xlfn._xlws.`` for FILTER and SORT) and shows without it. A file holding the bare
+#: name (what openpyxl writes as given) is ``#NAME?`` to Excel and LibreOffice. The ones the
+#: ``formulas`` package registers under ``_XLFN.`` less those openpyxl knows from the first
+#: version, plus SEQUENCE and RANDARRAY (LET and LAMBDA also need their names prefixed: not done).
+FUTURE_FUNCTIONS = frozenset("""
+    ACOT ACOTH ARABIC ARRAYTOTEXT BETA.DIST BETA.INV BINOM.DIST BINOM.DIST.RANGE BINOM.INV BITAND
+    BITLSHIFT BITOR BITRSHIFT BITXOR BYCOL BYROW CEILING.MATH CEILING.PRECISE CHISQ.DIST CHISQ.DIST.RT
+    CHISQ.INV CHISQ.INV.RT CHISQ.TEST CHOOSECOLS CHOOSEROWS CONCAT CONFIDENCE.NORM CONFIDENCE.T COT COTH
+    COVARIANCE.P COVARIANCE.S CSC CSCH DAYS DECIMAL DROP ERF.PRECISE ERFC.PRECISE EXPAND EXPON.DIST
+    F.DIST F.DIST.RT F.INV F.INV.RT F.TEST FLOOR.MATH FLOOR.PRECISE FORECAST.ETS FORECAST.ETS.CONFINT
+    FORECAST.ETS.SEASONALITY FORECAST.ETS.STAT FORECAST.LINEAR GAMMA GAMMA.DIST GAMMA.INV
+    GAMMALN.PRECISE GAUSS GROUPBY HSTACK HYPGEOM.DIST IFNA IFS IMCOSH IMCOT IMCSC IMCSCH IMSEC IMSECH
+    IMSINH IMTAN ISFORMULA ISOWEEKNUM LOGNORM.DIST LOGNORM.INV MAKEARRAY MAP MAXIFS MINIFS MODE.MULT
+    MODE.SNGL MUNIT NEGBINOM.DIST NORM.DIST NORM.INV NORM.S.DIST NORM.S.INV NUMBERVALUE PDURATION
+    PERCENTILE.EXC PERCENTILE.INC PERCENTOF PERCENTRANK.EXC PERCENTRANK.INC PERMUTATIONA PHI PIVOTBY
+    POISSON.DIST QUARTILE.EXC QUARTILE.INC RANDARRAY RANK.AVG RANK.EQ REDUCE REGEXEXTRACT REGEXREPLACE
+    REGEXTEST RRI SCAN SEC SECH SEQUENCE SINGLE SKEW.P SORTBY STDEV.P STDEV.S SWITCH T.DIST T.DIST.2T
+    T.DIST.RT T.INV T.INV.2T T.TEST TAKE TEXTAFTER TEXTBEFORE TEXTJOIN TEXTSPLIT TOCOL TOROW TRIMRANGE
+    UNICHAR UNICODE UNIQUE VALUETOTEXT VAR.P VAR.S VSTACK WEIBULL.DIST WRAPCOLS WRAPROWS XLOOKUP XMATCH
+    XOR Z.TEST
+""".split())
+_WORKSHEET_FUNCTIONS = frozenset({"FILTER", "SORT"})  # _xlfn._xlws.
+
+
+def as_excel_stores(formula: str) -> str:
+    """``formula`` as Excel saves it: functions newer than the file format get their prefix
+    (:data:`FUTURE_FUNCTIONS`), so that Excel and LibreOffice compute ``=TEXTJOIN(...)`` written
+    by a tool, not ``#NAME?``. Text, sheet names and prefixed names stay as they are."""
+    try:
+        tokens = Tokenizer(formula)
+    except Exception:  # noqa: BLE001 - Excel would refuse it; the recalculation makes it an error
+        return formula
+    changed = False
+    for token in tokens.items:
+        if token.type == Token.FUNC and token.subtype == Token.OPEN:
+            name = token.value[:-1].upper()
+            if name in _WORKSHEET_FUNCTIONS:
+                token.value, changed = f"_xlfn._xlws.{name}(", True
+            elif name in FUTURE_FUNCTIONS:
+                token.value, changed = f"_xlfn.{name}(", True
+    return tokens.render() if changed else formula
+
+
 def _without_external_references(data: bytes) -> bytes:
     """``data`` with every formula that refers to another workbook made ``=#REF!`` and its
     ``externalLink`` parts dropped: LibreOffice, unlike our ``formulas`` loader, could follow them."""
@@ -1241,6 +1285,18 @@ def _without_external_references(data: bytes) -> bytes:
     buffer = io.BytesIO()
     wb.save(buffer)
     return buffer.getvalue()
+
+
+# LibreOffice's own default for xlsx files is never to recalculate on load: it kept the values
+# cached in the file, which the model's code can write (a formula "=1+1" saved with 99 graded 99).
+# Its profile is made for each run with recalculation on load always, for xlsx and ODF alike.
+_LIBREOFFICE_SETTINGS = """<?xml version="1.0" encoding="UTF-8"?>
+<oor:items xmlns:oor="http://openoffice.org/2001/registry" xmlns:xs="http://www.w3.org/2001/XMLSchema"
+ xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">
+<item oor:path="/org.openoffice.Office.Calc/Formula/Load"><prop oor:name="OOXMLRecalcMode" oor:op="fuse"><value>0</value></prop></item>
+<item oor:path="/org.openoffice.Office.Calc/Formula/Load"><prop oor:name="ODFRecalcMode" oor:op="fuse"><value>0</value></prop></item>
+</oor:items>
+"""
 
 
 def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | None = None) -> dict[CellKey, Any]:
@@ -1265,10 +1321,12 @@ def _libreoffice_values(data: bytes, keys: set[CellKey], time_limit: float | Non
         source.parent.mkdir()
         outdir.mkdir()
         source.write_bytes(bounded(_without_external_references, data, what="preparing the workbook for LibreOffice"))
-        profile = (Path(tmp) / "profile").as_uri()  # own profile: parallel runs do not collide
+        profile = Path(tmp) / "profile"  # own profile: parallel runs do not collide
+        (profile / "user").mkdir(parents=True)
+        (profile / "user" / "registrymodifications.xcu").write_text(_LIBREOFFICE_SETTINGS, encoding="utf-8")
         timeout = LIBREOFFICE_TIMEOUT_S if time_limit is None else min(LIBREOFFICE_TIMEOUT_S, time_limit)
         try:
-            _run_soffice([exe, f"-env:UserInstallation={profile}", "--headless", "--norestore",
+            _run_soffice([exe, f"-env:UserInstallation={profile.as_uri()}", "--headless", "--norestore",
                           "--convert-to", "xlsx", "--outdir", str(outdir), str(source)], timeout)
         except subprocess.TimeoutExpired:
             if time_limit is None:  # (a trusted workbook: the caller falls back to its cached values)

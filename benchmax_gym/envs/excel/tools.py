@@ -33,6 +33,7 @@ from benchmax_gym.envs.excel.recalc import (
     MemoryLimitExceeded,
     TimeLimitExceeded,
     WorkbookTooLarge,
+    as_excel_stores,
     external_reference,
     open_within,
     recalculate,
@@ -304,8 +305,11 @@ def _cell_value(coordinate: str, value: Any) -> Any:
                             "characters, U+FFFE, U+FFFF or lone surrogates")
         if value.startswith("'"):
             return _Text(value[1:])
-        if value.startswith("=") and (ref := external_reference(value)):
-            raise ToolError(f"{coordinate}: {ref!r} refers to another workbook; formulas may only refer to this workbook's sheets")
+        if value.startswith("="):
+            if ref := external_reference(value):
+                raise ToolError(f"{coordinate}: {ref!r} refers to another workbook; formulas may only refer to this "
+                                "workbook's sheets")
+            return as_excel_stores(value)
         if ISO_DATE.match(value):
             try:
                 return dt.datetime.fromisoformat(value)

@@ -296,7 +296,7 @@ def test_read_range_shows_external_references_as_errors(tmp_path, host_secret):
 
 
 def test_workbooks_for_libreoffice_lose_their_external_references(tmp_path):
-    """recalc="libreoffice" (not installed here) gets a copy without external references."""
+    """recalc="libreoffice" gets a copy without external references (test_libreoffice.py runs the real one)."""
     import io
     import zipfile
 

@@ -107,8 +107,8 @@ def test_recalc_none_gives_up_reading_a_slow_workbook_at_its_deadline(fixture, r
 
 
 def _fake_soffice(tmp_path, monkeypatch, converted) -> Path:
-    """A stand-in ``soffice`` on PATH (real LibreOffice is not installed here; see
-    test_rubric.py's plumbing test): it 'converts' by copying ``converted`` and leaves a mark."""
+    """A stand-in ``soffice`` on PATH, for an output of the test's choosing (test_libreoffice.py
+    runs the real one): it 'converts' by copying ``converted`` and leaves a mark."""
     mark = tmp_path / "soffice-ran"
     fake = tmp_path / "bin" / "soffice"
     fake.parent.mkdir()

@@ -365,7 +365,8 @@ def test_libreoffice_missing_is_a_clear_error(tasks, monkeypatch):
 @pytest.mark.skipif(sys.platform == "win32", reason="the fake soffice is a shell script")
 def test_libreoffice_plumbing_with_a_fake_soffice(tmp_path, monkeypatch):
     """A stand-in ``soffice`` that 'converts' by copying a prepared result checks the command
-    line and the reading of the converted file (real LibreOffice is not installed here)."""
+    line and the reading of the converted file, whatever LibreOffice computes (test_libreoffice.py
+    runs the real one)."""
     computed = openpyxl.Workbook()
     computed.active["A1"] = 42
     computed.save(tmp_path / "computed.xlsx")
