@@ -112,9 +112,10 @@ def doctor_report() -> dict[str, Any]:
     """What ``doctor`` shows, as ``doctor --json`` prints it: ``python`` (version, executable),
     ``packages`` (name: version, None when not installed), ``sandbox`` (``level``, the line
     ``summary``, and with bubblewrap its ``details``: memory, disk, network, mountinfo, uid),
-    ``environments`` (the ids), ``plugins`` (id: ``package version``), ``broken_plugins`` (lines)
-    and ``extras`` (name: ``installed``, ``missing`` requirements, the line ``state``, and
-    ``cpu_install``: for an extra that installs only on a GPU machine, its CPU smoke test's install)."""
+    ``environments`` (the ids), ``plugins`` (id: ``package version``), ``broken_plugins`` (lines),
+    ``extras`` (name: ``installed``, ``missing`` requirements, the line ``state``, and
+    ``cpu_install``: for an extra that installs only on a GPU machine, its CPU smoke test's install)
+    and ``libreoffice`` (``path``, ``version``, the line ``summary``: Excel-v0's ``recalc="libreoffice"``)."""
     import platform
     from importlib import metadata
 
@@ -148,7 +149,29 @@ def doctor_report() -> dict[str, Any]:
         "plugins": {p.env_id: p.origin for p in PLUGINS.values()},
         "broken_plugins": check_plugins(),
         "extras": extras_status(),
+        "libreoffice": libreoffice_status(),
     }
+
+
+def libreoffice_status() -> dict[str, str | None]:
+    """Headless LibreOffice for Excel-v0's ``recalc="libreoffice"``: where it is, its version
+    (what ``soffice --version`` says, within 30 s), and a line for ``doctor``'s table."""
+    import subprocess
+
+    from benchmax_gym.envs.excel.recalc import soffice_executable
+
+    path = soffice_executable()
+    if path is None:
+        return {"path": None, "version": None,
+                "summary": "not found: Excel-v0's recalc='libreoffice' needs it (Debian: apt-get install "
+                           "libreoffice-calc-nogui); recalc='auto' computes formulas without it"}
+    try:
+        said = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        version = " ".join(said.stdout.split()[:2]) or None
+    except (OSError, subprocess.SubprocessError):
+        version = None
+    return {"path": path, "version": version,
+            "summary": f"{version or 'version unknown'} at {path} (Excel-v0's recalc='libreoffice')"}
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -167,6 +190,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         rows.append(("plugins", ", ".join(f"{env_id} ({origin})" for env_id, origin in report["plugins"].items())))
     rows += [("broken plugin", line) for line in report["broken_plugins"]]
     rows += [(f"extra {extra}", status["state"]) for extra, status in report["extras"].items()]
+    rows.append(("libreoffice", report["libreoffice"]["summary"]))
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))
     return 0

@@ -1,6 +1,7 @@
 """The benchmax-gym command, run as a user runs it."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -38,6 +39,19 @@ def test_doctor_reports_the_sandbox_level():
     line = next(x for x in out.splitlines() if x.startswith("sandbox"))
     assert resolve_level("auto") in line
     assert "gymnasium" in out and "benchmax/Math-v0" in out
+
+
+def test_doctor_says_where_libreoffice_is_or_how_to_install_it(monkeypatch):
+    """Excel-v0's recalc="libreoffice" needs LibreOffice: doctor names its version and path (.ci/run
+    installs it), or, where it is missing, the package and the recalc that does without."""
+    from benchmax_gym.envs.excel import recalc
+
+    line = next(x for x in run_in_process("doctor").stdout.splitlines() if x.startswith("libreoffice"))
+    if recalc.soffice_executable():
+        assert re.search(r"LibreOffice \d+\.\d+\S* at ", line) and f"at {recalc.soffice_executable()} " in line, line
+    monkeypatch.setattr(recalc, "soffice_executable", lambda: None)
+    line = next(x for x in run_in_process("doctor").stdout.splitlines() if x.startswith("libreoffice"))
+    assert "not found" in line and "apt-get install libreoffice-calc-nogui" in line and "recalc='auto'" in line
 
 
 def test_run_solver_prints_a_summary_table():

@@ -130,6 +130,7 @@ def test_doctor_json_parses_and_agrees_with_the_table():
                                                                   sandbox["details"].items()}
     assert shown["environments"] == ", ".join(report["environments"]) and "benchmax/Math-v0" in report["environments"]
     assert [v for k, v in rows if k == "broken plugin"] == report["broken_plugins"]
+    assert shown["libreoffice"] == report["libreoffice"]["summary"]
     extras = {k.removeprefix("extra "): v for k, v in rows if k.startswith("extra ")}
     assert extras == {name: status["state"] for name, status in report["extras"].items()}
     for status in report["extras"].values():
