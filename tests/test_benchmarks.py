@@ -226,6 +226,21 @@ LEARN_TOY = ["--train-tasks", "16", "--eval-tasks", "8", "--vocab", "300", "--hi
              "--group", "2", "--max-tokens", "48", "--turn-tokens", "16"]
 
 
+def test_excel_recalc_agreement_counts_every_case_under_each_recalc(shared_data):
+    out = _run_on_base("excel_recalc_agreement.py", "--spreadsheetbench", str(shared_data / "spreadsheetbench"),
+                       "--limit", "1")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["cases"] == 3
+    from benchmax_gym.envs.excel.recalc import soffice_executable
+
+    if soffice_executable() is None:  # (.ci/run installs it)
+        assert "apt-get install libreoffice-calc-nogui" in report.pop("libreoffice")["skipped"]
+    for recalc in {"auto", "libreoffice"} & set(report):
+        assert report[recalc]["scored_1"] + len(report[recalc]["missed"]) == 3, report
+        assert report[recalc]["seconds_per_grade"] > 0
+
+
 def test_learning_checks_its_extra_without_importing_it():
     """The parent only starts learn.py per seed: importing trl, transformers and torch to check
     they are there cost each run ~2.4 s and 250 MB held for its whole length."""
