@@ -1447,10 +1447,20 @@ class _CtrlCInFinalizers:
 
 def _ctrl_c_again() -> None:
     """Ctrl-C to the main thread once the finalizers running now are done (a signal, not a flag,
-    so that a main thread blocked in a read wakes); one landing in a finalizer again comes back."""
-    time.sleep(0.01)
+    so that a main thread blocked in a read wakes); one landing in a finalizer again comes back.
+    Not before the hook that started this thread has returned: one landing in the hook itself is
+    dropped for good (on a loaded machine the main thread can take any time to get there)."""
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + 60
+    while True:
+        time.sleep(0.01)
+        frame = sys._current_frames().get(main)
+        while frame is not None and frame.f_code is not _CtrlCInFinalizers.__call__.__code__:
+            frame = frame.f_back
+        if frame is None or time.monotonic() > deadline:
+            break
     if callable(signal.getsignal(signal.SIGINT)):  # (a handler from Python; the default would kill)
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        signal.pthread_kill(main, signal.SIGINT)
 
 
 def _datasets_bars_off() -> Callable[[], None]:

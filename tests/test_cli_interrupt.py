@@ -424,12 +424,26 @@ def test_main_called_in_process_gives_the_callers_ctrl_c_back_after_an_interrupt
     assert done.stderr.strip().splitlines()[-1] == "interrupted"
 
 
+# A loaded machine: the main thread runs on only 0.3 s after it starts a thread (the Ctrl-C sent
+# again from a thread came while the hook that started it was still running, where it was dropped).
+SLOW_THREAD_START = """
+import threading, time
+_start = threading.Thread.start
+def start(self):
+    _start(self)
+    time.sleep(0.3)
+threading.Thread.start = start
+"""
+
+
 @pytest.mark.skipif(not os.path.isfile(SCRIPT), reason="benchmax-gym is not installed beside this python")
-def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command(tmp_path):
+@pytest.mark.parametrize("machine", ["idle", "loaded"])
+def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command(tmp_path, machine):
     """Ctrl-C while a dropped object's finalizer runs (an env or episode garbage-collected, its
     cleanup running): Python prints what a finalizer raises and drops it, and the command went on
     as if Ctrl-C never came (status 0, an "Exception ignored" traceback). It ends the command."""
     (tmp_path / "stop_in_cleanup.py").write_text(
+        (SLOW_THREAD_START if machine == "loaded" else "") +
         "import os, signal, time, weakref\n"
         "class Workspace: pass\n"
         "def cleanup():\n"
