@@ -10,7 +10,6 @@ stay: they make LibreOffice hang, crash or return hostile output, which the real
 from __future__ import annotations
 
 import http.server
-import io
 import os
 import stat
 import threading
@@ -20,7 +19,7 @@ import pytest
 
 from benchmax_gym.envs.excel.grading import grade
 from benchmax_gym.envs.excel.recalc import FUTURE_FUNCTIONS, as_excel_stores, recalculate, soffice_executable
-from tests.envs.excel.test_host_bounds import call, small_env
+from tests.envs.excel.test_host_bounds import call, small_env, to_bytes
 from tests.envs.excel.test_pictures_and_saves import with_cached_formula
 
 needs_libreoffice = pytest.mark.skipif(
@@ -32,9 +31,7 @@ def _book(**cells) -> bytes:
     wb.active.title = "Sheet"
     for coordinate, value in cells.items():
         wb.active[coordinate] = value
-    buffer = io.BytesIO()
-    wb.save(buffer)
-    return buffer.getvalue()
+    return to_bytes(wb)
 
 
 @needs_libreoffice
